@@ -1,0 +1,27 @@
+# qwenrt top-level Makefile: thin wrappers around CMake and the project scripts.
+#   make        build build/qwenrt (installs missing Debian packages first)
+#   make demo   build, then run the main job on an embedded default model
+#   make test   build and run every test
+BUILD ?= build
+CMAKE_FLAGS ?=
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps configure demo test clean
+
+all: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+deps:
+	./scripts/setup.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+
+demo: all
+	./scripts/demo.sh $(BUILD)/qwenrt
+
+test: all
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD)/CMakeFiles $(BUILD)/CMakeCache.txt $(BUILD)/qwenrt $(BUILD)/test_*

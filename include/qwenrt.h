@@ -1,0 +1,138 @@
+/*
+ * qwenrt.h — the public C API of qwenrt, a runtime for small Qwen language models
+ * (Qwen3 dense and Qwen3.5 hybrid Gated DeltaNet + gated attention).
+ *
+ * Objects are opaque handles with _init/_free (or _load/_free) pairs; every _free accepts NULL.
+ * Parameters travel in plain structs that qwenrt_*_default_params() fills by value.
+ * Every fallible call returns a qwenrt_status (0 = QWENRT_OK, negative = the kind of error) and,
+ * when the caller passes a struct qwenrt_error, fills it with a one-line message that names the
+ * file, tensor or key involved. The library never exits, aborts or prints on its own.
+ *
+ * Thread safety: a model is read-only after load and may be shared by sessions on several
+ * threads; a session is used by one thread at a time.
+ */
+#ifndef QWENRT_H
+#define QWENRT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QWENRT_VERSION "0.1.0"
+
+typedef enum qwenrt_status {
+    QWENRT_OK = 0,
+    QWENRT_ERR_INVALID_ARG = -1, /* a parameter or id is out of range */
+    QWENRT_ERR_IO = -2,          /* a file could not be opened, read, written or mapped */
+    QWENRT_ERR_FORMAT = -3,      /* a file is malformed, truncated or lies about its contents */
+    QWENRT_ERR_UNSUPPORTED = -4, /* valid input that qwenrt does not handle (dtype, arch, ...) */
+    QWENRT_ERR_NOT_FOUND = -5,   /* a tensor, key or file that must exist is missing */
+    QWENRT_ERR_SHAPE = -6,       /* a tensor has the wrong shape or dtype */
+    QWENRT_ERR_NOMEM = -7,       /* an allocation failed or a size overflowed */
+    QWENRT_ERR_LIMIT = -8,       /* a context, count or length limit was reached */
+    QWENRT_ERR_BACKEND = -9,     /* the backend (e.g. CUDA) is unavailable or failed */
+    QWENRT_ERR_INTERNAL = -10,   /* a bug in qwenrt: please report it */
+} qwenrt_status;
+
+/* Filled by fallible calls; message is one line, NUL-terminated. */
+struct qwenrt_error {
+    qwenrt_status status;
+    char message[512];
+};
+
+/* Short constant name of a status, e.g. "format error". Never NULL. */
+const char *qwenrt_status_name(qwenrt_status status);
+
+/* ---------------------------------------------------------------- model */
+
+struct qwenrt_model;
+
+struct qwenrt_model_params {
+    int n_threads;       /* CPU threads for kernels; 0 = all available cores */
+    const char *backend; /* "cpu" (default when NULL) or "cuda" */
+};
+
+struct qwenrt_model_params qwenrt_model_default_params(void);
+
+/*
+ * Loads a model from a GGUF file or a Hugging Face directory (config.json + *.safetensors).
+ * Weights are memory-mapped, not copied. On success *out owns the model; free it with
+ * qwenrt_model_free. Errors: IO (missing/unreadable), FORMAT (malformed files), UNSUPPORTED
+ * (architecture or dtype), NOT_FOUND / SHAPE (tensors missing or of the wrong shape).
+ */
+qwenrt_status qwenrt_model_load(const char *path, const struct qwenrt_model_params *params,
+                                struct qwenrt_model **out, struct qwenrt_error *err);
+void qwenrt_model_free(struct qwenrt_model *model);
+
+/* Geometry and identity of a loaded model. Strings are owned by the model. */
+struct qwenrt_model_info {
+    const char *arch;      /* "qwen3" or "qwen35" */
+    const char *name;      /* model name from metadata, may be "" */
+    int32_t n_vocab;       /* rows of the embedding / LM head */
+    int32_t n_embd;        /* hidden size */
+    int32_t n_layer;       /* decoder layers */
+    int32_t n_head;        /* attention query heads */
+    int32_t n_head_kv;     /* attention key/value heads */
+    int32_t head_dim;      /* attention head size */
+    int32_t n_ff;          /* MLP intermediate size */
+    int32_t n_ctx_train;   /* maximum context the model was trained for */
+    int64_t n_params;      /* parameters of the text model (tied LM head counted once) */
+    int64_t weight_bytes;  /* bytes of all weights as stored */
+};
+void qwenrt_model_get_info(const struct qwenrt_model *model, struct qwenrt_model_info *info);
+
+/* ---------------------------------------------------------------- session */
+
+struct qwenrt_session;
+
+struct qwenrt_session_params {
+    int32_t n_ctx;     /* maximum tokens the session holds; 0 = min(4096, n_ctx_train) */
+    int n_threads;     /* 0 = the model's n_threads */
+};
+
+struct qwenrt_session_params qwenrt_session_default_params(void);
+
+/* A session holds one sequence's state (KV cache, DeltaNet state, position). */
+qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
+                                  const struct qwenrt_session_params *params,
+                                  struct qwenrt_session **out, struct qwenrt_error *err);
+void qwenrt_session_free(struct qwenrt_session *session);
+
+/*
+ * Processes n_ids tokens as one batch after the tokens already in the session.
+ * If all_logits is non-NULL it receives [n_ids][n_vocab] logits (one row per position);
+ * otherwise only the last position's logits are computed (see qwenrt_session_logits).
+ * Errors: INVALID_ARG (an id outside the vocabulary, n_ids < 1), LIMIT (context full).
+ * On error the session is unchanged.
+ */
+qwenrt_status qwenrt_session_prefill(struct qwenrt_session *session, const int32_t *ids,
+                                     int32_t n_ids, float *all_logits, struct qwenrt_error *err);
+
+/* Processes one token (the decode path). Same errors as prefill. */
+qwenrt_status qwenrt_session_decode(struct qwenrt_session *session, int32_t id,
+                                    struct qwenrt_error *err);
+
+/* Logits of the last processed position, [n_vocab] floats owned by the session, valid until
+ * the next call that changes the session. NULL before the first token. */
+const float *qwenrt_session_logits(const struct qwenrt_session *session);
+
+/* Number of tokens the session holds (the next token's position). */
+int32_t qwenrt_session_n_past(const struct qwenrt_session *session);
+
+/* Forgets every token: the session is as new. */
+void qwenrt_session_reset(struct qwenrt_session *session);
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Greedy argmax over n floats (first maximum wins). */
+int32_t qwenrt_argmax(const float *logits, int32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QWENRT_H */
