@@ -29,7 +29,13 @@ qwenrt_status err_prefix(struct qwenrt_error *err, const char *fmt, ...)
     vsnprintf(prefix, sizeof(prefix), fmt, ap);
     va_end(ap);
     memcpy(old, err->message, sizeof(old));
-    snprintf(err->message, sizeof(err->message), "%s%s", prefix, old);
+    size_t pl = strlen(prefix), room = sizeof(err->message) - 1;
+    if (pl > room)
+        pl = room;
+    memcpy(err->message, prefix, pl);
+    size_t ol = strnlen(old, room - pl);
+    memcpy(err->message + pl, old, ol);
+    err->message[pl + ol] = '\0';
     return err->status;
 }
 
