@@ -79,6 +79,9 @@ struct gguf_file {
     uint64_t data_offset;       /* file offset of the data section */
 };
 
+/* Frees what a value owns (strings, array items, recursively) and zeroes it; NULL is fine. */
+void gguf_value_free(struct gguf_value *v);
+
 /* Errors: IO, FORMAT (bad magic/version, truncated, counts or offsets that lie), LIMIT. */
 qwenrt_status gguf_open(struct gguf_file *gf, const char *path, struct qwenrt_error *err);
 void gguf_close(struct gguf_file *gf);
