@@ -6,6 +6,7 @@
  * run on this CPU. The reference variant for each dtype is always present.
  */
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_float.h"
 
 #include <string.h>
 
@@ -36,6 +37,12 @@ static const struct cpu_matmul_variant variants[] = {
     {"matmul.f32.ref", QR_F32, 0, 0, matmul_ref},
     {"matmul.f16.ref", QR_F16, 0, 0, matmul_ref},
     {"matmul.bf16.ref", QR_BF16, 0, 0, matmul_ref},
+    {"matmul.f32.portable", QR_F32, 0, 10, matmul_f32_portable},
+    {"matmul.f16.portable", QR_F16, 0, 10, matmul_f16_portable},
+    {"matmul.bf16.portable", QR_BF16, 0, 10, matmul_bf16_portable},
+    {"matmul.f32.avx512", QR_F32, CPU_AVX512F | CPU_AVX2, 30, matmul_f32_avx512},
+    {"matmul.f16.avx512", QR_F16, CPU_AVX512F | CPU_AVX2, 30, matmul_f16_avx512},
+    {"matmul.bf16.avx512", QR_BF16, CPU_AVX512F | CPU_AVX2, 30, matmul_bf16_avx512},
     {NULL, 0, 0, 0, NULL},
 };
 
