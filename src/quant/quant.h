@@ -17,7 +17,8 @@
 bool quant_dequantize_row(enum qr_dtype t, const void *src, float *dst, int64_t n);
 
 /* Encodes n f32 values into dst as type t (F32, F16, BF16, and the block types that have a
- * quantiser). false when t has no quantiser or n is not a whole number of blocks. */
+ * quantiser: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and Q8_K for activations). false when t has no
+ * quantiser or n is not a whole number of blocks. */
 bool quant_quantize_row(enum qr_dtype t, const float *src, void *dst, int64_t n);
 
 /* true when quant_dequantize_row handles t. */

@@ -1,0 +1,93 @@
+/*
+ * blocks.h — the on-disk block structs of the quantised formats (llama.cpp's layouts, byte for
+ * byte; see docs/gguf-and-quant.md) and the per-format row functions behind quant.h.
+ *
+ * Scales marked f16 are IEEE half bit patterns (little-endian on the x86 hosts we run on).
+ * Q8_K is not a storage format: it is the 8-bit activation format the K-quant dot products
+ * use (f32 scale, sums of each 16 quants so that mins and offsets cost one multiply per 16).
+ * Every struct has a _Static_assert on its size; the layout tests check bytes, not structs.
+ */
+#ifndef QWENRT_QUANT_BLOCKS_H
+#define QWENRT_QUANT_BLOCKS_H
+
+#include <stdint.h>
+
+#define QK8_0 32  /* elements per Q8_0 / Q4_0 block */
+#define QK_K 256  /* elements per K-quant super-block */
+
+struct block_q8_0 {
+    uint16_t d;       /* f16 scale */
+    int8_t qs[QK8_0]; /* x_i = d * qs[i] */
+};
+_Static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 must be 34 bytes");
+
+struct block_q4_0 {
+    uint16_t d;            /* f16 scale */
+    uint8_t qs[QK8_0 / 2]; /* element j: low nibble of qs[j], element j+16: high nibble */
+};
+_Static_assert(sizeof(struct block_q4_0) == 18, "block_q4_0 must be 18 bytes");
+
+struct block_q4_k {
+    uint16_t d;          /* f16 super-scale of the 6-bit sub-block scales */
+    uint16_t dmin;       /* f16 super-scale of the 6-bit sub-block mins */
+    uint8_t scales[12];  /* 8 x (6-bit scale, 6-bit min), packed (quant_k_scale_min) */
+    uint8_t qs[QK_K / 2];/* 4 chunks of 32 bytes: low nibbles sub 2c, high nibbles sub 2c+1 */
+};
+_Static_assert(sizeof(struct block_q4_k) == 144, "block_q4_k must be 144 bytes");
+
+struct block_q5_k {
+    uint16_t d;          /* f16 */
+    uint16_t dmin;       /* f16 */
+    uint8_t scales[12];  /* as Q4_K */
+    uint8_t qh[QK_K / 8];/* 5th bits: bit 2c of qh[l] -> low element l of chunk c, 2c+1 high */
+    uint8_t qs[QK_K / 2];/* as Q4_K */
+};
+_Static_assert(sizeof(struct block_q5_k) == 176, "block_q5_k must be 176 bytes");
+
+struct block_q6_k {
+    uint8_t ql[QK_K / 2];     /* low 4 bits */
+    uint8_t qh[QK_K / 4];     /* high 2 bits */
+    int8_t scales[QK_K / 16]; /* 16 sub-blocks of 16 */
+    uint16_t d;               /* f16, last */
+};
+_Static_assert(sizeof(struct block_q6_k) == 210, "block_q6_k must be 210 bytes");
+
+struct block_q8_k {
+    float d;                  /* f32 scale */
+    int8_t qs[QK_K];          /* x_i = d * qs[i] */
+    int16_t bsums[QK_K / 16]; /* bsums[j] = sum of qs[16j .. 16j+15] */
+};
+_Static_assert(sizeof(struct block_q8_k) == 292, "block_q8_k must be 292 bytes");
+
+/* Q4_K/Q5_K packed scales: sub-block j (0..7) -> 6-bit scale *sc and 6-bit min *m. */
+static inline void quant_k_scale_min(const uint8_t s[12], int j, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* Row functions; nb = number of blocks. Dequantise writes nb * block elements. */
+void quant_dequant_q8_0(const struct block_q8_0 *b, float *y, int64_t nb);
+void quant_dequant_q4_0(const struct block_q4_0 *b, float *y, int64_t nb);
+void quant_dequant_q4_k(const struct block_q4_k *b, float *y, int64_t nb);
+void quant_dequant_q5_k(const struct block_q5_k *b, float *y, int64_t nb);
+void quant_dequant_q6_k(const struct block_q6_k *b, float *y, int64_t nb);
+void quant_dequant_q8_k(const struct block_q8_k *b, float *y, int64_t nb);
+
+/* Quantisers with scale search (weights): minimise the squared round-trip error. */
+void quant_quant_q8_0(const float *x, struct block_q8_0 *b, int64_t nb);
+void quant_quant_q4_0(const float *x, struct block_q4_0 *b, int64_t nb);
+void quant_quant_q4_k(const float *x, struct block_q4_k *b, int64_t nb);
+void quant_quant_q5_k(const float *x, struct block_q5_k *b, int64_t nb);
+void quant_quant_q6_k(const float *x, struct block_q6_k *b, int64_t nb);
+
+/* Activation quantisers (fast, max-abs scale; what the matmul kernels feed integer dots). */
+void quant_quant_q8_k(const float *x, struct block_q8_k *b, int64_t nb);
+/* Q8_0 activations are quant_quant_q8_0: it is already the plain max-abs rounding. */
+
+#endif
