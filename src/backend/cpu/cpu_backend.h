@@ -1,0 +1,94 @@
+/*
+ * cpu_backend.h — executing a plan on the CPU.
+ *
+ * A run processes T tokens at positions pos0..pos0+T-1 of one sequence. Activation buffers
+ * are [T][width] f32 (the plan says the widths); the sequence state lives in struct seq_state:
+ *   k_cache[l], v_cache[l]: [n_ctx][n_head_kv*head_dim] f32, position-major (attention layers)
+ *   conv_state[l]: [conv_k-1][conv_dim] f32, oldest row first (DeltaNet layers)
+ *   ssm_state[l]:  [n_v_heads][k_dim][v_dim] f32 (DeltaNet layers)
+ * Entries are NULL for layers of the other kind.
+ *
+ * Each op kind has kernels registered under "<op>.<impl>" keys (cpu_op_kernels); binding
+ * picks the best one that can run unless a key is forced (profiles).
+ */
+#ifndef QWENRT_BACKEND_CPU_BACKEND_H
+#define QWENRT_BACKEND_CPU_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "plan/plan.h"
+#include "qwenrt.h"
+
+struct seq_state {
+    int32_t n_layer;
+    int32_t n_ctx;        /* positions the KV cache holds */
+    float **k_cache;      /* [n_layer] -> [n_ctx][kv_width] or NULL */
+    float **v_cache;      /* [n_layer] -> [n_ctx][kv_width] or NULL */
+    int32_t kv_width;     /* n_head_kv * head_dim */
+    float **conv_state;   /* [n_layer] -> [conv_k-1][conv_dim] or NULL */
+    float **ssm_state;    /* [n_layer] -> [Hv][k_dim][v_dim] or NULL */
+    int32_t conv_rows, conv_dim;
+    int64_t ssm_len;      /* floats per layer of ssm_state */
+};
+
+/* Called after ops that have a dump name: data is [T][width]. */
+typedef void (*cpu_dump_fn)(void *user, const char *name, int32_t layer, const float *data,
+                            int32_t T, int32_t width);
+
+struct cpu_exec {
+    const struct plan *plan;
+    float *bufs[PLAN_MAX_BUFS]; /* [T][width] each; logits buffer sized for the rows asked */
+    int32_t T;                  /* tokens in this run */
+    int32_t pos0;               /* position of the first token */
+    const int32_t *ids;         /* [T] token ids */
+    bool all_logits;            /* logits for every position (else only the last) */
+    struct seq_state *state;
+    int n_threads;
+    uint32_t cpu_features;
+    cpu_dump_fn dump;
+    void *dump_user;
+    float *scratch;             /* per-run scratch, see cpu_exec_scratch_floats */
+    int64_t scratch_len;
+};
+
+typedef void (*cpu_op_fn)(const struct plan_op *op, struct cpu_exec *ex);
+
+struct cpu_op_kernel {
+    const char *key;       /* "rmsnorm.ref", "attention.avx512", ... */
+    enum op_kind kind;
+    uint32_t cpu_features; /* CPU_* bits needed */
+    int priority;          /* higher wins */
+    cpu_op_fn fn;
+};
+
+const struct cpu_op_kernel *cpu_op_kernels(void); /* NULL-key terminated */
+
+/* The kernel for op kind (forced by key when key is non-NULL); NULL if none can run. */
+const struct cpu_op_kernel *cpu_op_pick(enum op_kind kind, uint32_t features, const char *key);
+
+/* Floats of scratch memory a run of T tokens of this plan needs. */
+int64_t cpu_exec_scratch_floats(const struct plan *p, const struct seq_state *s, int32_t T);
+
+/* Runs every op of the plan with kernels bound by `fns` (one per op, from cpu_bind_plan). */
+qwenrt_status cpu_run_plan(struct cpu_exec *ex, cpu_op_fn const *fns, struct qwenrt_error *err);
+
+/* Binds each op to a kernel (op->kernel overrides when set). fns has plan->n_ops entries. */
+qwenrt_status cpu_bind_plan(const struct plan *p, uint32_t features, cpu_op_fn *fns,
+                            struct qwenrt_error *err);
+
+/* Reference kernels (kernels_ref.c): plain C, f32, obviously right. */
+void embed_ref(const struct plan_op *op, struct cpu_exec *ex);
+void rmsnorm_ref(const struct plan_op *op, struct cpu_exec *ex);
+void matmul_op(const struct plan_op *op, struct cpu_exec *ex);
+void add_ref(const struct plan_op *op, struct cpu_exec *ex);
+void qk_norm_rope_ref(const struct plan_op *op, struct cpu_exec *ex);
+void attention_ref(const struct plan_op *op, struct cpu_exec *ex);
+void sigmoid_gate_ref(const struct plan_op *op, struct cpu_exec *ex);
+void swiglu_ref(const struct plan_op *op, struct cpu_exec *ex);
+void gdn_conv_ref(const struct plan_op *op, struct cpu_exec *ex);
+void gdn_core_ref(const struct plan_op *op, struct cpu_exec *ex);
+void gated_rmsnorm_ref(const struct plan_op *op, struct cpu_exec *ex);
+void logits_op(const struct plan_op *op, struct cpu_exec *ex);
+
+#endif

@@ -1,0 +1,81 @@
+/*
+ * cpu_exec.c — binding plan ops to CPU kernels and running a plan (see cpu_backend.h).
+ *
+ * The table below is the registry of op kernels: reference kernels for every op kind plus any
+ * fast variants (with the CPU features they need). matmul and logits dispatch further by weight
+ * dtype inside matmul_op / logits_op (see matmul.h for those variants).
+ */
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+
+static const struct cpu_op_kernel kernels[] = {
+    {"embed.ref", OP_EMBED, 0, 0, embed_ref},
+    {"rmsnorm.ref", OP_RMSNORM, 0, 0, rmsnorm_ref},
+    {"matmul.auto", OP_MATMUL, 0, 0, matmul_op},
+    {"add.ref", OP_ADD, 0, 0, add_ref},
+    {"qk_norm_rope.ref", OP_QK_NORM_ROPE, 0, 0, qk_norm_rope_ref},
+    {"attention.ref", OP_ATTENTION, 0, 0, attention_ref},
+    {"sigmoid_gate.ref", OP_SIGMOID_GATE, 0, 0, sigmoid_gate_ref},
+    {"swiglu.ref", OP_SWIGLU, 0, 0, swiglu_ref},
+    {"gdn_conv.ref", OP_GDN_CONV, 0, 0, gdn_conv_ref},
+    {"gdn_core.ref", OP_GDN_CORE, 0, 0, gdn_core_ref},
+    {"gated_rmsnorm.ref", OP_GATED_RMSNORM, 0, 0, gated_rmsnorm_ref},
+    {"logits.auto", OP_LOGITS, 0, 0, logits_op},
+    {NULL, 0, 0, 0, NULL},
+};
+
+const struct cpu_op_kernel *cpu_op_kernels(void) { return kernels; }
+
+const struct cpu_op_kernel *cpu_op_pick(enum op_kind kind, uint32_t features, const char *key)
+{
+    const struct cpu_op_kernel *best = NULL;
+    for (const struct cpu_op_kernel *k = kernels; k->key; k++) {
+        if (k->kind != kind || (k->cpu_features & features) != k->cpu_features)
+            continue;
+        if (key && strcmp(k->key, key) == 0)
+            return k;
+        if (!best || k->priority > best->priority)
+            best = k;
+    }
+    return key ? NULL : best;
+}
+
+qwenrt_status cpu_bind_plan(const struct plan *p, uint32_t features, cpu_op_fn *fns,
+                            struct qwenrt_error *err)
+{
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        /* a matmul.<dtype>.<impl> key is resolved inside matmul_op; other keys bind here */
+        const char *key = (op->kernel && op->kind != OP_MATMUL) ? op->kernel : NULL;
+        const struct cpu_op_kernel *k = cpu_op_pick(op->kind, features, key);
+        if (!k)
+            return err_set(err, QWENRT_ERR_UNSUPPORTED, "no CPU kernel '%s' for op %s (layer %d)",
+                           key ? key : "(any)", op_kind_name(op->kind), op->layer);
+        fns[i] = k->fn;
+    }
+    return QWENRT_OK;
+}
+
+int64_t cpu_exec_scratch_floats(const struct plan *p, const struct seq_state *s, int32_t T)
+{
+    (void)p;
+    int64_t attn = (int64_t)(s->n_ctx + 1) * 256; /* scores per thread; 256 threads at most */
+    int64_t conv = (int64_t)(s->conv_rows + T) * s->conv_dim;
+    return attn > conv ? attn : conv;
+}
+
+qwenrt_status cpu_run_plan(struct cpu_exec *ex, cpu_op_fn const *fns, struct qwenrt_error *err)
+{
+    const struct plan *p = ex->plan;
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        fns[i](op, ex);
+        if (ex->dump && op->dump)
+            ex->dump(ex->dump_user, op->dump, op->layer, ex->bufs[op->out],
+                     op->kind == OP_LOGITS && !ex->all_logits ? 1 : ex->T, p->bufs[op->out].width);
+    }
+    (void)err;
+    return QWENRT_OK;
+}

@@ -1,0 +1,99 @@
+/*
+ * model.h — a loaded model: hyper-parameters, the files it maps, weight views, and the plans
+ * its architecture builds. Read-only after qwenrt_model_load; shared by sessions.
+ *
+ * Weight tensors are views into the mapped files. Small vectors (norm weights, DeltaNet
+ * A/dt_bias/conv weights) are converted at load into owned f32 arrays in one convention:
+ *   - norm weights are the multiplier actually applied (Qwen3.5's HF (1+w) is stored as 1+w,
+ *     as GGUF files already do), so kernels use a plain RMSNorm;
+ *   - ssm_a holds -exp(A_log) (GGUF's ssm_a) for both formats.
+ * The one convention that stays a flag is the DeltaNet value-head order (v_head_tiled).
+ */
+#ifndef QWENRT_MODEL_MODEL_H
+#define QWENRT_MODEL_MODEL_H
+
+#include "format/gguf.h"
+#include "format/safetensors.h"
+#include "model/hparams.h"
+#include "plan/plan.h"
+#include "qwenrt.h"
+
+#define MODEL_MAX_SHARDS 64
+
+struct owned_chunk;
+
+struct layer_weights {
+    const float *attn_norm;           /* [n_embd] input_layernorm */
+    const float *ffn_norm;            /* [n_embd] post_attention_layernorm */
+    /* attention layers */
+    const struct qr_tensor *wq;       /* [n_head*head_dim*(gated?2:1)][n_embd] */
+    const struct qr_tensor *wk;       /* [n_head_kv*head_dim][n_embd] */
+    const struct qr_tensor *wv;       /* [n_head_kv*head_dim][n_embd] */
+    const struct qr_tensor *wo;       /* [n_embd][n_head*head_dim] */
+    const float *q_norm, *k_norm;     /* [head_dim] */
+    /* Gated DeltaNet layers */
+    const struct qr_tensor *ssm_qkv;  /* [conv_dim][n_embd] in_proj_qkv */
+    const struct qr_tensor *ssm_z;    /* [Hv*v_dim][n_embd] in_proj_z */
+    const struct qr_tensor *ssm_beta; /* [Hv][n_embd] in_proj_b */
+    const struct qr_tensor *ssm_alpha;/* [Hv][n_embd] in_proj_a */
+    const struct qr_tensor *ssm_out;  /* [n_embd][Hv*v_dim] out_proj */
+    const float *ssm_conv;            /* [conv_dim][conv_k] */
+    const float *ssm_dt;              /* [Hv] dt_bias */
+    const float *ssm_a;               /* [Hv] -exp(A_log) */
+    const float *ssm_norm;            /* [v_dim] plain weight */
+    /* MLP */
+    const struct qr_tensor *ffn_gate, *ffn_up; /* [n_ff][n_embd] */
+    const struct qr_tensor *ffn_down;          /* [n_embd][n_ff] */
+};
+
+struct model_weights {
+    const struct qr_tensor *tok_embd; /* [n_vocab][n_embd] */
+    const struct qr_tensor *output;   /* LM head [n_vocab][n_embd] (tok_embd when tied) */
+    const float *output_norm;         /* [n_embd] */
+    struct layer_weights *layers;     /* [n_layer] */
+};
+
+enum model_format { MODEL_FORMAT_GGUF, MODEL_FORMAT_HF };
+
+struct qwenrt_model {
+    struct model_hparams hp;
+    enum model_format format;
+    char *path;                       /* what the user gave */
+    struct gguf_file gguf;            /* when format == GGUF */
+    struct safetensors_file *shards;  /* [n_shards] when format == HF */
+    int32_t n_shards;
+    struct model_weights w;
+    bool v_head_tiled;                /* DeltaNet value heads in GGUF (tiled) order */
+    struct owned_chunk *owned;        /* small f32 vectors converted at load (a list) */
+    struct plan plans[2];             /* [PHASE_PREFILL], [PHASE_DECODE] */
+    int n_threads;
+    char backend[16];
+    int64_t n_params, weight_bytes;
+};
+
+/* Name mapping: the tensor called `gguf_name` (llama.cpp spelling, e.g. "blk.3.attn_q.weight")
+ * in whatever format the model was loaded from, or NULL. */
+const struct qr_tensor *model_find_tensor(const struct qwenrt_model *m, const char *gguf_name);
+
+/* Translates a llama.cpp tensor name to the Hugging Face name for arch; false if unknown. */
+bool names_gguf_to_hf(enum qr_arch arch, const char *gguf_name, char *out, size_t out_len);
+
+/* Architecture files: bind weights (with shape checks) and build the two plans. */
+qwenrt_status qwen3_load_weights(struct qwenrt_model *m, struct qwenrt_error *err);
+qwenrt_status qwen35_load_weights(struct qwenrt_model *m, struct qwenrt_error *err);
+qwenrt_status qwen3_build_plan(const struct qwenrt_model *m, struct plan *p, struct qwenrt_error *err);
+qwenrt_status qwen35_build_plan(const struct qwenrt_model *m, struct plan *p, struct qwenrt_error *err);
+
+/* Helpers for the architecture files (model_load.c). */
+/* Finds "<fmt>" (printf with layer) and checks dtype can be used and ne matches (ne0, ne1);
+ * ne1 = 0 means a 1-D tensor of ne0 elements. required=false returns OK with *out = NULL. */
+qwenrt_status model_bind_matrix(struct qwenrt_model *m, const struct qr_tensor **out, int64_t ne0,
+                                int64_t ne1, bool required, struct qwenrt_error *err,
+                                const char *fmt, ...);
+/* Finds a small tensor of n elements and returns an owned f32 copy (+add to each element). */
+qwenrt_status model_bind_vector(struct qwenrt_model *m, const float **out, int64_t n, float add,
+                                struct qwenrt_error *err, const char *fmt, ...);
+/* Owned f32 storage for n floats (lives as long as the model). */
+float *model_alloc_floats(struct qwenrt_model *m, size_t n);
+
+#endif

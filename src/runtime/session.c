@@ -1,0 +1,242 @@
+/*
+ * session.c — the public session API: state allocation, prefill, decode, logits.
+ *
+ * Prefill runs the prefill plan over all n tokens at once (matrix-matrix products); decode runs
+ * the decode plan for one token. Before a run, ids and the context limit are checked, so a
+ * failed call leaves the session as it was.
+ */
+#include <omp.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/cpu_features.h"
+#include "base/error.h"
+#include "runtime/session.h"
+
+struct qwenrt_session_params qwenrt_session_default_params(void)
+{
+    struct qwenrt_session_params p = {0};
+    return p;
+}
+
+static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *err)
+{
+    const struct model_hparams *hp = &s->model->hp;
+    struct seq_state *st = &s->state;
+    st->n_layer = hp->n_layer;
+    st->kv_width = hp->n_head_kv * hp->head_dim;
+    st->k_cache = xcalloc((size_t)hp->n_layer, sizeof(float *));
+    st->v_cache = xcalloc((size_t)hp->n_layer, sizeof(float *));
+    st->conv_state = xcalloc((size_t)hp->n_layer, sizeof(float *));
+    st->ssm_state = xcalloc((size_t)hp->n_layer, sizeof(float *));
+    if (!st->k_cache || !st->v_cache || !st->conv_state || !st->ssm_state)
+        return err_set(err, QWENRT_ERR_NOMEM, "out of memory for the session state");
+    if (hp->arch == ARCH_QWEN35) {
+        st->conv_rows = hp->ssm_conv - 1;
+        st->conv_dim = hparams_ssm_conv_dim(hp);
+        st->ssm_len = (int64_t)hp->ssm_n_v_heads * hp->ssm_k_dim * hp->ssm_v_dim;
+    }
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        bool rec = hp->arch == ARCH_QWEN35 && hp->is_recurrent[l];
+        if (rec) {
+            st->conv_state[l] = xalloc_aligned((size_t)st->conv_rows * st->conv_dim + 1, sizeof(float));
+            st->ssm_state[l] = xalloc_aligned((size_t)st->ssm_len, sizeof(float));
+            if (!st->conv_state[l] || !st->ssm_state[l])
+                return err_set(err, QWENRT_ERR_NOMEM, "out of memory for the DeltaNet state");
+        } else {
+            st->k_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, sizeof(float));
+            st->v_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, sizeof(float));
+            if (!st->k_cache[l] || !st->v_cache[l])
+                return err_set(err, QWENRT_ERR_NOMEM,
+                               "out of memory for a KV cache of %d positions (try a smaller context)",
+                               st->n_ctx);
+        }
+    }
+    return QWENRT_OK;
+}
+
+qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
+                                  const struct qwenrt_session_params *params,
+                                  struct qwenrt_session **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    struct qwenrt_session_params defaults = qwenrt_session_default_params();
+    if (!params)
+        params = &defaults;
+    if (!model)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "session_init: no model");
+    int32_t n_ctx = params->n_ctx;
+    if (n_ctx <= 0)
+        n_ctx = model->hp.n_ctx_train > 0 && model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
+    if (n_ctx > (1 << 22))
+        return err_set(err, QWENRT_ERR_LIMIT, "session_init: context of %d tokens is too large", n_ctx);
+    struct qwenrt_session *s = xcalloc(1, sizeof(*s));
+    if (!s)
+        return err_set(err, QWENRT_ERR_NOMEM, "out of memory for a session");
+    s->model = model;
+    s->state.n_ctx = n_ctx;
+    int nt = params->n_threads > 0 ? params->n_threads : model->n_threads;
+    s->n_threads = nt > 0 ? (nt > 256 ? 256 : nt) : omp_get_num_procs();
+    s->cpu_features = cpu_features_detect();
+    qwenrt_status st = alloc_state(s, err);
+    for (int ph = 0; ph < 2 && !st; ph++) {
+        s->fns[ph] = xcalloc((size_t)model->plans[ph].n_ops, sizeof(cpu_op_fn));
+        st = s->fns[ph] ? cpu_bind_plan(&model->plans[ph], s->cpu_features, s->fns[ph], err)
+                        : err_set(err, QWENRT_ERR_NOMEM, "out of memory");
+    }
+    if (!st) {
+        s->last_logits = xalloc_aligned((size_t)model->hp.n_vocab, sizeof(float));
+        if (!s->last_logits)
+            st = err_set(err, QWENRT_ERR_NOMEM, "out of memory");
+    }
+    if (st) {
+        qwenrt_session_free(s);
+        return st;
+    }
+    *out = s;
+    return QWENRT_OK;
+}
+
+static void free_buffers(struct qwenrt_session *s)
+{
+    for (int i = 0; i < PLAN_MAX_BUFS; i++) {
+        xfree(s->bufs[i]);
+        s->bufs[i] = NULL;
+    }
+    xfree(s->scratch);
+    s->scratch = NULL;
+    s->cap_T = s->cap_logit_rows = 0;
+}
+
+void qwenrt_session_free(struct qwenrt_session *s)
+{
+    if (!s)
+        return;
+    free_buffers(s);
+    for (int32_t l = 0; l < s->state.n_layer; l++) {
+        if (s->state.k_cache) xfree(s->state.k_cache[l]);
+        if (s->state.v_cache) xfree(s->state.v_cache[l]);
+        if (s->state.conv_state) xfree(s->state.conv_state[l]);
+        if (s->state.ssm_state) xfree(s->state.ssm_state[l]);
+    }
+    xfree(s->state.k_cache);
+    xfree(s->state.v_cache);
+    xfree(s->state.conv_state);
+    xfree(s->state.ssm_state);
+    xfree(s->fns[0]);
+    xfree(s->fns[1]);
+    xfree(s->last_logits);
+    xfree(s);
+}
+
+/* Makes the buffers hold T tokens (and logit_rows rows of logits). */
+static qwenrt_status ensure_buffers(struct qwenrt_session *s, const struct plan *p, int32_t T,
+                                    int32_t logit_rows, struct qwenrt_error *err)
+{
+    if (T <= s->cap_T && logit_rows <= s->cap_logit_rows)
+        return QWENRT_OK;
+    free_buffers(s);
+    int32_t capT = T > s->cap_T ? T : s->cap_T;
+    for (int32_t i = 0; i < p->n_bufs; i++) {
+        size_t rows = (size_t)(i == p->buf_logits ? logit_rows : capT);
+        s->bufs[i] = xalloc_aligned(rows * (size_t)p->bufs[i].width, sizeof(float));
+        if (!s->bufs[i])
+            return err_set(err, QWENRT_ERR_NOMEM, "out of memory for activations of %d tokens", T);
+    }
+    s->scratch_len = cpu_exec_scratch_floats(p, &s->state, capT);
+    s->scratch = xalloc_aligned((size_t)s->scratch_len, sizeof(float));
+    if (!s->scratch)
+        return err_set(err, QWENRT_ERR_NOMEM, "out of memory for scratch space");
+    s->cap_T = capT;
+    s->cap_logit_rows = logit_rows;
+    return QWENRT_OK;
+}
+
+static qwenrt_status run(struct qwenrt_session *s, const int32_t *ids, int32_t n, float *all_logits,
+                         struct qwenrt_error *err)
+{
+    const struct qwenrt_model *m = s->model;
+    if (!ids || n < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "no tokens to process");
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->hp.n_vocab)
+            return err_set(err, QWENRT_ERR_INVALID_ARG, "token id %d at index %d is outside the vocabulary [0, %d)",
+                           ids[i], i, m->hp.n_vocab);
+    if (n > s->state.n_ctx - s->n_past)
+        return err_set(err, QWENRT_ERR_LIMIT, "context full: %d tokens held, %d more asked, the session holds %d",
+                       s->n_past, n, s->state.n_ctx);
+    int ph = n == 1 ? PHASE_DECODE : PHASE_PREFILL;
+    const struct plan *p = &m->plans[ph];
+    int32_t rows = all_logits ? n : 1;
+    qwenrt_status st = ensure_buffers(s, p, n, rows, err);
+    if (st)
+        return st;
+    struct cpu_exec ex = {
+        .plan = p, .T = n, .pos0 = s->n_past, .ids = ids, .all_logits = all_logits != NULL,
+        .state = &s->state, .n_threads = s->n_threads, .cpu_features = s->cpu_features,
+        .dump = s->dump, .dump_user = s->dump_user, .scratch = s->scratch, .scratch_len = s->scratch_len,
+    };
+    memcpy(ex.bufs, s->bufs, sizeof(ex.bufs));
+    st = cpu_run_plan(&ex, s->fns[ph], err);
+    if (st)
+        return st;
+    s->n_past += n;
+    const float *lg = s->bufs[p->buf_logits];
+    size_t V = (size_t)m->hp.n_vocab;
+    if (all_logits)
+        memcpy(all_logits, lg, (size_t)n * V * sizeof(float));
+    memcpy(s->last_logits, lg + (size_t)(rows - 1) * V, V * sizeof(float));
+    s->has_logits = true;
+    return QWENRT_OK;
+}
+
+qwenrt_status qwenrt_session_prefill(struct qwenrt_session *s, const int32_t *ids, int32_t n_ids,
+                                     float *all_logits, struct qwenrt_error *err)
+{
+    if (!s)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "prefill: no session");
+    return run(s, ids, n_ids, all_logits, err);
+}
+
+qwenrt_status qwenrt_session_decode(struct qwenrt_session *s, int32_t id, struct qwenrt_error *err)
+{
+    if (!s)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "decode: no session");
+    return run(s, &id, 1, NULL, err);
+}
+
+const float *qwenrt_session_logits(const struct qwenrt_session *s)
+{
+    return s && s->has_logits ? s->last_logits : NULL;
+}
+
+int32_t qwenrt_session_n_past(const struct qwenrt_session *s) { return s ? s->n_past : 0; }
+
+void qwenrt_session_reset(struct qwenrt_session *s)
+{
+    if (!s)
+        return;
+    s->n_past = 0;
+    s->has_logits = false;
+    for (int32_t l = 0; l < s->state.n_layer; l++) {
+        if (s->state.conv_state[l])
+            memset(s->state.conv_state[l], 0, (size_t)s->state.conv_rows * s->state.conv_dim * sizeof(float));
+        if (s->state.ssm_state[l])
+            memset(s->state.ssm_state[l], 0, (size_t)s->state.ssm_len * sizeof(float));
+    }
+}
+
+void session_set_dump(struct qwenrt_session *s, cpu_dump_fn fn, void *user)
+{
+    s->dump = fn;
+    s->dump_user = user;
+}
+
+int32_t qwenrt_argmax(const float *logits, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    return best;
+}

@@ -1,0 +1,35 @@
+/*
+ * session.h — internal view of struct qwenrt_session (the public API is in qwenrt.h).
+ *
+ * A session owns one sequence's state (struct seq_state: KV cache, DeltaNet conv and recurrent
+ * state), the activation buffers sized for the largest batch seen so far, and the logits of
+ * the last position. Runs go through the model's prefill plan (n > 1) or decode plan (n = 1).
+ */
+#ifndef QWENRT_RUNTIME_SESSION_H
+#define QWENRT_RUNTIME_SESSION_H
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "qwenrt.h"
+
+struct qwenrt_session {
+    struct qwenrt_model *model;
+    struct seq_state state;
+    int32_t n_past;               /* tokens processed */
+    int n_threads;
+    uint32_t cpu_features;
+    cpu_op_fn *fns[2];            /* bound kernels of each plan ([n_ops] per phase) */
+    float *bufs[PLAN_MAX_BUFS];   /* activation buffers for up to cap_T tokens */
+    int32_t cap_T;                /* tokens the buffers hold */
+    int32_t cap_logit_rows;       /* rows the logits buffer holds */
+    float *scratch;
+    int64_t scratch_len;
+    float *last_logits;           /* [n_vocab] */
+    bool has_logits;
+    cpu_dump_fn dump;             /* optional per-op dump (tests, debugging) */
+    void *dump_user;
+};
+
+void session_set_dump(struct qwenrt_session *s, cpu_dump_fn fn, void *user);
+
+#endif
