@@ -8,11 +8,11 @@
  * several tensor dtypes. Every bad input asserts the status and a word of the message, and
  * that the message names the file. Files go to a fresh mkdtemp directory under /tmp.
  */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <signal.h>
 #include <stdio.h>
@@ -50,8 +50,14 @@ static void b_le(struct buf *b, uint64_t v, int n)
     }
 }
 
-static void b_u32(struct buf *b, uint32_t v) { b_le(b, v, 4); }
-static void b_u64(struct buf *b, uint64_t v) { b_le(b, v, 8); }
+static void b_u32(struct buf *b, uint32_t v)
+{
+    b_le(b, v, 4);
+}
+static void b_u64(struct buf *b, uint64_t v)
+{
+    b_le(b, v, 8);
+}
 
 static void b_str(struct buf *b, const char *s)
 {
@@ -124,11 +130,13 @@ static void write_file(const char *path, const struct buf *b)
     assert_int_equal(fclose(f), 0);
 }
 
-static bool file_exists(const char *path) { return access(path, F_OK) == 0; }
+static bool file_exists(const char *path)
+{
+    return access(path, F_OK) == 0;
+}
 
 /* Writes b to path, opens it and asserts the status and a word of the message. */
-static void expect_fail(const char *path, const struct buf *b, qwenrt_status want,
-                        const char *word)
+static void expect_fail(const char *path, const struct buf *b, qwenrt_status want, const char *word)
 {
     struct gguf_file gf;
     struct qwenrt_error err = {0};
@@ -285,8 +293,8 @@ static void check_arrays(const struct gguf_file *gf)
 
 /* Three tensors of different dtypes with recognisable bytes. */
 struct tdata {
-    float f32[6];      /* ne {3, 2} */
-    uint16_t f16[5];   /* ne {5} */
+    float f32[6];       /* ne {3, 2} */
+    uint16_t f16[5];    /* ne {5} */
     uint8_t q8[2 * 34]; /* q8_0, ne {32, 1, 2}: 2 rows of one block */
 };
 
@@ -308,9 +316,8 @@ static void add_tensors(struct gguf_writer *w, const struct tdata *t)
     assert_int_equal(gguf_writer_add_tensor(w, "w.q8", QR_Q8_0, 3, ne_q8, t->q8), QWENRT_OK);
 }
 
-static void check_tensor(const struct gguf_file *gf, int64_t i, const char *name,
-                         enum qr_dtype dt, int32_t n_dims, const int64_t *ne, const void *data,
-                         size_t nbytes)
+static void check_tensor(const struct gguf_file *gf, int64_t i, const char *name, enum qr_dtype dt,
+                         int32_t n_dims, const int64_t *ne, const void *data, size_t nbytes)
 {
     const struct qr_tensor *t = gguf_find_tensor(gf, name);
     assert_ptr_equal(t, &gf->tensors[i]);

@@ -31,7 +31,10 @@ struct cursor {
     const char *path;    /* for messages */
 };
 
-static size_t left(const struct cursor *c) { return c->size - c->pos; }
+static size_t left(const struct cursor *c)
+{
+    return c->size - c->pos;
+}
 
 static uint64_t load_le(const uint8_t *p, int n)
 {
@@ -83,11 +86,23 @@ static qwenrt_status rd_string(struct cursor *c, struct gguf_string *s, const ch
 static int scalar_size(enum gguf_type t)
 {
     switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
+    case GGUF_TYPE_UINT8:
+    case GGUF_TYPE_INT8:
+    case GGUF_TYPE_BOOL:
+        return 1;
+    case GGUF_TYPE_UINT16:
+    case GGUF_TYPE_INT16:
+        return 2;
+    case GGUF_TYPE_UINT32:
+    case GGUF_TYPE_INT32:
+    case GGUF_TYPE_FLOAT32:
+        return 4;
+    case GGUF_TYPE_UINT64:
+    case GGUF_TYPE_INT64:
+    case GGUF_TYPE_FLOAT64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -106,14 +121,31 @@ static void store_scalar(struct gguf_value *v, uint64_t raw)
     float f;
     uint32_t u32 = (uint32_t)raw;
     switch (v->type) {
-    case GGUF_TYPE_INT8: v->v.i64 = (int8_t)raw; break;
-    case GGUF_TYPE_INT16: v->v.i64 = (int16_t)raw; break;
-    case GGUF_TYPE_INT32: v->v.i64 = (int32_t)raw; break;
-    case GGUF_TYPE_INT64: v->v.i64 = (int64_t)raw; break;
-    case GGUF_TYPE_FLOAT32: memcpy(&f, &u32, 4); v->v.f64 = f; break;
-    case GGUF_TYPE_FLOAT64: memcpy(&v->v.f64, &raw, 8); break;
-    case GGUF_TYPE_BOOL: v->v.u64 = raw != 0; break;
-    default: v->v.u64 = raw; break;
+    case GGUF_TYPE_INT8:
+        v->v.i64 = (int8_t)raw;
+        break;
+    case GGUF_TYPE_INT16:
+        v->v.i64 = (int16_t)raw;
+        break;
+    case GGUF_TYPE_INT32:
+        v->v.i64 = (int32_t)raw;
+        break;
+    case GGUF_TYPE_INT64:
+        v->v.i64 = (int64_t)raw;
+        break;
+    case GGUF_TYPE_FLOAT32:
+        memcpy(&f, &u32, 4);
+        v->v.f64 = f;
+        break;
+    case GGUF_TYPE_FLOAT64:
+        memcpy(&v->v.f64, &raw, 8);
+        break;
+    case GGUF_TYPE_BOOL:
+        v->v.u64 = raw != 0;
+        break;
+    default:
+        v->v.u64 = raw;
+        break;
     }
 }
 
@@ -142,8 +174,8 @@ static qwenrt_status rd_array(struct cursor *c, struct gguf_value *v, int depth,
                        c->path, key, (unsigned long long)count, GGUF_MAX_ARRAY);
     if (count > left(c) / min_elem_size((enum gguf_type)et))
         return err_set(err, QWENRT_ERR_FORMAT,
-                       "%s: key '%s': array count %llu runs past the end of the file (%zu bytes left)",
-                       c->path, key, (unsigned long long)count, left(c));
+                       "%s: key '%s': array count %llu runs past the end (%zu bytes left)", c->path,
+                       key, (unsigned long long)count, left(c));
     v->v.arr.items = xcalloc(count ? (size_t)count : 1, sizeof(*v->v.arr.items));
     if (!v->v.arr.items)
         return err_set(err, QWENRT_ERR_NOMEM, "%s: key '%s': out of memory for %llu array items",
@@ -242,8 +274,8 @@ static qwenrt_status rd_header(struct cursor *c, struct gguf_file *gf, struct qw
     if (st)
         return st;
     if (n_tensors > GGUF_MAX_TENSORS)
-        return err_set(err, QWENRT_ERR_LIMIT, "%s: tensor count %llu exceeds the limit %d",
-                       c->path, (unsigned long long)n_tensors, GGUF_MAX_TENSORS);
+        return err_set(err, QWENRT_ERR_LIMIT, "%s: tensor count %llu exceeds the limit %d", c->path,
+                       (unsigned long long)n_tensors, GGUF_MAX_TENSORS);
     if (n_kv > GGUF_MAX_KV)
         return err_set(err, QWENRT_ERR_LIMIT, "%s: key/value count %llu exceeds the limit %d",
                        c->path, (unsigned long long)n_kv, GGUF_MAX_KV);
@@ -300,8 +332,8 @@ static qwenrt_status rd_kvs(struct cursor *c, struct gguf_file *gf, struct qwenr
         if (st)
             return st;
         if (type >= GGUF_TYPE_COUNT)
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: key '%s': unknown value type %llu",
-                           c->path, kv->key, (unsigned long long)type);
+            return err_set(err, QWENRT_ERR_FORMAT, "%s: key '%s': unknown value type %llu", c->path,
+                           kv->key, (unsigned long long)type);
         kv->value.type = (enum gguf_type)type;
         st = rd_value(c, &kv->value, 0, kv->key, err);
         if (st)
@@ -348,7 +380,7 @@ static qwenrt_status rd_tensor_shape(struct cursor *c, struct qr_tensor *t,
     size_t row;
     if (!dtype_row_bytes(t->dtype, t->ne[0], &row))
         return err_set(err, QWENRT_ERR_FORMAT,
-                       "%s: tensor '%s': row of %lld elements is not a whole number of %s blocks (%d)",
+                       "%s: tensor '%s': row of %lld is not a whole number of %s blocks of %d",
                        c->path, t->name, (long long)t->ne[0], dtype_traits(t->dtype)->name,
                        dtype_traits(t->dtype)->block_size);
     int64_t rows = tensor_nrows(t);
@@ -409,9 +441,9 @@ static qwenrt_status place_tensors(struct gguf_file *gf, const uint64_t *offs,
         struct qr_tensor *t = &gf->tensors[i];
         if (base > size || offs[i] > size - base || t->nbytes > size - base - offs[i])
             return err_set(err, QWENRT_ERR_FORMAT,
-                           "%s: tensor '%s': data at offset %llu + %zu bytes runs past the end of the file (%llu bytes, data section at %llu)",
-                           path, t->name, (unsigned long long)offs[i], t->nbytes,
-                           (unsigned long long)size, (unsigned long long)base);
+                           "%s: tensor '%s': %zu bytes at %llu+%llu run past the end (%llu)", path,
+                           t->name, t->nbytes, (unsigned long long)base,
+                           (unsigned long long)offs[i], (unsigned long long)size);
         t->data = gf->map.data + base + offs[i];
     }
     struct by_off *order = xmalloc(gf->n_tensors ? (size_t)gf->n_tensors : 1, sizeof(*order));

@@ -30,9 +30,9 @@ struct writer_tensor {
 };
 
 struct gguf_writer {
-    struct gguf_kv *kvs;             /* [n_kv] in first-set order, values deep-copied */
+    struct gguf_kv *kvs; /* [n_kv] in first-set order, values deep-copied */
     int64_t n_kv, cap_kv;
-    struct writer_tensor *tensors;   /* [n_tensors] in insertion order */
+    struct writer_tensor *tensors; /* [n_tensors] in insertion order */
     int64_t n_tensors, cap_tensors;
 };
 
@@ -205,8 +205,8 @@ static qwenrt_status set_array(struct gguf_writer *w, const char *key, enum gguf
     return st;
 }
 
-qwenrt_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key,
-                                      const char *const *v, uint64_t n)
+qwenrt_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key, const char *const *v,
+                                      uint64_t n)
 {
     return set_array(w, key, GGUF_TYPE_STRING, n, v);
 }
@@ -318,14 +318,31 @@ static void put_value(struct out *o, const struct gguf_value *v)
     uint32_t u;
     uint64_t u64;
     switch (v->type) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_BOOL: put_le(o, v->v.u64, 1); break;
-    case GGUF_TYPE_INT8: put_le(o, (uint64_t)v->v.i64, 1); break;
-    case GGUF_TYPE_UINT16: put_le(o, v->v.u64, 2); break;
-    case GGUF_TYPE_INT16: put_le(o, (uint64_t)v->v.i64, 2); break;
-    case GGUF_TYPE_UINT32: put_le(o, v->v.u64, 4); break;
-    case GGUF_TYPE_INT32: put_le(o, (uint64_t)v->v.i64, 4); break;
-    case GGUF_TYPE_UINT64: put_le(o, v->v.u64, 8); break;
-    case GGUF_TYPE_INT64: put_le(o, (uint64_t)v->v.i64, 8); break;
+    case GGUF_TYPE_UINT8:
+    case GGUF_TYPE_BOOL:
+        put_le(o, v->v.u64, 1);
+        break;
+    case GGUF_TYPE_INT8:
+        put_le(o, (uint64_t)v->v.i64, 1);
+        break;
+    case GGUF_TYPE_UINT16:
+        put_le(o, v->v.u64, 2);
+        break;
+    case GGUF_TYPE_INT16:
+        put_le(o, (uint64_t)v->v.i64, 2);
+        break;
+    case GGUF_TYPE_UINT32:
+        put_le(o, v->v.u64, 4);
+        break;
+    case GGUF_TYPE_INT32:
+        put_le(o, (uint64_t)v->v.i64, 4);
+        break;
+    case GGUF_TYPE_UINT64:
+        put_le(o, v->v.u64, 8);
+        break;
+    case GGUF_TYPE_INT64:
+        put_le(o, (uint64_t)v->v.i64, 8);
+        break;
     case GGUF_TYPE_FLOAT32:
         f = (float)v->v.f64;
         memcpy(&u, &f, 4);
@@ -335,20 +352,24 @@ static void put_value(struct out *o, const struct gguf_value *v)
         memcpy(&u64, &v->v.f64, 8);
         put_le(o, u64, 8);
         break;
-    case GGUF_TYPE_STRING: put_str(o, v->v.str.str, v->v.str.len); break;
+    case GGUF_TYPE_STRING:
+        put_str(o, v->v.str.str, v->v.str.len);
+        break;
     case GGUF_TYPE_ARRAY:
         put_le(o, (uint64_t)v->v.arr.elem_type, 4);
         put_le(o, v->v.arr.count, 8);
         for (uint64_t i = 0; i < v->v.arr.count; i++)
             put_value(o, &v->v.arr.items[i]);
         break;
-    default: o->ok = false; break;
+    default:
+        o->ok = false;
+        break;
     }
 }
 
 /* Alignment from general.alignment (u32, nonzero power of two) or the default. */
-static qwenrt_status writer_alignment(const struct gguf_writer *w, const char *path,
-                                      uint32_t *out, struct qwenrt_error *err)
+static qwenrt_status writer_alignment(const struct gguf_writer *w, const char *path, uint32_t *out,
+                                      struct qwenrt_error *err)
 {
     *out = GGUF_DEFAULT_ALIGNMENT;
     for (int64_t i = 0; i < w->n_kv; i++) {
@@ -357,8 +378,7 @@ static qwenrt_status writer_alignment(const struct gguf_writer *w, const char *p
         const struct gguf_value *v = &w->kvs[i].value;
         if (v->type != GGUF_TYPE_UINT32 || v->v.u64 == 0 || (v->v.u64 & (v->v.u64 - 1)))
             return err_set(err, QWENRT_ERR_INVALID_ARG,
-                           "%s: key 'general.alignment': must be a u32 nonzero power of two",
-                           path);
+                           "%s: key 'general.alignment': must be a u32 nonzero power of two", path);
         *out = (uint32_t)v->v.u64;
     }
     return QWENRT_OK;

@@ -45,7 +45,9 @@ const char *safetensors_dtype_name(enum qr_dtype t)
 static int cmp_by_offset(const void *a, const void *b)
 {
     const struct qr_tensor *x = a, *y = b;
-    return (x->data > y->data) - (x->data < y->data);
+    if (x->data != y->data) /* ties: empty tensors first, so they never "overlap" a neighbour */
+        return (x->data > y->data) - (x->data < y->data);
+    return (x->nbytes > y->nbytes) - (x->nbytes < y->nbytes);
 }
 
 /* Parses one header entry into t (data relative to the data region start). */
@@ -258,7 +260,8 @@ qwenrt_status safetensors_write(const char *path, const struct safetensors_out *
     for (size_t i = hlen; ok && i < padded; i++)
         ok = fputc(' ', f) != EOF;
     for (int32_t i = 0; ok && i < n; i++)
-        ok = fwrite(tensors[i].data, 1, sizes[i], f) == sizes[i];
+        ok = sizes[i] == 0 || /* an empty tensor's data may be NULL */
+             fwrite(tensors[i].data, 1, sizes[i], f) == sizes[i];
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         st = err_set(err, QWENRT_ERR_IO, "%s: write failed: %s", path, strerror(errno));
