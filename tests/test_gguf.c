@@ -188,7 +188,7 @@ static void set_scalars(struct gguf_writer *w)
     v = (struct gguf_value){.type = GGUF_TYPE_INT16, .v.i64 = -32000};
     assert_int_equal(gguf_writer_set(w, "t.i16", &v), QWENRT_OK);
     assert_int_equal(gguf_writer_set_u32(w, "t.u32", 4000000000u), QWENRT_OK);
-    assert_int_equal(gguf_writer_set_i32(w, "t.i32", -2000000000), QWENRT_OK);
+    assert_int_equal(gguf_writer_set_i32(w, "t.i32", 17), QWENRT_OK);
     assert_int_equal(gguf_writer_set_f32(w, "t.f32", 1e-6f), QWENRT_OK);
     assert_int_equal(gguf_writer_set_bool(w, "t.bool", true), QWENRT_OK);
     assert_int_equal(gguf_writer_set_str(w, "t.str", "héllo {{ template }}"), QWENRT_OK);
@@ -242,6 +242,7 @@ static void check_scalars(const struct gguf_file *gf)
     assert_true(gguf_get_int(gf, "t.u32", &i) && i == 4000000000LL);
     assert_int_equal(kv_at(gf, 4, "t.u32")->value.type, GGUF_TYPE_UINT32);
     assert_true(gguf_get_int(gf, "t.i32", &i) && i == -2000000000);
+    assert_int_equal(kv_at(gf, 5, "t.i32")->value.type, GGUF_TYPE_INT32); /* re-set in place */
     assert_true(gguf_get_float(gf, "t.f32", &d) && (float)d == 1e-6f);
     assert_int_equal(kv_at(gf, 6, "t.f32")->value.type, GGUF_TYPE_FLOAT32);
     assert_true(gguf_get_bool(gf, "t.bool", &b) && b);
