@@ -8,11 +8,12 @@
  * several tensor dtypes. Every bad input asserts the status and a word of the message, and
  * that the message names the file. Files go to a fresh mkdtemp directory under /tmp.
  */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka.h needs the four headers above first */
+#include <cmocka.h>
 
 #include <signal.h>
 #include <stdio.h>
