@@ -6,11 +6,12 @@
  * our reader. Bad files are built here by hand (8-byte length + JSON + data), each asserting
  * the status and a word of the message, and that the message names the file.
  */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* cmocka.h needs the four headers above first */
+#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>
