@@ -1,0 +1,51 @@
+/*
+ * matmul_quant.h — CPU matmul variants for quantised weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K),
+ * registered in matmul.c's `variants` table as matmul.<type>.{portable,avx2,avx512vnni}.
+ *
+ * All of them run one driver (matmul_quant_run): quantise each token's x to 8-bit blocks
+ * (Q8_0 for Q8_0/Q4_0 weights, Q8_K for the K types, with quant_quantize_row, so every ISA sees
+ * the same activations), then split the N weight rows among a->n_threads OpenMP threads and
+ * call a per-ISA block dot `quant_dot_fn` that dots one weight row with up to QDOT_MAX_NX
+ * tokens at once: the weight blocks are unpacked once and reused for each token (prefill),
+ * and with one token each weight byte is read once (decode). Integer products per block,
+ * scaled to f32 per block.
+ */
+#ifndef QWENRT_BACKEND_CPU_MATMUL_QUANT_H
+#define QWENRT_BACKEND_CPU_MATMUL_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/matmul.h"
+
+#define QDOT_MAX_NX 4 /* tokens per block-dot call */
+
+/* out[j] = Σ_blocks dot(weight row w, activation row xq + j·xq_stride) for j < nx (1..4);
+ * nb = blocks in the row; xq holds Q8_0 or Q8_K blocks (see quant_dot_act). */
+typedef void (*quant_dot_fn)(int64_t nb, const void *w, const void *xq, size_t xq_stride,
+                             int nx, float *out);
+
+/* Activation block type (QR_Q8_0 or QR_Q8_K) for weight type t; QR_DTYPE_INVALID if none. */
+enum qr_dtype quant_dot_act(enum qr_dtype t);
+
+/* The driver every variant calls: quantise x, run dot over all rows and tokens. */
+void matmul_quant_run(const struct cpu_matmul_args *a, quant_dot_fn dot);
+
+/* Bytes a call moves (weights, activations and outputs once) and its flops (2·T·K·N). */
+double matmul_quant_bytes(const struct cpu_matmul_args *a);
+double matmul_quant_flops(const struct cpu_matmul_args *a);
+
+#define QUANT_VARIANTS(isa)                                                                  \
+    void matmul_q8_0_##isa(const struct cpu_matmul_args *a);                                 \
+    void matmul_q4_0_##isa(const struct cpu_matmul_args *a);                                 \
+    void matmul_q4_k_##isa(const struct cpu_matmul_args *a);                                 \
+    void matmul_q5_k_##isa(const struct cpu_matmul_args *a);                                 \
+    void matmul_q6_k_##isa(const struct cpu_matmul_args *a);
+
+QUANT_VARIANTS(portable)
+QUANT_VARIANTS(avx2)
+QUANT_VARIANTS(avx512vnni)
+
+#undef QUANT_VARIANTS
+
+#endif
