@@ -6,6 +6,7 @@
  * run on this CPU. The reference variant for each dtype is always present.
  */
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_quant.h"
 #include "backend/cpu/matmul_float.h"
 
 #include <string.h>
@@ -43,6 +44,27 @@ static const struct cpu_matmul_variant variants[] = {
     {"matmul.f32.avx512", QR_F32, CPU_AVX512F | CPU_AVX2, 30, matmul_f32_avx512},
     {"matmul.f16.avx512", QR_F16, CPU_AVX512F | CPU_AVX2, 30, matmul_f16_avx512},
     {"matmul.bf16.avx512", QR_BF16, CPU_AVX512F | CPU_AVX2, 30, matmul_bf16_avx512},
+    /* quantised weights: matmul_quant.h (int8 dots on 8-bit quantised activations) */
+    {"matmul.q8_0.ref", QR_Q8_0, 0, 0, matmul_ref},
+    {"matmul.q4_0.ref", QR_Q4_0, 0, 0, matmul_ref},
+    {"matmul.q4_k.ref", QR_Q4_K, 0, 0, matmul_ref},
+    {"matmul.q5_k.ref", QR_Q5_K, 0, 0, matmul_ref},
+    {"matmul.q6_k.ref", QR_Q6_K, 0, 0, matmul_ref},
+    {"matmul.q8_0.portable", QR_Q8_0, 0, 10, matmul_q8_0_portable},
+    {"matmul.q4_0.portable", QR_Q4_0, 0, 10, matmul_q4_0_portable},
+    {"matmul.q4_k.portable", QR_Q4_K, 0, 10, matmul_q4_k_portable},
+    {"matmul.q5_k.portable", QR_Q5_K, 0, 10, matmul_q5_k_portable},
+    {"matmul.q6_k.portable", QR_Q6_K, 0, 10, matmul_q6_k_portable},
+    {"matmul.q8_0.avx2", QR_Q8_0, CPU_AVX2, 20, matmul_q8_0_avx2},
+    {"matmul.q4_0.avx2", QR_Q4_0, CPU_AVX2, 20, matmul_q4_0_avx2},
+    {"matmul.q4_k.avx2", QR_Q4_K, CPU_AVX2, 20, matmul_q4_k_avx2},
+    {"matmul.q5_k.avx2", QR_Q5_K, CPU_AVX2, 20, matmul_q5_k_avx2},
+    {"matmul.q6_k.avx2", QR_Q6_K, CPU_AVX2, 20, matmul_q6_k_avx2},
+    {"matmul.q8_0.avx512vnni", QR_Q8_0, CPU_AVX512VNNI | CPU_AVX2, 30, matmul_q8_0_avx512vnni},
+    {"matmul.q4_0.avx512vnni", QR_Q4_0, CPU_AVX512VNNI | CPU_AVX2, 30, matmul_q4_0_avx512vnni},
+    {"matmul.q4_k.avx512vnni", QR_Q4_K, CPU_AVX512VNNI | CPU_AVX2, 30, matmul_q4_k_avx512vnni},
+    {"matmul.q5_k.avx512vnni", QR_Q5_K, CPU_AVX512VNNI | CPU_AVX2, 30, matmul_q5_k_avx512vnni},
+    {"matmul.q6_k.avx512vnni", QR_Q6_K, CPU_AVX512VNNI | CPU_AVX2, 30, matmul_q6_k_avx512vnni},
     {NULL, 0, 0, 0, NULL},
 };
 
