@@ -91,4 +91,9 @@ void gdn_core_ref(const struct plan_op *op, struct cpu_exec *ex);
 void gated_rmsnorm_ref(const struct plan_op *op, struct cpu_exec *ex);
 void logits_op(const struct plan_op *op, struct cpu_exec *ex);
 
+/* Gated DeltaNet core in chunks (gdn_chunked.c): exact to f32 rounding vs gdn_core_ref. */
+void gdn_core_chunked(const struct plan_op *op, struct cpu_exec *ex);
+void gdn_core_chunked_avx512(const struct plan_op *op, struct cpu_exec *ex);
+int64_t gdn_chunked_scratch_floats(const struct plan_op *op); /* scratch floats it needs */
+
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "base/cpu_features.h"
 #include "base/error.h"
 
 static const struct cpu_op_kernel kernels[] = {
@@ -21,6 +22,8 @@ static const struct cpu_op_kernel kernels[] = {
     {"swiglu.ref", OP_SWIGLU, 0, 0, swiglu_ref},
     {"gdn_conv.ref", OP_GDN_CONV, 0, 0, gdn_conv_ref},
     {"gdn_core.ref", OP_GDN_CORE, 0, 0, gdn_core_ref},
+    {"gdn_core.chunked", OP_GDN_CORE, 0, 10, gdn_core_chunked},
+    {"gdn_core.chunked.avx512", OP_GDN_CORE, CPU_AVX512F | CPU_AVX2, 20, gdn_core_chunked_avx512},
     {"gated_rmsnorm.ref", OP_GATED_RMSNORM, 0, 0, gated_rmsnorm_ref},
     {"logits.auto", OP_LOGITS, 0, 0, logits_op},
     {NULL, 0, 0, 0, NULL},
@@ -60,10 +63,13 @@ qwenrt_status cpu_bind_plan(const struct plan *p, uint32_t features, cpu_op_fn *
 
 int64_t cpu_exec_scratch_floats(const struct plan *p, const struct seq_state *s, int32_t T)
 {
-    (void)p;
     int64_t attn = (int64_t)(s->n_ctx + 1) * 256; /* scores per thread; 256 threads at most */
     int64_t conv = (int64_t)(s->conv_rows + T) * s->conv_dim;
-    return attn > conv ? attn : conv;
+    int64_t need = attn > conv ? attn : conv;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_GDN_CORE && gdn_chunked_scratch_floats(&p->ops[i]) > need)
+            need = gdn_chunked_scratch_floats(&p->ops[i]);
+    return need;
 }
 
 qwenrt_status cpu_run_plan(struct cpu_exec *ex, cpu_op_fn const *fns, struct qwenrt_error *err)
