@@ -30,6 +30,7 @@ enum {
     NR = 32,        /* GEMM panel: weight rows (outputs) per micro-kernel */
     MR = 8,         /* GEMM micro-kernel: tokens */
     KC = 256,       /* GEMM panel: columns; wp is KC*NR*4 = 32 KiB */
+    PF_ROWS = 4,
 };
 
 static inline __mmask16 tail_mask(int64_t n) /* lowest min(n, 16) lanes */
@@ -64,6 +65,7 @@ INLINE void dot_rows(int nr, enum qr_dtype wt, const uint8_t *w, size_t rb, cons
                      int64_t K, float *out)
 {
     __m512 acc[GEMV_ROWS][2];
+    size_t esz = wt == QR_F32 ? 4 : 2;
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++)
         acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -72,6 +74,10 @@ INLINE void dot_rows(int nr, enum qr_dtype wt, const uint8_t *w, size_t rb, cons
         __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
 #pragma GCC unroll 4
         for (int r = 0; r < nr; r++) {
+            if (PF_ROWS)
+                _mm_prefetch((const char *)(w + (r + PF_ROWS) * rb) + k * esz, _MM_HINT_T0);
+            if (wt == QR_F32)
+                _mm_prefetch((const char *)(w + (r + PF_ROWS) * rb) + k * esz + 64, _MM_HINT_T0);
             acc[r][0] = _mm512_fmadd_ps(load_w(wt, w + r * rb, k), x0, acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(load_w(wt, w + r * rb, k + 16), x1, acc[r][1]);
         }
@@ -151,9 +157,12 @@ INLINE void pack(const struct cpu_matmul_args *a, enum qr_dtype wt, int64_t nb, 
             __mmask16 m = tail_mask(kc - c);
             __m512 r[16];
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; i++)
-                r[i] = i < rows ? load_w_mask(wt, w + (size_t)i * a->w_row_bytes, c, m)
-                                : _mm512_setzero_ps();
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *row = w + (size_t)i * a->w_row_bytes;
+                /* the next K block of this row: the hardware prefetcher misses 32 streams */
+                _mm_prefetch((const char *)row + (size_t)(c + KC) * esz, _MM_HINT_T1);
+                r[i] = i < rows ? load_w_mask(wt, row, c, m) : _mm512_setzero_ps();
+            }
             transpose16(r);
             int64_t cols = kc - c < 16 ? kc - c : 16;
             for (int j = 0; j < cols; j++)
