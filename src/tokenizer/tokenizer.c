@@ -156,7 +156,7 @@ qwenrt_status tok_index_vocab(struct tokenizer *t, size_t n_merges_hint, const c
         return err_set(err, QWENRT_ERR_FORMAT, "%s: the vocabulary is empty", src);
     uint32_t cap = pow2_at_least((size_t)t->n_vocab * 2);
     t->map = xmalloc(cap, sizeof(*t->map));
-    uint32_t mcap = pow2_at_least(n_merges_hint * 2 + 16);
+    uint32_t mcap = pow2_at_least(n_merges_hint + n_merges_hint / 2 + 16);
     t->merges = xmalloc(mcap, sizeof(*t->merges));
     if (!t->map || !t->merges)
         return err_set(err, QWENRT_ERR_NOMEM, "%s: out of memory for the vocabulary index", src);
@@ -234,7 +234,7 @@ qwenrt_status tok_add_merge(struct tokenizer *t, const char *a, size_t alen, con
         return err_set(err, QWENRT_ERR_FORMAT,
                        "%s: merge %d: '%.*s' + '%.*s' is not in the vocabulary", src, rank,
                        (int)alen, a, (int)blen, b);
-    if ((uint64_t)(t->n_merges + 1) * 2 > t->merge_mask + 1) {
+    if ((uint64_t)(t->n_merges + 1) * 4 > (t->merge_mask + 1) * 3) { /* load <= 3/4 */
         qwenrt_status st = merges_grow(t, err);
         if (st != QWENRT_OK)
             return st;
@@ -547,10 +547,12 @@ static size_t bpe_small(const struct tokenizer *t, const uint8_t *s, size_t n, i
             break;
         ids[best] = merged[best];
         n--;
-        memmove(ids + best + 1, ids + best + 2, (n - best - 1) * sizeof(*ids));
-        memmove(rank + best + 1, rank + best + 2, (n > best + 2 ? n - best - 2 : 0) * sizeof(*rank));
-        memmove(merged + best + 1, merged + best + 2,
-                (n > best + 2 ? n - best - 2 : 0) * sizeof(*merged));
+        for (size_t i = best + 1; i < n; i++) /* close the gap (short arrays: no memmove) */
+            ids[i] = ids[i + 1];
+        for (size_t i = best + 1; i + 1 < n; i++) {
+            rank[i] = rank[i + 1];
+            merged[i] = merged[i + 1];
+        }
         if (best > 0)
             rank[best - 1] = pair_rank(t, ids[best - 1], ids[best], &merged[best - 1]);
         if (best + 1 < n)

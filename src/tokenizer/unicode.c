@@ -154,50 +154,109 @@ static bool nfc_inert(uint32_t cp)
     if (cp >= 0x1100 && cp < 0x1200)
         return false; /* Hangul jamo compose algorithmically */
     const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
-    if (p->combining_class != 0 || p->decomp_seqindex != UINT16_MAX)
-        return false;
+    if (p->combining_class != 0 || (p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0))
+        return false; /* a mark, or a canonical decomposition (compatibility ones stay in NFC) */
     /* comb_index >= 0x8000 (and not "none") marks the second character of a composition */
     return p->comb_index == UINT16_MAX || p->comb_index < 0x8000;
 }
 
+/* NFC of s[a..b) appended to o (xmalloc'd, grown as needed). */
+static qwenrt_status nfc_run(const char *s, size_t a, size_t b, char **o, size_t *k, size_t *cap,
+                             struct qwenrt_error *err)
+{
+    utf8proc_uint8_t *res = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s + a, (utf8proc_ssize_t)(b - a),
+                                      &res, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (r < 0)
+        return err_set(err, r == UTF8PROC_ERROR_NOMEM ? QWENRT_ERR_NOMEM : QWENRT_ERR_INTERNAL,
+                       "nfc: utf8proc: %s", utf8proc_errmsg(r));
+    if (*k + (size_t)r + 1 > *cap) {
+        size_t c = (*cap + (size_t)r + 1) * 2;
+        char *p = xrealloc(*o, c, 1);
+        if (!p) {
+            free(res);
+            return err_set(err, QWENRT_ERR_NOMEM, "nfc: out of memory for %zu bytes", c);
+        }
+        *o = p;
+        *cap = c;
+    }
+    memcpy(*o + *k, res, (size_t)r);
+    *k += (size_t)r;
+    free(res); /* utf8proc allocates with malloc */
+    return QWENRT_OK;
+}
+
+/* NFC is local: a text can be cut right before any inert character (it neither composes with
+ * what precedes it nor reorders), so only the runs around non-inert characters, plus the one
+ * character before each run (a starter they may compose with), go through utf8proc. */
 qwenrt_status unicode_nfc(const char *s, size_t n, char **out, size_t *out_len,
                           struct qwenrt_error *err)
 {
     const uint8_t *u = (const uint8_t *)s;
-    size_t i = 0;
+    size_t i = 0, prev = 0, copied = 0, k = 0, cap = 0;
+    char *o = NULL;
+    qwenrt_status st = QWENRT_OK;
     *out = NULL;
     *out_len = n;
-    while (i < n) {
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint32_t cp;
-        if (utf8_step(u + i, n - i, &len, &cp) != UTF8_OK)
-            return err_set(err, QWENRT_ERR_INTERNAL, "nfc: invalid UTF-8 at byte %zu", i);
-        if (!nfc_inert(cp))
-            break;
-        i += len;
-    }
-    if (i >= n)
-        return QWENRT_OK;
     if (n > (size_t)PTRDIFF_MAX)
         return err_set(err, QWENRT_ERR_LIMIT, "nfc: input of %zu bytes is too large", n);
-    utf8proc_uint8_t *res = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &res,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (r < 0)
-        return err_set(err, r == UTF8PROC_ERROR_NOMEM ? QWENRT_ERR_NOMEM : QWENRT_ERR_INTERNAL,
-                       "nfc: utf8proc: %s", utf8proc_errmsg(r));
-    /* utf8proc allocates with malloc; copy into our allocator so callers free with xfree */
-    char *copy = xstrndup((const char *)res, (size_t)r);
-    free(res);
-    if (!copy)
-        return err_set(err, QWENRT_ERR_NOMEM, "nfc: out of memory for %zd bytes", r);
-    *out = copy;
-    *out_len = (size_t)r;
+    while (i < n) {
+        size_t len;
+        uint32_t cp;
+        if (u[i] < 0x80) {
+            prev = i++;
+            continue;
+        }
+        if (utf8_step(u + i, n - i, &len, &cp) != UTF8_OK) {
+            st = err_set(err, QWENRT_ERR_INTERNAL, "nfc: invalid UTF-8 at byte %zu", i);
+            goto out_fail;
+        }
+        if (nfc_inert(cp)) {
+            prev = i;
+            i += len;
+            continue;
+        }
+        size_t a = i > 0 ? prev : 0, b = i + len; /* the run [a, b) ends before an inert char */
+        while (b < n && !(u[b] < 0x80)) {
+            if (utf8_step(u + b, n - b, &len, &cp) != UTF8_OK || nfc_inert(cp))
+                break;
+            b += len;
+        }
+        if (k + (a - copied) + 1 > cap) {
+            cap = (k + (a - copied) + 1) * 2 + n / 8;
+            char *p = xrealloc(o, cap, 1);
+            if (!p) {
+                st = err_set(err, QWENRT_ERR_NOMEM, "nfc: out of memory for %zu bytes", cap);
+                goto out_fail;
+            }
+            o = p;
+        }
+        memcpy(o + k, s + copied, a - copied);
+        k += a - copied;
+        if ((st = nfc_run(s, a, b, &o, &k, &cap, err)) != QWENRT_OK)
+            goto out_fail;
+        copied = b;
+        prev = i = b;
+    }
+    if (!o)
+        return QWENRT_OK; /* already NFC */
+    if (k + (n - copied) + 1 > cap) {
+        char *p = xrealloc(o, k + (n - copied) + 1, 1);
+        if (!p) {
+            st = err_set(err, QWENRT_ERR_NOMEM, "nfc: out of memory");
+            goto out_fail;
+        }
+        o = p;
+    }
+    memcpy(o + k, s + copied, n - copied);
+    k += n - copied;
+    o[k] = '\0';
+    *out = o;
+    *out_len = k;
     return QWENRT_OK;
+out_fail:
+    xfree(o);
+    return st;
 }
 
 static unsigned category_class(uint32_t cp)
