@@ -1,0 +1,124 @@
+/*
+ * cli_common.c — shared option handling for the sub-commands (see cli_common.h).
+ */
+#include "cli/cli_common.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *cli_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "qwenrt: option %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+bool cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "qwenrt: %s expects an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    long n;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        o->model = v;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 0, 1024, &n))
+            return -1;
+        o->threads = (int)n;
+    } else if (!strcmp(a, "--backend")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+            fprintf(stderr, "qwenrt: --backend must be cpu or cuda, got '%s'\n", v);
+            return -1;
+        }
+        o->backend = v;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+        if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
+            return -1;
+        o->ctx = (int32_t)n;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',';
+    int32_t *out = malloc(cap * sizeof(*out));
+    int32_t count = 0;
+    const char *p = s;
+    while (out && *p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "qwenrt: --ids expects comma-separated non-negative integers, got '%s'\n", s);
+            free(out);
+            return false;
+        }
+        out[count++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!out || count == 0) {
+        fprintf(stderr, "qwenrt: --ids is empty\n");
+        free(out);
+        return false;
+    }
+    *ids = out;
+    *n = count;
+    return true;
+}
+
+struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
+{
+    if (!o->model) {
+        fprintf(stderr, "qwenrt: no model given (-m FILE.gguf or -m HF_DIR)\n");
+        return NULL;
+    }
+    struct qwenrt_model_params p = qwenrt_model_default_params();
+    p.n_threads = o->threads;
+    if (o->backend)
+        p.backend = o->backend;
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_error err = {0};
+    if (qwenrt_model_load(o->model, &p, &m, &err) != QWENRT_OK) {
+        fprintf(stderr, "qwenrt: %s\n", err.message);
+        return NULL;
+    }
+    return m;
+}
+
+struct qwenrt_session *cli_new_session(struct qwenrt_model *m, const struct cli_model_opts *o)
+{
+    struct qwenrt_session_params p = qwenrt_session_default_params();
+    p.n_threads = o->threads;
+    p.n_ctx = o->ctx;
+    struct qwenrt_session *s = NULL;
+    struct qwenrt_error err = {0};
+    if (qwenrt_session_init(m, &p, &s, &err) != QWENRT_OK) {
+        fprintf(stderr, "qwenrt: %s\n", err.message);
+        return NULL;
+    }
+    return s;
+}

