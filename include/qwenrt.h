@@ -126,6 +126,48 @@ int32_t qwenrt_session_n_past(const struct qwenrt_session *session);
 /* Forgets every token: the session is as new. */
 void qwenrt_session_reset(struct qwenrt_session *session);
 
+/* ---------------------------------------------------------------- checkpoints */
+
+/*
+ * A checkpoint is a session's full state (KV cache of the attention layers, conv and recurrent
+ * state of the DeltaNet layers, position, last logits), in memory or in a file. Restoring it
+ * into a session of the same model makes that session continue exactly (bit-identical logits)
+ * as the original would have: a chat resumes without re-processing earlier turns.
+ * A checkpoint is immutable and owns its memory; it may be restored any number of times, into
+ * any session of the same model (the session's context must hold its tokens).
+ */
+struct qwenrt_checkpoint;
+
+/* Copies the session's state into a new checkpoint (*out; free with qwenrt_checkpoint_free).
+ * The session is not changed. Errors: INVALID_ARG, NOMEM. */
+qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
+                                      struct qwenrt_checkpoint **out, struct qwenrt_error *err);
+
+/* Replaces the session's state by the checkpoint's. Errors: INVALID_ARG (NULL, or a checkpoint
+ * of another model: architecture, geometry or weights differ), LIMIT (more tokens than the
+ * session's context holds). On error the session is unchanged. */
+qwenrt_status qwenrt_session_restore(struct qwenrt_session *session,
+                                     const struct qwenrt_checkpoint *cp, struct qwenrt_error *err);
+
+/* Writes the checkpoint to path (via a temporary file renamed into place, so path is never
+ * left half written). Errors: INVALID_ARG, NOMEM, IO. */
+qwenrt_status qwenrt_checkpoint_save(const struct qwenrt_checkpoint *cp, const char *path,
+                                     struct qwenrt_error *err);
+
+/* Reads a checkpoint file written by qwenrt_checkpoint_save for `model`. Errors: IO (cannot
+ * read), FORMAT (not a checkpoint, truncated, corrupted: checksums differ), UNSUPPORTED (another
+ * checkpoint version), INVALID_ARG (made with another model). */
+qwenrt_status qwenrt_checkpoint_load(const struct qwenrt_model *model, const char *path,
+                                     struct qwenrt_checkpoint **out, struct qwenrt_error *err);
+
+/* Tokens the checkpoint holds (0 for NULL). */
+int32_t qwenrt_checkpoint_n_past(const struct qwenrt_checkpoint *cp);
+
+/* Bytes of the checkpoint as a file (header + state; 0 for NULL). */
+uint64_t qwenrt_checkpoint_bytes(const struct qwenrt_checkpoint *cp);
+
+void qwenrt_checkpoint_free(struct qwenrt_checkpoint *cp);
+
 /* ---------------------------------------------------------------- helpers */
 
 /* Greedy argmax over n floats (first maximum wins). */
