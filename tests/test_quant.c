@@ -286,7 +286,8 @@ static double lcg_gauss(uint64_t *s)
 /* Relative RMSE sqrt(Σ(x−x̂)²/Σx²) of llama.cpp's reference quantisers (ggml at llama.cpp
  * commit c392e5094, ggml_quantize_chunk without importance matrix) on 65536 values: uniform
  * in [-1, 1) (seed 12345) and standard Gaussian (seed 12346). They are also the documented
- * bound per type: Q8_0 0.4-0.5 %, Q6_K 1.3-1.8 %, Q5_K 2.8-3.6 %, Q4_K 5.5-7.1 %, Q4_0 6.5-8.6 %. */
+ * bound per type: Q8_0 0.4-0.5 %, Q6_K 1.3-1.8 %, Q5_K 2.8-3.6 %, Q4_K 5.5-7.1 %,
+ * Q4_0 6.5-8.6 %. */
 static const struct {
     enum qr_dtype t;
     double uniform, gauss;

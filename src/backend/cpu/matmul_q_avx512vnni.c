@@ -154,7 +154,8 @@ INLINE void kdot_tokens(const __m512i W[4], const __m512i S[4], __m256i m16, flo
         const __m512i *xv = (const void *)x[i].qs;
         __m512i s = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[c], _mm512_loadu_si512(xv + c));
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[c],
+                                            _mm512_loadu_si512(xv + c));
             s = _mm512_add_epi32(s, _mm512_mullo_epi32(p, S[c]));
         }
         acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d * x[i].d), acc[j]);
