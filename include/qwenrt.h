@@ -168,6 +168,36 @@ uint64_t qwenrt_checkpoint_bytes(const struct qwenrt_checkpoint *cp);
 
 void qwenrt_checkpoint_free(struct qwenrt_checkpoint *cp);
 
+/* ---------------------------------------------------------------- sampling */
+
+struct qwenrt_sampler;
+
+struct qwenrt_sampler_params {
+    float temperature;      /* <= 0: greedy (argmax) */
+    int32_t top_k;          /* keep the k most likely tokens; <= 0: all */
+    float top_p;            /* nucleus: smallest set with probability >= top_p; 1: off */
+    float min_p;            /* drop tokens below min_p x the top probability; 0: off */
+    float repeat_penalty;   /* divide positive / multiply negative logits of recent tokens; 1: off */
+    float presence_penalty; /* subtract from logits of tokens seen recently; 0: off */
+    int32_t penalty_last_n; /* how many recent tokens the penalties look at */
+    uint64_t seed;          /* the sampler's own RNG state starts from this */
+};
+
+/* Greedy defaults (temperature 0), top_p 1, no penalties, penalty window 64, seed 0. */
+struct qwenrt_sampler_params qwenrt_sampler_default_params(void);
+
+/* Order: penalties, temperature, top-k, top-p, min-p, then a draw from the rest (as
+ * transformers applies them). Errors: INVALID_ARG for out-of-range parameters. */
+qwenrt_status qwenrt_sampler_init(const struct qwenrt_sampler_params *params, int32_t n_vocab,
+                                  struct qwenrt_sampler **out, struct qwenrt_error *err);
+void qwenrt_sampler_free(struct qwenrt_sampler *s);
+/* Picks a token from logits [n_vocab] (not modified). */
+int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits);
+/* Records a token as generated or prompted (for the penalties). */
+void qwenrt_sampler_accept(struct qwenrt_sampler *s, int32_t id);
+/* Forgets recent tokens and restarts the RNG from the seed. */
+void qwenrt_sampler_reset(struct qwenrt_sampler *s);
+
 /* ---------------------------------------------------------------- helpers */
 
 /* Greedy argmax over n floats (first maximum wins). */

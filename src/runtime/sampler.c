@@ -1,0 +1,234 @@
+/*
+ * sampler.c — turning logits into a token: penalties over the recent tokens, temperature,
+ * top-k, top-p, min-p, and a draw with the sampler's own RNG (splitmix64 seeded per sampler,
+ * so runs with the same seed are identical and samplers never share state).
+ *
+ * Candidates are the whole vocabulary, partially sorted only as far as top-k needs; with
+ * top_k <= 0 the full sort costs ~10 ms for 250k tokens, so callers should set a top_k.
+ */
+#include "runtime/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+
+struct qwenrt_sampler {
+    struct qwenrt_sampler_params p;
+    int32_t n_vocab;
+    uint64_t rng;
+    int32_t *recent;           /* ring of the last penalty_last_n accepted ids */
+    int32_t n_recent, head;
+    struct sampler_cand *cand; /* [n_vocab] */
+};
+
+struct qwenrt_sampler_params qwenrt_sampler_default_params(void)
+{
+    struct qwenrt_sampler_params p = {0};
+    p.temperature = 0.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.presence_penalty = 0.0f;
+    p.penalty_last_n = 64;
+    p.seed = 0;
+    return p;
+}
+
+qwenrt_status qwenrt_sampler_init(const struct qwenrt_sampler_params *params, int32_t n_vocab,
+                                  struct qwenrt_sampler **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    const struct qwenrt_sampler_params *p = params;
+    if (n_vocab <= 0)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "sampler: vocabulary size %d", n_vocab);
+    if (!(p->temperature >= 0.0f) || !(p->top_p > 0.0f && p->top_p <= 1.0f) ||
+        !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !(p->repeat_penalty > 0.0f) ||
+        p->penalty_last_n < 0 || p->penalty_last_n > (1 << 20) || !isfinite(p->presence_penalty))
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "sampler: parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty > 0)");
+    struct qwenrt_sampler *s = xcalloc(1, sizeof(*s));
+    if (!s)
+        return err_set(err, QWENRT_ERR_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->recent = xcalloc((size_t)p->penalty_last_n + 1, sizeof(int32_t));
+    s->cand = xcalloc((size_t)n_vocab, sizeof(*s->cand));
+    if (!s->recent || !s->cand) {
+        qwenrt_sampler_free(s);
+        return err_set(err, QWENRT_ERR_NOMEM, "sampler: out of memory");
+    }
+    qwenrt_sampler_reset(s);
+    *out = s;
+    return QWENRT_OK;
+}
+
+void qwenrt_sampler_free(struct qwenrt_sampler *s)
+{
+    if (!s)
+        return;
+    xfree(s->recent);
+    xfree(s->cand);
+    xfree(s);
+}
+
+void qwenrt_sampler_reset(struct qwenrt_sampler *s)
+{
+    s->rng = s->p.seed ^ 0x853c49e6748fea9bull;
+    s->n_recent = s->head = 0;
+}
+
+void qwenrt_sampler_accept(struct qwenrt_sampler *s, int32_t id)
+{
+    if (s->p.penalty_last_n == 0)
+        return;
+    s->recent[s->head] = id;
+    s->head = (s->head + 1) % s->p.penalty_last_n;
+    if (s->n_recent < s->p.penalty_last_n)
+        s->n_recent++;
+}
+
+/* uniform in [0, 1) */
+static double next_uniform(struct qwenrt_sampler *s)
+{
+    uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    float x = ((const struct sampler_cand *)a)->logit, y = ((const struct sampler_cand *)b)->logit;
+    return (x < y) - (x > y);
+}
+
+int32_t sampler_top_k(struct sampler_cand *c, int32_t n, int32_t k)
+{
+    if (k <= 0 || k >= n) {
+        qsort(c, (size_t)n, sizeof(*c), cmp_desc);
+        return n;
+    }
+    /* selection by a bounded insertion into the first k slots (k is small in practice) */
+    for (int32_t i = 1; i < k; i++) /* sort the first k */
+        for (int32_t j = i; j > 0 && c[j].logit > c[j - 1].logit; j--) {
+            struct sampler_cand t = c[j];
+            c[j] = c[j - 1];
+            c[j - 1] = t;
+        }
+    for (int32_t i = k; i < n; i++) {
+        if (c[i].logit <= c[k - 1].logit)
+            continue;
+        int32_t j = k - 1;
+        struct sampler_cand t = c[i];
+        while (j > 0 && c[j - 1].logit < t.logit) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = t;
+    }
+    return k;
+}
+
+void sampler_softmax(struct sampler_cand *c, int32_t n)
+{
+    double sum = 0.0;
+    float mx = c[0].logit;
+    for (int32_t i = 0; i < n; i++) {
+        c[i].p = expf(c[i].logit - mx);
+        sum += c[i].p;
+    }
+    for (int32_t i = 0; i < n; i++)
+        c[i].p = (float)(c[i].p / sum);
+}
+
+static void renormalise(struct sampler_cand *c, int32_t n)
+{
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        sum += c[i].p;
+    for (int32_t i = 0; i < n; i++)
+        c[i].p = (float)(c[i].p / sum);
+}
+
+int32_t sampler_top_p(struct sampler_cand *c, int32_t n, float top_p)
+{
+    if (top_p >= 1.0f)
+        return n;
+    double cum = 0.0;
+    int32_t keep = n;
+    for (int32_t i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (cum >= top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    renormalise(c, keep);
+    return keep;
+}
+
+int32_t sampler_min_p(struct sampler_cand *c, int32_t n, float min_p)
+{
+    if (min_p <= 0.0f)
+        return n;
+    float cut = min_p * c[0].p;
+    int32_t keep = 1;
+    while (keep < n && c[keep].p >= cut)
+        keep++;
+    renormalise(c, keep);
+    return keep;
+}
+
+/* Repetition penalty (each distinct recent token once) and presence penalty. */
+static void apply_penalties(struct qwenrt_sampler *s)
+{
+    if (s->p.repeat_penalty == 1.0f && s->p.presence_penalty == 0.0f)
+        return;
+    for (int32_t i = 0; i < s->n_recent; i++) {
+        int32_t id = s->recent[i];
+        if (id < 0 || id >= s->n_vocab)
+            continue;
+        bool seen = false;
+        for (int32_t j = 0; j < i && !seen; j++)
+            seen = s->recent[j] == id;
+        if (seen)
+            continue;
+        float *l = &s->cand[id].logit;
+        *l = *l > 0.0f ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
+        *l -= s->p.presence_penalty;
+    }
+}
+
+int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
+{
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        s->cand[i].id = i;
+        s->cand[i].logit = logits[i];
+    }
+    apply_penalties(s);
+    if (s->p.temperature <= 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < s->n_vocab; i++)
+            if (s->cand[i].logit > s->cand[best].logit)
+                best = i;
+        return best;
+    }
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        s->cand[i].logit /= s->p.temperature;
+    int32_t n = sampler_top_k(s->cand, s->n_vocab, s->p.top_k);
+    sampler_softmax(s->cand, n);
+    n = sampler_top_p(s->cand, n, s->p.top_p);
+    n = sampler_min_p(s->cand, n, s->p.min_p);
+    double u = next_uniform(s), cum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        cum += s->cand[i].p;
+        if (u < cum)
+            return s->cand[i].id;
+    }
+    return s->cand[n - 1].id;
+}

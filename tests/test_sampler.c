@@ -1,0 +1,193 @@
+/*
+ * test_sampler.c — each sampling filter does what it says, with fixed seeds: greedy is argmax;
+ * top-k never returns a token outside the k best; top-p keeps the smallest prefix reaching p;
+ * min-p drops what is below min_p x the top probability; penalties change the right logits;
+ * draw frequencies match the softmax distribution (chi-square); the same seed repeats.
+ */
+#include <stdlib.h>
+
+#include "testutil.h"
+
+#include "qwenrt.h"
+#include "runtime/sampler.h"
+
+#define V 50
+
+static void fill_logits(float *l, uint32_t seed)
+{
+    for (int i = 0; i < V; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        l[i] = (float)(seed >> 8) / (float)(1u << 24) * 6.0f - 3.0f;
+    }
+}
+
+static struct qwenrt_sampler *make(struct qwenrt_sampler_params p)
+{
+    struct qwenrt_sampler *s = NULL;
+    struct qwenrt_error err = {0};
+    assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_OK);
+    return s;
+}
+
+static void test_greedy(void **st)
+{
+    (void)st;
+    float l[V];
+    fill_logits(l, 1);
+    struct qwenrt_sampler *s = make(qwenrt_sampler_default_params());
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(qwenrt_sampler_sample(s, l), argmax_f(l, V));
+    qwenrt_sampler_free(s);
+}
+
+static void test_top_k_only_best(void **st)
+{
+    (void)st;
+    float l[V];
+    fill_logits(l, 2);
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.temperature = 5.0f; /* flat: without top-k every token would appear */
+    p.top_k = 5;
+    p.seed = 42;
+    struct qwenrt_sampler *s = make(p);
+    int seen[V] = {0};
+    for (int i = 0; i < 5000; i++)
+        seen[qwenrt_sampler_sample(s, l)]++;
+    int distinct = 0;
+    for (int id = 0; id < V; id++) {
+        if (!seen[id])
+            continue;
+        distinct++;
+        int better = 0; /* tokens with a strictly higher logit */
+        for (int j = 0; j < V; j++)
+            better += l[j] > l[id];
+        assert_true(better < 5);
+    }
+    assert_int_equal(distinct, 5);
+    qwenrt_sampler_free(s);
+}
+
+/* frequencies over many draws match softmax(l / T): chi-square with V-1 dof below a bound
+ * that a correct sampler exceeds with probability < 1e-6 */
+static void test_distribution(void **st)
+{
+    (void)st;
+    float l[V];
+    fill_logits(l, 3);
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.temperature = 0.7f;
+    p.seed = 7;
+    struct qwenrt_sampler *s = make(p);
+    const int N = 200000;
+    int count[V] = {0};
+    for (int i = 0; i < N; i++)
+        count[qwenrt_sampler_sample(s, l)]++;
+    double mx = -1e30, z = 0.0, prob[V], chi2 = 0.0;
+    for (int i = 0; i < V; i++)
+        mx = l[i] / 0.7 > mx ? l[i] / 0.7 : mx;
+    for (int i = 0; i < V; i++)
+        z += prob[i] = exp(l[i] / 0.7 - mx);
+    for (int i = 0; i < V; i++) {
+        double e = N * prob[i] / z;
+        chi2 += (count[i] - e) * (count[i] - e) / e;
+    }
+    printf("chi2 = %.1f over %d bins\n", chi2, V);
+    assert_true(chi2 < 120.0); /* 49 dof: P(chi2 > 120) ~ 1e-7 */
+    qwenrt_sampler_free(s);
+}
+
+static void test_top_p_and_min_p_filters(void **st)
+{
+    (void)st;
+    struct sampler_cand c[4] = {{0, 0, 0.5f}, {1, 0, 0.3f}, {2, 0, 0.15f}, {3, 0, 0.05f}};
+    assert_int_equal(sampler_top_p(c, 4, 0.75f), 2); /* 0.5 + 0.3 >= 0.75 */
+    assert_float_equal(c[0].p + c[1].p, 1.0f, 1e-6);
+    struct sampler_cand d[4] = {{0, 0, 0.5f}, {1, 0, 0.3f}, {2, 0, 0.15f}, {3, 0, 0.05f}};
+    assert_int_equal(sampler_min_p(d, 4, 0.25f), 3); /* cut 0.125: keeps 0.5, 0.3, 0.15 */
+    struct sampler_cand e[4] = {{0, 0, 0.5f}, {1, 0, 0.3f}, {2, 0, 0.15f}, {3, 0, 0.05f}};
+    assert_int_equal(sampler_top_p(e, 4, 0.1f), 1); /* at least one */
+    struct sampler_cand f[5] = {{0, 1.0f, 0}, {1, 5.0f, 0}, {2, -2.0f, 0}, {3, 3.0f, 0}, {4, 4.0f, 0}};
+    assert_int_equal(sampler_top_k(f, 5, 3), 3);
+    assert_int_equal(f[0].id, 1);
+    assert_int_equal(f[1].id, 4);
+    assert_int_equal(f[2].id, 3);
+}
+
+static void test_penalties(void **st)
+{
+    (void)st;
+    float l[V] = {0};
+    l[3] = 2.0f;
+    l[4] = 1.9f;
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.repeat_penalty = 1.5f; /* 2.0 / 1.5 = 1.33 < 1.9 */
+    struct qwenrt_sampler *s = make(p);
+    assert_int_equal(qwenrt_sampler_sample(s, l), 3);
+    qwenrt_sampler_accept(s, 3);
+    assert_int_equal(qwenrt_sampler_sample(s, l), 4);
+    qwenrt_sampler_free(s);
+    p = qwenrt_sampler_default_params();
+    p.presence_penalty = 0.5f;
+    p.penalty_last_n = 1; /* only the last token counts */
+    s = make(p);
+    qwenrt_sampler_accept(s, 3);
+    assert_int_equal(qwenrt_sampler_sample(s, l), 4);
+    qwenrt_sampler_accept(s, 7); /* 3 leaves the window */
+    assert_int_equal(qwenrt_sampler_sample(s, l), 3);
+    qwenrt_sampler_free(s);
+}
+
+static void test_seed_repeats(void **st)
+{
+    (void)st;
+    float l[V];
+    fill_logits(l, 4);
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_p = 0.9f;
+    p.seed = 123;
+    struct qwenrt_sampler *a = make(p), *b = make(p);
+    int differ = 0, ids[64];
+    for (int i = 0; i < 64; i++) {
+        ids[i] = qwenrt_sampler_sample(a, l);
+        assert_int_equal(ids[i], qwenrt_sampler_sample(b, l));
+    }
+    qwenrt_sampler_reset(a);
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(ids[i], qwenrt_sampler_sample(a, l));
+    p.seed = 124;
+    struct qwenrt_sampler *c = make(p);
+    for (int i = 0; i < 64; i++)
+        differ += ids[i] != qwenrt_sampler_sample(c, l);
+    assert_true(differ > 0);
+    qwenrt_sampler_free(a);
+    qwenrt_sampler_free(b);
+    qwenrt_sampler_free(c);
+}
+
+static void test_bad_params(void **st)
+{
+    (void)st;
+    struct qwenrt_sampler *s = NULL;
+    struct qwenrt_error err = {0};
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.top_p = 0.0f;
+    assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_ERR_INVALID_ARG);
+    p = qwenrt_sampler_default_params();
+    p.temperature = -1.0f;
+    assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_ERR_INVALID_ARG);
+    p = qwenrt_sampler_default_params();
+    assert_int_equal(qwenrt_sampler_init(&p, 0, &s, &err), QWENRT_ERR_INVALID_ARG);
+    assert_null(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy),        cmocka_unit_test(test_top_k_only_best),
+        cmocka_unit_test(test_distribution),  cmocka_unit_test(test_top_p_and_min_p_filters),
+        cmocka_unit_test(test_penalties),     cmocka_unit_test(test_seed_repeats),
+        cmocka_unit_test(test_bad_params),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
