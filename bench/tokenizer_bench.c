@@ -37,7 +37,8 @@ static char *join_source(json_t *cases, const char *src, size_t *len)
     size_t cap = 1 << 16, n = 0, i;
     char *buf = xmalloc(cap, 1);
     json_t *c;
-    json_array_foreach(cases, i, c) {
+    json_array_foreach(cases, i, c)
+    {
         const char *s = json_string_value(json_object_get(c, "src"));
         if (!s || !in_list(src, s))
             continue;
@@ -82,8 +83,8 @@ static void bench_source(const struct tokenizer *tok, json_t *cases, const char 
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < n; i++)
         h = (h ^ (uint32_t)ids[i]) * 1099511628211ull;
-    printf("%-10s %8zu bytes %7zu tokens  encode %7.1f MB/s  decode %7.1f MB/s  ids %016llx\n",
-           src, len, n, enc, dec, (unsigned long long)h);
+    printf("%-10s %8zu bytes %7zu tokens  encode %7.1f MB/s  decode %7.1f MB/s  ids %016llx\n", src,
+           len, n, enc, dec, (unsigned long long)h);
     xfree(ids);
     xfree(text);
 }

@@ -65,8 +65,7 @@ static int run_file(const char *path, enum chat_format fmt, const struct tokeniz
     int bad = 0;
     size_t i;
     json_t *c;
-    json_array_foreach(cases, i, c)
-        bad += render_case(fmt, c, tok, i);
+    json_array_foreach(cases, i, c) bad += render_case(fmt, c, tok, i);
     json_decref(cases);
     return bad;
 }
@@ -78,11 +77,11 @@ static void test_qwen3_transformers_cases(void **state)
     assert_non_null(tok);
     /* the renderer is chosen from the model's own template */
     const char *warning = "x";
-    assert_int_equal(chat_format_detect(tokenizer_chat_template(tok), &warning),
-                     CHAT_FORMAT_QWEN3);
+    assert_int_equal(chat_format_detect(tokenizer_chat_template(tok), &warning), CHAT_FORMAT_QWEN3);
     assert_null(warning);
     assert_int_equal(run_file("tests/data/tokenizer/qwen3-chat-template-cases.jsonl",
-                              CHAT_FORMAT_QWEN3, tok, 16), 0);
+                              CHAT_FORMAT_QWEN3, tok, 16),
+                     0);
     tokenizer_free(tok);
 }
 
@@ -90,14 +89,16 @@ static void test_qwen3_tool_cases(void **state)
 {
     (void)state;
     assert_int_equal(run_file("tests/data/tokenizer/qwen3-chat-template-tool-cases.jsonl",
-                              CHAT_FORMAT_QWEN3, NULL, 40), 0);
+                              CHAT_FORMAT_QWEN3, NULL, 40),
+                     0);
 }
 
 static void test_qwen35_cases(void **state)
 {
     (void)state;
     assert_int_equal(run_file("tests/data/tokenizer/qwen35-chat-template-cases.jsonl",
-                              CHAT_FORMAT_QWEN35, NULL, 40), 0);
+                              CHAT_FORMAT_QWEN35, NULL, 40),
+                     0);
 }
 
 static void test_detect(void **state)
@@ -106,12 +107,14 @@ static void test_detect(void **state)
     const char *w = NULL;
     /* the distinctive parts of Qwen3.5's template */
     assert_int_equal(chat_format_detect("{{- '<|im_start|>system\\n' }} '<tool_call>\\n"
-                                        "<function=' + tool_call.name + '<parameter=' + k", &w),
+                                        "<function=' + tool_call.name + '<parameter=' + k",
+                                        &w),
                      CHAT_FORMAT_QWEN35);
     assert_null(w);
     /* Qwen2.5-style ChatML with tools but none of Qwen3's reasoning handling */
     assert_int_equal(chat_format_detect("{%- for message in messages %}<|im_start|>{{ "
-                                        "message.role }}<tool_call>{% endfor %}", &w),
+                                        "message.role }}<tool_call>{% endfor %}",
+                                        &w),
                      CHAT_FORMAT_CHATML);
     assert_non_null(strstr(w, "neither Qwen3's nor Qwen3.5's"));
     assert_int_equal(chat_format_detect("{{ bos_token }}[INST] {{ m }} [/INST]", &w),
@@ -148,7 +151,8 @@ static void test_struct_api_and_chatml(void **state)
     xfree(out);
     /* bad JSON in arguments or tools is an error, not a crash */
     const struct chat_tool_call bad = {"f", "{not json"};
-    const struct chat_message m2[] = {{"user", "U", NULL, NULL, 0}, {"assistant", "", NULL, &bad, 1}};
+    const struct chat_message m2[] = {{"user", "U", NULL, NULL, 0},
+                                      {"assistant", "", NULL, &bad, 1}};
     struct chat_params p2 = {m2, 2, NULL, 0, false, true};
     struct qwenrt_error err = {0};
     assert_int_equal(chat_render(CHAT_FORMAT_QWEN35, &p2, &out, &len, &err),
@@ -159,11 +163,13 @@ static void test_struct_api_and_chatml(void **state)
     assert_int_equal(chat_render_json(CHAT_FORMAT_QWEN3, "[", &out, &len, &err),
                      QWENRT_ERR_INVALID_ARG);
     /* content given as a list of text parts */
-    assert_int_equal(chat_render_json(CHAT_FORMAT_QWEN35,
-                                      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\":"
-                                      " \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": "
-                                      "\"b\"}]}], \"enable_thinking\": false}", &out, &len, &err),
-                     QWENRT_OK);
+    assert_int_equal(
+        chat_render_json(CHAT_FORMAT_QWEN35,
+                         "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\":"
+                         " \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": "
+                         "\"b\"}]}], \"enable_thinking\": false}",
+                         &out, &len, &err),
+        QWENRT_OK);
     assert_string_equal(out, "<|im_start|>user\nab<|im_end|>\n");
     xfree(out);
 }

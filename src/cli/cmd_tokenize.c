@@ -184,8 +184,8 @@ static json_t *jsonl_encode(const struct tokenizer *tok, json_t *in, char *why, 
     int32_t *ids;
     size_t ni;
     struct qwenrt_error err = {0};
-    if (tokenizer_encode(tok, json_string_value(text), json_string_length(text), &ids, &ni,
-                         &err) != QWENRT_OK) {
+    if (tokenizer_encode(tok, json_string_value(text), json_string_length(text), &ids, &ni, &err) !=
+        QWENRT_OK) {
         snprintf(why, n, "%s", err.message);
         return NULL;
     }
@@ -205,8 +205,7 @@ static json_t *jsonl_decode(const struct tokenizer *tok, json_t *in, char *why, 
         return NULL;
     }
     int32_t *ids = xmalloc(ni + 1, sizeof(*ids));
-    json_array_foreach(arr, i, v)
-        ids[i] = json_is_integer(v) ? (int32_t)json_integer_value(v) : -1;
+    json_array_foreach(arr, i, v) ids[i] = json_is_integer(v) ? (int32_t)json_integer_value(v) : -1;
     char *text;
     size_t len;
     struct qwenrt_error err = {0};

@@ -128,8 +128,8 @@ static struct sv sv_trim(struct sv v)
         uint32_t cp;
         while (s > 0 && ((uint8_t)v.p[s] & 0xC0) == 0x80 && v.n - s < 4)
             s--;
-        if (utf8_step((const uint8_t *)v.p + s, v.n - s, &len, &cp) != UTF8_OK ||
-            s + len != v.n || !py_space(cp))
+        if (utf8_step((const uint8_t *)v.p + s, v.n - s, &len, &cp) != UTF8_OK || s + len != v.n ||
+            !py_space(cp))
             break;
         v.n = s;
     }
@@ -238,7 +238,8 @@ static void py_json(struct sb *b, const json_t *v)
         json_t *x;
         bool first = true;
         puts_(b, "{");
-        json_object_foreach((json_t *)v, k, x) {
+        json_object_foreach((json_t *)v, k, x)
+        {
             if (!first)
                 puts_(b, ", ");
             first = false;
@@ -253,7 +254,8 @@ static void py_json(struct sb *b, const json_t *v)
         size_t i;
         json_t *x;
         puts_(b, "[");
-        json_array_foreach(v, i, x) {
+        json_array_foreach(v, i, x)
+        {
             if (i)
                 puts_(b, ", ");
             py_json(b, x);
@@ -359,8 +361,7 @@ static void split_think(struct sv *content, struct sv *reasoning)
     *content = sv_strip_nl(after, true, false);
 }
 
-static qwenrt_status put_tools(struct sb *b, const struct chat_params *p,
-                               struct qwenrt_error *err)
+static qwenrt_status put_tools(struct sb *b, const struct chat_params *p, struct qwenrt_error *err)
 {
     for (size_t i = 0; i < p->n_tools; i++) {
         json_t *j;
@@ -525,7 +526,8 @@ static qwenrt_status q35_tool_call(struct sb *b, const struct chat_tool_call *tc
         }
         const char *k;
         json_t *v;
-        json_object_foreach(args, k, v) {
+        json_object_foreach(args, k, v)
+        {
             puts_(b, "<parameter=");
             puts_(b, k);
             puts_(b, ">\n");
@@ -598,8 +600,9 @@ static qwenrt_status render_qwen35(struct sb *b, const struct chat_params *p,
             }
             put_sv(b, content);
             for (size_t k = 0; k < m[i].n_tool_calls; k++) {
-                puts_(b, k > 0 ? "\n<tool_call>\n" : sv_trim(content).n ? "\n\n<tool_call>\n"
-                                                                          : "<tool_call>\n");
+                puts_(b, k > 0                ? "\n<tool_call>\n"
+                         : sv_trim(content).n ? "\n\n<tool_call>\n"
+                                              : "<tool_call>\n");
                 if ((st = q35_tool_call(b, &m[i].tool_calls[k], err)) != QWENRT_OK)
                     return st;
             }
@@ -696,13 +699,13 @@ static qwenrt_status content_of(struct req *r, json_t *c, size_t i, const char *
     size_t k;
     json_t *part;
     puts_(&b, "");
-    json_array_foreach(c, k, part) {
+    json_array_foreach(c, k, part)
+    {
         json_t *t = json_object_get(part, "text");
         if (!json_is_string(t)) {
             xfree(b.p);
             return err_set(err, QWENRT_ERR_UNSUPPORTED,
-                           "chat: messages[%zu].content[%zu] is not text (images and video are "
-                           "not supported)", i, k);
+                           "chat: messages[%zu].content[%zu] is not text (no images/video)", i, k);
         }
         put(&b, json_string_value(t), json_string_length(t));
     }
@@ -721,19 +724,23 @@ static qwenrt_status build_request(struct req *r, json_t *root, struct chat_para
     qwenrt_status st;
     if (!json_is_array(msgs))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "chat: \"messages\" is not an array");
-    json_array_foreach(msgs, i, m)
-        ncalls += json_array_size(json_object_get(m, "tool_calls"));
+    json_array_foreach(msgs, i, m) ncalls += json_array_size(json_object_get(m, "tool_calls"));
     r->msgs = xcalloc(n + 1, sizeof(*r->msgs));
     r->calls = xcalloc(ncalls + 1, sizeof(*r->calls));
     r->texts = xcalloc(nt + ncalls + n + 1, sizeof(*r->texts));
     r->tools = xcalloc(nt + 1, sizeof(*r->tools));
     if (!r->msgs || !r->calls || !r->texts || !r->tools)
         return err_set(err, QWENRT_ERR_NOMEM, "chat: out of memory");
-    json_array_foreach(tools, k, tc)
-        if (!(r->tools[k] = own(r, json_dumps(tc, JSON_COMPACT | JSON_ENCODE_ANY))))
-            return err_set(err, QWENRT_ERR_NOMEM, "chat: out of memory");
+    json_array_foreach(
+        tools, k,
+        tc) if (!(r->tools[k] =
+                      own(r, json_dumps(
+                                 tc, JSON_COMPACT |
+                                         JSON_ENCODE_ANY)))) return err_set(err, QWENRT_ERR_NOMEM,
+                                                                            "chat: out of memory");
     size_t c = 0;
-    json_array_foreach(msgs, i, m) {
+    json_array_foreach(msgs, i, m)
+    {
         struct chat_message *cm = &r->msgs[i];
         cm->role = json_string_value(json_object_get(m, "role"));
         if (!cm->role)
@@ -742,12 +749,13 @@ static qwenrt_status build_request(struct req *r, json_t *root, struct chat_para
             return st;
         cm->reasoning_content = json_string_value(json_object_get(m, "reasoning_content"));
         cm->tool_calls = r->calls + c;
-        json_array_foreach(json_object_get(m, "tool_calls"), k, tc) {
+        json_array_foreach(json_object_get(m, "tool_calls"), k, tc)
+        {
             json_t *f = json_object_get(tc, "function") ? json_object_get(tc, "function") : tc;
             json_t *args = json_object_get(f, "arguments");
             r->calls[c].name = json_string_value(json_object_get(f, "name"));
-            if (args && !(r->calls[c].arguments =
-                              own(r, json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY))))
+            if (args &&
+                !(r->calls[c].arguments = own(r, json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY))))
                 return err_set(err, QWENRT_ERR_NOMEM, "chat: out of memory");
             c++;
             cm->n_tool_calls++;

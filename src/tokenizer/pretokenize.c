@@ -82,8 +82,8 @@ static size_t run_not(const struct chars *t, size_t i, unsigned none_of)
 static size_t match_at(const struct chars *t, size_t i, enum pretok_kind kind)
 {
     const unsigned letter = kind == PRETOK_QWEN35 ? (UC_L | UC_M) : UC_L;
-    const unsigned not_punct = kind == PRETOK_QWEN35 ? (UC_WS | UC_L | UC_M | UC_N)
-                                                     : (UC_WS | UC_L | UC_N);
+    const unsigned not_punct =
+        kind == PRETOK_QWEN35 ? (UC_WS | UC_L | UC_M | UC_N) : (UC_WS | UC_L | UC_N);
     size_t n = t->n, k;
     unsigned c = t->cls[i];
 
@@ -135,8 +135,7 @@ static qwenrt_status decode_chars(const char *s, size_t n, struct chars *t,
             len = 1;
             cp = u[i];
         } else if (utf8_step(u + i, n - i, &len, &cp) != UTF8_OK) {
-            return err_set(err, QWENRT_ERR_INTERNAL, "pre-tokeniser: invalid UTF-8 at byte %zu",
-                           i);
+            return err_set(err, QWENRT_ERR_INTERNAL, "pre-tokeniser: invalid UTF-8 at byte %zu", i);
         }
         t->cp[k] = cp;
         t->cls[k] = (uint8_t)unicode_class(cp);

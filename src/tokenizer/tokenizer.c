@@ -219,8 +219,8 @@ qwenrt_status tok_add_merge(struct tokenizer *t, const char *a, size_t alen, con
     int32_t ia = map_find(t, a, alen), ib = map_find(t, b, blen);
     int32_t rank = t->n_merges;
     if (ia < 0 || ib < 0)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: merge %d: '%.*s' is not in the vocabulary",
-                       src, rank, (int)(ia < 0 ? alen : blen), ia < 0 ? a : b);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: merge %d: '%.*s' is not in the vocabulary", src,
+                       rank, (int)(ia < 0 ? alen : blen), ia < 0 ? a : b);
     size_t n = alen + blen;
     char *cat = n <= sizeof(stackbuf) ? stackbuf : xmalloc(n, 1);
     if (!cat)
@@ -510,8 +510,8 @@ static qwenrt_status ivec_reserve(struct ivec *a, size_t extra, struct qwenrt_er
 /* Scratch for long pieces, reused across pieces of one encode call. */
 struct heap_entry {
     int32_t rank;
-    int32_t pos;   /* index of the left symbol */
-    int32_t left;  /* ids the pair had when pushed, to detect stale entries */
+    int32_t pos;  /* index of the left symbol */
+    int32_t left; /* ids the pair had when pushed, to detect stale entries */
     int32_t right;
 };
 
@@ -659,9 +659,8 @@ static qwenrt_status bpe_long(const struct tokenizer *t, struct bpe_scratch *sc,
     return QWENRT_OK;
 }
 
-static qwenrt_status bpe_piece(const struct tokenizer *t, struct bpe_scratch *sc,
-                               const uint8_t *s, size_t n, struct ivec *out,
-                               struct qwenrt_error *err)
+static qwenrt_status bpe_piece(const struct tokenizer *t, struct bpe_scratch *sc, const uint8_t *s,
+                               size_t n, struct ivec *out, struct qwenrt_error *err)
 {
     if (n > BPE_SMALL)
         return bpe_long(t, sc, s, n, out, err);
@@ -728,8 +727,8 @@ qwenrt_status tokenizer_encode(const struct tokenizer *t, const char *text, size
     size_t seg = 0;
     for (size_t i = 0; i < len && st == QWENRT_OK;) {
         uint8_t b = (uint8_t)text[i];
-        int32_t id = t->added_first[b] < t->added_first[b + 1] ? match_added(t, text + i, len - i)
-                                                                : -1;
+        int32_t id =
+            t->added_first[b] < t->added_first[b + 1] ? match_added(t, text + i, len - i) : -1;
         if (id < 0) {
             i++;
             continue;
@@ -758,8 +757,8 @@ qwenrt_status tokenizer_encode(const struct tokenizer *t, const char *text, size
 
 /* ------------------------------------------------------------------ decoding */
 
-qwenrt_status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n,
-                               char **text, size_t *len, struct qwenrt_error *err)
+qwenrt_status tokenizer_decode(const struct tokenizer *t, const int32_t *ids, size_t n, char **text,
+                               size_t *len, struct qwenrt_error *err)
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {

@@ -17,8 +17,14 @@
 #include "format/gguf.h"
 #include "tokenizer/tokenizer_impl.h"
 
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5,
-       TT_BYTE = 6 };
+enum {
+    TT_NORMAL = 1,
+    TT_UNKNOWN = 2,
+    TT_CONTROL = 3,
+    TT_USER_DEFINED = 4,
+    TT_UNUSED = 5,
+    TT_BYTE = 6
+};
 
 static const char SRC[] = "gguf tokenizer";
 
@@ -28,8 +34,7 @@ static qwenrt_status check_kind(const struct gguf_file *gf, struct tokenizer *t,
     const char *model = gguf_get_string(gf, "tokenizer.ggml.model");
     const char *pre = gguf_get_string(gf, "tokenizer.ggml.pre");
     if (!model)
-        return err_set(err, QWENRT_ERR_NOT_FOUND, "%s: key 'tokenizer.ggml.model' is missing",
-                       SRC);
+        return err_set(err, QWENRT_ERR_NOT_FOUND, "%s: key 'tokenizer.ggml.model' is missing", SRC);
     if (strcmp(model, "gpt2"))
         return err_set(err, QWENRT_ERR_UNSUPPORTED,
                        "%s: tokenizer.ggml.model is '%s', expected 'gpt2' (byte-level BPE)", SRC,
@@ -92,8 +97,8 @@ static qwenrt_status add_merges(const struct gguf_file *gf, struct tokenizer *t,
                            "%s: tokenizer.ggml.merges[%llu] '%s' has no space", SRC,
                            (unsigned long long)i, s->str);
         size_t alen = (size_t)(sp - s->str);
-        qwenrt_status st = tok_add_merge(t, s->str, alen, sp + 1, s->len - alen - 1,
-                                         "tokenizer.ggml.merges", err);
+        qwenrt_status st =
+            tok_add_merge(t, s->str, alen, sp + 1, s->len - alen - 1, "tokenizer.ggml.merges", err);
         if (st != QWENRT_OK)
             return st;
     }
@@ -208,8 +213,8 @@ qwenrt_status tokenizer_write_gguf_kv(const struct tokenizer *t, struct gguf_wri
             continue;
         }
         tokens[i] = t->strs + t->str_off[i];
-        types[i] = (f & TOKF_SPECIAL) ? TT_CONTROL
-                   : (f & TOKF_ADDED) ? TT_USER_DEFINED
+        types[i] = (f & TOKF_SPECIAL)  ? TT_CONTROL
+                   : (f & TOKF_ADDED)  ? TT_USER_DEFINED
                    : (f & TOKF_UNUSED) ? TT_UNUSED
                                        : TT_NORMAL;
     }
@@ -224,14 +229,13 @@ qwenrt_status tokenizer_write_gguf_kv(const struct tokenizer *t, struct gguf_wri
         (st = gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)merges,
                                       n_merges)) ||
         (eos >= 0 && (st = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos))) ||
-        (t->special.pad >= 0 &&
-         (st = gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id",
-                                   (uint32_t)t->special.pad))) ||
+        (t->special.pad >= 0 && (st = gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id",
+                                                          (uint32_t)t->special.pad))) ||
         (t->special.bos >= 0 &&
          (st = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)t->special.bos))) ||
         (st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", t->special.bos >= 0)) ||
-        (t->chat_template && (st = gguf_writer_set_str(w, "tokenizer.chat_template",
-                                                       t->chat_template))))
+        (t->chat_template &&
+         (st = gguf_writer_set_str(w, "tokenizer.chat_template", t->chat_template))))
         st = err_set(err, st, "%s: could not set the tokenizer keys in the GGUF writer", SRC);
 out:
     for (uint64_t i = 0; merges && i < n_merges; i++)

@@ -27,18 +27,18 @@ struct merge_slot {
 #define MERGE_EMPTY UINT64_MAX
 
 struct tokenizer {
-    int32_t n_vocab;     /* ids 0..n_vocab-1 */
-    int32_t cap_vocab;   /* allocated entries of the per-id arrays */
-    uint8_t *flags;      /* [n_vocab] TOKF_* */
-    uint32_t *str_off;   /* [n_vocab] offset of the token string in strs */
-    uint32_t *str_len;   /* [n_vocab] its length in bytes */
-    char *strs;          /* arena of token strings (each NUL-terminated) */
+    int32_t n_vocab;   /* ids 0..n_vocab-1 */
+    int32_t cap_vocab; /* allocated entries of the per-id arrays */
+    uint8_t *flags;    /* [n_vocab] TOKF_* */
+    uint32_t *str_off; /* [n_vocab] offset of the token string in strs */
+    uint32_t *str_len; /* [n_vocab] its length in bytes */
+    char *strs;        /* arena of token strings (each NUL-terminated) */
     size_t strs_len, strs_cap;
     uint32_t *bytes_off; /* [n_vocab] offset of the decoded bytes in bytes */
     uint32_t *bytes_len; /* [n_vocab] */
     uint8_t *bytes;      /* arena of decoded token bytes */
 
-    int32_t *map;      /* [map_mask+1] string -> id hash (open addressing), -1 = free */
+    int32_t *map; /* [map_mask+1] string -> id hash (open addressing), -1 = free */
     uint32_t map_mask;
 
     struct merge_slot *merges; /* [merge_mask+1] */
@@ -47,14 +47,14 @@ struct tokenizer {
 
     int32_t byte_id[256]; /* id of the single-byte token for each byte */
 
-    int32_t *added;            /* [n_added] ids of added tokens by first byte, longest first */
+    int32_t *added; /* [n_added] ids of added tokens by first byte, longest first */
     size_t n_added;
     uint32_t added_first[257]; /* added[added_first[b] .. added_first[b+1]) start with byte b */
 
     enum pretok_kind pretok;
     bool nfc; /* the normaliser is NFC (else none) */
     struct tokenizer_special special;
-    int32_t eos_config; /* eos from the file's own config, -1 if none */
+    int32_t eos_config;  /* eos from the file's own config, -1 if none */
     char *chat_template; /* xmalloc'd, or NULL */
 };
 

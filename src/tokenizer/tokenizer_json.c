@@ -78,7 +78,9 @@ static int hex4(const char *p)
     int v = 0;
     for (int i = 0; i < 4; i++) {
         char c = p[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+        int d = c >= '0' && c <= '9'                     ? c - '0'
+                : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10
+                                                         : -1;
         if (d < 0)
             return -1;
         v = v * 16 + d;
@@ -131,14 +133,30 @@ static qwenrt_status parse_string(struct scan *s)
         char c = q[1], out;
         s->p = q + 2;
         switch (c) {
-        case '"': out = '"'; break;
-        case '\\': out = '\\'; break;
-        case '/': out = '/'; break;
-        case 'b': out = '\b'; break;
-        case 'f': out = '\f'; break;
-        case 'n': out = '\n'; break;
-        case 'r': out = '\r'; break;
-        case 't': out = '\t'; break;
+        case '"':
+            out = '"';
+            break;
+        case '\\':
+            out = '\\';
+            break;
+        case '/':
+            out = '/';
+            break;
+        case 'b':
+            out = '\b';
+            break;
+        case 'f':
+            out = '\f';
+            break;
+        case 'n':
+            out = '\n';
+            break;
+        case 'r':
+            out = '\r';
+            break;
+        case 't':
+            out = '\t';
+            break;
         case 'u':
             if ((st = unicode_escape(s)) != QWENRT_OK)
                 return st;
@@ -205,8 +223,8 @@ static qwenrt_status skip_value(struct scan *s)
             s->p++;
         } else {
             const char *q = s->p;
-            while (q < s->end && (strchr("+-.eE", *q) || (*q >= '0' && *q <= '9') ||
-                                  (*q >= 'a' && *q <= 'z')))
+            while (q < s->end &&
+                   (strchr("+-.eE", *q) || (*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'z')))
                 q++;
             if (q == s->p)
                 return fail(s, "unexpected character");
@@ -304,8 +322,9 @@ static qwenrt_status load_vocab(struct scan *s, struct tokenizer *t, const struc
         if ((st = parse_int(s, &id)) != QWENRT_OK)
             return st;
         if (id < 0 || id >= INT32_MAX)
-            return err_set(s->err, QWENRT_ERR_FORMAT, "%s: model.vocab['%s'] = %lld is out of range",
-                           s->src, s->buf, (long long)id);
+            return err_set(s->err, QWENRT_ERR_FORMAT,
+                           "%s: model.vocab['%s'] = %lld is out of range", s->src, s->buf,
+                           (long long)id);
         if ((st = tok_add_token(t, (int32_t)id, s->buf, s->len, 0, s->err)) != QWENRT_OK)
             return st;
     } while (eat(s, ','));
@@ -351,8 +370,8 @@ static qwenrt_status load_merges(struct scan *s, struct tokenizer *t, const stru
             char *sp1 = memchr(s->buf, ' ', s->len);
             if (!sp1 || memchr(sp1 + 1, ' ', s->len - (size_t)(sp1 + 1 - s->buf))) {
                 st = err_set(s->err, QWENRT_ERR_FORMAT,
-                             "%s: merge %d '%s' is not two tokens separated by one space",
-                             s->src, t->n_merges, s->buf);
+                             "%s: merge %d '%s' is not two tokens separated by one space", s->src,
+                             t->n_merges, s->buf);
                 goto out;
             }
             alen = (size_t)(sp1 - s->buf);
@@ -391,12 +410,13 @@ static qwenrt_status load_added(struct scan *s, struct tokenizer *t, const struc
     }
     size_t i;
     json_t *e;
-    json_array_foreach(arr, i, e) {
+    json_array_foreach(arr, i, e)
+    {
         json_t *id = json_object_get(e, "id"), *content = json_object_get(e, "content");
         if (!json_is_integer(id) || !json_is_string(content)) {
             st = err_set(s->err, QWENRT_ERR_FORMAT,
-                         "%s: added_tokens[%zu] needs an integer id and a string content",
-                         s->src, i);
+                         "%s: added_tokens[%zu] needs an integer id and a string content", s->src,
+                         i);
             goto out;
         }
         const char *flags[] = {"lstrip", "rstrip", "single_word"};
@@ -458,8 +478,8 @@ static qwenrt_status load_pretok(struct scan *s, struct tokenizer *t, const stru
         return st;
     json_t *seq = json_object_get(j, "pretokenizers");
     json_t *split = json_array_get(seq, 0), *bl = json_array_get(seq, 1);
-    const char *regex = json_string_value(json_object_get(json_object_get(split, "pattern"),
-                                                          "Regex"));
+    const char *regex =
+        json_string_value(json_object_get(json_object_get(split, "pattern"), "Regex"));
     const char *type = json_string_value(json_object_get(j, "type"));
     const char *stype = json_string_value(json_object_get(split, "type"));
     const char *btype = json_string_value(json_object_get(bl, "type"));
@@ -469,16 +489,15 @@ static qwenrt_status load_pretok(struct scan *s, struct tokenizer *t, const stru
         strcmp(beh, "Isolated") || json_is_true(json_object_get(split, "invert")) ||
         json_is_true(json_object_get(bl, "use_regex")) || !regex) {
         st = err_set(s->err, QWENRT_ERR_UNSUPPORTED,
-                     "%s: pre_tokenizer is not Sequence[Split(Regex, Isolated), ByteLevel] as in "
-                     "Qwen3/Qwen3.5 tokenizers", s->src);
+                     "%s: pre_tokenizer is not Qwen's Sequence[Split(Regex), ByteLevel]", s->src);
     } else if (!strcmp(regex, pretok_regex(PRETOK_QWEN3))) {
         t->pretok = PRETOK_QWEN3;
     } else if (!strcmp(regex, pretok_regex(PRETOK_QWEN35))) {
         t->pretok = PRETOK_QWEN35;
     } else {
         st = err_set(s->err, QWENRT_ERR_UNSUPPORTED,
-                     "%s: pre_tokenizer regex \"%.200s\" is neither the Qwen3 nor the Qwen3.5 "
-                     "pattern", s->src, regex);
+                     "%s: pre_tokenizer regex \"%.200s\" is neither the Qwen3 nor the Qwen3.5 one",
+                     s->src, regex);
     }
     json_decref(j);
     return st;
@@ -498,8 +517,8 @@ static qwenrt_status load_doc(struct scan *s, struct tokenizer *t)
     if (!d.merges.p)
         return err_set(s->err, QWENRT_ERR_FORMAT, "%s: missing model.merges", s->src);
     if (d.model_type.p && (d.model_type.n != 5 || memcmp(d.model_type.p, "\"BPE\"", 5)))
-        return err_set(s->err, QWENRT_ERR_UNSUPPORTED, "%s: model.type %.*s is not \"BPE\"",
-                       s->src, (int)(d.model_type.n > 40 ? 40 : d.model_type.n), d.model_type.p);
+        return err_set(s->err, QWENRT_ERR_UNSUPPORTED, "%s: model.type %.*s is not \"BPE\"", s->src,
+                       (int)(d.model_type.n > 40 ? 40 : d.model_type.n), d.model_type.p);
     if ((st = load_normalizer(s, t, &d.normalizer)) || (st = load_pretok(s, t, &d.pretok)))
         return st;
     if ((st = load_vocab(s, t, &d.vocab)) || (st = load_added(s, t, &d.added)))
@@ -541,7 +560,8 @@ static qwenrt_status load_config(struct tokenizer *t, const char *path, struct q
     if (json_is_array(tpl)) { /* [{"name": ..., "template": ...}]: take "default" */
         size_t i;
         json_t *e, *pick = NULL;
-        json_array_foreach(tpl, i, e) {
+        json_array_foreach(tpl, i, e)
+        {
             const char *name = json_string_value(json_object_get(e, "name"));
             if (!pick || (name && !strcmp(name, "default")))
                 pick = json_object_get(e, "template");
@@ -567,8 +587,11 @@ qwenrt_status tokenizer_load_json(struct tokenizer **out, const char *path,
         return st;
     if ((st = tok_new(&t, err)) != QWENRT_OK)
         goto out_unmap;
-    struct scan s = {.p = (const char *)mf.data, .end = (const char *)mf.data + mf.size,
-                     .base = (const char *)mf.data, .src = path, .err = err};
+    struct scan s = {.p = (const char *)mf.data,
+                     .end = (const char *)mf.data + mf.size,
+                     .base = (const char *)mf.data,
+                     .src = path,
+                     .err = err};
     if (!mf.data) {
         st = err_set(err, QWENRT_ERR_FORMAT, "%s: the file is empty", path);
         goto out_free;
