@@ -191,7 +191,7 @@ int main(int argc, char **argv)
 
     /* small batches: one pass over every matrix with T tokens (weights cold, as in decode) */
     printf("small T (one pass over all matrices, weights from memory):\n");
-    static const int64_t small_t[] = {2, 3, 4, 8, 16};
+    static const int64_t small_t[] = {2, 4, 8, 12, 16, 32};
     for (size_t st = 0; st < sizeof(small_t) / sizeof(small_t[0]); st++) {
         double best = 1e30;
         for (int it = 0; it < 3; it++) {

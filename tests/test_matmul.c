@@ -163,7 +163,7 @@ static void check_dtype_shapes(enum qr_dtype wt)
 {
     static const int64_t Ks[] = {1, 15, 16, 17, 1000, 1024 + 3};
     static const int64_t Ns[] = {1, 7, 33, 129};
-    static const int64_t Ts[] = {1, 2, 5, 17, 64};
+    static const int64_t Ts[] = {1, 2, 5, 7, 17, 64};
     static const int threads[] = {1, 3};
     int bad = 0, ran = 0;
     uint64_t seed = 1;
