@@ -164,9 +164,10 @@ qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
     fill_header(&cp->hdr, session);
     cp->payload = xmalloc((size_t)cp->hdr.payload_bytes + 1, 1);
     if (!cp->payload) {
+        unsigned long long bytes = (unsigned long long)cp->hdr.payload_bytes;
         xfree(cp);
         return err_set(err, QWENRT_ERR_NOMEM, "session_snapshot: out of memory for %llu bytes of state",
-                       (unsigned long long)cp->hdr.payload_bytes);
+                       bytes);
     }
     /* copy_state only reads the session when to_payload is true */
     copy_state((struct qwenrt_session *)session, cp->payload, true, session->n_past, session->has_logits);
