@@ -505,6 +505,86 @@ static void test_gguf_bad(void **state)
     unlink(path);
 }
 
+/* A small byte-level tokenizer.json: the 256 byte tokens, "ab" (256), "abc" (257), and an added
+ * special token <|x|> (258). Written to path. */
+static void write_small_tokenizer(const char *path)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs("{\"added_tokens\": [{\"id\": 258, \"content\": \"<|x|>\", \"special\": true}], "
+          "\"normalizer\": {\"type\": \"NFC\"}, " GOOD_PRETOK ", \"model\": {\"type\": \"BPE\", "
+          "\"vocab\": {",
+          f);
+    for (int b = 0; b < 256; b++)
+        fprintf(f, "\"\\u%04x\": %d, ", bytelevel_char((uint8_t)b), b);
+    fputs("\"ab\": 256, \"abc\": 257}, \"merges\": [\"a b\", [\"ab\", \"c\"]]}}", f);
+    fclose(f);
+}
+
+/* Every allocation failure during load, encode and decode gives a clean NOMEM (and, under
+ * ASan, no leak). */
+static void test_alloc_faults(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/qwenrt-smalltok-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    write_small_tokenizer(path);
+    struct tokenizer *t = NULL;
+    qwenrt_status st = QWENRT_ERR_NOMEM;
+    int n;
+    for (n = 0; n < 1000 && st != QWENRT_OK; n++) {
+        struct qwenrt_error err = {0};
+        alloc_fault_after(n);
+        st = tokenizer_load_json(&t, path, &err);
+        alloc_fault_after(-1);
+        if (st != QWENRT_OK) {
+            if (st != QWENRT_ERR_NOMEM)
+                fprintf(stderr, "fault %d: %s\n", n, err.message);
+            assert_int_equal(st, QWENRT_ERR_NOMEM);
+            assert_null(t);
+        }
+    }
+    assert_int_equal(st, QWENRT_OK);
+    assert_true(n > 3);
+    unlink(path);
+    rmdir(dir);
+
+    const char *text = "abc ab<|x|>abcabc \xc3\xa9"
+                       "e\xcc\x81 \xff!";
+    int32_t *ids = NULL;
+    size_t ni = 0;
+    st = QWENRT_ERR_NOMEM;
+    for (n = 0; n < 1000 && st != QWENRT_OK; n++) {
+        alloc_fault_after(n);
+        st = tokenizer_encode(t, text, strlen(text), &ids, &ni, NULL);
+        alloc_fault_after(-1);
+        if (st != QWENRT_OK) {
+            assert_int_equal(st, QWENRT_ERR_NOMEM);
+            assert_null(ids);
+        }
+    }
+    assert_int_equal(st, QWENRT_OK);
+    assert_true(ni > 4);
+    assert_int_equal(ids[0], 257); /* "abc" by the two merges */
+    assert_int_equal(ids[3], 258); /* <|x|> */
+    char *out = NULL;
+    size_t len;
+    st = QWENRT_ERR_NOMEM;
+    for (n = 0; n < 100 && st != QWENRT_OK; n++) {
+        alloc_fault_after(n);
+        st = tokenizer_decode(t, ids, ni, &out, &len, NULL);
+        alloc_fault_after(-1);
+    }
+    assert_int_equal(st, QWENRT_OK);
+    /* NFC joined e + U+0301 into U+00E9; the bad byte became U+FFFD */
+    assert_string_equal(out, "abc ab<|x|>abcabc \xc3\xa9\xc3\xa9 \xef\xbf\xbd!");
+    xfree(out);
+    xfree(ids);
+    tokenizer_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -520,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_bad_json),
         cmocka_unit_test(test_gguf),
         cmocka_unit_test(test_gguf_bad),
+        cmocka_unit_test(test_alloc_faults),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
