@@ -125,7 +125,11 @@ static void test_cases_decoded(void **state)
     assert_int_equal(bad, 0);
 }
 
-/* The same tokenizer.json with the Qwen3.5 regex swapped in must give ids_qwen35_regex. */
+static void gguf_round_trip(struct fixture *f, const struct tokenizer *src, const char *key,
+                            enum pretok_kind kind);
+
+/* The same tokenizer.json with the Qwen3.5 regex swapped in must give ids_qwen35_regex, also
+ * after a trip through GGUF metadata (tokenizer.ggml.pre "qwen35"). */
 static void test_cases_qwen35_regex(void **state)
 {
     struct fixture *f = *state;
@@ -157,6 +161,7 @@ static void test_cases_qwen35_regex(void **state)
     assert_int_equal(st, QWENRT_OK);
     assert_int_equal(tokenizer_pretok_kind(t35), PRETOK_QWEN35);
     assert_int_equal(check_cases(t35, f->cases, "ids_qwen35_regex"), 0);
+    gguf_round_trip(f, t35, "ids_qwen35_regex", PRETOK_QWEN35);
     tokenizer_free(t35);
 }
 
