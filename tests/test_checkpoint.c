@@ -34,7 +34,8 @@ static void fixture_open(struct fixture *f, const char *dir)
     struct qwenrt_error err = {0};
     snprintf(path, sizeof(path), "%s/reference.safetensors", dir);
     assert_int_equal(safetensors_open(&f->ref, path, &err), QWENRT_OK);
-    const struct qr_tensor *p = ref_tensor(&f->ref, "prompt_ids"), *g = ref_tensor(&f->ref, "generated_ids");
+    const struct qr_tensor *p = ref_tensor(&f->ref, "prompt_ids"),
+                           *g = ref_tensor(&f->ref, "generated_ids");
     const struct qr_tensor *d = ref_tensor(&f->ref, "decode_logits");
     f->prompt = p->data, f->gen = g->data, f->dlog = d->data;
     f->T = (int32_t)p->ne[0], f->G = (int32_t)g->ne[0], f->V = (int32_t)d->ne[0];
@@ -63,7 +64,8 @@ static struct qwenrt_session *new_session(struct qwenrt_model *m, int32_t n_ctx)
 /* From a session holding prompt[0..cut): the rest of the prompt in one piece, then the greedy
  * ids; out receives [1 + G - 1][V] logits (after the prompt, after each generated id but the
  * last). */
-static void continue_chat(const struct fixture *f, struct qwenrt_session *s, int32_t cut, float *out)
+static void continue_chat(const struct fixture *f, struct qwenrt_session *s, int32_t cut,
+                          float *out)
 {
     struct qwenrt_error err = {0};
     assert_int_equal(qwenrt_session_n_past(s), cut);
@@ -101,7 +103,8 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     for (int32_t g = 0; g < f.G; g++) { /* the oracle: transformers */
         double e = rel_err(orig + (size_t)g * f.V, f.dlog + (size_t)g * f.V, (size_t)f.V);
         if (e > LOGITS_REL_TOL)
-            fail_msg("%s: step %d after the checkpoint: rel err %.3g vs transformers", fixture_dir, g, e);
+            fail_msg("%s: step %d after the checkpoint: rel err %.3g vs transformers", fixture_dir,
+                     g, e);
     }
 
     /* restore into a fresh session with another context size */
@@ -130,8 +133,8 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     assert_int_equal(qwenrt_session_restore(c, loaded, &err), QWENRT_OK);
     continue_chat(&f, c, cut, again);
     assert_memory_equal(again, orig, n_out * sizeof(float));
-    printf("%s: checkpoint at %d tokens, %llu bytes; continuations bit-identical\n", fixture_dir, cut,
-           (unsigned long long)qwenrt_checkpoint_bytes(cp));
+    printf("%s: checkpoint at %d tokens, %llu bytes; continuations bit-identical\n", fixture_dir,
+           cut, (unsigned long long)qwenrt_checkpoint_bytes(cp));
 
     remove(path);
     rmdir(dir);
@@ -144,9 +147,21 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     fixture_close(&f);
 }
 
-static void test_qwen35_round_trip(void **st) { (void)st; round_trip("tests/data/qwen35-tiny-f32", 40); }
-static void test_qwen35_round_trip_odd(void **st) { (void)st; round_trip("tests/data/qwen35-tiny-bf16", 3); }
-static void test_qwen3_round_trip(void **st) { (void)st; round_trip("tests/data/qwen3-tiny-f32", 17); }
+static void test_qwen35_round_trip(void **st)
+{
+    (void)st;
+    round_trip("tests/data/qwen35-tiny-f32", 40);
+}
+static void test_qwen35_round_trip_odd(void **st)
+{
+    (void)st;
+    round_trip("tests/data/qwen35-tiny-bf16", 3);
+}
+static void test_qwen3_round_trip(void **st)
+{
+    (void)st;
+    round_trip("tests/data/qwen3-tiny-f32", 17);
+}
 
 static void write_bytes(const char *path, const uint8_t *data, size_t n)
 {

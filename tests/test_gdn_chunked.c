@@ -57,7 +57,8 @@ static void fixture_init(struct gdn_fixture *f, const struct gdn_case *c, int32_
     assert_true(plan_init(&f->plan, PHASE_PREFILL));
     int32_t wx = 2 * c->Hk * c->dk + c->Hv * c->dv;
     int32_t bx = plan_add_buf(&f->plan, "qkv", wx), bb = plan_add_buf(&f->plan, "beta", c->Hv);
-    int32_t ba = plan_add_buf(&f->plan, "alpha", c->Hv), bo = plan_add_buf(&f->plan, "o", c->Hv * c->dv);
+    int32_t ba = plan_add_buf(&f->plan, "alpha", c->Hv),
+            bo = plan_add_buf(&f->plan, "o", c->Hv * c->dv);
     f->op = plan_add_op(&f->plan, OP_GDN_CORE, 0);
     assert_false(f->plan.failed);
     f->x = malloc((size_t)T * wx * sizeof(float));
@@ -77,9 +78,19 @@ static void fixture_init(struct gdn_fixture *f, const struct gdn_case *c, int32_
         f->ssm_a[j] = -expf(urand(r, -2.0f, c->a_log_hi));
     }
     *f->op = (struct plan_op){
-        .kind = OP_GDN_CORE, .layer = 0, .out = bo, .in = bx, .in2 = bb, .in3 = ba,
-        .vec2 = f->dt, .vec3 = f->ssm_a, .n_k_heads = c->Hk, .n_v_heads = c->Hv,
-        .k_dim = c->dk, .v_dim = c->dv, .v_head_tiled = c->tiled,
+        .kind = OP_GDN_CORE,
+        .layer = 0,
+        .out = bo,
+        .in = bx,
+        .in2 = bb,
+        .in3 = ba,
+        .vec2 = f->dt,
+        .vec3 = f->ssm_a,
+        .n_k_heads = c->Hk,
+        .n_v_heads = c->Hv,
+        .k_dim = c->dk,
+        .v_dim = c->dv,
+        .v_head_tiled = c->tiled,
     };
     f->st.n_layer = 1;
     f->st.ssm_len = (int64_t)c->Hv * c->dk * c->dv;
@@ -102,8 +113,13 @@ static void fixture_free(struct gdn_fixture *f)
 static void run_piece(struct gdn_fixture *f, cpu_op_fn fn, int32_t t0, int32_t n)
 {
     const struct plan_op *op = f->op;
-    struct cpu_exec ex = {.plan = &f->plan, .T = n, .pos0 = t0, .state = &f->st, .n_threads = 2,
-                          .scratch = f->scratch, .scratch_len = f->scratch_len};
+    struct cpu_exec ex = {.plan = &f->plan,
+                          .T = n,
+                          .pos0 = t0,
+                          .state = &f->st,
+                          .n_threads = 2,
+                          .scratch = f->scratch,
+                          .scratch_len = f->scratch_len};
     ex.bufs[op->in] = f->x + (size_t)t0 * f->plan.bufs[op->in].width;
     ex.bufs[op->in2] = f->b + (size_t)t0 * op->n_v_heads;
     ex.bufs[op->in3] = f->a + (size_t)t0 * op->n_v_heads;
@@ -112,11 +128,11 @@ static void run_piece(struct gdn_fixture *f, cpu_op_fn fn, int32_t t0, int32_t n
 }
 
 static const struct gdn_case cases[] = {
-    {2, 4, 32, 48, false, 1.0f},  /* the fixture's geometry, HF head order */
-    {2, 4, 32, 48, true, 1.0f},   /* GGUF (tiled) head order */
-    {3, 6, 20, 12, false, 2.0f},  /* odd dims, r = 2 */
+    {2, 4, 32, 48, false, 1.0f}, /* the fixture's geometry, HF head order */
+    {2, 4, 32, 48, true, 1.0f},  /* GGUF (tiled) head order */
+    {3, 6, 20, 12, false, 2.0f}, /* odd dims, r = 2 */
     {3, 6, 20, 12, true, 2.0f},
-    {1, 3, 17, 33, false, 4.0f},  /* very strong decays: e^G underflows inside a chunk */
+    {1, 3, 17, 33, false, 4.0f},   /* very strong decays: e^G underflows inside a chunk */
     {2, 2, 128, 128, false, 0.5f}, /* the 0.8B head size */
 };
 static const int32_t lengths[] = {1, 3, 63, 64, 65, 130};
@@ -147,8 +163,10 @@ static void check_variant(const char *key, cpu_op_fn fn)
                 if (!isfinite(f.o[i]))
                     fail_msg("%s case %zu T=%d: non-finite output at %zu", key, ci, T, i);
             if (eo > CHUNK_REL_TOL || es > CHUNK_REL_TOL)
-                fail_msg("%s case %zu (Hk %d Hv %d dk %d dv %d tiled %d) T=%d: output rel err %.3g, "
-                         "state rel err %.3g", key, ci, c->Hk, c->Hv, c->dk, c->dv, c->tiled, T, eo, es);
+                fail_msg(
+                    "%s case %zu (Hk %d Hv %d dk %d dv %d tiled %d) T=%d: output rel err %.3g, "
+                    "state rel err %.3g",
+                    key, ci, c->Hk, c->Hv, c->dk, c->dv, c->tiled, T, eo, es);
             worst = fmax(worst, fmax(eo, es));
             free(s0), free(o_ref), free(s_ref);
             fixture_free(&f);
@@ -200,7 +218,8 @@ static void test_pieces_vs_ref(void **st)
             run_piece(&f, k->fn, t0, pieces[p]);
         double eo = rel_err(f.o, o_ref, n_out), es = rel_err(f.ssm_ptr[0], s_ref, n_st);
         if (eo > CHUNK_REL_TOL || es > CHUNK_REL_TOL)
-            fail_msg("%s in pieces, case %zu: output rel err %.3g, state rel err %.3g", k->key, ci, eo, es);
+            fail_msg("%s in pieces, case %zu: output rel err %.3g, state rel err %.3g", k->key, ci,
+                     eo, es);
         free(s0), free(o_ref), free(s_ref);
         fixture_free(&f);
     }
@@ -254,7 +273,8 @@ static void check_splits(const char *dir)
     struct safetensors_file ref;
     struct qwenrt_error err = {0};
     assert_int_equal(safetensors_open(&ref, path, &err), QWENRT_OK);
-    const struct qr_tensor *prompt = ref_tensor(&ref, "prompt_ids"), *logits = ref_tensor(&ref, "logits");
+    const struct qr_tensor *prompt = ref_tensor(&ref, "prompt_ids"),
+                           *logits = ref_tensor(&ref, "logits");
     int32_t T = (int32_t)prompt->ne[0], V = (int32_t)logits->ne[0];
     assert_int_equal(T, 70);
     const int32_t *ids = prompt->data;
@@ -267,8 +287,8 @@ static void check_splits(const char *dir)
         fail_msg("load %s: %s", dir, err.message);
     static const int32_t whole[] = {70};
     static const int32_t splits[][8] = {
-        {1, 69}, {3, 67}, {63, 7}, {64, 6}, {65, 5}, {1, 3, 63, 3}, {3, 64, 1, 1, 1},
-        {65, 1, 3, 1}, {1, 1, 1, 64, 3},
+        {1, 69},       {3, 67},          {63, 7},       {64, 6},          {65, 5},
+        {1, 3, 63, 3}, {3, 64, 1, 1, 1}, {65, 1, 3, 1}, {1, 1, 1, 64, 3},
     };
     struct prompt_run one;
     prefill_pieces(m, ids, whole, 1, &one);
@@ -282,11 +302,11 @@ static void check_splits(const char *dir)
         prefill_pieces(m, ids, splits[si], n, &run);
         double el = rel_err(run.logits, one.logits, (size_t)V), es = state_err(run.s, one.s);
         double er = rel_err(run.logits, ref_last, (size_t)V);
-        printf("%s split %zu: logits vs one piece %.3g, state %.3g, vs transformers %.3g\n", dir, si,
-               el, es, er);
+        printf("%s split %zu: logits vs one piece %.3g, state %.3g, vs transformers %.3g\n", dir,
+               si, el, es, er);
         if (el > SPLIT_REL_TOL || es > SPLIT_REL_TOL || er > LOGITS_REL_TOL)
-            fail_msg("split %zu: logits rel err %.3g, state rel err %.3g, vs reference %.3g", si, el,
-                     es, er);
+            fail_msg("split %zu: logits rel err %.3g, state rel err %.3g, vs reference %.3g", si,
+                     el, es, er);
         assert_int_equal(qwenrt_argmax(run.logits, V), qwenrt_argmax(one.logits, V));
         free(run.logits);
         qwenrt_session_free(run.s);
@@ -308,16 +328,22 @@ static void check_splits(const char *dir)
     safetensors_close(&ref);
 }
 
-static void test_split_prompt_f32(void **st) { (void)st; check_splits("tests/data/qwen35-tiny-f32"); }
-static void test_split_prompt_bf16(void **st) { (void)st; check_splits("tests/data/qwen35-tiny-bf16"); }
+static void test_split_prompt_f32(void **st)
+{
+    (void)st;
+    check_splits("tests/data/qwen35-tiny-f32");
+}
+static void test_split_prompt_bf16(void **st)
+{
+    (void)st;
+    check_splits("tests/data/qwen35-tiny-bf16");
+}
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chunked_vs_ref),
-        cmocka_unit_test(test_chunked_avx512_vs_ref),
-        cmocka_unit_test(test_pieces_vs_ref),
-        cmocka_unit_test(test_split_prompt_f32),
+        cmocka_unit_test(test_chunked_vs_ref),    cmocka_unit_test(test_chunked_avx512_vs_ref),
+        cmocka_unit_test(test_pieces_vs_ref),     cmocka_unit_test(test_split_prompt_f32),
         cmocka_unit_test(test_split_prompt_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -32,25 +32,25 @@
 #define CKPT_WEIGHT_SAMPLE (64 * 1024) /* bytes of the embedding that enter the identity hash */
 
 struct ckpt_header {
-    char magic[8];                   /* CKPT_MAGIC, no NUL */
-    uint32_t version;                /* CKPT_VERSION */
-    uint32_t header_bytes;           /* sizeof(struct ckpt_header) */
-    uint32_t arch;                   /* enum qr_arch */
-    int32_t n_layer;                 /* decoder layers */
-    int32_t n_embd;                  /* hidden size */
-    int32_t n_vocab;                 /* logits per position */
-    int32_t kv_width;                /* floats per position per attention layer, K or V */
-    int32_t conv_rows;               /* DeltaNet conv state rows (conv_k - 1), 0 for qwen3 */
-    int32_t conv_dim;                /* DeltaNet conv channels, 0 for qwen3 */
-    int32_t n_ctx;                   /* context of the session that was snapshotted */
-    int64_t ssm_len;                 /* floats of recurrent state per DeltaNet layer */
-    int32_t n_past;                  /* tokens the state holds */
-    int32_t has_logits;              /* 1 when the payload ends with the last logits */
-    uint64_t payload_bytes;          /* bytes after the header */
-    char model_hash[64];             /* hex sha256 of the model identity (model_identity) */
-    char payload_sha256[64];         /* hex sha256 of the payload (filled when saving) */
-    char header_sha256[64];          /* hex sha256 of this header with this field zeroed */
-    char reserved[120];              /* zero */
+    char magic[8];           /* CKPT_MAGIC, no NUL */
+    uint32_t version;        /* CKPT_VERSION */
+    uint32_t header_bytes;   /* sizeof(struct ckpt_header) */
+    uint32_t arch;           /* enum qr_arch */
+    int32_t n_layer;         /* decoder layers */
+    int32_t n_embd;          /* hidden size */
+    int32_t n_vocab;         /* logits per position */
+    int32_t kv_width;        /* floats per position per attention layer, K or V */
+    int32_t conv_rows;       /* DeltaNet conv state rows (conv_k - 1), 0 for qwen3 */
+    int32_t conv_dim;        /* DeltaNet conv channels, 0 for qwen3 */
+    int32_t n_ctx;           /* context of the session that was snapshotted */
+    int64_t ssm_len;         /* floats of recurrent state per DeltaNet layer */
+    int32_t n_past;          /* tokens the state holds */
+    int32_t has_logits;      /* 1 when the payload ends with the last logits */
+    uint64_t payload_bytes;  /* bytes after the header */
+    char model_hash[64];     /* hex sha256 of the model identity (model_identity) */
+    char payload_sha256[64]; /* hex sha256 of the payload (filled when saving) */
+    char header_sha256[64];  /* hex sha256 of this header with this field zeroed */
+    char reserved[120];      /* zero */
 };
 static_assert(sizeof(struct ckpt_header) == 384, "checkpoint header is 384 bytes on disk");
 
@@ -68,13 +68,14 @@ static void model_identity(const struct qwenrt_model *m, char out[SHA256_HEX_LEN
     const struct qr_tensor *e = m->w.tok_embd;
     size_t sample = e->nbytes < CKPT_WEIGHT_SAMPLE ? e->nbytes : CKPT_WEIGHT_SAMPLE;
     char text[1024 + QR_MAX_LAYERS];
-    int n = snprintf(text, sizeof(text),
-                     "arch=%d vocab=%d embd=%d layer=%d ff=%d head=%d kv=%d hd=%d rot=%d theta=%.9g "
-                     "eps=%.9g gated=%d conv=%d kh=%d vh=%d kd=%d vd=%d tiled=%d dtype=%d layers=",
-                     hp->arch, hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv,
-                     hp->head_dim, hp->n_rot, hp->rope_theta, hp->rms_eps, hp->attn_gated, hp->ssm_conv,
-                     hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_k_dim, hp->ssm_v_dim, m->v_head_tiled,
-                     e->dtype);
+    int n =
+        snprintf(text, sizeof(text),
+                 "arch=%d vocab=%d embd=%d layer=%d ff=%d head=%d kv=%d hd=%d rot=%d theta=%.9g "
+                 "eps=%.9g gated=%d conv=%d kh=%d vh=%d kd=%d vd=%d tiled=%d dtype=%d layers=",
+                 hp->arch, hp->n_vocab, hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head,
+                 hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, hp->rms_eps,
+                 hp->attn_gated, hp->ssm_conv, hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_k_dim,
+                 hp->ssm_v_dim, m->v_head_tiled, e->dtype);
     for (int32_t l = 0; l < hp->n_layer && n < (int)sizeof(text) - 1; l++)
         text[n++] = hp->is_recurrent[l] ? 'R' : 'A';
     char h_text[SHA256_HEX_LEN], h_w[SHA256_HEX_LEN], both[2 * SHA256_HEX_LEN];
@@ -121,6 +122,18 @@ static void fill_header(struct ckpt_header *h, const struct qwenrt_session *s)
     memcpy(h->model_hash, id, 64);
 }
 
+/* The state is in host memory (the CPU backend); a CUDA session keeps it on the device. */
+static qwenrt_status check_host_state(const struct qwenrt_session *s, const char *what,
+                                      struct qwenrt_error *err)
+{
+    const struct seq_state *st = &s->state;
+    if (!st->k_cache || !st->v_cache || !st->conv_state || !st->ssm_state)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                       "%s: the session's state is not in host memory (backend '%s'); checkpoints support the CPU backend",
+                       what, s->model->backend);
+    return QWENRT_OK;
+}
+
 /* Copies the state into (to_payload) or out of the payload, layer by layer. */
 static void copy_state(struct qwenrt_session *s, uint8_t *payload, bool to_payload, int32_t n_past,
                        bool logits)
@@ -158,6 +171,9 @@ qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
     *out = NULL;
     if (!session)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "session_snapshot: no session");
+    qwenrt_status st = check_host_state(session, "session_snapshot", err);
+    if (st)
+        return st;
     struct qwenrt_checkpoint *cp = xcalloc(1, sizeof(*cp));
     if (!cp)
         return err_set(err, QWENRT_ERR_NOMEM, "session_snapshot: out of memory");
@@ -166,11 +182,12 @@ qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
     if (!cp->payload) {
         unsigned long long bytes = (unsigned long long)cp->hdr.payload_bytes;
         xfree(cp);
-        return err_set(err, QWENRT_ERR_NOMEM, "session_snapshot: out of memory for %llu bytes of state",
-                       bytes);
+        return err_set(err, QWENRT_ERR_NOMEM,
+                       "session_snapshot: out of memory for %llu bytes of state", bytes);
     }
     /* copy_state only reads the session when to_payload is true */
-    copy_state((struct qwenrt_session *)session, cp->payload, true, session->n_past, session->has_logits);
+    copy_state((struct qwenrt_session *)session, cp->payload, true, session->n_past,
+               session->has_logits);
     *out = cp;
     return QWENRT_OK;
 }
@@ -181,14 +198,16 @@ static qwenrt_status check_fits(const struct ckpt_header *h, const struct qwenrt
 {
     char id[SHA256_HEX_LEN];
     model_identity(m, id);
-    if (h->arch != (uint32_t)m->hp.arch || h->n_layer != m->hp.n_layer || h->n_vocab != m->hp.n_vocab ||
-        h->n_embd != m->hp.n_embd || memcmp(h->model_hash, id, 64) != 0)
-        return err_set(err, QWENRT_ERR_INVALID_ARG,
-                       "%s: checkpoint is for another model (arch %s, %d layers, n_embd %d, n_vocab %d, "
-                       "identity %.12s), this model is %s, %d layers, n_embd %d, n_vocab %d, identity %.12s",
-                       what, h->arch <= ARCH_QWEN35 ? arch_name((enum qr_arch)h->arch) : "unknown",
-                       h->n_layer, h->n_embd, h->n_vocab, h->model_hash, arch_name(m->hp.arch),
-                       m->hp.n_layer, m->hp.n_embd, m->hp.n_vocab, id);
+    if (h->arch != (uint32_t)m->hp.arch || h->n_layer != m->hp.n_layer ||
+        h->n_vocab != m->hp.n_vocab || h->n_embd != m->hp.n_embd ||
+        memcmp(h->model_hash, id, 64) != 0)
+        return err_set(
+            err, QWENRT_ERR_INVALID_ARG,
+            "%s: checkpoint is for another model (arch %s, %d layers, n_embd %d, n_vocab %d, "
+            "identity %.12s), this model is %s, %d layers, n_embd %d, n_vocab %d, identity %.12s",
+            what, h->arch <= ARCH_QWEN35 ? arch_name((enum qr_arch)h->arch) : "unknown", h->n_layer,
+            h->n_embd, h->n_vocab, h->model_hash, arch_name(m->hp.arch), m->hp.n_layer,
+            m->hp.n_embd, m->hp.n_vocab, id);
     if (n_ctx >= 0 && h->n_past > n_ctx)
         return err_set(err, QWENRT_ERR_LIMIT,
                        "%s: checkpoint holds %d tokens, the session's context holds only %d", what,
@@ -196,27 +215,33 @@ static qwenrt_status check_fits(const struct ckpt_header *h, const struct qwenrt
     return QWENRT_OK;
 }
 
-qwenrt_status qwenrt_session_restore(struct qwenrt_session *session, const struct qwenrt_checkpoint *cp,
-                                     struct qwenrt_error *err)
+qwenrt_status qwenrt_session_restore(struct qwenrt_session *session,
+                                     const struct qwenrt_checkpoint *cp, struct qwenrt_error *err)
 {
     if (!session || !cp)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "session_restore: no %s",
                        session ? "checkpoint" : "session");
     const struct ckpt_header *h = &cp->hdr;
-    qwenrt_status st = check_fits(h, session->model, session->state.n_ctx, "session_restore", err);
+    qwenrt_status st = check_host_state(session, "session_restore", err);
+    if (!st)
+        st = check_fits(h, session->model, session->state.n_ctx, "session_restore", err);
     if (st)
         return st;
     if (h->kv_width != session->state.kv_width || h->conv_rows != session->state.conv_rows ||
         h->conv_dim != session->state.conv_dim || h->ssm_len != session->state.ssm_len ||
         h->payload_bytes != payload_bytes(h, &session->model->hp))
-        return err_set(err, QWENRT_ERR_INTERNAL, "session_restore: checkpoint geometry disagrees with the session");
+        return err_set(err, QWENRT_ERR_INTERNAL,
+                       "session_restore: checkpoint geometry disagrees with the session");
     copy_state(session, cp->payload, false, h->n_past, h->has_logits);
     session->n_past = h->n_past;
     session->has_logits = h->has_logits != 0;
     return QWENRT_OK;
 }
 
-int32_t qwenrt_checkpoint_n_past(const struct qwenrt_checkpoint *cp) { return cp ? cp->hdr.n_past : 0; }
+int32_t qwenrt_checkpoint_n_past(const struct qwenrt_checkpoint *cp)
+{
+    return cp ? cp->hdr.n_past : 0;
+}
 
 uint64_t qwenrt_checkpoint_bytes(const struct qwenrt_checkpoint *cp)
 {
@@ -242,7 +267,8 @@ qwenrt_status qwenrt_checkpoint_save(const struct qwenrt_checkpoint *cp, const c
                                      struct qwenrt_error *err)
 {
     if (!cp || !path)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "checkpoint_save: no %s", cp ? "path" : "checkpoint");
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "checkpoint_save: no %s",
+                       cp ? "path" : "checkpoint");
     struct ckpt_header h = cp->hdr;
     char hex[SHA256_HEX_LEN];
     sha256_hex(cp->payload, (size_t)h.payload_bytes, hex);
@@ -271,7 +297,8 @@ qwenrt_status qwenrt_checkpoint_save(const struct qwenrt_checkpoint *cp, const c
     if (!ok || rename(tmp, path) != 0) {
         if (ok)
             saved = errno;
-        st = err_set(err, QWENRT_ERR_IO, "%s: cannot write the checkpoint: %s", path, strerror(saved));
+        st = err_set(err, QWENRT_ERR_IO, "%s: cannot write the checkpoint: %s", path,
+                     strerror(saved));
         remove(tmp);
     }
 out_free_tmp:
@@ -280,7 +307,8 @@ out_free_tmp:
 }
 
 /* Reads the whole file; *len its size. */
-static qwenrt_status read_file(const char *path, uint8_t **data, size_t *len, struct qwenrt_error *err)
+static qwenrt_status read_file(const char *path, uint8_t **data, size_t *len,
+                               struct qwenrt_error *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -288,7 +316,8 @@ static qwenrt_status read_file(const char *path, uint8_t **data, size_t *len, st
     qwenrt_status st = QWENRT_OK;
     long size = -1;
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = err_set(err, QWENRT_ERR_IO, "%s: cannot find the file size: %s", path, strerror(errno));
+        st =
+            err_set(err, QWENRT_ERR_IO, "%s: cannot find the file size: %s", path, strerror(errno));
         goto out_close;
     }
     *data = xmalloc((size_t)size + 1, 1);
@@ -313,36 +342,41 @@ static qwenrt_status check_header(const uint8_t *data, size_t len, const struct 
 {
     struct ckpt_header h;
     if (len < sizeof(h))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: truncated checkpoint: %zu bytes, the header alone is %zu",
-                       path, len, sizeof(h));
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: truncated checkpoint: %zu bytes, the header alone is %zu", path, len,
+                       sizeof(h));
     memcpy(&h, data, sizeof(h));
     if (memcmp(h.magic, CKPT_MAGIC, 8) != 0)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: not a qwenrt checkpoint (magic is not '%s')", path,
-                       CKPT_MAGIC);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: not a qwenrt checkpoint (magic is not '%s')",
+                       path, CKPT_MAGIC);
     if (h.version != CKPT_VERSION || h.header_bytes != sizeof(h))
-        return err_set(err, QWENRT_ERR_UNSUPPORTED,
-                       "%s: checkpoint version %u (header %u bytes), this qwenrt reads version %u (%zu bytes)",
-                       path, h.version, h.header_bytes, CKPT_VERSION, sizeof(h));
+        return err_set(
+            err, QWENRT_ERR_UNSUPPORTED,
+            "%s: checkpoint version %u (header %u bytes), this qwenrt reads version %u (%zu bytes)",
+            path, h.version, h.header_bytes, CKPT_VERSION, sizeof(h));
     char hex[SHA256_HEX_LEN];
     header_hash(&h, hex);
     if (memcmp(hex, h.header_sha256, 64) != 0)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: checkpoint header is corrupted (its checksum does not match)",
-                       path);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: checkpoint header is corrupted (its checksum does not match)", path);
     qwenrt_status st = check_fits(&h, m, -1, path, err);
     if (st)
         return st;
     if (h.n_past < 0 || h.kv_width != m->hp.n_head_kv * m->hp.head_dim ||
         h.payload_bytes != payload_bytes(&h, &m->hp))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: checkpoint header is inconsistent (n_past %d, payload %llu bytes)",
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: checkpoint header is inconsistent (n_past %d, payload %llu bytes)",
                        path, h.n_past, (unsigned long long)h.payload_bytes);
     if (len - sizeof(h) != h.payload_bytes)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s checkpoint: %zu bytes of state, the header promises %llu",
-                       path, len - sizeof(h) < h.payload_bytes ? "truncated" : "oversized",
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: %s checkpoint: %zu bytes of state, the header promises %llu", path,
+                       len - sizeof(h) < h.payload_bytes ? "truncated" : "oversized",
                        len - sizeof(h), (unsigned long long)h.payload_bytes);
     sha256_hex(data + sizeof(h), (size_t)h.payload_bytes, hex);
     if (memcmp(hex, h.payload_sha256, 64) != 0)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: checkpoint state is corrupted (sha256 %.12s, header says %.12s)",
-                       path, hex, h.payload_sha256);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: checkpoint state is corrupted (sha256 %.12s, header says %.12s)", path,
+                       hex, h.payload_sha256);
     return QWENRT_OK;
 }
 
@@ -353,7 +387,8 @@ qwenrt_status qwenrt_checkpoint_load(const struct qwenrt_model *model, const cha
         return err_set(err, QWENRT_ERR_INVALID_ARG, "checkpoint_load: no output pointer");
     *out = NULL;
     if (!model || !path)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "checkpoint_load: no %s", model ? "path" : "model");
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "checkpoint_load: no %s",
+                       model ? "path" : "model");
     uint8_t *data = NULL;
     size_t len = 0;
     qwenrt_status st = read_file(path, &data, &len, err);
@@ -369,7 +404,7 @@ qwenrt_status qwenrt_checkpoint_load(const struct qwenrt_model *model, const cha
     }
     memcpy(&cp->hdr, data, sizeof(cp->hdr));
     memmove(data, data + sizeof(cp->hdr), (size_t)cp->hdr.payload_bytes); /* the file buffer */
-    cp->payload = data;                                                    /* becomes the payload */
+    cp->payload = data;                                                   /* becomes the payload */
     data = NULL;
     *out = cp;
 out_free_data:

@@ -53,8 +53,14 @@ int64_t gdn_chunked_scratch_floats(const struct plan_op *op)
     return (int64_t)op->n_v_heads * head_scratch_floats(op->k_dim, op->v_dim);
 }
 
-INLINE float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-INLINE float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+INLINE float sigmoidf(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+INLINE float softplusf(float x)
+{
+    return x > 20.0f ? x : log1pf(expf(x));
+}
 
 /* x ← x / sqrt(Σx² + 1e-6) · scale, as gdn_core_ref's l2norm then q scaling */
 INLINE void l2norm_scaled(float *y, const float *x, int32_t n, float scale, bool do_scale)
@@ -153,7 +159,8 @@ INLINE void chunk(const struct gdn_args *a, float *S, float *w, int32_t t0, int3
         int32_t t = t0 + i;
         const float *row = a->x + (size_t)t * a->wx;
         l2norm_scaled(Q + (size_t)i * dk, row + (size_t)kh * dk, dk, qscale, true);
-        l2norm_scaled(K + (size_t)i * dk, row + (size_t)a->Hk * dk + (size_t)kh * dk, dk, 1.0f, false);
+        l2norm_scaled(K + (size_t)i * dk, row + (size_t)a->Hk * dk + (size_t)kh * dk, dk, 1.0f,
+                      false);
         for (int32_t r = 0; r < dk; r++)
             Kt[(size_t)r * CH + i] = K[(size_t)i * dk + r];
         beta[i] = sigmoidf(a->b[(size_t)t * a->wb + j]);
@@ -223,26 +230,49 @@ INLINE void head_body(const struct gdn_args *a, int32_t j)
         chunk(a, S, w, t0, a->T - t0 < GDN_CHUNK ? a->T - t0 : GDN_CHUNK, j, kh);
 }
 
-static void head_generic(const struct gdn_args *a, int32_t j) { head_body(a, j); }
-static TARGET_AVX512 void head_avx512(const struct gdn_args *a, int32_t j) { head_body(a, j); }
+static void head_generic(const struct gdn_args *a, int32_t j)
+{
+    head_body(a, j);
+}
+static TARGET_AVX512 void head_avx512(const struct gdn_args *a, int32_t j)
+{
+    head_body(a, j);
+}
 
-static void run(const struct plan_op *op, struct cpu_exec *ex, void (*head)(const struct gdn_args *, int32_t))
+static void run(const struct plan_op *op, struct cpu_exec *ex,
+                void (*head)(const struct gdn_args *, int32_t))
 {
     const struct plan *p = ex->plan;
     struct gdn_args a = {
-        .x = ex->bufs[op->in], .b = ex->bufs[op->in2], .a = ex->bufs[op->in3], .o = ex->bufs[op->out],
-        .dt_bias = op->vec2, .ssm_a = op->vec3, .state = ex->state->ssm_state[op->layer],
-        .scratch = ex->scratch, .head_scratch = head_scratch_floats(op->k_dim, op->v_dim),
-        .wx = p->bufs[op->in].width, .wb = p->bufs[op->in2].width, .wa = p->bufs[op->in3].width,
-        .wo = p->bufs[op->out].width, .T = ex->T, .Hk = op->n_k_heads, .Hv = op->n_v_heads,
-        .dk = op->k_dim, .dv = op->v_dim, .tiled = op->v_head_tiled,
+        .x = ex->bufs[op->in],
+        .b = ex->bufs[op->in2],
+        .a = ex->bufs[op->in3],
+        .o = ex->bufs[op->out],
+        .dt_bias = op->vec2,
+        .ssm_a = op->vec3,
+        .state = ex->state->ssm_state[op->layer],
+        .scratch = ex->scratch,
+        .head_scratch = head_scratch_floats(op->k_dim, op->v_dim),
+        .wx = p->bufs[op->in].width,
+        .wb = p->bufs[op->in2].width,
+        .wa = p->bufs[op->in3].width,
+        .wo = p->bufs[op->out].width,
+        .T = ex->T,
+        .Hk = op->n_k_heads,
+        .Hv = op->n_v_heads,
+        .dk = op->k_dim,
+        .dv = op->v_dim,
+        .tiled = op->v_head_tiled,
     };
 #pragma omp parallel for num_threads(ex->n_threads) schedule(dynamic, 1)
     for (int32_t j = 0; j < a.Hv; j++)
         head(&a, j);
 }
 
-void gdn_core_chunked(const struct plan_op *op, struct cpu_exec *ex) { run(op, ex, head_generic); }
+void gdn_core_chunked(const struct plan_op *op, struct cpu_exec *ex)
+{
+    run(op, ex, head_generic);
+}
 
 void gdn_core_chunked_avx512(const struct plan_op *op, struct cpu_exec *ex)
 {
