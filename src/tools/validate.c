@@ -234,12 +234,12 @@ static bool check_position(struct gate *g, int32_t pos, int32_t input, const cha
         g->first_failure = pos;
         json_t *l = json_object_get(c, "logits");
         json_t *bad = !lp ? l : !cp ? cache : state;
-        const char *what = !lp ? (json_is_true(json_object_get(l, "greedy_token_equal")) ||
-                                          json_is_true(json_object_get(l, "near_tie"))
-                                      ? "logits beyond tolerance"
-                                      : "greedy token differs")
-                           : !cp ? "KV cache beyond tolerance"
-                                 : "DeltaNet state beyond tolerance";
+        bool greedy = json_is_true(json_object_get(l, "greedy_token_equal")) ||
+                      json_is_true(json_object_get(l, "near_tie"));
+        char what[128];
+        snprintf(what, sizeof(what), "%s%s%s%s", !lp ? (greedy ? "logits beyond tolerance" : "greedy token differs") : "",
+                 !cp ? (!lp ? ", KV cache beyond tolerance" : "KV cache beyond tolerance") : "",
+                 !sp && (!lp || !cp) ? ", " : "", !sp ? "DeltaNet state beyond tolerance" : "");
         snprintf(g->failure, sizeof(g->failure), "%s at position %d (%s): max error %.3g (rtol %g, atol %g); next token %d, reference %d",
                  what, pos, phase, json_real_value(json_object_get(bad, "max_absolute_error")),
                  json_real_value(json_object_get(bad, "rtol")), json_real_value(json_object_get(bad, "atol")),
