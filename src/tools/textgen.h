@@ -1,0 +1,60 @@
+/*
+ * textgen.h — text out of a session: the decode loop shared by `qwenrt run` and the server.
+ *
+ * Samples a token, streams its text (whole UTF-8 characters only), stops on the model's end
+ * tokens, on user stop strings (text that could still become a stop string is held back, and
+ * a stop string itself is never emitted), on max_tokens, or when *cancel becomes non-zero.
+ * The token that ends generation by EOS is not fed back into the session (textgen_finish_turn
+ * does that for chats that continue).
+ */
+#ifndef QWENRT_TOOLS_TEXTGEN_H
+#define QWENRT_TOOLS_TEXTGEN_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "qwenrt.h"
+#include "tokenizer/tokenizer.h"
+
+#define TEXTGEN_MAX_STOP 8
+
+enum textgen_finish { TEXTGEN_EOS, TEXTGEN_LENGTH, TEXTGEN_STOP, TEXTGEN_CANCEL };
+
+struct textgen_params {
+    int32_t max_tokens;                 /* generated tokens at most */
+    const char *stop[TEXTGEN_MAX_STOP]; /* stop strings (NULL-terminated when fewer) */
+    bool skip_special;                  /* do not emit control tokens' text */
+};
+
+/* Receives text as it is produced; returns false to stop (finish = CANCEL). */
+typedef bool (*textgen_emit_fn)(void *user, const char *text, size_t len);
+
+struct textgen_result {
+    int32_t n_prompt;          /* tokens prefilled by this call */
+    int32_t n_generated;       /* tokens sampled */
+    int32_t last_token;        /* the last sampled token (-1 if none) */
+    enum textgen_finish finish;
+    double prefill_s, decode_s; /* wall time of the prefill, and of all decode steps */
+};
+
+/* Prefills prompt[0..n_prompt) (may be 0 when the session already holds the prompt and has
+ * logits), then generates. */
+qwenrt_status textgen_run(struct qwenrt_session *s, struct qwenrt_sampler *smp,
+                          const struct tokenizer *tok, const int32_t *prompt, int32_t n_prompt,
+                          const struct textgen_params *p, textgen_emit_fn emit, void *user,
+                          const volatile sig_atomic_t *cancel, struct textgen_result *res,
+                          struct qwenrt_error *err);
+
+/* Loads the tokenizer of a model: GGUF metadata, or tokenizer.json of a HF directory. */
+qwenrt_status textgen_load_tokenizer(const struct qwenrt_model *m, struct tokenizer **out,
+                                     struct qwenrt_error *err);
+
+/* Sampling defaults from a HF directory's generation_config.json (temperature, top_k, top_p,
+ * min_p, repetition_penalty), left unchanged when the file or a key is absent. */
+void textgen_generation_defaults(const struct qwenrt_model *m, struct qwenrt_sampler_params *sp);
+
+/* The chat template string of the model's tokenizer (may be NULL). */
+const char *textgen_chat_template(const struct tokenizer *tok);
+
+#endif
