@@ -1,0 +1,42 @@
+# cmake/cuda.cmake — the CUDA backend (src/backend/cuda/*.cu), included by CMakeLists.txt after
+# enable_language(CUDA) when nvcc exists and the .cu files are there.
+#   - sm_90a machine code for Hopper (wgmma-capable) plus compute_80 PTX, which the driver
+#     compiles for other GPUs at load;
+#   - the CUDA runtime linked statically (the binary needs only the driver on the GPU machine),
+#     cuBLASLt statically when the toolkit ships it, else the shared library with an RPATH;
+#   - QWENRT_HAVE_CUDA for C code (cuda_stub.c steps aside);
+#   - test_cuda_* tests: exit code 77 means "no GPU here" and is reported as skipped.
+find_package(CUDAToolkit REQUIRED)
+
+target_sources(qwenrt_lib PRIVATE ${QWENRT_CUDA_SOURCES})
+# CUDA_ARCHITECTURES off: the -gencode flags below say exactly what to build.
+set_target_properties(qwenrt_lib PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17
+                      CUDA_STANDARD_REQUIRED ON)
+target_compile_options(qwenrt_lib PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>
+  $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_80,code=compute_80>
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-warn-spills>
+  $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+target_compile_definitions(qwenrt_lib PUBLIC QWENRT_HAVE_CUDA)
+
+if(TARGET CUDA::cublasLt_static AND EXISTS "${CUDAToolkit_LIBRARY_DIR}/libcublasLt_static.a")
+  target_link_libraries(qwenrt_lib PUBLIC CUDA::cudart_static CUDA::cublasLt_static)
+else()
+  target_link_libraries(qwenrt_lib PUBLIC CUDA::cudart_static CUDA::cublasLt)
+endif()
+
+# Benchmarks of the CUDA backend (run by hand, never by ctest).
+add_executable(cuda_bench ${CMAKE_SOURCE_DIR}/bench/cuda_bench.c)
+target_link_libraries(cuda_bench PRIVATE qwenrt_lib)
+
+# Tests are added after this file is read: set their skip code once the directory is done.
+function(qwenrt_cuda_test_props)
+  get_property(tests DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY TESTS)
+  foreach(t ${tests})
+    if(t MATCHES "^test_cuda")
+      set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda)
+    endif()
+  endforeach()
+endfunction()
+cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL qwenrt_cuda_test_props)

@@ -1,0 +1,98 @@
+/*
+ * cuda_backend.h — executing plans on an NVIDIA GPU: the C interface the session calls.
+ *
+ * A cuda_session owns everything on the device for one sequence: a copy of every weight the
+ * plans use (one cudaMalloc arena), the KV cache ([n_ctx][kv_width] f32 per attention layer),
+ * the DeltaNet conv state ([conv_k-1][conv_dim] f32) and recurrent state ([Hv][dk][dv] f32),
+ * activation buffers ([T][width] f32 per plan buffer) and the cuBLASLt handle. The backend
+ * reads only plans (src/plan/plan.h): layer kinds, widths and weights come from the ops.
+ *
+ * Decode (T = 1) runs fused kernels (cuda_session.cu lists the fusions; each has a switch in
+ * struct cuda_options) captured once in a CUDA graph and replayed; the token id and position
+ * live in device memory so one graph serves every step, and cuda_session_generate keeps the
+ * argmax on the GPU between steps. Prefill runs the plan op by op with tensor-core GEMMs.
+ *
+ * When qwenrt is built without CUDA, cuda_stub.c provides these functions: they report that
+ * CUDA is not compiled in, so callers never #ifdef.
+ */
+#ifndef QWENRT_BACKEND_CUDA_BACKEND_H
+#define QWENRT_BACKEND_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "plan/plan.h"
+#include "qwenrt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Called after ops that have a dump name (prefill/op-by-op runs only): data is [T][width] on
+ * the host, valid during the call. Same shape as cpu_dump_fn. */
+typedef void (*cuda_dump_fn)(void *user, const char *name, int32_t layer, const float *data,
+                             int32_t T, int32_t width);
+
+/* Switches (profiles / tests); cuda_default_options() turns everything on. */
+struct cuda_options {
+    bool graph;          /* capture decode in a CUDA graph and replay it */
+    bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
+    bool gemm_bf16x2;    /* prefill, bf16 weights: x split into two bf16 terms, tensor cores */
+    int32_t gemv_max_T;  /* up to this many tokens use the GEMV kernels instead of a GEMM */
+};
+
+struct cuda_options cuda_default_options(void);
+
+/* true when this build has the CUDA backend. */
+bool cuda_backend_compiled(void);
+
+/* Checks that a CUDA device can be used: a driver, a device, and (need_bytes > 0) that much
+ * free device memory. Errors: BACKEND with the reason (not compiled in, no driver, driver too
+ * old, no device, too little memory). */
+qwenrt_status cuda_probe(int64_t need_bytes, struct qwenrt_error *err);
+
+/* Device name and memory, for records ("NVIDIA H200, 139 GiB, cc 9.0"); "" when none. */
+void cuda_device_describe(char *out, int out_len);
+
+struct cuda_session;
+
+/* Uploads the weights of both plans and allocates the state for n_ctx positions.
+ * plans[PHASE_PREFILL] and plans[PHASE_DECODE] must outlive the session.
+ * Errors: BACKEND (no device, out of device memory, CUDA failure), UNSUPPORTED (a head size
+ * or dtype the kernels do not handle). Nothing is left allocated on error. */
+qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_ctx,
+                                const struct cuda_options *opt, struct cuda_session **out,
+                                struct qwenrt_error *err);
+void cuda_session_free(struct cuda_session *cs);
+
+/* Runs T tokens at positions pos0.. (T == 1: decode plan, else prefill plan). Writes the
+ * logits of the last position, or of every position when all_logits, to logits
+ * ([rows][n_vocab] floats). dump (may be NULL) forces the op-by-op path. */
+qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t *ids, int32_t T,
+                               int32_t pos0, bool all_logits, float *logits, cuda_dump_fn dump,
+                               void *dump_user, struct qwenrt_error *err);
+
+/* Greedy decoding on the GPU: feeds id at position pos0, then each step's argmax, n steps.
+ * out_ids[i] = argmax after step i. The token stays on the GPU; the host reads ids back every
+ * readback_every steps (<= 0: once at the end). last_logits (may be NULL) gets the final
+ * step's logits. */
+qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t pos0,
+                                    int32_t n, int32_t readback_every, int32_t *out_ids,
+                                    float *last_logits, struct qwenrt_error *err);
+
+/* Zeroes the DeltaNet state (the KV cache is overwritten by position, so it stays). */
+qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *err);
+
+/* Copies rows [0, n_pos) of attention layer `layer`'s K (v = false) or V cache to dst
+ * ([n_pos][kv_width] f32). Errors: INVALID_ARG when the layer has no KV cache. */
+qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool v,
+                                   int32_t n_pos, float *dst, struct qwenrt_error *err);
+
+/* Bytes of device memory the session holds. */
+int64_t cuda_session_device_bytes(const struct cuda_session *cs);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

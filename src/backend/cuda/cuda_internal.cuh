@@ -1,0 +1,209 @@
+/*
+ * cuda_internal.cuh — what the CUDA backend's .cu files share: the CUDA_CHECK macro that turns
+ * a failed call into a qwenrt_status (file, line, CUDA's message; never aborts), device
+ * helpers for the weight dtypes, and the launch functions of every kernel.
+ *
+ * Conventions: activations are f32 [T][ld] rows; weights are [N] rows of K elements in their
+ * stored dtype (the file's bytes, copied to the device); a launch function returns the
+ * cudaError_t of its launch (cudaGetLastError), which the caller passes through CUDA_CHECK.
+ * Token ids and the position of the first token are read from device memory (ids, pos0) so
+ * that a captured decode graph serves every step.
+ */
+#ifndef QWENRT_BACKEND_CUDA_INTERNAL_CUH
+#define QWENRT_BACKEND_CUDA_INTERNAL_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "base/error.h"
+#include "format/dtype.h"
+}
+
+/* Turns a CUDA error into a status naming file, line, the call and CUDA's message. */
+static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, const char *file,
+                                      int line, const char *what)
+{
+    return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: %s: %s (%s)", file, line, what,
+                   cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* Returns from the enclosing status-returning function when call fails. */
+#define CUDA_CHECK(call)                                                                  \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess)                                                            \
+            return cuda_fail(err, e_, __FILE__, __LINE__, #call);                         \
+    } while (0)
+
+#define GEMV_MAX_T 8   /* tokens one GEMV launch handles (more: a GEMM) */
+#define GEMV_MAX_SEG 4 /* weight matrices sharing one input in one GEMV launch */
+
+/* ---- dtype helpers (device) ---- */
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t u)
+{
+    return __uint_as_float((uint32_t)u << 16);
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t u)
+{
+    return __half2float(__ushort_as_half(u));
+}
+
+/* Element i of a row stored as dtype (every dtype the GEMV handles). */
+static __device__ __forceinline__ float deq_elem(const uint8_t *row, int32_t dtype, int64_t i)
+{
+    switch (dtype) {
+    case QR_F32:
+        return ((const float *)row)[i];
+    case QR_F16:
+        return f16_bits_to_f32(((const uint16_t *)row)[i]);
+    case QR_BF16:
+        return bf16_bits_to_f32(((const uint16_t *)row)[i]);
+    case QR_Q8_0: {
+        const uint8_t *b = row + (i / 32) * 34;
+        uint16_t d = (uint16_t)(b[0] | (b[1] << 8));
+        return f16_bits_to_f32(d) * (float)(int8_t)b[2 + i % 32];
+    }
+    case QR_Q4_K: {
+        const uint8_t *b = row + (i / 256) * 144;
+        int j = (int)(i % 256), c = j / 64, hi = (j % 64) / 32, l = j % 32, sub = 2 * c + hi;
+        float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
+        float dmin = f16_bits_to_f32((uint16_t)(b[2] | (b[3] << 8)));
+        const uint8_t *s = b + 4;
+        int sc, m;
+        if (sub < 4) {
+            sc = s[sub] & 63;
+            m = s[sub + 4] & 63;
+        } else {
+            sc = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 6) << 4);
+            m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+        }
+        int q = (b[16 + 32 * c + l] >> (4 * hi)) & 0xF;
+        return d * (float)sc * (float)q - dmin * (float)m;
+    }
+    case QR_Q6_K: {
+        const uint8_t *b = row + (i / 256) * 210;
+        int j = (int)(i % 256), h = j / 128, jj = j % 128, quarter = jj / 32, l = jj % 32;
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = f16_bits_to_f32((uint16_t)(b[208] | (b[209] << 8)));
+        int lo = (ql[64 * h + (quarter & 1) * 32 + l] >> ((quarter >> 1) * 4)) & 0xF;
+        int hb = (qh[32 * h + l] >> (2 * quarter)) & 3;
+        int q = (lo | (hb << 4)) - 32;
+        return d * (float)sc[8 * h + l / 16 + 2 * quarter] * (float)q;
+    }
+    default:
+        return __int_as_float(0x7fc00000); /* NaN: an unsupported dtype shows in every test */
+    }
+}
+
+/* ---- GEMV: y = [norm](x) · Wᵀ for T <= GEMV_MAX_T tokens, several weights at once ---- */
+
+enum gemv_mode {
+    GEMV_STORE = 0,  /* y = result */
+    GEMV_ACCUM = 1,  /* y += result (residual add fused) */
+    GEMV_SWIGLU = 2, /* seg[0] = gate, seg[1] = up (same N): seg[0].y = silu(gate) * up */
+};
+
+struct gemv_seg {
+    const void *w;    /* [N] rows of K elements, dtype of the launch */
+    int32_t N;
+    int64_t row_bytes;
+    float *y;         /* [T][ldy] */
+    int32_t ldy;
+};
+
+struct gemv_args {
+    const float *x;        /* [T][ldx] */
+    int32_t ldx, K, T;
+    const float *norm_w;   /* non-NULL: x is RMS-normalised with this weight [K] first */
+    float eps;
+    int32_t dtype;         /* enum qr_dtype of every segment */
+    int32_t mode;          /* enum gemv_mode */
+    int32_t n_seg;
+    struct gemv_seg seg[GEMV_MAX_SEG];
+};
+
+/* true when the GEMV kernels handle this dtype. */
+bool gemv_supports(int32_t dtype);
+cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s);
+
+/* Dequantises W [N][K] (dtype) to f32 [N][K]. */
+cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,
+                           int64_t row_bytes, cudaStream_t s);
+/* x [T][K] (ld ldx) -> hi, lo bf16 [T][K] with hi + lo ~= x to ~2^-17 relative. */
+cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int32_t ldx,
+                              int32_t K, int32_t T, cudaStream_t s);
+
+/* ---- op kernels (kernels.cu) ---- */
+
+cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype,
+                         int64_t row_bytes, const int32_t *ids, int32_t T, cudaStream_t s);
+cudaError_t launch_rmsnorm(float *out, int32_t ldo, const float *in, int32_t ldi, const float *w,
+                           int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s);
+cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s);
+cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s);
+cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t ldg,
+                                int32_t n_head, int32_t hd, int32_t q_stride, int32_t T,
+                                cudaStream_t s);
+
+struct rope_args {
+    float *q;            /* [T][ldq], heads q_stride apart (in place) */
+    float *k;            /* [T][ldk] (in place) */
+    const float *v;      /* [T][ldv]: copied to the cache with k when kc != NULL */
+    int32_t ldq, ldk, ldv;
+    const float *wq, *wk; /* per-head norm weights [hd] */
+    int32_t n_head, n_head_kv, hd, q_stride, n_rot;
+    float theta, eps;
+    const int32_t *pos0; /* device: position of token 0 */
+    int32_t T;
+    float *kc, *vc;      /* non-NULL: write normed+roped k and v at pos0+t (fused cache write) */
+    int32_t kvw;
+};
+cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s);
+cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
+                            int32_t ldv, int32_t kvw, const int32_t *pos0, int32_t T,
+                            cudaStream_t s);
+
+struct attn_args {
+    float *out;           /* [T][ldo] */
+    const float *q;       /* [T][ldq], heads q_stride apart */
+    const float *kc, *vc; /* [n_ctx][kvw] */
+    int32_t ldo, ldq, q_stride, kvw, n_head, n_head_kv, hd;
+    const int32_t *pos0;  /* device */
+    int32_t T;
+    bool gate;            /* out *= sigmoid(q[h*q_stride + hd + d]) (Qwen3.5 output gate) */
+};
+bool attention_supports(int32_t hd);
+cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
+
+cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *taps, int32_t C,
+                            int32_t K, int32_t T, cudaStream_t s);
+
+struct gdn_args {
+    float *out;            /* [T][ldo] o, Hv*dv */
+    const float *qkv;      /* [T][ldi] conv output q | k | v */
+    const float *b, *a;    /* [T][ldb], [T][lda] */
+    int32_t ldo, ldi, ldb, lda;
+    const float *dt, *ssm_a; /* [Hv] */
+    float *state;          /* [Hv][dk][dv] */
+    int32_t Hk, Hv, dk, dv, T;
+    bool tiled;            /* value head j uses key head j % Hk */
+};
+bool gdn_supports(int32_t dk, int32_t dv);
+cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);
+
+cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
+                                 const float *w, int32_t Hv, int32_t dv, float eps, int32_t T,
+                                 cudaStream_t s);
+
+/* id = argmax x[0..n) (first maximum); then ids[0] = id, out_ids[*step] = id, (*step)++,
+ * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). */
+cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
+                          int32_t *out_ids, int32_t *step, cudaStream_t s);
+
+#endif

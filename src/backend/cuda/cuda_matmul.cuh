@@ -1,0 +1,41 @@
+/*
+ * cuda_matmul.cuh — the GEMM (prefill) side of matmul.cu: a cuBLASLt handle with its
+ * workspace and the scratch buffers the products need (dequantised f32 weights, the bf16
+ * hi/lo split of x), grown on demand and freed with the session.
+ */
+#ifndef QWENRT_BACKEND_CUDA_MATMUL_CUH
+#define QWENRT_BACKEND_CUDA_MATMUL_CUH
+
+#include <cublasLt.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+struct gemm_ctx {
+    cublasLtHandle_t lt;
+    void *ws;              /* cuBLASLt workspace */
+    size_t ws_bytes;
+    float *wf32;           /* [N][K] f32 scratch for dequantised weights */
+    int64_t wf32_cap;      /* bytes */
+    __nv_bfloat16 *xhi, *xlo; /* [T][K] bf16 split of x */
+    int64_t xhi_cap, xlo_cap; /* bytes */
+};
+
+/* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
+struct gemm_call {
+    float *y;
+    const float *x;
+    const void *w;
+    int32_t dtype;
+    int64_t row_bytes;
+    int32_t N, K, T, ldx, ldy;
+    bool accumulate;  /* y += x · Wᵀ (the residual add fused) */
+    bool bf16x2;      /* BF16 weights: split x into two bf16 terms, tensor cores */
+};
+
+qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err);
+void gemm_free(struct gemm_ctx *g);
+qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
+                       struct qwenrt_error *err);
+
+#endif

@@ -1,0 +1,940 @@
+/*
+ * cuda_session.cu — the CUDA backend's session (see cuda_backend.h): device probing, weight
+ * upload, state, running plans op by op, the fused decode program, CUDA graphs, and the
+ * on-GPU greedy loop.
+ *
+ * Weights: every tensor and small vector the two plans name is copied once into one arena
+ * (256-byte aligned entries, so 16-byte vector loads of rows are aligned when the row length
+ * allows). Ops are resolved to device pointers at init (struct dop, one per plan op).
+ * Buffers: prefill buffers grow with T; decode has its own one-token buffers, so a captured
+ * decode graph never sees a pointer change. ids/pos live in device memory (d_ids, d_pos).
+ *
+ * Decode program (opt.fuse): a pass over the decode plan rewrites runs of ops into steps:
+ *   rmsnorm + the matmuls reading its output   -> one GEMV with the norm fused (q|k|v in one
+ *                                                 launch, DeltaNet qkv|z|b|a in one launch)
+ *   matmul gate + matmul up + swiglu           -> one GEMV with the SwiGLU epilogue
+ *   matmul + add (residual)                    -> one GEMV with y += epilogue
+ *   qk_norm_rope + attention (+ sigmoid gate)  -> rope kernel that writes the KV cache, then
+ *                                                 attention with the output gate
+ *   final rmsnorm + logits                     -> one GEMV with the norm fused
+ * A fusion applies only when the intermediate buffer is dead afterwards (buf_dead_after).
+ * Without opt.fuse the program is the plan, op by op: the unfused twin stays runnable.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_matmul.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define QR_LAYERS_MAX_CUDA 1024 /* layers a session handles (hparams allow 256) */
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "base/alloc.h"
+}
+
+/* An op with its weights resolved to device memory. */
+struct dop {
+    const void *w;     /* device weight rows, or NULL */
+    int32_t dtype;
+    int64_t row_bytes;
+    int32_t K, N;
+    const float *vec, *vec2, *vec3; /* device copies of op->vec.. */
+};
+
+enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN };
+
+/* One launch group of the decode program. */
+struct step {
+    enum step_kind kind;
+    int32_t op;          /* first op of the run */
+    int32_t n_ops;       /* ops of the plan it covers */
+    int32_t mm[GEMV_MAX_SEG]; /* STEP_NORM_GEMV: the matmul/logits ops (n_mm of them) */
+    int32_t n_mm;
+    bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu */
+    int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
+};
+
+struct hostdev {
+    const void *host;
+    size_t bytes;
+    size_t off; /* offset in the arena */
+};
+
+struct cuda_session {
+    const struct plan *plans; /* [2] */
+    struct cuda_options opt;
+    int32_t n_ctx, n_layer, n_vocab;
+    cudaStream_t stream;
+    uint8_t *arena;           /* weights */
+    size_t arena_bytes;
+    struct hostdev *map;      /* host pointer -> arena offset */
+    int32_t n_map, cap_map;
+    struct dop *dops[2];      /* [n_ops] per phase */
+    /* state */
+    float *state;             /* one allocation: KV, conv, ssm */
+    size_t state_bytes;
+    float **kc, **vc, **conv, **ssm; /* [n_layer] device pointers into state, or NULL */
+    int32_t kv_width, conv_rows, conv_dim;
+    int64_t ssm_len;
+    /* activations */
+    float *pbufs[PLAN_MAX_BUFS]; /* prefill: [cap_T][width] (logits: [cap_rows][V]) */
+    int32_t cap_T, cap_rows;
+    float *dbufs[PLAN_MAX_BUFS]; /* decode: one token */
+    int32_t *d_ids;           /* [n_ctx] */
+    int32_t *d_pos;           /* position of token 0 of the run */
+    int32_t *d_step;          /* greedy loop: steps done */
+    int32_t *d_out;           /* greedy loop: ids [n_ctx] */
+    int32_t *h_stage;         /* pinned: [0] id, [1] pos, [2] step */
+    struct gemm_ctx gemm;
+    bool gemm_ready;
+    /* decode program and graphs */
+    struct step *steps;
+    int32_t n_steps;
+    cudaGraphExec_t g_decode, g_gen;
+};
+
+/* ------------------------------------------------------------------ probing */
+
+extern "C" struct cuda_options cuda_default_options(void)
+{
+    struct cuda_options o;
+    o.graph = true;
+    o.fuse = true;
+    o.gemm_bf16x2 = true;
+    o.gemv_max_T = GEMV_MAX_T;
+    return o;
+}
+
+extern "C" bool cuda_backend_compiled(void) { return true; }
+
+extern "C" qwenrt_status cuda_probe(int64_t need_bytes, struct qwenrt_error *err)
+{
+    int drv = 0, n = 0;
+    cudaError_t e = cudaDriverGetVersion(&drv);
+    if (e != cudaSuccess || drv == 0)
+        return err_set(err, QWENRT_ERR_BACKEND,
+                       "cuda: no NVIDIA driver found (libcuda.so could not be loaded)");
+    if (drv < CUDART_VERSION)
+        return err_set(err, QWENRT_ERR_BACKEND,
+                       "cuda: the driver supports CUDA %d.%d, qwenrt was built for %d.%d",
+                       drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000,
+                       CUDART_VERSION % 1000 / 10);
+    e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0))
+        return err_set(err, QWENRT_ERR_BACKEND, "cuda: no CUDA device found");
+    if (e != cudaSuccess)
+        return err_set(err, QWENRT_ERR_BACKEND, "cuda: cannot use the driver: %s",
+                       cudaGetErrorString(e));
+    if (need_bytes > 0) {
+        size_t free_b = 0, total = 0;
+        e = cudaMemGetInfo(&free_b, &total);
+        if (e != cudaSuccess)
+            return err_set(err, QWENRT_ERR_BACKEND, "cuda: cannot query device memory: %s",
+                           cudaGetErrorString(e));
+        if ((int64_t)free_b < need_bytes)
+            return err_set(err, QWENRT_ERR_BACKEND,
+                           "cuda: too little device memory: need %lld MiB, %lld MiB free of %lld",
+                           (long long)(need_bytes >> 20), (long long)(free_b >> 20),
+                           (long long)(total >> 20));
+    }
+    return QWENRT_OK;
+}
+
+extern "C" void cuda_device_describe(char *out, int out_len)
+{
+    cudaDeviceProp p;
+    int dev = 0, drv = 0;
+    if (out_len <= 0)
+        return;
+    out[0] = '\0';
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess)
+        return;
+    cudaDriverGetVersion(&drv);
+    snprintf(out, (size_t)out_len, "%s, %d SMs, %.0f GiB, cc %d.%d, driver CUDA %d.%d", p.name,
+             p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30), p.major, p.minor,
+             drv / 1000, drv % 1000 / 10);
+}
+
+/* ------------------------------------------------------------------ weights */
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Registers host memory [host, host+bytes) for upload (once per pointer). */
+static bool map_add(struct cuda_session *cs, const void *host, size_t bytes)
+{
+    if (!host)
+        return true;
+    for (int32_t i = 0; i < cs->n_map; i++)
+        if (cs->map[i].host == host) {
+            if (bytes > cs->map[i].bytes)
+                return false; /* one pointer, two sizes: a plan bug */
+            return true;
+        }
+    if (cs->n_map == cs->cap_map) {
+        int32_t cap = cs->cap_map ? cs->cap_map * 2 : 256;
+        struct hostdev *m = (struct hostdev *)xrealloc(cs->map, (size_t)cap, sizeof(*m));
+        if (!m)
+            return false;
+        cs->map = m;
+        cs->cap_map = cap;
+    }
+    cs->map[cs->n_map].host = host;
+    cs->map[cs->n_map].bytes = bytes;
+    cs->map[cs->n_map].off = cs->arena_bytes;
+    cs->arena_bytes += align256(bytes);
+    cs->n_map++;
+    return true;
+}
+
+static const void *dev_ptr(const struct cuda_session *cs, const void *host)
+{
+    if (!host)
+        return NULL;
+    for (int32_t i = 0; i < cs->n_map; i++)
+        if (cs->map[i].host == host)
+            return cs->arena + cs->map[i].off;
+    return NULL;
+}
+
+static int32_t bw(const struct plan *p, int32_t id) { return p->bufs[id].width; }
+
+/* Floats of op->vec / vec2 / vec3 (which = 0, 1, 2), from the op's geometry. */
+static int64_t vec_len(const struct plan *p, const struct plan_op *op, int which)
+{
+    switch (op->kind) {
+    case OP_RMSNORM: return which == 0 ? op->group : 0;
+    case OP_QK_NORM_ROPE: return which < 2 ? op->head_dim : 0;
+    case OP_GDN_CONV: return which == 0 ? (int64_t)bw(p, op->out) * op->conv_k : 0;
+    case OP_GDN_CORE: return which > 0 ? op->n_v_heads : 0;
+    case OP_GATED_RMSNORM: return which == 0 ? op->v_dim : 0;
+    default: return 0;
+    }
+}
+
+/* Checks that every op can run here and collects what to upload. */
+static qwenrt_status collect(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    for (int ph = 0; ph < 2; ph++) {
+        const struct plan *p = &cs->plans[ph];
+        for (int32_t i = 0; i < p->n_ops; i++) {
+            const struct plan_op *op = &p->ops[i];
+            if (op->w) {
+                if (!gemv_supports(op->w->dtype))
+                    return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                                   "cuda: tensor '%s' has dtype %s, which the CUDA kernels do not handle (f32, f16, bf16, q8_0, q4_k, q6_k)",
+                                   op->w->name ? op->w->name : "?",
+                                   dtype_traits(op->w->dtype) ? dtype_traits(op->w->dtype)->name : "?");
+                if (!map_add(cs, op->w->data, op->w->nbytes))
+                    return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+            }
+            const float *v[3] = {op->vec, op->vec2, op->vec3};
+            for (int k = 0; k < 3; k++)
+                if (v[k] && !map_add(cs, v[k], (size_t)vec_len(p, op, k) * sizeof(float)))
+                    return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+            if (op->kind == OP_ATTENTION && !attention_supports(op->head_dim))
+                return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                               "cuda: attention head size %d (layer %d); the kernel handles 64, 128, 256",
+                               op->head_dim, op->layer);
+            if (op->kind == OP_QK_NORM_ROPE && op->head_dim > 1024)
+                return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: head size %d > 1024",
+                               op->head_dim);
+            if (op->kind == OP_GDN_CORE && !gdn_supports(op->k_dim, op->v_dim))
+                return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                               "cuda: DeltaNet head sizes k %d, v %d are not handled (k <= 256)",
+                               op->k_dim, op->v_dim);
+            if (op->kind == OP_GDN_CONV && (op->conv_k < 2 || op->conv_k > 8))
+                return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: conv kernel %d (2..8)",
+                               op->conv_k);
+            if (op->layer + 1 > cs->n_layer)
+                cs->n_layer = op->layer + 1;
+            if (op->kind == OP_ATTENTION)
+                cs->kv_width = op->n_head_kv * op->head_dim;
+            if (op->kind == OP_GDN_CONV) {
+                cs->conv_rows = op->conv_k - 1;
+                cs->conv_dim = bw(p, op->out);
+            }
+            if (op->kind == OP_GDN_CORE)
+                cs->ssm_len = (int64_t)op->n_v_heads * op->k_dim * op->v_dim;
+        }
+    }
+    cs->n_vocab = bw(&cs->plans[PHASE_DECODE], cs->plans[PHASE_DECODE].buf_logits);
+    return QWENRT_OK;
+}
+
+static qwenrt_status upload(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    CUDA_CHECK(cudaMalloc(&cs->arena, cs->arena_bytes ? cs->arena_bytes : 256));
+    for (int32_t i = 0; i < cs->n_map; i++)
+        CUDA_CHECK(cudaMemcpy(cs->arena + cs->map[i].off, cs->map[i].host, cs->map[i].bytes,
+                              cudaMemcpyHostToDevice));
+    for (int ph = 0; ph < 2; ph++) {
+        const struct plan *p = &cs->plans[ph];
+        cs->dops[ph] = (struct dop *)xcalloc((size_t)p->n_ops, sizeof(struct dop));
+        if (!cs->dops[ph])
+            return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+        for (int32_t i = 0; i < p->n_ops; i++) {
+            const struct plan_op *op = &p->ops[i];
+            struct dop *d = &cs->dops[ph][i];
+            if (op->w) {
+                d->w = dev_ptr(cs, op->w->data);
+                d->dtype = op->w->dtype;
+                d->K = (int32_t)op->w->ne[0];
+                d->N = (int32_t)op->w->ne[1];
+                d->row_bytes = (int64_t)(op->w->nbytes / (size_t)op->w->ne[1]);
+            }
+            d->vec = (const float *)dev_ptr(cs, op->vec);
+            d->vec2 = (const float *)dev_ptr(cs, op->vec2);
+            d->vec3 = (const float *)dev_ptr(cs, op->vec3);
+        }
+    }
+    return QWENRT_OK;
+}
+
+/* ------------------------------------------------------------------ state and buffers */
+
+static size_t state_bytes_needed(const struct cuda_session *cs, const bool *has_kv,
+                                 const bool *has_ssm)
+{
+    size_t n = 0;
+    for (int32_t l = 0; l < cs->n_layer; l++) {
+        if (has_kv[l])
+            n += 2 * align256((size_t)cs->n_ctx * cs->kv_width * sizeof(float));
+        if (has_ssm[l])
+            n += align256((size_t)cs->conv_rows * cs->conv_dim * sizeof(float)) +
+                 align256((size_t)cs->ssm_len * sizeof(float));
+    }
+    return n;
+}
+
+static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    bool has_kv[QR_LAYERS_MAX_CUDA] = {false}, has_ssm[QR_LAYERS_MAX_CUDA] = {false};
+    if (cs->n_layer > QR_LAYERS_MAX_CUDA)
+        return err_set(err, QWENRT_ERR_LIMIT, "cuda: %d layers (at most %d)", cs->n_layer,
+                       QR_LAYERS_MAX_CUDA);
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        if (p->ops[i].kind == OP_ATTENTION)
+            has_kv[p->ops[i].layer] = true;
+        if (p->ops[i].kind == OP_GDN_CONV)
+            has_ssm[p->ops[i].layer] = true;
+    }
+    cs->kc = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
+    cs->vc = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
+    cs->conv = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
+    cs->ssm = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
+    if (!cs->kc || !cs->vc || !cs->conv || !cs->ssm)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    cs->state_bytes = state_bytes_needed(cs, has_kv, has_ssm);
+    qwenrt_status st = cuda_probe((int64_t)cs->state_bytes + (64 << 20), err);
+    if (st)
+        return err_prefix(err, "KV cache and state for %d positions: ", cs->n_ctx);
+    CUDA_CHECK(cudaMalloc(&cs->state, cs->state_bytes ? cs->state_bytes : 256));
+    CUDA_CHECK(cudaMemset(cs->state, 0, cs->state_bytes));
+    uint8_t *q = (uint8_t *)cs->state;
+    for (int32_t l = 0; l < cs->n_layer; l++) {
+        if (has_kv[l]) {
+            size_t b = align256((size_t)cs->n_ctx * cs->kv_width * sizeof(float));
+            cs->kc[l] = (float *)q, q += b;
+            cs->vc[l] = (float *)q, q += b;
+        }
+        if (has_ssm[l]) {
+            cs->conv[l] = (float *)q, q += align256((size_t)cs->conv_rows * cs->conv_dim * 4);
+            cs->ssm[l] = (float *)q, q += align256((size_t)cs->ssm_len * 4);
+        }
+    }
+    return QWENRT_OK;
+}
+
+static void free_bufs(float **b)
+{
+    for (int i = 0; i < PLAN_MAX_BUFS; i++) {
+        cudaFree(b[i]);
+        b[i] = NULL;
+    }
+}
+
+/* Allocates bufs for T tokens (the logits buffer for rows rows). */
+static qwenrt_status alloc_bufs(const struct plan *p, float **b, int32_t T, int32_t rows,
+                                struct qwenrt_error *err)
+{
+    for (int32_t i = 0; i < p->n_bufs; i++) {
+        size_t n = (size_t)(i == p->buf_logits ? rows : T) * (size_t)p->bufs[i].width;
+        CUDA_CHECK(cudaMalloc(&b[i], n * sizeof(float) + 256));
+    }
+    return QWENRT_OK;
+}
+
+/* ------------------------------------------------------------------ running ops */
+
+struct run_ctx {
+    struct cuda_session *cs;
+    const struct plan *p;
+    const struct dop *d;
+    float **b;       /* buffers of this run */
+    int32_t T;
+    bool all_logits;
+};
+
+/* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
+static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const float *x,
+                                int32_t ldx, float *y, int32_t ldy, int32_t T, bool accumulate,
+                                struct qwenrt_error *err)
+{
+    struct cuda_session *cs = r->cs;
+    if (T <= cs->opt.gemv_max_T && T <= GEMV_MAX_T) {
+        struct gemv_args a;
+        memset(&a, 0, sizeof(a));
+        a.x = x, a.ldx = ldx, a.K = d->K, a.T = T, a.dtype = d->dtype;
+        a.mode = accumulate ? GEMV_ACCUM : GEMV_STORE;
+        a.n_seg = 1;
+        a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
+        a.seg[0].y = y, a.seg[0].ldy = ldy;
+        CUDA_CHECK(launch_gemv(&a, cs->stream));
+        return QWENRT_OK;
+    }
+    if (!cs->gemm_ready) {
+        qwenrt_status st = gemm_init(&cs->gemm, err);
+        if (st)
+            return st;
+        cs->gemm_ready = true;
+    }
+    struct gemm_call c;
+    memset(&c, 0, sizeof(c));
+    c.y = y, c.x = x, c.w = d->w, c.dtype = d->dtype, c.row_bytes = d->row_bytes;
+    c.N = d->N, c.K = d->K, c.T = T, c.ldx = ldx, c.ldy = ldy, c.accumulate = accumulate;
+    c.bf16x2 = cs->opt.gemm_bf16x2;
+    return gemm_run(&cs->gemm, &c, cs->stream, err);
+}
+
+/* Runs plan op i alone (the reference order of kernels). */
+static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err)
+{
+    struct cuda_session *cs = r->cs;
+    const struct plan *p = r->p;
+    const struct plan_op *op = &p->ops[i];
+    const struct dop *d = &r->d[i];
+    float **b = r->b;
+    int32_t T = r->T;
+    cudaStream_t s = cs->stream;
+    int32_t wo = op->out >= 0 ? bw(p, op->out) : 0, wi = op->in >= 0 ? bw(p, op->in) : 0;
+    switch (op->kind) {
+    case OP_EMBED:
+        CUDA_CHECK(launch_embed(b[op->out], wo, d->w, d->dtype, d->row_bytes, cs->d_ids, T, s));
+        break;
+    case OP_RMSNORM:
+        CUDA_CHECK(launch_rmsnorm(b[op->out], wo, b[op->in], wi, d->vec, op->group,
+                                  wi / op->group, op->eps, T, s));
+        break;
+    case OP_MATMUL:
+        return run_matmul(r, d, b[op->in], wi, b[op->out], wo, T, false, err);
+    case OP_ADD:
+        CUDA_CHECK(launch_add(b[op->out], b[op->in], (int64_t)T * wo, s));
+        break;
+    case OP_QK_NORM_ROPE: {
+        struct rope_args a;
+        memset(&a, 0, sizeof(a));
+        a.q = b[op->out], a.k = b[op->in], a.ldq = wo, a.ldk = wi;
+        a.wq = d->vec, a.wk = d->vec2, a.n_head = op->n_head, a.n_head_kv = op->n_head_kv;
+        a.hd = op->head_dim, a.q_stride = op->q_stride, a.n_rot = op->n_rot;
+        a.theta = op->rope_theta, a.eps = op->eps, a.pos0 = cs->d_pos, a.T = T;
+        CUDA_CHECK(launch_qk_norm_rope(&a, s));
+        break;
+    }
+    case OP_ATTENTION: {
+        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2],
+                                   bw(p, op->in2), b[op->in3], bw(p, op->in3), cs->kv_width,
+                                   cs->d_pos, T, s));
+        struct attn_args a;
+        memset(&a, 0, sizeof(a));
+        a.out = b[op->out], a.q = b[op->in], a.kc = cs->kc[op->layer], a.vc = cs->vc[op->layer];
+        a.ldo = wo, a.ldq = wi, a.q_stride = op->q_stride, a.kvw = cs->kv_width;
+        a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
+        a.pos0 = cs->d_pos, a.T = T, a.gate = false;
+        CUDA_CHECK(launch_attention(&a, s));
+        break;
+    }
+    case OP_SIGMOID_GATE:
+        CUDA_CHECK(launch_sigmoid_gate(b[op->out], wo, b[op->in], wi, op->n_head, op->head_dim,
+                                       op->q_stride, T, s));
+        break;
+    case OP_SWIGLU:
+        CUDA_CHECK(launch_swiglu(b[op->out], b[op->in], (int64_t)T * wo, s));
+        break;
+    case OP_GDN_CONV:
+        CUDA_CHECK(launch_gdn_conv(b[op->out], wo, cs->conv[op->layer], d->vec, cs->conv_dim,
+                                   op->conv_k, T, s));
+        break;
+    case OP_GDN_CORE: {
+        struct gdn_args a;
+        memset(&a, 0, sizeof(a));
+        a.out = b[op->out], a.qkv = b[op->in], a.b = b[op->in2], a.a = b[op->in3];
+        a.ldo = wo, a.ldi = wi, a.ldb = bw(p, op->in2), a.lda = bw(p, op->in3);
+        a.dt = d->vec2, a.ssm_a = d->vec3, a.state = cs->ssm[op->layer];
+        a.Hk = op->n_k_heads, a.Hv = op->n_v_heads, a.dk = op->k_dim, a.dv = op->v_dim;
+        a.T = T, a.tiled = op->v_head_tiled;
+        CUDA_CHECK(launch_gdn_core(&a, s));
+        break;
+    }
+    case OP_GATED_RMSNORM:
+        CUDA_CHECK(launch_gated_rmsnorm(b[op->out], wo, b[op->in], wi, d->vec, op->n_v_heads,
+                                        op->v_dim, op->eps, T, s));
+        break;
+    case OP_LOGITS: {
+        int32_t rows = r->all_logits ? T : 1;
+        return run_matmul(r, d, b[op->in] + (size_t)(T - rows) * wi, wi, b[op->out], wo, rows,
+                          false, err);
+    }
+    default:
+        return err_set(err, QWENRT_ERR_INTERNAL, "cuda: op kind %d has no kernel", op->kind);
+    }
+    return QWENRT_OK;
+}
+
+/* ------------------------------------------------------------------ the fused decode program */
+
+static bool is_inplace(enum op_kind k)
+{
+    return k == OP_ADD || k == OP_SWIGLU || k == OP_GDN_CONV || k == OP_GATED_RMSNORM ||
+           k == OP_SIGMOID_GATE || k == OP_QK_NORM_ROPE;
+}
+
+static bool op_reads(const struct plan_op *op, int32_t buf)
+{
+    return op->in == buf || op->in2 == buf || op->in3 == buf ||
+           (op->out == buf && is_inplace(op->kind));
+}
+
+/* true when no op from index `from` on reads buf before something overwrites it. */
+static bool buf_dead_after(const struct plan *p, int32_t buf, int32_t from)
+{
+    for (int32_t i = from; i < p->n_ops; i++) {
+        if (op_reads(&p->ops[i], buf))
+            return false;
+        if (p->ops[i].out == buf)
+            return true;
+    }
+    return true;
+}
+
+static bool is_mm(const struct plan_op *op)
+{
+    return op->kind == OP_MATMUL || op->kind == OP_LOGITS;
+}
+
+/* Tries the fusions at op i; fills *st and returns true when one applies. */
+static bool match_step(const struct plan *p, int32_t i, struct step *st)
+{
+    const struct plan_op *op = &p->ops[i];
+    memset(st, 0, sizeof(*st));
+    st->op = i;
+    st->gate_op = -1;
+    if (op->kind == OP_RMSNORM && op->group == bw(p, op->in) && op->in != op->out) {
+        int32_t j = i + 1;
+        while (j < p->n_ops && st->n_mm < GEMV_MAX_SEG && is_mm(&p->ops[j]) &&
+               p->ops[j].in == op->out && p->ops[j].w->dtype == p->ops[i + 1].w->dtype)
+            st->mm[st->n_mm++] = j++;
+        if (st->n_mm == 0 || !buf_dead_after(p, op->out, j))
+            return false;
+        st->kind = STEP_NORM_GEMV;
+        st->n_ops = j - i;
+        const struct plan_op *sw = j < p->n_ops ? &p->ops[j] : NULL;
+        if (st->n_mm == 2 && sw && sw->kind == OP_SWIGLU && sw->out == p->ops[st->mm[0]].out &&
+            sw->in == p->ops[st->mm[1]].out && p->ops[st->mm[0]].w->ne[1] == p->ops[st->mm[1]].w->ne[1] &&
+            buf_dead_after(p, sw->in, j + 1)) {
+            st->swiglu = true;
+            st->n_ops++;
+        }
+        return true;
+    }
+    if (op->kind == OP_MATMUL && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ADD &&
+        p->ops[i + 1].in == op->out && p->ops[i + 1].out != op->out && op->in != p->ops[i + 1].out &&
+        buf_dead_after(p, op->out, i + 2)) {
+        st->kind = STEP_GEMV_ADD;
+        st->n_ops = 2;
+        return true;
+    }
+    if (op->kind == OP_QK_NORM_ROPE && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ATTENTION &&
+        p->ops[i + 1].in == op->out && p->ops[i + 1].in2 == op->in) {
+        const struct plan_op *at = &p->ops[i + 1];
+        st->kind = STEP_ROPE_ATTN;
+        st->n_ops = 2;
+        if (i + 2 < p->n_ops && p->ops[i + 2].kind == OP_SIGMOID_GATE &&
+            p->ops[i + 2].out == at->out && p->ops[i + 2].in == at->in &&
+            p->ops[i + 2].q_stride == at->q_stride) {
+            st->gate_op = i + 2;
+            st->n_ops = 3;
+        }
+        return buf_dead_after(p, at->in2, i + st->n_ops) && buf_dead_after(p, at->in3, i + st->n_ops);
+    }
+    return false;
+}
+
+static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    cs->steps = (struct step *)xcalloc((size_t)p->n_ops, sizeof(struct step));
+    if (!cs->steps)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    for (int32_t i = 0; i < p->n_ops;) {
+        struct step *st = &cs->steps[cs->n_steps++];
+        if (!cs->opt.fuse || !match_step(p, i, st)) {
+            memset(st, 0, sizeof(*st));
+            st->kind = STEP_OP;
+            st->op = i;
+            st->n_ops = 1;
+            st->gate_op = -1;
+        }
+        i += st->n_ops;
+    }
+    return QWENRT_OK;
+}
+
+static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
+{
+    struct cuda_session *cs = r->cs;
+    const struct plan *p = r->p;
+    float **b = r->b;
+    const struct plan_op *op = &p->ops[st->op];
+    switch (st->kind) {
+    case STEP_OP:
+        return run_op(r, st->op, err);
+    case STEP_NORM_GEMV: {
+        struct gemv_args a;
+        memset(&a, 0, sizeof(a));
+        a.x = b[op->in], a.ldx = bw(p, op->in), a.K = r->d[st->mm[0]].K, a.T = 1;
+        a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
+        a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
+        a.n_seg = st->n_mm;
+        for (int k = 0; k < st->n_mm; k++) {
+            const struct dop *d = &r->d[st->mm[k]];
+            const struct plan_op *m = &p->ops[st->mm[k]];
+            a.seg[k].w = d->w, a.seg[k].N = d->N, a.seg[k].row_bytes = d->row_bytes;
+            a.seg[k].y = b[m->out], a.seg[k].ldy = bw(p, m->out);
+        }
+        CUDA_CHECK(launch_gemv(&a, cs->stream));
+        return QWENRT_OK;
+    }
+    case STEP_GEMV_ADD: {
+        const struct plan_op *add = &p->ops[st->op + 1];
+        return run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out],
+                          bw(p, add->out), 1, true, err);
+    }
+    case STEP_ROPE_ATTN: {
+        const struct plan_op *at = &p->ops[st->op + 1];
+        const struct dop *d = &r->d[st->op];
+        struct rope_args ra;
+        memset(&ra, 0, sizeof(ra));
+        ra.q = b[op->out], ra.k = b[op->in], ra.v = b[at->in3];
+        ra.ldq = bw(p, op->out), ra.ldk = bw(p, op->in), ra.ldv = bw(p, at->in3);
+        ra.wq = d->vec, ra.wk = d->vec2, ra.n_head = op->n_head, ra.n_head_kv = op->n_head_kv;
+        ra.hd = op->head_dim, ra.q_stride = op->q_stride, ra.n_rot = op->n_rot;
+        ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
+        ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
+        CUDA_CHECK(launch_qk_norm_rope(&ra, cs->stream));
+        struct attn_args a;
+        memset(&a, 0, sizeof(a));
+        a.out = b[at->out], a.q = b[at->in], a.kc = cs->kc[at->layer], a.vc = cs->vc[at->layer];
+        a.ldo = bw(p, at->out), a.ldq = bw(p, at->in), a.q_stride = at->q_stride;
+        a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
+        a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
+        CUDA_CHECK(launch_attention(&a, cs->stream));
+        return QWENRT_OK;
+    }
+    }
+    return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bad step kind");
+}
+
+/* Enqueues one decode step (the program, or the plan op by op). */
+static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false};
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        qwenrt_status st = run_step(&r, &cs->steps[i], err);
+        if (st)
+            return st;
+    }
+    return QWENRT_OK;
+}
+
+/* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph. */
+static qwenrt_status capture(struct cuda_session *cs, bool gen, cudaGraphExec_t *out,
+                             struct qwenrt_error *err)
+{
+    cudaGraph_t g = NULL;
+    CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeThreadLocal));
+    qwenrt_status st = enqueue_decode(cs, err);
+    if (!st && gen) {
+        const struct plan *p = &cs->plans[PHASE_DECODE];
+        cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids,
+                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream);
+        if (e != cudaSuccess)
+            st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
+    }
+    cudaError_t e = cudaStreamEndCapture(cs->stream, &g);
+    if (st) {
+        if (g)
+            cudaGraphDestroy(g);
+        return st;
+    }
+    if (e != cudaSuccess)
+        return cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamEndCapture");
+    e = cudaGraphInstantiate(out, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return cuda_fail(err, e, __FILE__, __LINE__, "cudaGraphInstantiate");
+    return QWENRT_OK;
+}
+
+/* ------------------------------------------------------------------ public entry points */
+
+extern "C" void cuda_session_free(struct cuda_session *cs)
+{
+    if (!cs)
+        return;
+    if (cs->stream)
+        cudaStreamSynchronize(cs->stream);
+    if (cs->g_decode)
+        cudaGraphExecDestroy(cs->g_decode);
+    if (cs->g_gen)
+        cudaGraphExecDestroy(cs->g_gen);
+    if (cs->gemm_ready)
+        gemm_free(&cs->gemm);
+    free_bufs(cs->pbufs);
+    free_bufs(cs->dbufs);
+    cudaFree(cs->d_ids);
+    cudaFree(cs->d_pos);
+    cudaFree(cs->d_step);
+    cudaFree(cs->d_out);
+    cudaFreeHost(cs->h_stage);
+    cudaFree(cs->state);
+    cudaFree(cs->arena);
+    if (cs->stream)
+        cudaStreamDestroy(cs->stream);
+    xfree(cs->kc);
+    xfree(cs->vc);
+    xfree(cs->conv);
+    xfree(cs->ssm);
+    xfree(cs->dops[0]);
+    xfree(cs->dops[1]);
+    xfree(cs->map);
+    xfree(cs->steps);
+    xfree(cs);
+}
+
+static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    qwenrt_status st = collect(cs, err);
+    if (st)
+        return st;
+    if ((st = cuda_probe((int64_t)cs->arena_bytes + (64 << 20), err)))
+        return err_prefix(err, "weights of %lld MiB: ", (long long)(cs->arena_bytes >> 20));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
+    if ((st = upload(cs, err)) || (st = alloc_state(cs, err)))
+        return st;
+    CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&cs->d_out, (size_t)cs->n_ctx * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&cs->d_pos, sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&cs->d_step, sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost(&cs->h_stage, 4 * sizeof(int32_t)));
+    if ((st = alloc_bufs(&cs->plans[PHASE_DECODE], cs->dbufs, 1, 1, err)))
+        return st;
+    return build_program(cs, err);
+}
+
+extern "C" qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_ctx,
+                                           const struct cuda_options *opt,
+                                           struct cuda_session **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    qwenrt_status st = cuda_probe(0, err);
+    if (st)
+        return st;
+    struct cuda_session *cs = (struct cuda_session *)xcalloc(1, sizeof(*cs));
+    if (!cs)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    cs->plans = plans;
+    cs->n_ctx = n_ctx;
+    cs->opt = opt ? *opt : cuda_default_options();
+    st = init_device(cs, err);
+    if (st) {
+        cuda_session_free(cs);
+        return st;
+    }
+    *out = cs;
+    return QWENRT_OK;
+}
+
+/* Copies ids and pos0 to the device (stream-ordered). */
+static qwenrt_status stage_inputs(struct cuda_session *cs, const int32_t *ids, int32_t T,
+                                  int32_t pos0, struct qwenrt_error *err)
+{
+    if (T == 1) {
+        cs->h_stage[0] = ids[0];
+        cs->h_stage[1] = pos0;
+        CUDA_CHECK(cudaMemcpyAsync(cs->d_ids, &cs->h_stage[0], 4, cudaMemcpyHostToDevice, cs->stream));
+        CUDA_CHECK(cudaMemcpyAsync(cs->d_pos, &cs->h_stage[1], 4, cudaMemcpyHostToDevice, cs->stream));
+        return QWENRT_OK;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* h_stage may still be in flight */
+    cs->h_stage[1] = pos0;
+    CUDA_CHECK(cudaMemcpyAsync(cs->d_ids, ids, (size_t)T * 4, cudaMemcpyHostToDevice, cs->stream));
+    CUDA_CHECK(cudaMemcpyAsync(cs->d_pos, &cs->h_stage[1], 4, cudaMemcpyHostToDevice, cs->stream));
+    return QWENRT_OK;
+}
+
+/* The op-by-op path with dumps: after each dumped op, copy its output back. */
+static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *user,
+                                  struct qwenrt_error *err)
+{
+    float *host = NULL;
+    size_t host_n = 0;
+    qwenrt_status st = QWENRT_OK;
+    for (int32_t i = 0; i < r->p->n_ops && !st; i++) {
+        const struct plan_op *op = &r->p->ops[i];
+        st = run_op(r, i, err);
+        if (st || !dump || !op->dump)
+            continue;
+        int32_t rows = op->kind == OP_LOGITS && !r->all_logits ? 1 : r->T;
+        size_t n = (size_t)rows * bw(r->p, op->out);
+        if (n > host_n) {
+            xfree(host);
+            host = (float *)xmalloc(n, sizeof(float));
+            host_n = host ? n : 0;
+            if (!host) {
+                st = err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory for a dump");
+                break;
+            }
+        }
+        cudaError_t e = cudaMemcpyAsync(host, r->b[op->out], n * sizeof(float),
+                                        cudaMemcpyDeviceToHost, r->cs->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(r->cs->stream);
+        if (e != cudaSuccess) {
+            st = cuda_fail(err, e, __FILE__, __LINE__, "dump copy");
+            break;
+        }
+        dump(user, op->dump, op->layer, host, rows, bw(r->p, op->out));
+    }
+    xfree(host);
+    return st;
+}
+
+extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t *ids,
+                                          int32_t T, int32_t pos0, bool all_logits,
+                                          float *logits, cuda_dump_fn dump, void *dump_user,
+                                          struct qwenrt_error *err)
+{
+    if (T < 1 || pos0 < 0 || pos0 + T > cs->n_ctx)
+        return err_set(err, QWENRT_ERR_LIMIT, "cuda: %d tokens at position %d exceed the context of %d",
+                       T, pos0, cs->n_ctx);
+    qwenrt_status st = stage_inputs(cs, ids, T, pos0, err);
+    if (st)
+        return st;
+    int ph = T == 1 ? PHASE_DECODE : PHASE_PREFILL;
+    const struct plan *p = &cs->plans[ph];
+    int32_t rows = all_logits ? T : 1;
+    float **b = cs->dbufs;
+    if (ph == PHASE_PREFILL) {
+        if (T > cs->cap_T || rows > cs->cap_rows) {
+            int32_t capT = T > cs->cap_T ? T : cs->cap_T;
+            int32_t cap_rows = rows > cs->cap_rows ? rows : cs->cap_rows;
+            CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+            free_bufs(cs->pbufs);
+            cs->cap_T = cs->cap_rows = 0;
+            if ((st = alloc_bufs(p, cs->pbufs, capT, cap_rows, err)))
+                return st;
+            cs->cap_T = capT, cs->cap_rows = cap_rows;
+        }
+        b = cs->pbufs;
+    }
+    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits};
+    if (ph == PHASE_DECODE && !dump) {
+        if (cs->opt.graph) {
+            if (!cs->g_decode && (st = capture(cs, false, &cs->g_decode, err)))
+                return st;
+            CUDA_CHECK(cudaGraphLaunch(cs->g_decode, cs->stream));
+        } else if ((st = enqueue_decode(cs, err))) {
+            return st;
+        }
+    } else if ((st = run_plan_ops(&r, dump, dump_user, err))) {
+        return st;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(logits, b[p->buf_logits], (size_t)rows * cs->n_vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t pos0,
+                                               int32_t n, int32_t readback_every,
+                                               int32_t *out_ids, float *last_logits,
+                                               struct qwenrt_error *err)
+{
+    if (n < 1 || pos0 < 0 || pos0 + n > cs->n_ctx)
+        return err_set(err, QWENRT_ERR_LIMIT, "cuda: %d steps at position %d exceed the context of %d",
+                       n, pos0, cs->n_ctx);
+    qwenrt_status st = stage_inputs(cs, &id, 1, pos0, err);
+    if (st)
+        return st;
+    CUDA_CHECK(cudaMemsetAsync(cs->d_step, 0, sizeof(int32_t), cs->stream));
+    if (cs->opt.graph && !cs->g_gen && (st = capture(cs, true, &cs->g_gen, err)))
+        return st;
+    int32_t every = readback_every > 0 ? readback_every : n, done = 0;
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < n; i++) {
+        if (cs->opt.graph) {
+            CUDA_CHECK(cudaGraphLaunch(cs->g_gen, cs->stream));
+        } else {
+            if ((st = enqueue_decode(cs, err)))
+                return st;
+            CUDA_CHECK(launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids, cs->d_pos,
+                                     cs->d_out, cs->d_step, cs->stream));
+        }
+        if (i + 1 - done == every || i + 1 == n) {
+            CUDA_CHECK(cudaMemcpyAsync(out_ids + done, cs->d_out + done,
+                                       (size_t)(i + 1 - done) * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, cs->stream));
+            CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+            done = i + 1;
+        }
+    }
+    if (last_logits) {
+        CUDA_CHECK(cudaMemcpyAsync(last_logits, cs->dbufs[p->buf_logits],
+                                   (size_t)cs->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                                   cs->stream));
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    }
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    for (int32_t l = 0; l < cs->n_layer; l++) {
+        if (cs->conv[l])
+            CUDA_CHECK(cudaMemsetAsync(cs->conv[l], 0, (size_t)cs->conv_rows * cs->conv_dim * 4, cs->stream));
+        if (cs->ssm[l])
+            CUDA_CHECK(cudaMemsetAsync(cs->ssm[l], 0, (size_t)cs->ssm_len * 4, cs->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool v,
+                                              int32_t n_pos, float *dst, struct qwenrt_error *err)
+{
+    if (layer < 0 || layer >= cs->n_layer || !cs->kc[layer] || n_pos < 0 || n_pos > cs->n_ctx)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: layer %d has no KV cache of %d rows",
+                       layer, n_pos);
+    CUDA_CHECK(cudaMemcpyAsync(dst, v ? cs->vc[layer] : cs->kc[layer],
+                               (size_t)n_pos * cs->kv_width * sizeof(float),
+                               cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    return QWENRT_OK;
+}
+
+extern "C" int64_t cuda_session_device_bytes(const struct cuda_session *cs)
+{
+    return cs ? (int64_t)(cs->arena_bytes + cs->state_bytes) : 0;
+}

@@ -1,0 +1,464 @@
+/*
+ * matmul.cu — the matrix products of the CUDA backend: y = x · Wᵀ, W [N][K] in its stored
+ * dtype (F32, F16, BF16, Q8_0, Q4_K, Q6_K), f32 accumulation.
+ *
+ * GEMV (T <= GEMV_MAX_T tokens, the decode path): one warp per output row, 8 rows per block.
+ * Float weights are read as 16-byte chunks per lane (a warp reads 512 contiguous bytes per
+ * step, coalesced); quantised weights in 32-element units (lane u of the warp dequantises
+ * unit u: a Q8_0 block, a Q4_K or Q6_K sub-block) into registers. Each weight is read once
+ * for all T tokens. Options fused into the launch: RMSNorm of x (every block recomputes the
+ * 1/rms of its tokens from x, which sits in L2; the norm weight multiplies x on the fly),
+ * several matrices sharing x (q|k|v, gate|up), the SwiGLU epilogue, and y += (residual).
+ * Bytes moved: N*row_bytes + T*K*4*(rows/8 blocks, from L2) + T*N*4; flops 2*T*N*K.
+ *
+ * GEMM (prefill): cuBLASLt. BF16 weights: x is split into hi + lo bf16 terms and the two
+ * products are summed in f32 on the tensor cores (x rounded to bf16 alone would cost ~3e-3
+ * relative error; the split keeps it near 1e-5). Other dtypes: W is dequantised to an f32
+ * scratch matrix and multiplied in plain f32 (CUBLAS_COMPUTE_32F, no TF32).
+ */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_matmul.cuh"
+
+#define GEMV_WARPS 8
+
+__device__ __forceinline__ float warp_sum_m(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* 16 bytes of weights that are read once: keep them out of L1. */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* Adds w[0..n) · x_t[0..n) (x_t scaled by the norm weight when NORM) to acc[t], t < T. */
+template <int N, bool NORM>
+__device__ __forceinline__ void dot_chunk(const float *w, const float *x, int32_t ldx,
+                                          const float *nw, int32_t T, float *acc)
+{
+    float ww[N];
+#pragma unroll
+    for (int e = 0; e < N; e += 4) {
+        ww[e] = w[e], ww[e + 1] = w[e + 1], ww[e + 2] = w[e + 2], ww[e + 3] = w[e + 3];
+        if (NORM) {
+            float4 g = *(const float4 *)(nw + e);
+            ww[e] *= g.x, ww[e + 1] *= g.y, ww[e + 2] *= g.z, ww[e + 3] *= g.w;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) {
+        if (t >= T)
+            break;
+        const float *xt = x + (int64_t)t * ldx;
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < N; e += 4) {
+            float4 xv = *(const float4 *)(xt + e);
+            s += ww[e] * xv.x + ww[e + 1] * xv.y + ww[e + 2] * xv.z + ww[e + 3] * xv.w;
+        }
+        acc[t] += s;
+    }
+}
+
+/* Float weights, 16-byte chunks (K a multiple of the chunk, rows 16-byte aligned). */
+template <int DT, bool NORM>
+__device__ __forceinline__ void row_dot_float(const uint8_t *row, const struct gemv_args &a,
+                                              float *acc, int lane)
+{
+    constexpr int VE = DT == QR_F32 ? 4 : 8;
+    int nchunk = a.K / VE;
+    const uint4 *wr = (const uint4 *)row;
+#pragma unroll 4
+    for (int c = lane; c < nchunk; c += 32) {
+        uint4 raw = ld_stream(wr + c);
+        float w[VE];
+        if (DT == QR_F32) {
+            w[0] = __uint_as_float(raw.x), w[1] = __uint_as_float(raw.y);
+            w[2] = __uint_as_float(raw.z), w[3] = __uint_as_float(raw.w);
+        } else {
+            uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                uint16_t lo = (uint16_t)(u[e] & 0xffff), hi = (uint16_t)(u[e] >> 16);
+                if (DT == QR_BF16) {
+                    w[VE - 8 + 2 * e] = bf16_bits_to_f32(lo);
+                    w[VE - 8 + 2 * e + 1] = bf16_bits_to_f32(hi);
+                } else {
+                    w[VE - 8 + 2 * e] = f16_bits_to_f32(lo);
+                    w[VE - 8 + 2 * e + 1] = f16_bits_to_f32(hi);
+                }
+            }
+        }
+        dot_chunk<VE, NORM>(w, a.x + (int64_t)c * VE, a.ldx, a.norm_w + (NORM ? c * VE : 0), a.T,
+                            acc);
+    }
+}
+
+/* Any dtype, element by element: rows that are not 16-byte aligned, K not a chunk multiple. */
+template <bool NORM>
+__device__ void row_dot_scalar(const uint8_t *row, int32_t dtype, const struct gemv_args &a,
+                               float *acc, int lane)
+{
+    for (int k = lane; k < a.K; k += 32) {
+        float w = deq_elem(row, dtype, k) * (NORM ? a.norm_w[k] : 1.0f);
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++)
+            if (t < a.T)
+                acc[t] += w * a.x[(int64_t)t * a.ldx + k];
+    }
+}
+
+/* Dequantises 32-element unit u of a quantised row into w. */
+template <int DT>
+__device__ __forceinline__ void deq_unit(const uint8_t *row, int u, float *w)
+{
+    if (DT == QR_Q8_0) {
+        const uint8_t *b = row + (int64_t)u * 34;
+        const uint16_t *h = (const uint16_t *)b;
+        float d = f16_bits_to_f32(h[0]);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            uint16_t p = h[1 + i];
+            w[2 * i] = d * (float)(int8_t)(p & 0xff);
+            w[2 * i + 1] = d * (float)(int8_t)(p >> 8);
+        }
+    } else if (DT == QR_Q4_K) {
+        const uint8_t *b = row + (int64_t)(u / 8) * 144;
+        int sub = u % 8, c = sub / 2, hi = sub % 2;
+        const uint16_t *h = (const uint16_t *)b;
+        float d = f16_bits_to_f32(h[0]), dmin = f16_bits_to_f32(h[1]);
+        const uint8_t *s = b + 4;
+        int sc, m;
+        if (sub < 4) {
+            sc = s[sub] & 63;
+            m = s[sub + 4] & 63;
+        } else {
+            sc = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 6) << 4);
+            m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+        }
+        float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint4 *q = (const uint4 *)(b + 16 + 32 * c);
+        uint4 q0 = ld_stream(q), q1 = ld_stream(q + 1);
+        uint32_t qq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                w[4 * i + e] = ds * (float)((qq[i] >> (8 * e + 4 * hi)) & 0xF) - dm;
+    } else { /* QR_Q6_K */
+        const uint8_t *b = row + (int64_t)(u / 8) * 210;
+        int q8 = u % 8, h = q8 / 4, quarter = q8 % 4;
+        const uint8_t *ql = b + 64 * h + (quarter & 1) * 32, *qh = b + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + 2 * quarter;
+        float d = f16_bits_to_f32((uint16_t)(b[208] | (b[209] << 8)));
+        float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+        int shl = (quarter >> 1) * 4, shh = 2 * quarter;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = (((ql[l] >> shl) & 0xF) | (((qh[l] >> shh) & 3) << 4)) - 32;
+            w[l] = (l < 16 ? d0 : d1) * (float)q;
+        }
+    }
+}
+
+template <int DT, bool NORM>
+__device__ __forceinline__ void row_dot_quant(const uint8_t *row, const struct gemv_args &a,
+                                              float *acc, int lane)
+{
+    int nunit = a.K / 32;
+    for (int u = lane; u < nunit; u += 32) {
+        float w[32];
+        deq_unit<DT>(row, u, w);
+        dot_chunk<32, NORM>(w, a.x + (int64_t)u * 32, a.ldx, a.norm_w + (NORM ? u * 32 : 0), a.T,
+                            acc);
+    }
+}
+
+template <int DT, bool NORM>
+__device__ __forceinline__ void row_dot(const uint8_t *row, int64_t row_bytes,
+                                        const struct gemv_args &a, float *acc, int lane)
+{
+    if (DT == QR_F32 || DT == QR_F16 || DT == QR_BF16) {
+        constexpr int VE = DT == QR_F32 ? 4 : 8;
+        if (row_bytes % 16 == 0 && a.K % VE == 0 && a.ldx % 4 == 0)
+            row_dot_float<DT, NORM>(row, a, acc, lane);
+        else
+            row_dot_scalar<NORM>(row, DT, a, acc, lane);
+    } else {
+        if (a.ldx % 4 == 0)
+            row_dot_quant<DT, NORM>(row, a, acc, lane);
+        else
+            row_dot_scalar<NORM>(row, DT, a, acc, lane);
+    }
+}
+
+template <int DT, int MODE, bool NORM>
+__global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const __grid_constant__ struct gemv_args a)
+{
+    __shared__ float s_inv[GEMV_MAX_T];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (NORM) {
+        for (int t = warp; t < a.T; t += GEMV_WARPS) {
+            const float *xt = a.x + (int64_t)t * a.ldx;
+            float ss = 0.0f;
+            for (int k = lane; k < a.K; k += 32)
+                ss += xt[k] * xt[k];
+            ss = warp_sum_m(ss);
+            if (lane == 0)
+                s_inv[t] = rsqrtf(ss / (float)a.K + a.eps);
+        }
+        __syncthreads();
+    }
+    int r = blockIdx.x * GEMV_WARPS + warp, s = 0;
+    if (MODE == GEMV_SWIGLU) {
+        if (r >= a.seg[0].N)
+            return;
+    } else {
+        while (s < a.n_seg && r >= a.seg[s].N)
+            r -= a.seg[s++].N;
+        if (s >= a.n_seg)
+            return;
+    }
+    const struct gemv_seg &g = a.seg[s];
+    float acc[GEMV_MAX_T], acc2[GEMV_MAX_T];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++)
+        acc[t] = acc2[t] = 0.0f;
+    row_dot<DT, NORM>((const uint8_t *)g.w + (int64_t)r * g.row_bytes, g.row_bytes, a, acc, lane);
+    if (MODE == GEMV_SWIGLU)
+        row_dot<DT, NORM>((const uint8_t *)a.seg[1].w + (int64_t)r * a.seg[1].row_bytes,
+                          a.seg[1].row_bytes, a, acc2, lane);
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) {
+        if (t >= a.T)
+            break;
+        float v = warp_sum_m(acc[t]) * (NORM ? s_inv[t] : 1.0f);
+        if (MODE == GEMV_SWIGLU) {
+            float u = warp_sum_m(acc2[t]) * (NORM ? s_inv[t] : 1.0f);
+            v = v / (1.0f + __expf(-v)) * u;
+        }
+        if (lane == 0) {
+            float *y = g.y + (int64_t)t * g.ldy + r;
+            *y = MODE == GEMV_ACCUM ? *y + v : v;
+        }
+    }
+}
+
+bool gemv_supports(int32_t dtype)
+{
+    return dtype == QR_F32 || dtype == QR_F16 || dtype == QR_BF16 || dtype == QR_Q8_0 ||
+           dtype == QR_Q4_K || dtype == QR_Q6_K;
+}
+
+template <int DT>
+static cudaError_t gemv_dt(const struct gemv_args *a, int blocks, cudaStream_t s)
+{
+    dim3 th(32 * GEMV_WARPS);
+    bool norm = a->norm_w != NULL;
+    switch (a->mode * 2 + (norm ? 1 : 0)) {
+    case 0: gemv_kernel<DT, GEMV_STORE, false><<<blocks, th, 0, s>>>(*a); break;
+    case 1: gemv_kernel<DT, GEMV_STORE, true><<<blocks, th, 0, s>>>(*a); break;
+    case 2: gemv_kernel<DT, GEMV_ACCUM, false><<<blocks, th, 0, s>>>(*a); break;
+    case 3: gemv_kernel<DT, GEMV_ACCUM, true><<<blocks, th, 0, s>>>(*a); break;
+    case 4: gemv_kernel<DT, GEMV_SWIGLU, false><<<blocks, th, 0, s>>>(*a); break;
+    default: gemv_kernel<DT, GEMV_SWIGLU, true><<<blocks, th, 0, s>>>(*a); break;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
+{
+    if (a->T < 1 || a->T > GEMV_MAX_T || a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG)
+        return cudaErrorInvalidValue;
+    int64_t rows = 0;
+    if (a->mode == GEMV_SWIGLU)
+        rows = a->seg[0].N;
+    else
+        for (int i = 0; i < a->n_seg; i++)
+            rows += a->seg[i].N;
+    int blocks = (int)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+    switch (a->dtype) {
+    case QR_F32: return gemv_dt<QR_F32>(a, blocks, s);
+    case QR_F16: return gemv_dt<QR_F16>(a, blocks, s);
+    case QR_BF16: return gemv_dt<QR_BF16>(a, blocks, s);
+    case QR_Q8_0: return gemv_dt<QR_Q8_0>(a, blocks, s);
+    case QR_Q4_K: return gemv_dt<QR_Q4_K>(a, blocks, s);
+    case QR_Q6_K: return gemv_dt<QR_Q6_K>(a, blocks, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+/* ---- helpers for the GEMM path ---- */
+
+__global__ void dequant_kernel(float *dst, const uint8_t *w, int32_t dtype, int64_t N, int64_t K,
+                               int64_t row_bytes)
+{
+    int64_t n_el = N * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_el;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / K, k = i % K;
+        dst[i] = deq_elem(w + r * row_bytes, dtype, k);
+    }
+}
+
+cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,
+                           int64_t row_bytes, cudaStream_t s)
+{
+    dequant_kernel<<<4096, 256, 0, s>>>(dst, (const uint8_t *)w, dtype, N, K, row_bytes);
+    return cudaGetLastError();
+}
+
+__global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x,
+                                  int32_t ldx, int32_t K, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[(i / K) * ldx + i % K];
+        __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
+cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int32_t ldx,
+                              int32_t K, int32_t T, cudaStream_t s)
+{
+    split_bf16_kernel<<<2048, 256, 0, s>>>(hi, lo, x, ldx, K, (int64_t)K * T);
+    return cudaGetLastError();
+}
+
+/* ---- cuBLASLt ---- */
+
+static qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st, int line, const char *what)
+{
+    return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: cuBLASLt %s failed: status %d", __FILE__, line,
+                   what, (int)st);
+}
+
+#define LT_CHECK(call)                                                                    \
+    do {                                                                                  \
+        cublasStatus_t s_ = (call);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            st = lt_fail(err, s_, __LINE__, #call);                                       \
+            goto out;                                                                     \
+        }                                                                                 \
+    } while (0)
+
+/* C[N][T] (col-major, ldc) = beta*C + A^T B, A = W as [K][N] col-major (lda), B = x [K][T]. */
+static qwenrt_status lt_matmul(struct gemm_ctx *g, cudaDataType_t ab, const void *A, int64_t lda,
+                               const void *B, int64_t ldb, float *C, int64_t ldc, int64_t N,
+                               int64_t K, int64_t T, float beta, cudaStream_t s,
+                               struct qwenrt_error *err)
+{
+    qwenrt_status st = QWENRT_OK;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    float alpha = 1.0f;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)K, (uint64_t)N, lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)K, (uint64_t)T, ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, ldc));
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &g->ws_bytes, sizeof(g->ws_bytes)));
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) {
+        st = err_set(err, QWENRT_ERR_BACKEND,
+                     "cuBLASLt: no algorithm for a %lld x %lld x %lld product", (long long)N,
+                     (long long)K, (long long)T);
+        goto out;
+    }
+    LT_CHECK(cublasLtMatmul(g->lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo,
+                            g->ws, g->ws_bytes, s));
+out:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return st;
+}
+
+/* Grows a device buffer to at least bytes (contents not kept). */
+static qwenrt_status grow(void **p, int64_t *cap, int64_t bytes, struct qwenrt_error *err)
+{
+    if (bytes <= *cap)
+        return QWENRT_OK;
+    if (*p)
+        cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    CUDA_CHECK(cudaMalloc(p, (size_t)bytes));
+    *cap = bytes;
+    return QWENRT_OK;
+}
+
+qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err)
+{
+    memset(g, 0, sizeof(*g));
+    cublasStatus_t s = cublasLtCreate(&g->lt);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return lt_fail(err, s, __LINE__, "cublasLtCreate");
+    g->ws_bytes = 32u << 20;
+    CUDA_CHECK(cudaMalloc(&g->ws, g->ws_bytes));
+    return QWENRT_OK;
+}
+
+void gemm_free(struct gemm_ctx *g)
+{
+    if (g->lt)
+        cublasLtDestroy(g->lt);
+    cudaFree(g->ws);
+    cudaFree(g->wf32);
+    cudaFree(g->xhi);
+    cudaFree(g->xlo);
+    memset(g, 0, sizeof(*g));
+}
+
+qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
+                       struct qwenrt_error *err)
+{
+    qwenrt_status st;
+    if (c->dtype == QR_BF16 && c->bf16x2 && c->row_bytes == c->K * 2 && c->K % 8 == 0) {
+        int64_t n = (int64_t)c->T * c->K * 2;
+        void *hi = g->xhi, *lo = g->xlo;
+        int64_t cap_hi = g->xhi_cap, cap_lo = g->xlo_cap;
+        if ((st = grow(&hi, &cap_hi, n, err)) || (st = grow(&lo, &cap_lo, n, err)))
+            return st;
+        g->xhi = (__nv_bfloat16 *)hi, g->xlo = (__nv_bfloat16 *)lo;
+        g->xhi_cap = cap_hi, g->xlo_cap = cap_lo;
+        CUDA_CHECK(launch_split_bf16(g->xhi, g->xlo, c->x, c->ldx, c->K, c->T, s));
+        st = lt_matmul(g, CUDA_R_16BF, c->w, c->K, g->xhi, c->K, c->y, c->ldy, c->N, c->K, c->T,
+                       c->accumulate ? 1.0f : 0.0f, s, err);
+        if (!st)
+            st = lt_matmul(g, CUDA_R_16BF, c->w, c->K, g->xlo, c->K, c->y, c->ldy, c->N, c->K,
+                           c->T, 1.0f, s, err);
+        return st;
+    }
+    const float *wf = (const float *)c->w;
+    if (c->dtype != QR_F32 || c->row_bytes != c->K * 4) {
+        void *p = g->wf32;
+        int64_t cap = g->wf32_cap;
+        if ((st = grow(&p, &cap, (int64_t)c->N * c->K * 4, err)))
+            return st;
+        g->wf32 = (float *)p, g->wf32_cap = cap;
+        CUDA_CHECK(launch_dequant(g->wf32, c->w, c->dtype, c->N, c->K, c->row_bytes, s));
+        wf = g->wf32;
+    }
+    return lt_matmul(g, CUDA_R_32F, wf, c->K, c->x, c->ldx, c->y, c->ldy, c->N, c->K, c->T,
+                     c->accumulate ? 1.0f : 0.0f, s, err);
+}
