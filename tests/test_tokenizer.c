@@ -432,6 +432,9 @@ static void test_bad_json(void **state)
                       "[\"a b\"]}, " GOOD_PRETOK "}",
                       QWENRT_ERR_FORMAT, "'b' is not in the vocabulary");
     expect_load_error("", QWENRT_ERR_FORMAT, "empty");
+    expect_load_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 999999999}, \"merges\": "
+                      "[]}, " GOOD_PRETOK "}",
+                      QWENRT_ERR_FORMAT, "= 999999999 is out of range");
     struct tokenizer *t;
     struct qwenrt_error err = {0};
     assert_int_equal(tokenizer_load_json(&t, "/nonexistent/tokenizer.json", &err), QWENRT_ERR_IO);

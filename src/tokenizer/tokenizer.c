@@ -90,8 +90,9 @@ qwenrt_status tok_add_token(struct tokenizer *t, int32_t id, const char *s, size
                             unsigned flags, struct qwenrt_error *err)
 {
     qwenrt_status st;
-    if (id < 0 || id >= (1 << 30))
-        return err_set(err, QWENRT_ERR_FORMAT, "tokenizer: token id %d out of range", id);
+    if (id < 0 || id >= TOKENIZER_MAX_VOCAB)
+        return err_set(err, QWENRT_ERR_LIMIT, "tokenizer: token id %d is not below %d", id,
+                       TOKENIZER_MAX_VOCAB);
     if (len >= (1u << 20))
         return err_set(err, QWENRT_ERR_FORMAT, "tokenizer: token %d is %zu bytes long", id, len);
     if ((st = grow_ids(t, id, err)) != QWENRT_OK)

@@ -26,7 +26,8 @@ struct gguf_file;
 struct gguf_writer;
 struct tokenizer;
 
-#define TOKENIZER_MAX_EOS 4 /* distinct end-of-generation ids kept */
+#define TOKENIZER_MAX_EOS 4           /* distinct end-of-generation ids kept */
+#define TOKENIZER_MAX_VOCAB (1 << 24) /* ids are below this (Qwen3.5 has ~248k) */
 
 /* Ids the runtime needs; -1 where the vocabulary has no such token. */
 struct tokenizer_special {

@@ -61,7 +61,7 @@ static qwenrt_status add_tokens(const struct gguf_file *gf, struct tokenizer *t,
         return err_set(err, QWENRT_ERR_NOT_FOUND,
                        "%s: key 'tokenizer.ggml.tokens' (array of strings) is missing", SRC);
     uint64_t n = tokens->v.arr.count;
-    if (n == 0 || n >= (1u << 30))
+    if (n == 0 || n > TOKENIZER_MAX_VOCAB)
         return err_set(err, QWENRT_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries", SRC,
                        (unsigned long long)n);
     if (types && types->v.arr.count != n)

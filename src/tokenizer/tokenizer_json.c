@@ -321,7 +321,7 @@ static qwenrt_status load_vocab(struct scan *s, struct tokenizer *t, const struc
             return fail(s, "expected ':'");
         if ((st = parse_int(s, &id)) != QWENRT_OK)
             return st;
-        if (id < 0 || id >= INT32_MAX)
+        if (id < 0 || id >= TOKENIZER_MAX_VOCAB)
             return err_set(s->err, QWENRT_ERR_FORMAT,
                            "%s: model.vocab['%s'] = %lld is out of range", s->src, s->buf,
                            (long long)id);
@@ -428,7 +428,7 @@ static qwenrt_status load_added(struct scan *s, struct tokenizer *t, const struc
                 goto out;
             }
         json_int_t v = json_integer_value(id);
-        if (v < 0 || v >= INT32_MAX) {
+        if (v < 0 || v >= TOKENIZER_MAX_VOCAB) {
             st = err_set(s->err, QWENRT_ERR_FORMAT, "%s: added_tokens[%zu] id %lld out of range",
                          s->src, i, (long long)v);
             goto out;
