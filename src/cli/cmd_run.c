@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "cli/cli_common.h"
@@ -221,7 +222,8 @@ static int interactive_loop(struct chat *c)
     if (c->o->prompt && chat_turn(c, c->o->prompt))
         return 1;
     for (;;) {
-        fprintf(stderr, "> ");
+        if (isatty(0))
+            fprintf(stderr, "> ");
         interrupted = 0;
         if (!fgets(line, sizeof(line), stdin))
             return 0; /* end of input, or Ctrl-C at the prompt */

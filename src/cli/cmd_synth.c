@@ -2,7 +2,9 @@
  * cmd_synth.c — `qwenrt synth --arch qwen3-0.6b|qwen35-0.8b|qwen3-tiny|qwen35-tiny -o out.gguf
  * --type f32|f16|bf16|q8_0|q4_k_m|... [--seed S] [--tokenizer tokenizer.json]`: deterministic
  * random weights in the exact geometry, as a GGUF that llama.cpp loads. The default tokenizer
- * is the pinned npm Qwen3 tokenizer that scripts/setup.sh installs, when present.
+ * is the pinned npm Qwen3 tokenizer that scripts/setup.sh installs, when present and when the
+ * vocabulary matches (--vocab N overrides the preset's vocabulary size, e.g. a tiny model with
+ * the real 151,936-token vocabulary for end-to-end text tests).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,14 +21,14 @@ static int usage(void)
 {
     fprintf(stderr, "usage: qwenrt synth --arch qwen3-0.6b|qwen35-0.8b|qwen3-tiny|qwen35-tiny -o OUT.gguf\n"
                     "                    [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k] [--seed S]\n"
-                    "                    [--tokenizer tokenizer.json | --no-tokenizer]\n");
+                    "                    [--tokenizer tokenizer.json | --no-tokenizer] [--vocab N]\n");
     return 2;
 }
 
 int cmd_synth(int argc, char **argv)
 {
     const char *arch = NULL, *out = NULL, *type = "f16", *tok = NULL, *v;
-    long seed = 1;
+    long seed = 1, vocab = 0;
     bool no_tok = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -44,6 +46,8 @@ int cmd_synth(int argc, char **argv)
         }
         if (!strcmp(a, "--seed") && (v = cli_value(argc, argv, &i)) && cli_parse_int(a, v, 0, 0x7fffffffL, &seed))
             continue;
+        if (!strcmp(a, "--vocab") && (v = cli_value(argc, argv, &i)) && cli_parse_int(a, v, 1, 1 << 24, &vocab))
+            continue;
         return usage();
     }
     if (!arch || !out || !type)
@@ -54,6 +58,8 @@ int cmd_synth(int argc, char **argv)
         fprintf(stderr, "qwenrt: %s\n", err.message);
         return 2;
     }
+    if (vocab)
+        hp.n_vocab = (int32_t)vocab; /* e.g. a tiny geometry with the real tokenizer's vocabulary */
     int t = export_type_from_name(type);
     if (t < 0) {
         fprintf(stderr, "qwenrt: unknown --type '%s'\n", type);

@@ -1,0 +1,51 @@
+#!/bin/sh
+# cli_run.sh — `qwenrt run` end to end on a tiny model that carries the real Qwen3 tokenizer
+# (synth --vocab 151936): greedy output is deterministic, the same seed gives the same sampled
+# text and another seed other text, a stop string ends the answer before it, an interactive
+# chat continues across turns and /reset works, bad flags are refused. $1 = the qwenrt binary.
+set -eu
+Q=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$Q" synth --arch qwen3-tiny --vocab 151936 --type f16 -o "$T/m.gguf" 2>/dev/null
+[ -s "$T/m.gguf" ] || fail "synth wrote nothing"
+
+a=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2)
+b=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 1)
+[ -n "$a" ] || fail "greedy run printed nothing"
+[ "$a" = "$b" ] || fail "greedy output differs between thread counts: '$a' vs '$b'"
+
+s1=$("$Q" run -m "$T/m.gguf" -p "Hi" -n 24 --temp 1.0 --seed 5 --no-stats)
+s2=$("$Q" run -m "$T/m.gguf" -p "Hi" -n 24 --temp 1.0 --seed 5 --no-stats)
+s3=$("$Q" run -m "$T/m.gguf" -p "Hi" -n 24 --temp 1.0 --seed 6 --no-stats)
+[ "$s1" = "$s2" ] || fail "same seed, different text"
+[ "$s1" != "$s3" ] || fail "different seeds, same text"
+
+# stop string: take a piece of the greedy answer and stop on it
+piece=$(printf '%s' "$a" | cut -c4-6)
+if [ -n "$piece" ]; then
+    st=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --stop "$piece")
+    case "$st" in *"$piece"*) fail "stop string '$piece' was emitted: '$st'" ;; esac
+    case "$a" in "$st"*) ;; *) fail "stopped text '$st' is not a prefix of '$a'" ;; esac
+fi
+
+# interactive: two turns, a reset, exit; the stats line shows the second turn processed only
+# its own tokens (fewer than the whole conversation)
+out=$(printf 'Hello\nHow are you?\n/reset\nHello\n/exit\n' | \
+      "$Q" run -m "$T/m.gguf" -i -n 8 --temp 0 2>"$T/err")
+grep -c '^\[prompt' "$T/err" | grep -q '^3$' || fail "expected 3 answered turns: $(cat "$T/err")"
+p1=$(grep '^\[prompt' "$T/err" | sed -n 1p | sed 's/\[prompt \([0-9]*\).*/\1/')
+p2=$(grep '^\[prompt' "$T/err" | sed -n 2p | sed 's/\[prompt \([0-9]*\).*/\1/')
+p3=$(grep '^\[prompt' "$T/err" | sed -n 3p | sed 's/\[prompt \([0-9]*\).*/\1/')
+[ "$p3" = "$p1" ] || fail "after /reset the first turn should cost the same ($p1 vs $p3)"
+grep -q 'conversation reset' "$T/err" || fail "/reset not acknowledged"
+[ "$p2" -lt $((p1 + 16)) ] || fail "second turn re-processed the conversation ($p2 tokens)"
+
+# refused input
+if "$Q" run -m "$T/m.gguf" -p x --temp abc 2>/dev/null; then fail "--temp abc accepted"; fi
+if "$Q" run -m "$T/m.gguf" 2>/dev/null; then fail "run without -p or -i accepted"; fi
+if "$Q" run -m "$T/nope.gguf" -p x 2>"$T/err"; then fail "missing model accepted"; fi
+grep -q 'nope.gguf' "$T/err" || fail "missing model error does not name the file"
+echo "cli_run: ok"
