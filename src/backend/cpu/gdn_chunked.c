@@ -76,36 +76,79 @@ INLINE void l2norm_scaled(float *y, const float *x, int32_t n, float scale, bool
             y[i] *= scale;
 }
 
-/* C[M][N] += A[M][K] · B[K][N]  (row strides lda, ldb, ldc); four rows of C per pass over B. */
-INLINE void gemm_acc(float *restrict C, int32_t ldc, const float *restrict A, int32_t lda,
-                     const float *restrict B, int32_t ldb, int32_t M, int32_t K, int32_t N)
-{
-    int32_t i = 0;
-    for (; i + 4 <= M; i += 4) {
-        float *restrict c0 = C + (size_t)i * ldc, *restrict c1 = c0 + ldc;
-        float *restrict c2 = c1 + ldc, *restrict c3 = c2 + ldc;
-        const float *a0 = A + (size_t)i * lda;
-        for (int32_t k = 0; k < K; k++) {
-            const float *restrict b = B + (size_t)k * ldb;
-            float x0 = a0[k], x1 = a0[lda + k], x2 = a0[2 * lda + k], x3 = a0[3 * lda + k];
-            for (int32_t n = 0; n < N; n++) {
-                float bv = b[n];
-                c0[n] += x0 * bv;
-                c1[n] += x1 * bv;
-                c2[n] += x2 * bv;
-                c3[n] += x3 * bv;
-            }
-        }
+/* 16 floats as one value: GCC/Clang vector extension, lowered to one zmm under TARGET_AVX512
+ * and to several narrower registers in the portable build. Unaligned via memcpy. */
+typedef float v16f __attribute__((vector_size(64)));
+
+/* Loads and stores as macros: a function passing v16f by value would warn of a 512-bit ABI. */
+#define V16_LOAD(v, p) memcpy(&(v), (p), sizeof(v16f))
+#define V16_STORE(p, v) memcpy((p), &(v), sizeof(v16f))
+
+/* C[4][W*16] (at column n) += A[4][K] · B[K][W*16]: 4*W accumulators stay in registers. */
+#define MICRO(W)                                                                                   \
+    INLINE void micro_4x##W(float *C, int32_t ldc, const float *A, int32_t lda, const float *B,     \
+                            int32_t ldb, int32_t K)                                                \
+    {                                                                                              \
+        v16f acc[4][W];                                                                            \
+        for (int r = 0; r < 4; r++)                                                                \
+            for (int w = 0; w < W; w++)                                                            \
+                V16_LOAD(acc[r][w], C + (size_t)r * ldc + 16 * w);                                \
+        for (int32_t k = 0; k < K; k++) {                                                          \
+            v16f b[W];                                                                             \
+            for (int w = 0; w < W; w++)                                                            \
+                V16_LOAD(b[w], B + (size_t)k * ldb + 16 * w);                                     \
+            for (int r = 0; r < 4; r++) {                                                          \
+                float x = A[(size_t)r * lda + k];                                                  \
+                for (int w = 0; w < W; w++)                                                        \
+                    acc[r][w] += x * b[w];                                                         \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < 4; r++)                                                                \
+            for (int w = 0; w < W; w++)                                                            \
+                V16_STORE(C + (size_t)r * ldc + 16 * w, acc[r][w]);                                \
     }
-    for (; i < M; i++) {
-        float *restrict c0 = C + (size_t)i * ldc;
+MICRO(2)
+MICRO(1)
+#undef MICRO
+
+/* C[M][N] += A[M][K] · B[K][N]  (row strides lda, ldb, ldc), plain loops over n: what the
+ * portable variant uses (64-byte vectors lowered to SSE2 spill and run 4x slower). */
+INLINE void gemm_acc_plain(float *restrict C, int32_t ldc, const float *restrict A, int32_t lda,
+                           const float *restrict B, int32_t ldb, int32_t M, int32_t K, int32_t N)
+{
+    for (int32_t r = 0; r < M; r++) {
+        float *restrict c0 = C + (size_t)r * ldc;
         for (int32_t k = 0; k < K; k++) {
             const float *restrict b = B + (size_t)k * ldb;
-            float x0 = A[(size_t)i * lda + k];
+            float x0 = A[(size_t)r * lda + k];
             for (int32_t n = 0; n < N; n++)
                 c0[n] += x0 * b[n];
         }
     }
+}
+
+/* The same product; with wide (AVX-512 build), blocks of 4 rows x 32 or 16 columns go through
+ * the register micro-kernels and only the edges take plain loops. */
+INLINE void gemm_acc(float *restrict C, int32_t ldc, const float *restrict A, int32_t lda,
+                     const float *restrict B, int32_t ldb, int32_t M, int32_t K, int32_t N,
+                     bool wide)
+{
+    if (!wide) {
+        gemm_acc_plain(C, ldc, A, lda, B, ldb, M, K, N);
+        return;
+    }
+    int32_t i = 0, n16 = N & ~15;
+    for (; i + 4 <= M; i += 4) {
+        int32_t n = 0;
+        for (; n + 32 <= N; n += 32)
+            micro_4x2(C + (size_t)i * ldc + n, ldc, A + (size_t)i * lda, lda, B + n, ldb, K);
+        for (; n < n16; n += 16)
+            micro_4x1(C + (size_t)i * ldc + n, ldc, A + (size_t)i * lda, lda, B + n, ldb, K);
+    }
+    if (n16 < N) /* columns past the last block of 16, in the rows done above */
+        gemm_acc_plain(C + n16, ldc, A, lda, B + n16, ldb, i, K, N - n16);
+    if (i < M) /* rows past the last block of 4 */
+        gemm_acc_plain(C + (size_t)i * ldc, ldc, A + (size_t)i * lda, lda, B, ldb, M - i, K, N);
 }
 
 /* One token of head j: the recurrence of gdn_core_ref with loops over v innermost. */
@@ -145,7 +188,7 @@ INLINE void recurrent_token(const struct gdn_args *a, float *S, float *w, int32_
 
 /* Tokens t0..t0+n-1 (n <= GDN_CHUNK) of head j: the chunked form in the header comment. */
 INLINE void chunk(const struct gdn_args *a, float *S, float *w, int32_t t0, int32_t n, int32_t j,
-                  int32_t kh)
+                  int32_t kh, bool wide)
 {
     enum { CH = GDN_CHUNK };
     int32_t dk = a->dk, dv = a->dv;
@@ -170,8 +213,8 @@ INLINE void chunk(const struct gdn_args *a, float *S, float *w, int32_t t0, int3
     /* A[i][s] = k_i·k_s, P[i][s] = q_i·k_s for s <= i (rows zero past the diagonal) */
     memset(A, 0, sizeof(float) * CH * CH);
     memset(P, 0, sizeof(float) * CH * CH);
-    gemm_acc(A, CH, K, dk, Kt, CH, n, dk, n);
-    gemm_acc(P, CH, Q, dk, Kt, CH, n, dk, n);
+    gemm_acc(A, CH, K, dk, Kt, CH, n, dk, n, wide);
+    gemm_acc(P, CH, Q, dk, Kt, CH, n, dk, n, wide);
     for (int32_t i = 0; i < n; i++) {
         for (int32_t s = 0; s <= i; s++) {
             float d = expf((float)(G[i] - G[s]));
@@ -183,11 +226,11 @@ INLINE void chunk(const struct gdn_args *a, float *S, float *w, int32_t t0, int3
     }
     /* U = K S0, O = Q S0 (the old state) */
     memset(U, 0, sizeof(float) * (size_t)n * dv);
-    gemm_acc(U, dv, K, dk, S, dv, n, dk, dv);
+    gemm_acc(U, dv, K, dk, S, dv, n, dk, dv, wide);
     float *O = a->o + (size_t)t0 * a->wo + (size_t)j * dv;
     for (int32_t i = 0; i < n; i++)
         memset(O + (size_t)i * a->wo, 0, (size_t)dv * sizeof(float));
-    gemm_acc(O, a->wo, Q, dk, S, dv, n, dk, dv);
+    gemm_acc(O, a->wo, Q, dk, S, dv, n, dk, dv, wide);
     /* u_i = β_i (v_i − e^{G_i} (K S0)_i) − Σ_{s<i} A[i][s] u_s, by forward substitution */
     for (int32_t i = 0; i < n; i++) {
         const float *v = a->x + (size_t)(t0 + i) * a->wx + (size_t)2 * a->Hk * dk + (size_t)j * dv;
@@ -204,7 +247,7 @@ INLINE void chunk(const struct gdn_args *a, float *S, float *w, int32_t t0, int3
         for (int32_t c = 0; c < dv; c++)
             o[c] *= eg;
     }
-    gemm_acc(O, a->wo, P, CH, U, dv, n, n, dv);
+    gemm_acc(O, a->wo, P, CH, U, dv, n, n, dv, wide);
     /* S = e^{G_last} S0 + Σ_s e^{G_last − G_s} k_s u_sᵀ */
     float e_last = expf((float)G[n - 1]);
     for (int32_t s = 0; s < n; s++) {
@@ -214,10 +257,10 @@ INLINE void chunk(const struct gdn_args *a, float *S, float *w, int32_t t0, int3
     }
     for (size_t i = 0; i < (size_t)dk * dv; i++)
         S[i] *= e_last;
-    gemm_acc(S, dv, Kt, CH, U, dv, dk, n, dv);
+    gemm_acc(S, dv, Kt, CH, U, dv, dk, n, dv, wide);
 }
 
-INLINE void head_body(const struct gdn_args *a, int32_t j)
+INLINE void head_body(const struct gdn_args *a, int32_t j, bool wide)
 {
     int32_t kh = a->tiled ? j % a->Hk : j / (a->Hv / a->Hk);
     float *S = a->state + (size_t)j * a->dk * a->dv;
@@ -227,16 +270,16 @@ INLINE void head_body(const struct gdn_args *a, int32_t j)
         return;
     }
     for (int32_t t0 = 0; t0 < a->T; t0 += GDN_CHUNK)
-        chunk(a, S, w, t0, a->T - t0 < GDN_CHUNK ? a->T - t0 : GDN_CHUNK, j, kh);
+        chunk(a, S, w, t0, a->T - t0 < GDN_CHUNK ? a->T - t0 : GDN_CHUNK, j, kh, wide);
 }
 
 static void head_generic(const struct gdn_args *a, int32_t j)
 {
-    head_body(a, j);
+    head_body(a, j, false);
 }
 static TARGET_AVX512 void head_avx512(const struct gdn_args *a, int32_t j)
 {
-    head_body(a, j);
+    head_body(a, j, true);
 }
 
 static void run(const struct plan_op *op, struct cpu_exec *ex,
