@@ -80,18 +80,25 @@ void add_ref(const struct plan_op *op, struct cpu_exec *ex)
         y[i] += x[i];
 }
 
-/* Rotate-half (NEOX) RoPE on the first n_rot dims: pairs (i, i + n_rot/2),
- * angle = pos · theta^(-2i/n_rot). Dims past n_rot pass through. */
-static void rope_head(float *x, int32_t n_rot, int32_t pos, float theta)
+/* RoPE angles of one position: cos/sin of pos · theta^(-2i/n_rot) for i < n_rot/2. */
+static void rope_angles(float *c, float *s, int32_t n_rot, int32_t pos, float theta)
+{
+    for (int32_t i = 0; i < n_rot / 2; i++) {
+        double ang = (double)pos * pow((double)theta, -2.0 * (double)i / (double)n_rot);
+        c[i] = (float)cos(ang);
+        s[i] = (float)sin(ang);
+    }
+}
+
+/* Rotate-half (NEOX) RoPE on the first n_rot dims: pairs (i, i + n_rot/2). Dims past n_rot
+ * pass through. */
+static void rope_head(float *x, int32_t n_rot, const float *c, const float *s)
 {
     int32_t half = n_rot / 2;
     for (int32_t i = 0; i < half; i++) {
-        double inv_freq = pow((double)theta, -2.0 * (double)i / (double)n_rot);
-        double ang = (double)pos * inv_freq;
-        float c = (float)cos(ang), s = (float)sin(ang);
         float a = x[i], b = x[i + half];
-        x[i] = a * c - b * s;
-        x[i + half] = b * c + a * s;
+        x[i] = a * c[i] - b * s[i];
+        x[i + half] = b * c[i] + a * s[i];
     }
 }
 
@@ -101,16 +108,17 @@ void qk_norm_rope_ref(const struct plan_op *op, struct cpu_exec *ex)
     int32_t hd = op->head_dim, wq = WIDTH(ex, op->out), wk = WIDTH(ex, op->in);
 #pragma omp parallel for num_threads(ex->n_threads) if (ex->T > 1)
     for (int32_t t = 0; t < ex->T; t++) {
-        int32_t pos = ex->pos0 + t;
+        float c[512], s[512]; /* n_rot/2 <= head_dim/2 <= 512 (hparams_validate) */
+        rope_angles(c, s, op->n_rot, ex->pos0 + t, op->rope_theta);
         for (int32_t h = 0; h < op->n_head; h++) {
             float *q = BUF(ex, op->out) + (size_t)t * wq + (size_t)h * op->q_stride;
             rmsnorm_row(q, q, op->vec, hd, op->eps);
-            rope_head(q, op->n_rot, pos, op->rope_theta);
+            rope_head(q, op->n_rot, c, s);
         }
         for (int32_t h = 0; h < op->n_head_kv; h++) {
             float *k = BUF(ex, op->in) + (size_t)t * wk + (size_t)h * hd;
             rmsnorm_row(k, k, op->vec2, hd, op->eps);
-            rope_head(k, op->n_rot, pos, op->rope_theta);
+            rope_head(k, op->n_rot, c, s);
         }
     }
 }
