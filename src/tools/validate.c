@@ -29,13 +29,16 @@
 
 /* One table: tolerances by weight family and reference kind. */
 static const struct validate_tolerance tolerances[] = {
-    {"float", 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3,
+    {"float", 1e-3, 5e-3, 1e-3, 1e-3, 1e-3, 1e-3,
      "f32/f16/bf16 weights read identically by both paths, f32 accumulation: only the order of "
      "operations differs (SIMD lanes, blocking, chunked DeltaNet vs the token-by-token "
-     "recurrence); seed 004's fp32 tolerances; measured worst on the fixtures: 4.4e-4"},
-    {"quantized", 0.02, 0.05, 0.02, 0.02, 0.02, 0.02,
-     "quantised weights: fast kernels quantise activations to 8-bit blocks, the reference "
-     "dequantises weights and keeps f32 activations; seed 004's fp16 tolerances"},
+     "recurrence); seed 004's fp32 tolerances, with logits atol 5e-3 because the worst element "
+     "measured on qwen35-tiny (portable matmul + chunked DeltaNet) is 1.6e-3"},
+    {"quantized", 0.05, 0.15, 0.05, 0.1, 0.05, 0.1,
+     "quantised weights: fast kernels quantise activations to 8-bit blocks (about 0.4% per "
+     "element), the reference dequantises weights and keeps f32 activations; per-head norms "
+     "amplify it: 0.055 measured on K of a synth qwen3-tiny q8_0 (|K| about 3). Bugs such as a "
+     "wrong RoPE sign or a lost gate move values by O(1)"},
     {"kv-f16", 0.02, 0.05, 0.02, 0.02, 0.02, 0.02,
      "an f16 KV cache rounds K and V to 11 significant bits (seed 004's fp16 cache tolerance)"},
     {"fixture-float64", 1e-3, 5e-3, 1e-3, 1e-3, 1e-3, 1e-3,
