@@ -2,8 +2,9 @@
  * matmul_avx2.c — AVX2 + FMA + F16C float-weight matmul variants: matmul.{f32,f16,bf16}.avx2.
  *
  * The same two paths as matmul_avx512.c at half the width (see there for the reasoning):
- * GEMV for T <= GEMV_MAX_T (four weight rows streamed at a time, eight ymm accumulators, the
- * next row group prefetched; the K tail goes through zero-padded stack copies because AVX2 has
+ * GEMV for T <= GEMV_MAX_T (four weight rows streamed at a time, eight ymm accumulators for
+ * one token or 4 rows x 4 tokens sharing each converted weight vector, the next row group
+ * prefetched; the K tail goes through zero-padded stack copies because AVX2 has
  * no masked 16-bit load), and GEMM for larger T (a panel of NR = 16 rows x KC columns converted
  * to f32 once into wp[k][16] with 8x8 register transposes, then a 6 tokens x 16 outputs
  * micro-kernel with twelve ymm accumulators; y tails use vmaskmov). Compiled without -march:
@@ -11,6 +12,7 @@
  */
 #include <immintrin.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "backend/cpu/matmul_float.h"
@@ -19,9 +21,10 @@
 #define INLINE static inline __attribute__((always_inline)) TARGET
 
 enum {
-    GEMV_ROWS = 4,  /* weight rows per GEMV step */
-    GEMV_MAX_T = 1, /* largest T that takes the GEMV path */
-    PF_ROWS = 4,    /* GEMV prefetches the row group this many rows ahead */
+    GEMV_ROWS = 4,   /* weight rows per GEMV step */
+    GEMV_TOKENS = 4, /* tokens per GEMV step (4 rows x 4 tokens = 16 ymm accumulators) */
+    GEMV_MAX_T = 8,  /* largest T that takes the GEMV path (as in matmul_avx512.c) */
+    PF_ROWS = 4,     /* GEMV prefetches the row group this many rows ahead */
     NR = 16,        /* GEMM panel: weight rows (outputs) */
     MR = 6,         /* GEMM micro-kernel: tokens */
     KC = 256,       /* GEMM panel: columns; wp is KC*NR*4 = 16 KiB */
@@ -52,6 +55,14 @@ INLINE __m256 load_w_part(enum qr_dtype wt, const void *row, int64_t k, int64_t 
     size_t esz = wt == QR_F32 ? 4 : 2;
     memcpy(tmp, (const uint8_t *)row + (size_t)k * esz, (size_t)n * esz);
     return load_w(wt, tmp, 0);
+}
+
+INLINE float hsum(__m256 s) /* sum of the 8 lanes */
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
 }
 
 /* out[r] = row r of W (rows rb bytes apart) . x over K columns, for nr (constant) rows. */
@@ -85,30 +96,79 @@ INLINE void dot_rows(int nr, enum qr_dtype wt, const uint8_t *w, size_t rb, cons
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < nr; r++) {
-        __m256 s = _mm256_add_ps(acc[r][0], acc[r][1]);
-        __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-        q = _mm_add_ss(q, _mm_movehdup_ps(q));
-        out[r] = _mm_cvtss_f32(q);
+    for (int r = 0; r < nr; r++)
+        out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+/* y[t][r] = row r of W . x[t] for nr rows and nt (2..GEMV_TOKENS, constant) tokens: each
+ * weight vector is loaded and converted once and used for every token. */
+INLINE void dot_rows_tokens(int nr, int nt, enum qr_dtype wt, const uint8_t *w, size_t rb,
+                            const float *x, int64_t ldx, int64_t K, float *y, int64_t ldy)
+{
+    __m256 acc[GEMV_ROWS][GEMV_TOKENS], xv[GEMV_TOKENS];
+    size_t esz = wt == QR_F32 ? 4 : 2;
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            acc[r][t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+        int64_t n = K - k < 8 ? K - k : 8;
+        __m256i m = lane_mask(n);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            xv[t] = _mm256_maskload_ps(x + t * ldx + k, m);
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; r++) {
+            if ((k * esz) % 64 == 0)
+                _mm_prefetch((const char *)(w + (r + PF_ROWS) * rb) + k * esz, _MM_HINT_T0);
+            __m256 wv = n == 8 ? load_w(wt, w + r * rb, k) : load_w_part(wt, w + r * rb, k, n);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++)
+            y[t * ldy + r] = hsum(acc[r][t]);
+}
+
+/* nr (constant) rows at w for every token, GEMV_TOKENS tokens at a time: the rows come from
+ * memory for the first group and from L1 for the others. */
+INLINE void gemv_rows(int nr, const struct cpu_matmul_args *a, enum qr_dtype wt,
+                      const uint8_t *w, int64_t n)
+{
+    size_t rb = a->w_row_bytes;
+    for (int64_t t = 0; t < a->T; t += GEMV_TOKENS) {
+        const float *x = a->x + t * a->ldx;
+        float *y = a->y + t * a->ldy + n;
+        switch (a->T - t < GEMV_TOKENS ? a->T - t : GEMV_TOKENS) {
+        case 1:
+            dot_rows(nr, wt, w, rb, x, a->K, y);
+            break;
+        case 2:
+            dot_rows_tokens(nr, 2, wt, w, rb, x, a->ldx, a->K, y, a->ldy);
+            break;
+        case 3:
+            dot_rows_tokens(nr, 3, wt, w, rb, x, a->ldx, a->K, y, a->ldy);
+            break;
+        default:
+            dot_rows_tokens(nr, 4, wt, w, rb, x, a->ldx, a->K, y, a->ldy);
+            break;
+        }
     }
 }
 
 /* GEMV: output rows [n0, n1) for every token. */
 INLINE void gemv_body(const struct cpu_matmul_args *a, int64_t n0, int64_t n1, enum qr_dtype wt)
 {
-    size_t rb = a->w_row_bytes;
     int64_t n = n0;
-    for (; n + GEMV_ROWS <= n1; n += GEMV_ROWS) {
-        const uint8_t *w = (const uint8_t *)a->w + (size_t)n * rb;
-        for (int64_t t = 0; t < a->T; t++)
-            dot_rows(GEMV_ROWS, wt, w, rb, a->x + t * a->ldx, a->K, a->y + t * a->ldy + n);
-    }
-    for (; n < n1; n++) {
-        const uint8_t *w = (const uint8_t *)a->w + (size_t)n * rb;
-        for (int64_t t = 0; t < a->T; t++)
-            dot_rows(1, wt, w, rb, a->x + t * a->ldx, a->K, a->y + t * a->ldy + n);
-    }
+    for (; n + GEMV_ROWS <= n1; n += GEMV_ROWS)
+        gemv_rows(GEMV_ROWS, a, wt, (const uint8_t *)a->w + (size_t)n * a->w_row_bytes, n);
+    for (; n < n1; n++)
+        gemv_rows(1, a, wt, (const uint8_t *)a->w + (size_t)n * a->w_row_bytes, n);
 }
 
 /* In-register transpose of an 8x8 f32 block: r[i] lane j <-> r[j] lane i. */
@@ -144,13 +204,17 @@ INLINE void pack(const struct cpu_matmul_args *a, enum qr_dtype wt, int64_t nb, 
         const uint8_t *w = (const uint8_t *)a->w + (size_t)(nb + 8 * h) * a->w_row_bytes +
                            (size_t)kb * esz;
         int64_t rows = nn - 8 * h;
+        /* prefetch what the next pack reads: the next K block, or the next panel's first */
+        ptrdiff_t ahead = kb + KC < a->K ? (ptrdiff_t)(KC * esz)
+                                         : (ptrdiff_t)(NR * a->w_row_bytes) - (ptrdiff_t)(kb * esz);
         for (int64_t c = 0; c < kc; c += 8) {
             int64_t cols = kc - c < 8 ? kc - c : 8;
             __m256 r[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 const uint8_t *row = w + (size_t)i * a->w_row_bytes;
-                _mm_prefetch((const char *)row + (size_t)(c + KC) * esz, _MM_HINT_T1);
+                _mm_prefetch((const char *)row + (ptrdiff_t)c * (ptrdiff_t)esz + ahead,
+                             _MM_HINT_T1);
                 if (i >= rows)
                     r[i] = _mm256_setzero_ps();
                 else
