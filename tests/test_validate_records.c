@@ -11,6 +11,7 @@
 
 #include "testutil.h"
 
+#include "backend/cpu/cpu_backend.h"
 #include "runtime/session.h"
 #include "tools/bench.h"
 #include "tools/json_schema.h"
@@ -167,6 +168,40 @@ static void test_bench_records_conform(void **state)
     json_decref(c);
 }
 
+static void lose_gate(const struct plan_op *op, struct cpu_exec *ex)
+{
+    (void)op;
+    (void)ex;
+}
+
+static void break_gate(struct qwenrt_session *s, void *user)
+{
+    (void)user;
+    for (int ph = 0; ph < 2; ph++)
+        for (int32_t i = 0; i < s->model->plans[ph].n_ops; i++)
+            if (s->model->plans[ph].ops[i].kind == OP_SIGMOID_GATE)
+                s->fns[ph][i] = lose_gate;
+}
+
+/* A path that passed the gate but times something else is refused: timing_validation_failed,
+ * no timings in the record. */
+static void test_bench_timing_validation_failed(void **state)
+{
+    (void)state;
+    struct bench_params p = {.model_path = "tests/data/qwen35-tiny-f32", .n_prompt = 6, .n_gen = 6, .warmup = 1,
+                             .trials = 2, .n_threads = 2, .profiles_dir = "profiles", .lane_hook = break_gate};
+    json_t *rec = NULL;
+    struct qwenrt_error err = {0};
+    if (bench_run(&p, &rec, &err))
+        fail_msg("bench: %s", err.message);
+    assert_string_equal(json_string_value(json_object_get(rec, "status")), "timing_validation_failed");
+    assert_non_null(strstr(json_string_value(json_object_get(rec, "status_reason")), "warm-up 0 produced other tokens"));
+    assert_true(json_is_null(json_object_get(rec, "decode_tokens_per_s")));
+    assert_null(json_object_get(json_array_get(json_object_get(rec, "lanes"), 0), "samples"));
+    conforms("bench", rec);
+    json_decref(rec);
+}
+
 static void test_checker_rejects(void **state)
 {
     (void)state;
@@ -217,6 +252,7 @@ int main(void)
         cmocka_unit_test(test_validate_records_conform),
         cmocka_unit_test(test_synth_models),
         cmocka_unit_test(test_bench_records_conform),
+        cmocka_unit_test(test_bench_timing_validation_failed),
         cmocka_unit_test(test_profiles_conform),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

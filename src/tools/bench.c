@@ -364,6 +364,8 @@ static qwenrt_status run_lanes(struct bench *b, struct qwenrt_error *err)
             snprintf(b->status, sizeof(b->status), "validation_failed");
             return QWENRT_OK;
         }
+        if (!st && p->lane_hook)
+            p->lane_hook(l->s, p->hook_user);
     }
     if (st)
         return st;

@@ -23,6 +23,8 @@
 
 #define BENCH_MAX_LANES 8
 
+struct qwenrt_session;
+
 struct bench_params {
     const char *model_path;
     const char *backend;           /* NULL = cpu */
@@ -36,6 +38,10 @@ struct bench_params {
     /* comparison lanes: "profile:ID", "backend:NAME" or "cmd:COMMAND LINE" */
     const char *compare[BENCH_MAX_LANES - 1];
     int n_compare;
+    /* Test hook: called with each qwenrt lane's timing session after its gate passed (tests
+     * break a kernel there to see timing_validation_failed). */
+    void (*lane_hook)(struct qwenrt_session *s, void *user);
+    void *hook_user;
 };
 
 /* Runs the benchmark. Returns an error when it cannot run at all; a refused or failed timing

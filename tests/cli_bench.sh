@@ -1,0 +1,39 @@
+#!/bin/sh
+# cli_bench.sh — `qwenrt bench` end to end: --json prints one JSON object with
+# prefill_tokens_per_s and decode_tokens_per_s (issue 2), --out and --plot write files, a
+# comparison lane is timed with ratios, a validate record is reused only for the workload it
+# covers, and seed 000 (calibrate) is accepted by bench. $1 = the qwenrt binary.
+set -eu
+Q=$1
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+M=tests/data/qwen35-tiny-f32
+"$Q" bench -m $M -p 8 -n 4 --warmup 1 --trials 3 --threads 2 --json --out "$T/b.json" --plot "$T/b.svg" \
+    --compare profile:cpu-portable > "$T/stdout" 2> "$T/table" || fail "bench exited $?"
+python3 - "$T/stdout" <<'PY' || fail "--json output"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["status"] == "timed", r["status"]
+assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
+assert len(r["lanes"]) == 2 and "ratio_candidate_over_this" in r["lanes"][1]
+assert r["per_token_ms"]["p50"] > 0
+PY
+[ -s "$T/b.json" ] || fail "--out wrote nothing"
+grep -q "<svg" "$T/b.svg" || fail "--plot wrote no svg"
+grep -q "decode t/s" "$T/table" || fail "no table on stderr with --json"
+
+"$Q" validate -m $M -p 8 -n 4 --threads 2 --out "$T/v.json" >/dev/null || fail "validate"
+"$Q" bench -m $M -p 8 -n 4 --warmup 0 --trials 1 --validation "$T/v.json" >/dev/null || fail "bench with record"
+set +e
+"$Q" bench -m $M -p 8 -n 5 --validation "$T/v.json" >/dev/null 2>"$T/err"; rc=$?
+set -e
+[ $rc -eq 1 ] || fail "a record for another workload was accepted"
+grep -q "covers another workload" "$T/err" || fail "refusal message: $(cat "$T/err")"
+
+SEED=$(ls ../shared/seeds/000_*.txt /work/shared/seeds/000_*.txt 2>/dev/null | head -1 || true)
+if [ -n "$SEED" ]; then
+    "$Q" bench -m $M --profile "$SEED" -p 8 -n 4 --warmup 0 --trials 1 >/dev/null || fail "bench refused seed 000"
+fi
+echo "cli_bench: ok"
