@@ -68,6 +68,25 @@ static uint64_t fnv(const float *x, size_t n)
     return h;
 }
 
+/* Hidden states of a prefill, per layer (index layer + 1; 0 = embed), for locating errors. */
+struct layer_dumps {
+    float *h[QR_MAX_LAYERS + 2];
+    size_t n[QR_MAX_LAYERS + 2];
+};
+
+static void dump_fn(void *user, const char *name, int32_t layer, const float *data, int32_t T,
+                    int32_t width)
+{
+    struct layer_dumps *d = user;
+    int idx = !strcmp(name, "embed") ? 0 : !strcmp(name, "layer_out") ? layer + 1 : -1;
+    if (idx < 0 || idx > QR_MAX_LAYERS)
+        return;
+    size_t n = (size_t)T * width;
+    d->h[idx] = realloc(d->h[idx], n * sizeof(float));
+    memcpy(d->h[idx], data, n * sizeof(float));
+    d->n[idx] = n;
+}
+
 #define VAL_T 7
 #define VAL_STEPS 4
 
@@ -81,6 +100,10 @@ static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok
         fprintf(stderr, "cpu load: %s\n", err.message);
         return -1;
     }
+    for (int ph = 0; ph < 2; ph++) /* the CPU's reference DeltaNet kernel, not the chunked one */
+        for (int32_t i = 0; i < cm->plans[ph].n_ops; i++)
+            if (cm->plans[ph].ops[i].kind == OP_GDN_CORE)
+                cm->plans[ph].ops[i].kernel = "gdn_core.ref";
     int32_t V = cm->hp.n_vocab, ids[VAL_T] = {9, 1000, 42, 77777 % V, 5, 123, 31337 % V};
     struct qwenrt_session *cpu = NULL, *gpu = NULL;
     struct qwenrt_session_params sp = qwenrt_session_default_params();
@@ -88,13 +111,32 @@ static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok
     float *a = malloc((size_t)VAL_T * V * 4), *b = malloc((size_t)VAL_T * V * 4);
     double worst = 0;
     *argmax_ok = 1;
-    if (qwenrt_session_init(cm, &sp, &cpu, &err) || qwenrt_session_init(gm, &sp, &gpu, &err) ||
-        qwenrt_session_prefill(cpu, ids, VAL_T, a, &err) ||
+    struct layer_dumps dc, dg;
+    memset(&dc, 0, sizeof(dc));
+    memset(&dg, 0, sizeof(dg));
+    if (qwenrt_session_init(cm, &sp, &cpu, &err) || qwenrt_session_init(gm, &sp, &gpu, &err)) {
+        fprintf(stderr, "validate: %s\n", err.message);
+        worst = -1;
+        goto out;
+    }
+    session_set_dump(cpu, dump_fn, &dc);
+    session_set_dump(gpu, dump_fn, &dg);
+    if (qwenrt_session_prefill(cpu, ids, VAL_T, a, &err) ||
         qwenrt_session_prefill(gpu, ids, VAL_T, b, &err)) {
         fprintf(stderr, "validate: %s\n", err.message);
         worst = -1;
         goto out;
     }
+    session_set_dump(cpu, NULL, NULL);
+    session_set_dump(gpu, NULL, NULL);
+    printf("validate hidden states (rel err per layer):");
+    for (int i = 0; i <= cm->hp.n_layer; i++) {
+        if (dc.h[i] && dg.h[i] && dc.n[i] == dg.n[i])
+            printf(" %d:%.2g", i - 1, rel_err(dg.h[i], dc.h[i], dc.n[i]));
+        free(dc.h[i]);
+        free(dg.h[i]);
+    }
+    printf("\n");
     for (int32_t t = 0; t < VAL_T; t++) {
         double e = rel_err(b + (size_t)t * V, a + (size_t)t * V, (size_t)V);
         worst = e > worst ? e : worst;

@@ -14,11 +14,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     grep -E "PASSED|FAILED|ERROR|error|rel err|Failure|\[  " "$OUT/test_cuda.log" | tail -40
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-    for cfg in "qwen3-0.6b bf16" "qwen35-0.8b bf16" "qwen3-0.6b q8_0" "qwen3-0.6b q4_k_m"; do
-        set -- $cfg
-        timeout 240 .devbin/cuda_bench --arch "$1" --type "$2" --json "$OUT/cuda-$1-$2.json" \
-            > "$OUT/bench-$1-$2.log" 2>&1
-        echo "bench $1 $2 rc=$?"
-        grep -E "^\||validate|synth|note|fail|error" "$OUT/bench-$1-$2.log" | tail -12
+    for cfg in ${CFGS:-qwen3-0.6b:bf16 qwen35-0.8b:bf16 qwen3-0.6b:q8_0 qwen3-0.6b:q4_k_m}; do
+        a=${cfg%%:*}; t=${cfg##*:}
+        timeout 150 .devbin/cuda_bench --arch "$a" --type "$t" --json "$OUT/cuda-$a-$t.json" \
+            > "$OUT/bench-$a-$t.log" 2>&1
+        echo "bench $a $t rc=$?"
+        grep -E "^\||validate|synth|note|fail|error" "$OUT/bench-$a-$t.log" | tail -12
     done
 fi

@@ -37,7 +37,7 @@ typedef void (*cuda_dump_fn)(void *user, const char *name, int32_t layer, const 
 struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
     bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
-    bool gemm_bf16x2;    /* prefill, bf16 weights: x split into two bf16 terms, tensor cores */
+    bool gemm_bf16x2;    /* prefill, bf16 weights: x split into 3 bf16 terms, tensor cores */
     int32_t gemv_max_T;  /* up to this many tokens use the GEMV kernels instead of a GEMM */
 };
 

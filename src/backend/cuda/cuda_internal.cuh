@@ -135,9 +135,9 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s);
 /* Dequantises W [N][K] (dtype) to f32 [N][K]. */
 cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,
                            int64_t row_bytes, cudaStream_t s);
-/* x [T][K] (ld ldx) -> hi, lo bf16 [T][K] with hi + lo ~= x to ~2^-17 relative. */
-cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int32_t ldx,
-                              int32_t K, int32_t T, cudaStream_t s);
+/* x [T][K] (ld ldx) -> hi, mid, lo bf16 [T][K] with hi + mid + lo = x to ~2^-24 relative. */
+cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat16 *lo,
+                              const float *x, int32_t ldx, int32_t K, int32_t T, cudaStream_t s);
 
 /* ---- op kernels (kernels.cu) ---- */
 

@@ -1,7 +1,7 @@
 /*
  * cuda_matmul.cuh — the GEMM (prefill) side of matmul.cu: a cuBLASLt handle with its
  * workspace and the scratch buffers the products need (dequantised f32 weights, the bf16
- * hi/lo split of x), grown on demand and freed with the session.
+ * hi/mid/lo split of x), grown on demand and freed with the session.
  */
 #ifndef QWENRT_BACKEND_CUDA_MATMUL_CUH
 #define QWENRT_BACKEND_CUDA_MATMUL_CUH
@@ -17,8 +17,8 @@ struct gemm_ctx {
     size_t ws_bytes;
     float *wf32;           /* [N][K] f32 scratch for dequantised weights */
     int64_t wf32_cap;      /* bytes */
-    __nv_bfloat16 *xhi, *xlo; /* [T][K] bf16 split of x */
-    int64_t xhi_cap, xlo_cap; /* bytes */
+    __nv_bfloat16 *xsplit; /* [3][T][K] bf16 split of x: hi, mid, lo */
+    int64_t xsplit_cap;    /* bytes */
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
@@ -30,7 +30,7 @@ struct gemm_call {
     int64_t row_bytes;
     int32_t N, K, T, ldx, ldy;
     bool accumulate;  /* y += x · Wᵀ (the residual add fused) */
-    bool bf16x2;      /* BF16 weights: split x into two bf16 terms, tensor cores */
+    bool bf16x2;      /* BF16 weights: split x into three bf16 terms, tensor cores */
 };
 
 qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err);

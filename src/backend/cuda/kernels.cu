@@ -202,14 +202,17 @@ cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, c
 
 /* ---- attention: one block of ATT_WARPS warps per (query head, token) ----
  * Lane l holds dims [l*EPL, l*EPL+EPL) of q and of its running output; warp w visits positions
- * w, w+ATT_WARPS, ... <= pos0+t with an online softmax (running max m, sum l); the warps'
- * partial results are merged through shared memory at the end. K/V rows are read as EPL
- * contiguous floats per lane: a warp reads one whole row, coalesced. */
+ * w, w+ATT_WARPS, ... <= pos0+t, ATT_U of them per step with all their K/V loads issued before
+ * the first use (decode is latency-bound: one HBM round trip per step, not per position), with
+ * an online softmax (running max m, sum l); the warps' partial results are merged through
+ * shared memory at the end. K/V rows are read as EPL contiguous floats per lane: a warp reads
+ * one whole row, coalesced. */
 
-#define ATT_WARPS 4
+#define ATT_WARPS 8
+#define ATT_U 4
 
 template <int EPL>
-__global__ void attention_kernel(struct attn_args a)
+__global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(struct attn_args a)
 {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * EPL];
@@ -224,26 +227,43 @@ __global__ void attention_kernel(struct attn_args a)
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p = warp; p <= last; p += ATT_WARPS) {
-        const float *kp = a.kc + (int64_t)p * a.kvw + (int64_t)kvh * hd + lane * EPL;
-        const float *vp = a.vc + (int64_t)p * a.kvw + (int64_t)kvh * hd + lane * EPL;
-        float kv[EPL], vv[EPL];
+    const float *kbase = a.kc + (int64_t)kvh * hd + lane * EPL;
+    const float *vbase = a.vc + (int64_t)kvh * hd + lane * EPL;
+    for (int p0 = warp; p0 <= last; p0 += ATT_WARPS * ATT_U) {
+        float kv[ATT_U][EPL], vv[ATT_U][EPL], dot[ATT_U];
 #pragma unroll
-        for (int e = 0; e < EPL; e += 2) {
-            float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
-            kv[e] = k2.x, kv[e + 1] = k2.y, vv[e] = v2.x, vv[e + 1] = v2.y;
+        for (int u = 0; u < ATT_U; u++) {
+            int p = p0 + u * ATT_WARPS;
+            int pc = p <= last ? p : last; /* clamp: a valid row, masked below */
+            const float *kp = kbase + (int64_t)pc * a.kvw, *vp = vbase + (int64_t)pc * a.kvw;
+#pragma unroll
+            for (int e = 0; e < EPL; e += 2) {
+                float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
+                kv[u][e] = k2.x, kv[u][e + 1] = k2.y, vv[u][e] = v2.x, vv[u][e + 1] = v2.y;
+            }
         }
-        float dot = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; e++)
-            dot += q[e] * kv[e];
-        dot = warp_sum(dot);
-        float m_new = fmaxf(m, dot), corr = __expf(m - m_new), pw = __expf(dot - m_new);
-        l = l * corr + pw;
+        for (int u = 0; u < ATT_U; u++) {
+            float d = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; e++)
-            acc[e] = acc[e] * corr + pw * vv[e];
-        m = m_new;
+            for (int e = 0; e < EPL; e++)
+                d += q[e] * kv[u][e];
+            dot[u] = d;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_U; u++)
+            dot[u] = warp_sum(dot[u]);
+#pragma unroll
+        for (int u = 0; u < ATT_U; u++) {
+            if (p0 + u * ATT_WARPS > last)
+                break;
+            float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
+            l = l * corr + pw;
+#pragma unroll
+            for (int e = 0; e < EPL; e++)
+                acc[e] = acc[e] * corr + pw * vv[u][e];
+            m = m_new;
+        }
     }
     if (lane == 0) {
         s_m[warp] = m;
