@@ -1,0 +1,86 @@
+/*
+ * cmd_calibrate.c — `qwenrt calibrate`: find the fastest valid kernel binding for a model on
+ * this machine and write it as a new profile (see src/tools/calibrate.h).
+ *
+ *   qwenrt calibrate -m MODEL [--backend cpu] [--threads N] [-p 32] [-n 16] [--warmup 1]
+ *                    [--trials 3] [-o PROFILE.json] [--id ID] [--out EVIDENCE.json]
+ * Exit 0 when a profile was written and passed validation, 1 otherwise, 2 for usage errors.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "tools/calibrate.h"
+#include "tools/records.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: qwenrt calibrate -m MODEL [--backend cpu] [--threads N] [-p 32] [-n 16] [--warmup 1]\n"
+               "         [--trials 3] [-o PROFILE.json (calibrated.json)] [--id ID] [--out EVIDENCE.json]\n"
+               "         [--profiles-dir D]\n");
+}
+
+int cmd_calibrate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},   {"backend", required_argument, 0, 'b'},
+        {"threads", required_argument, 0, 't'}, {"warmup", required_argument, 0, 'w'},
+        {"trials", required_argument, 0, 'r'},  {"id", required_argument, 0, 'i'},
+        {"out", required_argument, 0, 'O'},     {"profiles-dir", required_argument, 0, 'd'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+    };
+    struct calibrate_params p = {.n_prompt = 32, .n_gen = 16, .warmup = 1, .trials = 3,
+                                 .out_profile = "calibrated.json", .profile_id = "profiles/calibrated",
+                                 .work_dir = "/tmp"};
+    const char *out = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': p.model_path = optarg; break;
+        case 'b': p.backend = optarg; break;
+        case 't': p.n_threads = atoi(optarg); break;
+        case 'p': p.n_prompt = atoi(optarg); break;
+        case 'n': p.n_gen = atoi(optarg); break;
+        case 'w': p.warmup = atoi(optarg); break;
+        case 'r': p.trials = atoi(optarg); break;
+        case 'o': p.out_profile = optarg; break;
+        case 'i': p.profile_id = optarg; break;
+        case 'O': out = optarg; break;
+        case 'd': p.profiles_dir = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!p.model_path || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    json_t *ev = NULL;
+    struct qwenrt_error err = {0};
+    if (calibrate_run(&p, &ev, &err)) {
+        fprintf(stderr, "qwenrt calibrate: %s\n", err.message);
+        return 1;
+    }
+    size_t i;
+    json_t *ch;
+    printf("%-16s %-28s %14s %14s %s\n", "op", "kernel", "total ms", "default ms", "chosen");
+    json_array_foreach(json_object_get(ev, "choices"), i, ch)
+        printf("%-16s %-28s %14.3f %14.3f %s\n", json_string_value(json_object_get(ch, "op")),
+               json_string_value(json_object_get(ch, "key")),
+               json_real_value(json_object_get(ch, "median_total_s")) * 1e3,
+               json_real_value(json_object_get(ch, "baseline_total_s")) * 1e3,
+               json_is_true(json_object_get(ch, "chosen")) ? "yes" : "no");
+    bool ok = !strcmp(json_string_value(json_object_get(ev, "status")), "calibrated");
+    printf("status %s%s%s\n", json_string_value(json_object_get(ev, "status")), ok ? ": wrote " : "",
+           ok ? p.out_profile : "");
+    int rc = ok ? 0 : 1;
+    if (out && records_write(ev, out, &err)) {
+        fprintf(stderr, "qwenrt calibrate: %s\n", err.message);
+        rc = 1;
+    }
+    json_decref(ev);
+    return rc;
+}
