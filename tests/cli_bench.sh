@@ -36,4 +36,22 @@ SEED=$(ls ../shared/seeds/000_*.txt /work/shared/seeds/000_*.txt 2>/dev/null | h
 if [ -n "$SEED" ]; then
     "$Q" bench -m $M --profile "$SEED" -p 8 -n 4 --warmup 0 --trials 1 >/dev/null || fail "bench refused seed 000"
 fi
+# calibrate writes a profile that binds and validates; card gathers the records
+"$Q" calibrate -m $M -p 6 -n 3 --warmup 0 --trials 1 --threads 2 -o "$T/cal.json" --out "$T/ev.json" >/dev/null \
+    || fail "calibrate"
+"$Q" profile check "$T/cal.json" -m $M >/dev/null || fail "calibrated profile does not bind"
+grep -q '"kind": "calibration"' "$T/ev.json" || fail "calibrate evidence record"
+mkdir "$T/records"
+cp "$T/v.json" "$T/b.json" "$T/records/"
+echo "written by a person" > "$T/pitfalls.txt"
+"$Q" card "$T/records" -o "$T/card.json" --md "$T/card.md" --pitfalls "$T/pitfalls.txt" >/dev/null || fail "card"
+python3 - "$T/card.json" <<'PY' || fail "card content"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert len(c["validations"]) == 1 and len(c["benchmarks"]) == 1, c
+assert len(c["device"]["records"]) == 2 and all("source" in r for r in c["device"]["records"])
+assert c["pitfalls"] == ["written by a person"]
+assert c["artifacts"] and all(len(a["sha256"]) == 64 for a in c["artifacts"])
+PY
+grep -q "## Benchmarks" "$T/card.md" || fail "card markdown"
 echo "cli_bench: ok"

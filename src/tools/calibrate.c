@@ -103,7 +103,7 @@ qwenrt_status calibrate_run(const struct calibrate_params *p, json_t **evidence,
     for (int i = 0; i < n && !st; i++) {
         char id[128], desc[256];
         snprintf(id, sizeof(id), "calibrate-candidate-%d", i);
-        snprintf(desc, sizeof(desc), "calibration candidate: op %s on %s", cand[i].op, cand[i].key);
+        snprintf(desc, sizeof(desc), "calibration candidate: op %.31s on %.63s", cand[i].op, cand[i].key);
         json_t *set = json_pack("[{s:s, s:s}]", "op", cand[i].op, "kernelKey", cand[i].key);
         json_t *doc = profile_doc(id, desc, set, "experimental");
         json_decref(set);
