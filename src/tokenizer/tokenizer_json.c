@@ -585,6 +585,10 @@ qwenrt_status tokenizer_load_json(struct tokenizer **out, const char *path,
     *out = NULL;
     if ((st = mapfile_open(&mf, path, err)) != QWENRT_OK)
         return st;
+    if (!mf.data) { /* before the scanner: NULL + 0 is undefined (fuzz_tokenizer_json) */
+        st = err_set(err, QWENRT_ERR_FORMAT, "%s: the file is empty", path);
+        goto out_unmap;
+    }
     if ((st = tok_new(&t, err)) != QWENRT_OK)
         goto out_unmap;
     struct scan s = {.p = (const char *)mf.data,
@@ -592,17 +596,12 @@ qwenrt_status tokenizer_load_json(struct tokenizer **out, const char *path,
                      .base = (const char *)mf.data,
                      .src = path,
                      .err = err};
-    if (!mf.data) {
-        st = err_set(err, QWENRT_ERR_FORMAT, "%s: the file is empty", path);
-        goto out_free;
-    }
     st = load_doc(&s, t);
     xfree(s.buf);
     if (st == QWENRT_OK && (st = load_config(t, path, err)) == QWENRT_OK) {
         /* eos_config was looked up after tok_finish: recompute the eos list */
         tok_find_special(t);
     }
-out_free:
     if (st != QWENRT_OK)
         tokenizer_free(t);
     else
