@@ -5,7 +5,7 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config libjansson-dev libutf8proc-dev libcmocka-dev libssl-dev \
-libomp-dev"
+libomp-dev libmicrohttpd-dev curl nginx chromium"
 
 missing=""
 for p in $PKGS; do

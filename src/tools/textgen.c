@@ -182,3 +182,63 @@ void textgen_generation_defaults(const struct qwenrt_model *m, struct qwenrt_sam
 }
 
 const char *textgen_chat_template(const struct tokenizer *tok) { return tokenizer_chat_template(tok); }
+
+/* The step-wise text API reuses struct holdback's helpers through a view of its fields. */
+static struct holdback text_hb(struct textgen_text *t)
+{
+    return (struct holdback){.buf = t->buf, .len = t->len, .cap = t->cap};
+}
+
+static void text_store(struct textgen_text *t, const struct holdback *h)
+{
+    t->buf = h->buf;
+    t->len = h->len;
+    t->cap = h->cap;
+}
+
+void textgen_text_init(struct textgen_text *t, const struct tokenizer *tok,
+                       const struct textgen_params *p)
+{
+    memset(t, 0, sizeof(*t));
+    t->p = p;
+    tokenizer_stream_init(&t->ts, tok, p->skip_special);
+}
+
+qwenrt_status textgen_text_push(struct textgen_text *t, int32_t id, textgen_emit_fn emit,
+                                void *user, bool *stopped, bool *cancelled,
+                                struct qwenrt_error *err)
+{
+    const char *text;
+    size_t len;
+    *stopped = false;
+    qwenrt_status st = tokenizer_stream_push(&t->ts, id, &text, &len, err);
+    if (st)
+        return st;
+    struct holdback h = text_hb(t);
+    bool ok = hb_append(&h, text, len);
+    if (ok)
+        *stopped = flush_text(&h, t->p, emit, user, false, cancelled);
+    text_store(t, &h);
+    return ok ? QWENRT_OK : err_set(err, QWENRT_ERR_NOMEM, "generate: out of memory");
+}
+
+void textgen_text_finish(struct textgen_text *t, textgen_emit_fn emit, void *user)
+{
+    const char *text;
+    size_t len;
+    bool cancelled = false;
+    struct holdback h = text_hb(t);
+    if (!tokenizer_stream_flush(&t->ts, &text, &len, NULL) && hb_append(&h, text, len))
+        flush_text(&h, t->p, emit, user, true, &cancelled);
+    text_store(t, &h);
+}
+
+void textgen_text_free(struct textgen_text *t)
+{
+    if (!t)
+        return;
+    tokenizer_stream_free(&t->ts);
+    xfree(t->buf);
+    t->buf = NULL;
+    t->len = t->cap = 0;
+}

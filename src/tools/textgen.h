@@ -57,4 +57,26 @@ void textgen_generation_defaults(const struct qwenrt_model *m, struct qwenrt_sam
 /* The chat template string of the model's tokenizer (may be NULL). */
 const char *textgen_chat_template(const struct tokenizer *tok);
 
+/* ------------------------------------------------------------ step-wise text (server)
+ * The text half of textgen_run for callers that drive decoding themselves, one token at a
+ * time across many sequences (the server's scheduler): streaming UTF-8, stop strings held
+ * back and never emitted. Usage: init, push each sampled non-EOS token, finish once, free. */
+struct textgen_text {
+    const struct textgen_params *p; /* borrowed: stop strings */
+    struct tokenizer_stream ts;
+    char *buf; /* text produced but not yet emitted (could become a stop string) */
+    size_t len, cap;
+};
+
+void textgen_text_init(struct textgen_text *t, const struct tokenizer *tok,
+                       const struct textgen_params *p);
+/* Adds a token's text and emits what is safe. *stopped: a stop string was found (the text
+ * before it was emitted; nothing more comes). *cancelled: emit returned false. */
+qwenrt_status textgen_text_push(struct textgen_text *t, int32_t id, textgen_emit_fn emit,
+                                void *user, bool *stopped, bool *cancelled,
+                                struct qwenrt_error *err);
+/* Emits what is held back (no stop string can complete any more). */
+void textgen_text_finish(struct textgen_text *t, textgen_emit_fn emit, void *user);
+void textgen_text_free(struct textgen_text *t);
+
 #endif

@@ -1,0 +1,335 @@
+/*
+ * openai.c — OpenAI request parsing and response/chunk/error JSON (openai.h).
+ */
+#include "server/openai.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+
+bool oai_fail(struct oai_error *e, int status, const char *type, const char *code,
+              const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    e->param = param;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+#define BAD(e, param, ...) oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+
+void oai_request_free(struct oai_request *r)
+{
+    if (!r)
+        return;
+    xfree(r->prompt);
+    for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
+        xfree(r->stops[i]);
+    memset(r, 0, sizeof(*r));
+}
+
+/* A number field in [lo, hi]; absent or null leaves *out. */
+static bool get_num(json_t *root, const char *key, double lo, double hi, float *out,
+                    struct oai_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_number(v))
+        return BAD(e, key, "'%s' must be a number", key);
+    double d = json_number_value(v);
+    if (d < lo || d > hi)
+        return BAD(e, key, "'%s' must be in [%g, %g], got %g", key, lo, hi, d);
+    *out = (float)d;
+    return true;
+}
+
+/* An integer field in [lo, hi]; absent or null leaves *out. */
+static bool get_int(json_t *root, const char *key, long long lo, long long hi, long long *out,
+                    struct oai_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_integer(v))
+        return BAD(e, key, "'%s' must be an integer", key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return BAD(e, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(json_t *root, const char *key, bool *out, struct oai_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_boolean(v))
+        return BAD(e, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return true;
+}
+
+static bool parse_stop(json_t *root, struct oai_request *r, struct oai_error *e)
+{
+    json_t *v = json_object_get(root, "stop"), *x;
+    size_t i, n = 0;
+    if (!v || json_is_null(v))
+        return true;
+    if (json_is_string(v)) {
+        if (json_string_length(v) && !(r->stops[0] = xstrdup(json_string_value(v))))
+            return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return true;
+    }
+    if (!json_is_array(v))
+        return BAD(e, "stop", "'stop' must be a string or an array of strings");
+    if (json_array_size(v) > TEXTGEN_MAX_STOP)
+        return BAD(e, "stop", "'stop' holds at most %d strings", TEXTGEN_MAX_STOP);
+    json_array_foreach(v, i, x)
+    {
+        if (!json_is_string(x))
+            return BAD(e, "stop", "'stop[%zu]' must be a string", i);
+        if (json_string_length(x) && !(r->stops[n++] = xstrdup(json_string_value(x))))
+            return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    return true;
+}
+
+static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oai_request *r,
+                           struct oai_error *e)
+{
+    long long n = 1, seed = -1, top_k = 0, max_tok = lim->max_tokens;
+    float freq = 0.0f;
+    r->sp = qwenrt_sampler_default_params();
+    r->sp.temperature = 1.0f; /* OpenAI's defaults */
+    r->sp.top_p = 1.0f;
+    if (!get_num(root, "temperature", 0.0, 2.0, &r->sp.temperature, e) ||
+        !get_num(root, "top_p", 0.0, 1.0, &r->sp.top_p, e) ||
+        !get_num(root, "min_p", 0.0, 1.0, &r->sp.min_p, e) ||
+        !get_num(root, "presence_penalty", -2.0, 2.0, &r->sp.presence_penalty, e) ||
+        !get_num(root, "frequency_penalty", -2.0, 2.0, &freq, e) ||
+        !get_int(root, "top_k", 0, 1 << 30, &top_k, e) ||
+        !get_int(root, "seed", -(1LL << 62), 1LL << 62, &seed, e) ||
+        !get_int(root, "n", 1, 128, &n, e) ||
+        !get_int(root, "max_tokens", 1, 1 << 30, &max_tok, e) ||
+        !get_int(root, "max_completion_tokens", 1, 1 << 30, &max_tok, e))
+        return false;
+    if (n != 1)
+        return BAD(e, "n", "only n=1 is supported, got %lld", n);
+    if (r->sp.top_p <= 0.0f)
+        return BAD(e, "top_p", "'top_p' must be greater than 0");
+    r->sp.top_k = (int32_t)top_k;
+    if (seed >= 0) {
+        r->sp.seed = (uint64_t)seed;
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r->sp.seed = (uint64_t)ts.tv_sec * 1000000007ull + (uint64_t)ts.tv_nsec;
+    }
+    r->max_tokens = max_tok > lim->max_tokens ? lim->max_tokens : (int32_t)max_tok;
+    return true;
+}
+
+/* The chat prompt: messages (and tools) rendered with the model's template. */
+static bool render_chat(json_t *root, const struct oai_limits *lim, struct oai_request *r,
+                        struct oai_error *e)
+{
+    json_t *msgs = json_object_get(root, "messages"), *m, *tools = json_object_get(root, "tools");
+    size_t i;
+    if (!json_is_array(msgs) || !json_array_size(msgs))
+        return BAD(e, "messages", "'messages' must be a non-empty array");
+    json_array_foreach(msgs, i, m)
+    {
+        json_t *c = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
+            return BAD(e, "messages", "'messages[%zu]' must be an object with a string 'role'", i);
+        if (c && !json_is_string(c) && !json_is_array(c) && !json_is_null(c))
+            return BAD(e, "messages", "'messages[%zu].content' must be a string or an array", i);
+    }
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return BAD(e, "tools", "'tools' must be an array");
+    bool think = true;
+    json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (!get_bool(root, "enable_thinking", &think, e) ||
+        (json_is_object(kw) && !get_bool(kw, "enable_thinking", &think, e)))
+        return false;
+    json_t *req = json_pack("{s:O,s:b,s:b}", "messages", msgs, "add_generation_prompt", 1,
+                            "enable_thinking", think);
+    if (req && json_is_array(tools))
+        json_object_set(req, "tools", tools);
+    char *txt = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (!txt)
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    struct qwenrt_error err = {0};
+    size_t len;
+    qwenrt_status st = chat_render_json(lim->fmt, txt, &r->prompt, &len, &err);
+    free(txt);
+    if (st == QWENRT_ERR_NOMEM)
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (st)
+        return BAD(e, "messages", "%s", err.message);
+    return true;
+}
+
+static bool parse_prompt(json_t *root, struct oai_request *r, struct oai_error *e)
+{
+    json_t *p = json_object_get(root, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1)
+        p = json_array_get(p, 0);
+    if (!json_is_string(p))
+        return BAD(e, "prompt", "'prompt' must be a string (or an array of one string)");
+    if (!(r->prompt = xstrdup(json_string_value(p))))
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return true;
+}
+
+bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oai_limits *lim,
+               struct oai_request *r, struct oai_error *e)
+{
+    json_error_t jerr;
+    memset(r, 0, sizeof(*r));
+    r->kind = kind;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    bool ok = false;
+    if (!root) {
+        BAD(e, NULL, "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+            jerr.line, jerr.column);
+        goto out;
+    }
+    if (!json_is_object(root)) {
+        BAD(e, NULL, "the body must be a JSON object");
+        goto out;
+    }
+    json_t *model = json_object_get(root, "model"), *so = json_object_get(root, "stream_options");
+    if (model && !json_is_null(model) && !json_is_string(model)) {
+        BAD(e, "model", "'model' must be a string");
+        goto out;
+    }
+    if (json_is_string(model) && strcmp(json_string_value(model), lim->model_id)) {
+        oai_fail(e, 404, "invalid_request_error", "model_not_found", "model",
+                 "The model '%.200s' does not exist; this server serves '%.200s'",
+                 json_string_value(model), lim->model_id);
+        goto out;
+    }
+    if (so && !json_is_null(so) && !json_is_object(so)) {
+        BAD(e, "stream_options", "'stream_options' must be an object");
+        goto out;
+    }
+    if (!get_bool(root, "stream", &r->stream, e) ||
+        (json_is_object(so) && !get_bool(so, "include_usage", &r->include_usage, e)) ||
+        !parse_sampling(root, lim, r, e) || !parse_stop(root, r, e))
+        goto out;
+    ok = kind == OAI_CHAT ? render_chat(root, lim, r, e) : parse_prompt(root, r, e);
+out:
+    json_decref(root);
+    if (!ok)
+        oai_request_free(r);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ output */
+
+static char *dump(json_t *v)
+{
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!s)
+        return NULL;
+    char *out = xstrdup(s); /* callers free with xfree */
+    free(s);
+    return out;
+}
+
+char *oai_error_json(const struct oai_error *e)
+{
+    json_t *err = json_pack("{s:s,s:s}", "message", e->message, "type", e->type);
+    if (!err)
+        return NULL;
+    json_object_set_new(err, "param", e->param ? json_string(e->param) : json_null());
+    json_object_set_new(err, "code", e->code ? json_string(e->code) : json_null());
+    return dump(json_pack("{s:o}", "error", err));
+}
+
+/* A JSON string of generated text (whole UTF-8 characters by construction; checked anyway so
+ * that a client never receives invalid JSON: invalid text becomes U+FFFD). */
+static json_t *utf8_string(const char *text, size_t len)
+{
+    json_t *t = json_stringn(text ? text : "", text ? len : 0);
+    return t ? t : json_string("\xef\xbf\xbd");
+}
+
+static json_t *usage_json(const struct oai_usage *u)
+{
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", u->prompt, "completion_tokens",
+                     u->completion, "total_tokens", u->prompt + u->completion,
+                     "prompt_tokens_details", "cached_tokens", u->cached);
+}
+
+static json_t *meta_json(const struct oai_meta *m, bool chunk)
+{
+    const char *obj = m->kind == OAI_COMPLETION ? "text_completion"
+                      : chunk                  ? "chat.completion.chunk"
+                                               : "chat.completion";
+    return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", m->id, "object", obj, "created", m->created,
+                     "model", m->model, "system_fingerprint", "qwenrt-" QWENRT_VERSION);
+}
+
+char *oai_response_json(const struct oai_meta *m, const char *text, size_t len,
+                        const char *finish, const struct oai_usage *u)
+{
+    json_t *root = meta_json(m, false), *choice;
+    json_t *t = utf8_string(text, len);
+    if (m->kind == OAI_CHAT)
+        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role",
+                           "assistant", "content", t, "logprobs", "finish_reason", finish);
+    else
+        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text", t, "logprobs",
+                           "finish_reason", finish);
+    if (!root || !choice) {
+        json_decref(root);
+        json_decref(choice);
+        return NULL;
+    }
+    json_object_set_new(root, "choices", json_pack("[o]", choice));
+    json_object_set_new(root, "usage", usage_json(u));
+    return dump(root);
+}
+
+char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, bool role,
+                     const char *finish, const struct oai_usage *usage)
+{
+    json_t *root = meta_json(m, true);
+    if (!root)
+        return NULL;
+    if (usage) {
+        json_object_set_new(root, "choices", json_array());
+        json_object_set_new(root, "usage", usage_json(usage));
+        return dump(root);
+    }
+    json_t *choice = json_pack("{s:i,s:n}", "index", 0, "logprobs");
+    json_t *t = text ? utf8_string(text, len) : NULL;
+    if (m->kind == OAI_CHAT) {
+        json_t *delta = json_object();
+        if (role)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (t)
+            json_object_set_new(delta, "content", t);
+        json_object_set_new(choice, "delta", delta);
+    } else {
+        json_object_set_new(choice, "text", t ? t : json_string(""));
+    }
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(root, "choices", json_pack("[o]", choice));
+    return dump(root);
+}

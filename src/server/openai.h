@@ -1,0 +1,84 @@
+/*
+ * openai.h — the OpenAI protocol of the server: parsing and checking /v1/chat/completions and
+ * /v1/completions request bodies into what a job needs, and writing response objects,
+ * stream chunks and errors in OpenAI's JSON shapes. No I/O and no threads: pure functions
+ * over jansson values, so tests/test_server.c can check them directly.
+ *
+ * Accepted fields: model, messages (chat) / prompt (completions: a string or an array of one
+ * string), max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop
+ * (a string or up to TEXTGEN_MAX_STOP strings), n (1 only), stream, stream_options.
+ * include_usage, presence_penalty, frequency_penalty (mapped to the repeat penalty window),
+ * tools, chat_template_kwargs.enable_thinking. Unknown fields are ignored, as OpenAI does;
+ * a known field of the wrong type or out of range is a 400 naming it in "param".
+ */
+#ifndef QWENRT_SERVER_OPENAI_H
+#define QWENRT_SERVER_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qwenrt.h"
+#include "tokenizer/chat_template.h"
+#include "tools/textgen.h"
+
+enum oai_kind { OAI_CHAT, OAI_COMPLETION };
+
+/* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
+struct oai_error {
+    int status;           /* HTTP status */
+    const char *type;     /* "invalid_request_error", "authentication_error", ... */
+    const char *code;     /* e.g. "model_not_found", or NULL */
+    const char *param;    /* the request field at fault, or NULL */
+    char message[512];
+};
+
+struct oai_limits {
+    const char *model_id;   /* the one model served */
+    int32_t max_tokens;     /* default and cap for generated tokens per request */
+    enum chat_format fmt;   /* chat template renderer */
+};
+
+struct oai_request {
+    enum oai_kind kind;
+    char *prompt;                      /* rendered prompt text, xmalloc'd */
+    struct qwenrt_sampler_params sp;
+    int32_t max_tokens;                /* requested (capped) */
+    char *stops[TEXTGEN_MAX_STOP];     /* xmalloc'd, NULL-terminated when fewer */
+    bool stream, include_usage;
+};
+
+/* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
+bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oai_limits *lim,
+               struct oai_request *r, struct oai_error *e);
+void oai_request_free(struct oai_request *r);
+
+/* Fills e and returns false (for one-line error returns). */
+bool oai_fail(struct oai_error *e, int status, const char *type, const char *code,
+              const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* {"error": {...}} as compact JSON; xmalloc'd (NULL on OOM). */
+char *oai_error_json(const struct oai_error *e);
+
+struct oai_usage {
+    int32_t prompt, cached, completion;
+};
+
+/* The id, created time and model every response object of one request carries. */
+struct oai_meta {
+    enum oai_kind kind;
+    char id[48];
+    long long created;
+    const char *model;
+};
+
+/* A whole (non-streaming) response. finish: "stop" or "length". xmalloc'd JSON. */
+char *oai_response_json(const struct oai_meta *m, const char *text, size_t len,
+                        const char *finish, const struct oai_usage *u);
+/* One stream chunk: text (may be NULL), finish reason (NULL while running); role=true adds
+ * the chat delta's "role": "assistant". usage != NULL writes the usage-only final chunk of
+ * stream_options.include_usage (empty choices). xmalloc'd JSON. */
+char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, bool role,
+                     const char *finish, const struct oai_usage *usage);
+
+#endif

@@ -1,0 +1,561 @@
+/*
+ * scheduler.c — slots, the wait queue and the step loop of continuous batching (scheduler.h).
+ *
+ * Locking: s->mu guards the queue, the slots' job pointers and shutdown; job->mu guards a
+ * job's shared fields. Lock order: s->mu before job->mu. Sessions, samplers, the prompt cache
+ * and slot token lists are touched only by the scheduler thread.
+ */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include "server/scheduler.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/timer.h"
+#include "server/prompt_cache.h"
+
+#define SCHED_GONE_MAX 64 /* cancelled queued jobs dropped per iteration */
+
+enum slot_phase { SLOT_IDLE, SLOT_PREFILL, SLOT_GEN };
+
+struct slot {
+    struct qwenrt_session *sess;
+    struct qwenrt_sampler *smp;
+    struct job *job;           /* NULL when free */
+    enum slot_phase phase;
+    int32_t *toks;             /* [n_toks] the tokens the session holds, cap n_ctx */
+    int32_t n_toks;
+    int32_t boundary;          /* prompt position to checkpoint at (last <|im_start|>), 0 = none */
+    struct textgen_text text;
+    bool text_open;
+};
+
+struct sched {
+    struct qwenrt_model *model;       /* borrowed */
+    const struct tokenizer *tok;      /* borrowed */
+    struct metrics *metrics;          /* borrowed */
+    struct sched_params p;
+    int32_t n_vocab;
+    struct slot *slots;               /* [p.n_parallel] */
+    struct pcache cache;
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct job **queue;               /* [p.queue_max] ring */
+    int q_head, q_len;
+    bool shutdown;
+};
+
+/* ------------------------------------------------------------------ jobs */
+
+struct job *job_new(int32_t *ids, int32_t n_ids)
+{
+    struct job *j = xcalloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->ids = ids;
+    j->n_ids = n_ids;
+    j->fd = -1;
+    j->refs = 1;
+    j->tp.skip_special = true;
+    j->sp = qwenrt_sampler_default_params();
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    return j;
+}
+
+void job_release(struct job *j)
+{
+    if (!j)
+        return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left)
+        return;
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
+        xfree(j->stops[i]);
+    xfree(j->ids);
+    xfree(j->out);
+    xfree(j);
+}
+
+void job_cancel(struct job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    j->cancel = true;
+    pthread_mutex_unlock(&j->mu);
+}
+
+static bool job_cancelled(struct job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    bool c = j->cancel;
+    pthread_mutex_unlock(&j->mu);
+    return c;
+}
+
+/* Appends generated text for the HTTP side (textgen_emit_fn); false stops generation. */
+static bool job_emit(void *user, const char *text, size_t len)
+{
+    struct job *j = user;
+    bool ok = true;
+    pthread_mutex_lock(&j->mu);
+    if (j->out_len + len + 1 > j->out_cap) {
+        size_t cap = (j->out_len + len + 1) * 2;
+        char *p = cap <= SCHED_MAX_PENDING ? xrealloc(j->out, cap, 1) : NULL;
+        if (p) {
+            j->out = p;
+            j->out_cap = cap;
+        } else {
+            j->cancel = true; /* the client does not read, or no memory */
+            ok = false;
+        }
+    }
+    if (ok) {
+        memcpy(j->out + j->out_len, text, len);
+        j->out_len += len;
+        j->out[j->out_len] = '\0';
+        pthread_cond_broadcast(&j->cv);
+    }
+    ok = ok && !j->cancel;
+    pthread_mutex_unlock(&j->mu);
+    return ok;
+}
+
+/* Ends a job: records how, wakes the HTTP side, drops the scheduler's reference. */
+static void job_end(struct sched *s, struct job *j, enum job_finish how, const char *msg)
+{
+    pthread_mutex_lock(&j->mu);
+    j->finish = how;
+    if (msg)
+        snprintf(j->error, sizeof(j->error), "%s", msg);
+    int32_t np = j->n_prompt, nc = j->n_cached, ng = j->n_gen;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->metrics->mu);
+    s->metrics->prompt_tokens += (uint64_t)np;
+    s->metrics->cached_tokens += (uint64_t)nc;
+    s->metrics->completion_tokens += (uint64_t)ng;
+    s->metrics->cancelled += how == JOB_CANCELLED;
+    pthread_mutex_unlock(&s->metrics->mu);
+    job_release(j);
+}
+
+/* ------------------------------------------------------------------ slots */
+
+static void slot_free_job(struct sched *s, struct slot *sl, enum job_finish how, const char *msg)
+{
+    if (sl->text_open) {
+        if (how == JOB_EOS || how == JOB_LENGTH)
+            textgen_text_finish(&sl->text, job_emit, sl->job);
+        textgen_text_free(&sl->text);
+        sl->text_open = false;
+    }
+    /* remember where the conversation ended: the next turn of this chat starts with it */
+    if (how != JOB_ERROR && sl->n_toks > 0)
+        pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
+    struct job *j = sl->job;
+    pthread_mutex_lock(&s->mu);
+    sl->job = NULL;
+    sl->phase = SLOT_IDLE;
+    pthread_mutex_unlock(&s->mu);
+    job_end(s, j, how, msg);
+}
+
+static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
+{
+    int32_t i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Brings the slot's session to the longest cached prefix of the job's prompt: its own state
+ * when that is a prefix, else the best checkpoint, else empty. */
+static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_error *err)
+{
+    struct job *j = sl->job;
+    int32_t own = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
+    bool own_ok = own == sl->n_toks && sl->n_toks > 0;
+    const struct pcache_entry *e = pcache_lookup(&s->cache, j->ids, j->n_ids);
+    int32_t cached = 0;
+    if (own_ok && (!e || e->n <= sl->n_toks)) {
+        cached = sl->n_toks;
+    } else if (e) {
+        qwenrt_status st = qwenrt_session_restore(sl->sess, e->cp, err);
+        if (st)
+            return st;
+        memcpy(sl->toks, e->ids, (size_t)e->n * sizeof(*sl->toks));
+        sl->n_toks = cached = e->n;
+    } else {
+        qwenrt_session_reset(sl->sess);
+        sl->n_toks = 0;
+    }
+    /* the whole prompt is cached: keep one token to process so there are fresh logits
+     * for this request's sampler (a checkpoint's logits are those of its last token) */
+    if (cached == j->n_ids && !qwenrt_session_logits(sl->sess)) {
+        qwenrt_session_reset(sl->sess);
+        sl->n_toks = cached = 0;
+    }
+    sl->boundary = 0;
+    const struct tokenizer_special *sp = tokenizer_special_ids(s->tok);
+    for (int32_t i = j->n_ids - 1; i > cached && sp->im_start >= 0; i--)
+        if (j->ids[i] == sp->im_start) {
+            sl->boundary = i;
+            break;
+        }
+    qwenrt_sampler_free(sl->smp);
+    sl->smp = NULL;
+    qwenrt_status st = qwenrt_sampler_init(&j->sp, s->n_vocab, &sl->smp, err);
+    if (st)
+        return st;
+    for (int32_t i = 0; i < cached; i++)
+        qwenrt_sampler_accept(sl->smp, j->ids[i]);
+    pthread_mutex_lock(&j->mu);
+    j->n_prompt = j->n_ids;
+    j->n_cached = cached;
+    j->t_slot = time_now_s();
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->metrics->mu);
+    if (cached)
+        s->metrics->cache_hits++;
+    else
+        s->metrics->cache_misses++;
+    pthread_mutex_unlock(&s->metrics->mu);
+    metrics_observe(s->metrics, &s->metrics->queue_s, j->t_slot - j->t_arrival);
+    sl->phase = SLOT_PREFILL;
+    return QWENRT_OK;
+}
+
+/* One prefill chunk; at the end of the prompt, checkpoints it and switches to generation. */
+static qwenrt_status slot_prefill(struct sched *s, struct slot *sl, struct qwenrt_error *err)
+{
+    struct job *j = sl->job;
+    int32_t end = j->n_ids;
+    if (sl->n_toks < sl->boundary)
+        end = sl->boundary;
+    if (end - sl->n_toks > SCHED_PREFILL_CHUNK)
+        end = sl->n_toks + SCHED_PREFILL_CHUNK;
+    if (end > sl->n_toks) {
+        int32_t n = end - sl->n_toks;
+        qwenrt_status st = qwenrt_session_prefill(sl->sess, j->ids + sl->n_toks, n, NULL, err);
+        if (st)
+            return st;
+        for (int32_t i = sl->n_toks; i < end; i++)
+            qwenrt_sampler_accept(sl->smp, j->ids[i]);
+        memcpy(sl->toks + sl->n_toks, j->ids + sl->n_toks, (size_t)n * sizeof(*sl->toks));
+        sl->n_toks = end;
+        if (end == sl->boundary || end == j->n_ids)
+            pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
+    }
+    if (sl->n_toks == j->n_ids) {
+        textgen_text_init(&sl->text, s->tok, &j->tp);
+        sl->text_open = true;
+        sl->phase = SLOT_GEN;
+    }
+    return QWENRT_OK;
+}
+
+/* Samples one token, emits its text, feeds it back unless generation ends here. */
+static void slot_gen(struct sched *s, struct slot *sl)
+{
+    struct job *j = sl->job;
+    struct qwenrt_error err = {0};
+    int32_t id = qwenrt_sampler_sample(sl->smp, qwenrt_session_logits(sl->sess));
+    pthread_mutex_lock(&j->mu);
+    int32_t n_gen = ++j->n_gen;
+    bool first = !j->t_first;
+    if (first)
+        j->t_first = time_now_s();
+    pthread_mutex_unlock(&j->mu);
+    if (first)
+        metrics_observe(s->metrics, &s->metrics->ttft_s, j->t_first - j->t_arrival);
+    if (tokenizer_is_eos(s->tok, id)) {
+        slot_free_job(s, sl, JOB_EOS, NULL);
+        return;
+    }
+    qwenrt_sampler_accept(sl->smp, id);
+    bool stopped = false, cancelled = false;
+    if (textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
+        slot_free_job(s, sl, JOB_ERROR, err.message);
+        return;
+    }
+    if (stopped || cancelled) {
+        slot_free_job(s, sl, stopped ? JOB_STOP : JOB_CANCELLED, NULL);
+        return;
+    }
+    if (n_gen >= j->tp.max_tokens || sl->n_toks + 1 >= s->p.n_ctx) {
+        slot_free_job(s, sl, JOB_LENGTH, NULL);
+        return;
+    }
+    if (qwenrt_session_decode(sl->sess, id, &err)) {
+        slot_free_job(s, sl, JOB_ERROR, err.message);
+        return;
+    }
+    sl->toks[sl->n_toks++] = id;
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+/* Marks jobs whose client closed its socket as cancelled (one poll over all of them). */
+static void check_clients(struct sched *s)
+{
+    struct pollfd pfd[256];
+    struct job *who[256];
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->p.n_parallel && n < 256; i++)
+        if (s->slots[i].job && s->slots[i].job->fd >= 0) {
+            who[n] = s->slots[i].job;
+            pfd[n] = (struct pollfd){.fd = who[n]->fd, .events = POLLRDHUP};
+            n++;
+        }
+    for (int k = 0; k < s->q_len && n < 256; k++) {
+        struct job *j = s->queue[(s->q_head + k) % s->p.queue_max];
+        if (j->fd >= 0) {
+            who[n] = j;
+            pfd[n] = (struct pollfd){.fd = j->fd, .events = POLLRDHUP};
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (n && poll(pfd, (nfds_t)n, 0) > 0)
+        for (int i = 0; i < n; i++)
+            if (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+                job_cancel(who[i]);
+}
+
+/* Moves queued jobs into free slots, preferring the slot whose session already holds the
+ * longest prefix of the job's prompt. Cancelled queued jobs leave. Called with s->mu held. */
+static void admit(struct sched *s, struct job **gone, int *n_gone)
+{
+    while (s->q_len && *n_gone < SCHED_GONE_MAX) {
+        struct job *j = s->queue[s->q_head];
+        if (job_cancelled(j)) {
+            s->q_head = (s->q_head + 1) % s->p.queue_max;
+            s->q_len--;
+            gone[(*n_gone)++] = j;
+            continue;
+        }
+        int best = -1;
+        int32_t best_len = -1;
+        for (int i = 0; i < s->p.n_parallel; i++) {
+            struct slot *sl = &s->slots[i];
+            if (sl->job)
+                continue;
+            int32_t c = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
+            int32_t len = c == sl->n_toks ? c : 0;
+            if (len > best_len) {
+                best = i;
+                best_len = len;
+            }
+        }
+        if (best < 0)
+            break;
+        s->slots[best].job = j;
+        s->slots[best].phase = SLOT_IDLE;
+        s->q_head = (s->q_head + 1) % s->p.queue_max;
+        s->q_len--;
+    }
+}
+
+static void publish_gauges(struct sched *s)
+{
+    int busy = 0;
+    for (int i = 0; i < s->p.n_parallel; i++)
+        busy += s->slots[i].job != NULL;
+    pthread_mutex_lock(&s->metrics->mu);
+    s->metrics->queue_depth = s->q_len;
+    s->metrics->slots_busy = busy;
+    s->metrics->cache_entries = s->cache.n_entries;
+    s->metrics->cache_bytes = (int64_t)s->cache.bytes;
+    pthread_mutex_unlock(&s->metrics->mu);
+}
+
+/* One step of one slot. */
+static void slot_step(struct sched *s, struct slot *sl)
+{
+    struct qwenrt_error err = {0};
+    if (job_cancelled(sl->job)) {
+        slot_free_job(s, sl, JOB_CANCELLED, NULL);
+        return;
+    }
+    if (sl->phase == SLOT_IDLE && slot_start(s, sl, &err)) {
+        slot_free_job(s, sl, JOB_ERROR, err.message);
+        return;
+    }
+    if (sl->phase == SLOT_PREFILL) {
+        if (slot_prefill(s, sl, &err))
+            slot_free_job(s, sl, JOB_ERROR, err.message);
+        return; /* the first token comes next iteration, so prefills interleave fairly */
+    }
+    slot_gen(s, sl);
+}
+
+static bool any_active(const struct sched *s)
+{
+    for (int i = 0; i < s->p.n_parallel; i++)
+        if (s->slots[i].job)
+            return true;
+    return false;
+}
+
+static void *sched_main(void *arg)
+{
+    struct sched *s = arg;
+    struct job *gone[SCHED_GONE_MAX];
+    for (;;) {
+        int n_gone = 0;
+        pthread_mutex_lock(&s->mu);
+        while (!s->shutdown && !s->q_len && !any_active(s))
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->shutdown) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        admit(s, gone, &n_gone);
+        publish_gauges(s);
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < n_gone; i++)
+            job_end(s, gone[i], JOB_CANCELLED, NULL);
+        check_clients(s);
+        for (int i = 0; i < s->p.n_parallel; i++)
+            if (s->slots[i].job)
+                slot_step(s, &s->slots[i]);
+    }
+    /* shutdown: cancel what is running and queued */
+    for (int i = 0; i < s->p.n_parallel; i++)
+        if (s->slots[i].job)
+            slot_free_job(s, &s->slots[i], JOB_CANCELLED, "the server is shutting down");
+    pthread_mutex_lock(&s->mu);
+    while (s->q_len) {
+        struct job *j = s->queue[s->q_head];
+        s->q_head = (s->q_head + 1) % s->p.queue_max;
+        s->q_len--;
+        pthread_mutex_unlock(&s->mu);
+        job_end(s, j, JOB_CANCELLED, "the server is shutting down");
+        pthread_mutex_lock(&s->mu);
+    }
+    publish_gauges(s);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok,
+                         const struct sched_params *p, struct metrics *metrics,
+                         struct sched **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    if (p->n_parallel < 1 || p->queue_max < 1 || p->n_ctx < 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "server: parallel %d, queue %d, ctx %d",
+                       p->n_parallel, p->queue_max, p->n_ctx);
+    struct sched *s = xcalloc(1, sizeof(*s));
+    if (!s)
+        return err_set(err, QWENRT_ERR_NOMEM, "server: out of memory");
+    struct qwenrt_model_info info;
+    qwenrt_model_get_info(model, &info);
+    s->model = model;
+    s->tok = tok;
+    s->metrics = metrics;
+    s->p = *p;
+    s->n_vocab = info.n_vocab;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pcache_init(&s->cache, p->cache_bytes);
+    qwenrt_status st = QWENRT_OK;
+    s->slots = xcalloc((size_t)p->n_parallel, sizeof(*s->slots));
+    s->queue = xcalloc((size_t)p->queue_max, sizeof(*s->queue));
+    if (!s->slots || !s->queue) {
+        st = err_set(err, QWENRT_ERR_NOMEM, "server: out of memory");
+        goto out_free;
+    }
+    struct qwenrt_session_params sp = qwenrt_session_default_params();
+    sp.n_ctx = p->n_ctx;
+    sp.n_threads = p->n_threads;
+    for (int i = 0; i < p->n_parallel; i++) {
+        if ((st = qwenrt_session_init(model, &sp, &s->slots[i].sess, err)))
+            goto out_free;
+        if (!(s->slots[i].toks = xmalloc((size_t)p->n_ctx, sizeof(int32_t)))) {
+            st = err_set(err, QWENRT_ERR_NOMEM, "server: out of memory");
+            goto out_free;
+        }
+    }
+    metrics->slots_total = p->n_parallel;
+    if (pthread_create(&s->thread, NULL, sched_main, s)) {
+        st = err_set(err, QWENRT_ERR_INTERNAL, "server: cannot start the scheduler thread");
+        goto out_free;
+    }
+    s->thread_started = true;
+    *out = s;
+    return QWENRT_OK;
+out_free:
+    sched_free(s);
+    return st;
+}
+
+int sched_submit(struct sched *s, struct job *j)
+{
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->shutdown) {
+        rc = -2;
+    } else if (s->q_len >= s->p.queue_max) {
+        rc = -1;
+    } else {
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        s->queue[(s->q_head + s->q_len) % s->p.queue_max] = j;
+        s->q_len++;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == -1) {
+        pthread_mutex_lock(&s->metrics->mu);
+        s->metrics->rejected++;
+        pthread_mutex_unlock(&s->metrics->mu);
+    }
+    return rc;
+}
+
+void sched_shutdown(struct sched *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->shutdown = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->thread_started) {
+        pthread_join(s->thread, NULL);
+        s->thread_started = false;
+    }
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s)
+        return;
+    sched_shutdown(s);
+    for (int i = 0; s->slots && i < s->p.n_parallel; i++) {
+        qwenrt_session_free(s->slots[i].sess);
+        qwenrt_sampler_free(s->slots[i].smp);
+        xfree(s->slots[i].toks);
+    }
+    pcache_free(&s->cache);
+    xfree(s->slots);
+    xfree(s->queue);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    xfree(s);
+}

@@ -1,0 +1,88 @@
+/*
+ * scheduler.h — runs generation requests ("jobs") on a fixed set of slots (one session each)
+ * with continuous batching: between two decode steps, finished or abandoned jobs leave their
+ * slot and queued jobs take free slots, so sequences join and leave the running batch at
+ * token granularity. One scheduler thread owns every session; an iteration gives each
+ * active slot one step (a prefill chunk of at most SCHED_PREFILL_CHUNK tokens, or one
+ * decoded token), so a long prompt cannot stall the other streams.
+ *
+ * A job is shared by the HTTP thread that submitted it and the scheduler (reference count 2
+ * while queued or running). The scheduler appends text to job->out under job->mu and signals
+ * job->cv; the HTTP side takes it from there. A client that goes away is noticed by polling
+ * its socket (POLLRDHUP) every iteration, for queued and running jobs alike, and the job
+ * leaves at once. Prompt caching: see prompt_cache.h; a job checkpoints its prompt up to the
+ * last <|im_start|> (the conversation so far), its whole prompt, and its final state.
+ */
+#ifndef QWENRT_SERVER_SCHEDULER_H
+#define QWENRT_SERVER_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qwenrt.h"
+#include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/textgen.h"
+
+#define SCHED_PREFILL_CHUNK 256      /* prompt tokens per scheduler iteration and slot */
+#define SCHED_MAX_PENDING (4 << 20)  /* bytes of text a client may leave unread before the
+                                        job is cancelled (a stalled reader) */
+
+enum job_finish { JOB_RUNNING, JOB_EOS, JOB_LENGTH, JOB_STOP, JOB_CANCELLED, JOB_ERROR };
+
+struct job {
+    /* input: set before sched_submit, read-only afterwards */
+    int32_t *ids; /* [n_ids] prompt tokens, xmalloc'd, owned */
+    int32_t n_ids;
+    struct qwenrt_sampler_params sp;
+    struct textgen_params tp;          /* stop strings point into stops[] */
+    char *stops[TEXTGEN_MAX_STOP];     /* owned */
+    int fd;                            /* client socket for disconnect checks, -1 = none */
+    double t_arrival;                  /* time_now_s() when the request arrived */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* shared, under mu */
+    char *out;         /* text generated and not yet taken by the HTTP side */
+    size_t out_len, out_cap;
+    enum job_finish finish;  /* JOB_RUNNING until done */
+    bool cancel;             /* set by the HTTP side: stop and leave the slot */
+    int refs;
+    int32_t n_prompt;        /* prompt tokens */
+    int32_t n_cached;        /* of which restored from the prompt cache */
+    int32_t n_gen;           /* tokens generated */
+    double t_slot, t_first;  /* got a slot; first token (0 = not yet) */
+    char error[512];         /* finish == JOB_ERROR */
+};
+
+/* A new job holding one reference for the caller; takes ownership of ids. NULL on OOM. */
+struct job *job_new(int32_t *ids, int32_t n_ids);
+/* Drops a reference; the last one frees the job. */
+void job_release(struct job *j);
+/* Asks the scheduler to stop the job (client gone); the job still ends with JOB_CANCELLED. */
+void job_cancel(struct job *j);
+
+struct sched_params {
+    int n_parallel;    /* slots */
+    int32_t n_ctx;     /* context of each slot's session */
+    int n_threads;     /* kernel threads per session, 0 = the model's */
+    int queue_max;     /* jobs waiting for a slot before sched_submit refuses */
+    size_t cache_bytes; /* prompt cache budget, 0 = off */
+};
+
+struct sched;
+
+qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok,
+                         const struct sched_params *p, struct metrics *metrics,
+                         struct sched **out, struct qwenrt_error *err);
+/* Starts the job (the scheduler takes its own reference). Returns 0, or -1 when the queue is
+ * full (HTTP 429), -2 when shutting down (HTTP 503). */
+int sched_submit(struct sched *s, struct job *j);
+/* Cancels every queued and running job, stops the thread. Idempotent. */
+void sched_shutdown(struct sched *s);
+/* Shuts down if needed and frees everything. NULL is fine. */
+void sched_free(struct sched *s);
+
+#endif
