@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
+#include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "model/model.h"
 #include "quant/quant.h"
@@ -269,6 +270,16 @@ static void count_params(struct qwenrt_model *m)
     m->n_params += small;
 }
 
+/* "cpu" always works; "cuda" needs the CUDA backend compiled in, a driver and a device. */
+static qwenrt_status check_backend(const char *backend, struct qwenrt_error *err)
+{
+    if (!strcmp(backend, "cpu"))
+        return QWENRT_OK;
+    if (!strcmp(backend, "cuda"))
+        return cuda_probe(0, err);
+    return err_set(err, QWENRT_ERR_INVALID_ARG, "backend '%s': expected 'cpu' or 'cuda'", backend);
+}
+
 qwenrt_status qwenrt_model_load(const char *path, const struct qwenrt_model_params *params,
                                 struct qwenrt_model **out, struct qwenrt_error *err)
 {
@@ -286,8 +297,10 @@ qwenrt_status qwenrt_model_load(const char *path, const struct qwenrt_model_para
     }
     m->n_threads = params->n_threads;
     snprintf(m->backend, sizeof(m->backend), "%s", params->backend ? params->backend : "cpu");
-    qwenrt_status st;
-    if (S_ISDIR(sb.st_mode))
+    qwenrt_status st = check_backend(m->backend, err);
+    if (st)
+        ; /* reported by check_backend */
+    else if (S_ISDIR(sb.st_mode))
         st = open_hf_dir(m, path, err);
     else if (is_gguf_file(path))
         st = open_gguf(m, path, err);

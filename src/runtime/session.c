@@ -55,6 +55,13 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
     return QWENRT_OK;
 }
 
+/* The CUDA backend keeps the whole sequence state on the device (backend/cuda). */
+static qwenrt_status init_cuda(struct qwenrt_session *s, struct qwenrt_error *err)
+{
+    struct cuda_options opt = cuda_default_options();
+    return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
+}
+
 qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
                                   const struct qwenrt_session_params *params,
                                   struct qwenrt_session **out, struct qwenrt_error *err)
@@ -78,7 +85,7 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
     int nt = params->n_threads > 0 ? params->n_threads : model->n_threads;
     s->n_threads = nt > 0 ? (nt > 256 ? 256 : nt) : omp_get_num_procs();
     s->cpu_features = cpu_features_detect();
-    qwenrt_status st = alloc_state(s, err);
+    qwenrt_status st = strcmp(model->backend, "cuda") == 0 ? init_cuda(s, err) : alloc_state(s, err);
     for (int ph = 0; ph < 2 && !st; ph++) {
         s->fns[ph] = xcalloc((size_t)model->plans[ph].n_ops, sizeof(cpu_op_fn));
         st = s->fns[ph] ? cpu_bind_plan(&model->plans[ph], s->cpu_features, s->fns[ph], err)
@@ -113,6 +120,7 @@ void qwenrt_session_free(struct qwenrt_session *s)
     if (!s)
         return;
     free_buffers(s);
+    cuda_session_free(s->cuda);
     for (int32_t l = 0; l < s->state.n_layer; l++) {
         if (s->state.k_cache) xfree(s->state.k_cache[l]);
         if (s->state.v_cache) xfree(s->state.v_cache[l]);
@@ -152,6 +160,23 @@ static qwenrt_status ensure_buffers(struct qwenrt_session *s, const struct plan 
     return QWENRT_OK;
 }
 
+/* The same run on the GPU: logits come back to the host (all rows, or the last). */
+static qwenrt_status run_cuda(struct qwenrt_session *s, const int32_t *ids, int32_t n,
+                              float *all_logits, struct qwenrt_error *err)
+{
+    size_t V = (size_t)s->model->hp.n_vocab;
+    qwenrt_status st = cuda_session_run(s->cuda, ids, n, s->n_past, all_logits != NULL,
+                                        all_logits ? all_logits : s->last_logits, s->dump,
+                                        s->dump_user, err);
+    if (st)
+        return st;
+    if (all_logits)
+        memcpy(s->last_logits, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
+    s->n_past += n;
+    s->has_logits = true;
+    return QWENRT_OK;
+}
+
 static qwenrt_status run(struct qwenrt_session *s, const int32_t *ids, int32_t n, float *all_logits,
                          struct qwenrt_error *err)
 {
@@ -165,6 +190,8 @@ static qwenrt_status run(struct qwenrt_session *s, const int32_t *ids, int32_t n
     if (n > s->state.n_ctx - s->n_past)
         return err_set(err, QWENRT_ERR_LIMIT, "context full: %d tokens held, %d more asked, the session holds %d",
                        s->n_past, n, s->state.n_ctx);
+    if (s->cuda)
+        return run_cuda(s, ids, n, all_logits, err);
     int ph = n == 1 ? PHASE_DECODE : PHASE_PREFILL;
     const struct plan *p = &m->plans[ph];
     int32_t rows = all_logits ? n : 1;
@@ -218,6 +245,8 @@ void qwenrt_session_reset(struct qwenrt_session *s)
         return;
     s->n_past = 0;
     s->has_logits = false;
+    if (s->cuda)
+        cuda_session_reset(s->cuda, NULL);
     for (int32_t l = 0; l < s->state.n_layer; l++) {
         if (s->state.conv_state[l])
             memset(s->state.conv_state[l], 0, (size_t)s->state.conv_rows * s->state.conv_dim * sizeof(float));

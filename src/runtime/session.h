@@ -9,6 +9,7 @@
 #define QWENRT_RUNTIME_SESSION_H
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "qwenrt.h"
 
@@ -28,6 +29,8 @@ struct qwenrt_session {
     bool has_logits;
     cpu_dump_fn dump;             /* optional per-op dump (tests, debugging) */
     void *dump_user;
+    struct cuda_session *cuda;    /* non-NULL: the model's backend is "cuda"; the sequence state
+                                     lives on the GPU and `state` holds no arrays */
 };
 
 void session_set_dump(struct qwenrt_session *s, cpu_dump_fn fn, void *user);
