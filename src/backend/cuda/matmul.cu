@@ -30,11 +30,12 @@ __device__ __forceinline__ float warp_sum_m(float v)
     return v;
 }
 
-/* 16 bytes of weights that are read once: keep them out of L1. */
+/* 16 bytes of weights that are read once: keep them out of L1. Not volatile: the compiler
+ * may hoist several of these ahead of their use (the loads have no side effects). */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
 {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
