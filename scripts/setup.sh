@@ -5,7 +5,8 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config libjansson-dev libutf8proc-dev libcmocka-dev libssl-dev \
-libomp-dev libmicrohttpd-dev curl nginx chromium"
+libomp-dev libmicrohttpd-dev curl nginx chromium \
+valgrind clang libclang-rt-14-dev"
 
 missing=""
 for p in $PKGS; do
