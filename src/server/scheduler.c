@@ -284,7 +284,11 @@ static void slot_gen(struct sched *s, struct slot *sl)
     }
     qwenrt_sampler_accept(sl->smp, id);
     bool stopped = false, cancelled = false;
-    if (textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
+    size_t len;
+    /* ids past the tokenizer's vocabulary (the model's padding rows) have no text */
+    bool has_text = tokenizer_token_bytes(s->tok, id, &len) || tokenizer_is_special(s->tok, id);
+    if (has_text &&
+        textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
         slot_free_job(s, sl, JOB_ERROR, err.message);
         return;
     }
@@ -430,6 +434,9 @@ static void *sched_main(void *arg)
         for (int i = 0; i < s->p.n_parallel; i++)
             if (s->slots[i].job)
                 slot_step(s, &s->slots[i]);
+        pthread_mutex_lock(&s->mu);
+        publish_gauges(s);
+        pthread_mutex_unlock(&s->mu);
     }
     /* shutdown: cancel what is running and queued */
     for (int i = 0; i < s->p.n_parallel; i++)

@@ -1,0 +1,202 @@
+#!/bin/sh
+# cli_server.sh — `qwenrt serve` against curl on a free loopback port, with a tiny model that
+# carries the real Qwen3 tokenizer: health, models, chat and completions (JSON and server-sent
+# events, usage), greedy answers equal to `qwenrt run`, OpenAI error shapes (malformed JSON,
+# wrong types, unknown model, n=2, oversized body, unknown path, wrong method, missing or
+# wrong API key), 429 when the queue is full, a client that disconnects mid-stream frees its
+# slot at once, slow writers are cut off while others are served, a slow reader completes,
+# metrics, the request log, prompt caching across two chat turns with Qwen3.5 geometry
+# (KV + DeltaNet state), and a clean exit on SIGTERM in the middle of a stream.
+# $1 = the qwenrt binary. Bounded: every curl has --max-time; servers die with the test.
+set -eu
+Q=$1
+T=$(mktemp -d)
+. "$(dirname "$0")/server/lib.sh"
+trap 'kill_all; rm -rf "$T"' EXIT
+
+"$Q" synth --arch qwen3-tiny --vocab 151936 --type f16 -o "$T/m.gguf" 2>/dev/null
+"$Q" synth --arch qwen35-tiny --vocab 151936 --type f16 -o "$T/m35.gguf" 2>/dev/null
+
+# ---------------------------------------------------------------- basics
+start_server "$T/s1.log" -m "$T/m.gguf" --parallel 2 --max-body-kb 64 --timeout 2
+S1=$PID
+[ "$(http GET /health "" "$T/o")" = 200 ] || fail "health"
+grep -q '"ok"' "$T/o" || fail "health body: $(cat "$T/o")"
+[ "$(http GET /v1/models "" "$T/o")" = 200 ] || fail "models"
+[ "$(jget "$T/o" 'j.data[0].id')" = m ] || fail "model id: $(cat "$T/o")"
+[ "$(http GET /v1/models/m "" "$T/o")" = 200 ] || fail "models/m"
+[ "$(http GET / "" "$T/o")" = 200 ] || fail "chat page"
+grep -q '/v1/chat/completions' "$T/o" || fail "chat page does not call the API"
+
+cat >"$T/chat.json" <<'J'
+{"model":"m","messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"temperature":0,
+ "chat_template_kwargs":{"enable_thinking":false}}
+J
+[ "$(http POST /v1/chat/completions "$T/chat.json" "$T/c1")" = 200 ] || fail "chat: $(cat "$T/c1")"
+[ "$(jget "$T/c1" 'j.object')" = chat.completion ] || fail "chat object: $(cat "$T/c1")"
+[ "$(jget "$T/c1" 'j.choices[0].message.role')" = assistant ] || fail "role"
+[ "$(jget "$T/c1" 'j.usage.completion_tokens')" -le 8 ] || fail "usage: $(cat "$T/c1")"
+[ "$(jget "$T/c1" 'j.usage.total_tokens==j.usage.prompt_tokens+j.usage.completion_tokens')" = true ] || fail "total_tokens"
+answer=$(jget "$T/c1" 'j.choices[0].message.content')
+# the same greedy request through `qwenrt run` (same template, same decode loop)
+ref=$("$Q" run -m "$T/m.gguf" -p Hi -n 8 --temp 0 --no-stats --threads 1)
+[ "$answer" = "$ref" ] || fail "server answer '$answer' differs from qwenrt run '$ref'"
+http POST /v1/chat/completions "$T/chat.json" "$T/c2" >/dev/null
+[ "$(jget "$T/c2" 'j.choices[0].message.content')" = "$answer" ] || fail "greedy not repeatable"
+[ "$(jget "$T/c2" 'j.usage.prompt_tokens_details.cached_tokens==j.usage.prompt_tokens')" = true ] \
+    || fail "a repeated prompt should come whole from the cache: $(cat "$T/c2")"
+
+# streaming: role first, text deltas, finish_reason, usage chunk, [DONE]; same text
+sed 's/"max_tokens":8/"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}/' \
+    "$T/chat.json" >"$T/chat_s.json"
+curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/chat_s.json" \
+    -D "$T/h" "$URL/v1/chat/completions" >"$T/sse"
+grep -qi '^content-type: text/event-stream' "$T/h" || fail "stream content type: $(cat "$T/h")"
+[ "$(tail -n 2 "$T/sse" | head -n 1)" = "data: [DONE]" ] || fail "stream does not end with [DONE]"
+grep '^data: {' "$T/sse" | sed 's/^data: //' >"$T/events"
+node -e '
+const ev=require("fs").readFileSync(process.argv[1],"utf8").trim().split("\n").map(JSON.parse);
+if(ev[0].choices[0].delta.role!=="assistant")throw "first chunk has no role";
+let text="";for(const e of ev)if(e.choices.length&&e.choices[0].delta.content)text+=e.choices[0].delta.content;
+const fin=ev.filter(e=>e.choices.length&&e.choices[0].finish_reason);
+if(fin.length!==1)throw "expected one finish_reason chunk";
+const u=ev[ev.length-1];if(!u.usage||u.choices.length!==0)throw "no usage chunk last";
+if(ev.some(e=>e.object!=="chat.completion.chunk"))throw "chunk object";
+if(text!==process.argv[2])throw "streamed text differs: "+JSON.stringify(text);
+' "$T/events" "$answer" || fail "stream checks"
+
+printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' >"$T/cmp.json"
+[ "$(http POST /v1/completions "$T/cmp.json" "$T/o")" = 200 ] || fail "completions: $(cat "$T/o")"
+[ "$(jget "$T/o" 'j.object')" = text_completion ] || fail "completion object"
+[ "$(jget "$T/o" 'j.choices[0].finish_reason')" = length ] || fail "finish_reason"
+[ "$(jget "$T/o" 'j.usage.completion_tokens')" = 6 ] || fail "completion tokens: $(cat "$T/o")"
+
+# stop string: cut the greedy answer before its second half
+stop=$(printf '%s' "$answer" | cut -c5-7)
+if [ -n "$stop" ]; then
+    node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]));j.stop=[process.argv[2]];
+             console.log(JSON.stringify(j))' "$T/chat.json" "$stop" >"$T/stop.json"
+    http POST /v1/chat/completions "$T/stop.json" "$T/o" >/dev/null
+    st=$(jget "$T/o" 'j.choices[0].message.content')
+    case "$st" in *"$stop"*) fail "stop string emitted: '$st'" ;; esac
+    case "$answer" in "$st"*) ;; *) fail "stopped text '$st' is not a prefix of '$answer'" ;; esac
+    [ "$(jget "$T/o" 'j.choices[0].finish_reason')" = stop ] || fail "stop finish_reason"
+fi
+
+# ---------------------------------------------------------------- errors
+err() { # expected-status body-file path [method] -> checks the OpenAI error shape
+    s=$(http "${4:-POST}" "$3" "$2" "$T/e")
+    [ "$s" = "$1" ] || fail "$3 $(cat "$2" 2>/dev/null | head -c 80): status $s, expected $1: $(cat "$T/e")"
+    jget "$T/e" 'typeof j.error.message==="string"&&typeof j.error.type==="string"&&"param" in j.error&&"code" in j.error' \
+        | grep -q true || fail "error shape: $(cat "$T/e")"
+}
+printf '{"messages": [' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '[1,2]' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"messages":"hi"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"messages":[{"role":"user","content":"x"}],"max_tokens":"8"}' >"$T/b"
+err 400 "$T/b" /v1/chat/completions
+[ "$(jget "$T/e" 'j.error.param')" = max_tokens ] || fail "param of a wrong type"
+printf '{"messages":[{"role":"user","content":"x"}],"temperature":7}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"messages":[{"role":"user","content":"x"}],"n":2}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"messages":[{"role":"user","content":"x"}],"stream":"yes"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"prompt":42}' >"$T/b"; err 400 "$T/b" /v1/completions
+printf '{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}' >"$T/b"
+err 404 "$T/b" /v1/chat/completions
+[ "$(jget "$T/e" 'j.error.code')" = model_not_found ] || fail "model_not_found code"
+node -e 'console.log(JSON.stringify({prompt:"x".repeat(100000)}))' >"$T/big"
+err 413 "$T/big" /v1/completions
+err 404 "" /v1/nothing GET
+err 405 "" /v1/chat/completions GET
+[ "$(http GET /health "" "$T/o")" = 200 ] || fail "server died after the bad requests"
+
+# ---------------------------------------------------------------- slow clients
+# a writer that stalls mid-body is cut off after --timeout 2 s; others are served meanwhile
+t0=$(date +%s)
+( printf '{"prompt":"x",'; sleep 6 ) | curl -s -o /dev/null --max-time 20 -T - -X POST \
+    -H 'Content-Type: application/json' "$URL/v1/completions" &
+SLOW=$!
+sleep 0.5
+[ "$(http POST /v1/completions "$T/cmp.json" "$T/o")" = 200 ] || fail "served while a client stalls"
+wait $SLOW || true
+[ $(( $(date +%s) - t0 )) -le 12 ] || fail "stalled writer was not cut off"
+# a slow reader (1 KB/s) still gets its whole stream
+printf '{"prompt":"Hello","max_tokens":32,"stream":true}' >"$T/b"
+curl -sN --max-time 60 --limit-rate 1K -H 'Content-Type: application/json' --data-binary "@$T/b" \
+    "$URL/v1/completions" >"$T/slow"
+grep -q '^data: \[DONE\]' "$T/slow" || fail "slow reader lost its stream"
+
+grep -q '"POST /v1/chat/completions" 200 .*prompt=.* cached=.* completion=' "$T/s1.log" \
+    || fail "no request log line: $(cat "$T/s1.log")"
+stop_server $S1
+
+# ---------------------------------------------------------------- auth, 429, disconnects
+start_server "$T/s2.log" -m "$T/m.gguf" --parallel 1 --queue 1 --api-key sekret --max-tokens 3000
+S2=$PID
+printf '{"prompt":"Hello","max_tokens":4}' >"$T/short.json"
+err 401 "$T/short.json" /v1/completions
+s=$(http POST /v1/completions "$T/short.json" "$T/e" -H 'Authorization: Bearer wrong')
+[ "$s" = 401 ] || fail "wrong key: $s"
+[ "$(http GET /health "" "$T/o")" = 200 ] || fail "health needs no key"
+[ "$(http GET /metrics "" "$T/o")" = 401 ] || fail "metrics without key"
+AUTH='Authorization: Bearer sekret'
+[ "$(http POST /v1/completions "$T/short.json" "$T/o" -H "$AUTH")" = 200 ] || fail "right key: $(cat "$T/o")"
+
+printf '{"prompt":"Hello","max_tokens":3000,"stream":true,"temperature":0}' >"$T/long.json"
+long() {
+    curl -sN --max-time 60 -H "$AUTH" -H 'Content-Type: application/json' \
+        --data-binary "@$T/long.json" "$URL/v1/completions" >"$1" &
+}
+long "$T/l1"; L1=$!
+sleep 1
+long "$T/l2"; L2=$!
+sleep 1
+# one generating, one queued: the third is refused
+s=$(http POST /v1/completions "$T/short.json" "$T/e" -H "$AUTH")
+[ "$s" = 429 ] || fail "expected 429 with a full queue, got $s: $(cat "$T/e")"
+[ "$(jget "$T/e" 'j.error.type')" = rate_limit_exceeded ] || fail "429 shape: $(cat "$T/e")"
+# both long clients hang up: their slot and queue place are free at once
+kill $L1 $L2 2>/dev/null || true
+wait $L1 $L2 2>/dev/null || true
+grep -q '^data: {' "$T/l1" || fail "the first long stream sent nothing"
+t0=$(date +%s)
+[ "$(http POST /v1/completions "$T/short.json" "$T/o" -H "$AUTH")" = 200 ] || fail "after disconnects: $(cat "$T/o")"
+[ $(( $(date +%s) - t0 )) -le 5 ] || fail "the disconnected stream kept its slot"
+http GET /metrics "" "$T/m" -H "$AUTH" >/dev/null
+grep -q '^qwenrt_requests_cancelled_total [1-9]' "$T/m" || fail "cancelled not counted: $(grep cancel "$T/m")"
+grep -q '^qwenrt_requests_rejected_total 1' "$T/m" || fail "429 not counted"
+grep -q '^qwenrt_slots_busy 0' "$T/m" || fail "a slot is still busy: $(grep slots "$T/m")"
+grep -q '^qwenrt_time_to_first_token_seconds_count [1-9]' "$T/m" || fail "ttft histogram"
+grep -q 'qwenrt_requests_total{endpoint="completions",code="429"} 1' "$T/m" || fail "requests_total"
+
+# SIGTERM in the middle of a stream: the stream ends with an error event, the server exits 0
+long "$T/l3"; L3=$!
+sleep 1
+stop_server $S2
+wait $L3 2>/dev/null || true
+grep -q 'server is shutting down' "$T/l3" || fail "stream not told about the shutdown: $(tail -c 300 "$T/l3")"
+grep -q 'stopped' "$T/s2.log" || fail "no clean stop: $(tail -3 "$T/s2.log")"
+
+# ---------------------------------------------------------------- prompt cache, Qwen3.5
+start_server "$T/s3.log" -m "$T/m35.gguf" --parallel 2
+S3=$PID
+for think in false true; do
+    printf '{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Name a colour %s"}],"max_tokens":10,"temperature":0,"chat_template_kwargs":{"enable_thinking":%s}}' \
+        "$think" "$think" >"$T/t1.json"
+    http POST /v1/chat/completions "$T/t1.json" "$T/r1" >/dev/null
+    node -e 'const fs=require("fs");const q=JSON.parse(fs.readFileSync(process.argv[1]));
+             const r=JSON.parse(fs.readFileSync(process.argv[2]));
+             q.messages.push({role:"assistant",content:r.choices[0].message.content},
+                             {role:"user",content:"And another one?"});
+             console.log(JSON.stringify(q))' "$T/t1.json" "$T/r1" >"$T/t2.json"
+    http POST /v1/chat/completions "$T/t2.json" "$T/r2" >/dev/null
+    p1=$(jget "$T/r1" 'j.usage.prompt_tokens')
+    c2=$(jget "$T/r2" 'j.usage.prompt_tokens_details.cached_tokens')
+    p2=$(jget "$T/r2" 'j.usage.prompt_tokens')
+    [ "$c2" -ge $((p1 - 8)) ] || fail "thinking=$think: turn 2 reused $c2 of $p1 tokens of turn 1"
+    echo "cli_server: Qwen3.5 thinking=$think turn 1 prompt $p1, turn 2 prompt $p2 cached $c2"
+done
+http GET /metrics "" "$T/m" >/dev/null
+grep -q '^qwenrt_prompt_tokens_cached_total [1-9]' "$T/m" || fail "cached tokens not in metrics"
+grep -q '^qwenrt_prompt_cache_hits_total [1-9]' "$T/m" || fail "cache hits not in metrics"
+stop_server $S3
+echo "cli_server: ok"
