@@ -6,6 +6,8 @@
  *                        here, and the kernel every op of each phase is bound to (per op of
  *                        the model with -m, else per op kind), with every remap named
  *   check FILE [-m M]    the same for a file given by path; exit 1 when it does not bind
+ *   kernels              the kernel registry: every key, what it needs, whether it runs here,
+ *                        and the sha256 of its source (as records carry it)
  * Options: --profiles-dir D, --json (the report as JSON), --ops (list every op).
  */
 #include <dirent.h>
@@ -14,16 +16,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul.h"
 #include "base/cpu_features.h"
 #include "cli/commands.h"
 #include "runtime/profile.h"
+#include "tools/records.h"
 #include "tools/tool_setup.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: qwenrt profile list [--profiles-dir D]\n"
                "       qwenrt profile show ID [-m MODEL] [--json] [--ops] [--profiles-dir D]\n"
-               "       qwenrt profile check FILE [-m MODEL] [--json] [--ops] [--profiles-dir D]\n");
+               "       qwenrt profile check FILE [-m MODEL] [--json] [--ops] [--profiles-dir D]\n"
+               "       qwenrt profile kernels\n");
 }
 
 static int list_profiles(const char *dir)
@@ -60,6 +66,29 @@ static int list_profiles(const char *dir)
     }
     closedir(d);
     return n ? 0 : 1;
+}
+
+static void kernel_line(const char *key, const char *what, uint32_t need, uint32_t have)
+{
+    char feats[96], src[256], dig[65];
+    cpu_features_describe(need, feats, sizeof(feats));
+    const char *d = records_kernel_digest(key, dig);
+    printf("%-28s %-14s %-26s %-4s %.16s  %s\n", key, what, need ? feats : "-",
+           (need & have) == need ? "yes" : "no", d ? d : "?", records_kernel_source(key, src, sizeof(src)));
+}
+
+static int list_kernels(void)
+{
+    uint32_t have = cpu_features_detect();
+    printf("%-28s %-14s %-26s %-4s %-16s  %s\n", "key", "op / dtype", "needs", "here", "sha256", "source");
+    for (const struct cpu_op_kernel *k = cpu_op_kernels(); k->key; k++)
+        kernel_line(k->key, op_kind_name(k->kind), k->cpu_features, have);
+    for (const struct cpu_matmul_variant *v = cpu_matmul_variants(); v->key; v++) {
+        char what[32];
+        snprintf(what, sizeof(what), "matmul %s", dtype_traits(v->wtype)->name);
+        kernel_line(v->key, what, v->cpu_features, have);
+    }
+    return 0;
 }
 
 static void print_layers(json_t *layers)
@@ -230,6 +259,8 @@ int cmd_profile(int argc, char **argv)
     const char *sub = argv[optind];
     if (!strcmp(sub, "list"))
         return list_profiles(tool_profiles_dir(dir));
+    if (!strcmp(sub, "kernels"))
+        return list_kernels();
     if ((!strcmp(sub, "show") || !strcmp(sub, "check")) && optind + 1 < argc)
         return show(argv[optind + 1], model, dir, as_json, ops);
     usage(stderr);

@@ -350,6 +350,10 @@ static qwenrt_status run_lanes(struct bench *b, struct qwenrt_error *err)
 {
     const struct bench_params *p = b->p;
     qwenrt_status st = QWENRT_OK;
+    /* external commands first run once, untimed, so a broken command fails before the gate */
+    for (int i = 0; i < b->n_lanes && !st; i++)
+        if (b->lanes[i].kind == LANE_CMD)
+            st = run_cmd(&b->lanes[i], -1, err);
     for (int i = 0; i < b->n_lanes && !st; i++) {
         struct lane *l = &b->lanes[i];
         if (l->kind == LANE_CMD) {

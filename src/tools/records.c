@@ -4,9 +4,10 @@
  * Digests come from source_digests.h, generated at build time by cmake/source_digests.cmake
  * (sha256 of every file under src/, the git commit and whether src/ had uncommitted changes),
  * so a record names exactly the code that produced it even when the binary is moved.
- * A kernel key maps to a file by convention: *.ref op kernels and the *.auto dispatchers live
- * in kernels_ref.c, matmul.<dtype>.ref in matmul.c, <op>.<impl> in <op>_<impl>.c (quantised
- * matmuls in matmul_quant.c); a key with no such file gets the digest of the whole CPU backend.
+ * A kernel key maps to the file that defines its function (key with dots as underscores, found
+ * by the build-time scan), else by convention: *.ref op kernels and the *.auto dispatchers in
+ * kernels_ref.c, matmul.<dtype>.ref in matmul.c; any other key (e.g. a variant made by a
+ * macro) gets the digest of the whole CPU backend, so no change to it can be missed.
  */
 #include "tools/records.h"
 
@@ -55,17 +56,22 @@ const char *records_kernel_source(const char *key, char *buf, size_t len)
         return NULL;
     snprintf(op, sizeof(op), "%.*s", (int)(first - key), key);
     snprintf(impl, sizeof(impl), "%s", last + 1);
+    char fn[128];
+    snprintf(fn, sizeof(fn), "%s", key);
+    for (char *c = fn; *c; c++)
+        if (*c == '.')
+            *c = '_';
+    for (const struct kernel_function *k = kernel_functions; k->name; k++)
+        if (!strcmp(k->name, fn)) { /* the file that defines <op>_<impl> (style rule 7) */
+            snprintf(buf, len, "%s", k->file);
+            return buf;
+        }
     if (!strcmp(impl, "auto") || (!strcmp(impl, "ref") && strcmp(op, "matmul")))
         snprintf(buf, len, CPU_DIR "kernels_ref.c");
     else if (!strcmp(op, "matmul") && !strcmp(impl, "ref"))
         snprintf(buf, len, CPU_DIR "matmul.c");
-    else {
-        snprintf(buf, len, CPU_DIR "%s_%s.c", op, impl);
-        if (!file_digest(buf) && !strcmp(op, "matmul"))
-            snprintf(buf, len, CPU_DIR "matmul_quant.c");
-        if (!file_digest(buf))
-            snprintf(buf, len, CPU_DIR "*");
-    }
+    else
+        snprintf(buf, len, CPU_DIR "*");
     return buf;
 }
 
