@@ -58,3 +58,19 @@ http() {
         curl -s -o "$_o" -w '%{http_code}' --max-time 60 -X "$_m" "$@" "$URL$_p"
     fi
 }
+
+# node_deps: installs tests/server/package.json (openai, playwright-core) with npm ci into
+# NODE_DIR (next to the qwenrt binary, in the build directory; never in the source tree) and
+# copies the test scripts there, so that their imports resolve. Reinstalls when the lock changes.
+node_deps() {
+    _src="$(cd "$(dirname "$0")/server" && pwd)"
+    NODE_DIR="$(cd "$(dirname "$Q")" && pwd)/server-node"
+    mkdir -p "$NODE_DIR"
+    if ! cmp -s "$_src/package-lock.json" "$NODE_DIR/package-lock.json" ||
+        [ ! -d "$NODE_DIR/node_modules/openai" ]; then
+        cp "$_src/package.json" "$_src/package-lock.json" "$NODE_DIR/"
+        (cd "$NODE_DIR" && npm ci --no-audit --no-fund --silent) ||
+            fail "npm ci of tests/server/package.json failed (needs the npm registry)"
+    fi
+    cp "$_src"/*.mjs "$NODE_DIR/"
+}
