@@ -17,9 +17,9 @@
 
 static char dir[64];
 
-#define META(id, intent, compat) \
-    "\"id\": \"" id "\", \"name\": \"" id "\", \"owner\": \"t\", \"intent\": \"" intent "\", " \
-    "\"compatibleIntents\": " compat ", \"stability\": \"experimental\", " \
+#define META(id, intent, compat)                                                                   \
+    "\"id\": \"" id "\", \"name\": \"" id "\", \"owner\": \"t\", \"intent\": \"" intent "\", "     \
+    "\"compatibleIntents\": " compat ", \"stability\": \"experimental\", "                         \
     "\"createdAtUtc\": \"2026-01-02T03:04:05Z\""
 
 static void put(const char *name, const char *text)
@@ -38,17 +38,24 @@ static int setup(void **state)
     snprintf(dir, sizeof(dir), "/tmp/qwenrt_profile_XXXXXX");
     if (!mkdtemp(dir))
         return -1;
-    put("default", "{" META("profiles/default", "investigate", "[\"verify\", \"investigate\", \"calibrate\"]")
-                   ", \"runtime\": {}}");
-    put("base", "{" META("base", "calibrate", "[\"calibrate\"]") ", \"extends\": \"profiles/default\", "
-                "\"runtime\": {\"inference\": {\"batching\": {\"batchSize\": 4, \"readbackInterval\": 2}, "
-                "\"session\": {\"decodeLoop\": {\"batchSize\": 4, \"ringStaging\": 3}}, "
-                "\"list\": [1, 2, 3], \"keep\": \"base\", \"drop\": {\"x\": 1}}}}");
-    put("child", "{" META("child", "calibrate", "[\"calibrate\", \"verify\"]") ", \"extends\": [\"base\"], "
-                 "\"runtime\": {\"inference\": {\"batching\": {\"batchSize\": 8}, \"list\": [9], "
-                 "\"drop\": null, \"session\": {\"decodeLoop\": {\"readbackMode\": \"overlapped\"}}}}}");
+    put("default", "{" META("profiles/default", "investigate",
+                            "[\"verify\", \"investigate\", \"calibrate\"]") ", \"runtime\": {}}");
+    put("base",
+        "{" META(
+            "base", "calibrate",
+            "[\"calibrate\"]") ", \"extends\": \"profiles/default\", "
+                               "\"runtime\": {\"inference\": {\"batching\": {\"batchSize\": 4, \"readbackInterval\": 2}, "
+                               "\"session\": {\"decodeLoop\": {\"batchSize\": 4, \"ringStaging\": 3}}, "
+                               "\"list\": [1, 2, 3], \"keep\": \"base\", \"drop\": {\"x\": 1}}}}");
+    put("child",
+        "{" META(
+            "child", "calibrate",
+            "[\"calibrate\", \"verify\"]") ", \"extends\": [\"base\"], "
+                                           "\"runtime\": {\"inference\": {\"batching\": {\"batchSize\": 8}, \"list\": [9], "
+                                           "\"drop\": null, \"session\": {\"decodeLoop\": {\"readbackMode\": \"overlapped\"}}}}}");
     put("cyc_a", "{" META("cyc_a", "verify", "[\"verify\"]") ", \"extends\": \"cyc_b\"}");
-    put("cyc_b", "{" META("cyc_b", "verify", "[\"verify\"]") ", \"extends\": [\"default\", \"cyc_a\"]}");
+    put("cyc_b",
+        "{" META("cyc_b", "verify", "[\"verify\"]") ", \"extends\": [\"default\", \"cyc_a\"]}");
     return 0;
 }
 
@@ -111,7 +118,8 @@ static void test_extends_chain_and_merge(void **state)
 static void test_merge_function(void **state)
 {
     (void)state;
-    json_t *base = json_loads("{\"a\": {\"b\": 1, \"c\": [1, 2]}, \"d\": 5, \"e\": {\"f\": 1}}", 0, NULL);
+    json_t *base =
+        json_loads("{\"a\": {\"b\": 1, \"c\": [1, 2]}, \"d\": 5, \"e\": {\"f\": 1}}", 0, NULL);
     json_t *over = json_loads("{\"a\": {\"c\": [3], \"g\": true}, \"d\": null, \"e\": 7}", 0, NULL);
     json_t *w = json_array();
     json_t *m = profile_merge(base, over, "", w);
@@ -139,18 +147,28 @@ static void test_cycle_refused(void **state)
 static void test_metadata_errors(void **state)
 {
     (void)state;
-    load_fails("m1", "{\"id\": \"m1\", \"name\": \"m1\", \"intent\": \"verify\"}", "missing required field 'owner'");
-    load_fails("m2", "{" META("m2", "benchmark", "[\"verify\"]") "}", "intent 'benchmark' is not one of");
-    load_fails("m3", "{" META("m3", "verify", "[\"calibrate\"]") "}", "must contain the intent 'verify'");
-    load_fails("m4", "{" META("m4", "verify", "[\"verify\", \"verify\"]") "}", "lists 'verify' twice");
-    load_fails("m5", "{" META("m5", "verify", "[]") "}", "compatibleIntents must be a non-empty array");
-    load_fails("m6", "{\"id\": \"m6\", \"name\": \"m\", \"owner\": \"o\", \"intent\": \"verify\", "
-                     "\"compatibleIntents\": [\"verify\"], \"stability\": \"stable\", \"createdAtUtc\": \"2026-01-01T00:00:00Z\"}",
-               "stability 'stable' is not one of");
-    load_fails("m7", "{\"id\": \"m7\", \"name\": \"m\", \"owner\": \"o\", \"intent\": \"verify\", "
-                     "\"compatibleIntents\": [\"verify\"], \"stability\": \"canonical\", \"createdAtUtc\": \"yesterday\"}",
-               "createdAtUtc 'yesterday' is not an ISO-8601 time");
-    load_fails("m8", "{" META("m8", "verify", "[\"verify\"]") ", \"extends\": 3}", "extends must be a profile id");
+    load_fails("m1", "{\"id\": \"m1\", \"name\": \"m1\", \"intent\": \"verify\"}",
+               "missing required field 'owner'");
+    load_fails("m2", "{" META("m2", "benchmark", "[\"verify\"]") "}",
+               "intent 'benchmark' is not one of");
+    load_fails("m3", "{" META("m3", "verify", "[\"calibrate\"]") "}",
+               "must contain the intent 'verify'");
+    load_fails("m4", "{" META("m4", "verify", "[\"verify\", \"verify\"]") "}",
+               "lists 'verify' twice");
+    load_fails("m5", "{" META("m5", "verify", "[]") "}",
+               "compatibleIntents must be a non-empty array");
+    load_fails(
+        "m6",
+        "{\"id\": \"m6\", \"name\": \"m\", \"owner\": \"o\", \"intent\": \"verify\", "
+        "\"compatibleIntents\": [\"verify\"], \"stability\": \"stable\", \"createdAtUtc\": \"2026-01-01T00:00:00Z\"}",
+        "stability 'stable' is not one of");
+    load_fails(
+        "m7",
+        "{\"id\": \"m7\", \"name\": \"m\", \"owner\": \"o\", \"intent\": \"verify\", "
+        "\"compatibleIntents\": [\"verify\"], \"stability\": \"canonical\", \"createdAtUtc\": \"yesterday\"}",
+        "createdAtUtc 'yesterday' is not an ISO-8601 time");
+    load_fails("m8", "{" META("m8", "verify", "[\"verify\"]") ", \"extends\": 3}",
+               "extends must be a profile id");
     load_fails("m9", "[1]", "a profile must be a JSON object");
     load_fails("m10", "{\"id\": ", "m10.json:1");
 }
@@ -158,30 +176,51 @@ static void test_metadata_errors(void **state)
 static void test_runtime_errors(void **state)
 {
     (void)state;
-#define RT(name, rt) "{" META(name, "verify", "[\"verify\"]") ", \"runtime\": {\"inference\": " rt "}}"
-    load_fails("r1", RT("r1", "{\"executionPatch\": {\"layers\": []}}"), "executionPatch.layers is not supported yet");
-    load_fails("r2", RT("r2", "{\"executionPatch\": {\"addKernels\": [{\"key\": \"k\", \"kernel\": {\"kernel\": \"a.wgsl\", \"entry\": \"main\", \"digest\": \"sha256:12\"}}]}}"),
-               "digest must be \"sha256:<64 hex digits>\"");
-    load_fails("r3", RT("r3", "{\"executionPatch\": {\"addKernels\": ["
-                              "{\"key\": \"k\", \"kernel\": {\"kernel\": \"a\", \"entry\": \"m\", \"digest\": \"sha256:" \
-                              "0000000000000000000000000000000000000000000000000000000000000000\"}},"
-                              "{\"key\": \"k\", \"kernel\": {\"kernel\": \"a\", \"entry\": \"m\", \"digest\": \"sha256:" \
-                              "0000000000000000000000000000000000000000000000000000000000000000\"}}]}}"),
-               "key 'k' already exists");
-    load_fails("r4", RT("r4", "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"weights\": \"x\"}]}}"),
-               "'weights' rewrites are not supported");
-    load_fails("r5", RT("r5", "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"kernelKey\": \"k\", \"section\": \"middle\"}]}}"),
-               "section 'middle' is not one of");
-    load_fails("r6", RT("r6", "{\"executionPatch\": {\"set\": [{\"kernelKey\": \"k\"}]}}"), "missing 'op'");
-    load_fails("r7", RT("r7", "{\"batching\": {\"readbackMode\": \"overlapped\", \"ringStaging\": 1}}"),
+#define RT(name, rt)                                                                               \
+    "{" META(name, "verify", "[\"verify\"]") ", \"runtime\": {\"inference\": " rt "}}"
+    load_fails("r1", RT("r1", "{\"executionPatch\": {\"layers\": []}}"),
+               "executionPatch.layers is not supported yet");
+    load_fails(
+        "r2",
+        RT("r2",
+           "{\"executionPatch\": {\"addKernels\": [{\"key\": \"k\", \"kernel\": {\"kernel\": \"a.wgsl\", \"entry\": \"main\", \"digest\": \"sha256:12\"}}]}}"),
+        "digest must be \"sha256:<64 hex digits>\"");
+    load_fails(
+        "r3",
+        RT("r3",
+           "{\"executionPatch\": {\"addKernels\": ["
+           "{\"key\": \"k\", \"kernel\": {\"kernel\": \"a\", \"entry\": \"m\", \"digest\": \"sha256:"
+           "0000000000000000000000000000000000000000000000000000000000000000\"}},"
+           "{\"key\": \"k\", \"kernel\": {\"kernel\": \"a\", \"entry\": \"m\", \"digest\": \"sha256:"
+           "0000000000000000000000000000000000000000000000000000000000000000\"}}]}}"),
+        "key 'k' already exists");
+    load_fails(
+        "r4",
+        RT("r4", "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"weights\": \"x\"}]}}"),
+        "'weights' rewrites are not supported");
+    load_fails(
+        "r5",
+        RT("r5",
+           "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"kernelKey\": \"k\", \"section\": \"middle\"}]}}"),
+        "section 'middle' is not one of");
+    load_fails("r6", RT("r6", "{\"executionPatch\": {\"set\": [{\"kernelKey\": \"k\"}]}}"),
+               "missing 'op'");
+    load_fails("r7",
+               RT("r7", "{\"batching\": {\"readbackMode\": \"overlapped\", \"ringStaging\": 1}}"),
                "'overlapped' needs ringStaging >= 2 (it is 1)");
     load_fails("r8", RT("r8", "{\"session\": {\"decodeLoop\": {\"readbackMode\": \"auto\"}}}"),
                "'auto' needs submitLatencyThresholdMs");
-    load_fails("r9", RT("r9", "{\"batching\": {\"batchSize\": 0}}"), "batching.batchSize must be an integer >= 1");
-    load_fails("r10", RT("r10", "{\"kernelPathPolicy\": {\"mode\": \"loose\"}}"), "mode 'loose' is not one of");
-    load_fails("r11", RT("r11", "{\"kernelPathPolicy\": {\"sourceScope\": [\"model\"], \"allowSources\": [\"config\"]}}"),
-               "sourceScope and allowSources differ");
-    load_fails("r12", RT("r12", "{\"batching\": {\"stopCheckMode\": \"never\"}}"), "stopCheckMode 'never'");
+    load_fails("r9", RT("r9", "{\"batching\": {\"batchSize\": 0}}"),
+               "batching.batchSize must be an integer >= 1");
+    load_fails("r10", RT("r10", "{\"kernelPathPolicy\": {\"mode\": \"loose\"}}"),
+               "mode 'loose' is not one of");
+    load_fails(
+        "r11",
+        RT("r11",
+           "{\"kernelPathPolicy\": {\"sourceScope\": [\"model\"], \"allowSources\": [\"config\"]}}"),
+        "sourceScope and allowSources differ");
+    load_fails("r12", RT("r12", "{\"batching\": {\"stopCheckMode\": \"never\"}}"),
+               "stopCheckMode 'never'");
 #undef RT
 }
 
@@ -191,8 +230,11 @@ static void test_intent_gating(void **state)
     struct profile *p = load_ok("base"); /* calibrate only */
     struct qwenrt_error err = {0};
     assert_int_equal(profile_check_intent(p, "bench", PROFILE_INTENT_CALIBRATE, &err), QWENRT_OK);
-    assert_int_equal(profile_check_intent(p, "validate", PROFILE_INTENT_VERIFY, &err), QWENRT_ERR_INVALID_ARG);
-    assert_non_null(strstr(err.message, "profile 'base' is not compatible with 'validate' (intent verify): its compatibleIntents are [calibrate]"));
+    assert_int_equal(profile_check_intent(p, "validate", PROFILE_INTENT_VERIFY, &err),
+                     QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(
+        err.message,
+        "profile 'base' is not compatible with 'validate' (intent verify): its compatibleIntents are [calibrate]"));
     profile_free(p);
 }
 
@@ -202,9 +244,11 @@ static qwenrt_status bind_text(const char *name, const char *inference, const ch
                                struct qwenrt_error *err)
 {
     char text[2048];
-    snprintf(text, sizeof(text), "{\"id\": \"%s\", \"name\": \"n\", \"owner\": \"o\", \"intent\": \"verify\", "
+    snprintf(text, sizeof(text),
+             "{\"id\": \"%s\", \"name\": \"n\", \"owner\": \"o\", \"intent\": \"verify\", "
              "\"compatibleIntents\": [\"verify\"], \"stability\": \"experimental\", "
-             "\"createdAtUtc\": \"2026-01-01T00:00:00Z\", \"runtime\": {\"inference\": %s}}", name, inference);
+             "\"createdAtUtc\": \"2026-01-01T00:00:00Z\", \"runtime\": {\"inference\": %s}}",
+             name, inference);
     put(name, text);
     struct profile *p = load_ok(name);
     if (qwenrt_model_load(model, NULL, m, err))
@@ -222,31 +266,53 @@ static void test_binding_errors_and_remap(void **state)
     struct qwenrt_error err = {0};
     const char *q3 = "tests/data/qwen3-tiny-f32";
 
-    assert_int_equal(bind_text("b1", "{\"executionPatch\": {\"set\": [{\"op\": \"attention\", \"kernelKey\": \"attention.magic\"}]}}",
-                               q3, &b, &m, &err), QWENRT_ERR_NOT_FOUND);
+    assert_int_equal(
+        bind_text(
+            "b1",
+            "{\"executionPatch\": {\"set\": [{\"op\": \"attention\", \"kernelKey\": \"attention.magic\"}]}}",
+            q3, &b, &m, &err),
+        QWENRT_ERR_NOT_FOUND);
     assert_non_null(strstr(err.message, "unknown kernel key 'attention.magic'"));
     qwenrt_model_free(m);
 
-    assert_int_equal(bind_text("b2", "{\"executionPatch\": {\"set\": [{\"op\": \"gdn_core\", \"kernelKey\": \"gdn_core.ref\"}]}}",
-                               q3, &b, &m, &err), QWENRT_ERR_NOT_FOUND);
+    assert_int_equal(
+        bind_text(
+            "b2",
+            "{\"executionPatch\": {\"set\": [{\"op\": \"gdn_core\", \"kernelKey\": \"gdn_core.ref\"}]}}",
+            q3, &b, &m, &err),
+        QWENRT_ERR_NOT_FOUND);
     assert_non_null(strstr(err.message, "(section any, op 'gdn_core') matches no op of the plan"));
     qwenrt_model_free(m);
 
-    assert_int_equal(bind_text("b3", "{\"executionPatch\": {\"set\": [{\"op\": \"attention\", \"kernelKey\": \"rmsnorm.ref\"}]}}",
-                               q3, &b, &m, &err), QWENRT_ERR_INVALID_ARG);
-    assert_non_null(strstr(err.message, "is a kernel of op rmsnorm, it cannot bind op 'attention'"));
+    assert_int_equal(
+        bind_text(
+            "b3",
+            "{\"executionPatch\": {\"set\": [{\"op\": \"attention\", \"kernelKey\": \"rmsnorm.ref\"}]}}",
+            q3, &b, &m, &err),
+        QWENRT_ERR_INVALID_ARG);
+    assert_non_null(
+        strstr(err.message, "is a kernel of op rmsnorm, it cannot bind op 'attention'"));
     qwenrt_model_free(m);
 
     /* an f16 matmul on f32 weights: locked fails, capability-aware remaps */
-    assert_int_equal(bind_text("b4", "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"kernelKey\": \"matmul.f16.portable\"}]}}",
-                               q3, &b, &m, &err), QWENRT_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.message, "matmul.f16.portable is for f16 weights, this op's weight is f32"));
+    assert_int_equal(
+        bind_text(
+            "b4",
+            "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"kernelKey\": \"matmul.f16.portable\"}]}}",
+            q3, &b, &m, &err),
+        QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(
+        strstr(err.message, "matmul.f16.portable is for f16 weights, this op's weight is f32"));
     assert_non_null(strstr(err.message, "kernelPathPolicy locked"));
     qwenrt_model_free(m);
-    assert_int_equal(bind_text("b5", "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"kernelKey\": \"matmul.f16.portable\"}, "
-                                     "{\"section\": \"decode\", \"op\": \"matmul\", \"kernelKey\": \"matmul.f32.portable\"}]}, "
-                                     "\"kernelPathPolicy\": {\"mode\": \"capability-aware\", \"onIncompatible\": \"remap\"}}",
-                               q3, &b, &m, &err), QWENRT_OK);
+    assert_int_equal(
+        bind_text(
+            "b5",
+            "{\"executionPatch\": {\"set\": [{\"op\": \"matmul\", \"kernelKey\": \"matmul.f16.portable\"}, "
+            "{\"section\": \"decode\", \"op\": \"matmul\", \"kernelKey\": \"matmul.f32.portable\"}]}, "
+            "\"kernelPathPolicy\": {\"mode\": \"capability-aware\", \"onIncompatible\": \"remap\"}}",
+            q3, &b, &m, &err),
+        QWENRT_OK);
     int32_t q = 0; /* layer 0's q matmul */
     while (m->plans[PHASE_DECODE].ops[q].kind != OP_MATMUL)
         q++;
@@ -254,7 +320,8 @@ static void test_binding_errors_and_remap(void **state)
     assert_false(b.ops[PHASE_DECODE][q].remapped);
     assert_string_equal(b.ops[PHASE_DECODE][q].key, "matmul.f32.portable");
     assert_int_equal(json_array_size(b.remaps), 1);
-    assert_non_null(strstr(json_string_value(json_array_get(b.remaps, 0)), "prefill matmul (21 ops, layers 0,1,2): matmul.f16.portable ->"));
+    assert_non_null(strstr(json_string_value(json_array_get(b.remaps, 0)),
+                           "prefill matmul (21 ops, layers 0,1,2): matmul.f16.portable ->"));
     /* applying writes keys into the plans, which sessions bind */
     profile_apply(&b, m->plans);
     assert_string_equal(m->plans[PHASE_DECODE].ops[q].kernel, "matmul.f32.portable");
@@ -266,7 +333,8 @@ static void test_seed_000(void **state)
 {
     (void)state;
     glob_t g;
-    if (glob("../shared/seeds/000_*.txt", 0, NULL, &g) != 0 && glob("/work/shared/seeds/000_*.txt", 0, NULL, &g) != 0)
+    if (glob("../shared/seeds/000_*.txt", 0, NULL, &g) != 0 &&
+        glob("/work/shared/seeds/000_*.txt", 0, NULL, &g) != 0)
         skip();
     char seed[512];
     snprintf(seed, sizeof(seed), "%s", g.gl_pathv[0]);
@@ -280,7 +348,8 @@ static void test_seed_000(void **state)
     assert_true(p->capability_aware && p->remap && p->remap_in_scope);
     assert_int_equal(p->decode.batch_size, 8);
     assert_int_equal(p->decode.max_batch_decode_tokens, 128);
-    assert_int_equal(profile_check_intent(p, "validate", PROFILE_INTENT_VERIFY, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(profile_check_intent(p, "validate", PROFILE_INTENT_VERIFY, &err),
+                     QWENRT_ERR_INVALID_ARG);
     assert_int_equal(profile_check_intent(p, "bench", PROFILE_INTENT_CALIBRATE, &err), QWENRT_OK);
 
     struct qwenrt_model *m = NULL;
@@ -302,15 +371,17 @@ static void test_seed_000(void **state)
         assert_false(b.ops[PHASE_PREFILL][i].remapped);
     /* remaps named: one for the kernel, one per requested fusion qwenrt lacks */
     const char *r0 = json_string_value(json_array_get(b.remaps, 0));
-    assert_non_null(strstr(r0, "decode attention (2 ops, layers 3,7): attn_decode_head256 -> attention"));
-    assert_non_null(strstr(r0, "attention_decode_online_head256_f16kv_output_gate.wgsl#main is a wgsl source"));
+    assert_non_null(
+        strstr(r0, "decode attention (2 ops, layers 3,7): attn_decode_head256 -> attention"));
+    assert_non_null(
+        strstr(r0, "attention_decode_online_head256_f16kv_output_gate.wgsl#main is a wgsl source"));
     assert_int_equal(json_array_size(b.remaps), 6);
     /* the report classifies each field */
     json_t *rep = profile_report(p, &b, m->plans);
     size_t i;
     json_t *f;
     int seen = 0;
-    json_array_foreach(json_object_get(rep, "fields"), i, f) {
+    json_array_foreach (json_object_get(rep, "fields"), i, f) {
         const char *path = json_string_value(json_object_get(f, "path"));
         const char *ap = json_string_value(json_object_get(f, "applies"));
         if (!strcmp(path, "runtime.inference.session.decodeLoop.readbackMode"))
@@ -340,7 +411,8 @@ static void test_shipped_profiles(void **state)
         struct qwenrt_error err = {0};
         if (profile_load(ids[i], "profiles", &p, &err))
             fail_msg("%s: %s", ids[i], err.message);
-        assert_true(p->compatible & PROFILE_INTENT_VERIFY); /* every shipped profile can be validated */
+        assert_true(p->compatible &
+                    PROFILE_INTENT_VERIFY); /* every shipped profile can be validated */
         profile_free(p);
     }
 }

@@ -33,7 +33,8 @@ static void qk_norm_rope_bad_sign(const struct plan_op *op, struct cpu_exec *ex)
         int32_t pos = ex->pos0 + t;
         for (int qk = 0; qk < 2; qk++) {
             int32_t n = qk ? op->n_head_kv : op->n_head, stride = qk ? hd : op->q_stride;
-            float *base = ex->bufs[qk ? op->in : op->out] + (size_t)t * ex->plan->bufs[qk ? op->in : op->out].width;
+            float *base = ex->bufs[qk ? op->in : op->out] +
+                          (size_t)t * ex->plan->bufs[qk ? op->in : op->out].width;
             for (int32_t h = 0; h < n; h++) {
                 float *x = base + (size_t)h * stride;
                 for (int32_t i = 0; i < half; i++) {
@@ -99,9 +100,14 @@ static void rebind(struct qwenrt_session *s, void *user)
 static void run_gate(const char *model, struct breakage *b, const char *reference,
                      struct validate_result *r)
 {
-    struct validate_params p = {.model_path = model, .n_prompt = PROMPT, .n_gen = GEN, .n_threads = 2,
-                                .reference_file = reference, .profiles_dir = "profiles",
-                                .candidate_hook = b ? rebind : NULL, .hook_user = b};
+    struct validate_params p = {.model_path = model,
+                                .n_prompt = PROMPT,
+                                .n_gen = GEN,
+                                .n_threads = 2,
+                                .reference_file = reference,
+                                .profiles_dir = "profiles",
+                                .candidate_hook = b ? rebind : NULL,
+                                .hook_user = b};
     struct qwenrt_error err = {0};
     if (validate_run(&p, r, &err))
         fail_msg("validate_run: %s", err.message);
@@ -115,11 +121,13 @@ static void expect_failure_at(struct validate_result *r, int32_t pos, const char
     if (r->passed)
         fail_msg("expected validation_failed at position %d, the gate passed", pos);
     if (r->first_failure != pos)
-        fail_msg("expected the first failure at position %d, got %d (%s)", pos, r->first_failure, r->failure);
+        fail_msg("expected the first failure at position %d, got %d (%s)", pos, r->first_failure,
+                 r->failure);
     if (!strstr(r->failure, what))
         fail_msg("expected '%s' in the failure message: %s", what, r->failure);
     json_t *res = json_object_get(r->record, "result");
-    assert_string_equal(json_string_value(json_object_get(r->record, "status")), "validation_failed");
+    assert_string_equal(json_string_value(json_object_get(r->record, "status")),
+                        "validation_failed");
     assert_int_equal(json_integer_value(json_object_get(res, "first_failure_position")), pos);
     /* the first failure stops the run: the last check is the failing one */
     json_t *checks = json_object_get(r->record, "checks");
@@ -142,7 +150,8 @@ static void test_correct_paths_pass(void **state)
 {
     (void)state;
     static const char *const models[] = {"tests/data/qwen3-tiny-f32", "tests/data/qwen3-tiny-bf16",
-                                         "tests/data/qwen35-tiny-f32", "tests/data/qwen35-tiny-bf16"};
+                                         "tests/data/qwen35-tiny-f32",
+                                         "tests/data/qwen35-tiny-bf16"};
     for (int i = 0; i < 4; i++) {
         struct validate_result r;
         run_gate(models[i], NULL, NULL, &r);
@@ -154,7 +163,8 @@ static void test_fixture_reference_passes(void **state)
 {
     (void)state;
     struct validate_result r;
-    run_gate("tests/data/qwen35-tiny-bf16", NULL, "tests/data/qwen35-tiny-bf16/reference.safetensors", &r);
+    run_gate("tests/data/qwen35-tiny-bf16", NULL,
+             "tests/data/qwen35-tiny-bf16/reference.safetensors", &r);
     assert_true(r.passed);
     /* 70 prompt positions plus GEN-1 decoded ones; tokens equal the fixture's greedy ids */
     assert_int_equal(r.n_prompt, 70);
@@ -176,7 +186,8 @@ static void test_rope_sign_fails_against_fixture(void **state)
     (void)state;
     struct breakage b = {OP_QK_NORM_ROPE, qk_norm_rope_bad_sign, true, true, 0};
     struct validate_result r;
-    run_gate("tests/data/qwen3-tiny-f32", &b, "tests/data/qwen3-tiny-f32/reference.safetensors", &r);
+    run_gate("tests/data/qwen3-tiny-f32", &b, "tests/data/qwen3-tiny-f32/reference.safetensors",
+             &r);
     expect_failure_at(&r, 1, "position 1 (prefill)");
 }
 
@@ -216,7 +227,8 @@ static void test_tolerance_table(void **state)
     (void)state;
     int n = 0;
     for (const struct validate_tolerance *t = validate_tolerances(); t->family; t++, n++) {
-        assert_true(t->logits_rtol > 0 && t->logits_atol > 0 && t->cache_atol > 0 && t->state_atol > 0);
+        assert_true(t->logits_rtol > 0 && t->logits_atol > 0 && t->cache_atol > 0 &&
+                    t->state_atol > 0);
         assert_non_null(t->reason);
     }
     assert_true(n >= 3);

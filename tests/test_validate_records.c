@@ -40,8 +40,13 @@ static void conforms(const char *name, json_t *doc)
 
 static json_t *validate_record(const char *model, const char *reference)
 {
-    struct validate_params p = {.model_path = model, .n_prompt = 5, .n_gen = 4, .n_threads = 2,
-                                .reference_file = reference, .profiles_dir = "profiles", .seed = 7};
+    struct validate_params p = {.model_path = model,
+                                .n_prompt = 5,
+                                .n_gen = 4,
+                                .n_threads = 2,
+                                .reference_file = reference,
+                                .profiles_dir = "profiles",
+                                .seed = 7};
     struct validate_result r;
     struct qwenrt_error err = {0};
     if (validate_run(&p, &r, &err))
@@ -54,13 +59,14 @@ static json_t *validate_record(const char *model, const char *reference)
 /* Removes what may differ between two runs: timestamps and timings. */
 static void strip_volatile(json_t *rec)
 {
-    static const char *const top[] = {"created_at", "prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s",
-                                      "total_s", "per_token_ms", "peak_memory"};
+    static const char *const top[] = {
+        "created_at", "prefill_tokens_per_s", "decode_tokens_per_s", "ttft_s",
+        "total_s",    "per_token_ms",         "peak_memory"};
     for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++)
         json_object_del(rec, top[i]);
     size_t i;
     json_t *l;
-    json_array_foreach(json_object_get(rec, "lanes"), i, l) {
+    json_array_foreach (json_object_get(rec, "lanes"), i, l) {
         json_object_del(l, "samples");
         json_object_del(l, "median");
         json_object_del(l, "per_token_ms");
@@ -73,18 +79,21 @@ static void same_but_volatile(json_t *a, json_t *b)
     strip_volatile(a);
     strip_volatile(b);
     if (!json_equal(a, b)) {
-        char *x = json_dumps(a, JSON_SORT_KEYS | JSON_COMPACT), *y = json_dumps(b, JSON_SORT_KEYS | JSON_COMPACT);
+        char *x = json_dumps(a, JSON_SORT_KEYS | JSON_COMPACT),
+             *y = json_dumps(b, JSON_SORT_KEYS | JSON_COMPACT);
         size_t k = 0;
         while (x[k] && x[k] == y[k])
             k++;
-        fail_msg("two runs differ beyond timings and timestamps near: ...%.80s", x + (k > 40 ? k - 40 : 0));
+        fail_msg("two runs differ beyond timings and timestamps near: ...%.80s",
+                 x + (k > 40 ? k - 40 : 0));
     }
 }
 
 static void test_validate_records_conform(void **state)
 {
     (void)state;
-    static const char *const models[] = {"tests/data/qwen3-tiny-f32", "tests/data/qwen35-tiny-bf16"};
+    static const char *const models[] = {"tests/data/qwen3-tiny-f32",
+                                         "tests/data/qwen35-tiny-bf16"};
     for (int i = 0; i < 2; i++) {
         json_t *a = validate_record(models[i], NULL), *b = validate_record(models[i], NULL);
         assert_string_equal(json_string_value(json_object_get(a, "status")), "validated");
@@ -97,7 +106,8 @@ static void test_validate_records_conform(void **state)
         snprintf(ref, sizeof(ref), "%s/reference.safetensors", models[i]);
         json_t *f = validate_record(models[i], ref);
         conforms("validation", f);
-        assert_string_equal(json_string_value(json_object_get(json_object_get(f, "reference"), "kind")), "file");
+        assert_string_equal(
+            json_string_value(json_object_get(json_object_get(f, "reference"), "kind")), "file");
         json_decref(f);
     }
 }
@@ -123,8 +133,9 @@ static void test_synth_models(void **state)
         if (strcmp(json_string_value(json_object_get(a, "status")), "validated"))
             fail_msg("synth %s: %s", cases[i].preset,
                      json_string_value(json_object_get(json_object_get(a, "result"), "failure")));
-        assert_string_equal(json_string_value(json_object_get(json_object_get(a, "tolerances"), "applied")),
-                            cases[i].tolerance);
+        assert_string_equal(
+            json_string_value(json_object_get(json_object_get(a, "tolerances"), "applied")),
+            cases[i].tolerance);
         same_but_volatile(a, b);
         json_decref(a);
         json_decref(b);
@@ -134,8 +145,14 @@ static void test_synth_models(void **state)
 
 static json_t *bench_record(const char *model, const char *compare)
 {
-    struct bench_params p = {.model_path = model, .n_prompt = 6, .n_gen = 4, .warmup = 1, .trials = 3,
-                             .n_threads = 2, .profiles_dir = "profiles", .seed = 3};
+    struct bench_params p = {.model_path = model,
+                             .n_prompt = 6,
+                             .n_gen = 4,
+                             .warmup = 1,
+                             .trials = 3,
+                             .n_threads = 2,
+                             .profiles_dir = "profiles",
+                             .seed = 3};
     if (compare)
         p.compare[p.n_compare++] = compare;
     json_t *rec = NULL;
@@ -158,7 +175,7 @@ static void test_bench_records_conform(void **state)
     /* both lanes timed the validated tokens */
     size_t i;
     json_t *l;
-    json_array_foreach(json_object_get(a, "lanes"), i, l)
+    json_array_foreach (json_object_get(a, "lanes"), i, l)
         assert_true(json_is_true(json_object_get(l, "tokens_match_validation")));
     same_but_volatile(a, b);
     json_decref(a);
@@ -188,14 +205,22 @@ static void break_gate(struct qwenrt_session *s, void *user)
 static void test_bench_timing_validation_failed(void **state)
 {
     (void)state;
-    struct bench_params p = {.model_path = "tests/data/qwen35-tiny-f32", .n_prompt = 6, .n_gen = 6, .warmup = 1,
-                             .trials = 2, .n_threads = 2, .profiles_dir = "profiles", .lane_hook = break_gate};
+    struct bench_params p = {.model_path = "tests/data/qwen35-tiny-f32",
+                             .n_prompt = 6,
+                             .n_gen = 6,
+                             .warmup = 1,
+                             .trials = 2,
+                             .n_threads = 2,
+                             .profiles_dir = "profiles",
+                             .lane_hook = break_gate};
     json_t *rec = NULL;
     struct qwenrt_error err = {0};
     if (bench_run(&p, &rec, &err))
         fail_msg("bench: %s", err.message);
-    assert_string_equal(json_string_value(json_object_get(rec, "status")), "timing_validation_failed");
-    assert_non_null(strstr(json_string_value(json_object_get(rec, "status_reason")), "warm-up 0 produced other tokens"));
+    assert_string_equal(json_string_value(json_object_get(rec, "status")),
+                        "timing_validation_failed");
+    assert_non_null(strstr(json_string_value(json_object_get(rec, "status_reason")),
+                           "warm-up 0 produced other tokens"));
     assert_true(json_is_null(json_object_get(rec, "decode_tokens_per_s")));
     assert_null(json_object_get(json_array_get(json_object_get(rec, "lanes"), 0), "samples"));
     conforms("bench", rec);
@@ -217,7 +242,8 @@ static void test_checker_rejects(void **state)
     json_t *c0 = json_array_get(json_object_get(bad, "checks"), 0);
     json_object_set_new(json_object_get(c0, "logits"), "max_absolute_error", json_string("small"));
     assert_int_equal(json_schema_check(s, bad, &err), QWENRT_ERR_FORMAT);
-    assert_non_null(strstr(err.message, "$.checks[0].logits.max_absolute_error: expected number, got string"));
+    assert_non_null(
+        strstr(err.message, "$.checks[0].logits.max_absolute_error: expected number, got string"));
     json_decref(bad);
     bad = json_deep_copy(rec);
     json_object_set_new(bad, "status", json_string("probably_fine"));

@@ -17,9 +17,11 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: qwenrt calibrate -m MODEL [--backend cpu] [--threads N] [-p 32] [-n 16] [--warmup 1]\n"
-               "         [--trials 3] [-o PROFILE.json (calibrated.json)] [--id ID] [--out EVIDENCE.json]\n"
-               "         [--profiles-dir D]\n");
+    fprintf(
+        f,
+        "usage: qwenrt calibrate -m MODEL [--backend cpu] [--threads N] [-p 32] [-n 16] [--warmup 1]\n"
+        "         [--trials 3] [-o PROFILE.json (calibrated.json)] [--id ID] [--out EVIDENCE.json]\n"
+        "         [--profiles-dir D]\n");
 }
 
 int cmd_calibrate(int argc, char **argv)
@@ -31,27 +33,57 @@ int cmd_calibrate(int argc, char **argv)
         {"out", required_argument, 0, 'O'},     {"profiles-dir", required_argument, 0, 'd'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
-    struct calibrate_params p = {.n_prompt = 32, .n_gen = 16, .warmup = 1, .trials = 3,
-                                 .out_profile = "calibrated.json", .profile_id = "profiles/calibrated",
+    struct calibrate_params p = {.n_prompt = 32,
+                                 .n_gen = 16,
+                                 .warmup = 1,
+                                 .trials = 3,
+                                 .out_profile = "calibrated.json",
+                                 .profile_id = "profiles/calibrated",
                                  .work_dir = "/tmp"};
     const char *out = NULL;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:o:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': p.model_path = optarg; break;
-        case 'b': p.backend = optarg; break;
-        case 't': p.n_threads = atoi(optarg); break;
-        case 'p': p.n_prompt = atoi(optarg); break;
-        case 'n': p.n_gen = atoi(optarg); break;
-        case 'w': p.warmup = atoi(optarg); break;
-        case 'r': p.trials = atoi(optarg); break;
-        case 'o': p.out_profile = optarg; break;
-        case 'i': p.profile_id = optarg; break;
-        case 'O': out = optarg; break;
-        case 'd': p.profiles_dir = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'm':
+            p.model_path = optarg;
+            break;
+        case 'b':
+            p.backend = optarg;
+            break;
+        case 't':
+            p.n_threads = atoi(optarg);
+            break;
+        case 'p':
+            p.n_prompt = atoi(optarg);
+            break;
+        case 'n':
+            p.n_gen = atoi(optarg);
+            break;
+        case 'w':
+            p.warmup = atoi(optarg);
+            break;
+        case 'r':
+            p.trials = atoi(optarg);
+            break;
+        case 'o':
+            p.out_profile = optarg;
+            break;
+        case 'i':
+            p.profile_id = optarg;
+            break;
+        case 'O':
+            out = optarg;
+            break;
+        case 'd':
+            p.profiles_dir = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (!p.model_path || optind != argc) {
@@ -67,15 +99,15 @@ int cmd_calibrate(int argc, char **argv)
     size_t i;
     json_t *ch;
     printf("%-16s %-28s %14s %14s %s\n", "op", "kernel", "total ms", "default ms", "chosen");
-    json_array_foreach(json_object_get(ev, "choices"), i, ch)
+    json_array_foreach (json_object_get(ev, "choices"), i, ch)
         printf("%-16s %-28s %14.3f %14.3f %s\n", json_string_value(json_object_get(ch, "op")),
                json_string_value(json_object_get(ch, "key")),
                json_real_value(json_object_get(ch, "median_total_s")) * 1e3,
                json_real_value(json_object_get(ch, "baseline_total_s")) * 1e3,
                json_is_true(json_object_get(ch, "chosen")) ? "yes" : "no");
     bool ok = !strcmp(json_string_value(json_object_get(ev, "status")), "calibrated");
-    printf("status %s%s%s\n", json_string_value(json_object_get(ev, "status")), ok ? ": wrote " : "",
-           ok ? p.out_profile : "");
+    printf("status %s%s%s\n", json_string_value(json_object_get(ev, "status")),
+           ok ? ": wrote " : "", ok ? p.out_profile : "");
     int rc = ok ? 0 : 1;
     if (out && records_write(ev, out, &err)) {
         fprintf(stderr, "qwenrt calibrate: %s\n", err.message);

@@ -14,17 +14,22 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: qwenrt card RECORDS_DIR -o card.json [--md card.md] [--id ID] [--license L]\n"
-               "         [--source-url URL] [--conversion TEXT] [--pitfalls FILE]\n");
+    fprintf(f,
+            "usage: qwenrt card RECORDS_DIR -o card.json [--md card.md] [--id ID] [--license L]\n"
+            "         [--source-url URL] [--conversion TEXT] [--pitfalls FILE]\n");
 }
 
 int cmd_card(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"md", required_argument, 0, 'M'},         {"id", required_argument, 0, 'i'},
-        {"license", required_argument, 0, 'l'},    {"source-url", required_argument, 0, 'u'},
-        {"conversion", required_argument, 0, 'c'}, {"pitfalls", required_argument, 0, 'p'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"md", required_argument, 0, 'M'},
+        {"id", required_argument, 0, 'i'},
+        {"license", required_argument, 0, 'l'},
+        {"source-url", required_argument, 0, 'u'},
+        {"conversion", required_argument, 0, 'c'},
+        {"pitfalls", required_argument, 0, 'p'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     struct card_params p = {0};
     const char *out = NULL, *md = NULL;
@@ -32,15 +37,33 @@ int cmd_card(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'o': out = optarg; break;
-        case 'M': md = optarg; break;
-        case 'i': p.id = optarg; break;
-        case 'l': p.license = optarg; break;
-        case 'u': p.source_url = optarg; break;
-        case 'c': p.conversion = optarg; break;
-        case 'p': p.pitfalls = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'o':
+            out = optarg;
+            break;
+        case 'M':
+            md = optarg;
+            break;
+        case 'i':
+            p.id = optarg;
+            break;
+        case 'l':
+            p.license = optarg;
+            break;
+        case 'u':
+            p.source_url = optarg;
+            break;
+        case 'c':
+            p.conversion = optarg;
+            break;
+        case 'p':
+            p.pitfalls = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (optind + 1 != argc || !out) {

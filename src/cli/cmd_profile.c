@@ -74,13 +74,15 @@ static void kernel_line(const char *key, const char *what, uint32_t need, uint32
     cpu_features_describe(need, feats, sizeof(feats));
     const char *d = records_kernel_digest(key, dig);
     printf("%-28s %-14s %-26s %-4s %.16s  %s\n", key, what, need ? feats : "-",
-           (need & have) == need ? "yes" : "no", d ? d : "?", records_kernel_source(key, src, sizeof(src)));
+           (need & have) == need ? "yes" : "no", d ? d : "?",
+           records_kernel_source(key, src, sizeof(src)));
 }
 
 static int list_kernels(void)
 {
     uint32_t have = cpu_features_detect();
-    printf("%-28s %-14s %-26s %-4s %-16s  %s\n", "key", "op / dtype", "needs", "here", "sha256", "source");
+    printf("%-28s %-14s %-26s %-4s %-16s  %s\n", "key", "op / dtype", "needs", "here", "sha256",
+           "source");
     for (const struct cpu_op_kernel *k = cpu_op_kernels(); k->key; k++)
         kernel_line(k->key, op_kind_name(k->kind), k->cpu_features, have);
     for (const struct cpu_matmul_variant *v = cpu_matmul_variants(); v->key; v++) {
@@ -97,7 +99,7 @@ static void print_layers(json_t *layers)
     json_t *v;
     int shown = 0;
     json_int_t prev = -2;
-    json_array_foreach(layers, i, v) {
+    json_array_foreach (layers, i, v) {
         json_int_t l = json_integer_value(v);
         if (l == prev)
             continue; /* several ops of one layer */
@@ -121,17 +123,17 @@ static void print_text(json_t *r, bool with_model)
     printf("chain    ");
     size_t i;
     json_t *v;
-    json_array_foreach(json_object_get(r, "chain"), i, v)
+    json_array_foreach (json_object_get(r, "chain"), i, v)
         printf("%s %s", i ? " ->" : "", json_string_value(v));
     printf("\nintent    %s; compatible with", json_string_value(json_object_get(r, "intent")));
-    json_array_foreach(json_object_get(r, "compatibleIntents"), i, v)
+    json_array_foreach (json_object_get(r, "compatibleIntents"), i, v)
         printf(" %s", json_string_value(v));
     json_t *pol = json_object_get(r, "kernelPathPolicy");
     printf("\npolicy    %s, onIncompatible %s\n", json_string_value(json_object_get(pol, "mode")),
            json_string_value(json_object_get(pol, "onIncompatible")));
     printf("\nfields (resolved; applies | recorded | remapped | ignored | informational):\n");
     const char *last_note = "";
-    json_array_foreach(json_object_get(r, "fields"), i, v) {
+    json_array_foreach (json_object_get(r, "fields"), i, v) {
         char *val = json_dumps(json_object_get(v, "value"), JSON_COMPACT | JSON_ENCODE_ANY);
         const char *note = json_string_value(json_object_get(v, "note"));
         printf("  %-13s %s = %.60s%s\n", json_string_value(json_object_get(v, "applies")),
@@ -145,14 +147,17 @@ static void print_text(json_t *r, bool with_model)
     json_t *b = json_object_get(r, "bindings");
     const char *phases[] = {"prefill", "decode"};
     for (int ph = 0; ph < 2 && b; ph++) {
-        printf("\n%s ops -> kernels%s:\n", phases[ph], with_model ? "" : " (per op kind; no model given)");
-        json_array_foreach(json_object_get(b, phases[ph]), i, v) {
+        printf("\n%s ops -> kernels%s:\n", phases[ph],
+               with_model ? "" : " (per op kind; no model given)");
+        json_array_foreach (json_object_get(b, phases[ph]), i, v) {
             printf("  %-14s x%-4lld -> %-22s", json_string_value(json_object_get(v, "op")),
                    (long long)json_integer_value(json_object_get(v, "count")),
                    json_string_value(json_object_get(v, "key")));
             const char *rq = json_string_value(json_object_get(v, "requested"));
             if (rq)
-                printf(" %s %s", json_is_true(json_object_get(v, "remapped")) ? "remapped from" : "set to", rq);
+                printf(" %s %s",
+                       json_is_true(json_object_get(v, "remapped")) ? "remapped from" : "set to",
+                       rq);
             printf("  layers ");
             print_layers(json_object_get(v, "layers"));
             printf("\n");
@@ -161,10 +166,10 @@ static void print_text(json_t *r, bool with_model)
     json_t *remaps = json_object_get(r, "remaps");
     if (remaps) {
         printf("\nremaps (%zu):\n", json_array_size(remaps));
-        json_array_foreach(remaps, i, v)
+        json_array_foreach (remaps, i, v)
             printf("  %s\n", json_string_value(v));
     }
-    json_array_foreach(json_object_get(r, "warnings"), i, v)
+    json_array_foreach (json_object_get(r, "warnings"), i, v)
         printf("warning: %s\n", json_string_value(v));
 }
 
@@ -180,8 +185,11 @@ static int show(const char *id, const char *model, const char *dir, bool as_json
     if (tool_load_profile(id, dir, &p, &err))
         goto out;
     if (model) {
-        struct tool_open_params op = {.model_path = model, .profile = id, .profiles_dir = dir,
-                                      .command = "profile show", .intent = p->intent};
+        struct tool_open_params op = {.model_path = model,
+                                      .profile = id,
+                                      .profiles_dir = dir,
+                                      .command = "profile show",
+                                      .intent = p->intent};
         if (tool_open(&op, &tm, &err))
             goto out;
         plans = tm.model->plans;
@@ -195,9 +203,10 @@ static int show(const char *id, const char *model, const char *dir, bool as_json
         json_t *all = json_array();
         for (int ph = 0; ph < 2; ph++)
             for (int32_t i = 0; i < bp->n_ops[ph]; i++)
-                json_array_append_new(all, json_pack("{s:s, s:i, s:s, s:i, s:s}", "phase", ph ? "decode" : "prefill",
-                                                     "index", i, "op", op_kind_name(plans[ph].ops[i].kind),
-                                                     "layer", plans[ph].ops[i].layer, "key", bp->ops[ph][i].key));
+                json_array_append_new(
+                    all, json_pack("{s:s, s:i, s:s, s:i, s:s}", "phase", ph ? "decode" : "prefill",
+                                   "index", i, "op", op_kind_name(plans[ph].ops[i].kind), "layer",
+                                   plans[ph].ops[i].layer, "key", bp->ops[ph][i].key));
         json_object_set_new(r, "ops", all);
     }
     if (as_json) {
@@ -209,8 +218,9 @@ static int show(const char *id, const char *model, const char *dir, bool as_json
             size_t i;
             json_t *v;
             printf("\nevery op:\n");
-            json_array_foreach(json_object_get(r, "ops"), i, v)
-                printf("  %-7s %4lld %-14s layer %3lld -> %s\n", json_string_value(json_object_get(v, "phase")),
+            json_array_foreach (json_object_get(r, "ops"), i, v)
+                printf("  %-7s %4lld %-14s layer %3lld -> %s\n",
+                       json_string_value(json_object_get(v, "phase")),
                        (long long)json_integer_value(json_object_get(v, "index")),
                        json_string_value(json_object_get(v, "op")),
                        (long long)json_integer_value(json_object_get(v, "layer")),
@@ -244,12 +254,24 @@ int cmd_profile(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
-        case 'd': dir = optarg; break;
-        case 'j': as_json = true; break;
-        case 'o': ops = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'm':
+            model = optarg;
+            break;
+        case 'd':
+            dir = optarg;
+            break;
+        case 'j':
+            as_json = true;
+            break;
+        case 'o':
+            ops = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (optind >= argc) {

@@ -19,25 +19,32 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: qwenrt validate -m MODEL [--backend cpu] [--profile ID|FILE] [--reference FILE]\n"
-               "         [-p PROMPT_TOKENS (8)] [-n OUTPUT_TOKENS (8)] [--seed S] [--threads N]\n"
-               "         [--profiles-dir D] [--out FILE] [--json]\n");
+    fprintf(
+        f,
+        "usage: qwenrt validate -m MODEL [--backend cpu] [--profile ID|FILE] [--reference FILE]\n"
+        "         [-p PROMPT_TOKENS (8)] [-n OUTPUT_TOKENS (8)] [--seed S] [--threads N]\n"
+        "         [--profiles-dir D] [--out FILE] [--json]\n");
 }
 
 static void summary(const struct validate_result *r)
 {
     json_t *rec = r->record, *res = json_object_get(rec, "result");
     json_t *tol = json_object_get(rec, "tolerances");
-    printf("model      %s (%s)\n", json_string_value(json_object_get(json_object_get(rec, "model"), "path")),
+    printf("model      %s (%s)\n",
+           json_string_value(json_object_get(json_object_get(rec, "model"), "path")),
            json_string_value(json_object_get(json_object_get(rec, "geometry"), "storage_dtype")));
     json_t *prof = json_object_get(rec, "profile");
-    printf("profile    %s\n", json_is_object(prof) ? json_string_value(json_object_get(prof, "id")) : "-");
-    printf("reference  %s\n", json_string_value(json_object_get(json_object_get(rec, "reference"), "kind")));
+    printf("profile    %s\n",
+           json_is_object(prof) ? json_string_value(json_object_get(prof, "id")) : "-");
+    printf("reference  %s\n",
+           json_string_value(json_object_get(json_object_get(rec, "reference"), "kind")));
     printf("tolerance  %s\n", json_string_value(json_object_get(tol, "applied")));
     printf("positions  %lld checked (prompt %lld, output %lld)\n",
            (long long)json_integer_value(json_object_get(res, "positions_checked")),
-           (long long)json_integer_value(json_object_get(json_object_get(rec, "workload"), "prompt_tokens")),
-           (long long)json_integer_value(json_object_get(json_object_get(rec, "workload"), "output_tokens")));
+           (long long)json_integer_value(
+               json_object_get(json_object_get(rec, "workload"), "prompt_tokens")),
+           (long long)json_integer_value(
+               json_object_get(json_object_get(rec, "workload"), "output_tokens")));
     printf("max error  logits %.3g, KV cache %.3g, DeltaNet state %.3g\n",
            json_real_value(json_object_get(res, "max_logits_error")),
            json_real_value(json_object_get(res, "max_cache_error")),
@@ -51,11 +58,16 @@ static void summary(const struct validate_result *r)
 int cmd_validate(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},    {"backend", required_argument, 0, 'b'},
-        {"profile", required_argument, 0, 'P'},  {"reference", required_argument, 0, 'r'},
-        {"threads", required_argument, 0, 't'},  {"seed", required_argument, 0, 's'},
-        {"out", required_argument, 0, 'o'},      {"json", no_argument, 0, 'j'},
-        {"profiles-dir", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"backend", required_argument, 0, 'b'},
+        {"profile", required_argument, 0, 'P'},
+        {"reference", required_argument, 0, 'r'},
+        {"threads", required_argument, 0, 't'},
+        {"seed", required_argument, 0, 's'},
+        {"out", required_argument, 0, 'o'},
+        {"json", no_argument, 0, 'j'},
+        {"profiles-dir", required_argument, 0, 'd'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     struct validate_params p = {.n_prompt = 8, .n_gen = 8};
@@ -65,19 +77,45 @@ int cmd_validate(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:t:o:h", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': p.model_path = optarg; break;
-        case 'b': p.backend = optarg; break;
-        case 'P': p.profile = optarg; break;
-        case 'r': p.reference_file = optarg; break;
-        case 'p': p.n_prompt = atoi(optarg); break;
-        case 'n': p.n_gen = atoi(optarg); break;
-        case 't': p.n_threads = atoi(optarg); break;
-        case 's': p.seed = strtoull(optarg, NULL, 10); break;
-        case 'o': out = optarg; break;
-        case 'j': as_json = true; break;
-        case 'd': p.profiles_dir = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'm':
+            p.model_path = optarg;
+            break;
+        case 'b':
+            p.backend = optarg;
+            break;
+        case 'P':
+            p.profile = optarg;
+            break;
+        case 'r':
+            p.reference_file = optarg;
+            break;
+        case 'p':
+            p.n_prompt = atoi(optarg);
+            break;
+        case 'n':
+            p.n_gen = atoi(optarg);
+            break;
+        case 't':
+            p.n_threads = atoi(optarg);
+            break;
+        case 's':
+            p.seed = strtoull(optarg, NULL, 10);
+            break;
+        case 'o':
+            out = optarg;
+            break;
+        case 'j':
+            as_json = true;
+            break;
+        case 'd':
+            p.profiles_dir = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (!p.model_path || optind != argc || p.n_prompt < 1 || p.n_gen < 1) {

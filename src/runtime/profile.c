@@ -43,14 +43,15 @@ const char *profile_intent_name(unsigned intent)
 json_t *profile_merge(json_t *base, json_t *over, const char *path, json_t *warnings)
 {
     if (!json_is_object(base) || !json_is_object(over)) {
-        if (warnings && base && over && json_typeof(base) != json_typeof(over) && !json_is_null(base))
+        if (warnings && base && over && json_typeof(base) != json_typeof(over) &&
+            !json_is_null(base))
             json_array_append_new(warnings, json_sprintf("%s: type changes from the base's", path));
         return json_deep_copy(over);
     }
     json_t *out = json_deep_copy(base);
     const char *key;
     json_t *v;
-    json_object_foreach(over, key, v) {
+    json_object_foreach (over, key, v) {
         char sub[512];
         snprintf(sub, sizeof(sub), "%s.%s", path, key);
         if (json_is_null(v)) { /* null resets: back to the default, i.e. absent */
@@ -83,8 +84,8 @@ static bool is_iso8601(const char *s)
     if (!strcmp(s, "Z"))
         return true;
     int oh, om;
-    return (s[0] == '+' || s[0] == '-') && sscanf(s + 1, "%2d:%2d%n", &oh, &om, &n) == 2 && n == 5 &&
-           s[6] == 0 && oh <= 23 && om <= 59;
+    return (s[0] == '+' || s[0] == '-') && sscanf(s + 1, "%2d:%2d%n", &oh, &om, &n) == 2 &&
+           n == 5 && s[6] == 0 && oh <= 23 && om <= 59;
 }
 
 static qwenrt_status need_string(json_t *doc, const char *key, const char *path, const char **out,
@@ -94,7 +95,8 @@ static qwenrt_status need_string(json_t *doc, const char *key, const char *path,
     if (!v)
         return err_set(err, QWENRT_ERR_FORMAT, "%s: missing required field '%s'", path, key);
     if (!json_is_string(v) || !json_string_length(v))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: field '%s' must be a non-empty string", path, key);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: field '%s' must be a non-empty string", path,
+                       key);
     if (out)
         *out = json_string_value(v);
     return QWENRT_OK;
@@ -112,41 +114,47 @@ static qwenrt_status check_metadata(json_t *doc, const char *path, unsigned *int
     if (need_string(doc, "intent", path, &s, err))
         return err->status;
     if (!(*intent = profile_intent_from_name(s)))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: intent '%s' is not one of verify, investigate, calibrate",
-                       path, s);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: intent '%s' is not one of verify, investigate, calibrate", path, s);
     json_t *ci = json_object_get(doc, "compatibleIntents");
     if (!ci)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: missing required field 'compatibleIntents'", path);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: missing required field 'compatibleIntents'",
+                       path);
     if (!json_is_array(ci) || json_array_size(ci) == 0)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: compatibleIntents must be a non-empty array", path);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: compatibleIntents must be a non-empty array",
+                       path);
     *compat = 0;
     size_t i;
     json_t *v;
-    json_array_foreach(ci, i, v) {
+    json_array_foreach (ci, i, v) {
         unsigned b = profile_intent_from_name(json_string_value(v));
         if (!b)
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: compatibleIntents[%zu] is not one of verify, investigate, calibrate",
-                           path, i);
+            return err_set(
+                err, QWENRT_ERR_FORMAT,
+                "%s: compatibleIntents[%zu] is not one of verify, investigate, calibrate", path, i);
         if (*compat & b)
             return err_set(err, QWENRT_ERR_FORMAT, "%s: compatibleIntents lists '%s' twice", path,
                            profile_intent_name(b));
         *compat |= b;
     }
     if (!(*compat & *intent))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: compatibleIntents must contain the intent '%s'", path,
-                       profile_intent_name(*intent));
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: compatibleIntents must contain the intent '%s'",
+                       path, profile_intent_name(*intent));
     if (need_string(doc, "stability", path, &s, err))
         return err->status;
     if (strcmp(s, "canonical") && strcmp(s, "experimental") && strcmp(s, "deprecated"))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: stability '%s' is not one of canonical, experimental, deprecated",
-                       path, s);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: stability '%s' is not one of canonical, experimental, deprecated", path,
+                       s);
     if (need_string(doc, "createdAtUtc", path, &s, err))
         return err->status;
     if (!is_iso8601(s))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: createdAtUtc '%s' is not an ISO-8601 time", path, s);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: createdAtUtc '%s' is not an ISO-8601 time",
+                       path, s);
     json_t *ext = json_object_get(doc, "extends");
     if (ext && !json_is_string(ext) && !json_is_array(ext) && !json_is_null(ext))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: extends must be a profile id or a list of ids", path);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: extends must be a profile id or a list of ids",
+                       path);
     json_t *rt = json_object_get(doc, "runtime");
     if (rt && !json_is_object(rt))
         return err_set(err, QWENRT_ERR_FORMAT, "%s: runtime must be an object", path);
@@ -202,7 +210,8 @@ static qwenrt_status resolve(struct loader *L, const char *id, const char *near,
         if (!strcmp(L->stack[i], id))
             return cycle_error(L, id, err);
     if (L->depth == PROFILE_MAX_CHAIN || L->p->n_chain == PROFILE_MAX_CHAIN)
-        return err_set(err, QWENRT_ERR_LIMIT, "profile '%s': extends chain deeper than %d", id, PROFILE_MAX_CHAIN);
+        return err_set(err, QWENRT_ERR_LIMIT, "profile '%s': extends chain deeper than %d", id,
+                       PROFILE_MAX_CHAIN);
     char *path = find_file(id, L->dir, near);
     if (!path)
         return err_set(err, QWENRT_ERR_NOT_FOUND, "profile '%s' not found (looked in %s/)", id,
@@ -228,7 +237,7 @@ static qwenrt_status resolve(struct loader *L, const char *id, const char *near,
     merged = json_object();
     size_t i;
     json_t *e;
-    json_array_foreach(list, i, e) {
+    json_array_foreach (list, i, e) {
         json_t *b = NULL;
         if (!json_is_string(e)) {
             st = err_set(err, QWENRT_ERR_FORMAT, "%s: extends[%zu] must be a profile id", path, i);
@@ -286,24 +295,30 @@ static qwenrt_status parse_add_kernels(struct profile *p, json_t *arr, struct qw
     if (!arr)
         return QWENRT_OK;
     if (!json_is_array(arr))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.addKernels must be an array", p->path);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.addKernels must be an array",
+                       p->path);
     p->kernels = xcalloc(json_array_size(arr) + 1, sizeof(*p->kernels));
     if (!p->kernels)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory");
     size_t i;
     json_t *e;
-    json_array_foreach(arr, i, e) {
+    json_array_foreach (arr, i, e) {
         json_t *k = json_object_get(e, "kernel");
         const char *key = str_or(e, "key", NULL);
         if (!key || !json_is_object(k) || !str_or(k, "kernel", NULL) || !str_or(k, "entry", NULL))
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.addKernels[%zu] needs key and kernel{kernel, entry, digest}",
-                           p->path, i);
+            return err_set(
+                err, QWENRT_ERR_FORMAT,
+                "%s: executionPatch.addKernels[%zu] needs key and kernel{kernel, entry, digest}",
+                p->path, i);
         if (!is_digest(str_or(k, "digest", NULL)))
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.addKernels[%zu] ('%s'): digest must be \"sha256:<64 hex digits>\"",
-                           p->path, i, key);
+            return err_set(
+                err, QWENRT_ERR_FORMAT,
+                "%s: executionPatch.addKernels[%zu] ('%s'): digest must be \"sha256:<64 hex digits>\"",
+                p->path, i, key);
         for (int j = 0; j < p->n_kernels; j++)
             if (!strcmp(p->kernels[j].key, key))
-                return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.addKernels[%zu]: key '%s' already exists",
+                return err_set(err, QWENRT_ERR_FORMAT,
+                               "%s: executionPatch.addKernels[%zu]: key '%s' already exists",
                                p->path, i, key);
         struct profile_kernel *pk = &p->kernels[p->n_kernels++];
         pk->key = xstrdup(key);
@@ -336,20 +351,26 @@ static qwenrt_status parse_sets(struct profile *p, json_t *arr, struct qwenrt_er
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory");
     size_t i;
     json_t *e;
-    json_array_foreach(arr, i, e) {
+    json_array_foreach (arr, i, e) {
         const char *op = str_or(e, "op", NULL), *key = str_or(e, "kernelKey", NULL);
         const char *sec = str_or(e, "section", NULL);
         if (!op)
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.set[%zu]: missing 'op'", p->path, i);
-        if (json_object_get(e, "weights"))
-            return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: executionPatch.set[%zu]: 'weights' rewrites are not supported (weights are storage facts)",
+            return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.set[%zu]: missing 'op'",
                            p->path, i);
+        if (json_object_get(e, "weights"))
+            return err_set(
+                err, QWENRT_ERR_UNSUPPORTED,
+                "%s: executionPatch.set[%zu]: 'weights' rewrites are not supported (weights are storage facts)",
+                p->path, i);
         if (!key)
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.set[%zu]: missing 'kernelKey'", p->path, i);
+            return err_set(err, QWENRT_ERR_FORMAT,
+                           "%s: executionPatch.set[%zu]: missing 'kernelKey'", p->path, i);
         int s = sec ? section_from_name(sec) : SECTION_ANY;
         if (s == -2)
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: executionPatch.set[%zu]: section '%s' is not one of decode, prefill, preLayer, postLayer",
-                           p->path, i, sec);
+            return err_set(
+                err, QWENRT_ERR_FORMAT,
+                "%s: executionPatch.set[%zu]: section '%s' is not one of decode, prefill, preLayer, postLayer",
+                p->path, i, sec);
         struct profile_set *ps = &p->sets[p->n_sets++];
         ps->section = s;
         ps->op = xstrdup(op);
@@ -365,7 +386,8 @@ static qwenrt_status get_count(struct profile *p, json_t *o, const char *where, 
     if (!v)
         return QWENRT_OK;
     if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > 1 << 20)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s.%s must be an integer >= %d", p->path, where, key, min);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s.%s must be an integer >= %d", p->path, where,
+                       key, min);
     *out = (int32_t)json_integer_value(v);
     return QWENRT_OK;
 }
@@ -387,21 +409,27 @@ static qwenrt_status parse_cadence(struct profile *p, json_t *o, const char *whe
         get_count(p, o, where, "ringStop", 1, &d->ring_stop, err) ||
         get_count(p, o, where, "ringStaging", 1, &d->ring_staging, err))
         return err->status;
-    const char *stop = str_or(o, "stopCheckMode", d->stop_check_mode[0] ? d->stop_check_mode : "batch");
+    const char *stop =
+        str_or(o, "stopCheckMode", d->stop_check_mode[0] ? d->stop_check_mode : "batch");
     if (strcmp(stop, "batch") && strcmp(stop, "per-token"))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s.stopCheckMode '%s' is not one of batch, per-token", p->path,
-                       where, stop);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: %s.stopCheckMode '%s' is not one of batch, per-token", p->path, where,
+                       stop);
     snprintf(d->stop_check_mode, sizeof(d->stop_check_mode), "%s", stop);
-    const char *mode = str_or(o, "readbackMode", d->readback_mode[0] ? d->readback_mode : "sequential");
+    const char *mode =
+        str_or(o, "readbackMode", d->readback_mode[0] ? d->readback_mode : "sequential");
     if (strcmp(mode, "sequential") && strcmp(mode, "overlapped") && strcmp(mode, "auto"))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s.readbackMode '%s' is not one of sequential, overlapped, auto",
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: %s.readbackMode '%s' is not one of sequential, overlapped, auto",
                        p->path, where, mode);
     snprintf(d->readback_mode, sizeof(d->readback_mode), "%s", mode);
     if (!strcmp(mode, "overlapped") && d->ring_staging < 2)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s.readbackMode 'overlapped' needs ringStaging >= 2 (it is %d)",
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: %s.readbackMode 'overlapped' needs ringStaging >= 2 (it is %d)",
                        p->path, where, d->ring_staging);
     if (!strcmp(mode, "auto") && !json_is_number(json_object_get(o, "submitLatencyThresholdMs")))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: %s.readbackMode 'auto' needs submitLatencyThresholdMs", p->path, where);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: %s.readbackMode 'auto' needs submitLatencyThresholdMs", p->path, where);
     return QWENRT_OK;
 }
 
@@ -413,27 +441,33 @@ static qwenrt_status parse_policy(struct profile *p, json_t *o, struct qwenrt_er
         return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy must be an object", p->path);
     const char *mode = str_or(o, "mode", "locked"), *inc = str_or(o, "onIncompatible", "error");
     if (strcmp(mode, "locked") && strcmp(mode, "capability-aware"))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy.mode '%s' is not one of locked, capability-aware",
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: kernelPathPolicy.mode '%s' is not one of locked, capability-aware",
                        p->path, mode);
     if (strcmp(inc, "error") && strcmp(inc, "remap"))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy.onIncompatible '%s' is not one of error, remap",
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: kernelPathPolicy.onIncompatible '%s' is not one of error, remap",
                        p->path, inc);
     p->capability_aware = !strcmp(mode, "capability-aware");
     p->remap = !strcmp(inc, "remap");
     json_t *scope = json_object_get(o, "sourceScope"), *allow = json_object_get(o, "allowSources");
     if (scope && allow && !json_equal(scope, allow))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy.sourceScope and allowSources differ", p->path);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: kernelPathPolicy.sourceScope and allowSources differ", p->path);
     json_t *sc = scope ? scope : allow;
     p->remap_in_scope = sc == NULL;
     size_t i;
     json_t *v;
     if (sc && !json_is_array(sc))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy.sourceScope must be an array", p->path);
-    json_array_foreach(sc, i, v) {
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy.sourceScope must be an array",
+                       p->path);
+    json_array_foreach (sc, i, v) {
         const char *s = json_string_value(v);
         if (!s || (strcmp(s, "model") && strcmp(s, "manifest") && strcmp(s, "config")))
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: kernelPathPolicy.sourceScope[%zu] is not one of model, manifest, config",
-                           p->path, i);
+            return err_set(
+                err, QWENRT_ERR_FORMAT,
+                "%s: kernelPathPolicy.sourceScope[%zu] is not one of model, manifest, config",
+                p->path, i);
         if (!strcmp(s, "manifest") || !strcmp(s, "config"))
             p->remap_in_scope = true;
     }
@@ -452,7 +486,8 @@ static qwenrt_status parse_runtime(struct profile *p, struct qwenrt_error *err)
         static const char *const unsupported[] = {"layers", "remove", "add"};
         for (int i = 0; i < 3; i++)
             if (json_object_get(patch, unsupported[i]))
-                return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: executionPatch.%s is not supported yet", p->path,
+                return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                               "%s: executionPatch.%s is not supported yet", p->path,
                                unsupported[i]);
         qwenrt_status st = parse_add_kernels(p, json_object_get(patch, "addKernels"), err);
         if (!st)
@@ -462,7 +497,8 @@ static qwenrt_status parse_runtime(struct profile *p, struct qwenrt_error *err)
     }
     json_t *session = json_object_get(inf, "session");
     if (session && !json_is_object(session))
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: runtime.inference.session must be an object", p->path);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: runtime.inference.session must be an object",
+                       p->path);
     qwenrt_status st = parse_cadence(p, json_object_get(inf, "batching"), "batching", err);
     if (!st)
         st = parse_cadence(p, json_object_get(session, "decodeLoop"), "session.decodeLoop", err);
@@ -481,7 +517,7 @@ static qwenrt_status finish(struct profile *p, json_t *doc, struct qwenrt_error 
     json_t *ci = json_object_get(doc, "compatibleIntents");
     size_t i;
     json_t *v;
-    json_array_foreach(ci, i, v)
+    json_array_foreach (ci, i, v)
         p->compatible |= profile_intent_from_name(json_string_value(v));
     if (!p->path)
         p->path = xstrdup("(built-in)");
@@ -523,13 +559,14 @@ qwenrt_status profile_default(struct profile **out, struct qwenrt_error *err)
 {
     *out = NULL;
     json_error_t je;
-    json_t *doc = json_loads("{\"id\": \"profiles/default\", \"name\": \"default\", \"description\": "
-                             "\"qwenrt defaults: the best kernel for each op on this machine, no "
-                             "fusions, locked kernel policy\", \"intent\": \"investigate\", "
-                             "\"compatibleIntents\": [\"verify\", \"investigate\", \"calibrate\"], "
-                             "\"stability\": \"canonical\", \"owner\": \"qwenrt\", "
-                             "\"createdAtUtc\": \"2026-01-01T00:00:00Z\", \"runtime\": {}}",
-                             0, &je);
+    json_t *doc =
+        json_loads("{\"id\": \"profiles/default\", \"name\": \"default\", \"description\": "
+                   "\"qwenrt defaults: the best kernel for each op on this machine, no "
+                   "fusions, locked kernel policy\", \"intent\": \"investigate\", "
+                   "\"compatibleIntents\": [\"verify\", \"investigate\", \"calibrate\"], "
+                   "\"stability\": \"canonical\", \"owner\": \"qwenrt\", "
+                   "\"createdAtUtc\": \"2026-01-01T00:00:00Z\", \"runtime\": {}}",
+                   0, &je);
     struct profile *p = xcalloc(1, sizeof(*p));
     if (!doc || !p || !(p->warnings = json_array())) {
         json_decref(doc);
@@ -556,8 +593,10 @@ qwenrt_status profile_check_intent(const struct profile *p, const char *command,
         if (p->compatible & b)
             snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", list[0] ? ", " : "",
                      profile_intent_name(b));
-    return err_set(err, QWENRT_ERR_INVALID_ARG, "profile '%s' is not compatible with '%s' (intent %s): its compatibleIntents are [%s]",
-                   p->id, command, profile_intent_name(intent), list);
+    return err_set(
+        err, QWENRT_ERR_INVALID_ARG,
+        "profile '%s' is not compatible with '%s' (intent %s): its compatibleIntents are [%s]",
+        p->id, command, profile_intent_name(intent), list);
 }
 
 void profile_free(struct profile *p)

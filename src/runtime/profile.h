@@ -56,34 +56,34 @@ struct profile_set { /* executionPatch.set[i] */
     char *kernel_key;
 };
 
-struct profile_decode_loop {      /* session.decodeLoop, else batching (requested cadence) */
+struct profile_decode_loop { /* session.decodeLoop, else batching (requested cadence) */
     bool given;
-    int32_t batch_size;           /* decode steps per submission */
-    int32_t readback_interval;    /* submissions between readbacks */
+    int32_t batch_size;        /* decode steps per submission */
+    int32_t readback_interval; /* submissions between readbacks */
     int32_t max_batch_decode_tokens;
     int32_t ring_tokens, ring_stop, ring_staging;
-    char stop_check_mode[16];     /* "batch" | "per-token" */
-    char readback_mode[16];       /* "sequential" | "overlapped" | "auto" */
+    char stop_check_mode[16]; /* "batch" | "per-token" */
+    char readback_mode[16];   /* "sequential" | "overlapped" | "auto" */
 };
 
 struct profile {
-    json_t *doc;                     /* the resolved (merged) profile */
-    char *id;                        /* id of the profile asked for */
-    char *path;                      /* its file */
-    char *chain[PROFILE_MAX_CHAIN];  /* ids in merge order: bases first, this one last */
+    json_t *doc;                    /* the resolved (merged) profile */
+    char *id;                       /* id of the profile asked for */
+    char *path;                     /* its file */
+    char *chain[PROFILE_MAX_CHAIN]; /* ids in merge order: bases first, this one last */
     int n_chain;
-    unsigned intent;                 /* one PROFILE_INTENT_* */
-    unsigned compatible;             /* PROFILE_INTENT_* bits */
-    char sha256[65];                 /* of the resolved profile, compact with sorted keys */
-    struct profile_kernel *kernels;  /* [n_kernels] */
+    unsigned intent;                /* one PROFILE_INTENT_* */
+    unsigned compatible;            /* PROFILE_INTENT_* bits */
+    char sha256[65];                /* of the resolved profile, compact with sorted keys */
+    struct profile_kernel *kernels; /* [n_kernels] */
     int n_kernels;
-    struct profile_set *sets;        /* [n_sets] */
+    struct profile_set *sets; /* [n_sets] */
     int n_sets;
     struct profile_decode_loop decode;
-    bool capability_aware;           /* kernelPathPolicy.mode */
-    bool remap;                      /* kernelPathPolicy.onIncompatible == "remap" */
-    bool remap_in_scope;             /* sourceScope allows remapping the execution graph */
-    json_t *warnings;                /* array of strings (merge type mismatches) */
+    bool capability_aware; /* kernelPathPolicy.mode */
+    bool remap;            /* kernelPathPolicy.onIncompatible == "remap" */
+    bool remap_in_scope;   /* sourceScope allows remapping the execution graph */
+    json_t *warnings;      /* array of strings (merge type mismatches) */
 };
 
 /* Loads and resolves `id_or_path` (a file path, or an id looked up in dir). */
@@ -117,9 +117,9 @@ struct profile_op_binding {
 struct profile_binding {
     struct profile_op_binding *ops[2]; /* [PHASE_*][n_ops] */
     int32_t n_ops[2];
-    json_t *remaps;                    /* array of one-line descriptions, one per remap */
-    json_t *fusions;                   /* array of {flag, fusion, requested, available, effect} */
-    json_t *reasons;                   /* strings that ops' `why` point into */
+    json_t *remaps;  /* array of one-line descriptions, one per remap */
+    json_t *fusions; /* array of {flag, fusion, requested, available, effect} */
+    json_t *reasons; /* strings that ops' `why` point into */
 };
 
 /* Binds every op of plans[0..1] (prefill, decode). Ops whose weight is NULL (no model) bind

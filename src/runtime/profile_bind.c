@@ -73,7 +73,8 @@ static const struct fusion_def fusion_defs[] = {
     {"useFusedQKVSplitQKNormRoPE", "qk_norm_rope",
      "q/k RMSNorm + RoPE (one qk_norm_rope op in qwenrt; q, k, v come from separate matmuls)"},
     {"useLinearAttentionABProjectionFusion", "matmul_ab", "the in_proj_a and in_proj_b matmuls"},
-    {"useLinearAttentionQKVZProjectionFusion", "matmul_qkvz", "the in_proj_qkv and in_proj_z matmuls"},
+    {"useLinearAttentionQKVZProjectionFusion", "matmul_qkvz",
+     "the in_proj_qkv and in_proj_z matmuls"},
     {"useLinearAttentionFusedDecodeCore", "gdn_conv_core", "gdn_conv + gdn_core"},
 };
 
@@ -87,7 +88,8 @@ static bool fused_op_registered(const char *name)
 
 static json_t *session_flag(const struct profile *p, const char *flag)
 {
-    json_t *o = json_object_get(json_object_get(json_object_get(p->doc, "runtime"), "inference"), "session");
+    json_t *o = json_object_get(json_object_get(json_object_get(p->doc, "runtime"), "inference"),
+                                "session");
     char buf[128];
     snprintf(buf, sizeof(buf), "%s", flag);
     char *dot = strchr(buf, '.');
@@ -108,27 +110,35 @@ static qwenrt_status bind_fusions(const struct profile *p, struct profile_bindin
         if (!v)
             continue;
         if (!json_is_boolean(v))
-            return err_set(err, QWENRT_ERR_FORMAT, "%s: session.%s must be true or false", p->path, f->flag);
+            return err_set(err, QWENRT_ERR_FORMAT, "%s: session.%s must be true or false", p->path,
+                           f->flag);
         bool want = json_is_true(v);
         bool builtin = !f->fusion || !strcmp(f->fusion, "qk_norm_rope");
         bool avail = builtin || fused_op_registered(f->fusion);
         const char *effect;
         if (builtin)
-            effect = want ? "applies: always on in qwenrt" : "no effect: qwenrt has no unfused twin of this";
+            effect = want ? "applies: always on in qwenrt"
+                          : "no effect: qwenrt has no unfused twin of this";
         else if (!want)
             effect = "applies: off (unfused ops)";
         else if (avail)
             effect = "applies: fused op";
         else if (p->capability_aware && p->remap && p->remap_in_scope) {
             effect = "remapped: runs unfused";
-            json_array_append_new(b->remaps, json_sprintf("fusion %s (%s): no fused '%s' kernel on the CPU backend -> unfused %s",
-                                                          f->flag, f->ops, f->fusion, f->ops));
+            json_array_append_new(
+                b->remaps,
+                json_sprintf(
+                    "fusion %s (%s): no fused '%s' kernel on the CPU backend -> unfused %s",
+                    f->flag, f->ops, f->fusion, f->ops));
         } else
-            return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: session.%s asks for fused op '%s', which the CPU backend does not have (kernelPathPolicy locked; use capability-aware + remap to run unfused)",
-                           p->path, f->flag, f->fusion);
-        json_array_append_new(b->fusions, json_pack("{s:s, s:s?, s:s, s:b, s:b, s:s}", "flag", f->flag,
-                                                    "fusion", f->fusion, "fuses", f->ops, "requested",
-                                                    want, "available", avail, "effect", effect));
+            return err_set(
+                err, QWENRT_ERR_UNSUPPORTED,
+                "%s: session.%s asks for fused op '%s', which the CPU backend does not have (kernelPathPolicy locked; use capability-aware + remap to run unfused)",
+                p->path, f->flag, f->fusion);
+        json_array_append_new(b->fusions,
+                              json_pack("{s:s, s:s?, s:s, s:b, s:b, s:s}", "flag", f->flag,
+                                        "fusion", f->fusion, "fuses", f->ops, "requested", want,
+                                        "available", avail, "effect", effect));
     }
     return QWENRT_OK;
 }
@@ -160,8 +170,9 @@ static const char *incompatibility(const char *key, const struct profile_kernel 
     *wrong_op = false;
     if (alias && !is_registry_key(key)) {
         const char *dot = strrchr(alias->kernel, '.');
-        snprintf(buf, len, "%s#%s is a %s source of another runtime, with no CPU build%s%s", alias->kernel,
-                 alias->entry, dot ? dot + 1 : "foreign", alias->kv_dtype ? "; it also wants a KV cache of " : "",
+        snprintf(buf, len, "%s#%s is a %s source of another runtime, with no CPU build%s%s",
+                 alias->kernel, alias->entry, dot ? dot + 1 : "foreign",
+                 alias->kv_dtype ? "; it also wants a KV cache of " : "",
                  alias->kv_dtype ? alias->kv_dtype : "");
         if (alias->kv_dtype)
             snprintf(buf + strlen(buf), len - strlen(buf), " (qwenrt's CPU cache is f32)");
@@ -206,7 +217,7 @@ static const char *intern_reason(struct profile_binding *b, const char *why)
 {
     size_t i;
     json_t *v;
-    json_array_foreach(b->reasons, i, v)
+    json_array_foreach (b->reasons, i, v)
         if (!strcmp(json_string_value(v), why))
             return json_string_value(v);
     json_array_append_new(b->reasons, json_string(why));
@@ -224,10 +235,13 @@ static qwenrt_status apply_set(const struct profile *p, int si, const struct pla
             alias = &p->kernels[i];
     const char *key = alias ? alias->kernel : s->kernel_key;
     if (!alias && !is_registry_key(key))
-        return err_set(err, QWENRT_ERR_NOT_FOUND, "%s: executionPatch.set[%d]: unknown kernel key '%s' (not in addKernels, not a CPU kernel)",
-                       p->path, si, s->kernel_key);
+        return err_set(
+            err, QWENRT_ERR_NOT_FOUND,
+            "%s: executionPatch.set[%d]: unknown kernel key '%s' (not in addKernels, not a CPU kernel)",
+            p->path, si, s->kernel_key);
     const char *static_key = op_kernel_by_key(key) ? op_kernel_by_key(key)->key
-                             : matmul_by_key(key) ? matmul_by_key(key)->key : NULL;
+                             : matmul_by_key(key)  ? matmul_by_key(key)->key
+                                                   : NULL;
     int32_t matched = 0;
     char reason[512];
     for (int ph = 0; ph < 2; ph++)
@@ -237,10 +251,13 @@ static qwenrt_status apply_set(const struct profile *p, int si, const struct pla
                 continue;
             matched++;
             bool wrong_op;
-            const char *why = incompatibility(key, alias, op, features, &wrong_op, reason, sizeof(reason));
+            const char *why =
+                incompatibility(key, alias, op, features, &wrong_op, reason, sizeof(reason));
             if (wrong_op)
-                return err_set(err, QWENRT_ERR_INVALID_ARG, "%s: executionPatch.set[%d]: kernel '%s' is %s, it cannot bind op '%s'",
-                               p->path, si, s->kernel_key, why, s->op);
+                return err_set(
+                    err, QWENRT_ERR_INVALID_ARG,
+                    "%s: executionPatch.set[%d]: kernel '%s' is %s, it cannot bind op '%s'",
+                    p->path, si, s->kernel_key, why, s->op);
             struct profile_op_binding *ob = &b->ops[ph][i];
             if (!why) {
                 ob->requested = s->kernel_key;
@@ -250,9 +267,12 @@ static qwenrt_status apply_set(const struct profile *p, int si, const struct pla
                 continue;
             }
             if (!(p->capability_aware && p->remap && p->remap_in_scope))
-                return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: executionPatch.set[%d] (%s %s, layer %d): kernel '%s' cannot run here: %s (kernelPathPolicy %s, onIncompatible %s)",
-                               p->path, si, section_names[ph], s->op, op->layer, s->kernel_key, reason,
-                               p->capability_aware ? "capability-aware" : "locked", p->remap ? "remap" : "error");
+                return err_set(
+                    err, QWENRT_ERR_UNSUPPORTED,
+                    "%s: executionPatch.set[%d] (%s %s, layer %d): kernel '%s' cannot run here: %s (kernelPathPolicy %s, onIncompatible %s)",
+                    p->path, si, section_names[ph], s->op, op->layer, s->kernel_key, reason,
+                    p->capability_aware ? "capability-aware" : "locked",
+                    p->remap ? "remap" : "error");
             if (ob->requested && !ob->remapped)
                 continue; /* an earlier set entry bound a kernel that runs: keep it */
             ob->key = default_key(op, features);
@@ -261,8 +281,10 @@ static qwenrt_status apply_set(const struct profile *p, int si, const struct pla
             ob->why = intern_reason(b, reason);
         }
     if (!matched)
-        return err_set(err, QWENRT_ERR_NOT_FOUND, "%s: executionPatch.set[%d] (section %s, op '%s') matches no op of the plan",
-                       p->path, si, s->section == SECTION_ANY ? "any" : section_names[s->section], s->op);
+        return err_set(err, QWENRT_ERR_NOT_FOUND,
+                       "%s: executionPatch.set[%d] (section %s, op '%s') matches no op of the plan",
+                       p->path, si, s->section == SECTION_ANY ? "any" : section_names[s->section],
+                       s->op);
     return QWENRT_OK;
 }
 
@@ -275,8 +297,9 @@ static void describe_remaps(const struct plan plans[2], struct profile_binding *
             bool seen = false;
             for (int32_t j = 0; j < i && !seen; j++) {
                 const struct profile_op_binding *o = &b->ops[ph][j];
-                seen = o->remapped && plans[ph].ops[j].kind == plans[ph].ops[i].kind && o->why == ob->why &&
-                       o->key == ob->key && !strcmp(o->requested, ob->requested);
+                seen = o->remapped && plans[ph].ops[j].kind == plans[ph].ops[i].kind &&
+                       o->why == ob->why && o->key == ob->key &&
+                       !strcmp(o->requested, ob->requested);
             }
             if (!ob->remapped || seen)
                 continue;
@@ -284,8 +307,8 @@ static void describe_remaps(const struct plan plans[2], struct profile_binding *
             int32_t n = 0, last = -2;
             for (int32_t j = i; j < b->n_ops[ph]; j++) {
                 const struct profile_op_binding *o = &b->ops[ph][j];
-                if (!o->remapped || plans[ph].ops[j].kind != plans[ph].ops[i].kind || o->why != ob->why ||
-                    o->key != ob->key || strcmp(o->requested, ob->requested))
+                if (!o->remapped || plans[ph].ops[j].kind != plans[ph].ops[i].kind ||
+                    o->why != ob->why || o->key != ob->key || strcmp(o->requested, ob->requested))
                     continue;
                 n++;
                 int32_t l = plans[ph].ops[j].layer;
@@ -294,9 +317,10 @@ static void describe_remaps(const struct plan plans[2], struct profile_binding *
                     snprintf(layers + len, sizeof(layers) - len, "%s%d", len ? "," : "", l);
                 last = l;
             }
-            json_array_append_new(b->remaps, json_sprintf("%s %s (%d ops, layers %s): %s -> %s, because %s",
-                                                          section_names[ph], op_kind_name(plans[ph].ops[i].kind), n,
-                                                          layers, ob->requested, ob->key, ob->why));
+            json_array_append_new(
+                b->remaps, json_sprintf("%s %s (%d ops, layers %s): %s -> %s, because %s",
+                                        section_names[ph], op_kind_name(plans[ph].ops[i].kind), n,
+                                        layers, ob->requested, ob->key, ob->why));
         }
 }
 
@@ -315,7 +339,8 @@ static qwenrt_status binding_init(const struct plan plans[2], struct profile_bin
         if (!b->ops[ph])
             return err_set(err, QWENRT_ERR_NOMEM, "out of memory");
     }
-    return b->remaps && b->fusions && b->reasons ? QWENRT_OK : err_set(err, QWENRT_ERR_NOMEM, "out of memory");
+    return b->remaps && b->fusions && b->reasons ? QWENRT_OK
+                                                 : err_set(err, QWENRT_ERR_NOMEM, "out of memory");
 }
 
 qwenrt_status profile_bind(const struct profile *p, const struct plan plans[2], uint32_t features,
@@ -326,7 +351,8 @@ qwenrt_status profile_bind(const struct profile *p, const struct plan plans[2], 
         for (int32_t i = 0; i < plans[ph].n_ops && !st; i++) {
             b->ops[ph][i].key = default_key(&plans[ph].ops[i], features);
             if (!b->ops[ph][i].key)
-                st = err_set(err, QWENRT_ERR_UNSUPPORTED, "no CPU kernel for op %s", op_kind_name(plans[ph].ops[i].kind));
+                st = err_set(err, QWENRT_ERR_UNSUPPORTED, "no CPU kernel for op %s",
+                             op_kind_name(plans[ph].ops[i].kind));
         }
     for (int si = 0; si < p->n_sets && !st; si++)
         st = apply_set(p, si, plans, features, b, err);
@@ -353,10 +379,12 @@ qwenrt_status profile_bind_reference(const struct plan plans[2], struct profile_
                 snprintf(key, sizeof(key), "%s.ref", op_kind_name(op->kind));
             const struct cpu_matmul_variant *mv = matmul_by_key(key);
             const struct cpu_op_kernel *k = op_kernel_by_key(key);
-            /* ops without a .ref key (matmul.auto without weights, logits.auto) keep their one kernel */
+            /* ops without a .ref key (matmul.auto without weights, logits.auto) keep their one
+             * kernel */
             b->ops[ph][i].key = mv ? mv->key : k ? k->key : default_key(op, 0);
             if (!b->ops[ph][i].key)
-                st = err_set(err, QWENRT_ERR_UNSUPPORTED, "no reference kernel for op %s", op_kind_name(op->kind));
+                st = err_set(err, QWENRT_ERR_UNSUPPORTED, "no reference kernel for op %s",
+                             op_kind_name(op->kind));
         }
     if (st)
         profile_binding_free(b);

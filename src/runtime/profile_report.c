@@ -20,15 +20,20 @@ static const char cadence_note[] =
     "step with no device submission or readback, so it changes nothing there";
 
 static const struct field_rule rules[] = {
-    {"runtime.inference.executionPatch.addKernels", "applies", "kernel aliases; see bindings and remaps"},
-    {"runtime.inference.executionPatch.set", "applies", "rebinds ops to kernels; see bindings and remaps"},
-    {"runtime.inference.kernelPathPolicy", "applies", "decides whether kernels that cannot run here fail or are remapped"},
-    {"runtime.inference.batching.maxTokens", "ignored", "Doppler's mirror of the batch cap; qwenrt reads maxBatchDecodeTokens"},
+    {"runtime.inference.executionPatch.addKernels", "applies",
+     "kernel aliases; see bindings and remaps"},
+    {"runtime.inference.executionPatch.set", "applies",
+     "rebinds ops to kernels; see bindings and remaps"},
+    {"runtime.inference.kernelPathPolicy", "applies",
+     "decides whether kernels that cannot run here fail or are remapped"},
+    {"runtime.inference.batching.maxTokens", "ignored",
+     "Doppler's mirror of the batch cap; qwenrt reads maxBatchDecodeTokens"},
     {"runtime.inference.batching", "recorded", cadence_note},
     {"runtime.inference.session.decodeLoop", "recorded", cadence_note},
     {"runtime.inference.session.lmHeadArgmaxQ4K", "ignored",
      "workgroup tuning of Doppler's Q4K LM-head+argmax WGSL kernel; qwenrt has no such fused kernel"},
-    {"runtime.inference.sampling", "ignored", "validate and bench decode greedily; run takes sampling from its flags"},
+    {"runtime.inference.sampling", "ignored",
+     "validate and bench decode greedily; run takes sampling from its flags"},
     {"runtime", "ignored", "not a qwenrt setting"},
     {"model", "informational", "qwenrt binds to the model given with -m; this id is not checked"},
     {"extends", "applies", "resolved into the chain"},
@@ -42,7 +47,7 @@ static json_t *fusion_for(const struct profile_binding *b, const char *path)
         return NULL;
     size_t i;
     json_t *f;
-    json_array_foreach(b->fusions, i, f)
+    json_array_foreach (b->fusions, i, f)
         if (!strcmp(json_string_value(json_object_get(f, "flag")), path + strlen(pre)))
             return f;
     return NULL;
@@ -53,14 +58,16 @@ static void add_field(json_t *fields, const struct profile_binding *b, const cha
     json_t *f = fusion_for(b, path);
     if (f) {
         const char *eff = json_string_value(json_object_get(f, "effect"));
-        json_array_append_new(fields, json_pack("{s:s, s:O, s:s, s:s}", "path", path, "value", v, "applies",
-                                                !strncmp(eff, "remapped", 8) ? "remapped" : "applies", "note", eff));
+        json_array_append_new(
+            fields, json_pack("{s:s, s:O, s:s, s:s}", "path", path, "value", v, "applies",
+                              !strncmp(eff, "remapped", 8) ? "remapped" : "applies", "note", eff));
         return;
     }
     for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
         if (!strncmp(path, rules[i].prefix, strlen(rules[i].prefix))) {
-            json_array_append_new(fields, json_pack("{s:s, s:O, s:s, s:s}", "path", path, "value", v,
-                                                    "applies", rules[i].applies, "note", rules[i].note));
+            json_array_append_new(fields,
+                                  json_pack("{s:s, s:O, s:s, s:s}", "path", path, "value", v,
+                                            "applies", rules[i].applies, "note", rules[i].note));
             return;
         }
 }
@@ -74,7 +81,7 @@ static void walk(json_t *fields, const struct profile_binding *b, const char *pa
     }
     const char *key;
     json_t *sub;
-    json_object_foreach(v, key, sub) {
+    json_object_foreach (v, key, sub) {
         char p[512];
         snprintf(p, sizeof(p), "%s%s%s", path, path[0] ? "." : "", key);
         walk(fields, b, p, sub);
@@ -90,7 +97,7 @@ static json_t *group_phase(const struct profile_binding *b, const struct plan *p
         const char *op = op_kind_name(pl->ops[i].kind);
         json_t *g = NULL, *e;
         size_t j;
-        json_array_foreach(groups, j, e) {
+        json_array_foreach (groups, j, e) {
             const char *rq = json_string_value(json_object_get(e, "requested"));
             if (!strcmp(json_string_value(json_object_get(e, "op")), op) &&
                 !strcmp(json_string_value(json_object_get(e, "key")), ob->key) &&
@@ -105,7 +112,8 @@ static json_t *group_phase(const struct profile_binding *b, const struct plan *p
             json_array_append_new(groups, g);
         }
         json_array_append_new(json_object_get(g, "layers"), json_integer(pl->ops[i].layer));
-        json_object_set_new(g, "count", json_integer(json_integer_value(json_object_get(g, "count")) + 1));
+        json_object_set_new(g, "count",
+                            json_integer(json_integer_value(json_object_get(g, "count")) + 1));
     }
     return groups;
 }
@@ -128,14 +136,17 @@ json_t *profile_report(const struct profile *p, const struct profile_binding *b,
     json_object_set_new(r, "intent", json_string(profile_intent_name(p->intent)));
     json_object_set_new(r, "compatibleIntents", compat);
     json_object_set_new(r, "kernelPathPolicy",
-                        json_pack("{s:s, s:s, s:b}", "mode", p->capability_aware ? "capability-aware" : "locked",
-                                  "onIncompatible", p->remap ? "remap" : "error", "remapInScope", p->remap_in_scope));
+                        json_pack("{s:s, s:s, s:b}", "mode",
+                                  p->capability_aware ? "capability-aware" : "locked",
+                                  "onIncompatible", p->remap ? "remap" : "error", "remapInScope",
+                                  p->remap_in_scope));
     json_object_set_new(r, "resolved", json_deep_copy(p->doc));
     json_object_set_new(r, "fields", fields);
     json_object_set_new(r, "warnings", json_deep_copy(p->warnings));
     if (b && plans) {
-        json_object_set_new(r, "bindings", json_pack("{s:o, s:o}", "prefill", group_phase(b, &plans[0], 0),
-                                                     "decode", group_phase(b, &plans[1], 1)));
+        json_object_set_new(r, "bindings",
+                            json_pack("{s:o, s:o}", "prefill", group_phase(b, &plans[0], 0),
+                                      "decode", group_phase(b, &plans[1], 1)));
         json_object_set_new(r, "remaps", json_deep_copy(b->remaps));
         json_object_set_new(r, "fusions", json_deep_copy(b->fusions));
     }

@@ -35,10 +35,10 @@ struct lane {
     const char *profile, *backend, *cmd;
     struct tool_model tm;
     struct qwenrt_session *s;
-    int32_t *tokens;            /* validated tokens [n_gen] */
-    json_t *validation;         /* summary of its gate */
+    int32_t *tokens;                /* validated tokens [n_gen] */
+    json_t *validation;             /* summary of its gate */
     double *ttft, *pp, *tg, *total; /* [trials] */
-    double *step_ms;            /* [trials * (n_gen-1)] decode step latencies */
+    double *step_ms;                /* [trials * (n_gen-1)] decode step latencies */
     int32_t n_steps;
     bool tokens_ok;
 };
@@ -77,7 +77,10 @@ static double percentile(const double *v, int n, double pct)
     return r;
 }
 
-static double median(const double *v, int n) { return percentile(v, n, 50); }
+static double median(const double *v, int n)
+{
+    return percentile(v, n, 50);
+}
 
 static json_t *jarray(const double *v, int n)
 {
@@ -87,7 +90,10 @@ static json_t *jarray(const double *v, int n)
     return a;
 }
 
-static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *jnum(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
 
 /* ------------------------------------------------------------------ qwenrt lanes */
 
@@ -137,13 +143,15 @@ static qwenrt_status from_record(struct bench *b, struct lane *l, struct qwenrt_
     json_t *w = json_object_get(rec, "workload"), *res = json_object_get(rec, "result");
     json_t *now = json_object();
     qwenrt_status st = records_add_model(now, l->tm.model, 0, 0, err);
-    const char *psha = json_string_value(json_object_get(json_object_get(rec, "profile"), "sha256"));
+    const char *psha =
+        json_string_value(json_object_get(json_object_get(rec, "profile"), "sha256"));
     const char *why = NULL;
     if (st)
         goto out;
     if (strcmp(json_string_value(json_object_get(rec, "status")) ?: "", "validated"))
         why = "its status is not 'validated'";
-    else if (!json_equal(json_object_get(rec, "checkpoint_sha256"), json_object_get(now, "checkpoint_sha256")))
+    else if (!json_equal(json_object_get(rec, "checkpoint_sha256"),
+                         json_object_get(now, "checkpoint_sha256")))
         why = "it was made for other model files (checkpoint_sha256 differs)";
     else if (!psha || !l->tm.profile || strcmp(psha, l->tm.profile->sha256))
         why = "it was made for another profile (profile sha256 differs)";
@@ -152,17 +160,21 @@ static qwenrt_status from_record(struct bench *b, struct lane *l, struct qwenrt_
              (uint64_t)json_integer_value(json_object_get(w, "seed")) != p->seed ||
              !json_object_get(w, "seed"))
         why = "it covers another workload (prompt tokens, output tokens or seed differ)";
-    else if (strcmp(json_string_value(json_object_get(json_object_get(rec, "reference"), "kind")) ?: "", "qwenrt-reference"))
+    else if (strcmp(json_string_value(json_object_get(json_object_get(rec, "reference"), "kind"))
+                        ?: "",
+                    "qwenrt-reference"))
         why = "its prompt is a reference file's, not the bench's synthetic prompt";
     if (why) {
-        st = err_set(err, QWENRT_ERR_INVALID_ARG, "%s cannot stand for this run: %s", p->validation_record, why);
+        st = err_set(err, QWENRT_ERR_INVALID_ARG, "%s cannot stand for this run: %s",
+                     p->validation_record, why);
         goto out;
     }
     json_t *toks = json_object_get(res, "generated_token_ids");
     for (int32_t i = 0; i < p->n_gen; i++)
         l->tokens[i] = (int32_t)json_integer_value(json_array_get(toks, (size_t)i));
-    l->validation = json_pack("{s:s, s:s, s:O}", "status", "validated", "source", p->validation_record,
-                              "positions_checked", json_object_get(res, "positions_checked"));
+    l->validation =
+        json_pack("{s:s, s:s, s:O}", "status", "validated", "source", p->validation_record,
+                  "positions_checked", json_object_get(res, "positions_checked"));
 out:
     json_decref(now);
     json_decref(rec);
@@ -170,7 +182,8 @@ out:
 }
 
 /* Validates a qwenrt lane (or reads the record); false when the gate refused it. */
-static qwenrt_status gate_lane(struct bench *b, struct lane *l, bool *passed, struct qwenrt_error *err)
+static qwenrt_status gate_lane(struct bench *b, struct lane *l, bool *passed,
+                               struct qwenrt_error *err)
 {
     const struct bench_params *p = b->p;
     *passed = false;
@@ -179,23 +192,31 @@ static qwenrt_status gate_lane(struct bench *b, struct lane *l, bool *passed, st
         *passed = !st;
         return st;
     }
-    struct validate_params vp = {.model_path = p->model_path, .backend = l->backend, .n_threads = p->n_threads,
-                                 .profile = l->profile, .profiles_dir = p->profiles_dir, .n_prompt = p->n_prompt,
-                                 .n_gen = p->n_gen, .seed = p->seed, .command = "bench",
+    struct validate_params vp = {.model_path = p->model_path,
+                                 .backend = l->backend,
+                                 .n_threads = p->n_threads,
+                                 .profile = l->profile,
+                                 .profiles_dir = p->profiles_dir,
+                                 .n_prompt = p->n_prompt,
+                                 .n_gen = p->n_gen,
+                                 .seed = p->seed,
+                                 .command = "bench",
                                  .intent = PROFILE_INTENT_CALIBRATE};
     struct validate_result r;
     qwenrt_status st = validate_run(&vp, &r, err);
     if (st)
         return st;
     json_t *res = json_object_get(r.record, "result");
-    l->validation = json_pack("{s:s, s:s, s:O, s:O, s:s}", "status", r.passed ? "validated" : "validation_failed",
-                              "source", "validate_run (qwenrt reference path, same workload)", "positions_checked",
-                              json_object_get(res, "positions_checked"), "first_failure_position",
-                              json_object_get(res, "first_failure_position"), "failure", r.failure);
+    l->validation = json_pack(
+        "{s:s, s:s, s:O, s:O, s:s}", "status", r.passed ? "validated" : "validation_failed",
+        "source", "validate_run (qwenrt reference path, same workload)", "positions_checked",
+        json_object_get(res, "positions_checked"), "first_failure_position",
+        json_object_get(res, "first_failure_position"), "failure", r.failure);
     if (r.passed)
         memcpy(l->tokens, r.tokens, (size_t)p->n_gen * sizeof(int32_t));
     else
-        snprintf(b->reason, sizeof(b->reason), "lane '%s' failed validation: %s", l->name, r.failure);
+        snprintf(b->reason, sizeof(b->reason), "lane '%s' failed validation: %s", l->name,
+                 r.failure);
     *passed = r.passed;
     validate_result_free(&r);
     return QWENRT_OK;
@@ -204,8 +225,12 @@ static qwenrt_status gate_lane(struct bench *b, struct lane *l, bool *passed, st
 static qwenrt_status open_lane(struct bench *b, struct lane *l, struct qwenrt_error *err)
 {
     const struct bench_params *p = b->p;
-    struct tool_open_params op = {.model_path = p->model_path, .backend = l->backend, .n_threads = p->n_threads,
-                                  .profile = l->profile, .profiles_dir = p->profiles_dir, .command = "bench",
+    struct tool_open_params op = {.model_path = p->model_path,
+                                  .backend = l->backend,
+                                  .n_threads = p->n_threads,
+                                  .profile = l->profile,
+                                  .profiles_dir = p->profiles_dir,
+                                  .command = "bench",
                                   .intent = PROFILE_INTENT_CALIBRATE};
     qwenrt_status st = tool_open(&op, &l->tm, err);
     if (st)
@@ -245,14 +270,15 @@ static qwenrt_status run_cmd(struct lane *l, int trial, struct qwenrt_error *err
     out[n] = 0;
     if (trial < 0) { /* a warm-up */
         xfree(out);
-        return rc == 0 ? QWENRT_OK : err_set(err, QWENRT_ERR_BACKEND, "'%s' exited with status %d", l->cmd, rc);
+        return rc == 0 ? QWENRT_OK
+                       : err_set(err, QWENRT_ERR_BACKEND, "'%s' exited with status %d", l->cmd, rc);
     }
     l->total[trial] = wall;
     l->pp[trial] = l->tg[trial] = NAN;
     json_t *j = json_loads(strchr(out, '[') ? strchr(out, '[') : out, JSON_DISABLE_EOF_CHECK, NULL);
     size_t i;
     json_t *e;
-    json_array_foreach(j, i, e) {
+    json_array_foreach (j, i, e) {
         json_int_t np = json_integer_value(json_object_get(e, "n_prompt"));
         json_int_t ng = json_integer_value(json_object_get(e, "n_gen"));
         double ts = json_number_value(json_object_get(e, "avg_ts"));
@@ -277,13 +303,15 @@ static qwenrt_status time_lane(struct bench *b, struct lane *l, int trial, struc
         return run_cmd(l, trial, err);
     double ttft, dec;
     int32_t nsteps = p->n_gen - 1;
-    qwenrt_status st = generate(b, l, b->scratch_tokens, &ttft, &dec, trial >= 0 ? l->step_ms + (size_t)trial * nsteps : NULL, err);
+    qwenrt_status st = generate(b, l, b->scratch_tokens, &ttft, &dec,
+                                trial >= 0 ? l->step_ms + (size_t)trial * nsteps : NULL, err);
     if (st)
         return st;
     if (memcmp(b->scratch_tokens, l->tokens, (size_t)p->n_gen * sizeof(int32_t))) {
         l->tokens_ok = false;
         snprintf(b->status, sizeof(b->status), "timing_validation_failed");
-        snprintf(b->reason, sizeof(b->reason), "lane '%s' %s %d produced other tokens than validated", l->name,
+        snprintf(b->reason, sizeof(b->reason),
+                 "lane '%s' %s %d produced other tokens than validated", l->name,
                  trial >= 0 ? "trial" : "warm-up", trial >= 0 ? trial : -trial - 1);
         return QWENRT_OK;
     }
@@ -320,12 +348,13 @@ static qwenrt_status setup_lanes(struct bench *b, struct qwenrt_error *err)
             l->kind = LANE_CMD;
             l->cmd = s + 4;
         } else
-            return err_set(err, QWENRT_ERR_INVALID_ARG, "--compare '%s': expected profile:ID, backend:NAME or cmd:COMMAND", s);
+            return err_set(err, QWENRT_ERR_INVALID_ARG,
+                           "--compare '%s': expected profile:ID, backend:NAME or cmd:COMMAND", s);
         if (l->kind == LANE_CMD)
             snprintf(l->name, sizeof(l->name), "command: %s", l->cmd);
         else
-            snprintf(l->name, sizeof(l->name), "qwenrt %s profile %s", l->backend ? l->backend : "cpu",
-                     l->profile ? l->profile : "default");
+            snprintf(l->name, sizeof(l->name), "qwenrt %s profile %s",
+                     l->backend ? l->backend : "cpu", l->profile ? l->profile : "default");
     }
     int T = p->trials;
     for (int i = 0; i < b->n_lanes; i++) {
@@ -357,8 +386,8 @@ static qwenrt_status run_lanes(struct bench *b, struct qwenrt_error *err)
     for (int i = 0; i < b->n_lanes && !st; i++) {
         struct lane *l = &b->lanes[i];
         if (l->kind == LANE_CMD) {
-            l->validation = json_pack("{s:s, s:s}", "status", "not_validated",
-                                      "source", "external command: its tokens cannot be checked");
+            l->validation = json_pack("{s:s, s:s}", "status", "not_validated", "source",
+                                      "external command: its tokens cannot be checked");
             continue;
         }
         if ((st = open_lane(b, l, err)))
@@ -404,10 +433,13 @@ static json_t *lane_json(struct bench *b, struct lane *l, struct lane *cand, boo
 {
     const struct bench_params *p = b->p;
     int T = p->trials;
-    json_t *j = json_pack("{s:s, s:s, s:O}", "name", l->name, "kind", l->kind == LANE_CMD ? "command" : "qwenrt",
-                          "validation", l->validation ? l->validation : json_null());
+    json_t *j = json_pack("{s:s, s:s, s:O}", "name", l->name, "kind",
+                          l->kind == LANE_CMD ? "command" : "qwenrt", "validation",
+                          l->validation ? l->validation : json_null());
     if (l->kind == LANE_QWENRT && l->tm.profile)
-        json_object_set_new(j, "profile", json_pack("{s:s, s:s}", "id", l->tm.profile->id, "sha256", l->tm.profile->sha256));
+        json_object_set_new(
+            j, "profile",
+            json_pack("{s:s, s:s}", "id", l->tm.profile->id, "sha256", l->tm.profile->sha256));
     json_object_set_new(j, "backend", json_string(l->backend ? l->backend : "cpu"));
     if (l->kind == LANE_QWENRT) {
         json_object_set_new(j, "tokens_match_validation", json_boolean(l->tokens_ok));
@@ -415,17 +447,21 @@ static json_t *lane_json(struct bench *b, struct lane *l, struct lane *cand, boo
     }
     if (!timed)
         return j;
-    json_object_set_new(j, "samples", json_pack("{s:o, s:o, s:o, s:o}", "ttft_s", jarray(l->ttft, T),
-                                                "prefill_tokens_per_s", jarray(l->pp, T), "decode_tokens_per_s",
-                                                jarray(l->tg, T), "total_s", jarray(l->total, T)));
-    json_object_set_new(j, "median", json_pack("{s:o, s:o, s:o, s:o}", "ttft_s", jnum(median(l->ttft, T)),
-                                               "prefill_tokens_per_s", jnum(median(l->pp, T)), "decode_tokens_per_s",
-                                               jnum(median(l->tg, T)), "total_s", jnum(median(l->total, T))));
+    json_object_set_new(j, "samples",
+                        json_pack("{s:o, s:o, s:o, s:o}", "ttft_s", jarray(l->ttft, T),
+                                  "prefill_tokens_per_s", jarray(l->pp, T), "decode_tokens_per_s",
+                                  jarray(l->tg, T), "total_s", jarray(l->total, T)));
+    json_object_set_new(j, "median",
+                        json_pack("{s:o, s:o, s:o, s:o}", "ttft_s", jnum(median(l->ttft, T)),
+                                  "prefill_tokens_per_s", jnum(median(l->pp, T)),
+                                  "decode_tokens_per_s", jnum(median(l->tg, T)), "total_s",
+                                  jnum(median(l->total, T))));
     if (l->kind == LANE_QWENRT)
-        json_object_set_new(j, "per_token_ms", json_pack("{s:o, s:o, s:o, s:i}", "p50", jnum(percentile(l->step_ms, l->n_steps, 50)),
-                                                         "p95", jnum(percentile(l->step_ms, l->n_steps, 95)),
-                                                         "p99", jnum(percentile(l->step_ms, l->n_steps, 99)),
-                                                         "count", l->n_steps));
+        json_object_set_new(
+            j, "per_token_ms",
+            json_pack("{s:o, s:o, s:o, s:i}", "p50", jnum(percentile(l->step_ms, l->n_steps, 50)),
+                      "p95", jnum(percentile(l->step_ms, l->n_steps, 95)), "p99",
+                      jnum(percentile(l->step_ms, l->n_steps, 99)), "count", l->n_steps));
     if (l != cand) {
         double rp[64], rt[64];
         int n = T < 64 ? T : 64;
@@ -433,34 +469,43 @@ static json_t *lane_json(struct bench *b, struct lane *l, struct lane *cand, boo
             rp[t] = cand->pp[t] / l->pp[t];
             rt[t] = cand->tg[t] / l->tg[t];
         }
-        json_object_set_new(j, "ratio_candidate_over_this", json_pack("{s:s, s:o, s:o, s:o, s:o}", "definition",
-                            "per trial: candidate tokens/s divided by this lane's tokens/s, then the median (> 1: candidate faster)",
-                            "prefill_per_trial", jarray(rp, n), "decode_per_trial", jarray(rt, n),
-                            "prefill_median", jnum(median(rp, n)), "decode_median", jnum(median(rt, n))));
+        json_object_set_new(
+            j, "ratio_candidate_over_this",
+            json_pack(
+                "{s:s, s:o, s:o, s:o, s:o}", "definition",
+                "per trial: candidate tokens/s divided by this lane's tokens/s, then the median (> 1: candidate faster)",
+                "prefill_per_trial", jarray(rp, n), "decode_per_trial", jarray(rt, n),
+                "prefill_median", jnum(median(rp, n)), "decode_median", jnum(median(rt, n))));
     }
     return j;
 }
 
 static json_t *timing_definitions(void)
 {
-    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s,s,s,s], s:[s,s,s,s,s], s:s, s:s, s:s}",
-        "metric", "token-id-to-token-id generation wall seconds (CLOCK_MONOTONIC), one sequence",
-        "ttft", "session reset through the first returned token id: prefill of the whole prompt (last-position logits) and the host argmax",
-        "prefill_tokens_per_s", "prompt tokens / TTFT",
-        "decode", "first returned token id through the last one: output_count - 1 decode forwards, each with its logits and argmax",
-        "decode_tokens_per_s", "(output_count - 1) / decode seconds",
-        "total", "TTFT + decode (the same clock reads, so the sum holds exactly)",
-        "per_token_ms", "latency of each decode step of every timed trial, pooled; nearest-rank p50/p95/p99",
-        "included", "session reset (position and DeltaNet state zeroed; the KV cache is overwritten, not cleared)",
-        "all prefill and decode model work, KV and state updates", "full-vocabulary logits for each returned token",
-        "host greedy argmax per token",
-        "excluded", "model loading and mapping, kernel binding, session and buffer allocation (done before timing)",
+    return json_pack(
+        "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:[s,s,s,s], s:[s,s,s,s,s], s:s, s:s, s:s}", "metric",
+        "token-id-to-token-id generation wall seconds (CLOCK_MONOTONIC), one sequence", "ttft",
+        "session reset through the first returned token id: prefill of the whole prompt (last-position logits) and the host argmax",
+        "prefill_tokens_per_s", "prompt tokens / TTFT", "decode",
+        "first returned token id through the last one: output_count - 1 decode forwards, each with its logits and argmax",
+        "decode_tokens_per_s", "(output_count - 1) / decode seconds", "total",
+        "TTFT + decode (the same clock reads, so the sum holds exactly)", "per_token_ms",
+        "latency of each decode step of every timed trial, pooled; nearest-rank p50/p95/p99",
+        "included",
+        "session reset (position and DeltaNet state zeroed; the KV cache is overwritten, not cleared)",
+        "all prefill and decode model work, KV and state updates",
+        "full-vocabulary logits for each returned token", "host greedy argmax per token",
+        "excluded",
+        "model loading and mapping, kernel binding, session and buffer allocation (done before timing)",
         "validation against the reference (before timing) and token comparisons (after each generation)",
         "tokenization and text decoding (token ids in, token ids out)", "warm-up generations",
         "external command lanes: their own definitions (llama-bench: pp = prompt processing, tg = generation, separate runs)",
-        "aggregation", "medians over trials; comparison ratios are medians of per-trial candidate/comparison ratios",
-        "order", "trials alternate the lane order: even trials candidate first, odd trials candidate last",
-        "peak_memory", "host: VmHWM (peak resident set) of this process after the counter is reset at the end of validation; device: none on the CPU backend");
+        "aggregation",
+        "medians over trials; comparison ratios are medians of per-trial candidate/comparison ratios",
+        "order",
+        "trials alternate the lane order: even trials candidate first, odd trials candidate last",
+        "peak_memory",
+        "host: VmHWM (peak resident set) of this process after the counter is reset at the end of validation; device: none on the CPU backend");
 }
 
 static json_t *build_record(struct bench *b, struct qwenrt_error *err)
@@ -477,44 +522,55 @@ static json_t *build_record(struct bench *b, struct qwenrt_error *err)
     json_object_set_new(rec, "created_at", json_string(now));
     if (b->reason[0])
         json_object_set_new(rec, "status_reason", json_string(b->reason));
-    if (c->tm.model && records_add_model(rec, c->tm.model, p->n_prompt + p->n_gen + 1, c->s ? c->s->n_threads : 0, err))
+    if (c->tm.model && records_add_model(rec, c->tm.model, p->n_prompt + p->n_gen + 1,
+                                         c->s ? c->s->n_threads : 0, err))
         json_object_set_new(rec, "checkpoint_error", json_string(err->message));
     records_add_environment(rec);
     if (c->tm.model)
         json_object_set_new(rec, "kernels", records_kernels(&c->tm.binding));
     json_object_set_new(rec, "profile", records_profile(c->tm.profile));
     json_object_set_new(rec, "backend", json_string(p->backend ? p->backend : "cpu"));
-    json_object_set_new(rec, "workload", json_pack("{s:i, s:i, s:o, s:i, s:I, s:i, s:i, s:s, s:s}", "batch", 1,
-                        "prompt_tokens", p->n_prompt, "prompt_token_ids", tokens_json(b->prompt, p->n_prompt),
-                        "output_tokens", p->n_gen, "seed", (json_int_t)p->seed, "warmup_generations_per_lane",
-                        p->warmup, "trials", p->trials, "prompt_kind", "fixed synthetic token ids (xorshift64*, seed)",
-                        "sampling", "greedy argmax; EOS ignored; exact requested output count"));
+    json_object_set_new(rec, "workload",
+                        json_pack("{s:i, s:i, s:o, s:i, s:I, s:i, s:i, s:s, s:s}", "batch", 1,
+                                  "prompt_tokens", p->n_prompt, "prompt_token_ids",
+                                  tokens_json(b->prompt, p->n_prompt), "output_tokens", p->n_gen,
+                                  "seed", (json_int_t)p->seed, "warmup_generations_per_lane",
+                                  p->warmup, "trials", p->trials, "prompt_kind",
+                                  "fixed synthetic token ids (xorshift64*, seed)", "sampling",
+                                  "greedy argmax; EOS ignored; exact requested output count"));
     json_object_set_new(rec, "timing", timing_definitions());
     json_t *lanes = json_array();
     for (int i = 0; i < b->n_lanes; i++)
         json_array_append_new(lanes, lane_json(b, &b->lanes[i], c, timed));
     json_object_set_new(rec, "lanes", lanes);
-    json_object_set_new(rec, "validation", json_incref(c->validation ? c->validation : json_null()));
+    json_object_set_new(rec, "validation",
+                        json_incref(c->validation ? c->validation : json_null()));
     int T = p->trials;
     json_object_set_new(rec, "prefill_tokens_per_s", timed ? jnum(median(c->pp, T)) : json_null());
     json_object_set_new(rec, "decode_tokens_per_s", timed ? jnum(median(c->tg, T)) : json_null());
     json_object_set_new(rec, "ttft_s", timed ? jnum(median(c->ttft, T)) : json_null());
     json_object_set_new(rec, "total_s", timed ? jnum(median(c->total, T)) : json_null());
-    json_object_set_new(rec, "per_token_ms", timed ? json_pack("{s:o, s:o, s:o}", "p50", jnum(percentile(c->step_ms, c->n_steps, 50)),
-                                                              "p95", jnum(percentile(c->step_ms, c->n_steps, 95)),
-                                                              "p99", jnum(percentile(c->step_ms, c->n_steps, 99)))
-                                                 : json_null());
+    json_object_set_new(rec, "per_token_ms",
+                        timed ? json_pack("{s:o, s:o, s:o}", "p50",
+                                          jnum(percentile(c->step_ms, c->n_steps, 50)), "p95",
+                                          jnum(percentile(c->step_ms, c->n_steps, 95)), "p99",
+                                          jnum(percentile(c->step_ms, c->n_steps, 99)))
+                              : json_null());
     int64_t rss = peak_rss_bytes();
-    json_object_set_new(rec, "peak_memory", json_pack("{s:o, s:n}", "host_bytes", timed && rss > 0 ? json_integer(rss) : json_null(),
-                                                      "device_bytes"));
+    json_object_set_new(rec, "peak_memory",
+                        json_pack("{s:o, s:n}", "host_bytes",
+                                  timed && rss > 0 ? json_integer(rss) : json_null(),
+                                  "device_bytes"));
     return rec;
 }
 
 qwenrt_status bench_run(const struct bench_params *p, json_t **record, struct qwenrt_error *err)
 {
     *record = NULL;
-    if (p->n_prompt < 1 || p->n_gen < 2 || p->trials < 1 || p->warmup < 0 || p->n_compare >= BENCH_MAX_LANES)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "bench: needs -p >= 1, -n >= 2, trials >= 1, at most %d comparisons",
+    if (p->n_prompt < 1 || p->n_gen < 2 || p->trials < 1 || p->warmup < 0 ||
+        p->n_compare >= BENCH_MAX_LANES)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "bench: needs -p >= 1, -n >= 2, trials >= 1, at most %d comparisons",
                        BENCH_MAX_LANES - 1);
     struct bench b = {.p = p};
     snprintf(b.status, sizeof(b.status), "timed");
@@ -527,7 +583,8 @@ qwenrt_status bench_run(const struct bench_params *p, json_t **record, struct qw
         /* the prompt needs the vocabulary size: open the candidate first */
         st = open_lane(&b, &b.lanes[0], err);
         if (!st)
-            validate_synthetic_prompt(p->seed, b.lanes[0].tm.model->hp.n_vocab, b.prompt, p->n_prompt);
+            validate_synthetic_prompt(p->seed, b.lanes[0].tm.model->hp.n_vocab, b.prompt,
+                                      p->n_prompt);
         qwenrt_session_free(b.lanes[0].s);
         b.lanes[0].s = NULL;
         tool_close(&b.lanes[0].tm);
@@ -563,23 +620,33 @@ qwenrt_status bench_plot_svg(const json_t *rec, const char *path, struct qwenrt_
     static const char *const metric[2] = {"prefill_tokens_per_s", "decode_tokens_per_s"};
     size_t i;
     json_t *l;
-    json_array_foreach(lanes, i, l)
+    json_array_foreach (lanes, i, l)
         for (int m = 0; m < 2; m++)
-            vmax[m] = fmax(vmax[m], json_number_value(json_object_get(json_object_get(l, "median"), metric[m])));
+            vmax[m] =
+                fmax(vmax[m],
+                     json_number_value(json_object_get(json_object_get(l, "median"), metric[m])));
     FILE *f = fopen(path, "w");
     if (!f)
         return err_set(err, QWENRT_ERR_IO, "%s: cannot write the plot", path);
     int W = 720, row = 26, H = 70 + (int)n * 2 * row + 40;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-    fprintf(f, "<text x=\"10\" y=\"20\" font-size=\"14\">qwenrt bench: median tokens/s (%s, p%lld n%lld)</text>\n",
-            json_string_value(json_object_get(json_object_get(rec, "model"), "name")),
-            (long long)json_integer_value(json_object_get(json_object_get(rec, "workload"), "prompt_tokens")),
-            (long long)json_integer_value(json_object_get(json_object_get(rec, "workload"), "output_tokens")));
+    fprintf(
+        f,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n",
+        W, H);
+    fprintf(
+        f,
+        "<text x=\"10\" y=\"20\" font-size=\"14\">qwenrt bench: median tokens/s (%s, p%lld n%lld)</text>\n",
+        json_string_value(json_object_get(json_object_get(rec, "model"), "name")),
+        (long long)json_integer_value(
+            json_object_get(json_object_get(rec, "workload"), "prompt_tokens")),
+        (long long)json_integer_value(
+            json_object_get(json_object_get(rec, "workload"), "output_tokens")));
     int y = 45;
     for (int m = 0; m < 2; m++) {
-        fprintf(f, "<text x=\"10\" y=\"%d\" font-weight=\"bold\">%s</text>\n", y, m ? "decode" : "prefill");
+        fprintf(f, "<text x=\"10\" y=\"%d\" font-weight=\"bold\">%s</text>\n", y,
+                m ? "decode" : "prefill");
         y += 8;
-        json_array_foreach(lanes, i, l) {
+        json_array_foreach (lanes, i, l) {
             double v = json_number_value(json_object_get(json_object_get(l, "median"), metric[m]));
             int w = (int)(400.0 * v / vmax[m]);
             char name[64];
@@ -588,8 +655,8 @@ qwenrt_status bench_plot_svg(const json_t *rec, const char *path, struct qwenrt_
                 if (*c == '<' || *c == '>' || *c == '&' || *c == '"')
                     *c = '_';
             fprintf(f, "<text x=\"10\" y=\"%d\">%s</text>\n", y + 14, name);
-            fprintf(f, "<rect x=\"250\" y=\"%d\" width=\"%d\" height=\"18\" fill=\"%s\"/>\n", y, w > 0 ? w : 0,
-                    i ? "#999" : "#3366cc");
+            fprintf(f, "<rect x=\"250\" y=\"%d\" width=\"%d\" height=\"18\" fill=\"%s\"/>\n", y,
+                    w > 0 ? w : 0, i ? "#999" : "#3366cc");
             fprintf(f, "<text x=\"%d\" y=\"%d\">%.1f</text>\n", 255 + (w > 0 ? w : 0), y + 14, v);
             y += row;
         }

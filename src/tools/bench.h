@@ -27,9 +27,9 @@ struct qwenrt_session;
 
 struct bench_params {
     const char *model_path;
-    const char *backend;           /* NULL = cpu */
+    const char *backend; /* NULL = cpu */
     int n_threads;
-    const char *profile;           /* candidate profile (NULL = default) */
+    const char *profile; /* candidate profile (NULL = default) */
     const char *profiles_dir;
     int32_t n_prompt, n_gen;       /* workload: prompt tokens, generated tokens */
     int warmup, trials;            /* per lane */

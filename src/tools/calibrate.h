@@ -22,9 +22,9 @@ struct calibrate_params {
     const char *profiles_dir;
     int32_t n_prompt, n_gen;
     int warmup, trials;
-    const char *out_profile;  /* where the new profile goes */
-    const char *profile_id;   /* its id, e.g. "profiles/calibrated-qwen3-tiny" */
-    const char *work_dir;     /* for the candidate profile files */
+    const char *out_profile; /* where the new profile goes */
+    const char *profile_id;  /* its id, e.g. "profiles/calibrated-qwen3-tiny" */
+    const char *work_dir;    /* for the candidate profile files */
 };
 
 /* Writes out_profile; *evidence is a new reference (status "calibrated" or "failed"). */

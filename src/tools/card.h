@@ -14,11 +14,11 @@
 
 struct card_params {
     const char *records_dir;
-    const char *id;          /* model id (NULL: from the records) */
-    const char *license;     /* NULL: null in the card */
+    const char *id;      /* model id (NULL: from the records) */
+    const char *license; /* NULL: null in the card */
     const char *source_url;
-    const char *conversion;  /* how the artifact was made, free text (NULL: null) */
-    const char *pitfalls;    /* a text file, one pitfall per line (NULL: none) */
+    const char *conversion; /* how the artifact was made, free text (NULL: null) */
+    const char *pitfalls;   /* a text file, one pitfall per line (NULL: none) */
 };
 
 qwenrt_status card_build(const struct card_params *p, json_t **card, struct qwenrt_error *err);

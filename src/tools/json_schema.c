@@ -20,14 +20,21 @@ struct ctx {
 static const char *type_of(json_t *v)
 {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
+    case JSON_OBJECT:
+        return "object";
+    case JSON_ARRAY:
+        return "array";
+    case JSON_STRING:
+        return "string";
+    case JSON_INTEGER:
+        return "integer";
+    case JSON_REAL:
+        return "number";
     case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    default: return "null";
+    case JSON_FALSE:
+        return "boolean";
+    default:
+        return "null";
     }
 }
 
@@ -70,7 +77,7 @@ static qwenrt_status check_type(struct ctx *c, json_t *s, json_t *v)
         size_t i;
         json_t *e;
         bool ok = false;
-        json_array_foreach(t, i, e)
+        json_array_foreach (t, i, e)
             ok |= type_ok(json_string_value(e), v);
         if (!ok) {
             snprintf(msg, sizeof(msg), "type %s is not allowed here", type_of(v));
@@ -87,13 +94,13 @@ static qwenrt_status check_object(struct ctx *c, json_t *s, json_t *v, int depth
     size_t i;
     json_t *e;
     char msg[256];
-    json_array_foreach(req, i, e)
+    json_array_foreach (req, i, e)
         if (!json_object_get(v, json_string_value(e))) {
             snprintf(msg, sizeof(msg), "missing required key '%s'", json_string_value(e));
             return fail(c, msg);
         }
     const char *key;
-    json_object_foreach(v, key, e) {
+    json_object_foreach (v, key, e) {
         json_t *ps = json_object_get(props, key);
         if (!ps && json_is_false(addl)) {
             snprintf(msg, sizeof(msg), "unexpected key '%s'", key);
@@ -117,11 +124,12 @@ static qwenrt_status check(struct ctx *c, json_t *s, json_t *v, int depth)
     if (json_is_string(ref)) {
         const char *r = json_string_value(ref);
         if (strncmp(r, "#/$defs/", 8))
-            return err_set(c->err, QWENRT_ERR_INVALID_ARG, "%s: only local $ref '#/$defs/...' is supported, not '%s'",
-                           c->path, r);
+            return err_set(c->err, QWENRT_ERR_INVALID_ARG,
+                           "%s: only local $ref '#/$defs/...' is supported, not '%s'", c->path, r);
         json_t *target = json_object_get(json_object_get(c->root, "$defs"), r + 8);
         if (!target)
-            return err_set(c->err, QWENRT_ERR_INVALID_ARG, "%s: $ref '%s' does not resolve", c->path, r);
+            return err_set(c->err, QWENRT_ERR_INVALID_ARG, "%s: $ref '%s' does not resolve",
+                           c->path, r);
         return check(c, target, v, depth + 1);
     }
     if (check_type(c, s, v))
@@ -131,7 +139,7 @@ static qwenrt_status check(struct ctx *c, json_t *s, json_t *v, int depth)
         size_t i;
         json_t *e;
         bool ok = false;
-        json_array_foreach(en, i, e)
+        json_array_foreach (en, i, e)
             ok |= json_equal(e, v);
         if (!ok)
             return fail(c, "value is not one of the enum");
@@ -152,7 +160,7 @@ static qwenrt_status check(struct ctx *c, json_t *s, json_t *v, int depth)
         json_t *e;
         bool ok = false;
         struct qwenrt_error sub;
-        json_array_foreach(any, i, e) {
+        json_array_foreach (any, i, e) {
             struct ctx c2 = {.root = c->root, .err = &sub};
             snprintf(c2.path, sizeof(c2.path), "%s", c->path);
             ok |= check(&c2, e, v, depth + 1) == QWENRT_OK;
@@ -168,7 +176,7 @@ static qwenrt_status check(struct ctx *c, json_t *s, json_t *v, int depth)
             return fail(c, "fewer items than minItems");
         size_t i;
         json_t *e;
-        json_array_foreach(v, i, e)
+        json_array_foreach (v, i, e)
             if (items && check_child(c, items, e, NULL, (long)i, depth))
                 return c->err->status;
     }

@@ -123,8 +123,9 @@ json_t *records_kernels(const struct profile_binding *b)
                 continue;
             char src[256], dig[65];
             const char *d = records_kernel_digest(key, dig);
-            json_object_set_new(k, key, json_pack("{s:s?, s:s?}", "sha256", d, "source",
-                                                  records_kernel_source(key, src, sizeof(src))));
+            json_object_set_new(k, key,
+                                json_pack("{s:s?, s:s?}", "sha256", d, "source",
+                                          records_kernel_source(key, src, sizeof(src))));
         }
     return k;
 }
@@ -151,16 +152,18 @@ void records_add_environment(json_t *rec)
     cpu_model(cpu, sizeof(cpu));
     cpu_features_describe(cpu_features_detect(), feats, sizeof(feats));
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-    json_object_set_new(rec, "hardware", json_pack("{s:s, s:s, s:i, s:I}", "cpu", cpu, "cpu_features", feats,
-                                                   "logical_cores", (int)sysconf(_SC_NPROCESSORS_ONLN),
-                                                   "memory_bytes", (json_int_t)pages * psize));
+    json_object_set_new(rec, "hardware",
+                        json_pack("{s:s, s:s, s:i, s:I}", "cpu", cpu, "cpu_features", feats,
+                                  "logical_cores", (int)sysconf(_SC_NPROCESSORS_ONLN),
+                                  "memory_bytes", (json_int_t)pages * psize));
     struct utsname u;
     char os[400] = "unknown";
     if (uname(&u) == 0)
         snprintf(os, sizeof(os), "%s %s %s", u.sysname, u.release, u.machine);
-    json_object_set_new(rec, "software", json_pack("{s:s, s:s, s:s, s:s, s:s}", "qwenrt", QWENRT_VERSION,
-                                                   "git_commit", QWENRT_GIT_COMMIT, "git_dirty_src",
-                                                   QWENRT_GIT_DIRTY, "platform", os, "jansson", JANSSON_VERSION));
+    json_object_set_new(rec, "software",
+                        json_pack("{s:s, s:s, s:s, s:s, s:s}", "qwenrt", QWENRT_VERSION,
+                                  "git_commit", QWENRT_GIT_COMMIT, "git_dirty_src",
+                                  QWENRT_GIT_DIRTY, "platform", os, "jansson", JANSSON_VERSION));
 #ifdef __VERSION__
     const char *compiler = "gcc-compatible " __VERSION__;
 #else
@@ -241,17 +244,18 @@ qwenrt_status records_add_model(json_t *rec, const struct qwenrt_model *m, int32
     if (st)
         return st;
     const char *wdt = m->w.tok_embd ? dtype_traits(m->w.layers[0].ffn_down->dtype)->name : "?";
-    json_object_set_new(rec, "model", json_pack("{s:s, s:s, s:s, s:s}", "path", m->path, "name", hp->name,
-                                                "arch", hp->arch == ARCH_QWEN35 ? "qwen35" : "qwen3",
-                                                "format", m->format == MODEL_FORMAT_GGUF ? "gguf" : "hf"));
+    json_object_set_new(rec, "model",
+                        json_pack("{s:s, s:s, s:s, s:s}", "path", m->path, "name", hp->name, "arch",
+                                  hp->arch == ARCH_QWEN35 ? "qwen35" : "qwen3", "format",
+                                  m->format == MODEL_FORMAT_GGUF ? "gguf" : "hf"));
     json_t *g = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:i, s:i, s:s}",
-                          "model_type", hp->arch == ARCH_QWEN35 ? "qwen3_5" : "qwen3", "hidden_size", hp->n_embd,
-                          "num_hidden_layers", hp->n_layer, "intermediate_size", hp->n_ff,
-                          "num_attention_heads", hp->n_head, "num_key_value_heads", hp->n_head_kv,
-                          "head_dim", hp->head_dim, "vocab_size", hp->n_vocab, "max_position_embeddings",
-                          hp->n_ctx_train, "rms_norm_eps", (double)hp->rms_eps, "rope_theta",
-                          (double)hp->rope_theta, "capacity", capacity, "threads", threads,
-                          "storage_dtype", wdt);
+                          "model_type", hp->arch == ARCH_QWEN35 ? "qwen3_5" : "qwen3",
+                          "hidden_size", hp->n_embd, "num_hidden_layers", hp->n_layer,
+                          "intermediate_size", hp->n_ff, "num_attention_heads", hp->n_head,
+                          "num_key_value_heads", hp->n_head_kv, "head_dim", hp->head_dim,
+                          "vocab_size", hp->n_vocab, "max_position_embeddings", hp->n_ctx_train,
+                          "rms_norm_eps", (double)hp->rms_eps, "rope_theta", (double)hp->rope_theta,
+                          "capacity", capacity, "threads", threads, "storage_dtype", wdt);
     json_object_set_new(g, "tie_word_embeddings", json_boolean(m->w.output == m->w.tok_embd));
     if (hp->arch == ARCH_QWEN35) {
         json_t *pattern = json_array();
@@ -277,7 +281,8 @@ json_t *records_profile(const struct profile *p)
     json_t *chain = json_array();
     for (int i = 0; i < p->n_chain; i++)
         json_array_append_new(chain, json_string(p->chain[i]));
-    return json_pack("{s:s, s:s, s:o, s:O}", "id", p->id, "sha256", p->sha256, "chain", chain, "resolved", p->doc);
+    return json_pack("{s:s, s:s, s:o, s:O}", "id", p->id, "sha256", p->sha256, "chain", chain,
+                     "resolved", p->doc);
 }
 
 qwenrt_status records_write(const json_t *rec, const char *path, struct qwenrt_error *err)

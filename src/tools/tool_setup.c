@@ -39,8 +39,9 @@ qwenrt_status tool_open(const struct tool_open_params *pr, struct tool_model *t,
     memset(t, 0, sizeof(*t));
     const char *backend = pr->backend ? pr->backend : "cpu";
     if (strcmp(backend, "cpu"))
-        return err_set(err, QWENRT_ERR_UNSUPPORTED, "backend '%s' is not available to %s in this build (cpu is)",
-                       backend, pr->command);
+        return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                       "backend '%s' is not available to %s in this build (cpu is)", backend,
+                       pr->command);
     t->cpu_features = cpu_features_detect();
     qwenrt_status st = QWENRT_OK;
     if (!pr->reference) {
@@ -55,8 +56,9 @@ qwenrt_status tool_open(const struct tool_open_params *pr, struct tool_model *t,
     mp.backend = backend;
     if ((st = qwenrt_model_load(pr->model_path, &mp, &t->model, err)))
         goto out_fail;
-    st = pr->reference ? profile_bind_reference(t->model->plans, &t->binding, err)
-                       : profile_bind(t->profile, t->model->plans, t->cpu_features, &t->binding, err);
+    st = pr->reference
+             ? profile_bind_reference(t->model->plans, &t->binding, err)
+             : profile_bind(t->profile, t->model->plans, t->cpu_features, &t->binding, err);
     if (st)
         goto out_fail;
     profile_apply(&t->binding, t->model->plans);

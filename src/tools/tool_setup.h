@@ -15,7 +15,7 @@
 
 struct tool_model {
     struct qwenrt_model *model;
-    struct profile *profile;         /* NULL on the reference path */
+    struct profile *profile; /* NULL on the reference path */
     struct profile_binding binding;
     uint32_t cpu_features;
 };

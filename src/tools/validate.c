@@ -48,7 +48,10 @@ static const struct validate_tolerance tolerances[] = {
     {NULL, 0, 0, 0, 0, 0, 0, NULL},
 };
 
-const struct validate_tolerance *validate_tolerances(void) { return tolerances; }
+const struct validate_tolerance *validate_tolerances(void)
+{
+    return tolerances;
+}
 
 const struct validate_tolerance *validate_tolerance_for(enum qr_dtype wtype, bool fixture)
 {
@@ -72,13 +75,13 @@ void validate_synthetic_prompt(uint64_t seed, int32_t n_vocab, int32_t *ids, int
 
 struct reference {
     bool file;
-    struct tool_model tm;               /* the reference path */
+    struct tool_model tm; /* the reference path */
     struct qwenrt_session *s;
-    struct safetensors_file sf;         /* a fixture */
-    const float *logits;                /* [T][V] prompt logits (file or computed) */
+    struct safetensors_file sf; /* a fixture */
+    const float *logits;        /* [T][V] prompt logits (file or computed) */
     float *owned_logits;
-    const float *decode_logits;         /* file: [G][V] */
-    const int32_t *generated;           /* file: [G] */
+    const float *decode_logits; /* file: [G][V] */
+    const int32_t *generated;   /* file: [G] */
     int32_t G;
     char sha256[65];
 };
@@ -122,18 +125,21 @@ static json_t *check_logits(struct gate *g, const float *cl, const float *rl, in
                             int32_t *cand_tok, bool *passed)
 {
     double mx, mean;
-    bool ok = close_enough(cl, rl, (size_t)g->V, g->tol->logits_rtol, g->tol->logits_atol, &mx, &mean);
+    bool ok =
+        close_enough(cl, rl, (size_t)g->V, g->tol->logits_rtol, g->tol->logits_atol, &mx, &mean);
     *cand_tok = qwenrt_argmax(cl, g->V);
     bool equal = *cand_tok == ref_tok;
     double margin = (double)rl[ref_tok] - (double)rl[*cand_tok];
-    bool tie = !equal && margin <= g->tol->logits_atol + g->tol->logits_rtol * fabs((double)rl[ref_tok]);
+    bool tie =
+        !equal && margin <= g->tol->logits_atol + g->tol->logits_rtol * fabs((double)rl[ref_tok]);
     *passed = ok && (equal || tie);
     g->worst_logits = fmax(g->worst_logits, mx);
     g->all_exact &= mx == 0;
-    return json_pack("{s:b, s:f, s:f, s:f, s:f, s:i, s:i, s:b, s:b}", "passed", *passed, "max_absolute_error", mx,
-                     "mean_absolute_error", mean, "rtol", g->tol->logits_rtol, "atol", g->tol->logits_atol,
-                     "reference_next_token", ref_tok, "candidate_next_token", *cand_tok, "greedy_token_equal",
-                     equal, "near_tie", tie);
+    return json_pack("{s:b, s:f, s:f, s:f, s:f, s:i, s:i, s:b, s:b}", "passed", *passed,
+                     "max_absolute_error", mx, "mean_absolute_error", mean, "rtol",
+                     g->tol->logits_rtol, "atol", g->tol->logits_atol, "reference_next_token",
+                     ref_tok, "candidate_next_token", *cand_tok, "greedy_token_equal", equal,
+                     "near_tie", tie);
 }
 
 /* K and V rows from..to of every attention layer against the reference. NULL when the
@@ -163,12 +169,13 @@ static json_t *check_cache(struct gate *g, int32_t from, int32_t to, bool *passe
             }
             for (int32_t p = from; p <= to; p++)
                 for (int32_t h = 0; h < m->hp.n_head_kv; h++) {
-                    const float *r = t ? (const float *)t->data + ((size_t)h * g->T + p) * hd
-                                       : (kv ? g->ref.s->state.v_cache[l] : g->ref.s->state.k_cache[l]) +
-                                             (size_t)p * kvw + (size_t)h * hd;
+                    const float *r =
+                        t ? (const float *)t->data + ((size_t)h * g->T + p) * hd
+                          : (kv ? g->ref.s->state.v_cache[l] : g->ref.s->state.k_cache[l]) +
+                                (size_t)p * kvw + (size_t)h * hd;
                     double e;
-                    if (!close_enough(c + (size_t)p * kvw + (size_t)h * hd, r, (size_t)hd, g->tol->cache_rtol,
-                                      g->tol->cache_atol, &e, NULL))
+                    if (!close_enough(c + (size_t)p * kvw + (size_t)h * hd, r, (size_t)hd,
+                                      g->tol->cache_rtol, g->tol->cache_atol, &e, NULL))
                         *passed = false;
                     mx = fmax(mx, e);
                 }
@@ -178,9 +185,10 @@ static json_t *check_cache(struct gate *g, int32_t from, int32_t to, bool *passe
         return NULL;
     g->worst_cache = fmax(g->worst_cache, mx);
     g->all_exact &= mx == 0;
-    return json_pack("{s:b, s:f, s:i, s:i, s:b, s:f, s:f}", "passed", *passed, "max_absolute_error", mx,
-                     "layers_checked", layers, "valid_tokens_checked", to + 1, "keys_and_values_checked", 1,
-                     "rtol", g->tol->cache_rtol, "atol", g->tol->cache_atol);
+    return json_pack("{s:b, s:f, s:i, s:i, s:b, s:f, s:f}", "passed", *passed, "max_absolute_error",
+                     mx, "layers_checked", layers, "valid_tokens_checked", to + 1,
+                     "keys_and_values_checked", 1, "rtol", g->tol->cache_rtol, "atol",
+                     g->tol->cache_atol);
 }
 
 /* conv and recurrent state of every DeltaNet layer (reference path only). */
@@ -197,12 +205,13 @@ static json_t *check_state(struct gate *g, bool *passed)
         if (!cs->ssm_state[l])
             continue;
         layers++;
-        if (!close_enough(cs->conv_state[l], rs->conv_state[l], (size_t)cs->conv_rows * cs->conv_dim,
-                          g->tol->state_rtol, g->tol->state_atol, &e, NULL))
+        if (!close_enough(cs->conv_state[l], rs->conv_state[l],
+                          (size_t)cs->conv_rows * cs->conv_dim, g->tol->state_rtol,
+                          g->tol->state_atol, &e, NULL))
             *passed = false;
         mx = fmax(mx, e);
-        if (!close_enough(cs->ssm_state[l], rs->ssm_state[l], (size_t)cs->ssm_len, g->tol->state_rtol,
-                          g->tol->state_atol, &e, NULL))
+        if (!close_enough(cs->ssm_state[l], rs->ssm_state[l], (size_t)cs->ssm_len,
+                          g->tol->state_rtol, g->tol->state_atol, &e, NULL))
             *passed = false;
         mx = fmax(mx, e);
     }
@@ -211,8 +220,8 @@ static json_t *check_state(struct gate *g, bool *passed)
     g->worst_state = fmax(g->worst_state, mx);
     g->all_exact &= mx == 0;
     return json_pack("{s:b, s:f, s:i, s:b, s:f, s:f}", "passed", *passed, "max_absolute_error", mx,
-                     "layers_checked", layers, "conv_and_recurrent_checked", 1, "rtol", g->tol->state_rtol,
-                     "atol", g->tol->state_atol);
+                     "layers_checked", layers, "conv_and_recurrent_checked", 1, "rtol",
+                     g->tol->state_rtol, "atol", g->tol->state_atol);
 }
 
 /* One position: logits, cache rows from..pos, state (when with_state); records the check and
@@ -229,7 +238,8 @@ static bool check_position(struct gate *g, int32_t pos, int32_t input, const cha
     json_t *state = with_state ? check_state(g, &sp) : NULL;
     if (state)
         json_object_set_new(c, "deltanet_state", state);
-    json_object_set_new(c, "greedy_selection", json_pack("{s:b, s:i}", "passed", lp, "token", *cand_tok));
+    json_object_set_new(c, "greedy_selection",
+                        json_pack("{s:b, s:i}", "passed", lp, "token", *cand_tok));
     bool ok = lp && cp && sp;
     json_object_set_new(c, "passed", json_boolean(ok));
     json_array_append_new(g->checks, c);
@@ -240,13 +250,16 @@ static bool check_position(struct gate *g, int32_t pos, int32_t input, const cha
         bool greedy = json_is_true(json_object_get(l, "greedy_token_equal")) ||
                       json_is_true(json_object_get(l, "near_tie"));
         char what[128];
-        snprintf(what, sizeof(what), "%s%s%s%s", !lp ? (greedy ? "logits beyond tolerance" : "greedy token differs") : "",
+        snprintf(what, sizeof(what), "%s%s%s%s",
+                 !lp ? (greedy ? "logits beyond tolerance" : "greedy token differs") : "",
                  !cp ? (!lp ? ", KV cache beyond tolerance" : "KV cache beyond tolerance") : "",
                  !sp && (!lp || !cp) ? ", " : "", !sp ? "DeltaNet state beyond tolerance" : "");
-        snprintf(g->failure, sizeof(g->failure), "%s at position %d (%s): max error %.3g (rtol %g, atol %g); next token %d, reference %d",
-                 what, pos, phase, json_real_value(json_object_get(bad, "max_absolute_error")),
-                 json_real_value(json_object_get(bad, "rtol")), json_real_value(json_object_get(bad, "atol")),
-                 *cand_tok, ref_tok);
+        snprintf(
+            g->failure, sizeof(g->failure),
+            "%s at position %d (%s): max error %.3g (rtol %g, atol %g); next token %d, reference %d",
+            what, pos, phase, json_real_value(json_object_get(bad, "max_absolute_error")),
+            json_real_value(json_object_get(bad, "rtol")),
+            json_real_value(json_object_get(bad, "atol")), *cand_tok, ref_tok);
     }
     return ok;
 }
@@ -265,17 +278,20 @@ static qwenrt_status open_file_reference(struct gate *g, const char *path, struc
     const struct qr_tensor *gen = safetensors_find(&r->sf, "generated_ids");
     const struct qr_tensor *dl = safetensors_find(&r->sf, "decode_logits");
     if (!ids || !lg || ids->dtype != QR_I32 || lg->dtype != QR_F32)
-        return err_set(err, QWENRT_ERR_FORMAT, "%s: a reference needs prompt_ids (I32) and logits (F32)", path);
+        return err_set(err, QWENRT_ERR_FORMAT,
+                       "%s: a reference needs prompt_ids (I32) and logits (F32)", path);
     g->T = (int32_t)ids->ne[0];
     if (lg->ne[0] != g->V || lg->ne[1] != g->T)
-        return err_set(err, QWENRT_ERR_SHAPE, "%s: tensor 'logits' is [%lld][%lld], the model needs [%d][%d]", path,
+        return err_set(err, QWENRT_ERR_SHAPE,
+                       "%s: tensor 'logits' is [%lld][%lld], the model needs [%d][%d]", path,
                        (long long)lg->ne[1], (long long)lg->ne[0], g->T, g->V);
     g->prompt = xmalloc((size_t)g->T, sizeof(int32_t));
     if (!g->prompt)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory");
     memcpy(g->prompt, ids->data, (size_t)g->T * sizeof(int32_t));
     r->logits = lg->data;
-    if (gen && dl && gen->dtype == QR_I32 && dl->dtype == QR_F32 && dl->ne[0] == g->V && dl->ne[1] == gen->ne[0]) {
+    if (gen && dl && gen->dtype == QR_I32 && dl->dtype == QR_F32 && dl->ne[0] == g->V &&
+        dl->ne[1] == gen->ne[0]) {
         r->generated = gen->data;
         r->decode_logits = dl->data;
         r->G = (int32_t)gen->ne[0];
@@ -302,15 +318,19 @@ static qwenrt_status open_sessions(struct gate *g, struct qwenrt_error *err)
 static qwenrt_status setup(struct gate *g, struct qwenrt_error *err)
 {
     const struct validate_params *p = g->p;
-    struct tool_open_params op = {.model_path = p->model_path, .backend = p->backend, .n_threads = p->n_threads,
-                                  .profile = p->profile, .profiles_dir = p->profiles_dir,
+    struct tool_open_params op = {.model_path = p->model_path,
+                                  .backend = p->backend,
+                                  .n_threads = p->n_threads,
+                                  .profile = p->profile,
+                                  .profiles_dir = p->profiles_dir,
                                   .command = p->command ? p->command : "validate",
                                   .intent = p->intent ? p->intent : PROFILE_INTENT_VERIFY};
     qwenrt_status st = tool_open(&op, &g->cand, err);
     if (st)
         return st;
     g->V = g->cand.model->hp.n_vocab;
-    g->tol = validate_tolerance_for(g->cand.model->w.layers[0].ffn_down->dtype, p->reference_file != NULL);
+    g->tol = validate_tolerance_for(g->cand.model->w.layers[0].ffn_down->dtype,
+                                    p->reference_file != NULL);
     if (p->reference_file)
         return open_file_reference(g, p->reference_file, err);
     op.reference = true;
@@ -337,8 +357,9 @@ static qwenrt_status run_gate(struct gate *g, struct validate_result *r, struct 
     qwenrt_status st = qwenrt_session_prefill(g->cs, g->prompt, g->T, cl, err);
     if (!st && !g->ref.file) {
         g->ref.owned_logits = xmalloc((size_t)g->T * V, sizeof(float));
-        st = g->ref.owned_logits ? qwenrt_session_prefill(g->ref.s, g->prompt, g->T, g->ref.owned_logits, err)
-                                 : err_set(err, QWENRT_ERR_NOMEM, "out of memory");
+        st = g->ref.owned_logits
+                 ? qwenrt_session_prefill(g->ref.s, g->prompt, g->T, g->ref.owned_logits, err)
+                 : err_set(err, QWENRT_ERR_NOMEM, "out of memory");
         g->ref.logits = g->ref.owned_logits;
     }
     r->tokens = xmalloc((size_t)g->n_gen, sizeof(int32_t));
@@ -348,8 +369,8 @@ static qwenrt_status run_gate(struct gate *g, struct validate_result *r, struct 
     for (int32_t t = 0; t < g->T && !st; t++) {
         const float *rl = g->ref.logits + (size_t)t * V;
         ref_tok = t == g->T - 1 && g->ref.generated ? g->ref.generated[0] : qwenrt_argmax(rl, g->V);
-        if (!check_position(g, t, g->prompt[t], "prefill", cl + (size_t)t * V, rl, ref_tok, t, t == g->T - 1,
-                            &cand_tok))
+        if (!check_position(g, t, g->prompt[t], "prefill", cl + (size_t)t * V, rl, ref_tok, t,
+                            t == g->T - 1, &cand_tok))
             goto out;
     }
     if (st)
@@ -369,8 +390,8 @@ static qwenrt_status run_gate(struct gate *g, struct validate_result *r, struct 
             rl = qwenrt_session_logits(g->ref.s);
             ref_tok = qwenrt_argmax(rl, g->V);
         }
-        if (!check_position(g, pos, feed, "decode", qwenrt_session_logits(g->cs), rl, ref_tok, 0, true,
-                            &cand_tok))
+        if (!check_position(g, pos, feed, "decode", qwenrt_session_logits(g->cs), rl, ref_tok, 0,
+                            true, &cand_tok))
             break;
         r->tokens[r->n_tokens++] = cand_tok;
     }
@@ -400,46 +421,64 @@ static void build_record(struct gate *g, struct validate_result *r)
     json_object_set_new(rec, "backend", json_string(g->p->backend ? g->p->backend : "cpu"));
     const char *wdt = dtype_traits(m->w.layers[0].ffn_down->dtype)->name;
     bool quant = !dtype_is_float(m->w.layers[0].ffn_down->dtype);
-    json_object_set_new(rec, "precision_comparison",
-        json_pack("{s:s, s:b, s:b, s:s, s:s, s:s, s:s}", "class",
-                  g->ref.file ? "float64_reference_over_stored_weights" : "same_storage_precision",
-                  "same_weight_representation", 1, "bitwise_exact", g->all_exact, "storage_dtype", wdt,
-                  "accumulation_dtype", "float32", "kv_dtype", "float32", "policy",
-                  quant ? "Same stored quantised weights; the reference dequantises them to f32 and keeps f32 activations; logits, all valid KV entries and DeltaNet state pass the quantized tolerances; greedy ids agree (near ties within tolerance recorded)."
-                        : "Same stored weights in both paths; complete logits, all valid KV entries and DeltaNet state pass the dtype tolerances; greedy ids agree exactly unless a recorded near tie."));
+    json_object_set_new(
+        rec, "precision_comparison",
+        json_pack(
+            "{s:s, s:b, s:b, s:s, s:s, s:s, s:s}", "class",
+            g->ref.file ? "float64_reference_over_stored_weights" : "same_storage_precision",
+            "same_weight_representation", 1, "bitwise_exact", g->all_exact, "storage_dtype", wdt,
+            "accumulation_dtype", "float32", "kv_dtype", "float32", "policy",
+            quant
+                ? "Same stored quantised weights; the reference dequantises them to f32 and keeps f32 activations; logits, all valid KV entries and DeltaNet state pass the quantized tolerances; greedy ids agree (near ties within tolerance recorded)."
+                : "Same stored weights in both paths; complete logits, all valid KV entries and DeltaNet state pass the dtype tolerances; greedy ids agree exactly unless a recorded near tie."));
     json_t *tt = json_array();
     for (const struct validate_tolerance *t = tolerances; t->family; t++)
-        json_array_append_new(tt, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:s}", "family", t->family,
-                                            "logits_rtol", t->logits_rtol, "logits_atol", t->logits_atol,
-                                            "cache_rtol", t->cache_rtol, "cache_atol", t->cache_atol,
-                                            "state_rtol", t->state_rtol, "state_atol", t->state_atol, "reason", t->reason));
-    json_object_set_new(rec, "tolerances", json_pack("{s:s, s:o}", "applied", g->tol->family, "table", tt));
+        json_array_append_new(
+            tt, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:s}", "family", t->family,
+                          "logits_rtol", t->logits_rtol, "logits_atol", t->logits_atol,
+                          "cache_rtol", t->cache_rtol, "cache_atol", t->cache_atol, "state_rtol",
+                          t->state_rtol, "state_atol", t->state_atol, "reason", t->reason));
+    json_object_set_new(rec, "tolerances",
+                        json_pack("{s:s, s:o}", "applied", g->tol->family, "table", tt));
     json_t *ids = json_array();
     for (int32_t i = 0; i < g->T; i++)
         json_array_append_new(ids, json_integer(r->prompt[i]));
-    json_object_set_new(rec, "workload", json_pack("{s:i, s:i, s:o, s:i, s:I, s:s, s:s, s:s}", "batch", 1,
-                        "prompt_tokens", g->T, "prompt_token_ids", ids, "output_tokens", g->n_gen, "seed",
-                        (json_int_t)g->p->seed, "prompt_kind",
-                        g->ref.file ? "the reference file's prompt ids" : "fixed synthetic token ids (xorshift64*, seed)",
-                        "sampling", "greedy argmax; EOS ignored; exact requested output count", "tokenizer",
-                        "not used; starts at token ids and ends at token ids"));
-    json_object_set_new(rec, "reference", g->ref.file
-        ? json_pack("{s:s, s:s, s:s}", "kind", "file", "path", g->p->reference_file, "sha256", g->ref.sha256)
-        : json_pack("{s:s, s:s}", "kind", "qwenrt-reference", "description",
-                    "a second load of the same model, every op on its *.ref kernel (matmul.<dtype>.ref dequantises each weight row to f32), f32 KV cache, batched prefill then one-token decode"));
-    json_object_set_new(rec, "execution", json_pack("{s:s, s:s, s:s}", "candidate_prefill",
-                        "prefill plan over the whole prompt, logits for every position", "candidate_decode",
-                        "decode plan, one token per step, fed the reference's greedy token", "scope",
-                        "embedding, every decoder layer, final norm, full vocabulary logits, host argmax"));
+    json_object_set_new(
+        rec, "workload",
+        json_pack("{s:i, s:i, s:o, s:i, s:I, s:s, s:s, s:s}", "batch", 1, "prompt_tokens", g->T,
+                  "prompt_token_ids", ids, "output_tokens", g->n_gen, "seed",
+                  (json_int_t)g->p->seed, "prompt_kind",
+                  g->ref.file ? "the reference file's prompt ids"
+                              : "fixed synthetic token ids (xorshift64*, seed)",
+                  "sampling", "greedy argmax; EOS ignored; exact requested output count",
+                  "tokenizer", "not used; starts at token ids and ends at token ids"));
+    json_object_set_new(
+        rec, "reference",
+        g->ref.file
+            ? json_pack("{s:s, s:s, s:s}", "kind", "file", "path", g->p->reference_file, "sha256",
+                        g->ref.sha256)
+            : json_pack(
+                  "{s:s, s:s}", "kind", "qwenrt-reference", "description",
+                  "a second load of the same model, every op on its *.ref kernel (matmul.<dtype>.ref dequantises each weight row to f32), f32 KV cache, batched prefill then one-token decode"));
+    json_object_set_new(
+        rec, "execution",
+        json_pack(
+            "{s:s, s:s, s:s}", "candidate_prefill",
+            "prefill plan over the whole prompt, logits for every position", "candidate_decode",
+            "decode plan, one token per step, fed the reference's greedy token", "scope",
+            "embedding, every decoder layer, final norm, full vocabulary logits, host argmax"));
     json_object_set_new(rec, "checks", json_incref(g->checks));
     json_t *toks = json_array();
     for (int32_t i = 0; i < r->n_tokens; i++)
         json_array_append_new(toks, json_integer(r->tokens[i]));
-    json_object_set_new(rec, "result", json_pack("{s:s, s:i, s:s, s:o, s:i, s:f, s:f, s:f}", "status",
-                        r->passed ? "validated" : "validation_failed", "first_failure_position", g->first_failure,
-                        "failure", g->failure, "generated_token_ids", toks, "positions_checked",
-                        (int)json_array_size(g->checks), "max_logits_error", g->worst_logits,
-                        "max_cache_error", g->worst_cache, "max_state_error", g->worst_state));
+    json_object_set_new(rec, "result",
+                        json_pack("{s:s, s:i, s:s, s:o, s:i, s:f, s:f, s:f}", "status",
+                                  r->passed ? "validated" : "validation_failed",
+                                  "first_failure_position", g->first_failure, "failure", g->failure,
+                                  "generated_token_ids", toks, "positions_checked",
+                                  (int)json_array_size(g->checks), "max_logits_error",
+                                  g->worst_logits, "max_cache_error", g->worst_cache,
+                                  "max_state_error", g->worst_state));
     r->record = rec;
 }
 

@@ -22,11 +22,11 @@
 #include "qwenrt.h"
 
 struct validate_tolerance {
-    const char *family;       /* "float", "quantized", "fixture-float64", ... */
+    const char *family; /* "float", "quantized", "fixture-float64", ... */
     double logits_rtol, logits_atol;
     double cache_rtol, cache_atol;
     double state_rtol, state_atol;
-    const char *reason;       /* why these values */
+    const char *reason; /* why these values */
 };
 
 /* The tolerance table, NULL-family terminated. */
@@ -39,9 +39,9 @@ struct qwenrt_session;
 
 struct validate_params {
     const char *model_path;
-    const char *backend;        /* NULL = cpu */
+    const char *backend; /* NULL = cpu */
     int n_threads;
-    const char *profile;        /* id or file; NULL = default */
+    const char *profile; /* id or file; NULL = default */
     const char *profiles_dir;
     const char *reference_file; /* NULL = qwenrt's reference path */
     int32_t n_prompt;           /* synthetic prompt length (ignored with a reference file) */
@@ -57,13 +57,13 @@ struct validate_params {
 
 struct validate_result {
     bool passed;
-    int32_t first_failure;  /* position of the first failing check, -1 when none */
-    char failure[256];      /* which check failed there, and by how much */
-    int32_t *prompt;        /* [n_prompt] ids used */
+    int32_t first_failure; /* position of the first failing check, -1 when none */
+    char failure[256];     /* which check failed there, and by how much */
+    int32_t *prompt;       /* [n_prompt] ids used */
     int32_t n_prompt;
-    int32_t *tokens;        /* [n_tokens] candidate greedy tokens (all validated when passed) */
+    int32_t *tokens; /* [n_tokens] candidate greedy tokens (all validated when passed) */
     int32_t n_tokens;
-    json_t *record;         /* the seed 004 record */
+    json_t *record; /* the seed 004 record */
 };
 
 /* Runs the gate. Returns an error only when it cannot run (model, profile, reference file);
