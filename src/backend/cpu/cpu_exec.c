@@ -8,8 +8,22 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/matmul.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
+
+/* logits = x · Eᵀ through matmul_ref, for the validate reference path (never a default). */
+static void logits_ref(const struct plan_op *op, struct cpu_exec *ex)
+{
+    int32_t rows = ex->all_logits ? ex->T : 1, win = ex->plan->bufs[op->in].width;
+    struct cpu_matmul_args a = {
+        .y = ex->bufs[op->out], .x = ex->bufs[op->in] + (size_t)(ex->T - rows) * win,
+        .w = op->w->data, .wtype = op->w->dtype, .T = rows, .K = op->w->ne[0], .N = op->w->ne[1],
+        .ldx = win, .ldy = ex->plan->bufs[op->out].width,
+        .w_row_bytes = op->w->nbytes / (size_t)op->w->ne[1], .n_threads = 1,
+    };
+    matmul_ref(&a);
+}
 
 static const struct cpu_op_kernel kernels[] = {
     {"embed.ref", OP_EMBED, 0, 0, embed_ref},
@@ -26,6 +40,7 @@ static const struct cpu_op_kernel kernels[] = {
     {"gdn_core.chunked.avx512", OP_GDN_CORE, CPU_AVX512F | CPU_AVX2, 20, gdn_core_chunked_avx512},
     {"gated_rmsnorm.ref", OP_GATED_RMSNORM, 0, 0, gated_rmsnorm_ref},
     {"logits.auto", OP_LOGITS, 0, 0, logits_op},
+    {"logits.ref", OP_LOGITS, 0, -1, logits_ref},
     {NULL, 0, 0, 0, NULL},
 };
 
