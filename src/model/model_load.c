@@ -17,6 +17,7 @@
 #include "base/alloc.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "base/meminfo.h"
 #include "model/model.h"
 #include "quant/quant.h"
 
@@ -270,6 +271,22 @@ static void count_params(struct qwenrt_model *m)
     m->n_params += small;
 }
 
+/* Refuses, with numbers, weights larger than this machine's memory before anything is bound
+ * or converted (issue 9): mapped pages would thrash, and conversions would be OOM-killed. */
+static qwenrt_status check_fits(const struct qwenrt_model *m, const char *path,
+                                struct qwenrt_error *err)
+{
+    uint64_t bytes = m->format == MODEL_FORMAT_GGUF ? m->gguf.map.size : 0;
+    for (int32_t i = 0; i < m->n_shards; i++)
+        bytes += m->shards[i].map.size;
+    uint64_t total = mem_total_bytes();
+    if (!total || bytes <= total)
+        return QWENRT_OK;
+    return err_set(err, QWENRT_ERR_LIMIT,
+                   "%s: the weights (%.2f GiB) do not fit in this machine's %.2f GiB of memory",
+                   path, (double)bytes / (1 << 30), (double)total / (1 << 30));
+}
+
 /* "cpu" always works; "cuda" needs the CUDA backend compiled in, a driver and a device. */
 static qwenrt_status check_backend(const char *backend, struct qwenrt_error *err)
 {
@@ -308,6 +325,8 @@ qwenrt_status qwenrt_model_load(const char *path, const struct qwenrt_model_para
         st = err_set(err, QWENRT_ERR_FORMAT, "%s: neither a GGUF file (no 'GGUF' magic) nor a model directory", path);
     if (!st)
         st = hparams_validate(&m->hp, path, err);
+    if (!st)
+        st = check_fits(m, path, err);
     if (!st) {
         m->w.layers = xcalloc((size_t)m->hp.n_layer, sizeof(*m->w.layers));
         if (!m->w.layers)

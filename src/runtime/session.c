@@ -6,11 +6,13 @@
  * failed call leaves the session as it was.
  */
 #include <omp.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
+#include "base/meminfo.h"
 #include "runtime/session.h"
 
 struct qwenrt_session_params qwenrt_session_default_params(void)
@@ -36,6 +38,17 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
         st->conv_dim = hparams_ssm_conv_dim(hp);
         st->ssm_len = (int64_t)hp->ssm_n_v_heads * hp->ssm_k_dim * hp->ssm_v_dim;
     }
+    /* refuse, with numbers, a state that cannot fit before allocating any of it (issue 9) */
+    uint64_t need = (uint64_t)hp->n_vocab * sizeof(float);
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        need += hp->arch == ARCH_QWEN35 && hp->is_recurrent[l]
+                    ? ((uint64_t)st->conv_rows * st->conv_dim + 1 + (uint64_t)st->ssm_len) * 4
+                    : 2 * (uint64_t)st->n_ctx * (uint64_t)st->kv_width * 4;
+    char what[96];
+    snprintf(what, sizeof(what), "session: the state of a %d-token context", st->n_ctx);
+    qwenrt_status ms = mem_check_available(need, what, " (use a smaller context)", err);
+    if (ms)
+        return ms;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         bool rec = hp->arch == ARCH_QWEN35 && hp->is_recurrent[l];
         if (rec) {
@@ -143,8 +156,16 @@ static qwenrt_status ensure_buffers(struct qwenrt_session *s, const struct plan 
 {
     if (T <= s->cap_T && logit_rows <= s->cap_logit_rows)
         return QWENRT_OK;
-    free_buffers(s);
     int32_t capT = T > s->cap_T ? T : s->cap_T;
+    uint64_t need = (uint64_t)cpu_exec_scratch_floats(p, &s->state, capT) * sizeof(float);
+    for (int32_t i = 0; i < p->n_bufs; i++)
+        need += (uint64_t)(i == p->buf_logits ? logit_rows : capT) * (uint64_t)p->bufs[i].width * 4;
+    char what[96];
+    snprintf(what, sizeof(what), "session: activations for a batch of %d tokens", capT);
+    qwenrt_status ms = mem_check_available(need, what, " (prefill in smaller batches)", err);
+    if (ms) /* checked before freeing: the session keeps its buffers and stays usable */
+        return ms;
+    free_buffers(s);
     for (int32_t i = 0; i < p->n_bufs; i++) {
         size_t rows = (size_t)(i == p->buf_logits ? logit_rows : capT);
         s->bufs[i] = xalloc_aligned(rows * (size_t)p->bufs[i].width, sizeof(float));
