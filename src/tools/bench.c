@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/timer.h"
@@ -505,7 +506,7 @@ static json_t *timing_definitions(void)
         "order",
         "trials alternate the lane order: even trials candidate first, odd trials candidate last",
         "peak_memory",
-        "host: VmHWM (peak resident set) of this process after the counter is reset at the end of validation; device: none on the CPU backend");
+        "host: VmHWM (peak resident set) of this process after the counter is reset at the end of validation; device: bytes the candidate's CUDA session holds (weights, KV, state, scratch), null on the CPU backend");
 }
 
 static json_t *build_record(struct bench *b, struct qwenrt_error *err)
@@ -527,7 +528,8 @@ static json_t *build_record(struct bench *b, struct qwenrt_error *err)
         json_object_set_new(rec, "checkpoint_error", json_string(err->message));
     records_add_environment(rec);
     if (c->tm.model)
-        json_object_set_new(rec, "kernels", records_kernels(&c->tm.binding));
+        json_object_set_new(rec, "kernels", c->s && c->s->cuda ? records_backend_kernels("cuda")
+                                                               : records_kernels(&c->tm.binding));
     json_object_set_new(rec, "profile", records_profile(c->tm.profile));
     json_object_set_new(rec, "backend", json_string(p->backend ? p->backend : "cpu"));
     json_object_set_new(rec, "workload",
@@ -558,9 +560,12 @@ static json_t *build_record(struct bench *b, struct qwenrt_error *err)
                               : json_null());
     int64_t rss = peak_rss_bytes();
     json_object_set_new(rec, "peak_memory",
-                        json_pack("{s:o, s:n}", "host_bytes",
+                        json_pack("{s:o, s:o}", "host_bytes",
                                   timed && rss > 0 ? json_integer(rss) : json_null(),
-                                  "device_bytes"));
+                                  "device_bytes",
+                                  timed && c->s && c->s->cuda
+                                      ? json_integer(cuda_session_device_bytes(c->s->cuda))
+                                      : json_null()));
     return rec;
 }
 

@@ -130,6 +130,15 @@ json_t *records_kernels(const struct profile_binding *b)
     return k;
 }
 
+json_t *records_backend_kernels(const char *backend)
+{
+    char dir[128], src[140], dig[65];
+    snprintf(dir, sizeof(dir), "src/backend/%s/", backend);
+    snprintf(src, sizeof(src), "%s*", dir);
+    dir_digest(dir, dig);
+    return json_pack("{s:{s:s, s:s}}", backend, "sha256", dig, "source", src);
+}
+
 static void cpu_model(char *out, size_t len)
 {
     snprintf(out, len, "unknown");

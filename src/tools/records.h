@@ -29,6 +29,9 @@ const char *records_kernel_digest(const char *key, char out[65]);
 void records_add_environment(json_t *rec);
 /* {key: {sha256, source}} for every key bound in b. */
 json_t *records_kernels(const struct profile_binding *b);
+/* The kernels of a backend other than the CPU's (whose op keys do not apply there):
+ * {"<backend>": {sha256 over src/backend/<backend>/, source}}. */
+json_t *records_backend_kernels(const char *backend);
 /* Adds model, checkpoint_sha256 (each file of the model), geometry, parameter_count.
  * capacity and threads go into geometry as in seed 004. */
 qwenrt_status records_add_model(json_t *rec, const struct qwenrt_model *m, int32_t capacity,

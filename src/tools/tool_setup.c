@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
 #include "source_digests.h"
@@ -38,10 +39,10 @@ qwenrt_status tool_open(const struct tool_open_params *pr, struct tool_model *t,
 {
     memset(t, 0, sizeof(*t));
     const char *backend = pr->backend ? pr->backend : "cpu";
-    if (strcmp(backend, "cpu"))
+    if (strcmp(backend, "cpu") && !(strcmp(backend, "cuda") == 0 && cuda_backend_compiled()))
         return err_set(err, QWENRT_ERR_UNSUPPORTED,
-                       "backend '%s' is not available to %s in this build (cpu is)", backend,
-                       pr->command);
+                       "backend '%s' is not available to %s in this build (cpu%s is)", backend,
+                       pr->command, cuda_backend_compiled() ? ", cuda" : "");
     t->cpu_features = cpu_features_detect();
     qwenrt_status st = QWENRT_OK;
     if (!pr->reference) {

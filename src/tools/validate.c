@@ -19,6 +19,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/sha256.h"
@@ -99,6 +100,7 @@ struct gate {
     bool all_exact;
     int32_t first_failure;
     char failure[256];
+    float *kv_buf; /* [n_ctx][kv_width]: K or V rows read back from a device session */
 };
 
 /* allclose |a-b| <= atol + rtol*|b|; returns max and mean absolute error. */
@@ -148,17 +150,25 @@ static json_t *check_cache(struct gate *g, int32_t from, int32_t to, bool *passe
 {
     const struct seq_state *cs = &g->cs->state;
     const struct qwenrt_model *m = g->cand.model;
-    int32_t hd = m->hp.head_dim, kvw = cs->kv_width, layers = 0;
+    int32_t hd = m->hp.head_dim, kvw = m->hp.n_head_kv * m->hp.head_dim, layers = 0;
     double mx = 0;
     *passed = true;
     if (g->ref.file && to >= g->T)
         return NULL;
-    for (int32_t l = 0; l < cs->n_layer; l++) {
-        if (!cs->k_cache[l])
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        if (m->hp.arch == ARCH_QWEN35 && m->hp.is_recurrent[l])
             continue;
         layers++;
         for (int kv = 0; kv < 2; kv++) {
-            const float *c = kv ? cs->v_cache[l] : cs->k_cache[l];
+            const float *c = g->kv_buf;
+            struct qwenrt_error e2;
+            if (!g->cs->cuda)
+                c = kv ? cs->v_cache[l] : cs->k_cache[l];
+            else if (cuda_session_read_kv(g->cs->cuda, l, kv, to + 1, g->kv_buf, &e2)) {
+                *passed = false; /* an unreadable cache fails the check */
+                mx = INFINITY;
+                continue;
+            }
             const struct qr_tensor *t = NULL;
             if (g->ref.file) {
                 char name[64];
@@ -196,7 +206,7 @@ static json_t *check_state(struct gate *g, bool *passed)
 {
     const struct seq_state *cs = &g->cs->state, *rs;
     *passed = true;
-    if (g->ref.file)
+    if (g->ref.file || g->cs->cuda) /* no state in fixtures; no state read-back from CUDA */
         return NULL;
     rs = &g->ref.s->state;
     int32_t layers = 0;
@@ -310,6 +320,11 @@ static qwenrt_status open_sessions(struct gate *g, struct qwenrt_error *err)
     qwenrt_status st = qwenrt_session_init(g->cand.model, &sp, &g->cs, err);
     if (!st && !g->ref.file)
         st = qwenrt_session_init(g->ref.tm.model, &sp, &g->ref.s, err);
+    if (!st && g->cs->cuda) {
+        g->kv_buf = xmalloc((size_t)sp.n_ctx * g->cand.model->hp.n_head_kv, sizeof(float) * g->cand.model->hp.head_dim);
+        if (!g->kv_buf)
+            st = err_set(err, QWENRT_ERR_NOMEM, "out of memory");
+    }
     if (!st && g->p->candidate_hook)
         g->p->candidate_hook(g->cs, g->p->hook_user);
     return st;
@@ -414,7 +429,8 @@ static void build_record(struct gate *g, struct validate_result *r)
     if (records_add_model(rec, m, g->T + g->n_gen + 1, g->cs->n_threads, &err))
         json_object_set_new(rec, "checkpoint_error", json_string(err.message));
     records_add_environment(rec);
-    json_object_set_new(rec, "kernels", records_kernels(&g->cand.binding));
+    json_object_set_new(rec, "kernels", g->cs->cuda ? records_backend_kernels("cuda")
+                                                    : records_kernels(&g->cand.binding));
     if (!g->ref.file)
         json_object_set_new(rec, "reference_kernels", records_kernels(&g->ref.tm.binding));
     json_object_set_new(rec, "profile", records_profile(g->cand.profile));
@@ -467,6 +483,10 @@ static void build_record(struct gate *g, struct validate_result *r)
             "prefill plan over the whole prompt, logits for every position", "candidate_decode",
             "decode plan, one token per step, fed the reference's greedy token", "scope",
             "embedding, every decoder layer, final norm, full vocabulary logits, host argmax"));
+    json_object_set_new(json_object_get(rec, "execution"), "state_checks",
+                        json_string(g->ref.file ? "no DeltaNet state in a reference file"
+                                    : g->cs->cuda ? "no DeltaNet state read-back from the CUDA backend; logits, KV and tokens checked"
+                                                  : "DeltaNet conv and recurrent state after the prompt and every decode step"));
     json_object_set_new(rec, "checks", json_incref(g->checks));
     json_t *toks = json_array();
     for (int32_t i = 0; i < r->n_tokens; i++)
@@ -505,6 +525,7 @@ qwenrt_status validate_run(const struct validate_params *p, struct validate_resu
     json_decref(g.checks);
     xfree(g.prompt);
     xfree(g.ref.owned_logits);
+    xfree(g.kv_buf);
     qwenrt_session_free(g.cs);
     qwenrt_session_free(g.ref.s);
     tool_close(&g.cand);
