@@ -33,6 +33,9 @@ mkdir -p "$B/artifacts" "$B/logs"
 failed=""
 for t in $targets; do
     mkdir -p "$B/corpus/$t" "tests/fuzz/corpus/$t"
+    # scratch files of the harnesses (tests/fuzz/fuzz_util.h), removed after each target
+    export TMPDIR="$PWD/$B/tmp"
+    rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
     start=$(date +%s)
     # rss/malloc limit 2 GiB: an input that makes qwenrt allocate more is a finding (a limit
     # is missing). -timeout 20: one input running longer is a hang.
@@ -45,6 +48,7 @@ for t in $targets; do
         failed="$failed $t"
     fi
     secs=$(( $(date +%s) - start ))
+    rm -rf "$TMPDIR"
     printf '%s\t%s\t%s\t%s\n' "$t" "$secs" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$result" \
         >>"$B/fuzz-time.tsv"
     echo "fuzz: $t ${secs}s $result ($(grep -o 'cov: [0-9]*' "$B/logs/$t.log" | tail -1))"

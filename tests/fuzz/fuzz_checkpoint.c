@@ -120,6 +120,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct qwenrt_error err = {0};
     struct qwenrt_checkpoint *cp = NULL;
     if (qwenrt_checkpoint_load(model, path, &cp, &err) != QWENRT_OK) {
+        if (getenv("FUZZ_VERBOSE"))
+            fprintf(stderr, "load: %s\n", err.message);
         fuzz_check(cp == NULL);
         return 0;
     }
@@ -128,7 +130,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sp.n_threads = 1;
     struct qwenrt_session *s = NULL;
     if (qwenrt_session_init(model, &sp, &s, &err) == QWENRT_OK) {
-        if (qwenrt_session_restore(s, cp, &err) == QWENRT_OK) {
+        qwenrt_status st = qwenrt_session_restore(s, cp, &err);
+        if (getenv("FUZZ_VERBOSE"))
+            fprintf(stderr, "restore: %s\n", st ? err.message : "ok");
+        if (st == QWENRT_OK) {
             fuzz_check(qwenrt_session_n_past(s) == qwenrt_checkpoint_n_past(cp));
             (void)qwenrt_session_decode(s, 7, &err);
         }
