@@ -380,6 +380,9 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     j->sp = req->sp;
+    j->chat_json = req->chat_json; /* moves ownership */
+    req->chat_json = NULL;
+    j->fmt = s->lim.fmt;
     j->tp.max_tokens = req->max_tokens;
     if (j->tp.max_tokens > s->p.n_ctx - (int32_t)n)
         j->tp.max_tokens = s->p.n_ctx - (int32_t)n;

@@ -32,6 +32,7 @@ void oai_request_free(struct oai_request *r)
     if (!r)
         return;
     xfree(r->prompt);
+    xfree(r->chat_json);
     for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
         xfree(r->stops[i]);
     memset(r, 0, sizeof(*r));
@@ -174,6 +175,8 @@ static bool render_chat(json_t *root, const struct oai_limits *lim, struct oai_r
     struct qwenrt_error err = {0};
     size_t len;
     qwenrt_status st = chat_render_json(lim->fmt, txt, &r->prompt, &len, &err);
+    if (!st && !(r->chat_json = xstrdup(txt)))
+        st = QWENRT_ERR_NOMEM;
     free(txt);
     if (st == QWENRT_ERR_NOMEM)
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");

@@ -42,6 +42,8 @@ struct oai_limits {
 struct oai_request {
     enum oai_kind kind;
     char *prompt;                      /* rendered prompt text, xmalloc'd */
+    char *chat_json;                   /* chat: {"messages", "tools", "enable_thinking"} as
+                                          rendered, xmalloc'd; NULL for completions */
     struct qwenrt_sampler_params sp;
     int32_t max_tokens;                /* requested (capped) */
     char *stops[TEXTGEN_MAX_STOP];     /* xmalloc'd, NULL-terminated when fewer */

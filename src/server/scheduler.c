@@ -9,6 +9,7 @@
 #include "server/scheduler.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -84,6 +85,8 @@ void job_release(struct job *j)
         xfree(j->stops[i]);
     xfree(j->ids);
     xfree(j->out);
+    xfree(j->answer);
+    xfree(j->chat_json);
     xfree(j);
 }
 
@@ -119,6 +122,22 @@ static bool job_emit(void *user, const char *text, size_t len)
             ok = false;
         }
     }
+    if (ok && j->chat_json && j->answer_len + len + 1 > j->answer_cap) {
+        size_t cap = (j->answer_len + len + 1) * 2;
+        char *p = xrealloc(j->answer, cap, 1);
+        if (p) {
+            j->answer = p;
+            j->answer_cap = cap;
+        } else {
+            xfree(j->chat_json); /* no memory: just no next-turn prefix */
+            j->chat_json = NULL;
+        }
+    }
+    if (ok && j->chat_json) {
+        memcpy(j->answer + j->answer_len, text, len);
+        j->answer_len += len;
+        j->answer[j->answer_len] = '\0';
+    }
     if (ok) {
         memcpy(j->out + j->out_len, text, len);
         j->out_len += len;
@@ -151,6 +170,8 @@ static void job_end(struct sched *s, struct job *j, enum job_finish how, const c
 
 /* ------------------------------------------------------------------ slots */
 
+static void prepare_next_turn(struct sched *s, struct slot *sl, struct job *j);
+
 static void slot_free_job(struct sched *s, struct slot *sl, enum job_finish how, const char *msg)
 {
     if (sl->text_open) {
@@ -163,11 +184,21 @@ static void slot_free_job(struct sched *s, struct slot *sl, enum job_finish how,
     if (how != JOB_ERROR && sl->n_toks > 0)
         pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
     struct job *j = sl->job;
+    bool next_turn = j->chat_json && (how == JOB_EOS || how == JOB_STOP || how == JOB_LENGTH);
+    if (next_turn) {
+        pthread_mutex_lock(&j->mu);
+        j->refs++; /* keep chat_json and answer after the HTTP side lets go */
+        pthread_mutex_unlock(&j->mu);
+    }
+    job_end(s, j, how, msg);
+    if (next_turn) {
+        prepare_next_turn(s, sl, j);
+        job_release(j);
+    }
     pthread_mutex_lock(&s->mu);
     sl->job = NULL;
     sl->phase = SLOT_IDLE;
     pthread_mutex_unlock(&s->mu);
-    job_end(s, j, how, msg);
 }
 
 static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
@@ -178,33 +209,105 @@ static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int
     return i;
 }
 
-/* Brings the slot's session to the longest cached prefix of the job's prompt: its own state
- * when that is a prefix, else the best checkpoint, else empty. */
-static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_error *err)
+/* Brings the slot's session to the longest cached prefix of ids: its own state when that is
+ * a prefix, else the best checkpoint, else empty. *cached receives the prefix length. */
+static qwenrt_status slot_seek(struct sched *s, struct slot *sl, const int32_t *ids, int32_t n,
+                               int32_t *cached, struct qwenrt_error *err)
 {
-    struct job *j = sl->job;
-    int32_t own = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
+    int32_t own = common_prefix(sl->toks, sl->n_toks, ids, n);
     bool own_ok = own == sl->n_toks && sl->n_toks > 0;
-    const struct pcache_entry *e = pcache_lookup(&s->cache, j->ids, j->n_ids);
-    int32_t cached = 0;
+    const struct pcache_entry *e = pcache_lookup(&s->cache, ids, n);
+    *cached = 0;
     if (own_ok && (!e || e->n <= sl->n_toks)) {
-        cached = sl->n_toks;
+        *cached = sl->n_toks;
     } else if (e) {
         qwenrt_status st = qwenrt_session_restore(sl->sess, e->cp, err);
         if (st)
             return st;
         memcpy(sl->toks, e->ids, (size_t)e->n * sizeof(*sl->toks));
-        sl->n_toks = cached = e->n;
+        sl->n_toks = *cached = e->n;
     } else {
         qwenrt_session_reset(sl->sess);
         sl->n_toks = 0;
     }
-    /* the whole prompt is cached: keep one token to process so there are fresh logits
-     * for this request's sampler (a checkpoint's logits are those of its last token) */
-    if (cached == j->n_ids && !qwenrt_session_logits(sl->sess)) {
+    /* the whole prompt is cached but without logits: process it again */
+    if (*cached == n && !qwenrt_session_logits(sl->sess)) {
         qwenrt_session_reset(sl->sess);
-        sl->n_toks = cached = 0;
+        sl->n_toks = *cached = 0;
     }
+    return QWENRT_OK;
+}
+
+/* The text the next request of this chat starts with: the conversation plus the answer as
+ * the template renders them when one more user turn follows (cut before that turn). */
+static char *next_turn_text(const struct job *j, struct qwenrt_error *err)
+{
+    static const char mark[] = "\x01qwenrt-next-turn\x01";
+    json_t *req = json_loads(j->chat_json, 0, NULL);
+    json_t *msgs = json_object_get(req, "messages");
+    char *txt = NULL, *out = NULL;
+    size_t len;
+    if (!json_is_array(msgs) ||
+        json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", "assistant", "content",
+                                              j->answer ? j->answer : "", j->answer_len)) ||
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", mark)) ||
+        json_object_set_new(req, "add_generation_prompt", json_false()) ||
+        !(txt = json_dumps(req, JSON_COMPACT)))
+        goto out;
+    if (chat_render_json(j->fmt, txt, &out, &len, err))
+        goto out;
+    char *at = strstr(out, mark), *cut = NULL;
+    for (char *p = out; at && (p = strstr(p, "<|im_start|>")) && p < at; p++)
+        cut = p;
+    if (cut) {
+        *cut = '\0';
+    } else {
+        xfree(out);
+        out = NULL;
+    }
+out:
+    free(txt);
+    json_decref(req);
+    return out;
+}
+
+/* After a chat answer: prefill the next turn's prefix from the best checkpoint and cache it
+ * (see scheduler.h). Failures only cost the cache hit. */
+static void prepare_next_turn(struct sched *s, struct slot *sl, struct job *j)
+{
+    struct qwenrt_error err = {0};
+    int32_t *ids = NULL, cached = 0;
+    size_t n = 0;
+    char *text = next_turn_text(j, &err);
+    if (!text || tokenizer_encode(s->tok, text, strlen(text), &ids, &n, &err) || !n ||
+        (int64_t)n >= s->p.n_ctx)
+        goto out;
+    if (slot_seek(s, sl, ids, (int32_t)n, &cached, &err))
+        goto out;
+    if (cached < (int32_t)n) {
+        if (qwenrt_session_prefill(sl->sess, ids + cached, (int32_t)n - cached, NULL, &err)) {
+            qwenrt_session_reset(sl->sess);
+            sl->n_toks = 0;
+            goto out;
+        }
+        memcpy(sl->toks + cached, ids + cached, (n - (size_t)cached) * sizeof(*ids));
+        sl->n_toks = (int32_t)n;
+    }
+    pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
+out:
+    xfree(text);
+    xfree(ids);
+}
+
+/* Brings the slot's session to the longest cached prefix of the job's prompt, picks the
+ * checkpoint position, sets up the sampler. */
+static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_error *err)
+{
+    struct job *j = sl->job;
+    int32_t cached = 0;
+    qwenrt_status st = slot_seek(s, sl, j->ids, j->n_ids, &cached, err);
+    if (st)
+        return st;
     sl->boundary = 0;
     const struct tokenizer_special *sp = tokenizer_special_ids(s->tok);
     for (int32_t i = j->n_ids - 1; i > cached && sp->im_start >= 0; i--)
@@ -214,7 +317,7 @@ static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_
         }
     qwenrt_sampler_free(sl->smp);
     sl->smp = NULL;
-    qwenrt_status st = qwenrt_sampler_init(&j->sp, s->n_vocab, &sl->smp, err);
+    st = qwenrt_sampler_init(&j->sp, s->n_vocab, &sl->smp, err);
     if (st)
         return st;
     for (int32_t i = 0; i < cached; i++)
@@ -510,10 +613,30 @@ out_free:
     return st;
 }
 
+/* Drops queued jobs whose client has gone (or that were cancelled), so that a full queue of
+ * abandoned requests does not refuse a live one. Called with s->mu held. */
+static void purge_queue(struct sched *s)
+{
+    int kept = 0;
+    for (int k = 0; k < s->q_len; k++) {
+        struct job *j = s->queue[(s->q_head + k) % s->p.queue_max];
+        struct pollfd pfd = {.fd = j->fd, .events = POLLRDHUP};
+        bool gone = j->fd >= 0 && poll(&pfd, 1, 0) > 0 &&
+                    (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+        if (gone || job_cancelled(j))
+            job_end(s, j, JOB_CANCELLED, NULL);
+        else
+            s->queue[(s->q_head + kept++) % s->p.queue_max] = j;
+    }
+    s->q_len = kept;
+}
+
 int sched_submit(struct sched *s, struct job *j)
 {
     int rc = 0;
     pthread_mutex_lock(&s->mu);
+    if (!s->shutdown && s->q_len >= s->p.queue_max)
+        purge_queue(s);
     if (s->shutdown) {
         rc = -2;
     } else if (s->q_len >= s->p.queue_max) {

@@ -11,7 +11,13 @@
  * job->cv; the HTTP side takes it from there. A client that goes away is noticed by polling
  * its socket (POLLRDHUP) every iteration, for queued and running jobs alike, and the job
  * leaves at once. Prompt caching: see prompt_cache.h; a job checkpoints its prompt up to the
- * last <|im_start|> (the conversation so far), its whole prompt, and its final state.
+ * last <|im_start|> (the conversation so far), its whole prompt, and its final state. A chat
+ * job, once answered, also prepares the next turn: the template renders the conversation with
+ * the answer as the next request will send it (earlier turns may render differently from
+ * what was generated, e.g. Qwen3/3.5 drop the <think> block of past answers, so the final
+ * state rarely is a prefix of the next prompt), the slot prefills that from the best
+ * checkpoint and caches it. The client already has its answer by then; the next turn then
+ * processes only its own tokens.
  */
 #ifndef QWENRT_SERVER_SCHEDULER_H
 #define QWENRT_SERVER_SCHEDULER_H
@@ -23,6 +29,7 @@
 
 #include "qwenrt.h"
 #include "server/metrics.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/textgen.h"
 
@@ -40,6 +47,9 @@ struct job {
     struct textgen_params tp;          /* stop strings point into stops[] */
     char *stops[TEXTGEN_MAX_STOP];     /* owned */
     int fd;                            /* client socket for disconnect checks, -1 = none */
+    char *chat_json;   /* chat requests: {"messages", "tools", "enable_thinking"} as JSON, to
+                          prepare the next turn's prefix (see below); NULL otherwise. Owned */
+    enum chat_format fmt;              /* the template chat_json renders with */
     double t_arrival;                  /* time_now_s() when the request arrived */
 
     pthread_mutex_t mu;
@@ -47,6 +57,8 @@ struct job {
     /* shared, under mu */
     char *out;         /* text generated and not yet taken by the HTTP side */
     size_t out_len, out_cap;
+    char *answer;      /* all text generated (chat jobs, for the next turn's prefix) */
+    size_t answer_len, answer_cap;
     enum job_finish finish;  /* JOB_RUNNING until done */
     bool cancel;             /* set by the HTTP side: stop and leave the slot */
     int refs;
