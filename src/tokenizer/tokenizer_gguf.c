@@ -191,9 +191,9 @@ out:
 }
 
 qwenrt_status tokenizer_write_gguf_kv(const struct tokenizer *t, struct gguf_writer *w,
-                                      struct qwenrt_error *err)
+                                      int32_t pad_to, struct qwenrt_error *err)
 {
-    size_t n = (size_t)t->n_vocab;
+    size_t n = (size_t)(pad_to > t->n_vocab ? pad_to : t->n_vocab);
     const char **tokens = xmalloc(n, sizeof(*tokens));
     int32_t *types = xmalloc(n, sizeof(*types));
     char *pads = xmalloc(n, 32); /* "[PAD<id>]" for holes */
@@ -205,7 +205,7 @@ qwenrt_status tokenizer_write_gguf_kv(const struct tokenizer *t, struct gguf_wri
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        uint8_t f = t->flags[i];
+        uint8_t f = i < (size_t)t->n_vocab ? t->flags[i] : 0;
         if (!(f & TOKF_PRESENT)) {
             snprintf(pads + i * 32, 32, "[PAD%zu]", i);
             tokens[i] = pads + i * 32;

@@ -181,7 +181,7 @@ static qwenrt_status write_hparams(struct gguf_writer *w, const struct model_hpa
 }
 
 static qwenrt_status write_tokenizer(struct gguf_writer *w, const struct export_params *p,
-                                     struct qwenrt_error *err)
+                                     int32_t n_vocab, struct qwenrt_error *err)
 {
     struct tokenizer *tok = NULL;
     qwenrt_status st = QWENRT_OK;
@@ -189,8 +189,11 @@ static qwenrt_status write_tokenizer(struct gguf_writer *w, const struct export_
         st = tokenizer_load_json(&tok, p->tokenizer_json, err);
     else if (p->tokenizer_gguf && gguf_find_kv(p->tokenizer_gguf, "tokenizer.ggml.tokens"))
         st = tokenizer_load_gguf(&tok, p->tokenizer_gguf, err);
+    if (!st && tok && tokenizer_n_vocab(tok) > n_vocab)
+        st = err_set(err, QWENRT_ERR_SHAPE, "the tokenizer has %d tokens, more than the model's %d embedding rows",
+                     tokenizer_n_vocab(tok), n_vocab);
     if (!st && tok)
-        st = tokenizer_write_gguf_kv(tok, w, err);
+        st = tokenizer_write_gguf_kv(tok, w, n_vocab, err);
     tokenizer_free(tok);
     return st;
 }
@@ -261,7 +264,7 @@ qwenrt_status export_gguf(const char *path, const struct model_hparams *hp,
     if (!st && write_hparams(w, hp, params))
         st = err_set(err, QWENRT_ERR_NOMEM, "%s: cannot add metadata", path);
     if (!st)
-        st = write_tokenizer(w, params, err);
+        st = write_tokenizer(w, params, hp->n_vocab, err);
     for (int32_t i = 0; i < n && !st; i++) {
         enum qr_dtype dt = export_tensor_dtype(hp, params->type, &specs[i]);
         st = build_tensor(&specs[i], dt, source, user, &data[i], err);
