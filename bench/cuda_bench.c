@@ -13,6 +13,11 @@
  * 3. Decode: n_gen greedy steps from position 0 on the GPU (cuda_session_generate, ids read
  *    back every 32), median of reps, for: graph+fused, graph unfused, no graph fused; plus
  *    the per-token API path (one cuda_session_run per token, logits copied to the host).
+ *    Each cuda_options switch is also turned off alone (prefill: gemm_cache, attn_tiled,
+ *    gdn_par, all three; decode: gemv_v2, pdl) to show what it is worth.
+ * 4. --gemv: first, single GEMVs of the model's BF16 shapes timed in isolation (graph of 200
+ *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
+ *    gemv2, with and without PDL.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
  */
 #include <math.h>
@@ -179,14 +184,47 @@ out:
 
 struct variant {
     const char *name;
-    bool graph, fuse;
+    bool graph, fuse, v2, pdl;
     double tok_s;
 };
+
+struct pvariant {
+    const char *name;
+    bool cache, tiled, par;
+    double tok_s;
+};
+
+/* Single GEMVs of the model's shapes in isolation (BF16). */
+static void gemv_table(const struct model_hparams *hp)
+{
+    int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    struct {
+        const char *name;
+        int32_t N, K;
+    } sh[] = {{"q|k|v", qd + 2 * kvd, hp->n_embd}, {"o", hp->n_embd, qd},
+              {"gate", hp->n_ff, hp->n_embd},     {"down", hp->n_embd, hp->n_ff},
+              {"lm_head", hp->n_vocab, hp->n_embd}};
+    printf("\n| GEMV bf16 (T=1) | N x K | MB | first kernel us / GB/s | gemv2 us / GB/s | gemv2+PDL us / GB/s | gemv2+norm+PDL GB/s |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+        double us[4] = {0}, gb[4] = {0};
+        struct qwenrt_error err = {0};
+        bool cfg[4][3] = {{false, false, false}, {true, false, false}, {true, true, false},
+                          {true, true, true}};
+        for (int v = 0; v < 4; v++)
+            if (cuda_gemv_bench(QR_BF16, sh[i].N, sh[i].K, 1, cfg[v][2], cfg[v][0], cfg[v][1],
+                                sh[i].N > 100000 ? 20 : 200, &us[v], &gb[v], &err))
+                printf("gemv bench failed: %s\n", err.message);
+        printf("| %s | %d x %d | %.1f | %.2f / %.0f | %.2f / %.0f | %.2f / %.0f | %.0f |\n",
+               sh[i].name, sh[i].N, sh[i].K, (double)sh[i].N * sh[i].K * 2 / 1e6, us[0], gb[0],
+               us[1], gb[1], us[2], gb[2], gb[3]);
+    }
+}
 
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL;
-    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0;
+    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, gemv = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
@@ -196,6 +234,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--n-gen") && i + 1 < argc) n_gen = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
+        else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else {
             fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F]\n", argv[0]);
             return 2;
@@ -230,6 +269,8 @@ int main(int argc, char **argv)
     }
     char dev[256];
     cuda_device_describe(dev, sizeof(dev));
+    if (gemv)
+        gemv_table(&m->hp);
     int argmax_ok = 1;
     double verr = no_validate ? 0 : validate(path, m, &argmax_ok);
     /* Gate: same argmax everywhere and logits within 1e-2. Random-weight Qwen3.5 models reach
@@ -247,35 +288,50 @@ int main(int argc, char **argv)
         ids[i] = (int32_t)((i * 7919 + 17) % V);
     double times[64], bytes = (double)m->weight_bytes;
 
-    /* prefill */
-    struct cuda_options o = cuda_default_options();
+    /* prefill: every switch on, then each prefill switch off alone, then all off */
+    struct cuda_options o;
     struct cuda_session *cs = NULL;
-    if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
-        fprintf(stderr, "cuda_session_init: %s\n", err.message);
-        return 1;
-    }
-    for (int r = -1; r < reps; r++) {
-        cuda_session_reset(cs, &err);
-        double t0 = time_now_s();
-        if (cuda_session_run(cs, ids, n_prompt, 0, false, logits, NULL, NULL, &err)) {
-            fprintf(stderr, "prefill: %s\n", err.message);
+    struct pvariant pv[] = {{"all on", true, true, true, 0}, {"gemm_cache off", false, true, true, 0},
+                            {"attn_tiled off", true, false, true, 0},
+                            {"gdn_par off", true, true, false, 0},
+                            {"all three off", false, false, false, 0}};
+    uint64_t pp_hash = 0;
+    for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]); v++) {
+        o = cuda_default_options();
+        o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
+        if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
+            fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
         }
-        if (r >= 0)
-            times[r] = time_now_s() - t0;
+        for (int r = -1; r < reps; r++) {
+            cuda_session_reset(cs, &err);
+            double t0 = time_now_s();
+            if (cuda_session_run(cs, ids, n_prompt, 0, false, logits, NULL, NULL, &err)) {
+                fprintf(stderr, "prefill: %s\n", err.message);
+                return 1;
+            }
+            if (r >= 0)
+                times[r] = time_now_s() - t0;
+        }
+        pv[v].tok_s = n_prompt / median(times, reps);
+        if (v == 0)
+            pp_hash = fnv(logits, (size_t)V);
+        cuda_session_free(cs);
     }
-    double pp = n_prompt / median(times, reps);
-    uint64_t pp_hash = fnv(logits, (size_t)V);
-    cuda_session_free(cs);
+    double pp = pv[0].tok_s;
 
     /* decode variants */
-    struct variant vs[] = {{"graph+fused", true, true, 0}, {"graph,unfused", true, false, 0},
-                           {"nograph,fused", false, true, 0}};
+    struct variant vs[] = {{"graph+fused", true, true, true, true, 0},
+                           {"graph,unfused", true, false, true, true, 0},
+                           {"nograph,fused", false, true, true, true, 0},
+                           {"gemv_v2 off", true, true, false, true, 0},
+                           {"pdl off", true, true, true, false, 0},
+                           {"v2+pdl off", true, true, false, false, 0}};
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
         o = cuda_default_options();
-        o.graph = vs[v].graph, o.fuse = vs[v].fuse;
+        o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -325,6 +381,10 @@ int main(int argc, char **argv)
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
            vs[1].tok_s, vs[2].tok_s, api, tg * bytes / 1e9);
+    printf("\n| prefill pp%d | all on | gemm_cache off | attn_tiled off | gdn_par off | all three off |\n|---|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_prompt, arch, type, pv[0].tok_s, pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s);
+    printf("\n| decode tg%d | all on | gemv_v2 off | pdl off | v2+pdl off |\n|---|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, arch, type, vs[0].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json) {
@@ -336,6 +396,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"tg_api_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, api, tg, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
+            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_three_off\": %.1f, \"tg_gemv_v2_off\": %.1f, \"tg_pdl_off\": %.1f, \"tg_v2_pdl_off\": %.1f},\n",
+                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/1\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",

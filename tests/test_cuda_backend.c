@@ -271,6 +271,35 @@ static void test_op_matmul(void **state)
     }
 }
 
+/* The GEMV kernels at the sizes of real models (aligned rows: gemv2 applies), against the
+ * first kernel (v2 off) and the CPU: T = 1..8 tokens, K up to 3072 (T*K*4 > 48 KB falls back). */
+static void test_op_gemv_sizes(void **state)
+{
+    (void)state;
+    static const struct {
+        enum qr_dtype dt;
+        int32_t K, N;
+    } cs[] = {{QR_BF16, 1024, 300}, {QR_BF16, 2048, 130}, {QR_BF16, 3072, 77}, {QR_F16, 1024, 70},
+              {QR_F32, 512, 90}, {QR_BF16, 4096, 33}, {QR_BF16, 8, 40}};
+    static const int32_t Ts[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
+        for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
+            for (int v2 = 0; v2 < 2; v2++) {
+                struct op_case c;
+                int32_t widths[] = {cs[i].K, cs[i].N};
+                case_start(&c, widths, 2, 1);
+                struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
+                op->out = 1, op->in = 0, op->w = add_tensor(&c, cs[i].dt, cs[i].K, cs[i].N, 0.5f);
+                op->dump = "y";
+                struct cuda_options o = cuda_default_options();
+                o.gemv_v2 = v2;
+                char what[64];
+                snprintf(what, sizeof(what), "gemv.%s K=%d N=%d T=%d v2=%d",
+                         dtype_traits(cs[i].dt)->name, cs[i].K, cs[i].N, Ts[ti], v2);
+                run_case(&c, what, Ts[ti], 0, OP_REL_TOL, &o);
+            }
+}
+
 static void test_op_embed(void **state)
 {
     (void)state;
@@ -307,8 +336,10 @@ static void test_op_elementwise(void **state)
 
 /* q/k norm + RoPE, attention, sigmoid gate: one attention layer, prefill then decode steps. */
 static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_rot, bool gated,
-                           int32_t T, int32_t steps)
+                           int32_t T, int32_t steps, bool tiled)
 {
+    struct cuda_options o = cuda_default_options();
+    o.attn_tiled = tiled;
     struct op_case c;
     int32_t qs = gated ? 2 * hd : hd;
     int32_t widths[] = {n_head * qs, n_kv * hd, n_kv * hd, n_head * hd};
@@ -327,24 +358,29 @@ static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_r
         op->dump = "gated";
     }
     char what[96];
-    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d", hd, n_head, n_kv,
-             n_rot, gated);
-    run_case(&c, what, T, steps, OP_REL_TOL, NULL);
+    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d", hd,
+             n_head, n_kv, n_rot, gated, tiled);
+    run_case(&c, what, T, steps, OP_REL_TOL, &o);
 }
 
 static void test_op_attention(void **state)
 {
     (void)state;
-    attention_case(64, 4, 2, 64, false, 13, 3);
-    attention_case(128, 16, 8, 128, false, 70, 2);
-    attention_case(256, 8, 2, 64, true, 33, 3);
-    attention_case(128, 6, 3, 32, true, 1, 4);
+    for (int tiled = 0; tiled < 2; tiled++) { /* prefill: per-token kernel, then query tiles */
+        attention_case(64, 4, 2, 64, false, 13, 3, tiled);
+        attention_case(128, 16, 8, 128, false, 70, 2, tiled);
+        attention_case(256, 8, 2, 64, true, 33, 3, tiled);
+        attention_case(128, 6, 3, 32, true, 1, 4, tiled);
+        attention_case(128, 16, 8, 128, false, 300, 1, tiled); /* several K/V tiles */
+    }
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
 static void deltanet_case(int32_t Hk, int32_t Hv, int32_t dk, int32_t dv, bool tiled, int32_t T,
-                          int32_t steps)
+                          int32_t steps, bool par)
 {
+    struct cuda_options o = cuda_default_options();
+    o.gdn_par = par;
     struct op_case c;
     int32_t C = 2 * Hk * dk + Hv * dv;
     int32_t widths[] = {C, Hv, Hv, Hv * dv, Hv * dv};
@@ -361,16 +397,21 @@ static void deltanet_case(int32_t Hk, int32_t Hv, int32_t dk, int32_t dv, bool t
     op->out = 4, op->in = 3, op->vec = add_vec(&c, dv, 1.0f, 0.3f), op->eps = 1e-6f;
     op->n_v_heads = Hv, op->v_dim = dv, op->dump = "norm";
     char what[96];
-    snprintf(what, sizeof(what), "deltanet Hk=%d Hv=%d dk=%d dv=%d tiled=%d", Hk, Hv, dk, dv, tiled);
-    run_case(&c, what, T, steps, OP_REL_TOL, NULL);
+    snprintf(what, sizeof(what), "deltanet Hk=%d Hv=%d dk=%d dv=%d tiled=%d par=%d", Hk, Hv, dk,
+             dv, tiled, par);
+    run_case(&c, what, T, steps, OP_REL_TOL, &o);
 }
 
 static void test_op_deltanet(void **state)
 {
     (void)state;
-    deltanet_case(2, 4, 32, 48, false, 11, 3);
-    deltanet_case(16, 16, 128, 128, true, 40, 2);
-    deltanet_case(2, 6, 64, 40, true, 1, 3);
+    for (int par = 0; par < 2; par++) { /* prefill: recurrent kernel, then the parallel forms */
+        deltanet_case(2, 4, 32, 48, false, 11, 3, par);
+        deltanet_case(16, 16, 128, 128, true, 40, 2, par);
+        deltanet_case(2, 6, 64, 40, true, 1, 3, par);
+        deltanet_case(4, 4, 256, 64, false, 37, 1, par); /* T not a multiple of the conv chunk */
+        deltanet_case(2, 2, 64, 32, false, 2, 2, par);   /* T < conv_k - 1: state rows shift */
+    }
 }
 
 /* ------------------------------------------------------------------ fixtures end to end */
@@ -438,7 +479,8 @@ static void check_fixture(const char *dir, int mode)
     } else {
         struct cuda_options o = cuda_default_options();
         if (mode == 1)
-            o.graph = o.fuse = o.gemm_bf16x2 = false;
+            o.graph = o.fuse = o.gemm_bf16x2 = o.gemv_v2 = o.pdl = o.gemm_cache = o.attn_tiled =
+                o.gdn_par = false;
         if (cuda_session_init(m->plans, 256, &o, &cs, &err))
             fail_msg("%s: %s", dir, err.message);
         if (mode == 1) {
@@ -567,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_op_embed),
         cmocka_unit_test(test_op_elementwise),
         cmocka_unit_test(test_op_matmul),
+        cmocka_unit_test(test_op_gemv_sizes),
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),
         cmocka_unit_test(test_fixtures_api),

@@ -39,6 +39,12 @@ struct cuda_options {
     bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
     bool gemm_bf16x2;    /* prefill, bf16 weights: x split into 3 bf16 terms, tensor cores */
     int32_t gemv_max_T;  /* up to this many tokens use the GEMV kernels instead of a GEMM */
+    bool gemv_v2;        /* float weights: GEMV with every load issued up front (gemv2) */
+    bool pdl;            /* decode: programmatic dependent launch (next kernel's prologue and
+                          * weight loads overlap the previous kernel) */
+    bool gemm_cache;     /* prefill: cuBLASLt descriptors and algorithm made once per shape */
+    bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
+    bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
 };
 
 struct cuda_options cuda_default_options(void);
@@ -87,6 +93,13 @@ qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *e
  * ([n_pos][kv_width] f32). Errors: INVALID_ARG when the layer has no KV cache. */
 qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool v,
                                    int32_t n_pos, float *dst, struct qwenrt_error *err);
+
+/* Times one GEMV of N x K weights of dtype (random data, T tokens, fused norm when norm) in
+ * isolation: *us = median microseconds per launch over reps launches captured in a graph,
+ * *gbs = weight bytes / time. v2 and pdl as in cuda_options. Errors: BACKEND. */
+qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, bool v2,
+                              bool pdl, int32_t reps, double *us, double *gbs,
+                              struct qwenrt_error *err);
 
 /* Bytes of device memory the session holds. */
 int64_t cuda_session_device_bytes(const struct cuda_session *cs);

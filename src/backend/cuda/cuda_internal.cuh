@@ -38,8 +38,50 @@ static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, c
             return cuda_fail(err, e_, __FILE__, __LINE__, #call);                         \
     } while (0)
 
+#include <utility>
+
 #define GEMV_MAX_T 8   /* tokens one GEMV launch handles (more: a GEMM) */
 #define GEMV_MAX_SEG 4 /* weight matrices sharing one input in one GEMV launch */
+
+/* ---- programmatic dependent launch (PDL) ----
+ * A kernel launched with pdl = true may start while the kernel before it in the stream is
+ * still running: everything it does before griddep_wait() must only read data no kernel
+ * writes (weights). Every kernel of the backend calls griddep_launch() first (the next
+ * kernel may then be scheduled) and griddep_wait() before it touches activations or state;
+ * both are no-ops when the kernel was launched without the attribute. */
+
+__device__ __forceinline__ void griddep_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launches kernel k (with the programmatic-serialization attribute when pdl) and returns the
+ * launch's error. */
+template <typename... KP, typename... A>
+static inline cudaError_t launch_k(bool pdl, void (*k)(KP...), dim3 grid, dim3 block,
+                                   size_t smem, cudaStream_t s, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
 
 /* ---- dtype helpers (device) ---- */
 
@@ -126,11 +168,16 @@ struct gemv_args {
     int32_t mode;          /* enum gemv_mode */
     int32_t n_seg;
     struct gemv_seg seg[GEMV_MAX_SEG];
+    bool pdl;              /* launch with programmatic dependent launch */
+    bool v2;               /* float weights: the all-loads-up-front kernel (gemv2) */
+    int32_t n_sm;          /* multiprocessors (gemv2 sizes its rows per warp); 0: 132 */
 };
 
 /* true when the GEMV kernels handle this dtype. */
 bool gemv_supports(int32_t dtype);
 cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s);
+/* true when launch_gemv would use the gemv2 kernel for these arguments. */
+bool gemv2_applies(const struct gemv_args *a);
 
 /* Dequantises W [N][K] (dtype) to f32 [N][K]. */
 cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,
@@ -142,14 +189,14 @@ cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat
 /* ---- op kernels (kernels.cu) ---- */
 
 cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype,
-                         int64_t row_bytes, const int32_t *ids, int32_t T, cudaStream_t s);
+                         int64_t row_bytes, const int32_t *ids, int32_t T, cudaStream_t s, bool pdl = false);
 cudaError_t launch_rmsnorm(float *out, int32_t ldo, const float *in, int32_t ldi, const float *w,
-                           int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s);
-cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s);
-cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s);
+                           int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s, bool pdl = false);
+cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s, bool pdl = false);
+cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s, bool pdl = false);
 cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t ldg,
                                 int32_t n_head, int32_t hd, int32_t q_stride, int32_t T,
-                                cudaStream_t s);
+                                cudaStream_t s, bool pdl = false);
 
 struct rope_args {
     float *q;            /* [T][ldq], heads q_stride apart (in place) */
@@ -163,11 +210,12 @@ struct rope_args {
     int32_t T;
     float *kc, *vc;      /* non-NULL: write normed+roped k and v at pos0+t (fused cache write) */
     int32_t kvw;
+    bool pdl;
 };
 cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s);
 cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
                             int32_t ldv, int32_t kvw, const int32_t *pos0, int32_t T,
-                            cudaStream_t s);
+                            cudaStream_t s, bool pdl = false);
 
 struct attn_args {
     float *out;           /* [T][ldo] */
@@ -177,12 +225,14 @@ struct attn_args {
     const int32_t *pos0;  /* device */
     int32_t T;
     bool gate;            /* out *= sigmoid(q[h*q_stride + hd + d]) (Qwen3.5 output gate) */
+    bool tiled;           /* T > 1: query tiles share K/V tiles staged in shared memory */
+    bool pdl;
 };
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
 
 cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *taps, int32_t C,
-                            int32_t K, int32_t T, cudaStream_t s);
+                            int32_t K, int32_t T, cudaStream_t s, bool pdl = false);
 
 struct gdn_args {
     float *out;            /* [T][ldo] o, Hv*dv */
@@ -193,17 +243,29 @@ struct gdn_args {
     float *state;          /* [Hv][dk][dv] */
     int32_t Hk, Hv, dk, dv, T;
     bool tiled;            /* value head j uses key head j % Hk */
+    bool pdl;
+    float *scratch;        /* gdn_scan: >= gdn_scan_scratch_floats() floats, else NULL */
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);
+/* Column-parallel prefill form (T > 1): q/k normalised, beta and decay for every token by one
+ * kernel into scratch, then one warp per 4 state columns runs the recurrence. */
+bool gdn_scan_supports(int32_t dk, int32_t dv);
+int64_t gdn_scan_scratch_floats(const struct gdn_args *a);
+cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s);
+/* Token-parallel causal conv for prefill: y (scratch [T][C]) from x and state, new state
+ * rows into state_new ([K-1][C]); the caller copies y to x and state_new to state. */
+cudaError_t launch_gdn_conv_par(float *y, const float *x, int32_t ldx, const float *state,
+                                float *state_new, const float *taps, int32_t C, int32_t K,
+                                int32_t T, cudaStream_t s);
 
 cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
                                  const float *w, int32_t Hv, int32_t dv, float eps, int32_t T,
-                                 cudaStream_t s);
+                                 cudaStream_t s, bool pdl = false);
 
 /* id = argmax x[0..n) (first maximum); then ids[0] = id, out_ids[*step] = id, (*step)++,
  * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). */
 cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
-                          int32_t *out_ids, int32_t *step, cudaStream_t s);
+                          int32_t *out_ids, int32_t *step, cudaStream_t s, bool pdl = false);
 
 #endif

@@ -11,7 +11,22 @@
 
 #include "backend/cuda/cuda_internal.cuh"
 
+/* A cuBLASLt product's descriptors and chosen algorithm, kept for reuse (heuristic queries
+ * cost microseconds of host time each, and a prefill makes hundreds of products). */
+struct lt_plan {
+    int32_t ab;                       /* cudaDataType_t of A and B */
+    int64_t lda, ldb, ldc, N, K, T;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define LT_CACHE_MAX 64
+
 struct gemm_ctx {
+    struct lt_plan cache[LT_CACHE_MAX];
+    int32_t n_cache;
+    bool use_cache;        /* cuda_options.gemm_cache */
     cublasLtHandle_t lt;
     void *ws;              /* cuBLASLt workspace */
     size_t ws_bytes;

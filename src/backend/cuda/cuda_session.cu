@@ -88,6 +88,9 @@ struct cuda_session {
     int32_t *h_stage;         /* pinned: [0] id, [1] pos, [2] step */
     struct gemm_ctx gemm;
     bool gemm_ready;
+    int32_t n_sm;             /* multiprocessors of the device */
+    float *scratch;           /* prefill scratch (DeltaNet scan / conv), grown on demand */
+    int64_t scratch_cap;      /* floats */
     /* decode program and graphs */
     struct step *steps;
     int32_t n_steps;
@@ -103,6 +106,11 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.fuse = true;
     o.gemm_bf16x2 = true;
     o.gemv_max_T = GEMV_MAX_T;
+    o.gemv_v2 = true;
+    o.pdl = true;
+    o.gemm_cache = true;
+    o.attn_tiled = true;
+    o.gdn_par = true;
     return o;
 }
 
@@ -375,7 +383,22 @@ struct run_ctx {
     float **b;       /* buffers of this run */
     int32_t T;
     bool all_logits;
+    bool pdl;        /* launch with programmatic dependent launch (decode) */
 };
+
+/* Grows the prefill scratch to n floats (contents not kept). */
+static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwenrt_error *err)
+{
+    if (n <= cs->scratch_cap)
+        return QWENRT_OK;
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    cudaFree(cs->scratch);
+    cs->scratch = NULL;
+    cs->scratch_cap = 0;
+    CUDA_CHECK(cudaMalloc(&cs->scratch, (size_t)n * sizeof(float)));
+    cs->scratch_cap = n;
+    return QWENRT_OK;
+}
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
 static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const float *x,
@@ -391,6 +414,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.n_seg = 1;
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
+        a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm;
         CUDA_CHECK(launch_gemv(&a, cs->stream));
         return QWENRT_OK;
     }
@@ -400,6 +424,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
             return st;
         cs->gemm_ready = true;
     }
+    cs->gemm.use_cache = cs->opt.gemm_cache;
     struct gemm_call c;
     memset(&c, 0, sizeof(c));
     c.y = y, c.x = x, c.w = d->w, c.dtype = d->dtype, c.row_bytes = d->row_bytes;
@@ -421,16 +446,17 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
     int32_t wo = op->out >= 0 ? bw(p, op->out) : 0, wi = op->in >= 0 ? bw(p, op->in) : 0;
     switch (op->kind) {
     case OP_EMBED:
-        CUDA_CHECK(launch_embed(b[op->out], wo, d->w, d->dtype, d->row_bytes, cs->d_ids, T, s));
+        CUDA_CHECK(launch_embed(b[op->out], wo, d->w, d->dtype, d->row_bytes, cs->d_ids, T, s,
+                                r->pdl));
         break;
     case OP_RMSNORM:
         CUDA_CHECK(launch_rmsnorm(b[op->out], wo, b[op->in], wi, d->vec, op->group,
-                                  wi / op->group, op->eps, T, s));
+                                  wi / op->group, op->eps, T, s, r->pdl));
         break;
     case OP_MATMUL:
         return run_matmul(r, d, b[op->in], wi, b[op->out], wo, T, false, err);
     case OP_ADD:
-        CUDA_CHECK(launch_add(b[op->out], b[op->in], (int64_t)T * wo, s));
+        CUDA_CHECK(launch_add(b[op->out], b[op->in], (int64_t)T * wo, s, r->pdl));
         break;
     case OP_QK_NORM_ROPE: {
         struct rope_args a;
@@ -438,33 +464,48 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.q = b[op->out], a.k = b[op->in], a.ldq = wo, a.ldk = wi;
         a.wq = d->vec, a.wk = d->vec2, a.n_head = op->n_head, a.n_head_kv = op->n_head_kv;
         a.hd = op->head_dim, a.q_stride = op->q_stride, a.n_rot = op->n_rot;
-        a.theta = op->rope_theta, a.eps = op->eps, a.pos0 = cs->d_pos, a.T = T;
+        a.theta = op->rope_theta, a.eps = op->eps, a.pos0 = cs->d_pos, a.T = T, a.pdl = r->pdl;
         CUDA_CHECK(launch_qk_norm_rope(&a, s));
         break;
     }
     case OP_ATTENTION: {
         CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2],
                                    bw(p, op->in2), b[op->in3], bw(p, op->in3), cs->kv_width,
-                                   cs->d_pos, T, s));
+                                   cs->d_pos, T, s, r->pdl));
         struct attn_args a;
         memset(&a, 0, sizeof(a));
         a.out = b[op->out], a.q = b[op->in], a.kc = cs->kc[op->layer], a.vc = cs->vc[op->layer];
         a.ldo = wo, a.ldq = wi, a.q_stride = op->q_stride, a.kvw = cs->kv_width;
         a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
         a.pos0 = cs->d_pos, a.T = T, a.gate = false;
+        a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
         CUDA_CHECK(launch_attention(&a, s));
         break;
     }
     case OP_SIGMOID_GATE:
         CUDA_CHECK(launch_sigmoid_gate(b[op->out], wo, b[op->in], wi, op->n_head, op->head_dim,
-                                       op->q_stride, T, s));
+                                       op->q_stride, T, s, r->pdl));
         break;
     case OP_SWIGLU:
-        CUDA_CHECK(launch_swiglu(b[op->out], b[op->in], (int64_t)T * wo, s));
+        CUDA_CHECK(launch_swiglu(b[op->out], b[op->in], (int64_t)T * wo, s, r->pdl));
         break;
     case OP_GDN_CONV:
+        if (T > 1 && cs->opt.gdn_par && wo == cs->conv_dim) {
+            int64_t C = cs->conv_dim, R = op->conv_k - 1;
+            qwenrt_status st = scratch_grow(cs, (int64_t)T * C + R * C, err);
+            if (st)
+                return st;
+            float *y = cs->scratch, *sn = cs->scratch + (int64_t)T * C;
+            CUDA_CHECK(launch_gdn_conv_par(y, b[op->out], wo, cs->conv[op->layer], sn, d->vec,
+                                           (int32_t)C, op->conv_k, T, s));
+            CUDA_CHECK(cudaMemcpyAsync(b[op->out], y, (size_t)T * C * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, s));
+            CUDA_CHECK(cudaMemcpyAsync(cs->conv[op->layer], sn, (size_t)R * C * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, s));
+            break;
+        }
         CUDA_CHECK(launch_gdn_conv(b[op->out], wo, cs->conv[op->layer], d->vec, cs->conv_dim,
-                                   op->conv_k, T, s));
+                                   op->conv_k, T, s, r->pdl));
         break;
     case OP_GDN_CORE: {
         struct gdn_args a;
@@ -473,13 +514,21 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.ldo = wo, a.ldi = wi, a.ldb = bw(p, op->in2), a.lda = bw(p, op->in3);
         a.dt = d->vec2, a.ssm_a = d->vec3, a.state = cs->ssm[op->layer];
         a.Hk = op->n_k_heads, a.Hv = op->n_v_heads, a.dk = op->k_dim, a.dv = op->v_dim;
-        a.T = T, a.tiled = op->v_head_tiled;
+        a.T = T, a.tiled = op->v_head_tiled, a.pdl = r->pdl;
+        if (T > 1 && cs->opt.gdn_par && gdn_scan_supports(a.dk, a.dv)) {
+            qwenrt_status st = scratch_grow(cs, gdn_scan_scratch_floats(&a), err);
+            if (st)
+                return st;
+            a.scratch = cs->scratch;
+            CUDA_CHECK(launch_gdn_scan(&a, s));
+            break;
+        }
         CUDA_CHECK(launch_gdn_core(&a, s));
         break;
     }
     case OP_GATED_RMSNORM:
         CUDA_CHECK(launch_gated_rmsnorm(b[op->out], wo, b[op->in], wi, d->vec, op->n_v_heads,
-                                        op->v_dim, op->eps, T, s));
+                                        op->v_dim, op->eps, T, s, r->pdl));
         break;
     case OP_LOGITS: {
         int32_t rows = r->all_logits ? T : 1;
@@ -607,6 +656,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
         a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
         a.n_seg = st->n_mm;
+        a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm;
         for (int k = 0; k < st->n_mm; k++) {
             const struct dop *d = &r->d[st->mm[k]];
             const struct plan_op *m = &p->ops[st->mm[k]];
@@ -632,6 +682,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         ra.hd = op->head_dim, ra.q_stride = op->q_stride, ra.n_rot = op->n_rot;
         ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
         ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
+        ra.pdl = r->pdl;
         CUDA_CHECK(launch_qk_norm_rope(&ra, cs->stream));
         struct attn_args a;
         memset(&a, 0, sizeof(a));
@@ -639,6 +690,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.ldo = bw(p, at->out), a.ldq = bw(p, at->in), a.q_stride = at->q_stride;
         a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
         a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
+        a.pdl = r->pdl;
         CUDA_CHECK(launch_attention(&a, cs->stream));
         return QWENRT_OK;
     }
@@ -649,7 +701,8 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
 /* Enqueues one decode step (the program, or the plan op by op). */
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
-    struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false};
+    struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
+                        cs->opt.pdl};
     for (int32_t i = 0; i < cs->n_steps; i++) {
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
@@ -668,7 +721,7 @@ static qwenrt_status capture(struct cuda_session *cs, bool gen, cudaGraphExec_t 
     if (!st && gen) {
         const struct plan *p = &cs->plans[PHASE_DECODE];
         cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids,
-                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream);
+                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->opt.pdl);
         if (e != cudaSuccess)
             st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
     }
@@ -710,6 +763,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFreeHost(cs->h_stage);
     cudaFree(cs->state);
     cudaFree(cs->arena);
+    cudaFree(cs->scratch);
     if (cs->stream)
         cudaStreamDestroy(cs->stream);
     xfree(cs->kc);
@@ -731,6 +785,9 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     if ((st = cuda_probe((int64_t)cs->arena_bytes + (64 << 20), err)))
         return err_prefix(err, "weights of %lld MiB: ", (long long)(cs->arena_bytes >> 20));
     CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cs->n_sm, cudaDevAttrMultiProcessorCount, dev));
     if ((st = upload(cs, err)) || (st = alloc_state(cs, err)))
         return st;
     CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
@@ -849,7 +906,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         }
         b = cs->pbufs;
     }
-    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits};
+    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false};
     if (ph == PHASE_DECODE && !dump) {
         if (cs->opt.graph) {
             if (!cs->g_decode && (st = capture(cs, false, &cs->g_decode, err)))
@@ -937,4 +994,122 @@ extern "C" qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t l
 extern "C" int64_t cuda_session_device_bytes(const struct cuda_session *cs)
 {
     return cs ? (int64_t)(cs->arena_bytes + cs->state_bytes) : 0;
+}
+
+/* ------------------------------------------------------------------ GEMV microbenchmark */
+
+__global__ void bench_fill_kernel(uint16_t *p, int64_t n, uint32_t seed)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = (uint16_t)(0x3C00u | (h & 0x3FFu) | ((h >> 16) & 0x8000u)); /* no NaN, no zero */
+    }
+}
+
+struct bench_bufs {
+    uint8_t *w;
+    float *x, *nw, *y;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaEvent_t e0, e1;
+};
+
+static void bench_bufs_free(struct bench_bufs *b)
+{
+    if (b->ge) cudaGraphExecDestroy(b->ge);
+    if (b->g) cudaGraphDestroy(b->g);
+    if (b->e0) cudaEventDestroy(b->e0);
+    if (b->e1) cudaEventDestroy(b->e1);
+    cudaFree(b->w);
+    cudaFree(b->x);
+    cudaFree(b->nw);
+    cudaFree(b->y);
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t N, int32_t K,
+                                    int32_t T, bool norm, bool v2, bool pdl, int32_t reps,
+                                    double *us, double *gbs, struct qwenrt_error *err)
+{
+    size_t rb = 0;
+    if (!gemv_supports(dtype) || !dtype_row_bytes((enum qr_dtype)dtype, K, &rb) || T < 1 ||
+        T > GEMV_MAX_T || N < 1 || reps < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_bench: bad arguments");
+    size_t mat = rb * (size_t)N;
+    int copies = (int)((256u << 20) / mat) + 1; /* rotate through > 256 MB: not the L2 */
+    copies = copies > 64 ? 64 : copies;
+    size_t stride = (mat + 255) & ~(size_t)255;
+    CUDA_CHECK(cudaMalloc(&b->w, stride * copies));
+    CUDA_CHECK(cudaMalloc(&b->x, (size_t)T * K * 4));
+    CUDA_CHECK(cudaMalloc(&b->nw, (size_t)K * 4));
+    CUDA_CHECK(cudaMalloc(&b->y, (size_t)T * N * 4));
+    bench_fill_kernel<<<1024, 256>>>((uint16_t *)b->w, (int64_t)(stride * copies / 2), 1u);
+    bench_fill_kernel<<<64, 256>>>((uint16_t *)b->x, (int64_t)T * K * 2, 2u);
+    bench_fill_kernel<<<64, 256>>>((uint16_t *)b->nw, (int64_t)K * 2, 3u);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaStream_t s = NULL;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int dev = 0, n_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    struct gemv_args a;
+    memset(&a, 0, sizeof(a));
+    a.x = b->x, a.ldx = K, a.K = K, a.T = T, a.norm_w = norm ? b->nw : NULL, a.eps = 1e-6f;
+    a.dtype = dtype, a.mode = GEMV_STORE, a.n_seg = 1, a.pdl = pdl, a.v2 = v2, a.n_sm = n_sm;
+    a.seg[0].N = N, a.seg[0].row_bytes = (int64_t)rb, a.seg[0].y = b->y, a.seg[0].ldy = N;
+    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int32_t i = 0; i < reps && e == cudaSuccess; i++) {
+        a.seg[0].w = b->w + stride * (size_t)(i % copies);
+        e = launch_gemv(&a, s);
+    }
+    cudaError_t e2 = cudaStreamEndCapture(s, &b->g);
+    if (e == cudaSuccess)
+        e = e2;
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&b->ge, b->g, 0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&b->e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&b->e1);
+    float t[7];
+    for (int i = -1; i < 7 && e == cudaSuccess; i++) {
+        e = cudaEventRecord(b->e0, s);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(b->ge, s);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(b->e1, s);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(b->e1);
+        if (e == cudaSuccess && i >= 0)
+            e = cudaEventElapsedTime(&t[i], b->e0, b->e1);
+    }
+    cudaStreamDestroy(s);
+    if (e != cudaSuccess)
+        return cuda_fail(err, e, __FILE__, __LINE__, "gemv bench");
+    qsort(t, 7, sizeof(float), cmp_f);
+    *us = (double)t[3] * 1e3 / reps;
+    *gbs = (double)mat / (*us * 1e-6) / 1e9;
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T,
+                                         bool norm, bool v2, bool pdl, int32_t reps, double *us,
+                                         double *gbs, struct qwenrt_error *err)
+{
+    struct bench_bufs b;
+    memset(&b, 0, sizeof(b));
+    *us = *gbs = 0;
+    qwenrt_status st = gemv_bench_run(&b, dtype, N, K, T, norm, v2, pdl, reps, us, gbs, err);
+    bench_bufs_free(&b);
+    return st;
 }

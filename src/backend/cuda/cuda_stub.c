@@ -18,7 +18,7 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    struct cuda_options o = {true, true, true, 8};
+    struct cuda_options o = {true, true, true, 8, true, true, true, true, true};
     return o;
 }
 
@@ -81,6 +81,15 @@ int64_t cuda_session_device_bytes(const struct cuda_session *cs)
 {
     (void)cs;
     return 0;
+}
+
+qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, bool v2,
+                              bool pdl, int32_t reps, double *us, double *gbs,
+                              struct qwenrt_error *err)
+{
+    (void)dtype, (void)N, (void)K, (void)T, (void)norm, (void)v2, (void)pdl, (void)reps;
+    *us = *gbs = 0;
+    return not_built(err);
 }
 
 #else

@@ -42,6 +42,8 @@ __device__ float block_sum(float v, float *red /* [32] shared */)
 __global__ void embed_kernel(float *out, int32_t width, const uint8_t *w, int32_t dtype,
                              int64_t row_bytes, const int32_t *ids)
 {
+    griddep_launch();
+    griddep_wait();
     int t = blockIdx.x;
     const uint8_t *row = w + (int64_t)ids[t] * row_bytes;
     for (int i = threadIdx.x; i < width; i += blockDim.x)
@@ -49,10 +51,10 @@ __global__ void embed_kernel(float *out, int32_t width, const uint8_t *w, int32_
 }
 
 cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype,
-                         int64_t row_bytes, const int32_t *ids, int32_t T, cudaStream_t s)
+                         int64_t row_bytes, const int32_t *ids, int32_t T, cudaStream_t s, bool pdl)
 {
-    embed_kernel<<<T, 256, 0, s>>>(out, width, (const uint8_t *)w, dtype, row_bytes, ids);
-    return cudaGetLastError();
+    return launch_k(pdl, embed_kernel, dim3(T), dim3(256), 0, s, out, width, (const uint8_t *)w,
+                    dtype, row_bytes, ids);
 }
 
 /* ---- rmsnorm: one block per (token, group) ---- */
@@ -60,6 +62,8 @@ cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype
 __global__ void rmsnorm_kernel(float *out, int32_t ldo, const float *in, int32_t ldi,
                                const float *w, int32_t group, float eps)
 {
+    griddep_launch();
+    griddep_wait();
     __shared__ float red[32];
     int t = blockIdx.y, g = blockIdx.x;
     const float *x = in + (int64_t)t * ldi + (int64_t)g * group;
@@ -74,17 +78,19 @@ __global__ void rmsnorm_kernel(float *out, int32_t ldo, const float *in, int32_t
 }
 
 cudaError_t launch_rmsnorm(float *out, int32_t ldo, const float *in, int32_t ldi, const float *w,
-                           int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s)
+                           int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s, bool pdl)
 {
     int threads = group >= 1024 ? 1024 : ((group + 31) / 32) * 32;
-    rmsnorm_kernel<<<dim3(groups, T), threads, 0, s>>>(out, ldo, in, ldi, w, group, eps);
-    return cudaGetLastError();
+    return launch_k(pdl, rmsnorm_kernel, dim3(groups, T), dim3(threads), 0, s, out, ldo, in, ldi,
+                    w, group, eps);
 }
 
 /* ---- elementwise ---- */
 
 __global__ void add_kernel(float *y, const float *x, int64_t n)
 {
+    griddep_launch();
+    griddep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
@@ -92,6 +98,8 @@ __global__ void add_kernel(float *y, const float *x, int64_t n)
 
 __global__ void swiglu_kernel(float *g, const float *u, int64_t n)
 {
+    griddep_launch();
+    griddep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         g[i] = silu_f(g[i]) * u[i];
@@ -103,22 +111,22 @@ static int grid_for(int64_t n)
     return (int)(b > 4096 ? 4096 : (b < 1 ? 1 : b));
 }
 
-cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s)
+cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s, bool pdl)
 {
-    add_kernel<<<grid_for(n), 256, 0, s>>>(y, x, n);
-    return cudaGetLastError();
+    return launch_k(pdl, add_kernel, dim3(grid_for(n)), dim3(256), 0, s, y, x, n);
 }
 
-cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s)
+cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s, bool pdl)
 {
-    swiglu_kernel<<<grid_for(n), 256, 0, s>>>(g, u, n);
-    return cudaGetLastError();
+    return launch_k(pdl, swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, s, g, u, n);
 }
 
 /* one block per (head, token) */
 __global__ void sigmoid_gate_kernel(float *o, int32_t ldo, const float *g, int32_t ldg,
                                     int32_t hd, int32_t q_stride)
 {
+    griddep_launch();
+    griddep_wait();
     int h = blockIdx.x, t = blockIdx.y;
     float *op = o + (int64_t)t * ldo + (int64_t)h * hd;
     const float *gp = g + (int64_t)t * ldg + (int64_t)h * q_stride + hd;
@@ -128,18 +136,20 @@ __global__ void sigmoid_gate_kernel(float *o, int32_t ldo, const float *g, int32
 
 cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t ldg,
                                 int32_t n_head, int32_t hd, int32_t q_stride, int32_t T,
-                                cudaStream_t s)
+                                cudaStream_t s, bool pdl)
 {
-    sigmoid_gate_kernel<<<dim3(n_head, T), 128, 0, s>>>(o, ldo, g, ldg, hd, q_stride);
-    return cudaGetLastError();
+    return launch_k(pdl, sigmoid_gate_kernel, dim3(n_head, T), dim3(128), 0, s, o, ldo, g, ldg, hd,
+                    q_stride);
 }
 
 /* ---- q/k norm + RoPE: one block per (head of q or k, token), hd threads ----
  * Blocks past n_head handle k heads; with a.kc set they also store k (after RoPE) and v of
  * their head into the cache row pos0+t (the attention op's cache write, fused). */
 
-__global__ void qk_norm_rope_kernel(struct rope_args a)
+__global__ void qk_norm_rope_kernel(const __grid_constant__ struct rope_args a)
 {
+    griddep_launch();
+    griddep_wait();
     __shared__ float red[32];
     __shared__ float xs[1024];
     int hh = blockIdx.x, t = blockIdx.y, d = threadIdx.x, hd = a.hd;
@@ -177,13 +187,15 @@ __global__ void qk_norm_rope_kernel(struct rope_args a)
 cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s)
 {
     int threads = ((a->hd + 31) / 32) * 32;
-    qk_norm_rope_kernel<<<dim3(a->n_head + a->n_head_kv, a->T), threads, 0, s>>>(*a);
-    return cudaGetLastError();
+    return launch_k(a->pdl, qk_norm_rope_kernel, dim3(a->n_head + a->n_head_kv, a->T),
+                    dim3(threads), 0, s, *a);
 }
 
 __global__ void kv_write_kernel(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
                                 int32_t ldv, int32_t kvw, const int32_t *pos0)
 {
+    griddep_launch();
+    griddep_wait();
     int t = blockIdx.x;
     int64_t row = (int64_t)(*pos0 + t) * kvw;
     for (int i = threadIdx.x; i < kvw; i += blockDim.x) {
@@ -194,10 +206,10 @@ __global__ void kv_write_kernel(float *kc, float *vc, const float *k, int32_t ld
 
 cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
                             int32_t ldv, int32_t kvw, const int32_t *pos0, int32_t T,
-                            cudaStream_t s)
+                            cudaStream_t s, bool pdl)
 {
-    kv_write_kernel<<<T, 256, 0, s>>>(kc, vc, k, ldk, v, ldv, kvw, pos0);
-    return cudaGetLastError();
+    return launch_k(pdl, kv_write_kernel, dim3(T), dim3(256), 0, s, kc, vc, k, ldk, v, ldv, kvw,
+                    pos0);
 }
 
 /* ---- attention: one block of ATT_WARPS warps per (query head, token) ----
@@ -212,8 +224,10 @@ cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, c
 #define ATT_U 4
 
 template <int EPL>
-__global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(struct attn_args a)
+__global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
+    griddep_launch();
+    griddep_wait();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * EPL];
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -297,25 +311,173 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(struct attn_a
     }
 }
 
+/* ---- attention for prefill (T > 1): one block of ATT_TW warps per (query head, tile of
+ * ATT_TW * ATT_QPW tokens) ----
+ * K and V rows are staged ATT_BK at a time in shared memory and shared by the block's queries
+ * (the per-token kernel above re-reads every row from L2 for every query: ~2 GB per layer at
+ * T = 512). Warp w owns ATT_QPW queries; lane l holds dims [l*EPL, l*EPL+EPL) of each query and
+ * of its output. For each staged row j the warp reduces the dot product and lane j keeps the
+ * score, so the online-softmax update (max, exps, sum) runs once per ATT_BK rows with the
+ * exps spread across lanes; then the rows' V are accumulated with the probabilities
+ * broadcast by shuffles. Same softmax as the reference up to f32 rounding. */
+
+#define ATT_TW 4
+#define ATT_QPW 4
+#define ATT_BK 32
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <int EPL>
+__global__ void __launch_bounds__(32 * ATT_TW)
+    attention_tiled_kernel(const __grid_constant__ struct attn_args a)
+{
+    extern __shared__ float4 att_sm4[];
+    griddep_launch();
+    griddep_wait();
+    constexpr int HD = 32 * EPL;
+    float *ks = (float *)att_sm4, *vs = ks + ATT_BK * HD;
+    int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int kvh = h / (a.n_head / a.n_head_kv), pos0 = *a.pos0;
+    int t0 = blockIdx.y * (ATT_TW * ATT_QPW), tw = t0 + warp * ATT_QPW;
+    float scale = rsqrtf((float)HD);
+    float q[ATT_QPW][EPL], acc[ATT_QPW][EPL], m[ATT_QPW], l[ATT_QPW];
+#pragma unroll
+    for (int qi = 0; qi < ATT_QPW; qi++) {
+        int t = min(tw + qi, a.T - 1);
+        const float *qp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            q[qi][e] = qp[e] * scale;
+            acc[qi][e] = 0.0f;
+        }
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
+    }
+    int last_block = pos0 + min(t0 + ATT_TW * ATT_QPW, a.T) - 1;
+    int last_warp = pos0 + min(tw + ATT_QPW, a.T) - 1;
+    for (int kt = 0; kt <= last_block; kt += ATT_BK) {
+        int nrow = min(ATT_BK, last_block - kt + 1);
+        __syncthreads(); /* the previous tile is consumed */
+        for (int i = threadIdx.x; i < nrow * (HD / 4); i += blockDim.x) {
+            int r = i / (HD / 4), c = (i % (HD / 4)) * 4;
+            int64_t off = (int64_t)(kt + r) * a.kvw + (int64_t)kvh * HD + c;
+            *(float4 *)(ks + r * HD + c) = *(const float4 *)(a.kc + off);
+            *(float4 *)(vs + r * HD + c) = *(const float4 *)(a.vc + off);
+        }
+        __syncthreads();
+        if (kt > last_warp || tw >= a.T)
+            continue;
+        float sc[ATT_QPW];
+#pragma unroll
+        for (int qi = 0; qi < ATT_QPW; qi++)
+            sc[qi] = -INFINITY;
+#pragma unroll 2
+        for (int j = 0; j < nrow; j++) {
+            float kr[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e += 4) {
+                float4 k4 = *(const float4 *)(ks + j * HD + lane * EPL + e);
+                kr[e] = k4.x, kr[e + 1] = k4.y, kr[e + 2] = k4.z, kr[e + 3] = k4.w;
+            }
+#pragma unroll
+            for (int qi = 0; qi < ATT_QPW; qi++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; e++)
+                    d += q[qi][e] * kr[e];
+                d = warp_sum(d);
+                if (lane == j)
+                    sc[qi] = d;
+            }
+        }
+#pragma unroll
+        for (int qi = 0; qi < ATT_QPW; qi++) {
+            int qp = pos0 + tw + qi;
+            float sv = (lane < nrow && kt + lane <= qp) ? sc[qi] : -INFINITY;
+            float m_new = fmaxf(m[qi], warp_max(sv));
+            float pw = sv == -INFINITY ? 0.0f : __expf(sv - m_new);
+            float corr = m[qi] == -INFINITY ? 0.0f : __expf(m[qi] - m_new);
+            l[qi] = l[qi] * corr + warp_sum(pw);
+#pragma unroll
+            for (int e = 0; e < EPL; e++)
+                acc[qi][e] *= corr;
+            m[qi] = m_new;
+            sc[qi] = pw;
+        }
+#pragma unroll 2
+        for (int j = 0; j < nrow; j++) {
+            float vr[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e += 4) {
+                float4 v4 = *(const float4 *)(vs + j * HD + lane * EPL + e);
+                vr[e] = v4.x, vr[e + 1] = v4.y, vr[e + 2] = v4.z, vr[e + 3] = v4.w;
+            }
+#pragma unroll
+            for (int qi = 0; qi < ATT_QPW; qi++) {
+                float pj = __shfl_sync(0xffffffffu, sc[qi], j);
+#pragma unroll
+                for (int e = 0; e < EPL; e++)
+                    acc[qi][e] += pj * vr[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int qi = 0; qi < ATT_QPW; qi++) {
+        int t = tw + qi;
+        if (t >= a.T)
+            break;
+        float *op = a.out + (int64_t)t * a.ldo + (int64_t)h * HD + lane * EPL;
+        const float *gp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + HD + lane * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            float o = acc[qi][e] / l[qi];
+            if (a.gate)
+                o *= sigmoid_f(gp[e]);
+            op[e] = o;
+        }
+    }
+}
+
+static cudaError_t launch_attention_tiled(const struct attn_args *a, cudaStream_t s)
+{
+    dim3 grid(a->n_head, (a->T + ATT_TW * ATT_QPW - 1) / (ATT_TW * ATT_QPW)), block(32 * ATT_TW);
+    size_t smem = (size_t)2 * ATT_BK * a->hd * sizeof(float);
+    cudaError_t e;
+    switch (a->hd) {
+    case 64:
+        return launch_k(a->pdl, attention_tiled_kernel<2>, grid, block, smem, s, *a);
+    case 128:
+        return launch_k(a->pdl, attention_tiled_kernel<4>, grid, block, smem, s, *a);
+    case 256:
+        e = cudaFuncSetAttribute(attention_tiled_kernel<8>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return e;
+        return launch_k(a->pdl, attention_tiled_kernel<8>, grid, block, smem, s, *a);
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
+
 bool attention_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 {
-    dim3 grid(a->n_head, a->T);
+    if (a->T > 1 && a->tiled)
+        return launch_attention_tiled(a, s);
+    dim3 grid(a->n_head, a->T), block(32 * ATT_WARPS);
     switch (a->hd) {
-    case 64:
-        attention_kernel<2><<<grid, 32 * ATT_WARPS, 0, s>>>(*a);
-        break;
-    case 128:
-        attention_kernel<4><<<grid, 32 * ATT_WARPS, 0, s>>>(*a);
-        break;
-    case 256:
-        attention_kernel<8><<<grid, 32 * ATT_WARPS, 0, s>>>(*a);
-        break;
-    default:
-        return cudaErrorInvalidValue;
+    case 64: return launch_k(a->pdl, attention_kernel<2>, grid, block, 0, s, *a);
+    case 128: return launch_k(a->pdl, attention_kernel<4>, grid, block, 0, s, *a);
+    case 256: return launch_k(a->pdl, attention_kernel<8>, grid, block, 0, s, *a);
+    default: return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }
 
 /* ---- Gated DeltaNet causal conv: one thread per channel, tokens in order ----
@@ -327,6 +489,8 @@ cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 __global__ void gdn_conv_kernel(float *x, int32_t ldx, float *state, const float *taps,
                                 int32_t C, int32_t K, int32_t T)
 {
+    griddep_launch();
+    griddep_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= C)
         return;
@@ -365,12 +529,12 @@ __global__ void gdn_conv_kernel(float *x, int32_t ldx, float *state, const float
 }
 
 cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *taps, int32_t C,
-                            int32_t K, int32_t T, cudaStream_t s)
+                            int32_t K, int32_t T, cudaStream_t s, bool pdl)
 {
     if (K < 2 || K > CONV_MAX_K)
         return cudaErrorInvalidValue;
-    gdn_conv_kernel<<<(C + 127) / 128, 128, 0, s>>>(x, ldx, state, taps, C, K, T);
-    return cudaGetLastError();
+    return launch_k(pdl, gdn_conv_kernel, dim3((C + 127) / 128), dim3(128), 0, s, x, ldx, state,
+                    taps, C, K, T);
 }
 
 /* ---- Gated DeltaNet core (recurrent form): one block per value head ----
@@ -384,8 +548,10 @@ cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *ta
 #define GDN_MAX_ROWS 32
 
 template <int TPC>
-__global__ void gdn_core_kernel(struct gdn_args a)
+__global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
 {
+    griddep_launch();
+    griddep_wait();
     __shared__ float qs[GDN_MAX_ROWS * 8], ks[GDN_MAX_ROWS * 8];
     int j = blockIdx.x, tid = threadIdx.x, c = tid / TPC, sub = tid % TPC;
     int lane = tid & 31, warp = tid >> 5;
@@ -458,21 +624,206 @@ cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s)
 {
     int tpc = gdn_tpc(a->dk);
     int threads = ((a->dv * tpc + 63) / 64) * 64; /* >= 2 warps for the q/k norms */
+    dim3 g(a->Hv), b(threads);
     switch (tpc) {
-    case 1:
-        gdn_core_kernel<1><<<a->Hv, threads, 0, s>>>(*a);
-        break;
-    case 2:
-        gdn_core_kernel<2><<<a->Hv, threads, 0, s>>>(*a);
-        break;
-    case 4:
-        gdn_core_kernel<4><<<a->Hv, threads, 0, s>>>(*a);
-        break;
-    default:
-        gdn_core_kernel<8><<<a->Hv, threads, 0, s>>>(*a);
-        break;
+    case 1: return launch_k(a->pdl, gdn_core_kernel<1>, g, b, 0, s, *a);
+    case 2: return launch_k(a->pdl, gdn_core_kernel<2>, g, b, 0, s, *a);
+    case 4: return launch_k(a->pdl, gdn_core_kernel<4>, g, b, 0, s, *a);
+    default: return launch_k(a->pdl, gdn_core_kernel<8>, g, b, 0, s, *a);
     }
-    return cudaGetLastError();
+}
+
+/* ---- Gated DeltaNet, column-parallel prefill form ----
+ * The recurrence is independent per state column: column c of head j needs only k, q (shared
+ * by the head), beta, decay and v[c]. gdn_prep_kernel normalises q and k and computes beta and
+ * decay for every token at once (one block per (q or k head, token)); gdn_scan_kernel then
+ * gives each column 8 lanes (NR = dk/8 contiguous rows each, in registers) and runs the tokens
+ * in order with no block barrier: the next token's inputs are loaded while the current one is
+ * computed. Scratch: qn, kn [T][Hk][dk], beta, decay [T][Hv]. */
+
+int64_t gdn_scan_scratch_floats(const struct gdn_args *a)
+{
+    return (int64_t)a->T * (2 * (int64_t)a->Hk * a->dk + 2 * (int64_t)a->Hv);
+}
+
+bool gdn_scan_supports(int32_t dk, int32_t dv)
+{
+    return (dk == 32 || dk == 64 || dk == 128 || dk == 256) && dv >= 1;
+}
+
+__global__ void gdn_prep_kernel(const __grid_constant__ struct gdn_args a)
+{
+    __shared__ float red[32];
+    griddep_launch();
+    griddep_wait();
+    int hh = blockIdx.x, t = blockIdx.y, dk = a.dk, Hk = a.Hk;
+    bool is_q = hh < Hk;
+    int kh = is_q ? hh : hh - Hk;
+    const float *src = a.qkv + (int64_t)t * a.ldi + (int64_t)(is_q ? 0 : Hk * dk) + (int64_t)kh * dk;
+    float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk;
+    float *betas = kn + (int64_t)a.T * Hk * dk, *decays = betas + (int64_t)a.T * a.Hv;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x)
+        ss += src[i] * src[i];
+    ss = block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss + 1e-6f), qscale = 1.0f / sqrtf((float)dk);
+    float *dst = (is_q ? qn : kn) + ((int64_t)t * Hk + kh) * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x)
+        dst[i] = is_q ? src[i] * r * qscale : src[i] * r;
+    if (hh == 0)
+        for (int j = threadIdx.x; j < a.Hv; j += blockDim.x) {
+            betas[(int64_t)t * a.Hv + j] = sigmoid_f(a.b[(int64_t)t * a.ldb + j]);
+            decays[(int64_t)t * a.Hv + j] =
+                expf(a.ssm_a[j] * softplus_f(a.a[(int64_t)t * a.lda + j] + a.dt[j]));
+        }
+}
+
+#define GDN_SCAN_WARPS 4
+
+template <int NR>
+__global__ void __launch_bounds__(32 * GDN_SCAN_WARPS)
+    gdn_scan_kernel(const __grid_constant__ struct gdn_args a)
+{
+    griddep_launch();
+    griddep_wait();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & 7, cg = lane >> 3;
+    int j = blockIdx.x, dk = a.dk, dv = a.dv, Hk = a.Hk, Hv = a.Hv;
+    int c = (blockIdx.y * GDN_SCAN_WARPS + warp) * 4 + cg;
+    bool col_ok = c < dv;
+    int cc = col_ok ? c : dv - 1;
+    int kh = a.tiled ? j % Hk : j / (Hv / Hk);
+    const float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk;
+    const float *betas = kn + (int64_t)a.T * Hk * dk, *decays = betas + (int64_t)a.T * Hv;
+    float *S = a.state + (int64_t)j * dk * dv;
+    float s[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+        s[i] = S[(int64_t)(sub * NR + i) * dv + cc];
+    const int64_t hstride = (int64_t)Hk * dk, rows = (int64_t)kh * dk + sub * NR;
+    const float *vsrc = a.qkv + (int64_t)2 * Hk * dk + (int64_t)j * dv + cc;
+    float kc[NR], qc[NR], bc, dc, vc;
+#pragma unroll
+    for (int i = 0; i < NR; i += 4) {
+        float4 k4 = *(const float4 *)(kn + rows + i), q4 = *(const float4 *)(qn + rows + i);
+        kc[i] = k4.x, kc[i + 1] = k4.y, kc[i + 2] = k4.z, kc[i + 3] = k4.w;
+        qc[i] = q4.x, qc[i + 1] = q4.y, qc[i + 2] = q4.z, qc[i + 3] = q4.w;
+    }
+    bc = betas[j], dc = decays[j], vc = vsrc[0];
+    for (int t = 0; t < a.T; t++) {
+        float kx[NR], qx[NR], bx = 0.0f, dx = 0.0f, vx = 0.0f;
+        int tn = t + 1 < a.T ? t + 1 : t;
+#pragma unroll
+        for (int i = 0; i < NR; i += 4) {
+            float4 k4 = *(const float4 *)(kn + tn * hstride + rows + i);
+            float4 q4 = *(const float4 *)(qn + tn * hstride + rows + i);
+            kx[i] = k4.x, kx[i + 1] = k4.y, kx[i + 2] = k4.z, kx[i + 3] = k4.w;
+            qx[i] = q4.x, qx[i + 1] = q4.y, qx[i + 2] = q4.z, qx[i + 3] = q4.w;
+        }
+        bx = betas[(int64_t)tn * Hv + j], dx = decays[(int64_t)tn * Hv + j];
+        vx = vsrc[(int64_t)tn * a.ldi];
+        float mp = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            s[i] *= dc;
+            mp += s[i] * kc[i];
+        }
+        mp += __shfl_xor_sync(0xffffffffu, mp, 1);
+        mp += __shfl_xor_sync(0xffffffffu, mp, 2);
+        mp += __shfl_xor_sync(0xffffffffu, mp, 4);
+        float delta = bc * (vc - mp), op = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            s[i] += kc[i] * delta;
+            op += s[i] * qc[i];
+        }
+        op += __shfl_xor_sync(0xffffffffu, op, 1);
+        op += __shfl_xor_sync(0xffffffffu, op, 2);
+        op += __shfl_xor_sync(0xffffffffu, op, 4);
+        if (sub == 0 && col_ok)
+            a.out[(int64_t)t * a.ldo + (int64_t)j * dv + c] = op;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            kc[i] = kx[i], qc[i] = qx[i];
+        bc = bx, dc = dx, vc = vx;
+    }
+    if (col_ok)
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            S[(int64_t)(sub * NR + i) * dv + c] = s[i];
+}
+
+cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
+{
+    if (!gdn_scan_supports(a->dk, a->dv) || !a->scratch)
+        return cudaErrorInvalidValue;
+    int threads = a->dk >= 1024 ? 1024 : ((a->dk + 31) / 32) * 32;
+    cudaError_t e = launch_k(a->pdl, gdn_prep_kernel, dim3(2 * a->Hk, a->T), dim3(threads), 0, s,
+                             *a);
+    if (e != cudaSuccess)
+        return e;
+    dim3 g(a->Hv, (a->dv + 4 * GDN_SCAN_WARPS - 1) / (4 * GDN_SCAN_WARPS)), b(32 * GDN_SCAN_WARPS);
+    switch (a->dk) {
+    case 32: return launch_k(a->pdl, gdn_scan_kernel<4>, g, b, 0, s, *a);
+    case 64: return launch_k(a->pdl, gdn_scan_kernel<8>, g, b, 0, s, *a);
+    case 128: return launch_k(a->pdl, gdn_scan_kernel<16>, g, b, 0, s, *a);
+    default: return launch_k(a->pdl, gdn_scan_kernel<32>, g, b, 0, s, *a);
+    }
+}
+
+/* ---- causal conv, token-parallel (prefill): one thread per (channel, CONV_CT tokens) ----
+ * Out of place: reads x and the old state only, so no thread overwrites another's input. */
+
+#define CONV_CT 16
+
+__global__ void gdn_conv_par_kernel(float *__restrict__ y, const float *__restrict__ x,
+                                    int32_t ldx, const float *__restrict__ state,
+                                    float *__restrict__ state_new, const float *__restrict__ taps,
+                                    int32_t C, int32_t K, int32_t T)
+{
+    griddep_launch();
+    griddep_wait();
+    int ch = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_CT, R = K - 1;
+    if (ch >= C)
+        return;
+    float tap[CONV_MAX_K], win[CONV_CT + CONV_MAX_K - 1];
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++)
+        tap[j] = j < K ? taps[(int64_t)ch * K + j] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < CONV_CT + CONV_MAX_K - 1; i++) {
+        int pos = t0 - R + i;
+        float v = 0.0f;
+        if (i < R + CONV_CT && pos < T)
+            v = pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
+        win[i] = v;
+    }
+#pragma unroll
+    for (int tt = 0; tt < CONV_CT; tt++) {
+        if (t0 + tt >= T)
+            break;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAX_K; j++)
+            if (j < K)
+                acc += tap[j] * win[tt + j];
+        y[(int64_t)(t0 + tt) * C + ch] = silu_f(acc);
+    }
+    if (t0 <= T - 1 && T - 1 < t0 + CONV_CT)
+        for (int r = 0; r < R; r++) {
+            int pos = T - R + r;
+            state_new[(int64_t)r * C + ch] =
+                pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
+        }
+}
+
+cudaError_t launch_gdn_conv_par(float *y, const float *x, int32_t ldx, const float *state,
+                                float *state_new, const float *taps, int32_t C, int32_t K,
+                                int32_t T, cudaStream_t s)
+{
+    if (K < 2 || K > CONV_MAX_K)
+        return cudaErrorInvalidValue;
+    return launch_k(false, gdn_conv_par_kernel, dim3((C + 127) / 128, (T + CONV_CT - 1) / CONV_CT),
+                    dim3(128), 0, s, y, x, ldx, state, state_new, taps, C, K, T);
 }
 
 /* ---- gated rmsnorm: one block per (value head, token) ---- */
@@ -480,6 +831,8 @@ cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s)
 __global__ void gated_rmsnorm_kernel(float *o, int32_t ldo, const float *z, int32_t ldz,
                                      const float *w, int32_t dv, float eps)
 {
+    griddep_launch();
+    griddep_wait();
     __shared__ float red[32];
     int j = blockIdx.x, t = blockIdx.y;
     float *op = o + (int64_t)t * ldo + (int64_t)j * dv;
@@ -495,11 +848,11 @@ __global__ void gated_rmsnorm_kernel(float *o, int32_t ldo, const float *z, int3
 
 cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
                                  const float *w, int32_t Hv, int32_t dv, float eps, int32_t T,
-                                 cudaStream_t s)
+                                 cudaStream_t s, bool pdl)
 {
     int threads = dv >= 1024 ? 1024 : ((dv + 31) / 32) * 32;
-    gated_rmsnorm_kernel<<<dim3(Hv, T), threads, 0, s>>>(o, ldo, z, ldz, w, dv, eps);
-    return cudaGetLastError();
+    return launch_k(pdl, gated_rmsnorm_kernel, dim3(Hv, T), dim3(threads), 0, s, o, ldo, z, ldz, w,
+                    dv, eps);
 }
 
 /* ---- argmax: one block of 1024 threads; ties go to the lowest index ---- */
@@ -507,6 +860,8 @@ cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t 
 __global__ void argmax_kernel(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
                               int32_t *out_ids, int32_t *step)
 {
+    griddep_launch();
+    griddep_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     float best = -INFINITY;
@@ -551,8 +906,7 @@ __global__ void argmax_kernel(const float *x, int32_t n, int32_t *ids, int32_t *
 }
 
 cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
-                          int32_t *out_ids, int32_t *step, cudaStream_t s)
+                          int32_t *out_ids, int32_t *step, cudaStream_t s, bool pdl)
 {
-    argmax_kernel<<<1, 1024, 0, s>>>(x, n, ids, pos0, out_ids, step);
-    return cudaGetLastError();
+    return launch_k(pdl, argmax_kernel, dim3(1), dim3(1024), 0, s, x, n, ids, pos0, out_ids, step);
 }

@@ -206,6 +206,8 @@ template <int DT, int MODE, bool NORM>
 __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const __grid_constant__ struct gemv_args a)
 {
     __shared__ float s_inv[GEMV_MAX_T];
+    griddep_launch();
+    griddep_wait();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (NORM) { /* 1/rms of each token: the whole block shares each sum (one pass over x) */
         __shared__ float s_red[GEMV_WARPS];
@@ -272,17 +274,250 @@ bool gemv_supports(int32_t dtype)
 template <int DT>
 static cudaError_t gemv_dt(const struct gemv_args *a, int blocks, cudaStream_t s)
 {
-    dim3 th(32 * GEMV_WARPS);
-    bool norm = a->norm_w != NULL;
+    dim3 g(blocks), th(32 * GEMV_WARPS);
+    bool norm = a->norm_w != NULL, p = a->pdl;
     switch (a->mode * 2 + (norm ? 1 : 0)) {
-    case 0: gemv_kernel<DT, GEMV_STORE, false><<<blocks, th, 0, s>>>(*a); break;
-    case 1: gemv_kernel<DT, GEMV_STORE, true><<<blocks, th, 0, s>>>(*a); break;
-    case 2: gemv_kernel<DT, GEMV_ACCUM, false><<<blocks, th, 0, s>>>(*a); break;
-    case 3: gemv_kernel<DT, GEMV_ACCUM, true><<<blocks, th, 0, s>>>(*a); break;
-    case 4: gemv_kernel<DT, GEMV_SWIGLU, false><<<blocks, th, 0, s>>>(*a); break;
-    default: gemv_kernel<DT, GEMV_SWIGLU, true><<<blocks, th, 0, s>>>(*a); break;
+    case 0: return launch_k(p, gemv_kernel<DT, GEMV_STORE, false>, g, th, 0, s, *a);
+    case 1: return launch_k(p, gemv_kernel<DT, GEMV_STORE, true>, g, th, 0, s, *a);
+    case 2: return launch_k(p, gemv_kernel<DT, GEMV_ACCUM, false>, g, th, 0, s, *a);
+    case 3: return launch_k(p, gemv_kernel<DT, GEMV_ACCUM, true>, g, th, 0, s, *a);
+    case 4: return launch_k(p, gemv_kernel<DT, GEMV_SWIGLU, false>, g, th, 0, s, *a);
+    default: return launch_k(p, gemv_kernel<DT, GEMV_SWIGLU, true>, g, th, 0, s, *a);
     }
-    return cudaGetLastError();
+}
+
+/* ---- gemv2: float weights, every load of the warp issued before the first use ----
+ * Decode is latency-bound: a warp that streams a row 4 chunks at a time waits one HBM round
+ * trip per 2 KB. Here each warp owns R rows (P = 2 physical rows per row for the SwiGLU pair)
+ * and issues all R*P*CM 16-byte loads per lane (<= G2_LOADS, 64 registers) up front, before
+ * griddep_wait(): with PDL the weights stream while the previous kernel finishes. Then the
+ * block stages x (normalised and scaled by the norm weight when fused: RMSNorm of the plan's
+ * order, x * 1/rms * w) in shared memory, each warp forms its dot products from registers
+ * and shared memory and reduces them once at the end. R is lowered until the grid has at
+ * least two blocks per multiprocessor. Needs 16-byte aligned rows, K a multiple of the
+ * 16-byte chunk, ldx % 4 == 0, and T*K floats of shared memory <= 48 KB. */
+
+#define G2_WARPS 4
+#define G2_LOADS 16
+
+template <int DT, int P, int R, int CM>
+__global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_constant__ struct gemv_args a)
+{
+    extern __shared__ float4 g2_xs4[];
+    __shared__ float s_part[G2_WARPS][GEMV_MAX_T];
+    griddep_launch();
+    constexpr int VE = DT == QR_F32 ? 4 : 8;
+    float *xs = (float *)g2_xs4;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int nchunk = a.K / VE, T = a.T, K = a.K;
+    int64_t lr0 = ((int64_t)blockIdx.x * G2_WARPS + warp) * R;
+    const uint4 *rp[R * P];
+    bool ok[R * P];
+    float *yp[R];
+    int32_t ldy[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        int64_t lr = lr0 + i;
+        if (P == 2) {
+            bool v = lr < a.seg[0].N;
+            ok[2 * i] = ok[2 * i + 1] = v;
+            rp[2 * i] = (const uint4 *)((const uint8_t *)a.seg[0].w + (v ? lr : 0) * a.seg[0].row_bytes);
+            rp[2 * i + 1] = (const uint4 *)((const uint8_t *)a.seg[1].w + (v ? lr : 0) * a.seg[1].row_bytes);
+            yp[i] = a.seg[0].y + (v ? lr : 0);
+            ldy[i] = a.seg[0].ldy;
+        } else {
+            int sg = 0;
+            int64_t r = lr;
+            while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
+                r -= a.seg[sg++].N;
+            bool v = r < a.seg[sg].N;
+            ok[i] = v;
+            rp[i] = (const uint4 *)((const uint8_t *)a.seg[sg].w + (v ? r : 0) * a.seg[sg].row_bytes);
+            yp[i] = a.seg[sg].y + (v ? r : 0);
+            ldy[i] = a.seg[sg].ldy;
+        }
+    }
+    uint4 w[R * P][CM];
+#pragma unroll
+    for (int p = 0; p < R * P; p++)
+#pragma unroll
+        for (int c = 0; c < CM; c++) {
+            int ch = lane + 32 * c;
+            w[p][c] = ok[p] && ch < nchunk ? ld_stream(rp[p] + ch) : make_uint4(0, 0, 0, 0);
+        }
+    griddep_wait();
+    /* x -> shared memory (with the fused RMSNorm) */
+    const bool norm = a.norm_w != NULL;
+    int k4 = K / 4;
+    float ss[GEMV_MAX_T];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) {
+        ss[t] = 0.0f;
+        if (t >= T)
+            break;
+        const float4 *xt = (const float4 *)(a.x + (int64_t)t * a.ldx);
+        for (int i = threadIdx.x; i < k4; i += blockDim.x) {
+            float4 v = xt[i];
+            ((float4 *)(xs + t * K))[i] = v;
+            ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    }
+    if (norm) {
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++) {
+            if (t >= T)
+                break;
+            float v = warp_sum_m(ss[t]);
+            if (lane == 0)
+                s_part[warp][t] = v;
+        }
+    }
+    __syncthreads();
+    if (norm) {
+        const float4 *nw = (const float4 *)a.norm_w;
+        for (int t = 0; t < T; t++) {
+            float tot = 0.0f;
+#pragma unroll
+            for (int q = 0; q < G2_WARPS; q++)
+                tot += s_part[q][t];
+            float inv = rsqrtf(tot / (float)K + a.eps);
+            for (int i = threadIdx.x; i < k4; i += blockDim.x) {
+                float4 v = ((float4 *)(xs + t * K))[i], g = nw[i];
+                v.x = v.x * inv * g.x, v.y = v.y * inv * g.y;
+                v.z = v.z * inv * g.z, v.w = v.w * inv * g.w;
+                ((float4 *)(xs + t * K))[i] = v;
+            }
+        }
+        __syncthreads();
+    }
+    float acc[R * P][GEMV_MAX_T];
+#pragma unroll
+    for (int p = 0; p < R * P; p++)
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++)
+            acc[p][t] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CM; c++) {
+        int ch = lane + 32 * c;
+        if (ch >= nchunk)
+            break;
+        float wf[R * P][VE];
+#pragma unroll
+        for (int p = 0; p < R * P; p++) {
+            uint4 raw = w[p][c];
+            if (DT == QR_F32) {
+                wf[p][0] = __uint_as_float(raw.x), wf[p][1] = __uint_as_float(raw.y);
+                wf[p][2 % VE] = __uint_as_float(raw.z), wf[p][3 % VE] = __uint_as_float(raw.w);
+            } else {
+                uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    uint16_t lo = (uint16_t)(u[e] & 0xffff), hi = (uint16_t)(u[e] >> 16);
+                    wf[p][(2 * e) % VE] = DT == QR_BF16 ? bf16_bits_to_f32(lo) : f16_bits_to_f32(lo);
+                    wf[p][(2 * e + 1) % VE] = DT == QR_BF16 ? bf16_bits_to_f32(hi) : f16_bits_to_f32(hi);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++) {
+            if (t >= T)
+                break;
+            const float *xp = xs + t * K + ch * VE;
+            float xv[VE];
+#pragma unroll
+            for (int e = 0; e < VE; e += 4) {
+                float4 v = *(const float4 *)(xp + e);
+                xv[e] = v.x, xv[e + 1] = v.y, xv[e + 2] = v.z, xv[e + 3] = v.w;
+            }
+#pragma unroll
+            for (int p = 0; p < R * P; p++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < VE; e++)
+                    d += wf[p][e] * xv[e];
+                acc[p][t] += d;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++) {
+            if (t >= T)
+                break;
+            float v = warp_sum_m(acc[P * i][t]);
+            if (P == 2) {
+                float u = warp_sum_m(acc[P * i + 1][t]);
+                v = v / (1.0f + __expf(-v)) * u;
+            }
+            if (lane == 0 && ok[P * i]) {
+                float *y = yp[i] + (int64_t)t * ldy[i];
+                *y = a.mode == GEMV_ACCUM ? *y + v : v;
+            }
+        }
+    }
+}
+
+/* Chunks per lane, rows per warp and the grid for gemv2; false when it does not apply. */
+static bool gemv2_shape(const struct gemv_args *a, int *cm, int *r, int *blocks)
+{
+    if (!a->v2 || (a->dtype != QR_F32 && a->dtype != QR_F16 && a->dtype != QR_BF16))
+        return false;
+    int ve = a->dtype == QR_F32 ? 4 : 8;
+    if (a->K % ve || a->ldx % 4 || (int64_t)a->T * a->K * 4 > 48 * 1024 ||
+        (uintptr_t)a->x % 16 || (uintptr_t)a->norm_w % 16)
+        return false;
+    int nseg = a->mode == GEMV_SWIGLU ? 2 : a->n_seg;
+    for (int i = 0; i < nseg; i++)
+        if (a->seg[i].row_bytes % 16 || ((uintptr_t)a->seg[i].w) % 16)
+            return false;
+    if (a->mode == GEMV_SWIGLU && a->seg[1].N != a->seg[0].N)
+        return false;
+    int c = (a->K / ve + 31) / 32, P = a->mode == GEMV_SWIGLU ? 2 : 1;
+    int m = c <= 4 ? 4 : c <= 8 ? 8 : c <= 16 ? 16 : 0;
+    if (!m || m * P > G2_LOADS)
+        return false;
+    int64_t rows = 0;
+    if (a->mode == GEMV_SWIGLU)
+        rows = a->seg[0].N;
+    else
+        for (int i = 0; i < a->n_seg; i++)
+            rows += a->seg[i].N;
+    int rr = G2_LOADS / (m * P);
+    rr = rr >= 4 ? 4 : rr >= 2 ? 2 : 1;
+    int n_sm = a->n_sm > 0 ? a->n_sm : 132;
+    while (rr > 1 && (rows + (int64_t)G2_WARPS * rr - 1) / ((int64_t)G2_WARPS * rr) < 2 * n_sm)
+        rr /= 2;
+    *cm = m, *r = rr;
+    *blocks = (int)((rows + (int64_t)G2_WARPS * rr - 1) / ((int64_t)G2_WARPS * rr));
+    return true;
+}
+
+bool gemv2_applies(const struct gemv_args *a)
+{
+    int cm, r, b;
+    return gemv2_shape(a, &cm, &r, &b);
+}
+
+template <int DT>
+static cudaError_t gemv2_dt(const struct gemv_args *a, int cm, int r, int blocks, cudaStream_t s)
+{
+    dim3 g(blocks), th(32 * G2_WARPS);
+    size_t sm = (size_t)a->T * a->K * 4;
+    bool p = a->pdl;
+    if (a->mode == GEMV_SWIGLU) {
+        if (cm == 4 && r >= 2) return launch_k(p, gemv2_kernel<DT, 2, 2, 4>, g, th, sm, s, *a);
+        if (cm == 4) return launch_k(p, gemv2_kernel<DT, 2, 1, 4>, g, th, sm, s, *a);
+        return launch_k(p, gemv2_kernel<DT, 2, 1, 8>, g, th, sm, s, *a);
+    }
+    switch (cm * 10 + r) {
+    case 44: return launch_k(p, gemv2_kernel<DT, 1, 4, 4>, g, th, sm, s, *a);
+    case 42: return launch_k(p, gemv2_kernel<DT, 1, 2, 4>, g, th, sm, s, *a);
+    case 41: return launch_k(p, gemv2_kernel<DT, 1, 1, 4>, g, th, sm, s, *a);
+    case 82: return launch_k(p, gemv2_kernel<DT, 1, 2, 8>, g, th, sm, s, *a);
+    case 81: return launch_k(p, gemv2_kernel<DT, 1, 1, 8>, g, th, sm, s, *a);
+    default: return launch_k(p, gemv2_kernel<DT, 1, 1, 16>, g, th, sm, s, *a);
+    }
 }
 
 cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
@@ -296,6 +531,14 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
         for (int i = 0; i < a->n_seg; i++)
             rows += a->seg[i].N;
     int blocks = (int)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+    int cm, rr, b2;
+    if (gemv2_shape(a, &cm, &rr, &b2)) {
+        switch (a->dtype) {
+        case QR_F32: return gemv2_dt<QR_F32>(a, cm, rr, b2, s);
+        case QR_F16: return gemv2_dt<QR_F16>(a, cm, rr, b2, s);
+        default: return gemv2_dt<QR_BF16>(a, cm, rr, b2, s);
+        }
+    }
     switch (a->dtype) {
     case QR_F32: return gemv_dt<QR_F32>(a, blocks, s);
     case QR_F16: return gemv_dt<QR_F16>(a, blocks, s);
@@ -366,44 +609,85 @@ static qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st, int li
         }                                                                                 \
     } while (0)
 
-/* C[N][T] (col-major, ldc) = beta*C + A^T B, A = W as [K][N] col-major (lda), B = x [K][T]. */
+/* Creates the descriptors of a product and asks the heuristic for its algorithm. */
+static qwenrt_status lt_plan_make(struct gemm_ctx *g, struct lt_plan *pl, struct qwenrt_error *err)
+{
+    qwenrt_status st = QWENRT_OK;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cudaDataType_t ab = (cudaDataType_t)pl->ab;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    pl->op = NULL, pl->la = pl->lb = pl->lc = NULL;
+    LT_CHECK(cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&pl->la, ab, (uint64_t)pl->K, (uint64_t)pl->N, pl->lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&pl->lb, ab, (uint64_t)pl->K, (uint64_t)pl->T, pl->ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&pl->lc, CUDA_R_32F, (uint64_t)pl->N, (uint64_t)pl->T, pl->ldc));
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &g->ws_bytes, sizeof(g->ws_bytes)));
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, pl->op, pl->la, pl->lb, pl->lc, pl->lc, pref, 1,
+                                            &heur, &found));
+    if (!found) {
+        st = err_set(err, QWENRT_ERR_BACKEND,
+                     "cuBLASLt: no algorithm for a %lld x %lld x %lld product", (long long)pl->N,
+                     (long long)pl->K, (long long)pl->T);
+        goto out;
+    }
+    pl->algo = heur.algo;
+out:
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    return st;
+}
+
+static void lt_plan_free(struct lt_plan *pl)
+{
+    if (pl->lc) cublasLtMatrixLayoutDestroy(pl->lc);
+    if (pl->lb) cublasLtMatrixLayoutDestroy(pl->lb);
+    if (pl->la) cublasLtMatrixLayoutDestroy(pl->la);
+    if (pl->op) cublasLtMatmulDescDestroy(pl->op);
+    pl->op = NULL, pl->la = pl->lb = pl->lc = NULL;
+}
+
+/* C[N][T] (col-major, ldc) = beta*C + A^T B, A = W as [K][N] col-major (lda), B = x [K][T].
+ * With g->use_cache the descriptors and algorithm of each shape are made once. */
 static qwenrt_status lt_matmul(struct gemm_ctx *g, cudaDataType_t ab, const void *A, int64_t lda,
                                const void *B, int64_t ldb, float *C, int64_t ldc, int64_t N,
                                int64_t K, int64_t T, float beta, cudaStream_t s,
                                struct qwenrt_error *err)
 {
     qwenrt_status st = QWENRT_OK;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
     float alpha = 1.0f;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)K, (uint64_t)N, lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)K, (uint64_t)T, ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)T, ldc));
-    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &g->ws_bytes, sizeof(g->ws_bytes)));
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
-    if (!found) {
-        st = err_set(err, QWENRT_ERR_BACKEND,
-                     "cuBLASLt: no algorithm for a %lld x %lld x %lld product", (long long)N,
-                     (long long)K, (long long)T);
-        goto out;
+    struct lt_plan tmp, *pl = NULL;
+    memset(&tmp, 0, sizeof(tmp));
+    tmp.ab = (int32_t)ab, tmp.lda = lda, tmp.ldb = ldb, tmp.ldc = ldc, tmp.N = N, tmp.K = K, tmp.T = T;
+    if (g->use_cache)
+        for (int32_t i = 0; i < g->n_cache && !pl; i++) {
+            struct lt_plan *c = &g->cache[i];
+            if (c->ab == tmp.ab && c->lda == lda && c->ldb == ldb && c->ldc == ldc && c->N == N &&
+                c->K == K && c->T == T)
+                pl = c;
+        }
+    if (!pl) {
+        if ((st = lt_plan_make(g, &tmp, err))) {
+            lt_plan_free(&tmp);
+            return st;
+        }
+        if (g->use_cache && g->n_cache < LT_CACHE_MAX) {
+            g->cache[g->n_cache] = tmp;
+            pl = &g->cache[g->n_cache++];
+        } else {
+            pl = &tmp;
+        }
     }
-    LT_CHECK(cublasLtMatmul(g->lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo,
-                            g->ws, g->ws_bytes, s));
+    LT_CHECK(cublasLtMatmul(g->lt, pl->op, &alpha, A, pl->la, B, pl->lb, &beta, C, pl->lc, C,
+                            pl->lc, &pl->algo, g->ws, g->ws_bytes, s));
 out:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pl == &tmp)
+        lt_plan_free(&tmp);
     return st;
 }
 
@@ -434,6 +718,8 @@ qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err)
 
 void gemm_free(struct gemm_ctx *g)
 {
+    for (int32_t i = 0; i < g->n_cache; i++)
+        lt_plan_free(&g->cache[i]);
     if (g->lt)
         cublasLtDestroy(g->lt);
     cudaFree(g->ws);
