@@ -527,6 +527,8 @@ static json_t *build_record(struct bench *b, struct qwenrt_error *err)
                                          c->s ? c->s->n_threads : 0, err))
         json_object_set_new(rec, "checkpoint_error", json_string(err->message));
     records_add_environment(rec);
+    if (c->s && c->s->cuda)
+        records_add_gpu(rec);
     if (c->tm.model)
         json_object_set_new(rec, "kernels", c->s && c->s->cuda ? records_backend_kernels("cuda")
                                                                : records_kernels(&c->tm.binding));

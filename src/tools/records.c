@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 #include "base/cpu_features.h"
 #include "base/error.h"
@@ -137,6 +138,13 @@ json_t *records_backend_kernels(const char *backend)
     snprintf(src, sizeof(src), "%s*", dir);
     dir_digest(dir, dig);
     return json_pack("{s:{s:s, s:s}}", backend, "sha256", dig, "source", src);
+}
+
+void records_add_gpu(json_t *rec)
+{
+    char gpu[256] = "";
+    cuda_device_describe(gpu, sizeof(gpu));
+    json_object_set_new(json_object_get(rec, "hardware"), "gpu", json_string(gpu));
 }
 
 static void cpu_model(char *out, size_t len)

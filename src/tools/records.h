@@ -32,6 +32,8 @@ json_t *records_kernels(const struct profile_binding *b);
 /* The kernels of a backend other than the CPU's (whose op keys do not apply there):
  * {"<backend>": {sha256 over src/backend/<backend>/, source}}. */
 json_t *records_backend_kernels(const char *backend);
+/* Adds hardware.gpu ("NVIDIA H200, 139 GiB, cc 9.0") for a run on the CUDA backend. */
+void records_add_gpu(json_t *rec);
 /* Adds model, checkpoint_sha256 (each file of the model), geometry, parameter_count.
  * capacity and threads go into geometry as in seed 004. */
 qwenrt_status records_add_model(json_t *rec, const struct qwenrt_model *m, int32_t capacity,

@@ -429,6 +429,8 @@ static void build_record(struct gate *g, struct validate_result *r)
     if (records_add_model(rec, m, g->T + g->n_gen + 1, g->cs->n_threads, &err))
         json_object_set_new(rec, "checkpoint_error", json_string(err.message));
     records_add_environment(rec);
+    if (g->cs->cuda)
+        records_add_gpu(rec);
     json_object_set_new(rec, "kernels", g->cs->cuda ? records_backend_kernels("cuda")
                                                     : records_kernels(&g->cand.binding));
     if (!g->ref.file)
