@@ -90,8 +90,10 @@ int cmd_synth(int argc, char **argv)
         tok = default_tokenizer(tokbuf, sizeof(tokbuf));
     struct export_params p = {.type = (enum export_type)t, .tied = true, .progress = isatty(2),
                               .tokenizer_json = no_tok ? NULL : tok};
-    /* the Qwen3 tokenizer has 151k tokens: embed it only where the vocabulary matches */
-    if (hp.n_vocab != 151936)
+    /* the Qwen3 tokenizer has 151,669 tokens: embed it where the embedding has at least the
+     * 151,936 rows of Qwen3 (Qwen3.5's 248,320 rows get it padded: its own tokenizer is not
+     * available offline, and llama.cpp needs a vocabulary to load a file) */
+    if (hp.n_vocab < 151936)
         p.tokenizer_json = NULL;
     if (synth_write(out, &hp, (uint64_t)seed, &p, &err) != QWENRT_OK) {
         fprintf(stderr, "qwenrt: %s\n", err.message);
