@@ -2,6 +2,8 @@
  * cli_common.c — shared option handling for the sub-commands (see cli_common.h).
  */
 #include "cli/cli_common.h"
+#include "runtime/profile.h"
+#include "tools/tool_setup.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -50,6 +52,10 @@ int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
             return -1;
         }
         o->backend = v;
+    } else if (!strcmp(a, "--profile")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        o->profile = v;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
             return -1;
@@ -96,12 +102,27 @@ struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
         fprintf(stderr, "qwenrt: no model given (-m FILE.gguf or -m HF_DIR)\n");
         return NULL;
     }
+    struct qwenrt_error err = {0};
+    if (o->profile) {
+        struct tool_open_params tp = {.model_path = o->model, .backend = o->backend,
+                                      .n_threads = o->threads, .profile = o->profile,
+                                      .command = o->command ? o->command : "this command",
+                                      .intent = PROFILE_INTENT_INVESTIGATE};
+        struct tool_model t;
+        if (tool_open(&tp, &t, &err) != QWENRT_OK) {
+            fprintf(stderr, "qwenrt: %s\n", err.message);
+            return NULL;
+        }
+        struct qwenrt_model *m = t.model; /* the binding lives in the model's plans */
+        t.model = NULL;
+        tool_close(&t);
+        return m;
+    }
     struct qwenrt_model_params p = qwenrt_model_default_params();
     p.n_threads = o->threads;
     if (o->backend)
         p.backend = o->backend;
     struct qwenrt_model *m = NULL;
-    struct qwenrt_error err = {0};
     if (qwenrt_model_load(o->model, &p, &m, &err) != QWENRT_OK) {
         fprintf(stderr, "qwenrt: %s\n", err.message);
         return NULL;

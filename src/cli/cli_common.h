@@ -15,6 +15,8 @@ struct cli_model_opts {
     int threads;         /* --threads, 0 = all cores */
     const char *backend; /* --backend cpu|cuda */
     int32_t ctx;         /* --ctx-size */
+    const char *profile; /* --profile ID|FILE: kernels bound by a runtime profile */
+    const char *command; /* the command's name, for intent errors ("run", "serve", ...) */
 };
 
 /* If argv[*i] is one of the common model options, consumes it (and its value) and returns 1;
@@ -30,7 +32,9 @@ bool cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 /* Parses "1,2,3" into a new array (free with free()); false with a message on bad input. */
 bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n);
 
-/* Loads o->model; prints "qwenrt: <message>" and returns NULL on failure. */
+/* Loads o->model; prints "qwenrt: <message>" and returns NULL on failure. With --profile the
+ * profile must allow the investigate intent (run, generate, serve, ...) and binds the model's
+ * kernels. */
 struct qwenrt_model *cli_load_model(const struct cli_model_opts *o);
 
 /* Creates a session for the model with o's thread and context settings; NULL on failure. */

@@ -11,7 +11,7 @@
 
 int cmd_generate(int argc, char **argv)
 {
-    struct cli_model_opts o = {0};
+    struct cli_model_opts o = {.command = "generate"};
     const char *ids_s = NULL, *v;
     long n_gen = 16;
     for (int i = 1; i < argc; i++) {

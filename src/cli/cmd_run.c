@@ -41,7 +41,8 @@ static int usage(void)
             "usage: qwenrt run -m MODEL [-p PROMPT] [-i] [--raw] [--system TEXT] [-n MAX_TOKENS]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty X] [--seed S] [--stop TEXT]... [--think|--no-think]\n"
-            "                  [--threads N] [--ctx-size N] [--backend cpu|cuda] [--no-stats]\n");
+            "                  [--threads N] [--ctx-size N] [--backend cpu|cuda]\n"
+            "                  [--profile ID|FILE] [--no-stats]\n");
     return 2;
 }
 
@@ -247,7 +248,7 @@ static int interactive_loop(struct chat *c)
 
 int cmd_run(int argc, char **argv)
 {
-    struct run_opts o = {.stats = true, .sp = qwenrt_sampler_default_params()};
+    struct run_opts o = {.stats = true, .sp = qwenrt_sampler_default_params(), .mo.command = "run"};
     /* llama.cpp-like defaults unless the model's generation_config.json says otherwise */
     o.sp.temperature = 0.8f;
     o.sp.top_k = 40;
