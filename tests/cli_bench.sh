@@ -32,7 +32,7 @@ set -e
 [ $rc -eq 1 ] || fail "a record for another workload was accepted"
 grep -q "covers another workload" "$T/err" || fail "refusal message: $(cat "$T/err")"
 
-SEED=$(ls ../shared/seeds/000_*.txt /work/shared/seeds/000_*.txt 2>/dev/null | head -1 || true)
+SEED=tests/data/seeds/000_952e095aa0e655ba.txt # copy of ../shared/seeds/
 if [ -n "$SEED" ]; then
     "$Q" bench -m $M --profile "$SEED" -p 8 -n 4 --warmup 0 --trials 1 >/dev/null || fail "bench refused seed 000"
 fi

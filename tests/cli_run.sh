@@ -48,4 +48,10 @@ if "$Q" run -m "$T/m.gguf" -p x --temp abc 2>/dev/null; then fail "--temp abc ac
 if "$Q" run -m "$T/m.gguf" 2>/dev/null; then fail "run without -p or -i accepted"; fi
 if "$Q" run -m "$T/nope.gguf" -p x 2>"$T/err"; then fail "missing model accepted"; fi
 grep -q 'nope.gguf' "$T/err" || fail "missing model error does not name the file"
+# profiles: run has the investigate intent; seed 000 is calibrate-only and is refused by name
+"$Q" run -m "$T/m.gguf" -p hi -n 2 --temp 0 --no-stats --profile cpu-portable >/dev/null || fail "--profile cpu-portable"
+if "$Q" run -m "$T/m.gguf" -p hi -n 2 --profile tests/data/seeds/000_952e095aa0e655ba.txt 2>"$T/err"; then
+    fail "a calibrate-only profile was accepted by run"
+fi
+grep -q "not compatible with 'run'" "$T/err" || fail "intent refusal message: $(cat "$T/err")"
 echo "cli_run: ok"
