@@ -23,7 +23,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
         [ $first = 1 ] && extra="--gemv"
         first=0
         t0=$(date +%s)
-        timeout ${BENCH_TIMEOUT:-110} .devbin/cuda_bench --arch "$a" --type "$t" $extra \
+        to=${BENCH_TIMEOUT:-110}; [ "$t" = q4_k_m ] && to=${Q4_TIMEOUT:-280}
+        timeout $to .devbin/cuda_bench --arch "$a" --type "$t" $extra \
             --json "$OUT/cuda-$a-$t.json" > "$OUT/bench-$a-$t.log" 2>&1
         echo "bench $a $t rc=$? in $(( $(date +%s) - t0 )) s"
         grep -E "^\||validate|fail|error" "$OUT/bench-$a-$t.log" | grep -v "^|---" | tail -24

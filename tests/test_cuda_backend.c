@@ -250,7 +250,7 @@ static void test_op_matmul(void **state)
         enum qr_dtype dt = mm_dtypes[d];
         int32_t K = dt == QR_Q4_K || dt == QR_Q6_K ? 512 : (dt == QR_Q8_0 ? 96 : 100);
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
-            for (int split = 0; split < 2; split++) {
+            for (int split = 0; split < 3; split++) { /* 2: split, three separate GEMMs */
                 struct op_case c;
                 int32_t widths[] = {K, 77};
                 case_start(&c, widths, 2, 1);
@@ -260,7 +260,8 @@ static void test_op_matmul(void **state)
                 snprintf(key, sizeof(key), "matmul.%s.ref", dtype_traits(dt)->name);
                 op->kernel = dt == QR_F32 || dt == QR_F16 || dt == QR_BF16 ? NULL : strdup(key);
                 struct cuda_options o = cuda_default_options();
-                o.gemm_bf16x2 = split;
+                o.gemm_bf16x2 = split > 0;
+                o.gemm_stack3 = split == 1;
                 char what[64];
                 snprintf(what, sizeof(what), "matmul.%s T=%d split=%d",
                          dtype_traits(dt)->name, Ts[ti], split);
@@ -480,7 +481,9 @@ static void check_fixture(const char *dir, int mode)
         struct cuda_options o = cuda_default_options();
         if (mode == 1)
             o.graph = o.fuse = o.gemm_bf16x2 = o.gemv_v2 = o.pdl = o.gemm_cache = o.attn_tiled =
-                o.gdn_par = false;
+                o.gdn_par = o.gemm_stack3 = false;
+        else /* mode 2: the decode graph with programmatic dependent launch */
+            o.pdl = true;
         if (cuda_session_init(m->plans, 256, &o, &cs, &err))
             fail_msg("%s: %s", dir, err.message);
         if (mode == 1) {

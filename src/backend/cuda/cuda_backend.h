@@ -45,6 +45,7 @@ struct cuda_options {
     bool gemm_cache;     /* prefill: cuBLASLt descriptors and algorithm made once per shape */
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
+    bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
 };
 
 struct cuda_options cuda_default_options(void);

@@ -34,6 +34,8 @@ struct gemm_ctx {
     int64_t wf32_cap;      /* bytes */
     __nv_bfloat16 *xsplit; /* [3][T][K] bf16 split of x: hi, mid, lo */
     int64_t xsplit_cap;    /* bytes */
+    float *c3;             /* [3][T][N] f32: the stacked split product's three terms */
+    int64_t c3_cap;        /* bytes */
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
@@ -46,6 +48,7 @@ struct gemm_call {
     int32_t N, K, T, ldx, ldy;
     bool accumulate;  /* y += x · Wᵀ (the residual add fused) */
     bool bf16x2;      /* BF16 weights: split x into three bf16 terms, tensor cores */
+    bool stack3;      /* the three terms as one product over 3T columns, then a sum */
 };
 
 qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err);

@@ -107,10 +107,11 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemm_bf16x2 = true;
     o.gemv_max_T = GEMV_MAX_T;
     o.gemv_v2 = true;
-    o.pdl = true;
+    o.pdl = false; /* measured 3% slower on the H200 (docs/perf-log.md) */
     o.gemm_cache = true;
     o.attn_tiled = true;
     o.gdn_par = true;
+    o.gemm_stack3 = true;
     return o;
 }
 
@@ -430,6 +431,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
     c.y = y, c.x = x, c.w = d->w, c.dtype = d->dtype, c.row_bytes = d->row_bytes;
     c.N = d->N, c.K = d->K, c.T = T, c.ldx = ldx, c.ldy = ldy, c.accumulate = accumulate;
     c.bf16x2 = cs->opt.gemm_bf16x2;
+    c.stack3 = cs->opt.gemm_stack3;
     return gemm_run(&cs->gemm, &c, cs->stream, err);
 }
 

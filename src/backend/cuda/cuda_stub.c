@@ -18,7 +18,7 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    struct cuda_options o = {true, true, true, 8, true, true, true, true, true};
+    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true};
     return o;
 }
 

@@ -464,7 +464,8 @@ static bool gemv2_shape(const struct gemv_args *a, int *cm, int *r, int *blocks)
     if (!a->v2 || (a->dtype != QR_F32 && a->dtype != QR_F16 && a->dtype != QR_BF16))
         return false;
     int ve = a->dtype == QR_F32 ? 4 : 8;
-    if (a->K % ve || a->ldx % 4 || (int64_t)a->T * a->K * 4 > 48 * 1024 ||
+    /* dynamic + static shared memory must stay under the 48 KB default */
+    if (a->K % ve || a->ldx % 4 || (int64_t)a->T * a->K * 4 > 47 * 1024 ||
         (uintptr_t)a->x % 16 || (uintptr_t)a->norm_w % 16)
         return false;
     int nseg = a->mode == GEMV_SWIGLU ? 2 : a->n_seg;
@@ -568,6 +569,24 @@ cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, 
 {
     dequant_kernel<<<4096, 256, 0, s>>>(dst, (const uint8_t *)w, dtype, N, K, row_bytes);
     return cudaGetLastError();
+}
+
+/* y (=|+=) lo + mid + hi, the three products of the stacked split GEMM (c3 [3][T][N]); the
+ * same order of f32 additions as three products accumulated with beta = 1. */
+__global__ void combine3_kernel(float *y, int32_t ldy, const float *c3, int32_t N, int32_t T,
+                                bool accumulate)
+{
+    int64_t n = (int64_t)N * T;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / N, c = i % N;
+        float *yp = y + t * ldy + c;
+        float v = accumulate ? *yp : 0.0f;
+        v += c3[2 * n + i];
+        v += c3[n + i];
+        v += c3[i];
+        *yp = v;
+    }
 }
 
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat16 *lo,
@@ -725,6 +744,7 @@ void gemm_free(struct gemm_ctx *g)
     cudaFree(g->ws);
     cudaFree(g->wf32);
     cudaFree(g->xsplit);
+    cudaFree(g->c3);
     memset(g, 0, sizeof(*g));
 }
 
@@ -741,6 +761,23 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
         __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = mid + n;
         CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
+        if (c->stack3) {
+            /* one product over 3T columns (hi | mid | lo are contiguous [T][K] blocks): three
+             * times the output tiles of one term, so small-N products fill the GPU */
+            void *q = g->c3;
+            int64_t qcap = g->c3_cap;
+            if ((st = grow(&q, &qcap, 3 * (int64_t)c->T * c->N * 4, err)))
+                return st;
+            g->c3 = (float *)q, g->c3_cap = qcap;
+            if ((st = lt_matmul(g, CUDA_R_16BF, c->w, c->K, hi, c->K, g->c3, c->N, c->N, c->K,
+                                3 * (int64_t)c->T, 0.0f, s, err)))
+                return st;
+            int64_t tot = (int64_t)c->T * c->N, blocks = (tot + 255) / 256;
+            combine3_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(
+                c->y, c->ldy, g->c3, c->N, c->T, c->accumulate);
+            CUDA_CHECK(cudaGetLastError());
+            return QWENRT_OK;
+        }
         /* smallest term first, each added onto the f32 result */
         __nv_bfloat16 *terms[3] = {lo, mid, hi};
         for (int i = 0; i < 3; i++) {
