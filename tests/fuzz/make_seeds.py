@@ -5,9 +5,9 @@ Usage: tests/fuzz/make_seeds.py QWENRT_BIN OUT_DIR
 Writes OUT_DIR/{qwen3,qwen35}-micro/ (config.json, model.safetensors, tokenizer.json: random f32
 weights with the exact tensor names and shapes qwenrt expects, hidden size 32, one or two layers,
 a 259-token byte-level tokenizer) and converts each to OUT_DIR/*.gguf (f32 and q8_0) with
-`qwenrt convert`. scripts/fuzz.sh copies the results into tests/fuzz/corpus/ once; they are
-committed, so this only needs to run again when the formats change. Only the Python standard
-library is used.
+`qwenrt convert`. The q8_0 GGUF files, configs and tokenizer were copied by hand into
+tests/fuzz/corpus/ (fuzz_gguf, fuzz_config, fuzz_tokenizer_json) and committed, so this only
+needs to run again when the formats change. Only the Python standard library is used.
 """
 import json, os, random, struct, subprocess, sys
 
