@@ -203,6 +203,7 @@ static int chat_turn(struct chat *c, const char *user_msg)
     else if (r.n_generated > 0) /* the last sampled token is not in the session yet */
         st = qwenrt_session_decode(c->s, r.last_token, &err);
     printf("\n");
+    fflush(stdout); /* the stats line goes to stderr: keep it after the answer */
     if (c->o->stats)
         fprintf(stderr, "[prompt %d tokens %.1f tok/s | answer %d tokens %.1f tok/s | %s]\n", r.n_prompt,
                 r.prefill_s > 0 ? r.n_prompt / r.prefill_s : 0.0, r.n_generated,
