@@ -21,7 +21,8 @@ static int usage(void)
             "usage: qwenrt serve -m MODEL [--host ADDR] [--port N] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx-size N] [--cache-mb N] [--queue N]\n"
             "                    [--max-tokens N] [--max-prompt N] [--max-body-kb N]\n"
-            "                    [--timeout S] [--alias NAME] [--threads N] [--backend cpu|cuda]\n"
+            "                    [--timeout S] [--top-k K] [--alias NAME] [--threads N]\n"
+            "                    [--backend cpu|cuda]\n"
             "                    [--no-log]\n"
             "  --host ADDR      address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N         port (default 8080; 0 = any free port, printed at start)\n"
@@ -34,6 +35,7 @@ static int usage(void)
             "  --max-prompt N   prompt tokens per request at most (default ctx-size - 1)\n"
             "  --max-body-kb N  request body size at most (default 4096)\n"
             "  --timeout S      close connections idle for S seconds (default 60)\n"
+            "  --top-k K        top_k of requests that set none (default 40; 0 = off)\n"
             "  --alias NAME     model name in /v1/models (default: the model file's name)\n"
             "  --no-log         no request log lines on stderr\n");
     return 2;
@@ -80,7 +82,7 @@ static int parse_server_opt(struct server_params *p, int argc, char **argv, int 
         long lo, hi;
     } ints[] = {{"--port", 0, 65535},       {"--parallel", 1, 256},     {"--cache-mb", 0, 1 << 20},
                 {"--queue", 1, 1 << 16},    {"--max-tokens", 1, 1 << 22}, {"--max-prompt", 1, 1 << 22},
-                {"--max-body-kb", 1, 1 << 20}, {"--timeout", 1, 86400}};
+                {"--max-body-kb", 1, 1 << 20}, {"--timeout", 1, 86400},  {"--top-k", 0, 1 << 30}};
     for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
         if (strcmp(a, ints[k].name))
             continue;
@@ -94,7 +96,8 @@ static int parse_server_opt(struct server_params *p, int argc, char **argv, int 
         case 4: p->max_tokens = (int32_t)n; break;
         case 5: p->max_prompt = (int32_t)n; break;
         case 6: p->max_body = (size_t)n << 10; break;
-        default: p->timeout_s = (int)n; break;
+        case 7: p->timeout_s = (int)n; break;
+        default: p->top_k = (int32_t)n; break;
         }
         return 1;
     }

@@ -67,7 +67,7 @@ struct server_params server_default_params(void)
 {
     return (struct server_params){
         .host = "127.0.0.1", .port = 8080, .model_id = "qwenrt", .n_parallel = 4,
-        .n_ctx = 4096, .queue_max = 64, .cache_bytes = 256u << 20, .max_tokens = 2048,
+        .n_ctx = 4096, .queue_max = 64, .cache_bytes = 256u << 20, .max_tokens = 2048, .top_k = 40,
         .max_prompt = 0, .max_body = 4u << 20, .timeout_s = 60, .max_connections = 512,
         .log_requests = true};
 }
@@ -165,6 +165,7 @@ static bool server_stopping(struct server *s)
 
 struct stream_ctx {
     struct job *job;
+    int keepalive_s;     /* send an SSE comment after this long without output */
     struct oai_meta meta;
     bool include_usage;
     bool started, ended;
@@ -222,8 +223,16 @@ static bool stream_refill(struct stream_ctx *sc)
         if (sc->meta.kind == OAI_CHAT)
             return pend_event(sc, oai_chunk_json(&sc->meta, "", 0, true, NULL, NULL));
     }
+    /* wait for text; while queued or slow, a comment line every keepalive_s keeps the
+     * connection (and proxies in front) from timing out and shows whether the client is
+     * still there */
+    double t_wait = time_now_s();
     pthread_mutex_lock(&j->mu);
     while (!j->out_len && j->finish == JOB_RUNNING && !j->cancel) {
+        if (time_now_s() - t_wait >= sc->keepalive_s) {
+            pthread_mutex_unlock(&j->mu);
+            return pend_add(sc, ": keep-alive\n\n", NULL, NULL);
+        }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
@@ -306,10 +315,13 @@ static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c
                                     const struct oai_meta *meta)
 {
     struct job *j = rc->job;
+    /* the idle timeout is for clients, not for our own queue and generation time */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     pthread_mutex_lock(&j->mu);
     while (j->finish == JOB_RUNNING)
         pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu); /* the scheduler is done with out/finish now */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)rc->srv->p.timeout_s);
     if (j->finish == JOB_CANCELLED && !j->error[0])
         return MHD_NO; /* the client went away */
     if (j->finish == JOB_ERROR || j->finish == JOB_CANCELLED) {
@@ -328,6 +340,7 @@ static enum MHD_Result answer_stream(struct req_ctx *rc, struct MHD_Connection *
     if (!sc)
         return fail(rc, c, 500, "server_error", NULL, "out of memory");
     sc->job = rc->job;
+    sc->keepalive_s = rc->srv->p.timeout_s > 2 ? rc->srv->p.timeout_s / 2 : 1;
     pthread_mutex_lock(&sc->job->mu);
     sc->job->refs++;
     pthread_mutex_unlock(&sc->job->mu);
@@ -643,6 +656,7 @@ qwenrt_status server_start(struct qwenrt_model *model, const struct server_param
         goto out_free;
     const char *warning = NULL;
     s->lim = (struct oai_limits){.model_id = p->model_id, .max_tokens = p->max_tokens,
+                                 .top_k = p->top_k,
                                  .fmt = chat_format_detect(tokenizer_chat_template(s->tok),
                                                            &warning)};
     if (warning)

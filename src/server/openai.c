@@ -109,7 +109,7 @@ static bool parse_stop(json_t *root, struct oai_request *r, struct oai_error *e)
 static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oai_request *r,
                            struct oai_error *e)
 {
-    long long n = 1, seed = -1, top_k = 0, max_tok = lim->max_tokens;
+    long long n = 1, seed = -1, top_k = lim->top_k, max_tok = lim->max_tokens;
     float freq = 0.0f;
     r->sp = qwenrt_sampler_default_params();
     r->sp.temperature = 1.0f; /* OpenAI's defaults */

@@ -36,6 +36,8 @@ struct oai_error {
 struct oai_limits {
     const char *model_id;   /* the one model served */
     int32_t max_tokens;     /* default and cap for generated tokens per request */
+    int32_t top_k;          /* default top_k when a request gives none (0 = whole vocabulary:
+                               the sampler then sorts all of it, ~10 ms a token) */
     enum chat_format fmt;   /* chat template renderer */
 };
 

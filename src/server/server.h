@@ -30,6 +30,7 @@ struct server_params {
     int queue_max;         /* requests waiting for a slot before 429 */
     size_t cache_bytes;    /* prompt cache budget, 0 = off */
     int32_t max_tokens;    /* default and cap of generated tokens per request */
+    int32_t top_k;         /* top_k of requests that give none (llama-server's 40); 0 = off */
     int32_t max_prompt;    /* prompt tokens per request at most (capped at n_ctx - 1) */
     size_t max_body;       /* request body bytes at most (413 beyond) */
     int timeout_s;         /* idle connection timeout (slow clients), seconds */
