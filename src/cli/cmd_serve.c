@@ -80,24 +80,43 @@ static int parse_server_opt(struct server_params *p, int argc, char **argv, int 
     static const struct {
         const char *name;
         long lo, hi;
-    } ints[] = {{"--port", 0, 65535},       {"--parallel", 1, 256},     {"--cache-mb", 0, 1 << 20},
-                {"--queue", 1, 1 << 16},    {"--max-tokens", 1, 1 << 22}, {"--max-prompt", 1, 1 << 22},
-                {"--max-body-kb", 1, 1 << 20}, {"--timeout", 1, 86400},  {"--top-k", 0, 1 << 30}};
+    } ints[] = {
+        {"--port", 0, 65535},          {"--parallel", 1, 256},       {"--cache-mb", 0, 1 << 20},
+        {"--queue", 1, 1 << 16},       {"--max-tokens", 1, 1 << 22}, {"--max-prompt", 1, 1 << 22},
+        {"--max-body-kb", 1, 1 << 20}, {"--timeout", 1, 86400},      {"--top-k", 0, 1 << 30}};
     for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
         if (strcmp(a, ints[k].name))
             continue;
         if ((r = parse_int_opt(argc, argv, i, ints[k].lo, ints[k].hi, &n)) < 0)
             return r;
         switch (k) {
-        case 0: p->port = (int)n; break;
-        case 1: p->n_parallel = (int)n; break;
-        case 2: p->cache_bytes = (size_t)n << 20; break;
-        case 3: p->queue_max = (int)n; break;
-        case 4: p->max_tokens = (int32_t)n; break;
-        case 5: p->max_prompt = (int32_t)n; break;
-        case 6: p->max_body = (size_t)n << 10; break;
-        case 7: p->timeout_s = (int)n; break;
-        default: p->top_k = (int32_t)n; break;
+        case 0:
+            p->port = (int)n;
+            break;
+        case 1:
+            p->n_parallel = (int)n;
+            break;
+        case 2:
+            p->cache_bytes = (size_t)n << 20;
+            break;
+        case 3:
+            p->queue_max = (int)n;
+            break;
+        case 4:
+            p->max_tokens = (int32_t)n;
+            break;
+        case 5:
+            p->max_prompt = (int32_t)n;
+            break;
+        case 6:
+            p->max_body = (size_t)n << 10;
+            break;
+        case 7:
+            p->timeout_s = (int)n;
+            break;
+        default:
+            p->top_k = (int32_t)n;
+            break;
         }
         return 1;
     }

@@ -35,17 +35,17 @@
 
 struct server {
     struct server_params p;
-    struct qwenrt_model *model;  /* borrowed */
+    struct qwenrt_model *model; /* borrowed */
     struct tokenizer *tok;
     struct sched *sched;
     struct metrics metrics;
     struct oai_limits lim;
     struct MHD_Daemon *daemon;
     int port;
-    long long created;           /* the model's "created" in /v1/models */
+    long long created; /* the model's "created" in /v1/models */
     pthread_mutex_t mu;
-    uint64_t next_id;            /* request ids, under mu */
-    bool stopping;               /* under mu */
+    uint64_t next_id; /* request ids, under mu */
+    bool stopping;    /* under mu */
 };
 
 struct req_ctx {
@@ -54,22 +54,31 @@ struct req_ctx {
     size_t len, cap;
     bool too_large;
     double t0;
-    int status;                  /* answered HTTP status */
-    const char *endpoint;        /* metrics label */
+    int status;           /* answered HTTP status */
+    const char *endpoint; /* metrics label */
     char method[8];
     char path[96];
     char client[64];
-    struct job *job;             /* generation requests */
+    struct job *job; /* generation requests */
     bool stream;
 };
 
 struct server_params server_default_params(void)
 {
-    return (struct server_params){
-        .host = "127.0.0.1", .port = 8080, .model_id = "qwenrt", .n_parallel = 4,
-        .n_ctx = 4096, .queue_max = 64, .cache_bytes = 256u << 20, .max_tokens = 2048, .top_k = 40,
-        .max_prompt = 0, .max_body = 4u << 20, .timeout_s = 60, .max_connections = 512,
-        .log_requests = true};
+    return (struct server_params){.host = "127.0.0.1",
+                                  .port = 8080,
+                                  .model_id = "qwenrt",
+                                  .n_parallel = 4,
+                                  .n_ctx = 4096,
+                                  .queue_max = 64,
+                                  .cache_bytes = 256u << 20,
+                                  .max_tokens = 2048,
+                                  .top_k = 40,
+                                  .max_prompt = 0,
+                                  .max_body = 4u << 20,
+                                  .timeout_s = 60,
+                                  .max_connections = 512,
+                                  .log_requests = true};
 }
 
 /* ------------------------------------------------------------------ responses */
@@ -98,11 +107,12 @@ static enum MHD_Result send_json(struct req_ctx *rc, struct MHD_Connection *c, i
                                  char *json)
 {
     if (!json)
-        return send_buf(rc, c, 500, "application/json", "{\"error\":{\"message\":\"out of "
+        return send_buf(rc, c, 500, "application/json",
+                        "{\"error\":{\"message\":\"out of "
                         "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}",
                         84, MHD_RESPMEM_PERSISTENT);
-    enum MHD_Result ok = send_buf(rc, c, status, "application/json", json, strlen(json),
-                                  MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ok =
+        send_buf(rc, c, status, "application/json", json, strlen(json), MHD_RESPMEM_MUST_COPY);
     xfree(json);
     return ok;
 }
@@ -126,8 +136,8 @@ static enum MHD_Result fail(struct req_ctx *rc, struct MHD_Connection *c, int st
 static enum MHD_Result get_models(struct req_ctx *rc, struct MHD_Connection *c, const char *one)
 {
     struct server *s = rc->srv;
-    json_t *m = json_pack("{s:s,s:s,s:I,s:s}", "id", s->p.model_id, "object", "model",
-                          "created", s->created, "owned_by", "qwenrt");
+    json_t *m = json_pack("{s:s,s:s,s:I,s:s}", "id", s->p.model_id, "object", "model", "created",
+                          s->created, "owned_by", "qwenrt");
     if (one && strcmp(one, s->p.model_id)) {
         json_decref(m);
         return fail(rc, c, 404, "invalid_request_error", "model_not_found",
@@ -147,8 +157,8 @@ static enum MHD_Result get_metrics(struct req_ctx *rc, struct MHD_Connection *c)
     char *txt = metrics_render(&rc->srv->metrics, &len);
     if (!txt)
         return fail(rc, c, 500, "server_error", NULL, "out of memory");
-    enum MHD_Result ok = send_buf(rc, c, 200, "text/plain; version=0.0.4", txt, len,
-                                  MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ok =
+        send_buf(rc, c, 200, "text/plain; version=0.0.4", txt, len, MHD_RESPMEM_MUST_COPY);
     xfree(txt);
     return ok;
 }
@@ -165,7 +175,7 @@ static bool server_stopping(struct server *s)
 
 struct stream_ctx {
     struct job *job;
-    int keepalive_s;     /* send an SSE comment after this long without output */
+    int keepalive_s; /* send an SSE comment after this long without output */
     struct oai_meta meta;
     bool include_usage;
     bool started, ended;
@@ -208,8 +218,7 @@ static const char *finish_name(enum job_finish f)
 
 static struct oai_usage job_usage(struct job *j)
 {
-    return (struct oai_usage){.prompt = j->n_prompt, .cached = j->n_cached,
-                              .completion = j->n_gen};
+    return (struct oai_usage){.prompt = j->n_prompt, .cached = j->n_cached, .completion = j->n_gen};
 }
 
 /* Waits for text or the end of the job; formats what came as events. false: close the
@@ -379,8 +388,8 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
     *out = NULL;
     if (tokenizer_encode(s->tok, req->prompt, strlen(req->prompt), &ids, &n, &err))
         return oai_fail(e, 500, "server_error", NULL, NULL, "%s", err.message);
-    int32_t max_prompt = s->p.max_prompt > 0 && s->p.max_prompt < s->p.n_ctx - 1
-                             ? s->p.max_prompt : s->p.n_ctx - 1;
+    int32_t max_prompt =
+        s->p.max_prompt > 0 && s->p.max_prompt < s->p.n_ctx - 1 ? s->p.max_prompt : s->p.n_ctx - 1;
     if (!n || (int64_t)n > max_prompt) {
         xfree(ids);
         return oai_fail(e, 400, "invalid_request_error", n ? "context_length_exceeded" : NULL,
@@ -472,13 +481,17 @@ static enum MHD_Result route(struct req_ctx *rc, struct MHD_Connection *c, const
     }
     bool chat = !strcmp(url, "/v1/chat/completions"), compl = !strcmp(url, "/v1/completions");
     bool models = !strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11);
-    rc->endpoint = chat ? "chat" : compl ? "completions" : models ? "models"
-                 : !strcmp(url, "/health") ? "health" : !strcmp(url, "/metrics") ? "metrics"
-                 : !strcmp(url, "/") ? "page" : "other";
+    rc->endpoint = chat                       ? "chat"
+                   : compl                    ? "completions"
+                   : models                   ? "models"
+                   : !strcmp(url, "/health")  ? "health"
+                   : !strcmp(url, "/metrics") ? "metrics"
+                   : !strcmp(url, "/")        ? "page"
+                                              : "other";
     if ((!strncmp(url, "/v1/", 4) || !strcmp(url, "/metrics")) && !authorized(s, c))
         return fail(rc, c, 401, "invalid_request_error", "invalid_api_key",
                     "missing or wrong API key (expected 'Authorization: Bearer KEY')");
-    if (chat || compl) {
+    if (chat || compl ) {
         if (!post)
             return fail(rc, c, 405, "invalid_request_error", "method_not_allowed",
                         "use POST for this endpoint");
@@ -506,8 +519,8 @@ static enum MHD_Result route(struct req_ctx *rc, struct MHD_Connection *c, const
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload, size_t *upload_size, void **con_cls)
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
 {
     struct server *s = cls;
     struct req_ctx *rc = *con_cls;
@@ -570,8 +583,8 @@ static void log_line(struct req_ctx *rc, double dt)
         pthread_mutex_lock(&j->mu);
         static const char *names[] = {"running", "eos", "length", "stop", "cancelled", "error"};
         snprintf(extra, sizeof(extra),
-                 " prompt=%d cached=%d completion=%d ttft_ms=%.1f finish=%s stream=%d",
-                 j->n_prompt, j->n_cached, j->n_gen, j->t_first ? (j->t_first - rc->t0) * 1e3 : 0,
+                 " prompt=%d cached=%d completion=%d ttft_ms=%.1f finish=%s stream=%d", j->n_prompt,
+                 j->n_cached, j->n_gen, j->t_first ? (j->t_first - rc->t0) * 1e3 : 0,
                  names[j->finish], rc->stream);
         pthread_mutex_unlock(&j->mu);
     }
@@ -612,8 +625,10 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 static qwenrt_status start_daemon(struct server *s, struct qwenrt_error *err)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE}, *ai = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE},
+                    *ai = NULL;
     char port[16];
     snprintf(port, sizeof(port), "%d", s->p.port);
     int gai = getaddrinfo(s->p.host, port, &hints, &ai);
@@ -632,8 +647,10 @@ static qwenrt_status start_daemon(struct server *s, struct qwenrt_error *err)
         MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
-        return err_set(err, QWENRT_ERR_IO, "serve: cannot listen on %s:%d (in use, or no "
-                       "permission)", s->p.host, s->p.port);
+        return err_set(err, QWENRT_ERR_IO,
+                       "serve: cannot listen on %s:%d (in use, or no "
+                       "permission)",
+                       s->p.host, s->p.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->p.port;
     return QWENRT_OK;
@@ -655,14 +672,17 @@ qwenrt_status server_start(struct qwenrt_model *model, const struct server_param
     if (st)
         goto out_free;
     const char *warning = NULL;
-    s->lim = (struct oai_limits){.model_id = p->model_id, .max_tokens = p->max_tokens,
-                                 .top_k = p->top_k,
-                                 .fmt = chat_format_detect(tokenizer_chat_template(s->tok),
-                                                           &warning)};
+    s->lim =
+        (struct oai_limits){.model_id = p->model_id,
+                            .max_tokens = p->max_tokens,
+                            .top_k = p->top_k,
+                            .fmt = chat_format_detect(tokenizer_chat_template(s->tok), &warning)};
     if (warning)
         fprintf(stderr, "qwenrt: %s\n", warning);
-    struct sched_params sp = {.n_parallel = p->n_parallel, .n_ctx = p->n_ctx,
-                              .n_threads = p->n_threads, .queue_max = p->queue_max,
+    struct sched_params sp = {.n_parallel = p->n_parallel,
+                              .n_ctx = p->n_ctx,
+                              .n_threads = p->n_threads,
+                              .queue_max = p->queue_max,
                               .cache_bytes = p->cache_bytes};
     if ((st = sched_init(model, s->tok, &sp, &s->metrics, &s->sched, err)))
         goto out_free;
@@ -675,7 +695,10 @@ out_free:
     return st;
 }
 
-int server_port(const struct server *s) { return s->port; }
+int server_port(const struct server *s)
+{
+    return s->port;
+}
 
 void server_stop(struct server *s)
 {
@@ -685,7 +708,7 @@ void server_stop(struct server *s)
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);
     MHD_socket listen_fd = s->daemon ? MHD_quiesce_daemon(s->daemon) : MHD_INVALID_SOCKET;
-    sched_shutdown(s->sched);       /* ends every job: waiting handlers and streams finish */
+    sched_shutdown(s->sched); /* ends every job: waiting handlers and streams finish */
     if (s->daemon)
         MHD_stop_daemon(s->daemon); /* closes connections, joins their threads */
     if (listen_fd != MHD_INVALID_SOCKET)

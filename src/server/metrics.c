@@ -9,7 +9,7 @@
 
 #include "base/alloc.h"
 
-static const double bucket_le[METRICS_N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+static const double bucket_le[METRICS_N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
                                                         1.0,   2.5,  5.0,   10.0, 30.0, 60.0};
 
 void metrics_init(struct metrics *m)
@@ -123,13 +123,11 @@ char *metrics_render(struct metrics *m, size_t *len)
              "# TYPE qwenrt_requests_total counter\n");
     for (int i = 0; i < m->n_requests; i++)
         outf(&o, "qwenrt_requests_total{endpoint=\"%s\",code=\"%d\"} %llu\n",
-             m->requests[i].endpoint, m->requests[i].code,
-             (unsigned long long)m->requests[i].n);
+             m->requests[i].endpoint, m->requests[i].code, (unsigned long long)m->requests[i].n);
     counter(&o, "qwenrt_prompt_tokens_total", "Prompt tokens of finished requests.",
             m->prompt_tokens);
     counter(&o, "qwenrt_prompt_tokens_cached_total",
-            "Prompt tokens restored from the prompt cache instead of processed.",
-            m->cached_tokens);
+            "Prompt tokens restored from the prompt cache instead of processed.", m->cached_tokens);
     counter(&o, "qwenrt_completion_tokens_total", "Generated tokens.", m->completion_tokens);
     counter(&o, "qwenrt_prompt_cache_hits_total", "Requests that reused a cached prefix.",
             m->cache_hits);
@@ -142,8 +140,7 @@ char *metrics_render(struct metrics *m, size_t *len)
     gauge(&o, "qwenrt_queue_depth", "Requests waiting for a slot.", m->queue_depth);
     gauge(&o, "qwenrt_slots_busy", "Slots generating.", m->slots_busy);
     gauge(&o, "qwenrt_slots_total", "Slots (--parallel).", m->slots_total);
-    gauge(&o, "qwenrt_prompt_cache_entries", "Checkpoints in the prompt cache.",
-          m->cache_entries);
+    gauge(&o, "qwenrt_prompt_cache_entries", "Checkpoints in the prompt cache.", m->cache_entries);
     gauge(&o, "qwenrt_prompt_cache_bytes", "Bytes of the prompt cache.", m->cache_bytes);
     histo(&o, "qwenrt_request_duration_seconds", "Request arrival to its last byte.",
           &m->request_s);

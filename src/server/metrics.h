@@ -27,20 +27,20 @@ struct metrics {
         uint64_t n;
     } requests[METRICS_MAX_CODES];
     int n_requests;
-    uint64_t prompt_tokens;     /* prompt tokens of finished requests */
-    uint64_t cached_tokens;     /* of which restored from the prompt cache */
-    uint64_t completion_tokens; /* generated tokens */
+    uint64_t prompt_tokens;            /* prompt tokens of finished requests */
+    uint64_t cached_tokens;            /* of which restored from the prompt cache */
+    uint64_t completion_tokens;        /* generated tokens */
     uint64_t cache_hits, cache_misses; /* requests that did / did not reuse a cached prefix */
-    uint64_t rejected;          /* 429: queue full */
-    uint64_t cancelled;         /* requests whose client went away before the end */
-    int64_t queue_depth;        /* gauge: waiting for a slot */
-    int64_t slots_busy;         /* gauge: generating */
-    int64_t slots_total;        /* gauge: --parallel */
-    int64_t cache_entries;      /* gauge: prompt cache checkpoints */
-    int64_t cache_bytes;        /* gauge: their bytes */
-    struct histogram request_s; /* whole request, arrival to last byte queued */
-    struct histogram ttft_s;    /* arrival to first generated token */
-    struct histogram queue_s;   /* arrival to getting a slot */
+    uint64_t rejected;                 /* 429: queue full */
+    uint64_t cancelled;                /* requests whose client went away before the end */
+    int64_t queue_depth;               /* gauge: waiting for a slot */
+    int64_t slots_busy;                /* gauge: generating */
+    int64_t slots_total;               /* gauge: --parallel */
+    int64_t cache_entries;             /* gauge: prompt cache checkpoints */
+    int64_t cache_bytes;               /* gauge: their bytes */
+    struct histogram request_s;        /* whole request, arrival to last byte queued */
+    struct histogram ttft_s;           /* arrival to first generated token */
+    struct histogram queue_s;          /* arrival to getting a slot */
 };
 
 void metrics_init(struct metrics *m);

@@ -206,8 +206,8 @@ bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oa
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     bool ok = false;
     if (!root) {
-        BAD(e, NULL, "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
-            jerr.line, jerr.column);
+        BAD(e, NULL, "the body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+            jerr.column);
         goto out;
     }
     if (!json_is_object(root)) {
@@ -282,23 +282,23 @@ static json_t *usage_json(const struct oai_usage *u)
 static json_t *meta_json(const struct oai_meta *m, bool chunk)
 {
     const char *obj = m->kind == OAI_COMPLETION ? "text_completion"
-                      : chunk                  ? "chat.completion.chunk"
-                                               : "chat.completion";
+                      : chunk                   ? "chat.completion.chunk"
+                                                : "chat.completion";
     return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", m->id, "object", obj, "created", m->created,
                      "model", m->model, "system_fingerprint", "qwenrt-" QWENRT_VERSION);
 }
 
-char *oai_response_json(const struct oai_meta *m, const char *text, size_t len,
-                        const char *finish, const struct oai_usage *u)
+char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, const char *finish,
+                        const struct oai_usage *u)
 {
     json_t *root = meta_json(m, false), *choice;
     json_t *t = utf8_string(text, len);
     if (m->kind == OAI_CHAT)
-        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role",
-                           "assistant", "content", t, "logprobs", "finish_reason", finish);
+        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
+                           "content", t, "logprobs", "finish_reason", finish);
     else
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text", t, "logprobs",
-                           "finish_reason", finish);
+        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text", t, "logprobs", "finish_reason",
+                           finish);
     if (!root || !choice) {
         json_decref(root);
         json_decref(choice);

@@ -26,29 +26,29 @@ enum oai_kind { OAI_CHAT, OAI_COMPLETION };
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. */
 struct oai_error {
-    int status;           /* HTTP status */
-    const char *type;     /* "invalid_request_error", "authentication_error", ... */
-    const char *code;     /* e.g. "model_not_found", or NULL */
-    const char *param;    /* the request field at fault, or NULL */
+    int status;        /* HTTP status */
+    const char *type;  /* "invalid_request_error", "authentication_error", ... */
+    const char *code;  /* e.g. "model_not_found", or NULL */
+    const char *param; /* the request field at fault, or NULL */
     char message[512];
 };
 
 struct oai_limits {
-    const char *model_id;   /* the one model served */
-    int32_t max_tokens;     /* default and cap for generated tokens per request */
-    int32_t top_k;          /* default top_k when a request gives none (0 = whole vocabulary:
-                               the sampler then sorts all of it, ~10 ms a token) */
-    enum chat_format fmt;   /* chat template renderer */
+    const char *model_id; /* the one model served */
+    int32_t max_tokens;   /* default and cap for generated tokens per request */
+    int32_t top_k;        /* default top_k when a request gives none (0 = whole vocabulary:
+                             the sampler then sorts all of it, ~10 ms a token) */
+    enum chat_format fmt; /* chat template renderer */
 };
 
 struct oai_request {
     enum oai_kind kind;
-    char *prompt;                      /* rendered prompt text, xmalloc'd */
-    char *chat_json;                   /* chat: {"messages", "tools", "enable_thinking"} as
-                                          rendered, xmalloc'd; NULL for completions */
+    char *prompt;    /* rendered prompt text, xmalloc'd */
+    char *chat_json; /* chat: {"messages", "tools", "enable_thinking"} as
+                        rendered, xmalloc'd; NULL for completions */
     struct qwenrt_sampler_params sp;
-    int32_t max_tokens;                /* requested (capped) */
-    char *stops[TEXTGEN_MAX_STOP];     /* xmalloc'd, NULL-terminated when fewer */
+    int32_t max_tokens;            /* requested (capped) */
+    char *stops[TEXTGEN_MAX_STOP]; /* xmalloc'd, NULL-terminated when fewer */
     bool stream, include_usage;
 };
 
@@ -77,8 +77,8 @@ struct oai_meta {
 };
 
 /* A whole (non-streaming) response. finish: "stop" or "length". xmalloc'd JSON. */
-char *oai_response_json(const struct oai_meta *m, const char *text, size_t len,
-                        const char *finish, const struct oai_usage *u);
+char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, const char *finish,
+                        const struct oai_usage *u);
 /* One stream chunk: text (may be NULL), finish reason (NULL while running); role=true adds
  * the chat delta's "role": "assistant". usage != NULL writes the usage-only final chunk of
  * stream_options.include_usage (empty choices). xmalloc'd JSON. */

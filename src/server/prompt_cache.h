@@ -18,11 +18,11 @@
 #include "qwenrt.h"
 
 struct pcache_entry {
-    int32_t *ids;                  /* [n] the tokens the checkpoint holds, xmalloc'd */
+    int32_t *ids; /* [n] the tokens the checkpoint holds, xmalloc'd */
     int32_t n;
-    struct qwenrt_checkpoint *cp;  /* owned */
-    size_t bytes;                  /* checkpoint + ids */
-    uint64_t last_use;             /* pcache.clock at the last hit or insert */
+    struct qwenrt_checkpoint *cp; /* owned */
+    size_t bytes;                 /* checkpoint + ids */
+    uint64_t last_use;            /* pcache.clock at the last hit or insert */
 };
 
 struct pcache {

@@ -26,28 +26,28 @@ enum slot_phase { SLOT_IDLE, SLOT_PREFILL, SLOT_GEN };
 struct slot {
     struct qwenrt_session *sess;
     struct qwenrt_sampler *smp;
-    struct job *job;           /* NULL when free */
+    struct job *job; /* NULL when free */
     enum slot_phase phase;
-    int32_t *toks;             /* [n_toks] the tokens the session holds, cap n_ctx */
+    int32_t *toks; /* [n_toks] the tokens the session holds, cap n_ctx */
     int32_t n_toks;
-    int32_t boundary;          /* prompt position to checkpoint at (last <|im_start|>), 0 = none */
+    int32_t boundary; /* prompt position to checkpoint at (last <|im_start|>), 0 = none */
     struct textgen_text text;
     bool text_open;
 };
 
 struct sched {
-    struct qwenrt_model *model;       /* borrowed */
-    const struct tokenizer *tok;      /* borrowed */
-    struct metrics *metrics;          /* borrowed */
+    struct qwenrt_model *model;  /* borrowed */
+    const struct tokenizer *tok; /* borrowed */
+    struct metrics *metrics;     /* borrowed */
     struct sched_params p;
     int32_t n_vocab;
-    struct slot *slots;               /* [p.n_parallel] */
+    struct slot *slots; /* [p.n_parallel] */
     struct pcache cache;
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct job **queue;               /* [p.queue_max] ring */
+    struct job **queue; /* [p.queue_max] ring */
     int q_head, q_len;
     bool shutdown;
 };
@@ -390,8 +390,7 @@ static void slot_gen(struct sched *s, struct slot *sl)
     size_t len;
     /* ids past the tokenizer's vocabulary (the model's padding rows) have no text */
     bool has_text = tokenizer_token_bytes(s->tok, id, &len) || tokenizer_is_special(s->tok, id);
-    if (has_text &&
-        textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
+    if (has_text && textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
         slot_free_job(s, sl, JOB_ERROR, err.message);
         return;
     }
@@ -562,8 +561,8 @@ static void *sched_main(void *arg)
 /* ------------------------------------------------------------------ lifecycle */
 
 qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok,
-                         const struct sched_params *p, struct metrics *metrics,
-                         struct sched **out, struct qwenrt_error *err)
+                         const struct sched_params *p, struct metrics *metrics, struct sched **out,
+                         struct qwenrt_error *err)
 {
     *out = NULL;
     if (p->n_parallel < 1 || p->queue_max < 1 || p->n_ctx < 2)

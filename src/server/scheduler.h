@@ -33,9 +33,10 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/textgen.h"
 
-#define SCHED_PREFILL_CHUNK 256      /* prompt tokens per scheduler iteration and slot */
-#define SCHED_MAX_PENDING (4 << 20)  /* bytes of text a client may leave unread before the
-                                        job is cancelled (a stalled reader) */
+#define SCHED_PREFILL_CHUNK 256 /* prompt tokens per scheduler iteration and slot */
+#define SCHED_MAX_PENDING                                                                          \
+    (4 << 20) /* bytes of text a client may leave unread before the                                \
+                 job is cancelled (a stalled reader) */
 
 enum job_finish { JOB_RUNNING, JOB_EOS, JOB_LENGTH, JOB_STOP, JOB_CANCELLED, JOB_ERROR };
 
@@ -44,29 +45,29 @@ struct job {
     int32_t *ids; /* [n_ids] prompt tokens, xmalloc'd, owned */
     int32_t n_ids;
     struct qwenrt_sampler_params sp;
-    struct textgen_params tp;          /* stop strings point into stops[] */
-    char *stops[TEXTGEN_MAX_STOP];     /* owned */
-    int fd;                            /* client socket for disconnect checks, -1 = none */
-    char *chat_json;   /* chat requests: {"messages", "tools", "enable_thinking"} as JSON, to
-                          prepare the next turn's prefix (see below); NULL otherwise. Owned */
-    enum chat_format fmt;              /* the template chat_json renders with */
-    double t_arrival;                  /* time_now_s() when the request arrived */
+    struct textgen_params tp;      /* stop strings point into stops[] */
+    char *stops[TEXTGEN_MAX_STOP]; /* owned */
+    int fd;                        /* client socket for disconnect checks, -1 = none */
+    char *chat_json;      /* chat requests: {"messages", "tools", "enable_thinking"} as JSON, to
+                             prepare the next turn's prefix (see below); NULL otherwise. Owned */
+    enum chat_format fmt; /* the template chat_json renders with */
+    double t_arrival;     /* time_now_s() when the request arrived */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* shared, under mu */
-    char *out;         /* text generated and not yet taken by the HTTP side */
+    char *out; /* text generated and not yet taken by the HTTP side */
     size_t out_len, out_cap;
-    char *answer;      /* all text generated (chat jobs, for the next turn's prefix) */
+    char *answer; /* all text generated (chat jobs, for the next turn's prefix) */
     size_t answer_len, answer_cap;
-    enum job_finish finish;  /* JOB_RUNNING until done */
-    bool cancel;             /* set by the HTTP side: stop and leave the slot */
+    enum job_finish finish; /* JOB_RUNNING until done */
+    bool cancel;            /* set by the HTTP side: stop and leave the slot */
     int refs;
-    int32_t n_prompt;        /* prompt tokens */
-    int32_t n_cached;        /* of which restored from the prompt cache */
-    int32_t n_gen;           /* tokens generated */
-    double t_slot, t_first;  /* got a slot; first token (0 = not yet) */
-    char error[512];         /* finish == JOB_ERROR */
+    int32_t n_prompt;       /* prompt tokens */
+    int32_t n_cached;       /* of which restored from the prompt cache */
+    int32_t n_gen;          /* tokens generated */
+    double t_slot, t_first; /* got a slot; first token (0 = not yet) */
+    char error[512];        /* finish == JOB_ERROR */
 };
 
 /* A new job holding one reference for the caller; takes ownership of ids. NULL on OOM. */
@@ -77,18 +78,18 @@ void job_release(struct job *j);
 void job_cancel(struct job *j);
 
 struct sched_params {
-    int n_parallel;    /* slots */
-    int32_t n_ctx;     /* context of each slot's session */
-    int n_threads;     /* kernel threads per session, 0 = the model's */
-    int queue_max;     /* jobs waiting for a slot before sched_submit refuses */
+    int n_parallel;     /* slots */
+    int32_t n_ctx;      /* context of each slot's session */
+    int n_threads;      /* kernel threads per session, 0 = the model's */
+    int queue_max;      /* jobs waiting for a slot before sched_submit refuses */
     size_t cache_bytes; /* prompt cache budget, 0 = off */
 };
 
 struct sched;
 
 qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok,
-                         const struct sched_params *p, struct metrics *metrics,
-                         struct sched **out, struct qwenrt_error *err);
+                         const struct sched_params *p, struct metrics *metrics, struct sched **out,
+                         struct qwenrt_error *err);
 /* Starts the job (the scheduler takes its own reference). Returns 0, or -1 when the queue is
  * full (HTTP 429), -2 when shutting down (HTTP 503). */
 int sched_submit(struct sched *s, struct job *j);

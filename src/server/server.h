@@ -19,23 +19,23 @@
 #include "qwenrt.h"
 
 struct server_params {
-    const char *host;      /* address to bind, default "127.0.0.1" */
-    int port;              /* 0 = any free port (see server_port) */
-    const char *api_key;   /* required as "Authorization: Bearer KEY" on /v1/ and /metrics;
-                              NULL = no key */
-    const char *model_id;  /* name in /v1/models and the "model" field */
-    int n_parallel;        /* slots generating at once */
-    int32_t n_ctx;         /* context per slot */
-    int n_threads;         /* kernel threads per session, 0 = the model's */
-    int queue_max;         /* requests waiting for a slot before 429 */
-    size_t cache_bytes;    /* prompt cache budget, 0 = off */
-    int32_t max_tokens;    /* default and cap of generated tokens per request */
-    int32_t top_k;         /* top_k of requests that give none (llama-server's 40); 0 = off */
-    int32_t max_prompt;    /* prompt tokens per request at most (capped at n_ctx - 1) */
-    size_t max_body;       /* request body bytes at most (413 beyond) */
-    int timeout_s;         /* idle connection timeout (slow clients), seconds */
-    int max_connections;   /* open connections at most */
-    bool log_requests;     /* one line per request on stderr */
+    const char *host;     /* address to bind, default "127.0.0.1" */
+    int port;             /* 0 = any free port (see server_port) */
+    const char *api_key;  /* required as "Authorization: Bearer KEY" on /v1/ and /metrics;
+                             NULL = no key */
+    const char *model_id; /* name in /v1/models and the "model" field */
+    int n_parallel;       /* slots generating at once */
+    int32_t n_ctx;        /* context per slot */
+    int n_threads;        /* kernel threads per session, 0 = the model's */
+    int queue_max;        /* requests waiting for a slot before 429 */
+    size_t cache_bytes;   /* prompt cache budget, 0 = off */
+    int32_t max_tokens;   /* default and cap of generated tokens per request */
+    int32_t top_k;        /* top_k of requests that give none (llama-server's 40); 0 = off */
+    int32_t max_prompt;   /* prompt tokens per request at most (capped at n_ctx - 1) */
+    size_t max_body;      /* request body bytes at most (413 beyond) */
+    int timeout_s;        /* idle connection timeout (slow clients), seconds */
+    int max_connections;  /* open connections at most */
+    bool log_requests;    /* one line per request on stderr */
 };
 
 struct server_params server_default_params(void);

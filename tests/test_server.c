@@ -1,0 +1,346 @@
+/*
+ * test_server.c — issue 8: the server's pure parts, without sockets.
+ *
+ * OpenAI request parsing (src/server/openai.c): a chat request renders the ChatML text the
+ * format defines, sampling fields and stop strings land in the request, max_tokens is capped;
+ * each malformed body, wrong type, out-of-range value, unknown model and n != 1 is refused
+ * with the status, type, code and param OpenAI uses, and response, chunk and error JSON have
+ * OpenAI's fields. Prompt cache (src/server/prompt_cache.c) on the Qwen3.5 fixture (KV and
+ * DeltaNet state): the longest cached prefix is found, a non-prefix never is; a restored
+ * prefix continued with the rest of the prompt and the greedy ids gives the transformers
+ * decode logits, bit-identical to a session that processed the prefix itself; the budget evicts the
+ * least recently used entry. Metrics: counters, cumulative histogram buckets in Prometheus text.
+ */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#include "base/alloc.h"
+#include "qwenrt.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/prompt_cache.h"
+
+#define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
+
+static const struct oai_limits LIM = {
+    .model_id = "tiny", .max_tokens = 100, .top_k = 40, .fmt = CHAT_FORMAT_CHATML};
+
+static bool parse(enum oai_kind k, const char *body, struct oai_request *r, struct oai_error *e)
+{
+    return oai_parse(k, body, strlen(body), &LIM, r, e);
+}
+
+static void test_chat_request(void **state)
+{
+    (void)state;
+    struct oai_request r;
+    struct oai_error e;
+    const char *body = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],"
+                       "\"temperature\":0.5,\"top_p\":0.9,\"seed\":7,\"max_tokens\":1000,"
+                       "\"stop\":[\"a\",\"\",\"bc\"],\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true},\"unknown_field\":1}";
+    assert_true(parse(OAI_CHAT, body, &r, &e));
+    /* ChatML: <|im_start|>role\ncontent<|im_end|>\n per message, then the assistant opening */
+    assert_string_equal(r.prompt, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>"
+                                  "\n<|im_start|>assistant\n");
+    assert_true(r.sp.temperature == 0.5f && r.sp.top_p == 0.9f && r.sp.seed == 7);
+    assert_int_equal(r.sp.top_k, 40);     /* the server's default */
+    assert_int_equal(r.max_tokens, 100);  /* capped at the server's limit */
+    assert_string_equal(r.stops[0], "a"); /* empty stop strings are dropped */
+    assert_string_equal(r.stops[1], "bc");
+    assert_null(r.stops[2]);
+    assert_true(r.stream && r.include_usage);
+    assert_non_null(r.chat_json);
+    oai_request_free(&r);
+
+    assert_true(
+        parse(OAI_COMPLETION, "{\"prompt\":[\"Once\"],\"stop\":\"x\",\"top_k\":0}", &r, &e));
+    assert_string_equal(r.prompt, "Once");
+    assert_string_equal(r.stops[0], "x");
+    assert_int_equal(r.sp.top_k, 0);
+    assert_true(r.sp.temperature == 1.0f && !r.stream); /* OpenAI's defaults */
+    assert_int_equal(r.max_tokens, 100);
+    assert_null(r.chat_json);
+    oai_request_free(&r);
+}
+
+static void expect_error(enum oai_kind k, const char *body, int status, const char *code,
+                         const char *param)
+{
+    struct oai_request r;
+    struct oai_error e;
+    if (parse(k, body, &r, &e))
+        fail_msg("accepted: %s", body);
+    assert_int_equal(e.status, status);
+    assert_string_equal(e.type, "invalid_request_error");
+    if (code)
+        assert_string_equal(e.code, code);
+    else
+        assert_null(e.code);
+    if (param)
+        assert_string_equal(e.param, param);
+    else
+        assert_null(e.param);
+    assert_true(strlen(e.message) > 0);
+    assert_null(r.prompt); /* nothing left allocated */
+}
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    const char *msg = "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+    char b[256];
+    expect_error(OAI_CHAT, "{\"messages\":", 400, NULL, NULL);
+    expect_error(OAI_CHAT, "[]", 400, NULL, NULL);
+    expect_error(OAI_CHAT, "{}", 400, NULL, "messages");
+    expect_error(OAI_CHAT, "{\"messages\":[]}", 400, NULL, "messages");
+    expect_error(OAI_CHAT, "{\"messages\":[1]}", 400, NULL, "messages");
+    expect_error(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, NULL,
+                 "messages");
+    static const struct {
+        const char *field, *param;
+    } bad[] = {{"\"max_tokens\":\"8\"", "max_tokens"},
+               {"\"max_tokens\":0", "max_tokens"},
+               {"\"temperature\":2.5", "temperature"},
+               {"\"temperature\":\"hot\"", "temperature"},
+               {"\"top_p\":0", "top_p"},
+               {"\"top_p\":1.5", "top_p"},
+               {"\"seed\":1.5", "seed"},
+               {"\"n\":2", "n"},
+               {"\"stream\":1", "stream"},
+               {"\"stop\":7", "stop"},
+               {"\"stop\":[\"a\",1]", "stop"},
+               {"\"model\":3", "model"},
+               {"\"stream_options\":true", "stream_options"},
+               {"\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]", "stop"}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(b, sizeof(b), "{%s,%s}", msg, bad[i].field);
+        expect_error(OAI_CHAT, b, 400, NULL, bad[i].param);
+    }
+    snprintf(b, sizeof(b), "{%s,\"model\":\"gpt-4o\"}", msg);
+    expect_error(OAI_CHAT, b, 404, "model_not_found", "model");
+    expect_error(OAI_COMPLETION, "{\"prompt\":5}", 400, NULL, "prompt");
+    expect_error(OAI_COMPLETION, "{\"prompt\":[1,2]}", 400, NULL, "prompt");
+    expect_error(OAI_COMPLETION, "{\"messages\":[]}", 400, NULL, "prompt");
+}
+
+static json_t *load(char *s)
+{
+    assert_non_null(s);
+    json_t *j = json_loads(s, 0, NULL);
+    xfree(s);
+    assert_non_null(j);
+    return j;
+}
+
+static void test_response_shapes(void **state)
+{
+    (void)state;
+    struct oai_error e;
+    oai_fail(&e, 429, "rate_limit_exceeded", "queue_full", NULL, "busy %d", 1);
+    json_t *j = load(oai_error_json(&e)), *err = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(err, "message")), "busy 1");
+    assert_string_equal(json_string_value(json_object_get(err, "type")), "rate_limit_exceeded");
+    assert_string_equal(json_string_value(json_object_get(err, "code")), "queue_full");
+    assert_true(json_is_null(json_object_get(err, "param")));
+    json_decref(j);
+
+    struct oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-1", .created = 5, .model = "tiny"};
+    struct oai_usage u = {.prompt = 10, .cached = 4, .completion = 3};
+    j = load(oai_response_json(&m, "h\xc3\xa9", 3, "length", &u));
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(c, "message"), "content")), "h\xc3\xa9");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    json_t *us = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(us, "total_tokens")), 13);
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(us, "prompt_tokens_details"), "cached_tokens")),
+                     4);
+    json_decref(j);
+
+    j = load(oai_chunk_json(&m, "", 0, true, NULL, NULL));
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(c, "delta"), "role")),
+                        "assistant");
+    assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    json_decref(j);
+    j = load(oai_chunk_json(&m, NULL, 0, false, NULL, &u)); /* include_usage: empty choices */
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 0);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
+    json_decref(j);
+    m.kind = OAI_COMPLETION;
+    j = load(oai_chunk_json(&m, "\xff", 1, false, "stop", NULL)); /* invalid UTF-8 never leaks */
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "\xef\xbf\xbd");
+    json_decref(j);
+}
+
+/* ------------------------------------------------------------------ prompt cache */
+
+struct fixture {
+    struct safetensors_file ref;
+    const int32_t *prompt, *gen;
+    int32_t T, G, V;
+    const float *dlog; /* [G][V] transformers logits after the prompt and each generated id */
+    struct qwenrt_model *m;
+};
+
+static struct qwenrt_session *new_session(struct qwenrt_model *m)
+{
+    struct qwenrt_session_params sp = qwenrt_session_default_params();
+    sp.n_ctx = 256;
+    struct qwenrt_session *s = NULL;
+    struct qwenrt_error err = {0};
+    assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
+    return s;
+}
+
+/* From a session holding prompt[0..cut): the rest of the prompt, then the greedy ids; out
+ * receives [G][V] logits. */
+static void continue_run(const struct fixture *f, struct qwenrt_session *s, int32_t cut, float *out)
+{
+    struct qwenrt_error err = {0};
+    assert_int_equal(qwenrt_session_n_past(s), cut);
+    if (cut < f->T && qwenrt_session_prefill(s, f->prompt + cut, f->T - cut, NULL, &err))
+        fail_msg("prefill: %s", err.message);
+    for (int32_t g = 0; g < f->G; g++) {
+        if (g > 0 && qwenrt_session_decode(s, f->gen[g - 1], &err))
+            fail_msg("decode: %s", err.message);
+        memcpy(out + (size_t)g * f->V, qwenrt_session_logits(s), (size_t)f->V * sizeof(float));
+    }
+}
+
+static void test_prompt_cache_qwen35(void **state)
+{
+    (void)state;
+    struct fixture f = {0};
+    struct qwenrt_error err = {0};
+    const char *dir = "tests/data/qwen35-tiny-f32";
+    assert_int_equal(
+        safetensors_open(&f.ref, "tests/data/qwen35-tiny-f32/reference.safetensors", &err),
+        QWENRT_OK);
+    const struct qr_tensor *p = ref_tensor(&f.ref, "prompt_ids"),
+                           *g = ref_tensor(&f.ref, "generated_ids"),
+                           *d = ref_tensor(&f.ref, "decode_logits");
+    f.prompt = p->data, f.gen = g->data, f.dlog = d->data;
+    f.T = (int32_t)p->ne[0], f.G = (int32_t)g->ne[0], f.V = (int32_t)d->ne[0];
+    assert_true(f.T >= 4);
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.n_threads = 1;
+    if (qwenrt_model_load(dir, &mp, &f.m, &err))
+        fail_msg("load: %s", err.message);
+
+    /* the reference: one fresh session */
+    float *fresh = xmalloc((size_t)f.G * f.V, sizeof(float));
+    float *got = xmalloc((size_t)f.G * f.V, sizeof(float));
+    struct qwenrt_session *s = new_session(f.m);
+    continue_run(&f, s, 0, fresh);
+    assert_true(rel_err(fresh, f.dlog, (size_t)f.G * f.V) < LOGITS_REL_TOL);
+
+    /* cache two prefixes of the prompt, and one sequence that is not a prefix */
+    struct pcache c;
+    pcache_init(&c, 64u << 20);
+    int32_t cut1 = f.T / 2, cut2 = f.T - 1, other[3] = {f.prompt[0], f.prompt[1] + 1, 5};
+    int32_t cuts[2] = {cut1, cut2};
+    for (int k = 0; k < 2; k++) {
+        qwenrt_session_reset(s);
+        assert_int_equal(qwenrt_session_prefill(s, f.prompt, cuts[k], NULL, &err), QWENRT_OK);
+        assert_int_equal(pcache_insert(&c, s, f.prompt, cuts[k], &err), QWENRT_OK);
+    }
+    qwenrt_session_reset(s);
+    assert_int_equal(qwenrt_session_prefill(s, other, 3, NULL, &err), QWENRT_OK);
+    assert_int_equal(pcache_insert(&c, s, other, 3, &err), QWENRT_OK);
+    assert_int_equal(pcache_insert(&c, s, other, 3, &err), QWENRT_OK); /* no duplicate */
+    assert_int_equal(c.n_entries, 3);
+
+    const struct pcache_entry *e = pcache_lookup(&c, f.prompt, f.T);
+    assert_non_null(e);
+    assert_int_equal(e->n, cut2); /* the longest prefix */
+    assert_int_equal(pcache_lookup(&c, f.prompt, cut1 + 1)->n, cut1);
+    assert_null(pcache_lookup(&c, f.prompt, cut1 - 1)); /* entries longer than the prompt */
+    int32_t miss[2] = {f.prompt[0] + 1, f.prompt[1]};
+    assert_null(pcache_lookup(&c, miss, 2));
+
+    /* restored into another session: the logits of a session that processed the same pieces
+     * (prefix, then the rest) itself, bit for bit */
+    qwenrt_session_reset(s);
+    assert_int_equal(qwenrt_session_prefill(s, f.prompt, cut2, NULL, &err), QWENRT_OK);
+    continue_run(&f, s, cut2, fresh);
+    struct qwenrt_session *s2 = new_session(f.m);
+    assert_int_equal(qwenrt_session_restore(s2, e->cp, &err), QWENRT_OK);
+    continue_run(&f, s2, cut2, got);
+    assert_memory_equal(got, fresh, (size_t)f.G * f.V * sizeof(float));
+    assert_true(rel_err(got, f.dlog, (size_t)f.G * f.V) < LOGITS_REL_TOL);
+
+    /* a budget for two entries: inserting a third evicts the least recently used */
+    size_t one = c.e[0].bytes;
+    struct pcache small;
+    pcache_init(&small, 2 * one + one / 2);
+    for (int k = 0; k < 2; k++) {
+        qwenrt_session_reset(s);
+        assert_int_equal(qwenrt_session_prefill(s, f.prompt, cut1 + k, NULL, &err), QWENRT_OK);
+        assert_int_equal(pcache_insert(&small, s, f.prompt, cut1 + k, &err), QWENRT_OK);
+    }
+    assert_int_equal(pcache_lookup(&small, f.prompt, cut1)->n, cut1); /* cut1 used last */
+    qwenrt_session_reset(s);
+    assert_int_equal(qwenrt_session_prefill(s, other, 3, NULL, &err), QWENRT_OK);
+    assert_int_equal(pcache_insert(&small, s, other, 3, &err), QWENRT_OK);
+    assert_int_equal(small.n_entries, 2);
+    assert_true(small.bytes <= small.max_bytes);
+    assert_int_equal(pcache_lookup(&small, f.prompt, f.T)->n, cut1); /* cut1 + 1 was evicted */
+    pcache_free(&small);
+    pcache_free(&c);
+
+    xfree(fresh);
+    xfree(got);
+    qwenrt_session_free(s);
+    qwenrt_session_free(s2);
+    qwenrt_model_free(f.m);
+    safetensors_close(&f.ref);
+}
+
+static void test_metrics_text(void **state)
+{
+    (void)state;
+    struct metrics m;
+    metrics_init(&m);
+    metrics_count_request(&m, "chat", 200);
+    metrics_count_request(&m, "chat", 200);
+    metrics_count_request(&m, "chat", 429);
+    metrics_observe(&m, &m.ttft_s, 0.003);
+    metrics_observe(&m, &m.ttft_s, 0.2);
+    metrics_observe(&m, &m.ttft_s, 100.0);
+    size_t len = 0;
+    char *t = metrics_render(&m, &len);
+    assert_non_null(t);
+    assert_int_equal(strlen(t), len);
+    assert_non_null(strstr(t, "qwenrt_requests_total{endpoint=\"chat\",code=\"200\"} 2\n"));
+    assert_non_null(strstr(t, "qwenrt_requests_total{endpoint=\"chat\",code=\"429\"} 1\n"));
+    assert_non_null(strstr(t, "# TYPE qwenrt_time_to_first_token_seconds histogram\n"));
+    assert_non_null(strstr(t, "qwenrt_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"));
+    assert_non_null(strstr(t, "qwenrt_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n"));
+    assert_non_null(strstr(t, "qwenrt_time_to_first_token_seconds_bucket{le=\"60\"} 2\n"));
+    assert_non_null(strstr(t, "qwenrt_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(t, "qwenrt_time_to_first_token_seconds_count 3\n"));
+    xfree(t);
+    metrics_free(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_request),    cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_response_shapes), cmocka_unit_test(test_prompt_cache_qwen35),
+        cmocka_unit_test(test_metrics_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
