@@ -126,6 +126,31 @@ int32_t qwenrt_session_n_past(const struct qwenrt_session *session);
 /* Forgets every token: the session is as new. */
 void qwenrt_session_reset(struct qwenrt_session *session);
 
+/* ---------------------------------------------------------------- batched decode */
+
+/*
+ * A batch decodes one token in each of several sessions of one model in a single pass (the
+ * server's continuous batching): token-independent ops (embedding, norms, matmuls, MLP, LM
+ * head) run once over all rows, reading each weight once; attention, RoPE and the DeltaNet
+ * state updates run per session. Each session ends as qwenrt_session_decode would leave it
+ * (logits equal up to float rounding of the multi-row matmuls). The batch owns activation
+ * buffers for max_seqs rows; it is used by one thread at a time, with sessions not in use
+ * elsewhere. CPU sessions only.
+ */
+struct qwenrt_batch;
+
+/* Errors: INVALID_ARG (no model, max_seqs < 1), NOMEM. */
+qwenrt_status qwenrt_batch_init(struct qwenrt_model *model, int32_t max_seqs,
+                                struct qwenrt_batch **out, struct qwenrt_error *err);
+void qwenrt_batch_free(struct qwenrt_batch *b);
+
+/* Feeds ids[i] to sessions[i] for i < n (n <= max_seqs, distinct sessions of the batch's
+ * model). Errors: INVALID_ARG (an id outside the vocabulary, a session twice or of another
+ * model), LIMIT (a session's context is full), UNSUPPORTED (a CUDA session), NOMEM. On error
+ * no session is changed. */
+qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session *const *sessions,
+                                  const int32_t *ids, int32_t n, struct qwenrt_error *err);
+
 /* ---------------------------------------------------------------- checkpoints */
 
 /*
