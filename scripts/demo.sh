@@ -36,4 +36,4 @@ if "$QWENRT" run --help >/dev/null 2>&1; then
 fi
 
 echo "== qwenrt bench (prefill 128 tokens, decode 64 tokens)"
-"$QWENRT" bench -m "$MODEL" -p 128 -n 64 --threads "$THREADS"
+"$QWENRT" bench -m "$MODEL" -p 128 -n 64 --warmup 1 --trials 3 --threads "$THREADS"
