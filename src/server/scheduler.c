@@ -43,6 +43,7 @@ struct sched {
     int32_t n_vocab;
     struct slot *slots; /* [p.n_parallel] */
     struct pcache cache;
+    struct qwenrt_batch *batch;       /* batched decode of the generating slots, NULL = off */
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mu;
@@ -368,7 +369,9 @@ static qwenrt_status slot_prefill(struct sched *s, struct slot *sl, struct qwenr
 }
 
 /* Samples one token, emits its text, feeds it back unless generation ends here. */
-static void slot_gen(struct sched *s, struct slot *sl)
+/* Samples one token and emits its text. Returns true when generation goes on: the token must
+ * then be fed to the session (*id), which the loop does for all such slots in one batch. */
+static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
 {
     struct job *j = sl->job;
     struct qwenrt_error err = {0};
@@ -383,7 +386,7 @@ static void slot_gen(struct sched *s, struct slot *sl)
         metrics_observe(s->metrics, &s->metrics->ttft_s, j->t_first - j->t_arrival);
     if (tokenizer_is_eos(s->tok, id)) {
         slot_free_job(s, sl, JOB_EOS, NULL);
-        return;
+        return false;
     }
     qwenrt_sampler_accept(sl->smp, id);
     bool stopped = false, cancelled = false;
@@ -392,21 +395,44 @@ static void slot_gen(struct sched *s, struct slot *sl)
     bool has_text = tokenizer_token_bytes(s->tok, id, &len) || tokenizer_is_special(s->tok, id);
     if (has_text && textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
         slot_free_job(s, sl, JOB_ERROR, err.message);
-        return;
+        return false;
     }
     if (stopped || cancelled) {
         slot_free_job(s, sl, stopped ? JOB_STOP : JOB_CANCELLED, NULL);
-        return;
+        return false;
     }
     if (n_gen >= j->tp.max_tokens || sl->n_toks + 1 >= s->p.n_ctx) {
         slot_free_job(s, sl, JOB_LENGTH, NULL);
-        return;
+        return false;
     }
-    if (qwenrt_session_decode(sl->sess, id, &err)) {
-        slot_free_job(s, sl, JOB_ERROR, err.message);
-        return;
+    *out_id = id;
+    return true;
+}
+
+/* Feeds each sampled token to its slot's session: one batched step for all of them on the
+ * CPU (qwenrt_batch_decode), one by one where batching is not possible (CUDA, one slot). */
+static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, int n)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_session *sess[SCHED_MAX_SLOTS];
+    for (int i = 0; i < n; i++)
+        sess[i] = who[i]->sess;
+    bool batched = false;
+    if (n > 1 && s->batch) {
+        qwenrt_status st = qwenrt_batch_decode(s->batch, sess, ids, n, &err);
+        batched = !st;
+        if (st == QWENRT_ERR_UNSUPPORTED) { /* e.g. CUDA sessions: stop trying */
+            qwenrt_batch_free(s->batch);
+            s->batch = NULL;
+        }
     }
-    sl->toks[sl->n_toks++] = id;
+    for (int i = 0; i < n; i++) {
+        if (!batched && qwenrt_session_decode(sess[i], ids[i], &err)) {
+            slot_free_job(s, who[i], JOB_ERROR, err.message);
+            continue;
+        }
+        who[i]->toks[who[i]->n_toks++] = ids[i];
+    }
 }
 
 /* ------------------------------------------------------------------ the loop */
@@ -503,7 +529,6 @@ static void slot_step(struct sched *s, struct slot *sl)
             slot_free_job(s, sl, JOB_ERROR, err.message);
         return; /* the first token comes next iteration, so prefills interleave fairly */
     }
-    slot_gen(s, sl);
 }
 
 static bool any_active(const struct sched *s)
@@ -533,9 +558,19 @@ static void *sched_main(void *arg)
         for (int i = 0; i < n_gone; i++)
             job_end(s, gone[i], JOB_CANCELLED, NULL);
         check_clients(s);
-        for (int i = 0; i < s->p.n_parallel; i++)
-            if (s->slots[i].job)
-                slot_step(s, &s->slots[i]);
+        struct slot *gen[SCHED_MAX_SLOTS];
+        int32_t ids[SCHED_MAX_SLOTS];
+        int n_gen = 0;
+        for (int i = 0; i < s->p.n_parallel; i++) {
+            struct slot *sl = &s->slots[i];
+            if (sl->job && sl->phase == SLOT_GEN && !job_cancelled(sl->job)) {
+                if (slot_sample(s, sl, &ids[n_gen]))
+                    gen[n_gen++] = sl;
+            } else if (sl->job) {
+                slot_step(s, sl);
+            }
+        }
+        decode_all(s, gen, ids, n_gen);
         pthread_mutex_lock(&s->mu);
         publish_gauges(s);
         pthread_mutex_unlock(&s->mu);
@@ -565,7 +600,7 @@ qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok
                          struct qwenrt_error *err)
 {
     *out = NULL;
-    if (p->n_parallel < 1 || p->queue_max < 1 || p->n_ctx < 2)
+    if (p->n_parallel < 1 || p->n_parallel > SCHED_MAX_SLOTS || p->queue_max < 1 || p->n_ctx < 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "server: parallel %d, queue %d, ctx %d",
                        p->n_parallel, p->queue_max, p->n_ctx);
     struct sched *s = xcalloc(1, sizeof(*s));
@@ -600,6 +635,8 @@ qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok
         }
     }
     metrics->slots_total = p->n_parallel;
+    if (p->n_parallel > 1 && qwenrt_batch_init(model, p->n_parallel, &s->batch, NULL))
+        s->batch = NULL; /* no memory for it: decode one by one */
     if (pthread_create(&s->thread, NULL, sched_main, s)) {
         st = err_set(err, QWENRT_ERR_INTERNAL, "server: cannot start the scheduler thread");
         goto out_free;
@@ -682,6 +719,7 @@ void sched_free(struct sched *s)
         xfree(s->slots[i].toks);
     }
     pcache_free(&s->cache);
+    qwenrt_batch_free(s->batch);
     xfree(s->slots);
     xfree(s->queue);
     pthread_mutex_destroy(&s->mu);

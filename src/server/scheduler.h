@@ -4,7 +4,9 @@
  * slot and queued jobs take free slots, so sequences join and leave the running batch at
  * token granularity. One scheduler thread owns every session; an iteration gives each
  * active slot one step (a prefill chunk of at most SCHED_PREFILL_CHUNK tokens, or one
- * decoded token), so a long prompt cannot stall the other streams.
+ * decoded token), so a long prompt cannot stall the other streams. The generating slots'
+ * tokens of one iteration are decoded together in one batched step (qwenrt_batch_decode:
+ * each weight read once for all of them), one by one where that is not possible (CUDA).
  *
  * A job is shared by the HTTP thread that submitted it and the scheduler (reference count 2
  * while queued or running). The scheduler appends text to job->out under job->mu and signals
@@ -33,6 +35,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/textgen.h"
 
+#define SCHED_MAX_SLOTS 256         /* --parallel at most */
 #define SCHED_PREFILL_CHUNK 256 /* prompt tokens per scheduler iteration and slot */
 #define SCHED_MAX_PENDING                                                                          \
     (4 << 20) /* bytes of text a client may leave unread before the                                \
