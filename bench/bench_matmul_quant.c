@@ -4,14 +4,22 @@
  * Decode (T = 1): GB/s of weight bytes streamed. Several copies of the weight matrix (at least
  * 64 MiB in all) are used in turn, so weights come from memory, not from the last-level cache.
  * Prefill (T = 128): GFLOP/s (2·T·K·N per call) on one matrix. Median of the repetitions.
+ * The machine is shared: 1-thread columns also report the speed from the thread's CPU time
+ * (CLOCK_THREAD_CPUTIME_ID: time the thread was descheduled does not count), "cpu" columns,
+ * which is the kernel's own speed; the first line gives the load average and a plain
+ * AVX-512 read of 512 MiB (1 and 2 threads, best of 5) as the bandwidth the GB/s compare to.
  * Build and run (not part of the CMake build; benches never run in tests):
  *   cc -O2 -fopenmp -Isrc -Iinclude bench/bench_matmul_quant.c build-quant/libqwenrt.a \
  *      $(pkg-config --libs jansson libutf8proc) -lcrypto -lm -o /tmp/bench_mq
- *   /tmp/bench_mq [K N [hot]]   (hot: one copy of the weights, so they stay in cache)
+ *   /tmp/bench_mq [K N [hot|cold [FILTER]]]  (hot: one copy of the weights, so they stay in
+ *   cache; FILTER: only variants whose key contains it)
  */
+#include <immintrin.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/matmul.h"
 #include "base/alloc.h"
@@ -24,6 +32,47 @@ static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+__attribute__((target("avx512f"))) static long long read_sum(const uint8_t *p, size_t n)
+{
+    __m512i a = _mm512_setzero_si512(), b = a;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a = _mm512_add_epi32(a, _mm512_load_si512((const void *)(p + i)));
+        b = _mm512_add_epi32(b, _mm512_load_si512((const void *)(p + i + 64)));
+    }
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+}
+
+/* Best-of-5 GB/s of a plain read of 512 MiB by `th` threads (the bandwidth reference). */
+static double read_bandwidth(int th)
+{
+    size_t n = (size_t)512 << 20;
+    uint8_t *p = xalloc_aligned(1, n);
+    if (!p)
+        return 0;
+    memset(p, 1, n);
+    double best = 0;
+    long long sink = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = time_now_s();
+#pragma omp parallel num_threads(th) reduction(+ : sink)
+        {
+            size_t c = n / (size_t)omp_get_num_threads();
+            sink += read_sum(p + c * (size_t)omp_get_thread_num(), c);
+        }
+        double t = time_now_s() - t0;
+        best = (double)n / t > best ? (double)n / t : best;
+    }
+    xfree(p);
+    return best * 1e-9 + 0 * (double)sink;
 }
 
 int main(int argc, char **argv)
@@ -40,13 +89,25 @@ int main(int argc, char **argv)
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         x[i] = (float)((s >> 40) * (1.0 / 8388608.0)) - 1.0f;
     }
-    printf("K=%lld N=%lld\n%-24s %8s %8s %9s %9s\n", (long long)K, (long long)N, "variant",
-           "GB/s 1t", "GB/s 2t", "GF/s 1t", "GF/s 2t");
+    int hot = argc > 3 && strcmp(argv[3], "hot") == 0;
+    const char *filter = argc > 4 ? argv[4] : "";
+    double load[3] = {0};
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf) {
+        if (fscanf(lf, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3)
+            load[0] = -1;
+        fclose(lf);
+    }
+    printf("K=%lld N=%lld %s, load %.2f, read bandwidth %.1f GB/s 1t, %.1f GB/s 2t\n",
+           (long long)K, (long long)N, hot ? "hot" : "cold", load[0], read_bandwidth(1),
+           read_bandwidth(2));
+    printf("%-24s %8s %8s %8s %9s %9s %9s\n", "variant", "GB/s 1t", "cpu 1t", "GB/s 2t",
+           "GF/s 1t", "cpu 1t", "GF/s 2t");
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
         size_t rb;
         dtype_row_bytes(types[ti], K, &rb);
         size_t mat = rb * (size_t)N;
-        int copies = argc > 3 ? 1 : (int)((64u << 20) / mat) + 1;
+        int copies = hot ? 1 : (int)((64u << 20) / mat) + 1;
         uint8_t *w = xmalloc((size_t)copies, mat);
         for (int64_t n = 0; n < N; n++) {
             for (int64_t k = 0; k < K; k++) {
@@ -59,28 +120,33 @@ int main(int argc, char **argv)
             memcpy(w + (size_t)c * mat, w, mat);
         for (const struct cpu_matmul_variant *v = cpu_matmul_variants(); v->key; v++) {
             if (v->wtype != types[ti] || (v->cpu_features & feats) != v->cpu_features ||
-                strstr(v->key, ".ref"))
+                strstr(v->key, ".ref") || !strstr(v->key, filter))
                 continue;
-            double res[4];
+            double res[4], cpu[4];
             for (int mode = 0; mode < 4; mode++) { /* decode 1t, 2t, prefill 1t, 2t */
                 int64_t T = mode < 2 ? 1 : Tmax;
                 int reps = mode < 2 ? 200 : 5;
-                double t_rep[200];
+                double t_rep[200], c_rep[200];
                 struct cpu_matmul_args a = {.y = y, .x = x, .wtype = types[ti], .T = T, .K = K,
                                             .N = N, .ldx = K, .ldy = N, .w_row_bytes = rb,
                                             .n_threads = 1 + (mode & 1)};
                 for (int r = -2; r < reps; r++) {
                     a.w = w + (size_t)((r + 2) % copies) * (mode < 2 ? mat : 0);
-                    double t0 = time_now_s();
+                    double t0 = time_now_s(), c0 = thread_cpu_s();
                     v->fn(&a);
-                    if (r >= 0)
+                    if (r >= 0) {
                         t_rep[r] = time_now_s() - t0;
+                        c_rep[r] = thread_cpu_s() - c0;
+                    }
                 }
                 qsort(t_rep, (size_t)reps, sizeof(double), cmp_d);
-                double med = t_rep[reps / 2];
-                res[mode] = mode < 2 ? (double)mat / med * 1e-9 : 2.0 * T * K * N / med * 1e-9;
+                qsort(c_rep, (size_t)reps, sizeof(double), cmp_d);
+                double work = mode < 2 ? (double)mat : 2.0 * (double)(T * K * N);
+                res[mode] = work / t_rep[reps / 2] * 1e-9;
+                cpu[mode] = work / c_rep[reps / 2] * 1e-9;
             }
-            printf("%-24s %8.1f %8.1f %9.1f %9.1f\n", v->key, res[0], res[1], res[2], res[3]);
+            printf("%-24s %8.1f %8.1f %8.1f %9.1f %9.1f %9.1f\n", v->key, res[0], cpu[0], res[1],
+                   res[2], cpu[2], res[3]);
         }
         xfree(w);
     }

@@ -1,28 +1,36 @@
 /*
- * matmul_q_avx512vnni.c — AVX-512 VNNI block dots for quantised weights:
+ * matmul_q_avx512vnni.c — AVX-512 VNNI kernels for quantised weights:
  * matmul.{q8_0,q4_0,q4_k,q5_k,q6_k}.avx512vnni (driver and maths: matmul_quant.h/.c).
  *
  * Compiled without -march: every function carries TARGET; matmul.c registers the variants as
  * needing CPU_AVX512VNNI (which implies F/BW/DQ/VL) and CPU_AVX2 (F16C for the f16 scales).
- * vpdpbusd multiplies unsigned by signed bytes and adds groups of 4 into int32 lanes:
- * - Q8_0, Q4_0 (levels −8..7): signed weights, so |w| goes in as the unsigned operand and x
- *   takes w's sign (x is never −128: activations are clamped to ±127). Two 32-blocks per zmm.
- * - Q4_K, Q5_K (levels 0..15 / 0..31): unsigned as they are; the nibbles of each 32-byte
- *   chunk are rearranged to [low | high] so they line up with 64 contiguous x bytes; lane sums
- *   times the sub-block scale (vpmulld) accumulate in int32 (at most 31·127·32·63·8 < 2^31);
- *   the mins use Q8_K's bsums: dmin·Σ_j m_j·Σx_j.
- * - Q6_K (levels 0..63, offset 32): unsigned dot, and the offset as 32·Σ_s sc_s·bsum_s.
- * Weight blocks are unpacked once per call and reused for each of nx (≤ 4) tokens.
+ * Q8_0, Q4_K, Q5_K, Q6_K run the tiled driver (matmul_quant_run_tiled): x is quantised once per
+ * call (quant_quantize_row, so the values equal the reference Q8_0/Q8_K activations) and laid
+ * out for the kernel: contiguous int8 values, f32 scales and int16 sums in separate arrays.
+ * A tile is up to 4 weight rows x 4 tokens with one f32 zmm accumulator per (row, token):
+ * - Q8_0: x stored as u8 x+128 (dpbusd's unsigned operand), signed weights; the +128 bias is
+ *   removed by starting the int32 sums at −dpbusd(0x80, w) (per row, shared by the tokens).
+ *   Two blocks per zmm; block scales as lane vectors (weight f16 pair x a per-lane x scale).
+ * - Q4_K, Q5_K: unsigned levels by maddubs (pairs ≤ 2·31·128, no saturation) and vpdpwssd with
+ *   the 6-bit sub-block scales as int16 words; x is permuted at preparation so that the low and
+ *   high nibbles of 64 weight bytes line up with 64 contiguous x bytes (no weight shuffles);
+ *   mins as dmin·Σ_j m_j·xsum_j from per-32 sums prepared with x.
+ * - Q6_K: levels 0..63 the same way, offset 32 as 32·Σ_s sc_s·bsum_s.
+ * Q4_0 keeps the per-row block dot of the generic driver: signed levels as |w| (unsigned
+ * operand) against x with w's sign (x is never −128: activations are clamped to ±127).
  */
 #include <immintrin.h>
 #include <string.h>
 
 #include "backend/cpu/matmul_quant.h"
+#include "base/half.h"
 #include "quant/blocks.h"
+#include "quant/quant.h"
 
 #define TARGET                                                                               \
     __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c,fma")))
 #define INLINE static inline __attribute__((always_inline)) TARGET
+#define UNROLL _Pragma("GCC unroll 4")
 
 INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -68,25 +76,6 @@ INLINE void finish(const __m512 *acc, int nx, float *out)
         out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
-INLINE void dot_q8_0_n(int64_t nb, const void *w, const void *xq, size_t xs, int nx, float *out)
-{
-    const struct block_q8_0 *b = w;
-    __m512 acc[QDOT_MAX_NX];
-    for (int j = 0; j < nx; j++)
-        acc[j] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-        __m512i wq = join256(_mm256_loadu_si256((const void *)b[i].qs),
-                             _mm256_loadu_si256((const void *)b[i + 1].qs));
-        dot_pair(wq, h2f(b[i].d), h2f(b[i + 1].d), xq, xs, i, nx, acc, 1);
-    }
-    if (i < nb) {
-        __m512i wq = _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)b[i].qs));
-        dot_pair(wq, h2f(b[i].d), 0.0f, xq, xs, i, nx, acc, 0);
-    }
-    finish(acc, nx, out);
-}
-
 /* 16 nibble bytes -> 32 levels − 8 (element l: low nibble of byte l, element l+16: high). */
 INLINE __m256i q4_0_levels(const uint8_t *qs)
 {
@@ -114,7 +103,137 @@ INLINE void dot_q4_0_n(int64_t nb, const void *w, const void *xq, size_t xs, int
     finish(acc, nx, out);
 }
 
-/* ---- K quants against Q8_K activations ---- */
+/* ---- tiled kernels (Q8_0, Q4_K, Q5_K, Q6_K): activation rows prepared once per call ---- */
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Q8_0 activation row: u8 xq[K] = x + 128 (x quantised to Q8_0 by quant_quantize_row), then
+ * f32 dxe[K/4]: the block scale (the f16 value, widened) once per int32 lane of a dpbusd, so
+ * a 64-byte step of xq lines up with 16 floats; then scratch for the Q8_0 row. */
+static size_t q8_0_act_bytes(int64_t K)
+{
+    return 2 * align64((size_t)K) + align64((size_t)K / 32 * sizeof(struct block_q8_0));
+}
+
+static void q8_0_prep(const float *x, int64_t K, uint8_t *xa)
+{
+    struct block_q8_0 *b = (void *)(xa + 2 * align64((size_t)K));
+    float *dxe = (float *)(xa + align64((size_t)K));
+    quant_quantize_row(QR_Q8_0, x, b, K);
+    for (int64_t i = 0; i < K / 32; i++) {
+        float d = f16_to_f32(b[i].d);
+        for (int l = 0; l < 32; l++)
+            xa[32 * i + l] = (uint8_t)(b[i].qs[l] ^ 0x80);
+        for (int l = 0; l < 8; l++)
+            dxe[8 * i + l] = d;
+    }
+}
+
+/* Scales of two Q8_0 blocks, f16 at p0 and p1: [f(p0) x 8 | f(p1) x 8]. */
+INLINE __m512 scales2(const uint16_t *p0, const uint16_t *p1)
+{
+    __m128i h = _mm_cvtsi32_si128((int)((uint32_t)*p0 | (uint32_t)*p1 << 16));
+    __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 f);
+}
+
+/* Q8_0 weights (signed) against u8 x+128: dpbusd(x', w) = Σx·w + 128·Σw, so each weight pair
+ * first gets init = −dpbusd(0x80, w) (once per row, shared by the tokens); products per lane
+ * are at most 4·255·128, sums stay far inside int32. Two blocks per zmm; a last odd block uses
+ * the low half with the high half of w zeroed (so its lanes contribute exactly 0). */
+INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
+                        float *y, int64_t ldy, const int NR, const int NT)
+{
+    const int64_t nb = K / 32;
+    const size_t dx_off = align64((size_t)K);
+    const __m512i k80 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[QTILE_ROWS][QTILE_TOKENS];
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i += 2) {
+        const int two = i + 1 < nb;
+        UNROLL
+        for (int r = 0; r < NR; r++) {
+            const struct block_q8_0 *b = (const struct block_q8_0 *)(w + (size_t)r * ws) + i;
+            __m256i lo = _mm256_loadu_si256((const void *)b[0].qs);
+            __m512i wv = two ? join256(lo, _mm256_loadu_si256((const void *)b[1].qs))
+                             : _mm512_zextsi256_si512(lo);
+            __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, wv));
+            __m512 dw = scales2(&b[0].d, two ? &b[1].d : &b[0].d);
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *x = xa + (size_t)t * xs;
+                __m512i xv = two ? _mm512_load_si512((const void *)(x + 32 * i))
+                                 : _mm512_zextsi256_si512(_mm256_load_si256((const void *)(x + 32 * i)));
+                __m512i p = _mm512_dpbusd_epi32(init, xv, wv);
+                __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps((const float *)(x + dx_off) + 8 * i));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* Q8_K-based activation rows for the K quants: s8 xq[K] (in the order the weight unpacking
+ * produces, see each type), f32 d[K/256], int16 sums (per 32 for Q4_K/Q5_K, natural order;
+ * Q8_K's bsums per 16 for Q6_K), then scratch for the Q8_K row. */
+static size_t k_act_bytes(int64_t K)
+{
+    size_t nb = (size_t)K / 256;
+    return align64((size_t)K) + align64(4 * nb) + align64(32 * nb) +
+           align64(nb * sizeof(struct block_q8_k));
+}
+
+static inline float *k_act_d(const uint8_t *xa, int64_t K) { return (float *)(xa + align64((size_t)K)); }
+
+static inline int16_t *k_act_sums(const uint8_t *xa, int64_t K)
+{
+    return (int16_t *)(xa + align64((size_t)K) + align64(4 * ((size_t)K / 256)));
+}
+
+/* Q4_K/Q5_K order: 64-byte vector c of a super-block holds sub-blocks A_c then B_c with
+ * (A, B) = (0,2), (1,3), (4,6), (5,7): the low and high nibbles of qs[0..63] and qs[64..127]. */
+static const int k4_sub[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+
+static void k_prep(const float *x, int64_t K, uint8_t *xa, int permute, int sums16)
+{
+    int64_t nb = K / 256;
+    uint8_t *scratch = xa + align64((size_t)K) + align64(4 * (size_t)nb) + align64(32 * (size_t)nb);
+    struct block_q8_k *b = (void *)scratch;
+    float *d = k_act_d(xa, K);
+    int16_t *sums = k_act_sums(xa, K);
+    quant_quantize_row(QR_Q8_K, x, b, K);
+    for (int64_t i = 0; i < nb; i++) {
+        d[i] = b[i].d;
+        int8_t *q = (int8_t *)xa + 256 * i;
+        if (permute) {
+            UNROLL
+            for (int c = 0; c < 4; c++) {
+                memcpy(q + 64 * c, b[i].qs + 32 * k4_sub[c][0], 32);
+                memcpy(q + 64 * c + 32, b[i].qs + 32 * k4_sub[c][1], 32);
+            }
+        } else {
+            memcpy(q, b[i].qs, 256);
+        }
+        if (sums16)
+            memcpy(sums + 16 * i, b[i].bsums, 32);
+        else
+            for (int j = 0; j < 8; j++)
+                sums[8 * i + j] = (int16_t)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+    }
+}
+
+static void q4_k_prep(const float *x, int64_t K, uint8_t *xa) { k_prep(x, K, xa, 1, 0); }
+static void q6_k_prep(const float *x, int64_t K, uint8_t *xa) { k_prep(x, K, xa, 0, 1); }
 
 /* Q4_K/Q5_K packed scales -> 8 scale bytes and 8 min bytes (low 6 bits of the first four
  * bytes, then low nibbles of bytes 8-11 with the top two bits of bytes 0-3 / 4-7). */
@@ -130,165 +249,228 @@ INLINE void k_scales(const uint8_t s[12], uint64_t *sc, uint64_t *mn)
     *mn = (uint64_t)(w1 & 0x3F3F3F3Fu) | ((uint64_t)mn_hi << 32);
 }
 
-/* Per-lane int32 scale for chunk c: sub-block 2c in lanes 0-7, 2c+1 in lanes 8-15. */
-INLINE __m512i chunk_scales(__m128i sc8, int c)
+/* int16 scale words for vector c: 16 words of sub-block A_c, 16 of B_c (from 8 words). */
+INLINE __m512i k4_scale_vec(__m512i sc16, int c)
 {
-    __m128i idx = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    idx = _mm_add_epi8(idx, _mm_set1_epi8((char)(2 * c)));
-    return _mm512_cvtepu8_epi32(_mm_shuffle_epi8(sc8, idx));
+    __m512i lo = _mm512_set1_epi16((short)k4_sub[c][0]), hi = _mm512_set1_epi16((short)k4_sub[c][1]);
+    return _mm512_permutexvar_epi16(_mm512_mask_blend_epi16(0xFFFF0000u, lo, hi), sc16);
 }
 
-/* Chunk c of qs (32 bytes) as [low nibbles | high nibbles]: x bytes 64c..64c+63 in order. */
-INLINE __m512i chunk_nibbles(const uint8_t *qs)
-{
-    __m256i v = _mm256_loadu_si256((const void *)qs);
-    return _mm512_and_si512(join256(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
-}
+/* Unpacked Q4_K/Q5_K super-block: levels W (u8, in k4 order), scale words S, mins m16 (8
+ * words), d and −dmin broadcast. */
+struct k4_unpacked {
+    __m512i W[4], S[4];
+    __m128i m16;
+    __m512 d, negmin;
+};
 
-/* Shared tail of Q4_K/Q5_K: W[4] levels, S[4] scales, mins m16 (each min twice, int16). */
-INLINE void kdot_tokens(const __m512i W[4], const __m512i S[4], __m256i m16, float d, float dmin,
-                        const void *xq, size_t xs, int64_t i, int nx, __m512 *acc, __m256 *accm)
+INLINE void k4_unpack_common(const uint16_t *dd, const uint8_t *scales, const uint8_t *qs,
+                             struct k4_unpacked *u)
 {
-    for (int j = 0; j < nx; j++) {
-        const struct block_q8_k *x = xrow(xq, xs, j);
-        const __m512i *xv = (const void *)x[i].qs;
-        __m512i s = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[c],
-                                            _mm512_loadu_si512(xv + c));
-            s = _mm512_add_epi32(s, _mm512_mullo_epi32(p, S[c]));
-        }
-        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d * x[i].d), acc[j]);
-        __m256i ms = _mm256_madd_epi16(m16, _mm256_loadu_si256((const void *)x[i].bsums));
-        accm[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * x[i].d), accm[j]);
-    }
-}
-
-/* Scale and min vectors of one Q4_K/Q5_K block. */
-INLINE void k_scale_vectors(const uint8_t s[12], __m512i S[4], __m256i *m16)
-{
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512i q0 = _mm512_loadu_si512((const void *)qs), q1 = _mm512_loadu_si512((const void *)(qs + 64));
+    u->W[0] = _mm512_and_si512(q0, m4);
+    u->W[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
+    u->W[2] = _mm512_and_si512(q1, m4);
+    u->W[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
     uint64_t sc, mn;
-    k_scales(s, &sc, &mn);
-    __m128i sc8 = _mm_cvtsi64_si128((long long)sc);
+    k_scales(scales, &sc, &mn);
+    __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
+    UNROLL
     for (int c = 0; c < 4; c++)
-        S[c] = chunk_scales(sc8, c);
-    __m128i m8 = _mm_cvtsi64_si128((long long)mn);
-    *m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... m7 m7 */
+        u->S[c] = k4_scale_vec(sc16, c);
+    u->m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
+    u->d = _mm512_set1_ps(h2f(dd[0]));
+    u->negmin = _mm512_set1_ps(-h2f(dd[1]));
 }
 
-INLINE void kfinish(const __m512 *acc, const __m256 *accm, int nx, float *out)
+/* One unpacked Q4_K/Q5_K super-block against token x (activation row, super-block i):
+ * d·Σ_c scale-weighted (w·x) − dmin·Σ_j m_j·xsum_j, times x's d, into acc. maddubs pairs are
+ * at most 2·31·128 (no saturation); dpwssd sums stay < 2^31. */
+INLINE __m512 k4_dot(const struct k4_unpacked *u, const uint8_t *x, int64_t K, int64_t i,
+                     __m512 acc)
 {
-    for (int j = 0; j < nx; j++) {
-        __m256 m = accm[j];
-        __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_add_ss(m4, _mm_movehdup_ps(m4));
-        out[j] = _mm512_reduce_add_ps(acc[j]) - _mm_cvtss_f32(m4);
-    }
+    const int8_t *xq = (const int8_t *)x + 256 * i;
+    __m512i s = _mm512_setzero_si512();
+    UNROLL
+    for (int c = 0; c < 4; c++)
+        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u->W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
+                                u->S[c]);
+    __m128i mi = _mm_madd_epi16(u->m16, _mm_load_si128((const void *)(k_act_sums(x, K) + 8 * i)));
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), u->d);
+    f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi128_si512(mi)), u->negmin, f);
+    return _mm512_fmadd_ps(f, _mm512_set1_ps(k_act_d(x, K)[i]), acc);
 }
 
-INLINE void dot_q4_k_n(int64_t nb, const void *w, const void *xq, size_t xs, int nx, float *out)
+INLINE void q4_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
+                        float *y, int64_t ldy, const int NR, const int NT)
 {
-    const struct block_q4_k *b = w;
-    __m512 acc[QDOT_MAX_NX];
-    __m256 accm[QDOT_MAX_NX];
-    for (int j = 0; j < nx; j++) {
-        acc[j] = _mm512_setzero_ps();
-        accm[j] = _mm256_setzero_ps();
-    }
+    const int64_t nb = K / 256;
+    __m512 acc[QTILE_ROWS][QTILE_TOKENS];
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        __m512i W[4], S[4];
-        __m256i m16;
-        for (int c = 0; c < 4; c++)
-            W[c] = chunk_nibbles(b[i].qs + 32 * c);
-        k_scale_vectors(b[i].scales, S, &m16);
-        kdot_tokens(W, S, m16, h2f(b[i].d), h2f(b[i].dmin), xq, xs, i, nx, acc, accm);
-    }
-    kfinish(acc, accm, nx, out);
-}
-
-INLINE void dot_q5_k_n(int64_t nb, const void *w, const void *xq, size_t xs, int nx, float *out)
-{
-    const struct block_q5_k *b = w;
-    __m512 acc[QDOT_MAX_NX];
-    __m256 accm[QDOT_MAX_NX];
-    for (int j = 0; j < nx; j++) {
-        acc[j] = _mm512_setzero_ps();
-        accm[j] = _mm256_setzero_ps();
-    }
-    for (int64_t i = 0; i < nb; i++) {
-        __m512i W[4], S[4];
-        __m256i m16;
-        /* qh in both halves; chunk c's low half takes bit 2c, its high half bit 2c+1 */
-        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)b[i].qh));
-        for (int c = 0; c < 4; c++) {
-            __m512i bit = join256(_mm256_set1_epi8((char)(1 << (2 * c))),
-                                  _mm256_set1_epi8((char)(1 << (2 * c + 1))));
-            __mmask64 hb = _mm512_test_epi8_mask(qh, bit);
-            W[c] = chunk_nibbles(b[i].qs + 32 * c);
-            W[c] = _mm512_mask_add_epi8(W[c], hb, W[c], _mm512_set1_epi8(16));
+        UNROLL
+        for (int r = 0; r < NR; r++) {
+            const struct block_q4_k *b = (const struct block_q4_k *)(w + (size_t)r * ws) + i;
+            struct k4_unpacked u;
+            k4_unpack_common(&b->d, b->scales, b->qs, &u);
+            UNROLL
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = k4_dot(&u, xa + (size_t)t * xs, K, i, acc[r][t]);
         }
-        k_scale_vectors(b[i].scales, S, &m16);
-        kdot_tokens(W, S, m16, h2f(b[i].d), h2f(b[i].dmin), xq, xs, i, nx, acc, accm);
     }
-    kfinish(acc, accm, nx, out);
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* Q6_K levels of one half (128 elements) as two zmm: elements 0-63 and 64-127. */
-INLINE void q6_half(const uint8_t *ql, const uint8_t *qh, __m512i *wa, __m512i *wb)
+INLINE void q5_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
+                        float *y, int64_t ldy, const int NR, const int NT)
 {
-    __m512i l = _mm512_loadu_si512((const void *)ql);
-    __m256i h = _mm256_loadu_si256((const void *)qh);
-    __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(0x30);
-    /* high bits to bit 4-5: elements 0-31 use qh bits 0-1, 32-63 bits 2-3, 64-95 bits 4-5,
-     * 96-127 bits 6-7; 16-bit shifts are safe because each byte is masked afterwards */
-    __m512i ha = join256(_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2));
-    __m512i hb = join256(h, _mm256_srli_epi16(h, 2));
-    *wa = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(ha, m2));
-    *wb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(hb, m2));
-}
-
-/* int32 lane scales for 64 elements starting at sub-block s0 (4 lanes per sub-block of 16). */
-INLINE __m512i q6_scales(__m128i sc, int s0)
-{
-    __m128i idx = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    idx = _mm_add_epi8(idx, _mm_set1_epi8((char)s0));
-    return _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, idx));
-}
-
-INLINE void dot_q6_k_n(int64_t nb, const void *w, const void *xq, size_t xs, int nx, float *out)
-{
-    const struct block_q6_k *b = w;
-    __m512 acc[QDOT_MAX_NX];
-    for (int j = 0; j < nx; j++)
-        acc[j] = _mm512_setzero_ps();
+    const int64_t nb = K / 256;
+    __m512 acc[QTILE_ROWS][QTILE_TOKENS];
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        __m512i W[4], S[4];
-        __m128i sc = _mm_loadu_si128((const void *)b[i].scales);
-        __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-        for (int h = 0; h < 2; h++) {
-            q6_half(b[i].ql + 64 * h, b[i].qh + 32 * h, &W[2 * h], &W[2 * h + 1]);
-            S[2 * h] = q6_scales(sc, 8 * h);
-            S[2 * h + 1] = q6_scales(sc, 8 * h + 4);
-        }
-        float d = h2f(b[i].d);
-        for (int j = 0; j < nx; j++) {
-            const struct block_q8_k *x = xrow(xq, xs, j);
-            const __m512i *xv = (const void *)x[i].qs;
-            __m512i s = _mm512_setzero_si512();
+        UNROLL
+        for (int r = 0; r < NR; r++) {
+            const struct block_q5_k *b = (const struct block_q5_k *)(w + (size_t)r * ws) + i;
+            struct k4_unpacked u;
+            k4_unpack_common(&b->d, b->scales, b->qs, &u);
+            /* 5th bit: sub-block j takes bit j of qh[l] (l = element within the sub-block) */
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)b->qh));
+            UNROLL
             for (int c = 0; c < 4; c++) {
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[c],
-                                                _mm512_loadu_si512(xv + c));
-                s = _mm512_add_epi32(s, _mm512_mullo_epi32(p, S[c]));
+                __m512i bit = join256(_mm256_set1_epi8((char)(1 << k4_sub[c][0])),
+                                      _mm256_set1_epi8((char)(1 << k4_sub[c][1])));
+                u.W[c] = _mm512_mask_add_epi8(u.W[c], _mm512_test_epi8_mask(qh, bit), u.W[c],
+                                              _mm512_set1_epi8(16));
             }
-            /* offset: 32·Σ_s sc_s·bsum_s, as 8 int32 lanes */
-            __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const void *)x[i].bsums));
-            s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d * x[i].d), acc[j]);
+            UNROLL
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = k4_dot(&u, xa + (size_t)t * xs, K, i, acc[r][t]);
         }
     }
-    finish(acc, nx, out);
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
+
+/* Q6_K levels 0..63 (offset 32 applied through the sums) in natural order: half h gives
+ * elements 128h..128h+63 (low nibbles of ql[64h..], qh bits 0-1 / 2-3) and 128h+64..+127 (high
+ * nibbles, qh bits 4-5 / 6-7). qh is broadcast to both 256-bit halves and shifted per half;
+ * 16-bit shifts are safe because each byte is masked with 0x30 afterwards. */
+INLINE void q6_levels(const struct block_q6_k *b, __m512i W[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sl = join256(_mm256_set1_epi16(4), _mm256_set1_epi16(2));
+    const __m512i sr = join256(_mm256_set1_epi16(0), _mm256_set1_epi16(2));
+    for (int h = 0; h < 2; h++) {
+        __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * h));
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)(b->qh + 32 * h)));
+        __m512i ha = _mm512_and_si512(_mm512_sllv_epi16(qh, sl), m30);
+        __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, sr), m30);
+        W[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), ha);
+        W[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), hb);
+    }
+}
+
+INLINE void q6_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
+                        float *y, int64_t ldy, const int NR, const int NT)
+{
+    const int64_t nb = K / 256;
+    __m512 acc[QTILE_ROWS][QTILE_TOKENS];
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        UNROLL
+        for (int r = 0; r < NR; r++) {
+            const struct block_q6_k *b = (const struct block_q6_k *)(w + (size_t)r * ws) + i;
+            __m512i W[4], S[4];
+            q6_levels(b, W);
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)b->scales));
+            UNROLL
+            for (int c = 0; c < 4; c++) { /* word k of vector c: scale 4c + k/8 */
+                __m512i idx = _mm512_srli_epi16(
+                    _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+                idx = _mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * c)));
+                S[c] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(sc16));
+            }
+            __m512 dw = _mm512_set1_ps(h2f(b->d));
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                const uint8_t *x = xa + (size_t)t * xs;
+                const int8_t *xq = (const int8_t *)x + 256 * i;
+                __m512i s = _mm512_setzero_si512();
+                UNROLL
+                for (int c = 0; c < 4; c++)
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
+                                            S[c]);
+                /* offset: 32·Σ_s sc_s·bsum_s */
+                __m256i off = _mm256_madd_epi16(sc16, _mm256_load_si256((const void *)(k_act_sums(x, K) + 16 * i)));
+                s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+                __m512 sx = _mm512_mul_ps(dw, _mm512_set1_ps(k_act_d(x, K)[i]));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sx, acc[r][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < NR; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* Tile entry: QTILE_ROWS rows at once when there are that many, else one row at a time; a
+ * fully unrolled copy per token count. */
+#define TILE_ENTRY(t, prep_fn, bytes_fn)                                                     \
+    static TARGET void tile_##t(int64_t K, const uint8_t *w, size_t ws, int nr,              \
+                                const uint8_t *xa, size_t xs, int nt, float *y, int64_t ldy) \
+    {                                                                                        \
+        if (nr == QTILE_ROWS) {                                                              \
+            switch (nt) {                                                                    \
+            case 1: t##_tile_n(K, w, ws, xa, xs, y, ldy, 4, 1); break;                      \
+            case 2: t##_tile_n(K, w, ws, xa, xs, y, ldy, 4, 2); break;                      \
+            case 3: t##_tile_n(K, w, ws, xa, xs, y, ldy, 4, 3); break;                      \
+            default: t##_tile_n(K, w, ws, xa, xs, y, ldy, 4, 4); break;                     \
+            }                                                                                \
+            return;                                                                          \
+        }                                                                                    \
+        for (int r = 0; r < nr; r++) {                                                       \
+            const uint8_t *wr = w + (size_t)r * ws;                                          \
+            switch (nt) {                                                                    \
+            case 1: t##_tile_n(K, wr, ws, xa, xs, y + r, ldy, 1, 1); break;                 \
+            case 2: t##_tile_n(K, wr, ws, xa, xs, y + r, ldy, 1, 2); break;                 \
+            case 3: t##_tile_n(K, wr, ws, xa, xs, y + r, ldy, 1, 3); break;                 \
+            default: t##_tile_n(K, wr, ws, xa, xs, y + r, ldy, 1, 4); break;                \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
+    void matmul_##t##_avx512vnni(const struct cpu_matmul_args *a)                            \
+    {                                                                                        \
+        static const struct quant_tiled q = {bytes_fn, prep_fn, tile_##t};                  \
+        matmul_quant_run_tiled(a, &q);                                                       \
+    }
+
+TILE_ENTRY(q8_0, q8_0_prep, q8_0_act_bytes)
+TILE_ENTRY(q4_k, q4_k_prep, k_act_bytes)
+TILE_ENTRY(q5_k, q4_k_prep, k_act_bytes)
+TILE_ENTRY(q6_k, q6_k_prep, k_act_bytes)
 
 /* Dispatch on nx so that each token count gets a fully unrolled copy. */
 #define DOT_ENTRY(t)                                                                         \
@@ -307,8 +489,4 @@ INLINE void dot_q6_k_n(int64_t nb, const void *w, const void *xq, size_t xs, int
         matmul_quant_run(a, dot_##t);                                                        \
     }
 
-DOT_ENTRY(q8_0)
 DOT_ENTRY(q4_0)
-DOT_ENTRY(q4_k)
-DOT_ENTRY(q5_k)
-DOT_ENTRY(q6_k)

@@ -102,6 +102,57 @@ void matmul_quant_run(const struct cpu_matmul_args *a, quant_dot_fn dot)
     xfree(xq);
 }
 
+/* ---- tiled driver ---- */
+
+static void run_tiles(const struct cpu_matmul_args *a, const struct quant_tiled *q,
+                      const uint8_t *xa, size_t xs, int64_t n0, int64_t n1)
+{
+    for (int64_t r0 = n0; r0 < n1; r0 += QTILE_ROWS_L1) {
+        int64_t r1 = r0 + QTILE_ROWS_L1 < n1 ? r0 + QTILE_ROWS_L1 : n1;
+        for (int64_t t0 = 0; t0 < a->T; t0 += QTILE_TOKENS) {
+            int nt = a->T - t0 < QTILE_TOKENS ? (int)(a->T - t0) : QTILE_TOKENS;
+            for (int64_t r = r0; r < r1; r += QTILE_ROWS) {
+                int nr = r1 - r < QTILE_ROWS ? (int)(r1 - r) : QTILE_ROWS;
+                q->tile(a->K, (const uint8_t *)a->w + (size_t)r * a->w_row_bytes,
+                        a->w_row_bytes, nr, xa + (size_t)t0 * xs, xs, nt,
+                        a->y + t0 * a->ldy + r, a->ldy);
+            }
+        }
+    }
+}
+
+void matmul_quant_run_tiled(const struct cpu_matmul_args *a, const struct quant_tiled *q)
+{
+    size_t xs = q->act_bytes(a->K);
+    uint8_t *xa = xalloc_aligned((size_t)a->T, xs);
+    if (!xa)
+        return;
+    int nt = a->n_threads > 1 ? a->n_threads : 1;
+    if (a->T < 8 || nt == 1)
+        for (int64_t t = 0; t < a->T; t++)
+            q->prep(a->x + t * a->ldx, a->K, xa + (size_t)t * xs);
+    if (nt == 1) {
+        run_tiles(a, q, xa, xs, 0, a->N);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            if (a->T >= 8) {
+#pragma omp for schedule(static)
+                for (int64_t t = 0; t < a->T; t++)
+                    q->prep(a->x + t * a->ldx, a->K, xa + (size_t)t * xs);
+            }
+            int64_t i = omp_get_thread_num(), got = omp_get_num_threads();
+            int64_t groups = (a->N + QTILE_ROWS - 1) / QTILE_ROWS;
+            int64_t n0 = groups * i / got * QTILE_ROWS, n1 = groups * (i + 1) / got * QTILE_ROWS;
+            if (n1 > a->N)
+                n1 = a->N;
+            if (n0 < n1)
+                run_tiles(a, q, xa, xs, n0, n1);
+        }
+    }
+    xfree(xa);
+}
+
 /* ---- portable block dots ---- */
 
 static int32_t dot_i8(const int8_t *w, const int8_t *x, int n)

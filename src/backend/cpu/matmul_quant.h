@@ -31,6 +31,30 @@ enum qr_dtype quant_dot_act(enum qr_dtype t);
 /* The driver every variant calls: quantise x, run dot over all rows and tokens. */
 void matmul_quant_run(const struct cpu_matmul_args *a, quant_dot_fn dot);
 
+/* ---- tiled driver (the AVX-512 VNNI variants) ----
+ * Each token's x is prepared once into an ISA-specific activation row of act_bytes(K) bytes
+ * (a multiple of 64; e.g. contiguous int8 values plus separate f32 scales and int16 sums, in
+ * an order that matches the weight unpacking); then each thread walks its contiguous range of
+ * rows in tiles of QTILE_ROWS_L1 rows, and for each group of up to QTILE_TOKENS tokens calls
+ * tile() on up to QTILE_ROWS rows at a time, so unpacked weights are reused across tokens and
+ * the activation loads across rows. */
+#define QTILE_ROWS 4    /* weight rows per tile() call */
+#define QTILE_TOKENS 4  /* tokens per tile() call */
+#define QTILE_ROWS_L1 16 /* rows whose weights stay in L1 while the token groups pass */
+
+/* y[t·ldy + r] = dot(weight row r at w + r·w_stride, activation row t at xa + t·xa_stride)
+ * for r < nr (1..QTILE_ROWS), t < nt (1..QTILE_TOKENS). */
+typedef void (*quant_tile_fn)(int64_t K, const uint8_t *w, size_t w_stride, int nr,
+                              const uint8_t *xa, size_t xa_stride, int nt, float *y, int64_t ldy);
+
+struct quant_tiled {
+    size_t (*act_bytes)(int64_t K);                         /* activation row size, 64k */
+    void (*prep)(const float *x, int64_t K, uint8_t *xa); /* x[K] -> activation row */
+    quant_tile_fn tile;
+};
+
+void matmul_quant_run_tiled(const struct cpu_matmul_args *a, const struct quant_tiled *q);
+
 /* Bytes a call moves (weights, activations and outputs once) and its flops (2·T·K·N). */
 double matmul_quant_bytes(const struct cpu_matmul_args *a);
 double matmul_quant_flops(const struct cpu_matmul_args *a);
