@@ -18,7 +18,10 @@
 #include "qwenrt.h"
 
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
-#define BATCH_REL_TOL 1e-5  /* batched against one-by-one: f32 rounding of multi-row matmuls */
+/* batched against one-by-one: the multi-row GEMV sums in another order (f32 rounding, ~1e-6
+ * a step), which the DeltaNet recurrent state carries on over steps (1.5e-5 seen at step 2 in
+ * an -O0 build); a wrong position or state is off by 1e-2 and more */
+#define BATCH_REL_TOL 5e-5
 #define N_SEQ 3
 
 struct fixture {
