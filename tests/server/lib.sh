@@ -66,11 +66,20 @@ node_deps() {
     _src="$(cd "$(dirname "$0")/server" && pwd)"
     NODE_DIR="$(cd "$(dirname "$Q")" && pwd)/server-node"
     mkdir -p "$NODE_DIR"
+    # tests run in parallel (ctest -j): one installs, the others wait (at most 5 minutes)
+    _i=0
+    until mkdir "$NODE_DIR/.lock" 2>/dev/null; do
+        _i=$((_i + 1))
+        [ $_i -lt 300 ] || fail "$NODE_DIR/.lock held for 5 minutes (remove it if stale)"
+        sleep 1
+    done
+    _ok=1
     if ! cmp -s "$_src/package-lock.json" "$NODE_DIR/package-lock.json" ||
         [ ! -d "$NODE_DIR/node_modules/openai" ]; then
         cp "$_src/package.json" "$_src/package-lock.json" "$NODE_DIR/"
-        (cd "$NODE_DIR" && npm ci --no-audit --no-fund --silent) ||
-            fail "npm ci of tests/server/package.json failed (needs the npm registry)"
+        (cd "$NODE_DIR" && npm ci --no-audit --no-fund --silent) || _ok=0
     fi
+    rmdir "$NODE_DIR/.lock"
+    [ $_ok = 1 ] || fail "npm ci of tests/server/package.json failed (needs the npm registry)"
     cp "$_src"/*.mjs "$NODE_DIR/"
 }
