@@ -107,25 +107,40 @@ INLINE void dot_q4_0_n(int64_t nb, const void *w, const void *xq, size_t xs, int
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Q8_0 activation row: u8 xq[K] = x + 128 (x quantised to Q8_0 by quant_quantize_row), then
- * f32 dxe[K/4]: the block scale (the f16 value, widened) once per int32 lane of a dpbusd, so
- * a 64-byte step of xq lines up with 16 floats; then scratch for the Q8_0 row. */
-static size_t q8_0_act_bytes(int64_t K)
+/* Q8_0 activation row: u8 xq[K] = x + 128 (x quantised to Q8_0), then f32 dxe[K/4]: the block
+ * scale (the f16 value, widened) once per int32 lane of a dpbusd, so a 64-byte step of xq lines
+ * up with 16 floats. */
+static size_t q8_0_act_bytes(int64_t K) { return 2 * align64((size_t)K); }
+
+/* Round x·id to nearest even (lrintf under the default rounding mode), clamp to ±127, narrow. */
+INLINE __m128i quant16(const float *x, __m512 id)
 {
-    return 2 * align64((size_t)K) + align64((size_t)K / 32 * sizeof(struct block_q8_0));
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), id));
+    q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    return _mm512_cvtepi32_epi8(q);
 }
 
-static void q8_0_prep(const float *x, int64_t K, uint8_t *xa)
+INLINE float amax_n(const float *x, int n)
 {
-    struct block_q8_0 *b = (void *)(xa + 2 * align64((size_t)K));
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16)
+        m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + j)), m);
+    return _mm512_reduce_max_ps(m);
+}
+
+/* Same values as quant_quant_q8_0 (q8_0.c): d = f16(amax/127), q = lrintf(x/d) clamped to ±127;
+ * vectorised, every step an exact IEEE operation of the scalar code. */
+static TARGET void q8_0_prep(const float *x, int64_t K, uint8_t *xa)
+{
     float *dxe = (float *)(xa + align64((size_t)K));
-    quant_quantize_row(QR_Q8_0, x, b, K);
+    const __m128i k80 = _mm_set1_epi8((char)0x80);
     for (int64_t i = 0; i < K / 32; i++) {
-        float d = f16_to_f32(b[i].d);
-        for (int l = 0; l < 32; l++)
-            xa[32 * i + l] = (uint8_t)(b[i].qs[l] ^ 0x80);
-        for (int l = 0; l < 8; l++)
-            dxe[8 * i + l] = d;
+        const float *xb = x + 32 * i;
+        float d = f16_to_f32(f32_to_f16(amax_n(xb, 32) / 127.0f));
+        __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        _mm_storeu_si128((void *)(xa + 32 * i), _mm_xor_si128(quant16(xb, id), k80));
+        _mm_storeu_si128((void *)(xa + 32 * i + 16), _mm_xor_si128(quant16(xb + 16, id), k80));
+        _mm256_storeu_ps(dxe + 8 * i, _mm256_set1_ps(d));
     }
 }
 
@@ -185,15 +200,17 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 
 /* Q8_K-based activation rows for the K quants: s8 xq[K] (in the order the weight unpacking
  * produces, see each type), f32 d[K/256], int16 sums (per 32 for Q4_K/Q5_K, natural order;
- * Q8_K's bsums per 16 for Q6_K), then scratch for the Q8_K row. */
+ * per 16 as Q8_K's bsums for Q6_K). */
 static size_t k_act_bytes(int64_t K)
 {
     size_t nb = (size_t)K / 256;
-    return align64((size_t)K) + align64(4 * nb) + align64(32 * nb) +
-           align64(nb * sizeof(struct block_q8_k));
+    return align64((size_t)K) + align64(4 * nb) + align64(32 * nb);
 }
 
-static inline float *k_act_d(const uint8_t *xa, int64_t K) { return (float *)(xa + align64((size_t)K)); }
+static inline float *k_act_d(const uint8_t *xa, int64_t K)
+{
+    return (float *)(xa + align64((size_t)K));
+}
 
 static inline int16_t *k_act_sums(const uint8_t *xa, int64_t K)
 {
@@ -204,31 +221,34 @@ static inline int16_t *k_act_sums(const uint8_t *xa, int64_t K)
  * (A, B) = (0,2), (1,3), (4,6), (5,7): the low and high nibbles of qs[0..63] and qs[64..127]. */
 static const int k4_sub[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
 
-static void k_prep(const float *x, int64_t K, uint8_t *xa, int permute, int sums16)
+/* Same values as quant_quant_q8_k (k_quants.c): d = amax/127, q = lrintf(x·127/amax) clamped
+ * to ±127, sums of the int8 values; vectorised with the same IEEE operations. */
+static TARGET void k_prep(const float *x, int64_t K, uint8_t *xa, int permute, int sums16)
 {
     int64_t nb = K / 256;
-    uint8_t *scratch = xa + align64((size_t)K) + align64(4 * (size_t)nb) + align64(32 * (size_t)nb);
-    struct block_q8_k *b = (void *)scratch;
     float *d = k_act_d(xa, K);
     int16_t *sums = k_act_sums(xa, K);
-    quant_quantize_row(QR_Q8_K, x, b, K);
-    for (int64_t i = 0; i < nb; i++) {
-        d[i] = b[i].d;
+    for (int64_t i = 0; i < nb; i++, x += 256) {
+        float amax = amax_n(x, 256);
+        d[i] = amax / 127.0f;
+        __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         int8_t *q = (int8_t *)xa + 256 * i;
-        if (permute) {
-            UNROLL
-            for (int c = 0; c < 4; c++) {
-                memcpy(q + 64 * c, b[i].qs + 32 * k4_sub[c][0], 32);
-                memcpy(q + 64 * c + 32, b[i].qs + 32 * k4_sub[c][1], 32);
+        for (int j = 0; j < 16; j++) { /* 16 values: sub-block j/2 of 32, half j%2 */
+            int sub = j / 2, pos = 16 * j;
+            if (permute) { /* sub-block s goes to vector c, half h where k4_sub[c][h] == s */
+                int c = (sub & 1) | (sub >> 2) << 1, h = (sub >> 1) & 1;
+                pos = 64 * c + 32 * h + 16 * (j & 1);
             }
-        } else {
-            memcpy(q, b[i].qs, 256);
+            __m128i v = quant16(x + 16 * j, id);
+            _mm_storeu_si128((void *)(q + pos), v);
+            int s16 = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(v));
+            if (sums16)
+                sums[16 * i + j] = (int16_t)s16;
+            else if (j & 1)
+                sums[8 * i + sub] = (int16_t)(sums[8 * i + sub] + s16);
+            else
+                sums[8 * i + sub] = (int16_t)s16;
         }
-        if (sums16)
-            memcpy(sums + 16 * i, b[i].bsums, 32);
-        else
-            for (int j = 0; j < 8; j++)
-                sums[8 * i + j] = (int16_t)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
     }
 }
 
