@@ -21,7 +21,8 @@
 
 #define SCHED_GONE_MAX 64 /* cancelled queued jobs dropped per iteration */
 
-enum slot_phase { SLOT_IDLE, SLOT_PREFILL, SLOT_GEN };
+/* SLOT_NEXT: no job; prefilling the next turn of the chat it just answered (next_ids) */
+enum slot_phase { SLOT_IDLE, SLOT_PREFILL, SLOT_GEN, SLOT_NEXT };
 
 struct slot {
     struct qwenrt_session *sess;
@@ -33,6 +34,8 @@ struct slot {
     int32_t boundary; /* prompt position to checkpoint at (last <|im_start|>), 0 = none */
     struct textgen_text text;
     bool text_open;
+    int32_t *next_ids; /* [n_next] SLOT_NEXT: the next turn's prefix being prefilled */
+    int32_t n_next;
 };
 
 struct sched {
@@ -43,7 +46,7 @@ struct sched {
     int32_t n_vocab;
     struct slot *slots; /* [p.n_parallel] */
     struct pcache cache;
-    struct qwenrt_batch *batch;       /* batched decode of the generating slots, NULL = off */
+    struct qwenrt_batch *batch; /* batched decode of the generating slots, NULL = off */
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mu;
@@ -171,7 +174,7 @@ static void job_end(struct sched *s, struct job *j, enum job_finish how, const c
 
 /* ------------------------------------------------------------------ slots */
 
-static void prepare_next_turn(struct sched *s, struct slot *sl, struct job *j);
+static bool prepare_next_turn(struct sched *s, struct slot *sl, struct job *j);
 
 static void slot_free_job(struct sched *s, struct slot *sl, enum job_finish how, const char *msg)
 {
@@ -192,14 +195,47 @@ static void slot_free_job(struct sched *s, struct slot *sl, enum job_finish how,
         pthread_mutex_unlock(&j->mu);
     }
     job_end(s, j, how, msg);
+    bool next = false;
     if (next_turn) {
-        prepare_next_turn(s, sl, j);
+        next = prepare_next_turn(s, sl, j);
         job_release(j);
     }
     pthread_mutex_lock(&s->mu);
     sl->job = NULL;
+    sl->phase = next ? SLOT_NEXT : SLOT_IDLE;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Leaves SLOT_NEXT (done, failed, or taken over by the turn it was preparing). */
+static void next_done(struct sched *s, struct slot *sl)
+{
+    xfree(sl->next_ids);
+    sl->next_ids = NULL;
+    sl->n_next = 0;
+    pthread_mutex_lock(&s->mu);
     sl->phase = SLOT_IDLE;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* One chunk of the next turn's prefix; at its end, the checkpoint. */
+static void slot_next_step(struct sched *s, struct slot *sl)
+{
+    struct qwenrt_error err = {0};
+    int32_t n = sl->n_next - sl->n_toks;
+    if (n > SCHED_PREFILL_CHUNK)
+        n = SCHED_PREFILL_CHUNK;
+    if (n > 0 && qwenrt_session_prefill(sl->sess, sl->next_ids + sl->n_toks, n, NULL, &err)) {
+        qwenrt_session_reset(sl->sess);
+        sl->n_toks = 0;
+        next_done(s, sl);
+        return;
+    }
+    memcpy(sl->toks + sl->n_toks, sl->next_ids + sl->n_toks, (size_t)n * sizeof(*sl->toks));
+    sl->n_toks += n;
+    if (sl->n_toks == sl->n_next) {
+        pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
+        next_done(s, sl);
+    }
 }
 
 static int32_t common_prefix(const int32_t *a, int32_t na, const int32_t *b, int32_t nb)
@@ -272,32 +308,29 @@ out:
     return out;
 }
 
-/* After a chat answer: prefill the next turn's prefix from the best checkpoint and cache it
- * (see scheduler.h). Failures only cost the cache hit. */
-static void prepare_next_turn(struct sched *s, struct slot *sl, struct job *j)
+/* After a chat answer: the next turn's prefix (see scheduler.h), from the best checkpoint.
+ * Returns true when the slot must prefill the rest (SLOT_NEXT, a chunk per iteration, as a
+ * prompt is); false when it is cached already or cannot be made (that only costs the hit). */
+static bool prepare_next_turn(struct sched *s, struct slot *sl, struct job *j)
 {
     struct qwenrt_error err = {0};
     int32_t *ids = NULL, cached = 0;
     size_t n = 0;
     char *text = next_turn_text(j, &err);
+    bool pending = false;
     if (!text || tokenizer_encode(s->tok, text, strlen(text), &ids, &n, &err) || !n ||
-        (int64_t)n >= s->p.n_ctx)
-        goto out;
-    if (slot_seek(s, sl, ids, (int32_t)n, &cached, &err))
+        (int64_t)n >= s->p.n_ctx || slot_seek(s, sl, ids, (int32_t)n, &cached, &err))
         goto out;
     if (cached < (int32_t)n) {
-        if (qwenrt_session_prefill(sl->sess, ids + cached, (int32_t)n - cached, NULL, &err)) {
-            qwenrt_session_reset(sl->sess);
-            sl->n_toks = 0;
-            goto out;
-        }
-        memcpy(sl->toks + cached, ids + cached, (n - (size_t)cached) * sizeof(*ids));
-        sl->n_toks = (int32_t)n;
+        sl->next_ids = ids; /* moves ownership */
+        sl->n_next = (int32_t)n;
+        ids = NULL;
+        pending = true;
     }
-    pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
 out:
     xfree(text);
     xfree(ids);
+    return pending;
 }
 
 /* Brings the slot's session to the longest cached prefix of the job's prompt, picks the
@@ -483,8 +516,18 @@ static void admit(struct sched *s, struct job **gone, int *n_gone)
             struct slot *sl = &s->slots[i];
             if (sl->job)
                 continue;
-            int32_t c = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
-            int32_t len = c == sl->n_toks ? c : 0;
+            int32_t c, len;
+            if (sl->phase == SLOT_NEXT) {
+                /* preparing this very turn: the job takes over (its prefill goes on from
+                 * where the preparation got); preparing another chat: busy */
+                c = common_prefix(sl->next_ids, sl->n_next, j->ids, j->n_ids);
+                if (c != sl->n_next)
+                    continue;
+                len = c;
+            } else {
+                c = common_prefix(sl->toks, sl->n_toks, j->ids, j->n_ids);
+                len = c == sl->n_toks ? c : 0;
+            }
             if (len > best_len) {
                 best = i;
                 best_len = len;
@@ -492,6 +535,11 @@ static void admit(struct sched *s, struct job **gone, int *n_gone)
         }
         if (best < 0)
             break;
+        if (s->slots[best].phase == SLOT_NEXT) {
+            xfree(s->slots[best].next_ids);
+            s->slots[best].next_ids = NULL;
+            s->slots[best].n_next = 0;
+        }
         s->slots[best].job = j;
         s->slots[best].phase = SLOT_IDLE;
         s->q_head = (s->q_head + 1) % s->p.queue_max;
@@ -534,7 +582,7 @@ static void slot_step(struct sched *s, struct slot *sl)
 static bool any_active(const struct sched *s)
 {
     for (int i = 0; i < s->p.n_parallel; i++)
-        if (s->slots[i].job)
+        if (s->slots[i].job || s->slots[i].phase == SLOT_NEXT)
             return true;
     return false;
 }
@@ -568,6 +616,8 @@ static void *sched_main(void *arg)
                     gen[n_gen++] = sl;
             } else if (sl->job) {
                 slot_step(s, sl);
+            } else if (sl->phase == SLOT_NEXT) {
+                slot_next_step(s, sl);
             }
         }
         decode_all(s, gen, ids, n_gen);
@@ -717,6 +767,7 @@ void sched_free(struct sched *s)
         qwenrt_session_free(s->slots[i].sess);
         qwenrt_sampler_free(s->slots[i].smp);
         xfree(s->slots[i].toks);
+        xfree(s->slots[i].next_ids);
     }
     pcache_free(&s->cache);
     qwenrt_batch_free(s->batch);

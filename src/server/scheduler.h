@@ -18,8 +18,9 @@
  * the answer as the next request will send it (earlier turns may render differently from
  * what was generated, e.g. Qwen3/3.5 drop the <think> block of past answers, so the final
  * state rarely is a prefix of the next prompt), the slot prefills that from the best
- * checkpoint and caches it. The client already has its answer by then; the next turn then
- * processes only its own tokens.
+ * checkpoint, a chunk per iteration as for a prompt (a request for that very turn arriving
+ * meanwhile takes the slot over and goes on from there), and caches it. The client already
+ * has its answer by then; the next turn then processes only its own tokens.
  */
 #ifndef QWENRT_SERVER_SCHEDULER_H
 #define QWENRT_SERVER_SCHEDULER_H
@@ -35,7 +36,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/textgen.h"
 
-#define SCHED_MAX_SLOTS 256         /* --parallel at most */
+#define SCHED_MAX_SLOTS 256     /* --parallel at most */
 #define SCHED_PREFILL_CHUNK 256 /* prompt tokens per scheduler iteration and slot */
 #define SCHED_MAX_PENDING                                                                          \
     (4 << 20) /* bytes of text a client may leave unread before the                                \
