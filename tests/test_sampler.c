@@ -165,6 +165,76 @@ static void test_seed_repeats(void **st)
     qwenrt_sampler_free(c);
 }
 
+/* Without top-k: temperature alone, with min-p, and with top-p all follow the filtered softmax
+ * (chi-square against the exact filtered distribution computed here). */
+static void check_no_top_k(float top_p, float min_p)
+{
+    float l[V];
+    fill_logits(l, 9);
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.temperature = 0.8f;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.seed = 11;
+    struct qwenrt_sampler *s = make(p);
+    const int N = 100000;
+    int count[V] = {0};
+    for (int i = 0; i < N; i++)
+        count[qwenrt_sampler_sample(s, l)]++;
+    /* expected: softmax, sorted prefix reaching top_p, then min-p, renormalised */
+    double prob[V], mx = -1e30, z = 0.0;
+    int order[V];
+    for (int i = 0; i < V; i++)
+        mx = l[i] / 0.8 > mx ? l[i] / 0.8 : mx;
+    for (int i = 0; i < V; i++)
+        z += prob[i] = exp(l[i] / 0.8 - mx);
+    for (int i = 0; i < V; i++) {
+        prob[i] /= z;
+        order[i] = i;
+    }
+    for (int i = 0; i < V; i++) /* selection sort by probability, descending */
+        for (int j = i + 1; j < V; j++)
+            if (prob[order[j]] > prob[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    bool keep[V] = {0};
+    double cum = 0.0, kept = 0.0;
+    for (int i = 0; i < V; i++) {
+        int id = order[i];
+        if (prob[id] < min_p * prob[order[0]])
+            break;
+        keep[id] = true;
+        kept += prob[id];
+        if ((cum += prob[id]) >= top_p)
+            break;
+    }
+    double chi2 = 0.0;
+    int bins = 0;
+    for (int i = 0; i < V; i++) {
+        if (!keep[i]) {
+            assert_int_equal(count[i], 0);
+            continue;
+        }
+        double e = N * prob[i] / kept;
+        chi2 += (count[i] - e) * (count[i] - e) / e;
+        bins++;
+    }
+    printf("top_p %.2f min_p %.2f: %d tokens kept, chi2 %.1f\n", top_p, min_p, bins, chi2);
+    assert_true(chi2 < 3.0 * bins + 30.0);
+    qwenrt_sampler_free(s);
+}
+
+static void test_no_top_k(void **st)
+{
+    (void)st;
+    check_no_top_k(1.0f, 0.0f);
+    check_no_top_k(1.0f, 0.2f);
+    check_no_top_k(0.7f, 0.0f);
+    check_no_top_k(0.9f, 0.05f);
+}
+
 static void test_bad_params(void **st)
 {
     (void)st;
@@ -187,7 +257,7 @@ int main(void)
         cmocka_unit_test(test_greedy),        cmocka_unit_test(test_top_k_only_best),
         cmocka_unit_test(test_distribution),  cmocka_unit_test(test_top_p_and_min_p_filters),
         cmocka_unit_test(test_penalties),     cmocka_unit_test(test_seed_repeats),
-        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_no_top_k),     cmocka_unit_test(test_bad_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

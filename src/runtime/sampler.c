@@ -3,8 +3,8 @@
  * top-k, top-p, min-p, and a draw with the sampler's own RNG (splitmix64 seeded per sampler,
  * so runs with the same seed are identical and samplers never share state).
  *
- * Candidates are the whole vocabulary, partially sorted only as far as top-k needs; with
- * top_k <= 0 the full sort costs ~10 ms for 250k tokens, so callers should set a top_k.
+ * Candidates are the whole vocabulary, partially sorted only as far as top-k needs; without
+ * top-k, only candidates that can matter are sorted (filter_without_top_k).
  */
 #include "runtime/sampler.h"
 
@@ -204,6 +204,54 @@ static void apply_penalties(struct qwenrt_sampler *s)
     }
 }
 
+/* Softmax over all n candidates in place (unsorted); returns the index of the largest. */
+static int32_t softmax_unsorted(struct sampler_cand *c, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (c[i].logit > c[best].logit)
+            best = i;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        sum += c[i].p = expf(c[i].logit - c[best].logit);
+    for (int32_t i = 0; i < n; i++)
+        c[i].p = (float)(c[i].p / sum);
+    return best;
+}
+
+/* Without top-k, sorting the whole vocabulary for every token costs ~10 ms at 250k tokens.
+ * Exact shortcut: every candidate below 1e-9 is smaller than every candidate above it, so
+ * sorting only those above gives the same top-p prefix whenever that prefix reaches top_p
+ * (the rest holds at most n·1e-9 of the mass); otherwise fall back to sorting everything.
+ * With top_p = 1 nothing needs sorting: min-p filters by value and the draw walks any order. */
+static int32_t filter_without_top_k(struct qwenrt_sampler *s)
+{
+    struct sampler_cand *c = s->cand;
+    int32_t n = s->n_vocab, best = softmax_unsorted(c, n);
+    float pmax = c[best].p;
+    if (s->p.top_p >= 1.0f) {
+        int32_t keep = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (c[i].p >= s->p.min_p * pmax)
+                c[keep++] = c[i];
+        renormalise(c, keep);
+        return keep;
+    }
+    int32_t keep = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (c[i].p >= 1e-9f)
+            c[keep++] = c[i];
+    qsort(c, (size_t)keep, sizeof(*c), cmp_desc);
+    double cum = 0.0;
+    for (int32_t i = 0; i < keep; i++)
+        if ((cum += c[i].p) >= s->p.top_p) {
+            keep = i + 1;
+            renormalise(c, keep);
+            return sampler_min_p(c, keep, s->p.min_p);
+        }
+    return -1; /* the prefix needs the tiny candidates too: caller sorts everything */
+}
+
 int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
 {
     for (int32_t i = 0; i < s->n_vocab; i++) {
@@ -220,10 +268,20 @@ int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
     }
     for (int32_t i = 0; i < s->n_vocab; i++)
         s->cand[i].logit /= s->p.temperature;
-    int32_t n = sampler_top_k(s->cand, s->n_vocab, s->p.top_k);
-    sampler_softmax(s->cand, n);
-    n = sampler_top_p(s->cand, n, s->p.top_p);
-    n = sampler_min_p(s->cand, n, s->p.min_p);
+    int32_t n = s->p.top_k <= 0 ? filter_without_top_k(s) : -1;
+    if (n < 0) {
+        for (int32_t i = 0; i < s->n_vocab; i++) { /* restore: the shortcut reordered them */
+            s->cand[i].id = i;
+            s->cand[i].logit = logits[i];
+        }
+        apply_penalties(s);
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            s->cand[i].logit /= s->p.temperature;
+        n = sampler_top_k(s->cand, s->n_vocab, s->p.top_k);
+        sampler_softmax(s->cand, n);
+        n = sampler_top_p(s->cand, n, s->p.top_p);
+        n = sampler_min_p(s->cand, n, s->p.min_p);
+    }
     double u = next_uniform(s), cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         cum += s->cand[i].p;
