@@ -39,7 +39,7 @@ void matmul_quant_run(const struct cpu_matmul_args *a, quant_dot_fn dot);
  * tile() on up to QTILE_ROWS rows at a time, so unpacked weights are reused across tokens and
  * the activation loads across rows. */
 #define QTILE_ROWS 4    /* weight rows per tile() call */
-#define QTILE_TOKENS 4  /* tokens per tile() call */
+#define QTILE_TOKENS 8  /* tokens per tile() call */
 #define QTILE_ROWS_L1 16 /* rows whose weights stay in L1 while the token groups pass */
 
 /* y[t·ldy + r] = dot(weight row r at w + r·w_stride, activation row t at xa + t·xa_stride)
