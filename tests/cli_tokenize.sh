@@ -41,16 +41,21 @@ mkdir "$TMP/hf" && cp "$TOK" "$TMP/hf/tokenizer.json"
 got=$("$BIN" tokenize -m "$TMP/hf" --file "$TMP/chat.txt") || fail "tokenize -m DIR"
 [ "$got" = "$want" ] || fail "tokenize -m DIR: $got"
 
-# -m with a GGUF file: the tokenizer travels in its metadata
-if "$BIN" convert tests/data/qwen3-tiny-f32 -o "$TMP/tiny.gguf" --type f32 --tokenizer "$TOK" \
+# -m with a GGUF file: the tokenizer travels in its metadata (a tiny model with the real
+# vocabulary size: a tokenizer larger than the embedding is refused, as llama.cpp would)
+if "$BIN" synth --arch qwen3-tiny --vocab 151936 -o "$TMP/tiny.gguf" --type f16 --tokenizer "$TOK" \
         > /dev/null 2>&1; then
     got=$("$BIN" tokenize -m "$TMP/tiny.gguf" --file "$TMP/chat.txt") || fail "tokenize -m GGUF"
     [ "$got" = "$want" ] || fail "tokenize -m GGUF: $got"
     got=$("$BIN" detokenize -m "$TMP/tiny.gguf" --ids 1122,220,19,220,26062,3951) || fail "detok GGUF"
     [ "$got" = "ied 4 ½ months" ] || fail "detokenize -m GGUF: $got"
 else
-    fail "qwenrt convert could not write a GGUF with the tokenizer"
+    fail "qwenrt synth could not write a GGUF with the tokenizer"
 fi
+if "$BIN" convert tests/data/qwen3-tiny-f32 -o "$TMP/small.gguf" --type f32 --tokenizer "$TOK" 2> "$TMP/err"; then
+    fail "a 151k-token tokenizer was embedded in a model of 1024 embedding rows"
+fi
+grep -q "more than the model's 1024 embedding rows" "$TMP/err" || fail "tokenizer/vocab mismatch message: $(cat "$TMP/err")"
 
 # errors: clear message and exit code 1; usage errors exit 2
 "$BIN" tokenize --tokenizer "$TMP/none.json" --text x 2> "$TMP/err"; rc=$?
