@@ -2,12 +2,14 @@
  * bench_matmul_quant.c — micro-benchmark of the quantised-weight matmul variants.
  *
  * Decode (T = 1): GB/s of weight bytes streamed. Several copies of the weight matrix (at least
- * 64 MiB in all) are used in turn, so weights come from memory, not from the last-level cache.
+ * 512 MiB in all, twice this VM's 260 MiB L3) are used in turn, so weights come from memory.
  * Prefill (T = 128): GFLOP/s (2·T·K·N per call) on one matrix. Median of the repetitions.
  * The machine is shared: 1-thread columns also report the speed from the thread's CPU time
  * (CLOCK_THREAD_CPUTIME_ID: time the thread was descheduled does not count), "cpu" columns,
- * which is the kernel's own speed; the first line gives the load average and a plain
- * AVX-512 read of 512 MiB (1 and 2 threads, best of 5) as the bandwidth the GB/s compare to.
+ * which is the kernel's own speed; the first line gives the load average and an AVX-512 read
+ * of 512 MiB with software prefetch 2 KiB ahead (1 and 2 threads, best of 5) as the bandwidth
+ * the GB/s compare to. Run 2-thread numbers with OMP_WAIT_POLICY=active: with libgomp's default
+ * wait, a worker that went to sleep on this loaded VM can make one call take milliseconds.
  * Build and run (not part of the CMake build; benches never run in tests):
  *   cc -O2 -fopenmp -Isrc -Iinclude bench/bench_matmul_quant.c build-quant/libqwenrt.a \
  *      $(pkg-config --libs jansson libutf8proc) -lcrypto -lm -o /tmp/bench_mq
@@ -45,6 +47,8 @@ __attribute__((target("avx512f"))) static long long read_sum(const uint8_t *p, s
 {
     __m512i a = _mm512_setzero_si512(), b = a;
     for (size_t i = 0; i + 128 <= n; i += 128) {
+        _mm_prefetch((const char *)(p + i + 2048), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + i + 2048 + 64), _MM_HINT_T0);
         a = _mm512_add_epi32(a, _mm512_load_si512((const void *)(p + i)));
         b = _mm512_add_epi32(b, _mm512_load_si512((const void *)(p + i + 64)));
     }
@@ -107,7 +111,7 @@ int main(int argc, char **argv)
         size_t rb;
         dtype_row_bytes(types[ti], K, &rb);
         size_t mat = rb * (size_t)N;
-        int copies = hot ? 1 : (int)((64u << 20) / mat) + 1;
+        int copies = hot ? 1 : (int)(((size_t)512 << 20) / mat) + 1;
         uint8_t *w = xmalloc((size_t)copies, mat);
         for (int64_t n = 0; n < N; n++) {
             for (int64_t k = 0; k < K; k++) {
