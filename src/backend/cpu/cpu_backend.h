@@ -91,6 +91,9 @@ void gdn_core_ref(const struct plan_op *op, struct cpu_exec *ex);
 void gated_rmsnorm_ref(const struct plan_op *op, struct cpu_exec *ex);
 void logits_op(const struct plan_op *op, struct cpu_exec *ex);
 
+/* attention_ref with AVX-512 dot products (attention_avx512.c); f32 rounding vs the ref. */
+void attention_avx512(const struct plan_op *op, struct cpu_exec *ex);
+
 /* Gated DeltaNet core in chunks (gdn_chunked.c): exact to f32 rounding vs gdn_core_ref. */
 void gdn_core_chunked(const struct plan_op *op, struct cpu_exec *ex);
 void gdn_core_chunked_avx512(const struct plan_op *op, struct cpu_exec *ex);

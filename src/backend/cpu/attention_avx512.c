@@ -1,0 +1,92 @@
+/*
+ * attention_avx512.c — attention.avx512: causal softmax attention over the f32 KV cache with
+ * AVX-512 dot products; the same maths and layout as attention_ref (kernels_ref.c), which
+ * stays the oracle (tests/test_attention_avx512.c).
+ *
+ * attention_ref's q·k loop is a serial f32 sum (no reassociation without -ffast-math), so it
+ * runs at one multiply-add per 4 cycles: at prefill 128 that is most of the non-matmul time.
+ * Here q·k uses 16-lane partial sums (a fixed order per (token, head), independent of the
+ * thread split, so results are deterministic across thread counts); softmax and the weighted
+ * sum of V are vectorised the same way. Decode (T = 1) with a short context runs on the
+ * calling thread: 16 heads x a few hundred positions is ~10 µs of work, less than what an
+ * OpenMP fork/join costs on this shared machine.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+
+#define TARGET __attribute__((target("avx512f,avx2,fma")))
+#define SERIAL_MAX_WORK 65536 /* T x positions x heads below which one thread does it all */
+
+static TARGET float dot16(const float *a, const float *b, int32_t n)
+{
+    __m512 acc = _mm512_setzero_ps();
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+    if (d < n) {
+        __mmask16 m = (__mmask16)((1u << (n - d)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* o[d] += w·v[d] */
+static TARGET void axpy16(float *o, float w, const float *v, int32_t n)
+{
+    __m512 wv = _mm512_set1_ps(w);
+    int32_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        _mm512_storeu_ps(o + d, _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(o + d)));
+    for (; d < n; d++)
+        o[d] += w * v[d];
+}
+
+/* One (token, head): scores over positions 0..last, softmax, weighted sum of V. */
+static TARGET void head(const float *q, float *o, const float *kc, const float *vc, int32_t kvw,
+                        int32_t off, int32_t hd, int32_t last, float scale, float *scores)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int32_t p = 0; p <= last; p++) {
+        scores[p] = dot16(q, kc + (size_t)p * kvw + off, hd) * scale;
+        mx = scores[p] > mx ? scores[p] : mx;
+    }
+    for (int32_t p = 0; p <= last; p++) {
+        scores[p] = expf(scores[p] - mx);
+        sum += scores[p];
+    }
+    memset(o, 0, (size_t)hd * sizeof(float));
+    for (int32_t p = 0; p <= last; p++)
+        axpy16(o, scores[p] / sum, vc + (size_t)p * kvw + off, hd);
+}
+
+void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
+{
+    struct seq_state *s = ex->state;
+    int32_t hd = op->head_dim, kvw = s->kv_width, group = op->n_head / op->n_head_kv;
+    float *kc = s->k_cache[op->layer], *vc = s->v_cache[op->layer];
+    const float *kin = ex->bufs[op->in2], *vin = ex->bufs[op->in3];
+    int32_t wk = ex->plan->bufs[op->in2].width, wv = ex->plan->bufs[op->in3].width;
+    for (int32_t t = 0; t < ex->T; t++) {
+        memcpy(kc + (size_t)(ex->pos0 + t) * kvw, kin + (size_t)t * wk, (size_t)kvw * sizeof(float));
+        memcpy(vc + (size_t)(ex->pos0 + t) * kvw, vin + (size_t)t * wv, (size_t)kvw * sizeof(float));
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    int32_t n_pos = ex->pos0 + ex->T;
+    int32_t wq = ex->plan->bufs[op->in].width, wo = ex->plan->bufs[op->out].width;
+    const float *qb = ex->bufs[op->in];
+    float *ob = ex->bufs[op->out];
+    int64_t work = (int64_t)ex->T * n_pos * op->n_head;
+#pragma omp parallel num_threads(ex->n_threads) if (work > SERIAL_MAX_WORK)
+    {
+        float *scores = ex->scratch + (size_t)n_pos * (size_t)omp_get_thread_num();
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int32_t t = 0; t < ex->T; t++)
+            for (int32_t h = 0; h < op->n_head; h++)
+                head(qb + (size_t)t * wq + (size_t)h * op->q_stride, ob + (size_t)t * wo + (size_t)h * hd,
+                     kc, vc, kvw, (h / group) * hd, hd, ex->pos0 + t, scale, scores);
+    }
+}
