@@ -11,8 +11,9 @@
  *    quant_quantize_row into Q8_0/Q8_K and dequantised): the integer dot products are exact,
  *    so only f32 rounding of the per-block scale products and sums remains: 1e-5 of Σ|ŵ·x̂|.
  *
- * Shapes: K = 256 and 768 (3 super-blocks; an odd number of 32-blocks for Q8_0/Q4_0 pairs),
- * N = 1, 7, 33, 129 (not multiples of the 16-row tile), T = 1, 3, 17 (token groups of 4 with
+ * Shapes: K = 256 and 768 (3 super-blocks), and 800 for Q8_0/Q4_0 (25 blocks: an odd block
+ * after the pairs),
+ * N = 1, 7, 33, 129 (not multiples of the 16-row tile), T = 1, 3, 17 (token groups of 4 or 8 with
  * remainders); 1 and 3 threads. x's row padding is NaN, weight-row padding is 0xFF bytes, and
  * a guard value after each output row must survive.
  */
@@ -179,7 +180,8 @@ static double run_check(const struct problem *p, const struct cpu_matmul_variant
 
 static void check_type(enum qr_dtype wt)
 {
-    static const int64_t Ks[] = {256, 768}, Ns[] = {1, 7, 33, 129}, Ts[] = {1, 3, 17};
+    static const int64_t Ks[] = {256, 768, 800}, Ns[] = {1, 7, 33, 129}, Ts[] = {1, 3, 17};
+    size_t n_k = (wt == QR_Q8_0 || wt == QR_Q4_0) ? 3 : 2; /* 800: 25 blocks, an odd count */
     uint32_t feats = cpu_features_detect();
     int n_variants = 0;
     for (const struct cpu_matmul_variant *v = cpu_matmul_variants(); v->key; v++) {
@@ -188,7 +190,7 @@ static void check_type(enum qr_dtype wt)
         bool is_ref = strstr(v->key, ".ref") != NULL;
         double worst_ref = 0, worst_q = 0;
         uint64_t seed = 0x9E3779B97F4A7C15ull;
-        for (size_t ik = 0; ik < 2; ik++) {
+        for (size_t ik = 0; ik < n_k; ik++) {
             for (size_t in = 0; in < 4; in++) {
                 for (size_t it = 0; it < 3; it++) {
                     struct problem p;
