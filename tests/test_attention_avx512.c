@@ -45,9 +45,16 @@ static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t s
             bv = plan_add_buf(&plan, "v", kvw), bo = plan_add_buf(&plan, "o", qw);
     struct plan_op *op = plan_add_op(&plan, OP_ATTENTION, 0);
     assert_false(plan.failed);
-    *op = (struct plan_op){.kind = OP_ATTENTION, .layer = 0, .out = bo, .in = bq, .in2 = bk,
-                           .in3 = bv, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
-                           .head_dim = hd, .q_stride = hd};
+    *op = (struct plan_op){.kind = OP_ATTENTION,
+                           .layer = 0,
+                           .out = bo,
+                           .in = bq,
+                           .in2 = bk,
+                           .in3 = bv,
+                           .n_head = c->n_head,
+                           .n_head_kv = c->n_head_kv,
+                           .head_dim = hd,
+                           .q_stride = hd};
     float *q = malloc((size_t)c->T * qw * sizeof(float));
     float *k = malloc((size_t)c->T * kvw * sizeof(float));
     float *v = malloc((size_t)c->T * kvw * sizeof(float));
@@ -62,11 +69,15 @@ static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t s
         vcache[i] = i < (int64_t)c->pos0 * kvw ? urand(&r, -1.0f, 1.0f) : 0.0f;
     }
     float *kp[1] = {kcache}, *vp[1] = {vcache};
-    struct seq_state st = {.n_layer = 1, .n_ctx = n_ctx, .k_cache = kp, .v_cache = vp,
-                           .kv_width = kvw};
+    struct seq_state st = {
+        .n_layer = 1, .n_ctx = n_ctx, .k_cache = kp, .v_cache = vp, .kv_width = kvw};
     float *scratch = malloc((size_t)(n_ctx + 1) * 256 * sizeof(float));
-    struct cpu_exec ex = {.plan = &plan, .T = c->T, .pos0 = c->pos0, .state = &st,
-                          .n_threads = threads, .scratch = scratch,
+    struct cpu_exec ex = {.plan = &plan,
+                          .T = c->T,
+                          .pos0 = c->pos0,
+                          .state = &st,
+                          .n_threads = threads,
+                          .scratch = scratch,
                           .scratch_len = (int64_t)(n_ctx + 1) * 256};
     ex.bufs[bq] = q, ex.bufs[bk] = k, ex.bufs[bv] = v, ex.bufs[bo] = out;
     fn(op, &ex);
@@ -80,8 +91,8 @@ static void test_vs_ref(void **state)
     if (!(cpu_features_detect() & CPU_AVX512F))
         skip();
     static const struct attn_case cases[] = {
-        {16, 8, 128, 1, 0},  {16, 8, 128, 1, 23}, {16, 8, 128, 37, 0}, {16, 8, 128, 5, 23},
-        {6, 2, 80, 1, 23},   {6, 2, 80, 37, 23},  {4, 4, 8, 5, 23},    {3, 1, 128, 37, 0},
+        {16, 8, 128, 1, 0}, {16, 8, 128, 1, 23}, {16, 8, 128, 37, 0}, {16, 8, 128, 5, 23},
+        {6, 2, 80, 1, 23},  {6, 2, 80, 37, 23},  {4, 4, 8, 5, 23},    {3, 1, 128, 37, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
@@ -101,8 +112,7 @@ static void test_vs_ref(void **state)
             /* |o| <= max|v| = 1, a convex combination: relative to 1 */
             if (!(fabsf(got[j] - want[j]) <= REL_TOL))
                 fail_msg("case %zu (H %d/%d hd %d T %d pos0 %d): out[%zu] = %.8g, want %.8g", i,
-                         c->n_head, c->n_head_kv, c->head_dim, c->T, c->pos0, j, got[j],
-                         want[j]);
+                         c->n_head, c->n_head_kv, c->head_dim, c->T, c->pos0, j, got[j], want[j]);
         }
         free(want), free(got), free(got1), free(kw), free(vw), free(kg), free(vg);
     }

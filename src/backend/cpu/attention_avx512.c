@@ -29,7 +29,8 @@ static TARGET float dot16(const float *a, const float *b, int32_t n)
         acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
     if (d < n) {
         __mmask16 m = (__mmask16)((1u << (n - d)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
+        acc =
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + d), _mm512_maskz_loadu_ps(m, b + d), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
@@ -40,7 +41,8 @@ static TARGET void axpy16(float *o, float w, const float *v, int32_t n)
     __m512 wv = _mm512_set1_ps(w);
     int32_t d = 0;
     for (; d + 16 <= n; d += 16)
-        _mm512_storeu_ps(o + d, _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(o + d)));
+        _mm512_storeu_ps(o + d,
+                         _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + d), _mm512_loadu_ps(o + d)));
     for (; d < n; d++)
         o[d] += w * v[d];
 }
@@ -71,8 +73,10 @@ void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
     const float *kin = ex->bufs[op->in2], *vin = ex->bufs[op->in3];
     int32_t wk = ex->plan->bufs[op->in2].width, wv = ex->plan->bufs[op->in3].width;
     for (int32_t t = 0; t < ex->T; t++) {
-        memcpy(kc + (size_t)(ex->pos0 + t) * kvw, kin + (size_t)t * wk, (size_t)kvw * sizeof(float));
-        memcpy(vc + (size_t)(ex->pos0 + t) * kvw, vin + (size_t)t * wv, (size_t)kvw * sizeof(float));
+        memcpy(kc + (size_t)(ex->pos0 + t) * kvw, kin + (size_t)t * wk,
+               (size_t)kvw * sizeof(float));
+        memcpy(vc + (size_t)(ex->pos0 + t) * kvw, vin + (size_t)t * wv,
+               (size_t)kvw * sizeof(float));
     }
     float scale = 1.0f / sqrtf((float)hd);
     int32_t n_pos = ex->pos0 + ex->T;
@@ -86,7 +90,8 @@ void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int32_t t = 0; t < ex->T; t++)
             for (int32_t h = 0; h < op->n_head; h++)
-                head(qb + (size_t)t * wq + (size_t)h * op->q_stride, ob + (size_t)t * wo + (size_t)h * hd,
-                     kc, vc, kvw, (h / group) * hd, hd, ex->pos0 + t, scale, scores);
+                head(qb + (size_t)t * wq + (size_t)h * op->q_stride,
+                     ob + (size_t)t * wo + (size_t)h * hd, kc, vc, kvw, (h / group) * hd, hd,
+                     ex->pos0 + t, scale, scores);
     }
 }

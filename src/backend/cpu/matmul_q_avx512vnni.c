@@ -27,12 +27,14 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
-#define TARGET                                                                               \
+#define TARGET                                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c,fma")))
 #define INLINE static inline __attribute__((always_inline)) TARGET
-#define UNROLL _Pragma("GCC unroll 8")
 
-INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
+INLINE float h2f(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
 
 INLINE const void *xrow(const void *xq, size_t xs, int j)
 {
@@ -53,8 +55,8 @@ INLINE __m512 join_scales(float s0, float s1)
 /* ---- Q8_0 and Q4_0 against Q8_0 activations: blocks in pairs ---- */
 
 /* Signed weight bytes wq (64 = two blocks) with scales dw0, dw1, against each token. */
-INLINE void dot_pair(__m512i wq, float dw0, float dw1, const void *xq, size_t xs, int64_t i,
-                     int nx, __m512 *acc, int both)
+INLINE void dot_pair(__m512i wq, float dw0, float dw1, const void *xq, size_t xs, int64_t i, int nx,
+                     __m512 *acc, int both)
 {
     __m512i aw = _mm512_abs_epi8(wq);
     __mmask64 neg = _mm512_movepi8_mask(wq);
@@ -105,7 +107,10 @@ INLINE void dot_q4_0_n(int64_t nb, const void *w, const void *xq, size_t xs, int
 
 /* ---- tiled kernels (Q8_0, Q4_K, Q5_K, Q6_K): activation rows prepared once per call ---- */
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+static size_t align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
 
 /* Decode streams 4 rows at once; the hardware prefetcher sees 4 interleaved streams and
  * falls behind, so each step of a one-token tile prefetches its share of the next tile's
@@ -121,7 +126,10 @@ INLINE void prefetch_lines(const uint8_t **pf, int lines)
 /* Q8_0 activation row: u8 xq[K] = x + 128 (x quantised to Q8_0), then f32 dxe[K/4]: the block
  * scale (the f16 value, widened) once per int32 lane of a dpbusd, so a 64-byte step of xq lines
  * up with 16 floats. */
-static size_t q8_0_act_bytes(int64_t K) { return 2 * align64((size_t)K); }
+static size_t q8_0_act_bytes(int64_t K)
+{
+    return 2 * align64((size_t)K);
+}
 
 /* Round x·id to nearest even (lrintf under the default rounding mode), clamp to ±127, narrow. */
 INLINE __m128i quant16(const float *x, __m512 id)
@@ -175,9 +183,9 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
     const size_t dx_off = align64((size_t)K);
     const __m512i k80 = _mm512_set1_epi8((char)0x80);
     __m512 acc[QTILE_ROWS][QTILE_TOKENS];
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             acc[r][t] = _mm512_setzero_ps();
     const uint8_t *pf = w + (size_t)NR * ws;
@@ -185,7 +193,7 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
         const int two = i + 1 < nb;
         if (NT == 1)
             prefetch_lines(&pf, (NR * 68 + 63) / 64);
-        UNROLL
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const struct block_q8_0 *b = (const struct block_q8_0 *)(w + (size_t)r * ws) + i;
             __m256i lo = _mm256_loadu_si256((const void *)b[0].qs);
@@ -194,20 +202,21 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
             __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(),
                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, wv));
             __m512 dw = scales2(&b[0].d, two ? &b[1].d : &b[0].d);
-            UNROLL
+#pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const uint8_t *x = xa + (size_t)t * xs;
-                __m512i xv = two ? _mm512_load_si512((const void *)(x + 32 * i))
-                                 : _mm512_zextsi256_si512(_mm256_load_si256((const void *)(x + 32 * i)));
+                __m512i xv =
+                    two ? _mm512_load_si512((const void *)(x + 32 * i))
+                        : _mm512_zextsi256_si512(_mm256_load_si256((const void *)(x + 32 * i)));
                 __m512i p = _mm512_dpbusd_epi32(init, xv, wv);
                 __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps((const float *)(x + dx_off) + 8 * i));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][t]);
             }
         }
     }
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
@@ -266,8 +275,14 @@ static TARGET void k_prep(const float *x, int64_t K, uint8_t *xa, int permute, i
     }
 }
 
-static void q4_k_prep(const float *x, int64_t K, uint8_t *xa) { k_prep(x, K, xa, 1, 0); }
-static void q6_k_prep(const float *x, int64_t K, uint8_t *xa) { k_prep(x, K, xa, 0, 1); }
+static void q4_k_prep(const float *x, int64_t K, uint8_t *xa)
+{
+    k_prep(x, K, xa, 1, 0);
+}
+static void q6_k_prep(const float *x, int64_t K, uint8_t *xa)
+{
+    k_prep(x, K, xa, 0, 1);
+}
 
 /* Q4_K/Q5_K packed scales -> 8 scale bytes and 8 min bytes (low 6 bits of the first four
  * bytes, then low nibbles of bytes 8-11 with the top two bits of bytes 0-3 / 4-7). */
@@ -286,7 +301,8 @@ INLINE void k_scales(const uint8_t s[12], uint64_t *sc, uint64_t *mn)
 /* int16 scale words for vector c: 16 words of sub-block A_c, 16 of B_c (from 8 words). */
 INLINE __m512i k4_scale_vec(__m512i sc16, int c)
 {
-    __m512i lo = _mm512_set1_epi16((short)k4_sub[c][0]), hi = _mm512_set1_epi16((short)k4_sub[c][1]);
+    __m512i lo = _mm512_set1_epi16((short)k4_sub[c][0]),
+            hi = _mm512_set1_epi16((short)k4_sub[c][1]);
     return _mm512_permutexvar_epi16(_mm512_mask_blend_epi16(0xFFFF0000u, lo, hi), sc16);
 }
 
@@ -302,7 +318,8 @@ INLINE void k4_unpack_common(const uint16_t *dd, const uint8_t *scales, const ui
                              struct k4_unpacked *u)
 {
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    __m512i q0 = _mm512_loadu_si512((const void *)qs), q1 = _mm512_loadu_si512((const void *)(qs + 64));
+    __m512i q0 = _mm512_loadu_si512((const void *)qs),
+            q1 = _mm512_loadu_si512((const void *)(qs + 64));
     u->W[0] = _mm512_and_si512(q0, m4);
     u->W[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
     u->W[2] = _mm512_and_si512(q1, m4);
@@ -310,7 +327,7 @@ INLINE void k4_unpack_common(const uint16_t *dd, const uint8_t *scales, const ui
     uint64_t sc, mn;
     k_scales(scales, &sc, &mn);
     __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
-    UNROLL
+#pragma GCC unroll 8
     for (int c = 0; c < 4; c++)
         u->S[c] = k4_scale_vec(sc16, c);
     u->m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
@@ -319,17 +336,18 @@ INLINE void k4_unpack_common(const uint16_t *dd, const uint8_t *scales, const ui
 }
 
 /* One unpacked Q4_K/Q5_K super-block against token x (activation row, super-block i):
- * d·Σ_c scale-weighted (w·x) − dmin·Σ_j m_j·xsum_j, times x's d, into acc. maddubs pairs are
- * at most 2·31·128 (no saturation); dpwssd sums stay < 2^31. */
+ * d·Σ_c scale-weighted (w·x) − dmin·Σ_j m_j·xsum_j, times x's d, into acc. maddubs pairs
+ * are at most 2·31·128 (no saturation); dpwssd sums stay < 2^31. */
 INLINE __m512 k4_dot(const struct k4_unpacked *u, const uint8_t *x, int64_t K, int64_t i,
                      __m512 acc)
 {
     const int8_t *xq = (const int8_t *)x + 256 * i;
     __m512i s = _mm512_setzero_si512();
-    UNROLL
+#pragma GCC unroll 8
     for (int c = 0; c < 4; c++)
-        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u->W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
-                                u->S[c]);
+        s = _mm512_dpwssd_epi32(
+            s, _mm512_maddubs_epi16(u->W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
+            u->S[c]);
     __m128i mi = _mm_madd_epi16(u->m16, _mm_load_si128((const void *)(k_act_sums(x, K) + 8 * i)));
     __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), u->d);
     f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi128_si512(mi)), u->negmin, f);
@@ -341,28 +359,28 @@ INLINE void q4_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 {
     const int64_t nb = K / 256;
     __m512 acc[QTILE_ROWS][QTILE_TOKENS];
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             acc[r][t] = _mm512_setzero_ps();
     const uint8_t *pf = w + (size_t)NR * ws;
     for (int64_t i = 0; i < nb; i++) {
         if (NT == 1)
             prefetch_lines(&pf, (NR * 144 + 63) / 64);
-        UNROLL
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const struct block_q4_k *b = (const struct block_q4_k *)(w + (size_t)r * ws) + i;
             struct k4_unpacked u;
             k4_unpack_common(&b->d, b->scales, b->qs, &u);
-            UNROLL
+#pragma GCC unroll 8
             for (int t = 0; t < NT; t++)
                 acc[r][t] = k4_dot(&u, xa + (size_t)t * xs, K, i, acc[r][t]);
         }
     }
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
@@ -372,37 +390,37 @@ INLINE void q5_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 {
     const int64_t nb = K / 256;
     __m512 acc[QTILE_ROWS][QTILE_TOKENS];
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             acc[r][t] = _mm512_setzero_ps();
     const uint8_t *pf = w + (size_t)NR * ws;
     for (int64_t i = 0; i < nb; i++) {
         if (NT == 1)
             prefetch_lines(&pf, (NR * 176 + 63) / 64);
-        UNROLL
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const struct block_q5_k *b = (const struct block_q5_k *)(w + (size_t)r * ws) + i;
             struct k4_unpacked u;
             k4_unpack_common(&b->d, b->scales, b->qs, &u);
             /* 5th bit: sub-block j takes bit j of qh[l] (l = element within the sub-block) */
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)b->qh));
-            UNROLL
+#pragma GCC unroll 8
             for (int c = 0; c < 4; c++) {
                 __m512i bit = join256(_mm256_set1_epi8((char)(1 << k4_sub[c][0])),
                                       _mm256_set1_epi8((char)(1 << k4_sub[c][1])));
                 u.W[c] = _mm512_mask_add_epi8(u.W[c], _mm512_test_epi8_mask(qh, bit), u.W[c],
                                               _mm512_set1_epi8(16));
             }
-            UNROLL
+#pragma GCC unroll 8
             for (int t = 0; t < NT; t++)
                 acc[r][t] = k4_dot(&u, xa + (size_t)t * xs, K, i, acc[r][t]);
         }
     }
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
@@ -431,50 +449,54 @@ INLINE void q6_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 {
     const int64_t nb = K / 256;
     __m512 acc[QTILE_ROWS][QTILE_TOKENS];
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             acc[r][t] = _mm512_setzero_ps();
     const uint8_t *pf = w + (size_t)NR * ws;
     for (int64_t i = 0; i < nb; i++) {
         if (NT == 1)
             prefetch_lines(&pf, (NR * 210 + 63) / 64);
-        UNROLL
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const struct block_q6_k *b = (const struct block_q6_k *)(w + (size_t)r * ws) + i;
             __m512i W[4], S[4];
             q6_levels(b, W);
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)b->scales));
-            UNROLL
+#pragma GCC unroll 8
             for (int c = 0; c < 4; c++) { /* word k of vector c: scale 4c + k/8 */
                 __m512i idx = _mm512_srli_epi16(
                     _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                    3);
                 idx = _mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * c)));
                 S[c] = _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(sc16));
             }
             __m512 dw = _mm512_set1_ps(h2f(b->d));
-            UNROLL
+#pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const uint8_t *x = xa + (size_t)t * xs;
                 const int8_t *xq = (const int8_t *)x + 256 * i;
                 __m512i s = _mm512_setzero_si512();
-                UNROLL
+#pragma GCC unroll 8
                 for (int c = 0; c < 4; c++)
-                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
-                                            S[c]);
+                    s = _mm512_dpwssd_epi32(
+                        s,
+                        _mm512_maddubs_epi16(W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
+                        S[c]);
                 /* offset: 32·Σ_s sc_s·bsum_s */
-                __m256i off = _mm256_madd_epi16(sc16, _mm256_load_si256((const void *)(k_act_sums(x, K) + 16 * i)));
+                __m256i off = _mm256_madd_epi16(
+                    sc16, _mm256_load_si256((const void *)(k_act_sums(x, K) + 16 * i)));
                 s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
                 __m512 sx = _mm512_mul_ps(dw, _mm512_set1_ps(k_act_d(x, K)[i]));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sx, acc[r][t]);
             }
         }
     }
-    UNROLL
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        UNROLL
+#pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
@@ -482,39 +504,55 @@ INLINE void q6_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 /* Tile entry. Decode (one token): QTILE_ROWS rows at once. Prefill: pairs of rows against up
  * to QTILE_TOKENS tokens (16 accumulators; the unpacked weights of one row are reused by 8
  * tokens). A fully unrolled copy per shape. */
-#define NT_SWITCH(t, wr, yr, NR)                                                             \
-    switch (nt) {                                                                            \
-    case 1: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 1); break;                           \
-    case 2: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 2); break;                           \
-    case 3: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 3); break;                           \
-    case 4: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 4); break;                           \
-    case 5: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 5); break;                           \
-    case 6: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 6); break;                           \
-    case 7: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 7); break;                           \
-    default: t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 8); break;                          \
+#define NT_SWITCH(t, wr, yr, NR)                                                                   \
+    switch (nt) {                                                                                  \
+    case 1:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 1);                                             \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 2);                                             \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 3);                                             \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 4);                                             \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 5);                                             \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 6);                                             \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 7);                                             \
+        break;                                                                                     \
+    default:                                                                                       \
+        t##_tile_n(K, wr, ws, xa, xs, yr, ldy, NR, 8);                                             \
+        break;                                                                                     \
     }
 
-#define TILE_ENTRY(t, prep_fn, bytes_fn)                                                     \
-    static TARGET void tile_##t(int64_t K, const uint8_t *w, size_t ws, int nr,              \
-                                const uint8_t *xa, size_t xs, int nt, float *y, int64_t ldy) \
-    {                                                                                        \
-        if (nt == 1 && nr == QTILE_ROWS) {                                                   \
-            t##_tile_n(K, w, ws, xa, xs, y, ldy, QTILE_ROWS, 1);                             \
-            return;                                                                          \
-        }                                                                                    \
-        for (int r = 0; r < nr; r += 2) {                                                    \
-            const uint8_t *wr = w + (size_t)r * ws;                                          \
-            if (r + 1 < nr) {                                                                \
-                NT_SWITCH(t, wr, y + r, 2)                                                   \
-            } else {                                                                         \
-                NT_SWITCH(t, wr, y + r, 1)                                                   \
-            }                                                                                \
-        }                                                                                    \
-    }                                                                                        \
-    void matmul_##t##_avx512vnni(const struct cpu_matmul_args *a)                            \
-    {                                                                                        \
-        static const struct quant_tiled q = {bytes_fn, prep_fn, tile_##t};                  \
-        matmul_quant_run_tiled(a, &q);                                                       \
+#define TILE_ENTRY(t, prep_fn, bytes_fn)                                                           \
+    static TARGET void tile_##t(int64_t K, const uint8_t *w, size_t ws, int nr, const uint8_t *xa, \
+                                size_t xs, int nt, float *y, int64_t ldy)                          \
+    {                                                                                              \
+        if (nt == 1 && nr == QTILE_ROWS) {                                                         \
+            t##_tile_n(K, w, ws, xa, xs, y, ldy, QTILE_ROWS, 1);                                   \
+            return;                                                                                \
+        }                                                                                          \
+        for (int r = 0; r < nr; r += 2) {                                                          \
+            const uint8_t *wr = w + (size_t)r * ws;                                                \
+            if (r + 1 < nr) {                                                                      \
+                NT_SWITCH(t, wr, y + r, 2)                                                         \
+            } else {                                                                               \
+                NT_SWITCH(t, wr, y + r, 1)                                                         \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    void matmul_##t##_avx512vnni(const struct cpu_matmul_args *a)                                  \
+    {                                                                                              \
+        static const struct quant_tiled q = {bytes_fn, prep_fn, tile_##t};                         \
+        matmul_quant_run_tiled(a, &q);                                                             \
     }
 
 TILE_ENTRY(q8_0, q8_0_prep, q8_0_act_bytes)
@@ -523,20 +561,28 @@ TILE_ENTRY(q5_k, q4_k_prep, k_act_bytes)
 TILE_ENTRY(q6_k, q6_k_prep, k_act_bytes)
 
 /* Dispatch on nx so that each token count gets a fully unrolled copy. */
-#define DOT_ENTRY(t)                                                                         \
-    static TARGET void dot_##t(int64_t nb, const void *w, const void *xq, size_t xs, int nx, \
-                               float *out)                                                   \
-    {                                                                                        \
-        switch (nx) {                                                                        \
-        case 1: dot_##t##_n(nb, w, xq, xs, 1, out); break;                                  \
-        case 2: dot_##t##_n(nb, w, xq, xs, 2, out); break;                                  \
-        case 3: dot_##t##_n(nb, w, xq, xs, 3, out); break;                                  \
-        default: dot_##t##_n(nb, w, xq, xs, 4, out); break;                                 \
-        }                                                                                    \
-    }                                                                                        \
-    void matmul_##t##_avx512vnni(const struct cpu_matmul_args *a)                            \
-    {                                                                                        \
-        matmul_quant_run(a, dot_##t);                                                        \
+#define DOT_ENTRY(t)                                                                               \
+    static TARGET void dot_##t(int64_t nb, const void *w, const void *xq, size_t xs, int nx,       \
+                               float *out)                                                         \
+    {                                                                                              \
+        switch (nx) {                                                                              \
+        case 1:                                                                                    \
+            dot_##t##_n(nb, w, xq, xs, 1, out);                                                    \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            dot_##t##_n(nb, w, xq, xs, 2, out);                                                    \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            dot_##t##_n(nb, w, xq, xs, 3, out);                                                    \
+            break;                                                                                 \
+        default:                                                                                   \
+            dot_##t##_n(nb, w, xq, xs, 4, out);                                                    \
+            break;                                                                                 \
+        }                                                                                          \
+    }                                                                                              \
+    void matmul_##t##_avx512vnni(const struct cpu_matmul_args *a)                                  \
+    {                                                                                              \
+        matmul_quant_run(a, dot_##t);                                                              \
     }
 
 DOT_ENTRY(q4_0)
