@@ -222,8 +222,9 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 }
 
 /* Q8_K-based activation rows for the K quants: s8 xq[K] (in the order the weight unpacking
- * produces, see each type), f32 d[K/256], int16 sums (per 32 for Q4_K/Q5_K, natural order;
- * per 16 as Q8_K's bsums for Q6_K). */
+ * produces, see each type), f32 d[K/256], then per super-block 32 bytes of sums: for
+ * Q4_K/Q5_K the f32 d·Σx of each sub-block of 32 (natural order: the min term becomes one
+ * 8-lane FMA per row and token), for Q6_K Q8_K's int16 bsums per 16. */
 static size_t k_act_bytes(int64_t K)
 {
     size_t nb = (size_t)K / 256;
@@ -235,9 +236,9 @@ static inline float *k_act_d(const uint8_t *xa, int64_t K)
     return (float *)(xa + align64((size_t)K));
 }
 
-static inline int16_t *k_act_sums(const uint8_t *xa, int64_t K)
+static inline void *k_act_sums(const uint8_t *xa, int64_t K)
 {
-    return (int16_t *)(xa + align64((size_t)K) + align64(4 * ((size_t)K / 256)));
+    return (void *)(xa + align64((size_t)K) + align64(4 * ((size_t)K / 256)));
 }
 
 /* Q4_K/Q5_K order: 64-byte vector c of a super-block holds sub-blocks A_c then B_c with
@@ -245,13 +246,15 @@ static inline int16_t *k_act_sums(const uint8_t *xa, int64_t K)
 static const int k4_sub[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
 
 /* Same values as quant_quant_q8_k (k_quants.c): d = amax/127, q = lrintf(x·127/amax) clamped
- * to ±127, sums of the int8 values; vectorised with the same IEEE operations. */
+ * to ±127, sums of the int8 values (exact integers); vectorised with the same IEEE operations. */
 static TARGET void k_prep(const float *x, int64_t K, uint8_t *xa, int permute, int sums16)
 {
     int64_t nb = K / 256;
     float *d = k_act_d(xa, K);
     int16_t *sums = k_act_sums(xa, K);
+    float *fsums = k_act_sums(xa, K);
     for (int64_t i = 0; i < nb; i++, x += 256) {
+        int s32[8];
         float amax = amax_n(x, 256);
         d[i] = amax / 127.0f;
         __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
@@ -267,11 +270,12 @@ static TARGET void k_prep(const float *x, int64_t K, uint8_t *xa, int permute, i
             int s16 = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(v));
             if (sums16)
                 sums[16 * i + j] = (int16_t)s16;
-            else if (j & 1)
-                sums[8 * i + sub] = (int16_t)(sums[8 * i + sub] + s16);
             else
-                sums[8 * i + sub] = (int16_t)s16;
+                s32[sub] = (j & 1) ? s32[sub] + s16 : s16;
         }
+        if (!sums16)
+            for (int j = 0; j < 8; j++)
+                fsums[8 * i + j] = d[i] * (float)s32[j];
     }
 }
 
@@ -306,11 +310,10 @@ INLINE __m512i k4_scale_vec(__m512i sc16, int c)
     return _mm512_permutexvar_epi16(_mm512_mask_blend_epi16(0xFFFF0000u, lo, hi), sc16);
 }
 
-/* Unpacked Q4_K/Q5_K super-block: levels W (u8, in k4 order), scale words S, mins m16 (8
- * words), d and −dmin broadcast. */
+/* Unpacked Q4_K/Q5_K super-block: levels W (u8, in k4 order), scale words S, d broadcast,
+ * and −dmin·m_j (8 floats, upper half zero). */
 struct k4_unpacked {
     __m512i W[4], S[4];
-    __m128i m16;
     __m512 d, negmin;
 };
 
@@ -330,14 +333,14 @@ INLINE void k4_unpack_common(const uint16_t *dd, const uint8_t *scales, const ui
 #pragma GCC unroll 8
     for (int c = 0; c < 4; c++)
         u->S[c] = k4_scale_vec(sc16, c);
-    u->m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
     u->d = _mm512_set1_ps(h2f(dd[0]));
-    u->negmin = _mm512_set1_ps(-h2f(dd[1]));
+    u->negmin = _mm512_zextps256_ps512(_mm256_mul_ps(m, _mm256_set1_ps(-h2f(dd[1]))));
 }
 
 /* One unpacked Q4_K/Q5_K super-block against token x (activation row, super-block i):
- * d·Σ_c scale-weighted (w·x) − dmin·Σ_j m_j·xsum_j, times x's d, into acc. maddubs pairs
- * are at most 2·31·128 (no saturation); dpwssd sums stay < 2^31. */
+ * xd·d·Σ_c scale-weighted (w·x) + Σ_j (−dmin·m_j)·(xd·xsum_j), into acc. maddubs pairs are
+ * at most 2·31·128 (no saturation); dpwssd sums stay < 2^31. */
 INLINE __m512 k4_dot(const struct k4_unpacked *u, const uint8_t *x, int64_t K, int64_t i,
                      __m512 acc)
 {
@@ -348,10 +351,10 @@ INLINE __m512 k4_dot(const struct k4_unpacked *u, const uint8_t *x, int64_t K, i
         s = _mm512_dpwssd_epi32(
             s, _mm512_maddubs_epi16(u->W[c], _mm512_load_si512((const void *)(xq + 64 * c))),
             u->S[c]);
-    __m128i mi = _mm_madd_epi16(u->m16, _mm_load_si128((const void *)(k_act_sums(x, K) + 8 * i)));
-    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), u->d);
-    f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi128_si512(mi)), u->negmin, f);
-    return _mm512_fmadd_ps(f, _mm512_set1_ps(k_act_d(x, K)[i]), acc);
+    const float *xsum = (const float *)k_act_sums(x, K) + 8 * i;
+    __m512 sd = _mm512_mul_ps(u->d, _mm512_set1_ps(k_act_d(x, K)[i]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sd, acc);
+    return _mm512_fmadd_ps(u->negmin, _mm512_zextps256_ps512(_mm256_load_ps(xsum)), acc);
 }
 
 INLINE void q4_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
@@ -487,7 +490,8 @@ INLINE void q6_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
                         S[c]);
                 /* offset: 32·Σ_s sc_s·bsum_s */
                 __m256i off = _mm256_madd_epi16(
-                    sc16, _mm256_load_si256((const void *)(k_act_sums(x, K) + 16 * i)));
+                    sc16,
+                    _mm256_load_si256((const void *)((const int16_t *)k_act_sums(x, K) + 16 * i)));
                 s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
                 __m512 sx = _mm512_mul_ps(dw, _mm512_set1_ps(k_act_d(x, K)[i]));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sx, acc[r][t]);
