@@ -9,6 +9,10 @@
  * L1/L2 while the token groups pass over them. A failed scratch allocation leaves y untouched
  * (the args interface has no status; model-size K makes it a few KiB per token).
  *
+ * matmul_quant_run_tiled (the AVX-512 VNNI variants of Q8_0 and the K types) is the same split
+ * with an ISA-specific activation row per token (prep) and a tile() of up to 4 rows x 8 tokens;
+ * its threads split rows in multiples of QTILE_ROWS and prepare the tokens of a prefill.
+ *
  * Portable dots decode a weight block into int8 levels and integer sub-block scales, then do
  * plain integer dot products per token (the compiler may vectorise them for the baseline ISA).
  */
