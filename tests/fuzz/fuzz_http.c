@@ -6,10 +6,10 @@
  * loopback port with the micro Qwen3.5 GGUF of the fuzz corpus, an API key, 4 generated tokens
  * at most per request and a 64 KiB body limit. Each input is:
  *   first byte even: raw bytes sent on a new TCP connection (request line, headers, body), the
- *     answer read until the server closes or 5 s pass; with bit 1 clear the client then closes
- *     its sending side (the server may treat that as a disconnect and drop a pending answer),
- *     with bit 1 set it keeps it open and stops reading after 1 s of silence (an incomplete
- *     request); the server must stay up (health check after every 64 inputs);
+ *     answer read until the server closes or 2 s of silence; with bit 1 clear the client then
+ *     closes its sending side (the server may treat that as a disconnect and drop a pending
+ *     answer), with bit 1 set it keeps it open and stops reading after 0.3 s of silence (an
+ *     incomplete request); the server must stay up (health check after every 64 inputs);
  *   first byte odd: a request body given to oai_parse (chat if bit 1 is clear, else
  *     completions); an accepted request's fields are range-checked, and response/chunk JSON
  *     built from the body's bytes must parse back.
@@ -87,7 +87,7 @@ static long exchange(const uint8_t *req, size_t n, bool half_close, char *buf, s
         shutdown(fd, SHUT_WR);
     long got = 0;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    while (poll(&pfd, 1, half_close ? 5000 : 1000) > 0) {
+    while (poll(&pfd, 1, half_close ? 2000 : 300) > 0) {
         ssize_t r = recv(fd, buf + got, cap - 1 - (size_t)got, 0);
         if (r <= 0)
             break;
