@@ -4,20 +4,20 @@
  *
  * Compiled without -march: every function carries TARGET; matmul.c registers the variants as
  * needing CPU_AVX512VNNI (which implies F/BW/DQ/VL) and CPU_AVX2 (F16C for the f16 scales).
- * Q8_0, Q4_K, Q5_K, Q6_K run the tiled driver (matmul_quant_run_tiled): x is quantised once per
- * call (quant_quantize_row, so the values equal the reference Q8_0/Q8_K activations) and laid
- * out for the kernel: contiguous int8 values, f32 scales and int16 sums in separate arrays.
- * A tile is up to 4 weight rows x 4 tokens with one f32 zmm accumulator per (row, token):
+ * All five run the tiled driver (matmul_quant_run_tiled): x is quantised once per call (the
+ * values of quant_quantize_row's Q8_0/Q8_K, vectorised) and laid out for the kernel: contiguous
+ * int8 values, f32 scales and sums in separate arrays. A tile is 4 rows x 1 token (decode, with
+ * a software prefetch of the next 4 rows) or 2 rows x up to 8 tokens (prefill), one f32 zmm
+ * accumulator per (row, token):
  * - Q8_0: x stored as u8 x+128 (dpbusd's unsigned operand), signed weights; the +128 bias is
  *   removed by starting the int32 sums at −dpbusd(0x80, w) (per row, shared by the tokens).
  *   Two blocks per zmm; block scales as lane vectors (weight f16 pair x a per-lane x scale).
  * - Q4_K, Q5_K: unsigned levels by maddubs (pairs ≤ 2·31·128, no saturation) and vpdpwssd with
  *   the 6-bit sub-block scales as int16 words; x is permuted at preparation so that the low and
  *   high nibbles of 64 weight bytes line up with 64 contiguous x bytes (no weight shuffles);
- *   mins as dmin·Σ_j m_j·xsum_j from per-32 sums prepared with x.
+ *   mins as Σ_j (−dmin·m_j)·(xd·xsum_j), one 8-lane FMA, with xd·xsum_j prepared with x.
  * - Q6_K: levels 0..63 the same way, offset 32 as 32·Σ_s sc_s·bsum_s.
- * Q4_0 keeps the per-row block dot of the generic driver: signed levels as |w| (unsigned
- * operand) against x with w's sign (x is never −128: activations are clamped to ±127).
+ * - Q4_0: levels − 8 unpacked to the element order of Q8_0, then the Q8_0 loop.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -36,47 +36,13 @@ INLINE float h2f(uint16_t h)
     return _cvtsh_ss(h);
 }
 
-INLINE const void *xrow(const void *xq, size_t xs, int j)
-{
-    return (const uint8_t *)xq + (size_t)j * xs;
-}
-
 /* Two 32-byte halves into one zmm. */
 INLINE __m512i join256(__m256i lo, __m256i hi)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-INLINE __m512 join_scales(float s0, float s1)
-{
-    return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
-}
-
-/* ---- Q8_0 and Q4_0 against Q8_0 activations: blocks in pairs ---- */
-
-/* Signed weight bytes wq (64 = two blocks) with scales dw0, dw1, against each token. */
-INLINE void dot_pair(__m512i wq, float dw0, float dw1, const void *xq, size_t xs, int64_t i, int nx,
-                     __m512 *acc, int both)
-{
-    __m512i aw = _mm512_abs_epi8(wq);
-    __mmask64 neg = _mm512_movepi8_mask(wq);
-    for (int j = 0; j < nx; j++) {
-        const struct block_q8_0 *x = xrow(xq, xs, j);
-        __m512i xv = both ? join256(_mm256_loadu_si256((const void *)x[i].qs),
-                                    _mm256_loadu_si256((const void *)x[i + 1].qs))
-                          : _mm512_zextsi256_si512(_mm256_loadu_si256((const void *)x[i].qs));
-        xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, xv);
-        float s1 = both ? dw1 * h2f(x[i + 1].d) : 0.0f;
-        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), join_scales(dw0 * h2f(x[i].d), s1), acc[j]);
-    }
-}
-
-INLINE void finish(const __m512 *acc, int nx, float *out)
-{
-    for (int j = 0; j < nx; j++)
-        out[j] = _mm512_reduce_add_ps(acc[j]);
-}
+/* ---- Q8_0 and Q4_0 weights against Q8_0 activations: blocks in pairs ---- */
 
 /* 16 nibble bytes -> 32 levels − 8 (element l: low nibble of byte l, element l+16: high). */
 INLINE __m256i q4_0_levels(const uint8_t *qs)
@@ -88,24 +54,7 @@ INLINE __m256i q4_0_levels(const uint8_t *qs)
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-INLINE void dot_q4_0_n(int64_t nb, const void *w, const void *xq, size_t xs, int nx, float *out)
-{
-    const struct block_q4_0 *b = w;
-    __m512 acc[QDOT_MAX_NX];
-    for (int j = 0; j < nx; j++)
-        acc[j] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-        __m512i wq = join256(q4_0_levels(b[i].qs), q4_0_levels(b[i + 1].qs));
-        dot_pair(wq, h2f(b[i].d), h2f(b[i + 1].d), xq, xs, i, nx, acc, 1);
-    }
-    if (i < nb)
-        dot_pair(_mm512_zextsi256_si512(q4_0_levels(b[i].qs)), h2f(b[i].d), 0.0f, xq, xs, i, nx,
-                 acc, 0);
-    finish(acc, nx, out);
-}
-
-/* ---- tiled kernels (Q8_0, Q4_K, Q5_K, Q6_K): activation rows prepared once per call ---- */
+/* ---- tiled kernels: activation rows prepared once per call ---- */
 
 static size_t align64(size_t n)
 {
@@ -175,9 +124,10 @@ INLINE __m512 scales2(const uint16_t *p0, const uint16_t *p1)
 /* Q8_0 weights (signed) against u8 x+128: dpbusd(x', w) = Σx·w + 128·Σw, so each weight pair
  * first gets init = −dpbusd(0x80, w) (once per row, shared by the tokens); products per lane
  * are at most 4·255·128, sums stay far inside int32. Two blocks per zmm; a last odd block uses
- * the low half with the high half of w zeroed (so its lanes contribute exactly 0). */
-INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
-                        float *y, int64_t ldy, const int NR, const int NT)
+ * the low half with the high half of w zeroed (so its lanes contribute exactly 0). Q4_0 (Q4
+ * set) runs the same loop on its levels − 8, unpacked to the natural element order. */
+INLINE void q80_tile(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs, float *y,
+                     int64_t ldy, const int NR, const int NT, const int Q4)
 {
     const int64_t nb = K / 32;
     const size_t dx_off = align64((size_t)K);
@@ -192,16 +142,26 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
     for (int64_t i = 0; i < nb; i += 2) {
         const int two = i + 1 < nb;
         if (NT == 1)
-            prefetch_lines(&pf, (NR * 68 + 63) / 64);
+            prefetch_lines(&pf, (NR * (Q4 ? 36 : 68) + 63) / 64);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            const struct block_q8_0 *b = (const struct block_q8_0 *)(w + (size_t)r * ws) + i;
-            __m256i lo = _mm256_loadu_si256((const void *)b[0].qs);
-            __m512i wv = two ? join256(lo, _mm256_loadu_si256((const void *)b[1].qs))
-                             : _mm512_zextsi256_si512(lo);
+            __m512i wv;
+            const uint16_t *d0, *d1;
+            if (Q4) {
+                const struct block_q4_0 *b = (const struct block_q4_0 *)(w + (size_t)r * ws) + i;
+                __m256i lo = q4_0_levels(b[0].qs);
+                wv = two ? join256(lo, q4_0_levels(b[1].qs)) : _mm512_zextsi256_si512(lo);
+                d0 = &b[0].d, d1 = two ? &b[1].d : &b[0].d;
+            } else {
+                const struct block_q8_0 *b = (const struct block_q8_0 *)(w + (size_t)r * ws) + i;
+                __m256i lo = _mm256_loadu_si256((const void *)b[0].qs);
+                wv = two ? join256(lo, _mm256_loadu_si256((const void *)b[1].qs))
+                         : _mm512_zextsi256_si512(lo);
+                d0 = &b[0].d, d1 = two ? &b[1].d : &b[0].d;
+            }
             __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(),
                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, wv));
-            __m512 dw = scales2(&b[0].d, two ? &b[1].d : &b[0].d);
+            __m512 dw = scales2(d0, d1);
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const uint8_t *x = xa + (size_t)t * xs;
@@ -219,6 +179,18 @@ INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
             y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+INLINE void q8_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
+                        float *y, int64_t ldy, const int NR, const int NT)
+{
+    q80_tile(K, w, ws, xa, xs, y, ldy, NR, NT, 0);
+}
+
+INLINE void q4_0_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *xa, size_t xs,
+                        float *y, int64_t ldy, const int NR, const int NT)
+{
+    q80_tile(K, w, ws, xa, xs, y, ldy, NR, NT, 1);
 }
 
 /* Q8_K-based activation rows for the K quants: s8 xq[K] (in the order the weight unpacking
@@ -560,33 +532,7 @@ INLINE void q6_k_tile_n(int64_t K, const uint8_t *w, size_t ws, const uint8_t *x
     }
 
 TILE_ENTRY(q8_0, q8_0_prep, q8_0_act_bytes)
+TILE_ENTRY(q4_0, q8_0_prep, q8_0_act_bytes)
 TILE_ENTRY(q4_k, q4_k_prep, k_act_bytes)
 TILE_ENTRY(q5_k, q4_k_prep, k_act_bytes)
 TILE_ENTRY(q6_k, q6_k_prep, k_act_bytes)
-
-/* Dispatch on nx so that each token count gets a fully unrolled copy. */
-#define DOT_ENTRY(t)                                                                               \
-    static TARGET void dot_##t(int64_t nb, const void *w, const void *xq, size_t xs, int nx,       \
-                               float *out)                                                         \
-    {                                                                                              \
-        switch (nx) {                                                                              \
-        case 1:                                                                                    \
-            dot_##t##_n(nb, w, xq, xs, 1, out);                                                    \
-            break;                                                                                 \
-        case 2:                                                                                    \
-            dot_##t##_n(nb, w, xq, xs, 2, out);                                                    \
-            break;                                                                                 \
-        case 3:                                                                                    \
-            dot_##t##_n(nb, w, xq, xs, 3, out);                                                    \
-            break;                                                                                 \
-        default:                                                                                   \
-            dot_##t##_n(nb, w, xq, xs, 4, out);                                                    \
-            break;                                                                                 \
-        }                                                                                          \
-    }                                                                                              \
-    void matmul_##t##_avx512vnni(const struct cpu_matmul_args *a)                                  \
-    {                                                                                              \
-        matmul_quant_run(a, dot_##t);                                                              \
-    }
-
-DOT_ENTRY(q4_0)
