@@ -232,8 +232,10 @@ static void test_tolerance_table(void **state)
         assert_non_null(t->reason);
     }
     assert_true(n >= 3);
-    assert_string_equal(validate_tolerance_for(QR_BF16, false)->family, "float");
-    assert_string_equal(validate_tolerance_for(QR_Q4_K, false)->family, "quantized");
+    assert_string_equal(validate_tolerance_for(QR_BF16, false, false)->family, "float");
+    assert_string_equal(validate_tolerance_for(QR_BF16, false, true)->family, "float");
+    assert_string_equal(validate_tolerance_for(QR_Q4_K, false, false)->family, "quantized");
+    assert_string_equal(validate_tolerance_for(QR_Q4_K, false, true)->family, "quantized-hybrid");
 }
 
 int main(void)

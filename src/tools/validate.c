@@ -46,6 +46,13 @@ static const struct validate_tolerance tolerances[] = {
      "transformers over the stored weights (float64, DeltaNet in f32) against qwenrt's f32: "
      "about 1e-5 relative by norm (tests/data/FIXTURES.md), 1.7e-3 worst element measured on "
      "qwen35-tiny; logits atol leaves 3x headroom"},
+    {"quantized-hybrid", 0.1, 5.0, 0.1, 4.0, 0.1, 4.0,
+     "quantised weights in Qwen3.5: both paths round activations to 8 bits, but an upstream "
+     "f32 difference of one ulp flips an activation's rounding (one 8-bit step) and the "
+     "DeltaNet recurrence carries such flips forward: per-layer hidden states drift from 1e-6 "
+     "(layer 0) to 9% relative (layer 23) on synth qwen35-0.8b q8_0, max abs error 3.4 on "
+     "logits and 2.8 on KV over 192 positions. Only gross errors fail these bounds; the greedy "
+     "ids (equal at every position in those runs) are the discriminating check here"},
     {NULL, 0, 0, 0, 0, 0, 0, NULL},
 };
 
@@ -54,11 +61,14 @@ const struct validate_tolerance *validate_tolerances(void)
     return tolerances;
 }
 
-const struct validate_tolerance *validate_tolerance_for(enum qr_dtype wtype, bool fixture)
+const struct validate_tolerance *validate_tolerance_for(enum qr_dtype wtype, bool fixture,
+                                                        bool hybrid)
 {
     if (fixture)
         return &tolerances[3];
-    return dtype_is_float(wtype) ? &tolerances[0] : &tolerances[1];
+    if (dtype_is_float(wtype))
+        return &tolerances[0];
+    return hybrid ? &tolerances[4] : &tolerances[1];
 }
 
 void validate_synthetic_prompt(uint64_t seed, int32_t n_vocab, int32_t *ids, int32_t n)
@@ -345,7 +355,8 @@ static qwenrt_status setup(struct gate *g, struct qwenrt_error *err)
         return st;
     g->V = g->cand.model->hp.n_vocab;
     g->tol = validate_tolerance_for(g->cand.model->w.layers[0].ffn_down->dtype,
-                                    p->reference_file != NULL);
+                                    p->reference_file != NULL,
+                                    g->cand.model->hp.arch == ARCH_QWEN35);
     if (p->reference_file)
         return open_file_reference(g, p->reference_file, err);
     op.reference = true;

@@ -33,7 +33,10 @@ struct validate_tolerance {
 const struct validate_tolerance *validate_tolerances(void);
 /* The row for weights of dtype wtype against the qwenrt reference (fixture = false) or a
  * transformers float64 fixture (fixture = true). */
-const struct validate_tolerance *validate_tolerance_for(enum qr_dtype wtype, bool fixture);
+/* The row for a model whose matrices are stored as wtype; fixture: against a transformers
+ * reference file; hybrid: a Qwen3.5 (DeltaNet) model. */
+const struct validate_tolerance *validate_tolerance_for(enum qr_dtype wtype, bool fixture,
+                                                        bool hybrid);
 
 struct qwenrt_session;
 

@@ -20,9 +20,9 @@ static void logits_ref(const struct plan_op *op, struct cpu_exec *ex)
         .y = ex->bufs[op->out], .x = ex->bufs[op->in] + (size_t)(ex->T - rows) * win,
         .w = op->w->data, .wtype = op->w->dtype, .T = rows, .K = op->w->ne[0], .N = op->w->ne[1],
         .ldx = win, .ldy = ex->plan->bufs[op->out].width,
-        .w_row_bytes = op->w->nbytes / (size_t)op->w->ne[1], .n_threads = 1,
+        .w_row_bytes = op->w->nbytes / (size_t)op->w->ne[1], .n_threads = ex->n_threads,
     };
-    matmul_ref(&a);
+    matmul_ref(&a); /* rows split across threads: the result does not depend on the count */
 }
 
 static const struct cpu_op_kernel kernels[] = {

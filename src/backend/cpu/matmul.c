@@ -29,10 +29,40 @@ static float dot_ref(const float *a, const float *b, int64_t n)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
 }
 
-/* y = x · Wᵀ: for each weight row n, dequantise it, then dot it with every token's x.
- * Rows are split across threads; each row's result does not depend on the split. */
+/* The activations a quantised-weight product multiplies: for block types, each token's x
+ * rounded through the type's 8-bit activation format (Q8_0 for Q8_0/Q4_0, Q8_K for the K
+ * types) and back, as llama.cpp defines these products; for float weights, x itself.
+ * Returns x or a new [T][K] buffer (*owned). */
+static const float *reference_activations(const struct cpu_matmul_args *a, float **owned)
+{
+    *owned = NULL;
+    enum qr_dtype act = quant_dot_act(a->wtype);
+    size_t row_bytes;
+    if (act == QR_DTYPE_INVALID || !dtype_row_bytes(act, a->K, &row_bytes))
+        return a->x;
+    float *xr = xmalloc((size_t)(a->T * a->K), sizeof(float));
+    uint8_t *q = xmalloc(row_bytes, 1);
+    if (xr && q)
+        for (int64_t t = 0; t < a->T; t++) {
+            quant_quantize_row(act, a->x + t * a->ldx, q, a->K);
+            quant_dequantize_row(act, q, xr + t * a->K, a->K);
+        }
+    xfree(q);
+    if (!xr)
+        return a->x;
+    *owned = xr;
+    return xr;
+}
+
+/* y = x · Wᵀ: for each weight row n, dequantise it, then dot it with every token's x (x
+ * rounded as reference_activations says for quantised weights: the fast integer kernels must
+ * match this to f32 rounding). Rows are split across threads; each row's result does not
+ * depend on the split. */
 void matmul_ref(const struct cpu_matmul_args *a)
 {
+    float *owned;
+    const float *x = reference_activations(a, &owned);
+    int64_t ldx = owned ? a->K : a->ldx;
 #pragma omp parallel num_threads(a->n_threads > 0 ? a->n_threads : 1)
     {
         float *row = xmalloc((size_t)a->K, sizeof(float));
@@ -42,10 +72,11 @@ void matmul_ref(const struct cpu_matmul_args *a)
                 continue; /* cannot happen for model sizes; K comes from validated shapes */
             quant_dequantize_row(a->wtype, (const uint8_t *)a->w + (size_t)n * a->w_row_bytes, row, a->K);
             for (int64_t t = 0; t < a->T; t++)
-                a->y[t * a->ldy + n] = dot_ref(row, a->x + t * a->ldx, a->K);
+                a->y[t * a->ldy + n] = dot_ref(row, x + t * ldx, a->K);
         }
         xfree(row);
     }
+    xfree(owned);
 }
 
 static const struct cpu_matmul_variant variants[] = {
