@@ -58,10 +58,10 @@ static const float *reference_activations(const struct cpu_matmul_args *a, float
  * rounded as reference_activations says for quantised weights: the fast integer kernels must
  * match this to f32 rounding). Rows are split across threads; each row's result does not
  * depend on the split. */
-void matmul_ref(const struct cpu_matmul_args *a)
+static void matmul_ref_impl(const struct cpu_matmul_args *a, bool round_activations)
 {
-    float *owned;
-    const float *x = reference_activations(a, &owned);
+    float *owned = NULL;
+    const float *x = round_activations ? reference_activations(a, &owned) : a->x;
     int64_t ldx = owned ? a->K : a->ldx;
 #pragma omp parallel num_threads(a->n_threads > 0 ? a->n_threads : 1)
     {
@@ -79,6 +79,12 @@ void matmul_ref(const struct cpu_matmul_args *a)
     xfree(owned);
 }
 
+void matmul_ref(const struct cpu_matmul_args *a) { matmul_ref_impl(a, true); }
+
+/* The same product with f32 activations for every weight type (no 8-bit rounding of x): the
+ * oracle for backends that keep activations in f32 (the CUDA GEMVs) and for quality studies. */
+void matmul_ref_exact(const struct cpu_matmul_args *a) { matmul_ref_impl(a, false); }
+
 static const struct cpu_matmul_variant variants[] = {
     {"matmul.f32.ref", QR_F32, 0, 0, matmul_ref},
     {"matmul.f16.ref", QR_F16, 0, 0, matmul_ref},
@@ -93,6 +99,11 @@ static const struct cpu_matmul_variant variants[] = {
     {"matmul.f16.avx512", QR_F16, CPU_AVX512F | CPU_AVX2, 30, matmul_f16_avx512},
     {"matmul.bf16.avx512", QR_BF16, CPU_AVX512F | CPU_AVX2, 30, matmul_bf16_avx512},
     /* quantised weights: matmul_quant.h (int8 dots on 8-bit quantised activations) */
+    {"matmul.q8_0.exact", QR_Q8_0, 0, -1, matmul_ref_exact},
+    {"matmul.q4_0.exact", QR_Q4_0, 0, -1, matmul_ref_exact},
+    {"matmul.q4_k.exact", QR_Q4_K, 0, -1, matmul_ref_exact},
+    {"matmul.q5_k.exact", QR_Q5_K, 0, -1, matmul_ref_exact},
+    {"matmul.q6_k.exact", QR_Q6_K, 0, -1, matmul_ref_exact},
     {"matmul.q8_0.ref", QR_Q8_0, 0, 0, matmul_ref},
     {"matmul.q4_0.ref", QR_Q4_0, 0, 0, matmul_ref},
     {"matmul.q4_k.ref", QR_Q4_K, 0, 0, matmul_ref},

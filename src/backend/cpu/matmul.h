@@ -47,8 +47,13 @@ const struct cpu_matmul_variant *cpu_matmul_variants(void);
 const struct cpu_matmul_variant *cpu_matmul_pick(enum qr_dtype wtype, uint32_t features,
                                                  const char *key);
 
-/* Reference: dequantise each row to f32, plain dot products. Handles every dtype that
- * quant_dequantize_row supports. Single-threaded and obviously right. */
+/* Reference: dequantise each row to f32, plain dot products (fixed order, rows split across
+ * threads). For block-quantised weights the activations are first rounded through the type's
+ * 8-bit activation format (Q8_0 / Q8_K), as llama.cpp defines these products and the integer
+ * kernels compute them. Handles every dtype that quant_dequantize_row supports. */
 void matmul_ref(const struct cpu_matmul_args *a);
+/* The same with f32 activations for every weight type ("matmul.<q>.exact", never picked by
+ * default): the oracle for backends that keep activations in f32, such as CUDA. */
+void matmul_ref_exact(const struct cpu_matmul_args *a);
 
 #endif
