@@ -43,4 +43,13 @@ if [ -n "$SEED" ]; then
     [ $rc -eq 1 ] || fail "validate accepted a calibrate-only profile"
     grep -q "not compatible with 'validate' (intent verify)" "$T/err" || fail "intent message: $(cat "$T/err")"
 fi
+# numeric options are checked, not read as 0: usage error (2) naming the option
+for bad in "validate -m $M -p abc" "validate -m $M -n -3" "bench -m $M --trials 0" \
+           "calibrate -m $M --threads x" "bench -m $M --seed -1"; do
+    set +e
+    "$Q" $bad >/dev/null 2>"$T/err"; rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "'$bad' exited $rc, expected 2"
+    grep -q "expects" "$T/err" || fail "'$bad' message: $(cat "$T/err")"
+done
 echo "cli_validate: ok"

@@ -32,6 +32,28 @@ bool cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out)
     return true;
 }
 
+bool cli_parse_int_arg(const char *opt, const char *s, int lo, int hi, int *out)
+{
+    long v;
+    if (!cli_parse_int(opt, s, lo, hi, &v))
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+bool cli_parse_u64(const char *opt, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') {
+        fprintf(stderr, "qwenrt: %s expects a non-negative integer, got '%s'\n", opt, s);
+        return false;
+    }
+    *out = (uint64_t)v;
+    return true;
+}
+
 int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;

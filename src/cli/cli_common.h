@@ -29,6 +29,12 @@ const char *cli_value(int argc, char **argv, int *i);
 /* Strict integer parsing: false (with a message naming opt) unless s is an integer in range. */
 bool cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 
+/* The same for int fields (option values of bench, validate, calibrate). */
+bool cli_parse_int_arg(const char *opt, const char *s, int lo, int hi, int *out);
+
+/* A non-negative 64-bit integer (seeds); false with a message naming opt otherwise. */
+bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
+
 /* Parses "1,2,3" into a new array (free with free()); false with a message on bad input. */
 bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n);
 

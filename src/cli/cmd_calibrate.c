@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "tools/calibrate.h"
 #include "tools/records.h"
@@ -52,19 +53,24 @@ int cmd_calibrate(int argc, char **argv)
             p.backend = optarg;
             break;
         case 't':
-            p.n_threads = atoi(optarg);
+            if (!cli_parse_int_arg("--threads", optarg, 0, 1024, &p.n_threads))
+                return 2;
             break;
         case 'p':
-            p.n_prompt = atoi(optarg);
+            if (!cli_parse_int_arg("-p", optarg, 1, 1 << 20, &p.n_prompt))
+                return 2;
             break;
         case 'n':
-            p.n_gen = atoi(optarg);
+            if (!cli_parse_int_arg("-n", optarg, 0, 1 << 20, &p.n_gen))
+                return 2;
             break;
         case 'w':
-            p.warmup = atoi(optarg);
+            if (!cli_parse_int_arg("--warmup", optarg, 0, 10000, &p.warmup))
+                return 2;
             break;
         case 'r':
-            p.trials = atoi(optarg);
+            if (!cli_parse_int_arg("--trials", optarg, 1, 10000, &p.trials))
+                return 2;
             break;
         case 'o':
             p.out_profile = optarg;

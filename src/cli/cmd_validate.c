@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "tools/records.h"
 #include "tools/validate.h"
@@ -90,16 +91,20 @@ int cmd_validate(int argc, char **argv)
             p.reference_file = optarg;
             break;
         case 'p':
-            p.n_prompt = atoi(optarg);
+            if (!cli_parse_int_arg("-p", optarg, 1, 1 << 20, &p.n_prompt))
+                return 2;
             break;
         case 'n':
-            p.n_gen = atoi(optarg);
+            if (!cli_parse_int_arg("-n", optarg, 0, 1 << 20, &p.n_gen))
+                return 2;
             break;
         case 't':
-            p.n_threads = atoi(optarg);
+            if (!cli_parse_int_arg("--threads", optarg, 0, 1024, &p.n_threads))
+                return 2;
             break;
         case 's':
-            p.seed = strtoull(optarg, NULL, 10);
+            if (!cli_parse_u64("--seed", optarg, &p.seed))
+                return 2;
             break;
         case 'o':
             out = optarg;
