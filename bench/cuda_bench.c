@@ -186,7 +186,8 @@ out:
 
 struct variant {
     const char *name;
-    bool graph, fuse, v2, pdl;
+    bool graph, fuse, v2, pdl, mega;
+    int32_t threads, lookahead_mb;
     double tok_s;
 };
 
@@ -326,20 +327,32 @@ int main(int argc, char **argv)
     double pp = pv[0].tok_s;
 
     /* decode variants */
-    struct variant vs[] = {{"graph+fused", true, true, true, false, 0},
-                           {"graph,unfused", true, false, true, false, 0},
-                           {"nograph,fused", false, true, true, false, 0},
-                           {"gemv_v2 off", true, true, false, false, 0},
-                           {"pdl on", true, true, true, true, 0},
-                           {"v2 off, pdl on", true, true, false, true, 0}};
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, 24, 0},
+                           {"graph,unfused", true, false, true, false, false, 256, 24, 0},
+                           {"nograph,fused", false, true, true, false, false, 256, 24, 0},
+                           {"graph+fused", true, true, true, false, false, 256, 24, 0},
+                           {"mega 512 thr", true, true, true, false, true, 512, 24, 0},
+                           {"mega no prefetch", true, true, true, false, true, 256, 0, 0},
+                           {"mega prefetch 8M", true, true, true, false, true, 256, 8, 0},
+                           {"mega prefetch 48M", true, true, true, false, true, 256, 48, 0}};
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
         o = cuda_default_options();
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
+        o.mega = vs[v].mega, o.mega_threads = vs[v].threads, o.mega_lookahead_mb = vs[v].lookahead_mb;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
+        }
+        const char *why = NULL;
+        if (vs[v].mega && !cuda_session_uses_megakernel(cs, &why))
+            printf("note: %s: megakernel not used: %s\n", vs[v].name, why);
+        if (vs[v].mega) {
+            char rep[1024];
+            for (int32_t at = 0; at <= 512; at += 512)
+                if (!cuda_session_profile_decode(cs, ids[0], at, 20, rep, sizeof(rep), &err))
+                    printf("%s, pos %d: %s\n", vs[v].name, at, rep);
         }
         for (int r = -1; r < reps; r++) {
             cuda_session_reset(cs, &err);
@@ -381,7 +394,7 @@ int main(int argc, char **argv)
     cuda_session_free(cs);
 
     double tg = vs[0].tok_s;
-    printf("\n| model | weights | pp%d tok/s | tg%d tok/s (graph+fused) | graph unfused | no graph | per-token API | GB/s (tg) |\n",
+    printf("\n| model | weights | pp%d tok/s | tg%d tok/s (megakernel) | graph unfused | no graph | per-token API | GB/s (tg) |\n",
            n_prompt, n_gen);
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
@@ -389,8 +402,8 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default | gemm_cache off | attn_tiled off | gdn_par off | gemm_stack3 off | all four off |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[5].tok_s,
            pv[4].tok_s);
-    printf("\n| decode tg%d | default (pdl off) | gemv_v2 off | pdl on | v2 off, pdl on |\n|---|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, arch, type, vs[0].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
+    printf("\n| decode tg%d | megakernel (256 thr, 24 MiB ahead) | graph+fused | 512 thr | no prefetch | 8 MiB ahead | 48 MiB ahead |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, arch, type, vs[0].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json) {
@@ -400,10 +413,10 @@ int main(int argc, char **argv)
             fprintf(f, "  \"logits_hash_pp\": \"%016llx\",\n  \"logits_hash_tg\": \"%016llx\",\n",
                     (unsigned long long)pp_hash, (unsigned long long)tg_hash);
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
-            fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"tg_api_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
+            fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, api, tg, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_four_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"tg_gemv_v2_off\": %.1f, \"tg_pdl_on\": %.1f, \"tg_v2_off_pdl_on\": %.1f},\n",
-                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_four_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"tg_graph_fused\": %.1f, \"tg_mega_512\": %.1f, \"tg_mega_no_prefetch\": %.1f, \"tg_mega_prefetch_8M\": %.1f, \"tg_mega_prefetch_48M\": %.1f},\n",
+                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/1\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",

@@ -446,9 +446,10 @@ static void on_dump(void *user, const char *name, int32_t layer, const float *da
     c->n_checked++;
 }
 
-/* Mode 0: public API (fused, graphs, default GEMM). Mode 1: cuda_session, every switch off.
- * Mode 2: cuda_session, GEMV for every prefill (gemv_max_T 8 with chunks) is not possible for
- * 70 tokens, so mode 2 runs the prompt one token at a time through the fused decode graph. */
+/* Mode 0: public API (defaults: megakernel decode, default GEMM). Mode 1: cuda_session, every
+ * switch off. Modes 2 and 3 run the prompt one token at a time through the decode path: mode 2
+ * the megakernel (asserted to be in use), mode 3 the fused decode graph with programmatic
+ * dependent launch (megakernel off). */
 static void check_fixture(const char *dir, int mode)
 {
     char path[512];
@@ -481,11 +482,19 @@ static void check_fixture(const char *dir, int mode)
         struct cuda_options o = cuda_default_options();
         if (mode == 1)
             o.graph = o.fuse = o.gemm_bf16x2 = o.gemv_v2 = o.pdl = o.gemm_cache = o.attn_tiled =
-                o.gdn_par = o.gemm_stack3 = false;
-        else /* mode 2: the decode graph with programmatic dependent launch */
-            o.pdl = true;
+                o.gdn_par = o.gemm_stack3 = o.mega = false;
+        else if (mode == 3) /* the decode graph with programmatic dependent launch */
+            o.pdl = true, o.mega = false;
+        else /* mode 2: the megakernel */
+            o.mega = true;
         if (cuda_session_init(m->plans, 256, &o, &cs, &err))
             fail_msg("%s: %s", dir, err.message);
+        const char *why = NULL;
+        bool mega = cuda_session_uses_megakernel(cs, &why);
+        if (mode == 2 && !mega)
+            fail_msg("%s: the megakernel is not used: %s", dir, why);
+        if (mode != 2 && mega)
+            fail_msg("%s mode %d: the megakernel is used although switched off", dir, mode);
         if (mode == 1) {
             assert_int_equal(cuda_session_run(cs, ids, T, 0, true, out, on_dump, &cap, &err), QWENRT_OK);
         } else {
@@ -582,6 +591,13 @@ static void test_fixtures_decode_only(void **st)
         check_fixture(fixtures[i], 2);
 }
 
+static void test_fixtures_decode_graph(void **st)
+{
+    (void)st;
+    for (int i = 0; i < 4; i++)
+        check_fixture(fixtures[i], 3);
+}
+
 static void test_backend_errors(void **st)
 {
     (void)st;
@@ -618,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_fixtures_api),
         cmocka_unit_test(test_fixtures_unfused),
         cmocka_unit_test(test_fixtures_decode_only),
+        cmocka_unit_test(test_fixtures_decode_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,3 +64,27 @@ struct plan_op *plan_add_op(struct plan *p, enum op_kind kind, int32_t layer)
     op->out = op->in = op->in2 = op->in3 = -1;
     return op;
 }
+
+/* Ops that read their output buffer (they update it in place). */
+static bool op_is_inplace(enum op_kind k)
+{
+    return k == OP_ADD || k == OP_SWIGLU || k == OP_GDN_CONV || k == OP_GATED_RMSNORM ||
+           k == OP_SIGMOID_GATE || k == OP_QK_NORM_ROPE;
+}
+
+bool plan_op_reads(const struct plan_op *op, int32_t buf)
+{
+    return op->in == buf || op->in2 == buf || op->in3 == buf ||
+           (op->out == buf && op_is_inplace(op->kind));
+}
+
+bool plan_buf_dead_after(const struct plan *p, int32_t buf, int32_t from)
+{
+    for (int32_t i = from; i < p->n_ops; i++) {
+        if (plan_op_reads(&p->ops[i], buf))
+            return false;
+        if (p->ops[i].out == buf)
+            return true;
+    }
+    return true;
+}

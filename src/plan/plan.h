@@ -84,4 +84,11 @@ void plan_free(struct plan *p);
 int32_t plan_add_buf(struct plan *p, const char *name, int32_t width);
 struct plan_op *plan_add_op(struct plan *p, enum op_kind kind, int32_t layer);
 
+/* Liveness, for backends that fuse ops: true when op reads buf (as an input, or as the
+ * output it updates in place). */
+bool plan_op_reads(const struct plan_op *op, int32_t buf);
+/* true when no op from index `from` on reads buf before something overwrites it (a fusion
+ * may then skip writing buf). */
+bool plan_buf_dead_after(const struct plan *p, int32_t buf, int32_t from);
+
 #endif

@@ -7,10 +7,11 @@
  * activation buffers ([T][width] f32 per plan buffer) and the cuBLASLt handle. The backend
  * reads only plans (src/plan/plan.h): layer kinds, widths and weights come from the ops.
  *
- * Decode (T = 1) runs fused kernels (cuda_session.cu lists the fusions; each has a switch in
- * struct cuda_options) captured once in a CUDA graph and replayed; the token id and position
- * live in device memory so one graph serves every step, and cuda_session_generate keeps the
- * argmax on the GPU between steps. Prefill runs the plan op by op with tensor-core GEMMs.
+ * Decode (T = 1) runs as one persistent kernel per step (megakernel.cu: every layer, the LM
+ * head and the argmax, weights prefetched into L2 ahead of use); plans it cannot express, or
+ * opt.mega off, run fused kernels (cuda_session.cu lists the fusions; each has a switch in
+ * struct cuda_options) captured once in a CUDA graph and replayed. The token id and position
+ * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps. Prefill runs the plan op by op with tensor-core GEMMs.
  *
  * When qwenrt is built without CUDA, cuda_stub.c provides these functions: they report that
  * CUDA is not compiled in, so callers never #ifdef.
@@ -46,6 +47,10 @@ struct cuda_options {
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
+    bool mega;           /* decode: one persistent kernel per step (megakernel.cu) when the
+                          * plan allows; the graph program otherwise */
+    int32_t mega_threads;      /* megakernel block size: 256 or 512 */
+    int32_t mega_lookahead_mb; /* megakernel: MiB of weights prefetched into L2 ahead */
 };
 
 struct cuda_options cuda_default_options(void);
@@ -101,6 +106,16 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, bool v2,
                               bool pdl, int32_t reps, double *us, double *gbs,
                               struct qwenrt_error *err);
+
+/* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
+bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);
+
+/* Times reps decode steps of token id at position pos through the megakernel with a stamp
+ * after every phase; writes the mean microseconds per phase kind to report. Errors:
+ * UNSUPPORTED when the session has no megakernel, BACKEND. */
+qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id, int32_t pos,
+                                          int32_t reps, char *report, size_t report_len,
+                                          struct qwenrt_error *err);
 
 /* Bytes of device memory the session holds. */
 int64_t cuda_session_device_bytes(const struct cuda_session *cs);

@@ -40,6 +40,15 @@ static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, c
 
 #include <utility>
 
+/* An op with its weights resolved to device memory. */
+struct dop {
+    const void *w;     /* device weight rows, or NULL */
+    int32_t dtype;
+    int64_t row_bytes;
+    int32_t K, N;
+    const float *vec, *vec2, *vec3; /* device copies of op->vec.. */
+};
+
 #define GEMV_MAX_T 8   /* tokens one GEMV launch handles (more: a GEMM) */
 #define GEMV_MAX_SEG 4 /* weight matrices sharing one input in one GEMV launch */
 

@@ -22,6 +22,7 @@
  */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/megakernel.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,15 +33,6 @@ extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 }
-
-/* An op with its weights resolved to device memory. */
-struct dop {
-    const void *w;     /* device weight rows, or NULL */
-    int32_t dtype;
-    int64_t row_bytes;
-    int32_t K, N;
-    const float *vec, *vec2, *vec3; /* device copies of op->vec.. */
-};
 
 enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN };
 
@@ -95,7 +87,12 @@ struct cuda_session {
     struct step *steps;
     int32_t n_steps;
     cudaGraphExec_t g_decode, g_gen;
+    struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
+    char mk_why[160];
 };
+
+static qwenrt_status stage_inputs(struct cuda_session *cs, const int32_t *ids, int32_t T,
+                                  int32_t pos0, struct qwenrt_error *err);
 
 /* ------------------------------------------------------------------ probing */
 
@@ -112,6 +109,9 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_tiled = true;
     o.gdn_par = true;
     o.gemm_stack3 = true;
+    o.mega = false; /* slower than the graph so far (docs/perf-log.md) */
+    o.mega_threads = 256;
+    o.mega_lookahead_mb = 24;
     return o;
 }
 
@@ -545,30 +545,6 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
 
 /* ------------------------------------------------------------------ the fused decode program */
 
-static bool is_inplace(enum op_kind k)
-{
-    return k == OP_ADD || k == OP_SWIGLU || k == OP_GDN_CONV || k == OP_GATED_RMSNORM ||
-           k == OP_SIGMOID_GATE || k == OP_QK_NORM_ROPE;
-}
-
-static bool op_reads(const struct plan_op *op, int32_t buf)
-{
-    return op->in == buf || op->in2 == buf || op->in3 == buf ||
-           (op->out == buf && is_inplace(op->kind));
-}
-
-/* true when no op from index `from` on reads buf before something overwrites it. */
-static bool buf_dead_after(const struct plan *p, int32_t buf, int32_t from)
-{
-    for (int32_t i = from; i < p->n_ops; i++) {
-        if (op_reads(&p->ops[i], buf))
-            return false;
-        if (p->ops[i].out == buf)
-            return true;
-    }
-    return true;
-}
-
 static bool is_mm(const struct plan_op *op)
 {
     return op->kind == OP_MATMUL || op->kind == OP_LOGITS;
@@ -586,14 +562,14 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
         while (j < p->n_ops && st->n_mm < GEMV_MAX_SEG && is_mm(&p->ops[j]) &&
                p->ops[j].in == op->out && p->ops[j].w->dtype == p->ops[i + 1].w->dtype)
             st->mm[st->n_mm++] = j++;
-        if (st->n_mm == 0 || !buf_dead_after(p, op->out, j))
+        if (st->n_mm == 0 || !plan_buf_dead_after(p, op->out, j))
             return false;
         st->kind = STEP_NORM_GEMV;
         st->n_ops = j - i;
         const struct plan_op *sw = j < p->n_ops ? &p->ops[j] : NULL;
         if (st->n_mm == 2 && sw && sw->kind == OP_SWIGLU && sw->out == p->ops[st->mm[0]].out &&
             sw->in == p->ops[st->mm[1]].out && p->ops[st->mm[0]].w->ne[1] == p->ops[st->mm[1]].w->ne[1] &&
-            buf_dead_after(p, sw->in, j + 1)) {
+            plan_buf_dead_after(p, sw->in, j + 1)) {
             st->swiglu = true;
             st->n_ops++;
         }
@@ -601,7 +577,7 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
     }
     if (op->kind == OP_MATMUL && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ADD &&
         p->ops[i + 1].in == op->out && p->ops[i + 1].out != op->out && op->in != p->ops[i + 1].out &&
-        buf_dead_after(p, op->out, i + 2)) {
+        plan_buf_dead_after(p, op->out, i + 2)) {
         st->kind = STEP_GEMV_ADD;
         st->n_ops = 2;
         return true;
@@ -617,7 +593,7 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
             st->gate_op = i + 2;
             st->n_ops = 3;
         }
-        return buf_dead_after(p, at->in2, i + st->n_ops) && buf_dead_after(p, at->in3, i + st->n_ops);
+        return plan_buf_dead_after(p, at->in2, i + st->n_ops) && plan_buf_dead_after(p, at->in3, i + st->n_ops);
     }
     return false;
 }
@@ -756,6 +732,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
         cudaGraphExecDestroy(cs->g_gen);
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
+    mk_free(cs->mk);
     free_bufs(cs->pbufs);
     free_bufs(cs->dbufs);
     cudaFree(cs->d_ids);
@@ -779,6 +756,52 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     xfree(cs);
 }
 
+/* The decode megakernel when opt.mega and the plan allow it; a plan it cannot express
+ * (UNSUPPORTED) keeps the graph program, with the reason kept for cuda_session_uses_megakernel. */
+static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (!cs->opt.mega) {
+        snprintf(cs->mk_why, sizeof(cs->mk_why), "switched off (cuda_options.mega)");
+        return QWENRT_OK;
+    }
+    struct mk_inputs in;
+    memset(&in, 0, sizeof(in));
+    in.p = &cs->plans[PHASE_DECODE];
+    in.d = cs->dops[PHASE_DECODE];
+    in.bufs = cs->dbufs;
+    in.kc = cs->kc, in.vc = cs->vc, in.conv = cs->conv, in.ssm = cs->ssm;
+    in.kv_width = cs->kv_width, in.conv_dim = cs->conv_dim, in.n_sm = cs->n_sm;
+    in.threads = cs->opt.mega_threads;
+    in.lookahead = (int64_t)cs->opt.mega_lookahead_mb << 20;
+    struct qwenrt_error e2;
+    memset(&e2, 0, sizeof(e2));
+    qwenrt_status st = mk_build(&in, &cs->mk, &e2);
+    if (st == QWENRT_ERR_UNSUPPORTED) {
+        snprintf(cs->mk_why, sizeof(cs->mk_why), "%.150s", e2.message);
+        return QWENRT_OK;
+    }
+    if (st && err)
+        *err = e2;
+    return st;
+}
+
+extern "C" qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id,
+                                                     int32_t pos, int32_t reps, char *report,
+                                                     size_t report_len, struct qwenrt_error *err)
+{
+    if (!cs->mk)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: no megakernel: %s", cs->mk_why);
+    qwenrt_status st = stage_inputs(cs, &id, 1, pos, err);
+    return st ? st : mk_profile(cs->mk, cs->stream, cs->d_ids, cs->d_pos, reps, report, report_len, err);
+}
+
+extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
+{
+    if (why)
+        *why = cs->mk ? "" : cs->mk_why;
+    return cs->mk != NULL;
+}
+
 static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
 {
     qwenrt_status st = collect(cs, err);
@@ -799,7 +822,9 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     CUDA_CHECK(cudaMallocHost(&cs->h_stage, 4 * sizeof(int32_t)));
     if ((st = alloc_bufs(&cs->plans[PHASE_DECODE], cs->dbufs, 1, 1, err)))
         return st;
-    return build_program(cs, err);
+    if ((st = build_program(cs, err)))
+        return st;
+    return build_megakernel(cs, err);
 }
 
 extern "C" qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_ctx,
@@ -910,7 +935,10 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false};
     if (ph == PHASE_DECODE && !dump) {
-        if (cs->opt.graph) {
+        if (cs->mk) {
+            if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
+                return st;
+        } else if (cs->opt.graph) {
             if (!cs->g_decode && (st = capture(cs, false, &cs->g_decode, err)))
                 return st;
             CUDA_CHECK(cudaGraphLaunch(cs->g_decode, cs->stream));
@@ -938,12 +966,18 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
     if (st)
         return st;
     CUDA_CHECK(cudaMemsetAsync(cs->d_step, 0, sizeof(int32_t), cs->stream));
-    if (cs->opt.graph && !cs->g_gen && (st = capture(cs, true, &cs->g_gen, err)))
+    if (!cs->mk && cs->opt.graph && !cs->g_gen && (st = capture(cs, true, &cs->g_gen, err)))
         return st;
     int32_t every = readback_every > 0 ? readback_every : n, done = 0;
     const struct plan *p = &cs->plans[PHASE_DECODE];
     for (int32_t i = 0; i < n; i++) {
-        if (cs->opt.graph) {
+        if (cs->mk) { /* the megakernel runs every step up to the next read-back at once */
+            int32_t chunk = every - (i - done) < n - i ? every - (i - done) : n - i;
+            if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, cs->d_out, cs->d_step,
+                             chunk, true, NULL, err)))
+                return st;
+            i += chunk - 1;
+        } else if (cs->opt.graph) {
             CUDA_CHECK(cudaGraphLaunch(cs->g_gen, cs->stream));
         } else {
             if ((st = enqueue_decode(cs, err)))

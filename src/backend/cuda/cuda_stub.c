@@ -18,7 +18,7 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true};
+    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, false, 256, 24};
     return o;
 }
 
@@ -75,6 +75,24 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 {
     (void)cs, (void)layer, (void)v, (void)n_pos, (void)dst;
     return not_built(err);
+}
+
+qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id, int32_t pos,
+                                          int32_t reps, char *report, size_t report_len,
+                                          struct qwenrt_error *err)
+{
+    (void)cs, (void)id, (void)pos, (void)reps;
+    if (report_len)
+        report[0] = 0;
+    return not_built(err);
+}
+
+bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
+{
+    (void)cs;
+    if (why)
+        *why = "CUDA is not compiled in";
+    return false;
 }
 
 int64_t cuda_session_device_bytes(const struct cuda_session *cs)
