@@ -11,10 +11,11 @@
  * 2. Prefill: n_prompt tokens from an empty context, wall time around cuda_session_run (which
  *    synchronises), median of reps.
  * 3. Decode: n_gen greedy steps from position 0 on the GPU (cuda_session_generate, ids read
- *    back every 32), median of reps, for: graph+fused, graph unfused, no graph fused; plus
- *    the per-token API path (one cuda_session_run per token, logits copied to the host).
- *    Each cuda_options switch is also turned off alone (prefill: gemm_cache, attn_tiled,
- *    gdn_par, all three; decode: gemv_v2, pdl) to show what it is worth.
+ *    back every 32), median of reps, for: the megakernel (256 and 512 threads, with a
+ *    per-phase profile at positions 0 and 512), graph+fused (with and without PDL), graph
+ *    unfused, no graph; plus the per-token API path (one cuda_session_run per token, logits
+ *    copied to the host). Prefill switches are turned off alone (gemm_cache, attn_tiled,
+ *    gdn_par, gemm_stack3) and all together to show what each is worth.
  * 4. --gemv: first, single GEMVs of the model's BF16 shapes timed in isolation (graph of 200
  *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
  *    gemv2, with and without PDL.
@@ -92,13 +93,14 @@ static void dump_fn(void *user, const char *name, int32_t layer, const float *da
     d->n[idx] = n;
 }
 
-/* The CPU's fast quantised matmuls round x to 8 bits; the reference keeps it f32 as CUDA does. */
+/* The CPU's quantised matmuls round x to 8 bits (llama.cpp's definition); .exact keeps it f32
+ * as CUDA does. */
 static const char *quant_ref_key(enum qr_dtype t)
 {
     switch (t) {
-    case QR_Q8_0: return "matmul.q8_0.ref";
-    case QR_Q4_K: return "matmul.q4_k.ref";
-    case QR_Q6_K: return "matmul.q6_k.ref";
+    case QR_Q8_0: return "matmul.q8_0.exact";
+    case QR_Q4_K: return "matmul.q4_k.exact";
+    case QR_Q6_K: return "matmul.q6_k.exact";
     default: return NULL;
     }
 }
@@ -123,7 +125,7 @@ static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok
             else if (cm->plans[ph].ops[i].kind == OP_MATMUL && !dtype_is_float(cm->plans[ph].ops[i].w->dtype))
                 cm->plans[ph].ops[i].kernel = quant_ref_key(cm->plans[ph].ops[i].w->dtype);
             else if (cm->plans[ph].ops[i].kind == OP_LOGITS && !dtype_is_float(cm->plans[ph].ops[i].w->dtype))
-                cm->plans[ph].ops[i].kernel = "logits.ref"; /* the fast one rounds x to 8 bits */
+                cm->plans[ph].ops[i].kernel = "logits.exact"; /* f32 x, as CUDA computes it */
     int32_t V = cm->hp.n_vocab, ids[VAL_T] = {9, 1000, 42, 77777 % V, 5, 123, 31337 % V};
     struct qwenrt_session *cpu = NULL, *gpu = NULL;
     struct qwenrt_session_params sp = qwenrt_session_default_params();
@@ -187,7 +189,7 @@ out:
 struct variant {
     const char *name;
     bool graph, fuse, v2, pdl, mega;
-    int32_t threads, lookahead_mb;
+    int32_t threads;
     double tok_s;
 };
 
@@ -320,6 +322,11 @@ int main(int argc, char **argv)
                 times[r] = time_now_s() - t0;
         }
         pv[v].tok_s = n_prompt / median(times, reps);
+        if (v == 0) {
+            char rep[1024];
+            if (!cuda_session_profile_prefill(cs, ids, n_prompt, rep, sizeof(rep), &err))
+                printf("%s\n", rep);
+        }
         if (v == 0)
             pp_hash = fnv(logits, (size_t)V);
         cuda_session_free(cs);
@@ -327,20 +334,18 @@ int main(int argc, char **argv)
     double pp = pv[0].tok_s;
 
     /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, 24, 0},
-                           {"graph,unfused", true, false, true, false, false, 256, 24, 0},
-                           {"nograph,fused", false, true, true, false, false, 256, 24, 0},
-                           {"graph+fused", true, true, true, false, false, 256, 24, 0},
-                           {"mega 512 thr", true, true, true, false, true, 512, 24, 0},
-                           {"mega no prefetch", true, true, true, false, true, 256, 0, 0},
-                           {"mega prefetch 8M", true, true, true, false, true, 256, 8, 0},
-                           {"mega prefetch 48M", true, true, true, false, true, 256, 48, 0}};
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, 0},
+                           {"graph,unfused", true, false, true, false, false, 256, 0},
+                           {"nograph,fused", false, true, true, false, false, 256, 0},
+                           {"graph+fused", true, true, true, false, false, 256, 0},
+                           {"mega 512 thr", true, true, true, false, true, 512, 0},
+                           {"graph+fused, pdl", true, true, true, true, false, 256, 0}};
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
         o = cuda_default_options();
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
-        o.mega = vs[v].mega, o.mega_threads = vs[v].threads, o.mega_lookahead_mb = vs[v].lookahead_mb;
+        o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -402,8 +407,8 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default | gemm_cache off | attn_tiled off | gdn_par off | gemm_stack3 off | all four off |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[5].tok_s,
            pv[4].tok_s);
-    printf("\n| decode tg%d | megakernel (256 thr, 24 MiB ahead) | graph+fused | 512 thr | no prefetch | 8 MiB ahead | 48 MiB ahead |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, arch, type, vs[0].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s);
+    printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph+fused+pdl |\n|---|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json) {
@@ -415,8 +420,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, api, tg, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_four_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"tg_graph_fused\": %.1f, \"tg_mega_512\": %.1f, \"tg_mega_no_prefetch\": %.1f, \"tg_mega_prefetch_8M\": %.1f, \"tg_mega_prefetch_48M\": %.1f},\n",
-                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_four_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"tg_graph_fused\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f},\n",
+                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/1\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",

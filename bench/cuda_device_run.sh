@@ -3,7 +3,9 @@
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
 # GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
 # cmake --build build-cudaperf --target test_cuda_backend cuda_bench; cp to .devbin/).
-# Usage: sh bench/cuda_device_run.sh [tests|bench|all] ; logs and JSON go to $OUT.
+# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|all] ; logs and JSON go to $OUT.
+# serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
+# comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -29,5 +31,14 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
         echo "bench $a $t rc=$? in $(( $(date +%s) - t0 )) s"
         grep -E "^\||validate|fail|error" "$OUT/bench-$a-$t.log" | grep -v "^|---" | tail -24
         rm -f /tmp/synth-$a-$t.gguf
+    done
+fi
+if [ "$what" = serve ]; then
+    gunzip -c .devbin/tokenizer.json.gz > /tmp/tokenizer.json
+    for a in qwen3-tiny qwen35-tiny; do
+        .devbin/qwenrt synth --arch $a --vocab 151936 --type f16 --tokenizer /tmp/tokenizer.json \
+            -o /tmp/serve-$a.gguf 2>/dev/null || echo "synth $a failed"
+        timeout ${SERVE_TIMEOUT:-200} python3 bench/cuda_serve_check.py .devbin/qwenrt \
+            /tmp/serve-$a.gguf --parallel 4 --requests 8 2>&1 | tail -30
     done
 fi

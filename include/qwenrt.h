@@ -135,7 +135,8 @@ void qwenrt_session_reset(struct qwenrt_session *session);
  * state updates run per session. Each session ends as qwenrt_session_decode would leave it
  * (logits equal up to float rounding of the multi-row matmuls). The batch owns activation
  * buffers for max_seqs rows; it is used by one thread at a time, with sessions not in use
- * elsewhere. CPU sessions only.
+ * elsewhere. All sessions of one call run on the same backend (CPU, or CUDA: the GPU runs the
+ * row-wise ops once on the first session's copy of the weights).
  */
 struct qwenrt_batch;
 
@@ -146,8 +147,9 @@ void qwenrt_batch_free(struct qwenrt_batch *b);
 
 /* Feeds ids[i] to sessions[i] for i < n (n <= max_seqs, distinct sessions of the batch's
  * model). Errors: INVALID_ARG (an id outside the vocabulary, a session twice or of another
- * model), LIMIT (a session's context is full), UNSUPPORTED (a CUDA session), NOMEM. On error
- * no session is changed. */
+ * model), LIMIT (a session's context is full), UNSUPPORTED (CPU and CUDA sessions mixed),
+ * NOMEM, BACKEND. On error no session is changed (after a BACKEND error the GPU state of
+ * CUDA sessions may be partly updated). */
 qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session *const *sessions,
                                   const int32_t *ids, int32_t n, struct qwenrt_error *err);
 
@@ -159,18 +161,21 @@ qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session 
  * into a session of the same model makes that session continue exactly (bit-identical logits)
  * as the original would have: a chat resumes without re-processing earlier turns.
  * A checkpoint is immutable and owns its memory; it may be restored any number of times, into
- * any session of the same model (the session's context must hold its tokens).
+ * any session of the same model (the session's context must hold its tokens), on either
+ * backend: the payload has the CPU layout, and CUDA sessions copy their device state in and
+ * out of it.
  */
 struct qwenrt_checkpoint;
 
 /* Copies the session's state into a new checkpoint (*out; free with qwenrt_checkpoint_free).
- * The session is not changed. Errors: INVALID_ARG, NOMEM. */
+ * The session is not changed. Errors: INVALID_ARG, NOMEM, BACKEND (a device copy failed). */
 qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
                                       struct qwenrt_checkpoint **out, struct qwenrt_error *err);
 
 /* Replaces the session's state by the checkpoint's. Errors: INVALID_ARG (NULL, or a checkpoint
  * of another model: architecture, geometry or weights differ), LIMIT (more tokens than the
- * session's context holds). On error the session is unchanged. */
+ * session's context holds), BACKEND (a device copy failed: the session is then reset). On
+ * other errors the session is unchanged. */
 qwenrt_status qwenrt_session_restore(struct qwenrt_session *session,
                                      const struct qwenrt_checkpoint *cp, struct qwenrt_error *err);
 

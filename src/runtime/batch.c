@@ -10,10 +10,12 @@
  * gdn_core) run once per session on its row, with that session's position, KV cache, DeltaNet
  * state and bound kernel. The result is each session's decode of its token, as
  * qwenrt_session_decode gives (up to float rounding of the multi-row matmuls).
- * CUDA sessions are refused (UNSUPPORTED): the caller decodes them one by one.
+ * CUDA sessions go to cuda_batch_decode, which splits the plan the same way on the GPU; a mix
+ * of CPU and CUDA sessions is refused (UNSUPPORTED).
  */
 #include <string.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "runtime/session.h"
@@ -75,9 +77,9 @@ static qwenrt_status check(struct qwenrt_batch *b, struct qwenrt_session *const 
         if (!s[i] || s[i]->model != b->model)
             return err_set(err, QWENRT_ERR_INVALID_ARG,
                            "batch decode: session %d is not of the batch's model", i);
-        if (s[i]->cuda)
-            return err_set(err, QWENRT_ERR_UNSUPPORTED, "batch decode: session %d is on the GPU",
-                           i);
+        if ((s[i]->cuda != NULL) != (s[0]->cuda != NULL))
+            return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                           "batch decode: sessions 0 and %d run on different backends", i);
         if (ids[i] < 0 || ids[i] >= V)
             return err_set(
                 err, QWENRT_ERR_INVALID_ARG,
@@ -114,10 +116,44 @@ static qwenrt_status ensure_scratch(struct qwenrt_batch *b, const struct plan *p
     return QWENRT_OK;
 }
 
+/* Each session's logits (rows of b's logits buffer) and position after a step. */
+static void finish_step(struct qwenrt_batch *b, struct qwenrt_session *const *s, int32_t n)
+{
+    const struct plan *p = &b->model->plans[PHASE_DECODE];
+    size_t V = (size_t)b->model->hp.n_vocab;
+    for (int32_t r = 0; r < n; r++) {
+        memcpy(s[r]->last_logits, b->bufs[p->buf_logits] + (size_t)r * V, V * sizeof(float));
+        s[r]->n_past++;
+        s[r]->has_logits = true;
+    }
+}
+
+/* CUDA sessions: the same split of the plan, on the GPU. */
+static qwenrt_status batch_decode_cuda(struct qwenrt_batch *b, struct qwenrt_session *const *s,
+                                       const int32_t *ids, int32_t n, struct qwenrt_error *err)
+{
+    struct cuda_session **css = xcalloc((size_t)n, sizeof(*css));
+    int32_t *pos = xcalloc((size_t)n, sizeof(*pos));
+    qwenrt_status st = QWENRT_OK;
+    if (!css || !pos)
+        st = err_set(err, QWENRT_ERR_NOMEM, "batch decode: out of memory");
+    for (int32_t r = 0; r < n && !st; r++)
+        css[r] = s[r]->cuda, pos[r] = s[r]->n_past;
+    if (!st)
+        st = cuda_batch_decode(css, ids, pos, n, b->bufs[b->model->plans[PHASE_DECODE].buf_logits], err);
+    if (!st)
+        finish_step(b, s, n);
+    xfree(css);
+    xfree(pos);
+    return st;
+}
+
 qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session *const *s,
                                   const int32_t *ids, int32_t n, struct qwenrt_error *err)
 {
     qwenrt_status st = check(b, s, ids, n, err);
+    if (!st && s[0]->cuda)
+        return batch_decode_cuda(b, s, ids, n, err);
     const struct plan *p = &b->model->plans[PHASE_DECODE];
     if (st || (st = ensure_scratch(b, p, s, n, err)))
         return st;
@@ -152,11 +188,6 @@ qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session 
             s[r]->fns[PHASE_DECODE][i](op, &one);
         }
     }
-    size_t V = (size_t)b->model->hp.n_vocab;
-    for (int32_t r = 0; r < n; r++) {
-        memcpy(s[r]->last_logits, b->bufs[p->buf_logits] + (size_t)r * V, V * sizeof(float));
-        s[r]->n_past++;
-        s[r]->has_logits = true;
-    }
+    finish_step(b, s, n);
     return QWENRT_OK;
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/sha256.h"
@@ -122,16 +123,50 @@ static void fill_header(struct ckpt_header *h, const struct qwenrt_session *s)
     memcpy(h->model_hash, id, 64);
 }
 
-/* The state is in host memory (the CPU backend); a CUDA session keeps it on the device. */
+/* The state is in host memory (the CPU backend) or on the device (CUDA, copied through
+ * cuda_session_state_io). */
 static qwenrt_status check_host_state(const struct qwenrt_session *s, const char *what,
                                       struct qwenrt_error *err)
 {
     const struct seq_state *st = &s->state;
+    if (s->cuda)
+        return QWENRT_OK;
     if (!st->k_cache || !st->v_cache || !st->conv_state || !st->ssm_state)
         return err_set(err, QWENRT_ERR_UNSUPPORTED,
                        "%s: the session's state is not in host memory (backend '%s'); checkpoints support the CPU backend",
                        what, s->model->backend);
     return QWENRT_OK;
+}
+
+/* copy_state for a CUDA session: the same payload layout, each part copied from or to the
+ * device. */
+static qwenrt_status copy_state_cuda(struct qwenrt_session *s, uint8_t *payload, bool to_payload,
+                                     int32_t n_past, bool logits, struct qwenrt_error *err)
+{
+    const struct model_hparams *hp = &s->model->hp;
+    struct seq_state *st = &s->state;
+    uint8_t *p = payload;
+    qwenrt_status rc = QWENRT_OK;
+    for (int32_t l = 0; l < st->n_layer && !rc; l++) {
+        bool rec = hp->arch == ARCH_QWEN35 && hp->is_recurrent[l];
+        int64_t n0 = rec ? (int64_t)st->conv_rows * st->conv_dim : (int64_t)n_past * st->kv_width;
+        int64_t n1 = rec ? st->ssm_len : (int64_t)n_past * st->kv_width;
+        rc = cuda_session_state_io(s->cuda, l, rec ? CUDA_STATE_CONV : CUDA_STATE_K, n0,
+                                   (float *)(void *)p, to_payload, err);
+        p += (size_t)n0 * sizeof(float);
+        if (!rc)
+            rc = cuda_session_state_io(s->cuda, l, rec ? CUDA_STATE_SSM : CUDA_STATE_V, n1,
+                                       (float *)(void *)p, to_payload, err);
+        p += (size_t)n1 * sizeof(float);
+    }
+    if (!rc && logits) {
+        size_t b = (size_t)hp->n_vocab * sizeof(float);
+        if (to_payload)
+            memcpy(p, s->last_logits, b);
+        else
+            memcpy(s->last_logits, p, b);
+    }
+    return rc;
 }
 
 /* Copies the state into (to_payload) or out of the payload, layer by layer. */
@@ -186,8 +221,18 @@ qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
                        "session_snapshot: out of memory for %llu bytes of state", bytes);
     }
     /* copy_state only reads the session when to_payload is true */
-    copy_state((struct qwenrt_session *)session, cp->payload, true, session->n_past,
-               session->has_logits);
+    if (session->cuda) {
+        qwenrt_status rc = copy_state_cuda((struct qwenrt_session *)session, cp->payload, true,
+                                           session->n_past, session->has_logits, err);
+        if (rc) {
+            xfree(cp->payload);
+            xfree(cp);
+            return rc;
+        }
+    } else {
+        copy_state((struct qwenrt_session *)session, cp->payload, true, session->n_past,
+                   session->has_logits);
+    }
     *out = cp;
     return QWENRT_OK;
 }
@@ -232,7 +277,15 @@ qwenrt_status qwenrt_session_restore(struct qwenrt_session *session,
         h->payload_bytes != payload_bytes(h, &session->model->hp))
         return err_set(err, QWENRT_ERR_INTERNAL,
                        "session_restore: checkpoint geometry disagrees with the session");
-    copy_state(session, cp->payload, false, h->n_past, h->has_logits);
+    if (session->cuda) { /* a failed device copy leaves the session reset, not half-restored */
+        st = copy_state_cuda(session, cp->payload, false, h->n_past, h->has_logits, err);
+        if (st) {
+            qwenrt_session_reset(session);
+            return st;
+        }
+    } else {
+        copy_state(session, cp->payload, false, h->n_past, h->has_logits);
+    }
     session->n_past = h->n_past;
     session->has_logits = h->has_logits != 0;
     return QWENRT_OK;

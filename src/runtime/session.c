@@ -71,6 +71,15 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
 /* The CUDA backend keeps the whole sequence state on the device (backend/cuda). */
 static qwenrt_status init_cuda(struct qwenrt_session *s, struct qwenrt_error *err)
 {
+    const struct model_hparams *hp = &s->model->hp;
+    struct seq_state *st = &s->state; /* geometry only (checkpoints); the arrays stay NULL */
+    st->n_layer = hp->n_layer;
+    st->kv_width = hp->n_head_kv * hp->head_dim;
+    if (hp->arch == ARCH_QWEN35) {
+        st->conv_rows = hp->ssm_conv - 1;
+        st->conv_dim = hparams_ssm_conv_dim(hp);
+        st->ssm_len = (int64_t)hp->ssm_n_v_heads * hp->ssm_k_dim * hp->ssm_v_dim;
+    }
     struct cuda_options opt = cuda_default_options();
     return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
 }
@@ -266,8 +275,10 @@ void qwenrt_session_reset(struct qwenrt_session *s)
         return;
     s->n_past = 0;
     s->has_logits = false;
-    if (s->cuda)
+    if (s->cuda) { /* the state is on the device; `state` holds only its geometry */
         cuda_session_reset(s->cuda, NULL);
+        return;
+    }
     for (int32_t l = 0; l < s->state.n_layer; l++) {
         if (s->state.conv_state[l])
             memset(s->state.conv_state[l], 0, (size_t)s->state.conv_rows * s->state.conv_dim * sizeof(float));

@@ -442,8 +442,9 @@ static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
     return true;
 }
 
-/* Feeds each sampled token to its slot's session: one batched step for all of them on the
- * CPU (qwenrt_batch_decode), one by one where batching is not possible (CUDA, one slot). */
+/* Feeds each sampled token to its slot's session: one batched step for all of them
+ * (qwenrt_batch_decode, CPU or CUDA), one by one where batching is not possible (one slot, or
+ * a batch that reported UNSUPPORTED). */
 static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, int n)
 {
     struct qwenrt_error err = {0};

@@ -13,7 +13,9 @@
 #include "base/error.h"
 
 /* logits = x · Eᵀ through matmul_ref, for the validate reference path (never a default). */
-static void logits_ref(const struct plan_op *op, struct cpu_exec *ex)
+/* The LM head through the reference product; exact: f32 activations for quantised weights
+ * (the CUDA backend's definition) instead of the Q8-rounded ones llama.cpp uses. */
+static void logits_reference(const struct plan_op *op, struct cpu_exec *ex, bool exact)
 {
     int32_t rows = ex->all_logits ? ex->T : 1, win = ex->plan->bufs[op->in].width;
     struct cpu_matmul_args a = {
@@ -22,8 +24,14 @@ static void logits_ref(const struct plan_op *op, struct cpu_exec *ex)
         .ldx = win, .ldy = ex->plan->bufs[op->out].width,
         .w_row_bytes = op->w->nbytes / (size_t)op->w->ne[1], .n_threads = ex->n_threads,
     };
-    matmul_ref(&a); /* rows split across threads: the result does not depend on the count */
+    if (exact) /* rows split across threads: the result does not depend on the count */
+        matmul_ref_exact(&a);
+    else
+        matmul_ref(&a);
 }
+
+static void logits_ref(const struct plan_op *op, struct cpu_exec *ex) { logits_reference(op, ex, false); }
+static void logits_exact(const struct plan_op *op, struct cpu_exec *ex) { logits_reference(op, ex, true); }
 
 static const struct cpu_op_kernel kernels[] = {
     {"embed.ref", OP_EMBED, 0, 0, embed_ref},
@@ -42,6 +50,7 @@ static const struct cpu_op_kernel kernels[] = {
     {"gated_rmsnorm.ref", OP_GATED_RMSNORM, 0, 0, gated_rmsnorm_ref},
     {"logits.auto", OP_LOGITS, 0, 0, logits_op},
     {"logits.ref", OP_LOGITS, 0, -1, logits_ref},
+    {"logits.exact", OP_LOGITS, 0, -1, logits_exact},
     {NULL, 0, 0, 0, NULL},
 };
 

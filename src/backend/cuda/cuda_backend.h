@@ -34,6 +34,8 @@ extern "C" {
 typedef void (*cuda_dump_fn)(void *user, const char *name, int32_t layer, const float *data,
                              int32_t T, int32_t width);
 
+enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
+
 /* Switches (profiles / tests); cuda_default_options() turns everything on. */
 struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
@@ -47,10 +49,11 @@ struct cuda_options {
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
-    bool mega;           /* decode: one persistent kernel per step (megakernel.cu) when the
-                          * plan allows; the graph program otherwise */
-    int32_t mega_threads;      /* megakernel block size: 256 or 512 */
-    int32_t mega_lookahead_mb; /* megakernel: MiB of weights prefetched into L2 ahead */
+    int32_t mega;        /* decode as one persistent kernel per step (megakernel.cu) when the
+                          * plan allows, else the graph program: CUDA_MEGA_OFF, _ON, or _AUTO
+                          * (the default: on when the decode matmuls have quantised weights,
+                          * where it measured faster; docs/perf-log.md) */
+    int32_t mega_threads; /* megakernel block size: 256 or 512 */
 };
 
 struct cuda_options cuda_default_options(void);
@@ -92,6 +95,25 @@ qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t
                                     int32_t n, int32_t readback_every, int32_t *out_ids,
                                     float *last_logits, struct qwenrt_error *err);
 
+/* One decode step for n sessions of one model together: session r decodes ids[r] at position
+ * pos[r]. Ops that treat tokens independently (norms, matmuls: each weight read once for all
+ * n rows) run once on css[0]'s weights and stream; attention, RoPE and the DeltaNet steps run
+ * per session on its own state. logits: [n][n_vocab]. The sessions must be idle (no other
+ * call in flight). Errors: INVALID_ARG (another model's session), LIMIT (position), BACKEND. */
+qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
+                                const int32_t *pos, int32_t n, float *logits,
+                                struct qwenrt_error *err);
+
+/* Parts of a layer's state, for checkpoints. */
+enum cuda_state_part { CUDA_STATE_K, CUDA_STATE_V, CUDA_STATE_CONV, CUDA_STATE_SSM };
+
+/* Copies the first n_floats of a layer's state part to host (to_host) or from it (K/V rows
+ * are [pos][kv_width], conv [conv_k-1][conv_dim], the DeltaNet state [Hv][dk][dv]: the CPU
+ * backend's layouts). Errors: INVALID_ARG (no such part, too many floats), BACKEND. */
+qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t layer,
+                                    enum cuda_state_part part, int64_t n_floats, float *host,
+                                    bool to_host, struct qwenrt_error *err);
+
 /* Zeroes the DeltaNet state (the KV cache is overwritten by position, so it stays). */
 qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *err);
 
@@ -106,6 +128,13 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, bool v2,
                               bool pdl, int32_t reps, double *us, double *gbs,
                               struct qwenrt_error *err);
+
+/* Runs a T-token prefill from position 0 op by op with an event after every op and writes the
+ * time per op kind to report (the session's state is overwritten). Errors: INVALID_ARG,
+ * BACKEND. */
+qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_t *ids, int32_t T,
+                                           char *report, size_t report_len,
+                                           struct qwenrt_error *err);
 
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);

@@ -73,6 +73,8 @@ struct cuda_session {
     float *pbufs[PLAN_MAX_BUFS]; /* prefill: [cap_T][width] (logits: [cap_rows][V]) */
     int32_t cap_T, cap_rows;
     float *dbufs[PLAN_MAX_BUFS]; /* decode: one token */
+    float *bbufs[PLAN_MAX_BUFS]; /* batched decode led by this session: [cap_batch][width] */
+    int32_t cap_batch;
     int32_t *d_ids;           /* [n_ctx] */
     int32_t *d_pos;           /* position of token 0 of the run */
     int32_t *d_step;          /* greedy loop: steps done */
@@ -109,9 +111,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_tiled = true;
     o.gdn_par = true;
     o.gemm_stack3 = true;
-    o.mega = false; /* slower than the graph so far (docs/perf-log.md) */
+    o.mega = CUDA_MEGA_AUTO;
     o.mega_threads = 256;
-    o.mega_lookahead_mb = 24;
     return o;
 }
 
@@ -385,6 +386,8 @@ struct run_ctx {
     int32_t T;
     bool all_logits;
     bool pdl;        /* launch with programmatic dependent launch (decode) */
+    cudaStream_t stream; /* where the run's work goes (a batch runs every session's ops on
+                          * the first session's stream) */
 };
 
 /* Grows the prefill scratch to n floats (contents not kept). */
@@ -416,7 +419,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
         a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm;
-        CUDA_CHECK(launch_gemv(&a, cs->stream));
+        CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
     if (!cs->gemm_ready) {
@@ -432,7 +435,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
     c.N = d->N, c.K = d->K, c.T = T, c.ldx = ldx, c.ldy = ldy, c.accumulate = accumulate;
     c.bf16x2 = cs->opt.gemm_bf16x2;
     c.stack3 = cs->opt.gemm_stack3;
-    return gemm_run(&cs->gemm, &c, cs->stream, err);
+    return gemm_run(&cs->gemm, &c, r->stream, err);
 }
 
 /* Runs plan op i alone (the reference order of kernels). */
@@ -444,7 +447,7 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
     const struct dop *d = &r->d[i];
     float **b = r->b;
     int32_t T = r->T;
-    cudaStream_t s = cs->stream;
+    cudaStream_t s = r->stream;
     int32_t wo = op->out >= 0 ? bw(p, op->out) : 0, wi = op->in >= 0 ? bw(p, op->in) : 0;
     switch (op->kind) {
     case OP_EMBED:
@@ -641,7 +644,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
             a.seg[k].w = d->w, a.seg[k].N = d->N, a.seg[k].row_bytes = d->row_bytes;
             a.seg[k].y = b[m->out], a.seg[k].ldy = bw(p, m->out);
         }
-        CUDA_CHECK(launch_gemv(&a, cs->stream));
+        CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
     case STEP_GEMV_ADD: {
@@ -661,7 +664,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
         ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
         ra.pdl = r->pdl;
-        CUDA_CHECK(launch_qk_norm_rope(&ra, cs->stream));
+        CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
         struct attn_args a;
         memset(&a, 0, sizeof(a));
         a.out = b[at->out], a.q = b[at->in], a.kc = cs->kc[at->layer], a.vc = cs->vc[at->layer];
@@ -669,7 +672,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
         a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
         a.pdl = r->pdl;
-        CUDA_CHECK(launch_attention(&a, cs->stream));
+        CUDA_CHECK(launch_attention(&a, r->stream));
         return QWENRT_OK;
     }
     }
@@ -680,7 +683,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
-                        cs->opt.pdl};
+                        cs->opt.pdl, cs->stream};
     for (int32_t i = 0; i < cs->n_steps; i++) {
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
@@ -735,6 +738,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     mk_free(cs->mk);
     free_bufs(cs->pbufs);
     free_bufs(cs->dbufs);
+    free_bufs(cs->bbufs);
     cudaFree(cs->d_ids);
     cudaFree(cs->d_pos);
     cudaFree(cs->d_step);
@@ -756,12 +760,27 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     xfree(cs);
 }
 
+/* true when a matmul of the plan has block-quantised weights. */
+static bool decode_has_quantised(const struct plan *p)
+{
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if ((p->ops[i].kind == OP_MATMUL || p->ops[i].kind == OP_LOGITS) && p->ops[i].w &&
+            p->ops[i].w->dtype != QR_F32 && p->ops[i].w->dtype != QR_F16 && p->ops[i].w->dtype != QR_BF16)
+            return true;
+    return false;
+}
+
 /* The decode megakernel when opt.mega and the plan allow it; a plan it cannot express
  * (UNSUPPORTED) keeps the graph program, with the reason kept for cuda_session_uses_megakernel. */
 static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_error *err)
 {
-    if (!cs->opt.mega) {
+    if (cs->opt.mega == CUDA_MEGA_OFF) {
         snprintf(cs->mk_why, sizeof(cs->mk_why), "switched off (cuda_options.mega)");
+        return QWENRT_OK;
+    }
+    if (cs->opt.mega == CUDA_MEGA_AUTO && !decode_has_quantised(&cs->plans[PHASE_DECODE])) {
+        snprintf(cs->mk_why, sizeof(cs->mk_why),
+                 "float weights: the graph program is faster (cuda_options.mega auto)");
         return QWENRT_OK;
     }
     struct mk_inputs in;
@@ -772,7 +791,6 @@ static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_err
     in.kc = cs->kc, in.vc = cs->vc, in.conv = cs->conv, in.ssm = cs->ssm;
     in.kv_width = cs->kv_width, in.conv_dim = cs->conv_dim, in.n_sm = cs->n_sm;
     in.threads = cs->opt.mega_threads;
-    in.lookahead = (int64_t)cs->opt.mega_lookahead_mb << 20;
     struct qwenrt_error e2;
     memset(&e2, 0, sizeof(e2));
     qwenrt_status st = mk_build(&in, &cs->mk, &e2);
@@ -793,6 +811,65 @@ extern "C" qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, in
         return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: no megakernel: %s", cs->mk_why);
     qwenrt_status st = stage_inputs(cs, &id, 1, pos, err);
     return st ? st : mk_profile(cs->mk, cs->stream, cs->d_ids, cs->d_pos, reps, report, report_len, err);
+}
+
+extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_t *ids,
+                                                      int32_t T, char *report, size_t report_len,
+                                                      struct qwenrt_error *err)
+{
+    const struct plan *p = &cs->plans[PHASE_PREFILL];
+    qwenrt_status st = QWENRT_OK;
+    if (T < 2 || T > cs->n_ctx)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: profile of %d tokens", T);
+    float *logits = (float *)xmalloc((size_t)cs->n_vocab, sizeof(float));
+    cudaEvent_t *ev = (cudaEvent_t *)xcalloc((size_t)p->n_ops + 1, sizeof(cudaEvent_t));
+    if (!logits || !ev) {
+        xfree(logits), xfree(ev);
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    }
+    /* a plain run first: buffers sized, GEMM plans cached, clocks up */
+    st = cuda_session_run(cs, ids, T, 0, false, logits, NULL, NULL, err);
+    int32_t n_ev = 0;
+    for (; !st && n_ev <= p->n_ops; n_ev++)
+        if (cudaEventCreate(&ev[n_ev]) != cudaSuccess)
+            st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventCreate failed");
+    if (!st)
+        st = cuda_session_reset(cs, err);
+    if (!st)
+        st = stage_inputs(cs, ids, T, 0, err);
+    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream};
+    if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
+        st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
+    for (int32_t i = 0; i < p->n_ops && !st; i++) {
+        st = run_op(&r, i, err);
+        if (!st && cudaEventRecord(ev[i + 1], cs->stream) != cudaSuccess)
+            st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
+    }
+    if (!st && cudaStreamSynchronize(cs->stream) != cudaSuccess)
+        st = err_set(err, QWENRT_ERR_BACKEND, "cuda: profile run failed");
+    if (!st) {
+        double ms[OP_KIND_COUNT] = {0}, mm_big = 0, total = 0;
+        int32_t cnt[OP_KIND_COUNT] = {0};
+        for (int32_t i = 0; i < p->n_ops; i++) {
+            float t = 0;
+            cudaEventElapsedTime(&t, ev[i], ev[i + 1]);
+            ms[p->ops[i].kind] += t, cnt[p->ops[i].kind]++, total += t;
+            if (p->ops[i].kind == OP_MATMUL && cs->dops[PHASE_PREFILL][i].N > 2 * cs->dops[PHASE_PREFILL][i].K)
+                mm_big += t;
+        }
+        size_t o = (size_t)snprintf(report, report_len, "prefill T=%d op by op: %.2f ms", T, total);
+        for (int k = 0; k < OP_KIND_COUNT && o < report_len; k++)
+            if (cnt[k])
+                o += (size_t)snprintf(report + o, report_len - o, "; %s x%d %.2f ms", op_kind_name((enum op_kind)k),
+                                      cnt[k], ms[k]);
+        if (o < report_len)
+            snprintf(report + o, report_len - o, " (matmuls with N > 2K: %.2f ms)", mm_big);
+    }
+    for (int32_t i = 0; i < n_ev; i++)
+        cudaEventDestroy(ev[i]);
+    xfree(ev);
+    xfree(logits);
+    return st;
 }
 
 extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
@@ -892,9 +969,9 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
             }
         }
         cudaError_t e = cudaMemcpyAsync(host, r->b[op->out], n * sizeof(float),
-                                        cudaMemcpyDeviceToHost, r->cs->stream);
+                                        cudaMemcpyDeviceToHost, r->stream);
         if (e == cudaSuccess)
-            e = cudaStreamSynchronize(r->cs->stream);
+            e = cudaStreamSynchronize(r->stream);
         if (e != cudaSuccess) {
             st = cuda_fail(err, e, __FILE__, __LINE__, "dump copy");
             break;
@@ -933,7 +1010,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         }
         b = cs->pbufs;
     }
-    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false};
+    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream};
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) {
             if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
@@ -1002,6 +1079,66 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
     return QWENRT_OK;
 }
 
+/* true for ops that read or write a sequence's position or state (run once per session) */
+static bool per_sequence(enum op_kind k)
+{
+    return k == OP_QK_NORM_ROPE || k == OP_ATTENTION || k == OP_GDN_CONV || k == OP_GDN_CORE;
+}
+
+extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
+                                           const int32_t *pos, int32_t n, float *logits,
+                                           struct qwenrt_error *err)
+{
+    struct cuda_session *c0 = css[0];
+    const struct plan *p = &c0->plans[PHASE_DECODE];
+    if (n < 1 || n > c0->n_ctx)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda batch: %d sequences", n);
+    for (int32_t r = 0; r < n; r++) {
+        if (css[r]->plans != c0->plans)
+            return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda batch: session %d is of another model", r);
+        if (pos[r] < 0 || pos[r] >= css[r]->n_ctx)
+            return err_set(err, QWENRT_ERR_LIMIT, "cuda batch: position %d of session %d exceeds its context of %d",
+                           pos[r], r, css[r]->n_ctx);
+    }
+    qwenrt_status st;
+    if (n > c0->cap_batch) { /* the batch's activations: n rows of every decode buffer */
+        CUDA_CHECK(cudaStreamSynchronize(c0->stream));
+        free_bufs(c0->bbufs);
+        c0->cap_batch = 0;
+        if ((st = alloc_bufs(p, c0->bbufs, n, n, err)))
+            return st;
+        c0->cap_batch = n;
+    }
+    /* every session's state is used on c0's stream: they must be idle (each call of theirs
+     * synchronises before returning) */
+    CUDA_CHECK(cudaStreamSynchronize(c0->stream));
+    for (int32_t r = 0; r < n; r++) {
+        css[r]->h_stage[1] = pos[r];
+        CUDA_CHECK(cudaMemcpyAsync(css[r]->d_pos, &css[r]->h_stage[1], 4, cudaMemcpyHostToDevice, c0->stream));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
+    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream};
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        if (!per_sequence(p->ops[i].kind)) {
+            if ((st = run_op(&all, i, err)))
+                return st;
+            continue;
+        }
+        for (int32_t r = 0; r < n; r++) {
+            float *rows[PLAN_MAX_BUFS] = {NULL};
+            for (int32_t k = 0; k < p->n_bufs; k++)
+                rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
+            struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream};
+            if ((st = run_op(&one, i, err)))
+                return st;
+        }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(logits, c0->bbufs[p->buf_logits], (size_t)n * c0->n_vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, c0->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c0->stream));
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *err)
 {
     for (int32_t l = 0; l < cs->n_layer; l++) {
@@ -1023,6 +1160,32 @@ extern "C" qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t l
     CUDA_CHECK(cudaMemcpyAsync(dst, v ? cs->vc[layer] : cs->kc[layer],
                                (size_t)n_pos * cs->kv_width * sizeof(float),
                                cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t layer,
+                                              enum cuda_state_part part, int64_t n_floats,
+                                              float *host, bool to_host, struct qwenrt_error *err)
+{
+    float *dev = NULL;
+    int64_t cap = 0;
+    if (layer >= 0 && layer < cs->n_layer) {
+        switch (part) {
+        case CUDA_STATE_K: dev = cs->kc[layer], cap = (int64_t)cs->n_ctx * cs->kv_width; break;
+        case CUDA_STATE_V: dev = cs->vc[layer], cap = (int64_t)cs->n_ctx * cs->kv_width; break;
+        case CUDA_STATE_CONV: dev = cs->conv[layer], cap = (int64_t)cs->conv_rows * cs->conv_dim; break;
+        case CUDA_STATE_SSM: dev = cs->ssm[layer], cap = cs->ssm_len; break;
+        }
+    }
+    if (!dev || n_floats < 0 || n_floats > cap)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: layer %d has no state part %d of %lld floats",
+                       layer, (int)part, (long long)n_floats);
+    if (n_floats == 0)
+        return QWENRT_OK;
+    size_t bytes = (size_t)n_floats * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(to_host ? (void *)host : (void *)dev, to_host ? (const void *)dev : (const void *)host,
+                               bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs->stream));
     CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     return QWENRT_OK;
 }

@@ -18,7 +18,7 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, false, 256, 24};
+    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, CUDA_MEGA_AUTO, 256};
     return o;
 }
 
@@ -64,6 +64,22 @@ qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t
     return not_built(err);
 }
 
+qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
+                                const int32_t *pos, int32_t n, float *logits,
+                                struct qwenrt_error *err)
+{
+    (void)css, (void)ids, (void)pos, (void)n, (void)logits;
+    return not_built(err);
+}
+
+qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t layer,
+                                    enum cuda_state_part part, int64_t n_floats, float *host,
+                                    bool to_host, struct qwenrt_error *err)
+{
+    (void)cs, (void)layer, (void)part, (void)n_floats, (void)host, (void)to_host;
+    return not_built(err);
+}
+
 qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *err)
 {
     (void)cs;
@@ -82,6 +98,16 @@ qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id, i
                                           struct qwenrt_error *err)
 {
     (void)cs, (void)id, (void)pos, (void)reps;
+    if (report_len)
+        report[0] = 0;
+    return not_built(err);
+}
+
+qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_t *ids, int32_t T,
+                                           char *report, size_t report_len,
+                                           struct qwenrt_error *err)
+{
+    (void)cs, (void)ids, (void)T;
     if (report_len)
         report[0] = 0;
     return not_built(err);

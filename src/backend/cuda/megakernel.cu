@@ -9,11 +9,10 @@
  * release/acquire at GPU scope). Activations are read with ld.global.cg (L2, never a stale L1
  * line) because other blocks wrote them before the barrier; weights with the read-only path.
  *
- * Prefetch: the host lays the weights of all phases out as one stream in execution order and
- * gives each phase the slice of the stream that ends `lookahead` bytes past its own start; at
- * phase start every block issues cp.async.bulk.prefetch.L2 for its share of that slice. The
- * GEMVs then read their rows from L2 while DRAM already streams the next phases. The LM head
- * (too big for L2) prefetches its own rows a few iterations ahead instead.
+ * Weights: each block streams its share of every GEMV (a contiguous row range per matrix)
+ * through a ring of MK_STAGES shared-memory stages with cp.async.bulk copies completed on
+ * mbarriers; thread 0 keeps the ring full across phase and token boundaries, so the copies of
+ * the next phases are in flight while the block waits at a barrier or runs attention.
  *
  * Numerics follow the reference kernels (kernels_ref.c) as the per-op CUDA kernels do: f32
  * accumulation, RoPE angles in double, online softmax, quantised weights dequantised with
@@ -31,9 +30,12 @@ extern "C" {
 }
 
 #define MK_MAX_SEG 4
-#define MK_U 4          /* 16-byte loads per lane issued before the first use (float rows) */
-#define MK_LM_AHEAD 4   /* LM head: iterations of rows prefetched ahead */
-#define MK_PF_PIECE (64 << 10)
+#define MK_U 4           /* 16-byte loads per lane issued before the first use (float rows) */
+#define MK_STAGES 4      /* weight ring stages per block */
+#define MK_STAGE_MAX (48 << 10)
+#define MK_STAGE_MIN (24 << 10)
+#define MK_XPT 8 /* x values per thread staged with one batch of loads */
+#define MK_ATTN_SPLITS 32 /* attention / DeltaNet blocks per head at most */
 
 enum mk_kind { MK_EMBED, MK_RMSNORM, MK_GEMV, MK_ATTN, MK_GDN_CONV, MK_GDN_CORE, MK_ADD, MK_SWIGLU };
 
@@ -53,7 +55,7 @@ struct mk_phase {
     int32_t width, K, group;
     float eps;
     /* GEMV */
-    int32_t mode, n_seg, rows, argmax, self_prefetch;
+    int32_t mode, n_seg, argmax, gidx; /* gidx: ordinal among the GEMV phases */
     struct mk_seg seg[MK_MAX_SEG];
     /* embed */
     const uint8_t *w;
@@ -61,6 +63,7 @@ struct mk_phase {
     int32_t dtype;
     /* attention */
     float *kc, *vc;
+    const double *inv_freq; /* [n_rot / 2] RoPE frequencies (device, the program's table) */
     int32_t n_head, n_head_kv, hd, q_stride, n_rot, kvw, gate;
     float theta;
     /* DeltaNet */
@@ -68,36 +71,42 @@ struct mk_phase {
     const float *z, *gnorm_w;
     int32_t Hk, Hv, dk, dv, conv_k, tiled, gated;
     float geps;
-    /* prefetch slice */
-    int32_t pf_first, pf_count;
-};
-
-struct mk_range {
-    const uint8_t *p;
-    int64_t bytes;
 };
 
 struct mk_sync {
-    unsigned int count, gen;
+    unsigned long long count;  /* barrier arrivals since the buffer was zeroed */
     unsigned long long key[2]; /* argmax of the LM head, one per token parity */
 };
+
+struct mk_gdesc;
 
 struct mk_params {
     const struct mk_phase *ph;
     int32_t n_ph;
-    const struct mk_range *pf;
+    const struct mk_gdesc *gt; /* [n_g] the GEMVs in execution order */
+    float *part;           /* attention partials [heads][MK_ATTN_SPLITS][hd + 2] */
+    unsigned *cnt;         /* per-head arrival counters (zero between phases) */
+    int32_t n_g;
+    int32_t stage_bytes;   /* bytes per ring stage (multiple of 128) */
+    int32_t ph_in_smem;    /* the phases are copied to shared memory at start */
+    int32_t scratch_floats; /* xs / attention / DeltaNet scratch after the ring */
     struct mk_sync *sync;
     int32_t *ids, *pos, *out_ids, *step;
     int32_t n_tok, gen;
-    unsigned long long *times; /* profiling: [1 + n_ph] globaltimer stamps of token 0, or NULL */
+    unsigned long long *times; /* profiling, or NULL: [1 + n_ph] globaltimer stamps after each
+                                * barrier of token 0, then [n_ph][3] ns of block 0 in x staging,
+                                * in ring waits and in the barrier */
 };
 
 struct mk_program {
     int32_t *kinds;           /* [n_ph] host copy of each phase's kind (profiles) */
     struct mk_phase *d_ph;
-    struct mk_range *d_pf;
+    struct mk_gdesc *d_gt;
     struct mk_sync *d_sync;
-    int32_t n_ph, nb, threads;
+    float *d_part;
+    unsigned *d_cnt;
+    double *d_freq;
+    int32_t n_ph, n_g, nb, threads, stage_bytes, scratch_floats, ph_in_smem;
     size_t smem;
 };
 
@@ -128,35 +137,25 @@ __device__ float mk_block_sum(float v, float *red)
     return mk_warp_sum(t);
 }
 
-__device__ __forceinline__ unsigned mk_ld_acquire(const unsigned *p)
+__device__ __forceinline__ unsigned long long mk_ld_acquire(const unsigned long long *p)
 {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-__device__ __forceinline__ void mk_st_release(unsigned *p, unsigned v)
-{
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-/* Grid barrier: every block's writes before it are visible to every block after it. *gen is
- * thread 0's copy of the generation word. */
-__device__ __forceinline__ void mk_grid_sync(struct mk_sync *s, unsigned nb, unsigned *gen)
+/* Grid barrier: a monotonic arrival counter. Thread 0 of each block adds 1 with release
+ * semantics (after __syncthreads, so the whole block's writes are ordered before it) and
+ * waits with acquire loads until all nb blocks of this round arrived; *target is thread 0's
+ * count of arrivals expected so far. */
+__device__ __forceinline__ void mk_grid_sync(struct mk_sync *s, unsigned nb, unsigned long long *target)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned target = *gen + 1;
-        __threadfence();
-        if (atomicAdd(&s->count, 1u) == nb - 1) {
-            atomicExch(&s->count, 0u);
-            __threadfence();
-            mk_st_release(&s->gen, target);
-        } else {
-            while (mk_ld_acquire(&s->gen) != target) {
-            }
+        *target += nb;
+        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(&s->count) : "memory");
+        while (mk_ld_acquire(&s->count) < *target) {
         }
-        *gen = target;
     }
     __syncthreads();
 }
@@ -168,50 +167,32 @@ __device__ __forceinline__ unsigned long long mk_globaltimer()
     return t;
 }
 
-__device__ __forceinline__ void mk_prefetch_l2(const uint8_t *p, uint32_t bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-/* Issues this block's share of [p, p+bytes) as L2 prefetches (lanes of warp 0). */
-__device__ void mk_prefetch_share(const uint8_t *p, int64_t bytes)
-{
-    if (threadIdx.x >= 32)
-        return;
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)15, e = ((uintptr_t)p + bytes + 15) & ~(uintptr_t)15;
-    int64_t n = (int64_t)(e - a), nb = gridDim.x;
-    int64_t share = ((n + nb - 1) / nb + 255) & ~(int64_t)255;
-    int64_t lo = share * blockIdx.x, hi = lo + share < n ? lo + share : n;
-    for (int64_t o = lo + (int64_t)threadIdx.x * MK_PF_PIECE; o < hi; o += 32 * (int64_t)MK_PF_PIECE) {
-        int64_t len = hi - o < MK_PF_PIECE ? hi - o : MK_PF_PIECE;
-        mk_prefetch_l2((const uint8_t *)(a + o), (uint32_t)len);
-    }
-}
-
 /* ------------------------------------------------------------------ row dot products
  * Each returns the warp's dot product of one or two weight rows with xs (shared memory, f32)
  * in every lane. */
 
+/* Two 16-bit floats packed in w, times x0 and x1, added to acc. No arrays and no address
+ * taken: everything stays in registers (a local array here cost ~1 us per row through L1). */
+__device__ __forceinline__ float mk_fma2(uint32_t w, float x0, float x1, float acc, int32_t dt)
+{
+    float lo, hi;
+    if (dt == QR_BF16) {
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xffff0000u);
+    } else {
+        lo = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+        hi = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+    }
+    return fmaf(hi, x1, fmaf(lo, x0, acc));
+}
+
 __device__ __forceinline__ void mk_acc8(float &acc, uint4 v, const float *x, int32_t dt)
 {
-    uint32_t w[4] = {v.x, v.y, v.z, v.w};
     float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
-    float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float lo, hi;
-        if (dt == QR_BF16) {
-            lo = __uint_as_float(w[i] << 16);
-            hi = __uint_as_float(w[i] & 0xffff0000u);
-        } else {
-            float2 f = __half22float2(*(const __half2 *)&w[i]);
-            lo = f.x, hi = f.y;
-        }
-        acc = fmaf(lo, xv[2 * i], acc);
-        acc = fmaf(hi, xv[2 * i + 1], acc);
-    }
+    acc = mk_fma2(v.x, a.x, a.y, acc, dt);
+    acc = mk_fma2(v.y, a.z, a.w, acc, dt);
+    acc = mk_fma2(v.z, b.x, b.y, acc, dt);
+    acc = mk_fma2(v.w, b.z, b.w, acc, dt);
 }
 
 __device__ __forceinline__ void mk_acc4(float &acc, uint4 v, const float *x)
@@ -225,10 +206,11 @@ __device__ __forceinline__ void mk_acc4(float &acc, uint4 v, const float *x)
 
 /* F32/F16/BF16 rows (16-byte aligned, K a multiple of the chunk): R rows, all loads of a
  * round issued before any is used. */
-template <int R>
-__device__ void mk_dot_float(const uint8_t *const *rows, int32_t dt, const float *xs, int32_t K,
-                             float *out)
+template <int DT, int R>
+__device__ __forceinline__ void mk_dot_float(const uint8_t *row0, const uint8_t *row1, const float *xs,
+                                             int32_t K, float *out)
 {
+    const int32_t dt = DT;
     int lane = threadIdx.x & 31, epc = dt == QR_F32 ? 4 : 8, nch = K / epc;
     float acc[R];
 #pragma unroll
@@ -241,7 +223,7 @@ __device__ void mk_dot_float(const uint8_t *const *rows, int32_t dt, const float
 #pragma unroll
             for (int u = 0; u < MK_U; u++) {
                 int c = c0 + u * 32 + lane;
-                v[r][u] = c < nch ? __ldg((const uint4 *)rows[r] + c) : make_uint4(0, 0, 0, 0);
+                v[r][u] = c < nch ? ((const uint4 *)(r ? row1 : row0))[c] : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
         for (int u = 0; u < MK_U; u++) {
@@ -265,7 +247,7 @@ __device__ void mk_dot_float(const uint8_t *const *rows, int32_t dt, const float
 __device__ __forceinline__ float mk_f16(uint16_t u) { return __half2float(__ushort_as_half(u)); }
 
 /* Q8_0: 34-byte blocks of 32; lane l takes blocks l, l+32, ... (2-byte loads). */
-__device__ float mk_dot_q8_0(const uint8_t *row, const float *xs, int32_t K)
+__device__ __noinline__ float mk_dot_q8_0(const uint8_t *row, const float *xs, int32_t K)
 {
     int lane = threadIdx.x & 31, nb = K / 32;
     float acc = 0.0f;
@@ -274,7 +256,7 @@ __device__ float mk_dot_q8_0(const uint8_t *row, const float *xs, int32_t K)
         uint16_t q[17];
 #pragma unroll
         for (int i = 0; i < 17; i++)
-            q[i] = __ldg(p + i);
+            q[i] = p[i];
         const float *x = xs + b * 32;
         float s = 0.0f;
 #pragma unroll
@@ -287,41 +269,49 @@ __device__ float mk_dot_q8_0(const uint8_t *row, const float *xs, int32_t K)
     return mk_warp_sum(acc);
 }
 
-__device__ __forceinline__ void mk_q4k_scale_min(const uint8_t *s, int sub, int *sc, int *m)
+/* Byte i of the 12 scale bytes held in three words. */
+__device__ __forceinline__ int mk_sbyte(uint32_t a, uint32_t b, uint32_t c, int i)
 {
+    uint32_t w = i < 4 ? a : i < 8 ? b : c;
+    return (int)((w >> (8 * (i & 3))) & 0xffu);
+}
+
+__device__ __forceinline__ void mk_q4k_scale_min(uint32_t a, uint32_t b, uint32_t c, int sub, int *sc,
+                                                 int *m)
+{
+#define s(i) mk_sbyte(a, b, c, i)
     if (sub < 4) {
-        *sc = s[sub] & 63;
-        *m = s[sub + 4] & 63;
+        *sc = s(sub) & 63;
+        *m = s(sub + 4) & 63;
     } else {
-        *sc = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 6) << 4);
-        *m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+        *sc = (s(sub + 4) & 0xF) | ((s(sub - 4) >> 6) << 4);
+        *m = (s(sub + 4) >> 4) | ((s(sub) >> 6) << 4);
     }
+#undef s
 }
 
 /* Q4_K: 144-byte super-blocks of 256; 8 lanes per super-block, lane (c, half) takes 16 bytes
  * of chunk c: 16 low nibbles (sub-block 2c) and 16 high nibbles (sub-block 2c+1). */
-__device__ float mk_dot_q4_k(const uint8_t *row, const float *xs, int32_t K)
+__device__ __noinline__ float mk_dot_q4_k(const uint8_t *row, const float *xs, int32_t K)
 {
     int lane = threadIdx.x & 31, nsb = K / 256, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
     float acc = 0.0f;
     for (int sb = lane >> 3; sb < nsb; sb += 4) {
         const uint8_t *b = row + (int64_t)sb * 144;
-        uint4 hdr = __ldg((const uint4 *)b);
-        uint4 qv = __ldg((const uint4 *)(b + 16 + 32 * c + 16 * half));
+        uint4 hdr = *(const uint4 *)b;
+        uint4 qv = *(const uint4 *)(b + 16 + 32 * c + 16 * half);
         float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
-        uint8_t s[12];
-        memcpy(s, &hdr.y, 4), memcpy(s + 4, &hdr.z, 4), memcpy(s + 8, &hdr.w, 4);
         int sc0, m0, sc1, m1;
-        mk_q4k_scale_min(s, 2 * c, &sc0, &m0);
-        mk_q4k_scale_min(s, 2 * c + 1, &sc1, &m1);
-        uint8_t q[16];
-        memcpy(q, &qv, 16);
+        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
+        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
         const float *x0 = xs + sb * 256 + 64 * c + 16 * half, *x1 = x0 + 32;
         float s0 = 0.0f, s1 = 0.0f, x0s = 0.0f, x1s = 0.0f;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            s0 = fmaf((float)(q[i] & 0xF), x0[i], s0);
-            s1 = fmaf((float)(q[i] >> 4), x1[i], s1);
+            uint32_t word = i < 4 ? qv.x : i < 8 ? qv.y : i < 12 ? qv.z : qv.w;
+            uint32_t q = (word >> (8 * (i & 3))) & 0xffu;
+            s0 = fmaf((float)(q & 0xF), x0[i], s0);
+            s1 = fmaf((float)(q >> 4), x1[i], s1);
             x0s += x0[i];
             x1s += x1[i];
         }
@@ -332,7 +322,7 @@ __device__ float mk_dot_q4_k(const uint8_t *row, const float *xs, int32_t K)
 
 /* Q6_K: 210-byte super-blocks of 256; 16 lanes per super-block, lane (h, g) takes l in
  * [4g, 4g+4) of half h for all four quarters (16 elements). */
-__device__ float mk_dot_q6_k(const uint8_t *row, const float *xs, int32_t K)
+__device__ __noinline__ float mk_dot_q6_k(const uint8_t *row, const float *xs, int32_t K)
 {
     int lane = threadIdx.x & 31, nsb = K / 256, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
     float acc = 0.0f;
@@ -340,13 +330,13 @@ __device__ float mk_dot_q6_k(const uint8_t *row, const float *xs, int32_t K)
         const uint8_t *b = row + (int64_t)sb * 210;
         const uint8_t *ql = b + 64 * h + 4 * g, *qh = b + 128 + 32 * h + 4 * g;
         const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + g / 4);
-        float d = mk_f16((uint16_t)(__ldg(b + 208) | (__ldg(b + 209) << 8)));
+        float d = mk_f16((uint16_t)(b[208] | (b[209] << 8)));
         uint8_t lo0[4], lo1[4], hb[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            lo0[i] = __ldg(ql + i);
-            lo1[i] = __ldg(ql + 32 + i);
-            hb[i] = __ldg(qh + i);
+            lo0[i] = ql[i];
+            lo1[i] = ql[32 + i];
+            hb[i] = qh[i];
         }
         const float *x = xs + sb * 256 + 128 * h + 4 * g;
 #pragma unroll
@@ -358,14 +348,14 @@ __device__ float mk_dot_q6_k(const uint8_t *row, const float *xs, int32_t K)
                 int q = (lo | (((hb[i] >> (2 * qq)) & 3) << 4)) - 32;
                 s = fmaf((float)q, x[32 * qq + i], s);
             }
-            acc = fmaf(d * (float)__ldg(sc + 2 * qq), s, acc);
+            acc = fmaf(d * (float)sc[2 * qq], s, acc);
         }
     }
     return mk_warp_sum(acc);
 }
 
 /* Any dtype deq_elem knows, one element at a time (unaligned float rows). */
-__device__ float mk_dot_any(const uint8_t *row, int32_t dt, const float *xs, int32_t K)
+__device__ __noinline__ float mk_dot_any(const uint8_t *row, int32_t dt, const float *xs, int32_t K)
 {
     float acc = 0.0f;
     for (int i = threadIdx.x & 31; i < K; i += 32)
@@ -380,14 +370,9 @@ __device__ __forceinline__ bool mk_float_fast(const struct mk_seg &s, int32_t K)
            s.row_bytes % 16 == 0 && ((uintptr_t)s.w & 15) == 0;
 }
 
-__device__ float mk_dot_row(const struct mk_seg &s, int64_t r, const float *xs, int32_t K)
+/* The dot product of one row (in shared memory) of segment s with xs. */
+__device__ float mk_dot_row(const struct mk_seg &s, const uint8_t *row, const float *xs, int32_t K)
 {
-    const uint8_t *row = s.w + r * s.row_bytes;
-    if (mk_float_fast(s, K)) {
-        float v;
-        mk_dot_float<1>(&row, s.dtype, xs, K, &v);
-        return v;
-    }
     switch (s.dtype) {
     case QR_Q8_0: return mk_dot_q8_0(row, xs, K);
     case QR_Q4_K: return ((uintptr_t)row & 15) == 0 ? mk_dot_q4_k(row, xs, K) : mk_dot_any(row, s.dtype, xs, K);
@@ -402,20 +387,195 @@ __device__ float mk_dot_row(const struct mk_seg &s, int64_t r, const float *xs, 
 __device__ void mk_stage_x(const float *in, int32_t K, const float *norm_w, float eps, float *xs,
                            float *red)
 {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        float v = __ldcg(in + i);
-        xs[i] = v;
-        ss += v * v;
+    /* MK_XPT loads per thread issued together (one L2 round trip per batch, not per element);
+     * the norm weights are loaded alongside and kept in registers */
+    float ss = 0.0f, wv[MK_XPT];
+    int nt = blockDim.x;
+    for (int base = 0; base < K; base += nt * MK_XPT) {
+        float v[MK_XPT];
+#pragma unroll
+        for (int u = 0; u < MK_XPT; u++) {
+            int i = base + u * nt + threadIdx.x;
+            v[u] = i < K ? __ldcg(in + i) : 0.0f;
+            wv[u] = norm_w && i < K ? __ldg(norm_w + i) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < MK_XPT; u++) {
+            int i = base + u * nt + threadIdx.x;
+            if (i < K)
+                xs[i] = v[u];
+            ss += v[u] * v[u];
+        }
     }
     if (norm_w) {
         ss = mk_block_sum(ss, red);
         float scale = rsqrtf(ss / (float)K + eps);
-        for (int i = threadIdx.x; i < K; i += blockDim.x)
-            xs[i] = xs[i] * scale * __ldg(norm_w + i);
+        if (K <= nt * MK_XPT) {
+#pragma unroll
+            for (int u = 0; u < MK_XPT; u++) {
+                int i = u * nt + threadIdx.x;
+                if (i < K)
+                    xs[i] = xs[i] * scale * wv[u];
+            }
+        } else {
+            for (int i = threadIdx.x; i < K; i += nt)
+                xs[i] = xs[i] * scale * __ldg(norm_w + i);
+        }
     }
     __syncthreads();
 }
+
+
+/* ---- the weight ring ----
+ * Every block streams its share of every GEMV's weights (a contiguous row range per matrix:
+ * rows [N b / nb, N (b+1) / nb)) through MK_STAGES shared-memory stages with 1-D bulk copies
+ * (cp.async.bulk, completion on an mbarrier per stage). Chunks are numbered in execution order
+ * across phases and tokens; thread 0 keeps MK_STAGES chunks in flight, refilling a stage as
+ * soon as the block has consumed it, so the copies for the next phases run during barriers,
+ * attention and x staging. The producer walks a compact table of the GEMVs (struct mk_gdesc,
+ * copied to shared memory at start: no global-memory round trip per chunk); the consumers
+ * walk the same chunk order for the phase they run. */
+
+struct mk_gdesc {
+    const uint8_t *w[MK_MAX_SEG]; /* SwiGLU: w[0] gate, w[1] up, one "segment" of paired rows */
+    int32_t N[MK_MAX_SEG], row_bytes[MK_MAX_SEG];
+    int32_t rpc;                  /* rows per chunk */
+    int32_t nseg, swiglu;
+};
+
+struct mk_chunk {
+    int32_t g, seg, n;
+    int64_t r0;
+};
+
+/* Block b's row range of an N-row matrix. */
+__device__ __forceinline__ void mk_rows_of_block(int64_t N, int64_t *lo, int64_t *hi)
+{
+    /* 32-bit: N * nb < 2^32 for every matrix here (the builder checks) */
+    uint32_t n = (uint32_t)N;
+    *lo = n * blockIdx.x / gridDim.x;
+    *hi = n * (blockIdx.x + 1) / gridDim.x;
+}
+
+/* Producer cursor: (token, GEMV ordinal, segment, next row). */
+struct mk_cursor {
+    int32_t tok, g, seg;
+    int64_t row;
+};
+
+__device__ bool mk_next_chunk(const struct mk_gdesc *gt, int32_t n_g, int32_t n_tok,
+                              struct mk_cursor &c, struct mk_chunk &out)
+{
+    while (c.tok < n_tok) {
+        const struct mk_gdesc &D = gt[c.g];
+        for (; c.seg < D.nseg; c.seg++, c.row = 0) {
+            int64_t lo, hi;
+            mk_rows_of_block(D.N[c.seg], &lo, &hi);
+            if (c.row < lo)
+                c.row = lo;
+            if (c.row < hi) {
+                int64_t n = hi - c.row < D.rpc ? hi - c.row : D.rpc;
+                out.g = c.g, out.seg = c.seg, out.r0 = c.row, out.n = (int32_t)n;
+                c.row += n;
+                return true;
+            }
+        }
+        c.seg = 0, c.row = 0;
+        if (++c.g == n_g)
+            c.g = 0, c.tok++;
+    }
+    return false;
+}
+
+__device__ __forceinline__ uint32_t mk_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* The ring needs sm_90 (bulk copies, mbarrier transaction counts); mk_build refuses older
+ * devices, and the PTX built for them traps if it were ever reached. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MK_SM90_ONLY(asm_stmt) __trap()
+#else
+#define MK_SM90_ONLY(asm_stmt) asm_stmt
+#endif
+
+__device__ __forceinline__ void mk_mbar_init(uint64_t *bar)
+{
+    MK_SM90_ONLY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mk_smem_addr(bar)) : "memory"));
+}
+
+__device__ __forceinline__ void mk_mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done = 0, a = mk_smem_addr(bar);
+    while (!done)
+        MK_SM90_ONLY(asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                                  " selp.u32 %0, 1, 0, p;\n}"
+                                  : "=r"(done)
+                                  : "r"(a), "r"(parity)
+                                  : "memory"));
+}
+
+/* The copies of a chunk (two for SwiGLU): 16-byte aligned source ranges and where the rows
+ * start in the stage. */
+struct mk_copy {
+    const uint8_t *src[2];
+    uint32_t size[2], off[2];
+    int n;
+};
+
+__device__ void mk_chunk_copy(const struct mk_gdesc &D, const struct mk_chunk &ch, struct mk_copy &cp)
+{
+    cp.n = D.swiglu ? 2 : 1;
+    uint32_t dst = 0;
+    cp.src[1] = NULL, cp.size[1] = 0, cp.off[1] = 0;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        if (k >= cp.n)
+            break;
+        int s = k ? 1 : ch.seg;
+        uintptr_t a = (uintptr_t)(D.w[s] + ch.r0 * D.row_bytes[s]), e = a + (uintptr_t)ch.n * D.row_bytes[s];
+        uintptr_t al = a & ~(uintptr_t)15, el = (e + 15) & ~(uintptr_t)15;
+        cp.src[k] = (const uint8_t *)al;
+        cp.size[k] = (uint32_t)(el - al);
+        cp.off[k] = dst + (uint32_t)(a - al);
+        dst += cp.size[k];
+    }
+}
+
+/* Thread 0: starts the copy of chunk ch into stage (completion on bar). */
+__device__ void mk_issue(const struct mk_gdesc *gt, const struct mk_chunk &ch, uint8_t *stage,
+                         uint64_t *bar)
+{
+    struct mk_copy cp;
+    mk_chunk_copy(gt[ch.g], ch, cp);
+    uint32_t b = mk_smem_addr(bar), total = cp.size[0] + (cp.n > 1 ? cp.size[1] : 0), dst = 0;
+    if (total == 0)
+        return; /* never: a chunk has at least one row */
+    /* no proxy fence: the stage was only read by the generic proxy, and those reads are
+     * ordered before this copy by the block barrier after the chunk (write-after-read) */
+    MK_SM90_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(total) : "memory"));
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        if (k >= cp.n)
+            break;
+        MK_SM90_ONLY(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                                  ::"r"(mk_smem_addr(stage + dst)), "l"(cp.src[k]), "r"(cp.size[k]), "r"(b)
+                                  : "memory"));
+        dst += cp.size[k];
+    }
+}
+
+struct mk_ring {
+    unsigned long long *prof; /* block 0 thread 0 when profiling: [3] ns of the running phase */
+    uint8_t *base;          /* MK_STAGES stages of stage_bytes */
+    uint64_t *bar;          /* MK_STAGES mbarriers */
+    const struct mk_gdesc *gt; /* shared-memory copy of the GEMV table */
+    int32_t n_g, n_tok;
+    int64_t stage_bytes;
+    struct mk_cursor prod;  /* thread 0 only */
+    uint32_t next;          /* chunks consumed so far */
+};
 
 __device__ __forceinline__ unsigned long long mk_argmax_key(float v, int64_t i)
 {
@@ -424,99 +584,144 @@ __device__ __forceinline__ unsigned long long mk_argmax_key(float v, int64_t i)
     return ((unsigned long long)u << 32) | (0xffffffffull - (unsigned long long)i);
 }
 
-__device__ void mk_store(const struct mk_phase &P, const struct mk_seg &s, int64_t r, float v)
+/* The rows of one chunk of 16-bit or f32 rows, the dtype fixed at compile time so that the
+ * loop a model runs is a few hundred instructions (the kernel's code is large; a loop with
+ * every dtype's branch inside missed the instruction cache on every phase). */
+template <int DT, bool SWIGLU>
+__device__ __noinline__ void mk_rows_float(const struct mk_phase &P, const struct mk_chunk &ch,
+                                           const uint8_t *base0, const uint8_t *base1,
+                                           const float *xs, unsigned long long *best)
 {
-    if (P.mode == GEMV_ACCUM)
-        s.y[r] = __ldcg(s.y + r) + v;
-    else
-        s.y[r] = v;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const struct mk_seg &s = P.seg[ch.seg];
+    int64_t rb0 = s.row_bytes, rb1 = P.seg[1].row_bytes;
+    for (int32_t i = warp; i < ch.n; i += nw) {
+        int64_t r = ch.r0 + i;
+        float v[2];
+        if (SWIGLU) {
+            mk_dot_float<DT, 2>(base0 + i * rb0, base1 + i * rb1, xs, P.K, v);
+            if (lane == 0)
+                s.y[r] = mk_silu(v[0]) * v[1];
+            continue;
+        }
+        float old = P.mode == GEMV_ACCUM && lane == 0 ? __ldcg(s.y + r) : 0.0f; /* in flight during the dot */
+        mk_dot_float<DT, 1>(base0 + i * rb0, base0, xs, P.K, v);
+        if (lane == 0) {
+            s.y[r] = old + v[0];
+            if (P.argmax && v[0] == v[0]) {
+                unsigned long long key = mk_argmax_key(v[0], r);
+                *best = key > *best ? key : *best;
+            }
+        }
+    }
 }
 
-/* y = [norm](x) · Wᵀ over every warp of the grid; SwiGLU pairs rows of seg 0 and seg 1. */
-__device__ void mk_gemv(const struct mk_phase &P, float *xs, float *red, struct mk_sync *sync,
-                        int parity)
+/* Quantised (or unaligned) rows: one dot product per row through mk_dot_row. */
+__device__ __noinline__ void mk_rows_any(const struct mk_phase &P, const struct mk_chunk &ch,
+                                         const uint8_t *base0, const uint8_t *base1,
+                                         const float *xs, unsigned long long *best)
 {
-    mk_stage_x(P.in, P.K, P.vec, P.eps, xs, red);
-    int lane = threadIdx.x & 31, wpb = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    int64_t gw = (int64_t)blockIdx.x * wpb + warp, nw = (int64_t)gridDim.x * wpb;
-    unsigned long long best = 0;
-    if (P.mode == GEMV_SWIGLU) {
-        const struct mk_seg &g = P.seg[0], &u = P.seg[1];
-        bool fast = mk_float_fast(g, P.K) && mk_float_fast(u, P.K) && g.dtype == u.dtype;
-        for (int64_t r = gw; r < g.N; r += nw) {
-            float v[2];
-            if (fast) {
-                const uint8_t *rows[2] = {g.w + r * g.row_bytes, u.w + r * u.row_bytes};
-                mk_dot_float<2>(rows, g.dtype, xs, P.K, v);
-            } else {
-                v[0] = mk_dot_row(g, r, xs, P.K);
-                v[1] = mk_dot_row(u, r, xs, P.K);
-            }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const struct mk_seg &s = P.seg[ch.seg];
+    for (int32_t i = warp; i < ch.n; i += nw) {
+        int64_t r = ch.r0 + i;
+        const uint8_t *row = base0 + (int64_t)i * s.row_bytes;
+        if (P.mode == GEMV_SWIGLU) {
+            const struct mk_seg &u = P.seg[1];
+            float g = mk_dot_row(s, row, xs, P.K);
+            float up = mk_dot_row(u, base1 + (int64_t)i * u.row_bytes, xs, P.K);
             if (lane == 0)
-                g.y[r] = mk_silu(v[0]) * v[1];
+                s.y[r] = mk_silu(g) * up;
+            continue;
         }
+        float old = P.mode == GEMV_ACCUM && lane == 0 ? __ldcg(s.y + r) : 0.0f;
+        float v = mk_dot_row(s, row, xs, P.K);
+        if (lane == 0) {
+            s.y[r] = old + v;
+            if (P.argmax && v == v) {
+                unsigned long long key = mk_argmax_key(v, r);
+                *best = key > *best ? key : *best;
+            }
+        }
+    }
+}
+
+/* Computes the rows of one chunk (in stage) over the block's warps and stores them. */
+__device__ void mk_gemv_chunk(const struct mk_phase &P, const struct mk_gdesc &D,
+                              const struct mk_chunk &ch, const uint8_t *stage, const float *xs,
+                              unsigned long long *best)
+{
+    struct mk_copy cp;
+    mk_chunk_copy(D, ch, cp);
+    const struct mk_seg &s = P.seg[ch.seg];
+    const uint8_t *b0 = stage + cp.off[0], *b1 = stage + cp.off[1];
+    bool sw = P.mode == GEMV_SWIGLU;
+    bool fast = mk_float_fast(s, P.K) && (!sw || (mk_float_fast(P.seg[1], P.K) && P.seg[1].dtype == s.dtype));
+    if (!fast) {
+        mk_rows_any(P, ch, b0, b1, xs, best);
         return;
     }
-    if (P.n_seg == 1 && mk_float_fast(P.seg[0], P.K)) {
-        /* one matrix: two rows per warp per round (gw + 2k nw, gw + (2k+1) nw) */
-        const struct mk_seg &s = P.seg[0];
-        for (int64_t k = 0; gw + 2 * k * nw < s.N; k++) {
-            if (P.self_prefetch && threadIdx.x == 0) {
-                int64_t ahead = k + MK_LM_AHEAD, r0 = 2 * ahead * nw + (int64_t)blockIdx.x * wpb;
-                for (int j = 0; j < 2; j++, r0 += nw) {
-                    int64_t r1 = r0 + wpb < s.N ? r0 + wpb : s.N;
-                    if (r0 < s.N)
-                        mk_prefetch_l2(s.w + r0 * s.row_bytes, (uint32_t)((r1 - r0) * s.row_bytes));
-                }
-            }
-            int64_t r0 = gw + 2 * k * nw, r1 = r0 + nw;
-            float v[2];
-            if (r1 < s.N) {
-                const uint8_t *rows[2] = {s.w + r0 * s.row_bytes, s.w + r1 * s.row_bytes};
-                mk_dot_float<2>(rows, s.dtype, xs, P.K, v);
-            } else {
-                const uint8_t *rows[1] = {s.w + r0 * s.row_bytes};
-                mk_dot_float<1>(rows, s.dtype, xs, P.K, v);
-            }
-            for (int j = 0; j < 2; j++) {
-                int64_t r = j ? r1 : r0;
-                if (r >= s.N || lane != 0)
-                    continue;
-                mk_store(P, s, r, v[j]);
-                if (P.argmax && v[j] == v[j]) {
-                    unsigned long long key = mk_argmax_key(v[j], r);
-                    best = key > best ? key : best;
-                }
-            }
-        }
-    } else {
-        for (int64_t r = gw; r < P.rows; r += nw) {
-            int si = 0;
-            int64_t rr = r;
-            while (rr >= P.seg[si].N)
-                rr -= P.seg[si++].N;
-            float v = mk_dot_row(P.seg[si], rr, xs, P.K);
-            if (lane == 0) {
-                mk_store(P, P.seg[si], rr, v);
-                if (P.argmax && v == v) {
-                    unsigned long long key = mk_argmax_key(v, rr);
-                    best = key > best ? key : best;
-                }
-            }
-        }
+    switch (s.dtype) {
+    case QR_BF16:
+        sw ? mk_rows_float<QR_BF16, true>(P, ch, b0, b1, xs, best) : mk_rows_float<QR_BF16, false>(P, ch, b0, b1, xs, best);
+        break;
+    case QR_F16:
+        sw ? mk_rows_float<QR_F16, true>(P, ch, b0, b1, xs, best) : mk_rows_float<QR_F16, false>(P, ch, b0, b1, xs, best);
+        break;
+    default:
+        sw ? mk_rows_float<QR_F32, true>(P, ch, b0, b1, xs, best) : mk_rows_float<QR_F32, false>(P, ch, b0, b1, xs, best);
+        break;
     }
-    if (P.argmax && lane == 0 && best)
-        atomicMax(&sync->key[parity], best);
 }
 
-__device__ void mk_embed(const struct mk_phase &P, int32_t id)
+/* y = [norm](x) · Wᵀ: the block's chunks of GEMV phase P (ordinal P.gidx), in the producer's
+ * order. */
+__device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, struct mk_ring &rg,
+                        float *xs, float *red, int parity)
+{
+    unsigned long long t0 = rg.prof ? mk_globaltimer() : 0;
+    mk_stage_x(P.in, P.K, P.vec, P.eps, xs, red);
+    if (rg.prof)
+        rg.prof[0] += mk_globaltimer() - t0;
+    const struct mk_gdesc &D = rg.gt[P.gidx];
+    unsigned long long best = 0;
+    for (int32_t seg = 0; seg < D.nseg; seg++) {
+        int64_t lo, hi;
+        mk_rows_of_block(D.N[seg], &lo, &hi);
+        for (int64_t r0 = lo; r0 < hi; r0 += D.rpc) {
+            struct mk_chunk ch;
+            ch.g = P.gidx, ch.seg = seg, ch.r0 = r0, ch.n = (int32_t)(hi - r0 < D.rpc ? hi - r0 : D.rpc);
+            uint32_t st = rg.next % MK_STAGES;
+            uint8_t *stage = rg.base + st * rg.stage_bytes;
+            unsigned long long t1 = rg.prof ? mk_globaltimer() : 0;
+            mk_mbar_wait(&rg.bar[st], (rg.next / MK_STAGES) & 1);
+            if (rg.prof)
+                rg.prof[1] += mk_globaltimer() - t1;
+            mk_gemv_chunk(P, D, ch, stage, xs, &best);
+            __syncthreads(); /* the stage is free */
+            if (threadIdx.x == 0) {
+                unsigned long long t2 = rg.prof ? mk_globaltimer() : 0;
+                struct mk_chunk nx;
+                if (mk_next_chunk(rg.gt, rg.n_g, rg.n_tok, rg.prod, nx))
+                    mk_issue(rg.gt, nx, stage, &rg.bar[st]);
+                if (rg.prof)
+                    rg.prof[3] += mk_globaltimer() - t2;
+            }
+            rg.next++;
+        }
+    }
+    if (P.argmax && (threadIdx.x & 31) == 0 && best)
+        atomicMax(&prm.sync->key[parity], best);
+}
+
+__device__ __noinline__ void mk_embed(const struct mk_phase &P, int32_t id)
 {
     const uint8_t *row = P.w + (int64_t)id * P.row_bytes;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < P.width; i += gridDim.x * blockDim.x)
         P.out[i] = deq_elem(row, P.dtype, i);
 }
 
-__device__ void mk_rmsnorm(const struct mk_phase &P, float *red)
+__device__ __noinline__ void mk_rmsnorm(const struct mk_phase &P, float *red)
 {
     int groups = P.width / P.group;
     for (int g = blockIdx.x; g < groups; g += gridDim.x) {
@@ -534,7 +739,7 @@ __device__ void mk_rmsnorm(const struct mk_phase &P, float *red)
     }
 }
 
-__device__ void mk_elementwise(const struct mk_phase &P)
+__device__ __noinline__ void mk_elementwise(const struct mk_phase &P)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < P.width; i += gridDim.x * blockDim.x) {
         float x = __ldcg(P.in + i), y = __ldcg(P.out + i);
@@ -543,20 +748,51 @@ __device__ void mk_elementwise(const struct mk_phase &P)
 }
 
 /* x (hd floats in shared memory, this thread's element d) after RoPE at pos. */
-__device__ float mk_rope(const float *x, int d, int32_t n_rot, float theta, int32_t pos)
+/* cos and sin of RoPE angle pos * inv_freq[i] for this thread's element d (< n_rot), the
+ * frequencies computed on the host in double as the reference does. */
+__device__ __noinline__ float2 mk_rope_cs(const double *inv_freq, int d, int32_t n_rot, int32_t pos)
+{
+    int half = n_rot / 2, i = d < half ? d : d - half;
+    double sn, cs;
+    sincos((double)pos * inv_freq[i], &sn, &cs);
+    return make_float2((float)cs, (float)sn);
+}
+
+/* x (hd floats in shared memory, element d) after RoPE with cs = (cos, sin). */
+__device__ __forceinline__ float mk_rope(const float *x, int d, int32_t n_rot, float2 cs)
 {
     if (d >= n_rot)
         return x[d];
-    int half = n_rot / 2, i = d < half ? d : d - half;
-    double inv_freq = pow((double)theta, -2.0 * (double)i / (double)n_rot), sn, cs;
-    sincos((double)pos * inv_freq, &sn, &cs);
-    float c = (float)cs, s = (float)sn;
-    return d < half ? x[d] * c - x[d + half] * s : x[d] * c + x[d - half] * s;
+    int half = n_rot / 2;
+    return d < half ? x[d] * cs.x - x[d + half] * cs.y : x[d] * cs.x + x[d - half] * cs.y;
 }
 
-/* q/k norm + RoPE + cache write + attention over 0..pos (+ output gate) for query head h. */
+/* The last of `parts` blocks to call this for item i (counter cnt[i]) gets true, after which
+ * the others' global writes are visible to it; it resets the counter. */
+__device__ bool mk_last_arrival(unsigned *cnt, int parts, int *flag_smem)
+{
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bool last = atomicAdd(cnt, 1u) == (unsigned)parts - 1;
+        if (last)
+            *cnt = 0;
+        *flag_smem = last;
+    }
+    __syncthreads();
+    bool last = *flag_smem != 0;
+    if (last)
+        __threadfence();
+    return last;
+}
+
+/* Split-K attention (flash decoding): query head h, positions [lo, hi) of 0..pos; q/k norm +
+ * RoPE (and the cache write by split 0 of the group's first head); the block's partial
+ * (max, sum, unnormalised output) goes to part, and the last split of the head merges all
+ * of them (+ output gate). */
 template <int EPL>
-__device__ void mk_attn_head(const struct mk_phase &P, int h, int32_t pos, float *sm, float *red)
+__device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int sp, int S, int32_t pos, float *sm,
+                             float *red, float *part, unsigned *cnt)
 {
     const int hd = 32 * EPL, W = blockDim.x >> 5, U = 4;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -573,14 +809,15 @@ __device__ void mk_attn_head(const struct mk_phase &P, int h, int32_t pos, float
     __syncthreads();
     float qr = 0.0f, kr = 0.0f;
     if (tid < hd) {
-        qr = mk_rope(qs, tid, P.n_rot, P.theta, pos);
-        kr = mk_rope(tmp, tid, P.n_rot, P.theta, pos);
+        float2 cs = tid < P.n_rot ? mk_rope_cs(P.inv_freq, tid, P.n_rot, pos) : make_float2(1.0f, 0.0f);
+        qr = mk_rope(qs, tid, P.n_rot, cs);
+        kr = mk_rope(tmp, tid, P.n_rot, cs);
     }
     __syncthreads();
     if (tid < hd) {
         float v = __ldcg(P.in3 + (int64_t)g * hd + tid);
         qs[tid] = qr, ks[tid] = kr, vs[tid] = v;
-        if (h % grp == 0) {
+        if (h % grp == 0 && sp == 0) {
             int64_t off = (int64_t)pos * P.kvw + (int64_t)g * hd + tid;
             P.kc[off] = kr;
             P.vc[off] = v;
@@ -593,7 +830,8 @@ __device__ void mk_attn_head(const struct mk_phase &P, int h, int32_t pos, float
         q[e] = qs[lane * EPL + e] * scale, acc[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const float *kb = P.kc + (int64_t)g * hd + lane * EPL, *vb = P.vc + (int64_t)g * hd + lane * EPL;
-    for (int p0 = warp; p0 <= pos; p0 += W * U) {
+    int32_t lo = (int32_t)((int64_t)(pos + 1) * sp / S), hi = (int32_t)((int64_t)(pos + 1) * (sp + 1) / S);
+    for (int p0 = lo + warp; p0 < hi; p0 += W * U) {
         float kk[U][EPL], vv[U][EPL], dot[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -616,7 +854,7 @@ __device__ void mk_attn_head(const struct mk_phase &P, int h, int32_t pos, float
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if (p0 + u * W > pos)
+            if (p0 + u * W >= hi)
                 break;
             float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
             l = l * corr + pw;
@@ -632,15 +870,36 @@ __device__ void mk_attn_head(const struct mk_phase &P, int h, int32_t pos, float
     for (int e = 0; e < EPL; e++)
         accs[warp * hd + lane * EPL + e] = acc[e];
     __syncthreads();
-    if (tid < hd) {
-        float M = -INFINITY, L = 0.0f, o = 0.0f;
-        for (int w = 0; w < W; w++)
-            M = fmaxf(M, ms[w]);
-        for (int w = 0; w < W; w++) {
-            float f = ms[w] == -INFINITY ? 0.0f : __expf(ms[w] - M);
-            L += ls[w] * f;
+    float M = -INFINITY, L = 0.0f, o = 0.0f;
+    for (int w = 0; w < W; w++)
+        M = fmaxf(M, ms[w]);
+    for (int w = 0; w < W; w++) {
+        float f = ms[w] == -INFINITY ? 0.0f : __expf(ms[w] - M);
+        L += ls[w] * f;
+        if (tid < hd)
             o += accs[w * hd + tid] * f;
+    }
+    if (S > 1) {
+        float *mine = part + ((int64_t)h * S + sp) * (hd + 2);
+        if (tid < hd)
+            mine[2 + tid] = o;
+        if (tid == 0)
+            mine[0] = M, mine[1] = L;
+        if (!mk_last_arrival(cnt + h, S, (int *)(tmp + hd)))
+            return;
+        float M2 = -INFINITY;
+        for (int k = 0; k < S; k++)
+            M2 = fmaxf(M2, __ldcg(part + ((int64_t)h * S + k) * (hd + 2)));
+        L = 0.0f, o = 0.0f;
+        for (int k = 0; k < S; k++) {
+            const float *pk = part + ((int64_t)h * S + k) * (hd + 2);
+            float mk = __ldcg(pk), f = mk == -INFINITY ? 0.0f : __expf(mk - M2);
+            L += __ldcg(pk + 1) * f;
+            if (tid < hd)
+                o += __ldcg(pk + 2 + tid) * f;
         }
+    }
+    if (tid < hd) {
         o /= L;
         if (P.gate)
             o *= mk_sigmoid(__ldcg(P.in + (int64_t)h * P.q_stride + hd + tid));
@@ -649,20 +908,30 @@ __device__ void mk_attn_head(const struct mk_phase &P, int h, int32_t pos, float
     __syncthreads();
 }
 
-__device__ void mk_attention(const struct mk_phase &P, int32_t pos, float *sm, float *red)
+/* Splits per head: the whole grid busy, at most MK_ATTN_SPLITS (the partials' buffer). */
+__device__ __forceinline__ int mk_splits(int items)
 {
-    for (int h = blockIdx.x; h < P.n_head; h += gridDim.x) {
+    int S = (int)gridDim.x / items;
+    return S < 1 ? 1 : S > MK_ATTN_SPLITS ? MK_ATTN_SPLITS : S;
+}
+
+__device__ __noinline__ void mk_attention(const struct mk_phase &P, int32_t pos, float *sm, float *red,
+                             float *part, unsigned *cnt)
+{
+    int S = mk_splits(P.n_head);
+    for (int it = blockIdx.x; it < P.n_head * S; it += gridDim.x) {
+        int h = it / S, sp = it % S;
         if (P.hd == 64)
-            mk_attn_head<2>(P, h, pos, sm, red);
+            mk_attn_head<2>(P, h, sp, S, pos, sm, red, part, cnt);
         else if (P.hd == 128)
-            mk_attn_head<4>(P, h, pos, sm, red);
+            mk_attn_head<4>(P, h, sp, S, pos, sm, red, part, cnt);
         else
-            mk_attn_head<8>(P, h, pos, sm, red);
+            mk_attn_head<8>(P, h, sp, S, pos, sm, red, part, cnt);
     }
 }
 
 /* Causal depthwise conv of one token over the conv state, SiLU; one thread per channel. */
-__device__ void mk_gdn_conv(const struct mk_phase &P)
+__device__ __noinline__ void mk_gdn_conv(const struct mk_phase &P)
 {
     int R = P.conv_k - 1, C = P.width;
     for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x) {
@@ -679,13 +948,16 @@ __device__ void mk_gdn_conv(const struct mk_phase &P)
     }
 }
 
-/* Delta rule for value head j (+ the gated RMSNorm of its output): thread (c, sub) owns
- * column c at rows sub, sub+tpc, ...; the state is read twice from L2 (decay + S^T k, then
- * the update + S^T q). */
-__device__ void mk_gdn_head(const struct mk_phase &P, int j, float *sm, float *red)
+/* Delta rule for value head j, state columns [c_lo, c_hi) (one of S splits of the head):
+ * thread (c, sub) owns column c at rows sub, sub+tpc, ...; the state is read twice from L2
+ * (S^T k, then the update and S^T q). q and k are normalised by every split. With the gated
+ * RMSNorm fused, the last split of the head normalises the head's whole output. */
+__device__ __noinline__ void mk_gdn_head(const struct mk_phase &P, int j, int sp, int S, float *sm, float *red,
+                            unsigned *cnt)
 {
     int dk = P.dk, dv = P.dv, tid = threadIdx.x, nt = blockDim.x;
     int kh = P.tiled ? j % P.Hk : j / (P.Hv / P.Hk);
+    int cps = (dv + S - 1) / S, c_lo = sp * cps, c_hi = c_lo + cps < dv ? c_lo + cps : dv;
     float *qs = sm, *ks = sm + dk, *os = sm + 2 * dk;
     const float *qsrc = P.in + (int64_t)kh * dk, *ksrc = P.in + (int64_t)P.Hk * dk + (int64_t)kh * dk;
     float sq = 0.0f, sk = 0.0f;
@@ -702,47 +974,56 @@ __device__ void mk_gdn_head(const struct mk_phase &P, int j, float *sm, float *r
     __syncthreads();
     float beta = mk_sigmoid(__ldcg(P.in2 + j));
     float decay = expf(__ldg(P.vec3 + j) * mk_softplus(__ldcg(P.in3 + j) + __ldg(P.vec2 + j)));
-    int tpc = 1;
-    while (tpc < 32 && tpc * 2 * dv <= nt)
+    int ncol = c_hi - c_lo, tpc = 1;
+    while (tpc < 32 && tpc * 2 * ncol <= nt)
         tpc *= 2;
     int cols = nt / tpc, sub = tid % tpc;
-    float *S = P.state + (int64_t)j * dk * dv;
+    float *S_ = P.state + (int64_t)j * dk * dv;
     const float *v = P.in + (int64_t)2 * P.Hk * dk + (int64_t)j * dv;
-    for (int c0 = 0; c0 < dv; c0 += cols) {
+    float *out = P.out + (int64_t)j * dv;
+    for (int c0 = c_lo; c0 < c_hi; c0 += cols) {
         int c = c0 + tid / tpc;
-        bool on = c < dv;
+        bool on = c < c_hi;
         float mpart = 0.0f;
         for (int i = sub; on && i < dk; i += tpc)
-            mpart = fmaf(__ldcg(S + (int64_t)i * dv + c), ks[i], mpart);
+            mpart = fmaf(__ldcg(S_ + (int64_t)i * dv + c), ks[i], mpart);
         for (int o = 1; o < tpc; o <<= 1)
             mpart += __shfl_xor_sync(0xffffffffu, mpart, o);
         float delta = on ? beta * (__ldcg(v + c) - decay * mpart) : 0.0f, opart = 0.0f;
         for (int i = sub; on && i < dk; i += tpc) {
-            float *sp = S + (int64_t)i * dv + c;
-            float s = fmaf(ks[i], delta, __ldcg(sp) * decay);
-            *sp = s;
-            opart = fmaf(s, qs[i], opart);
+            float *sp_ = S_ + (int64_t)i * dv + c;
+            float st = fmaf(ks[i], delta, __ldcg(sp_) * decay);
+            *sp_ = st;
+            opart = fmaf(st, qs[i], opart);
         }
         for (int o = 1; o < tpc; o <<= 1)
             opart += __shfl_xor_sync(0xffffffffu, opart, o);
         if (on && sub == 0)
-            os[c] = opart;
+            out[c] = opart;
+    }
+    if (!P.gated || (S > 1 && !mk_last_arrival(cnt + j, S, (int *)(os + dv)))) {
+        __syncthreads();
+        return;
     }
     __syncthreads();
-    float *out = P.out + (int64_t)j * dv;
-    if (!P.gated) {
-        for (int c = tid; c < dv; c += nt)
-            out[c] = os[c];
-    } else {
-        float ss = 0.0f;
-        for (int c = tid; c < dv; c += nt)
-            ss += os[c] * os[c];
-        ss = mk_block_sum(ss, red);
-        float scale = rsqrtf(ss / (float)dv + P.geps);
-        for (int c = tid; c < dv; c += nt)
-            out[c] = os[c] * scale * __ldg(P.gnorm_w + c) * mk_silu(__ldcg(P.z + (int64_t)j * dv + c));
+    float ss = 0.0f;
+    for (int c = tid; c < dv; c += nt) {
+        float o = __ldcg(out + c);
+        os[c] = o;
+        ss += o * o;
     }
+    ss = mk_block_sum(ss, red);
+    float scale = rsqrtf(ss / (float)dv + P.geps);
+    for (int c = tid; c < dv; c += nt)
+        out[c] = os[c] * scale * __ldg(P.gnorm_w + c) * mk_silu(__ldcg(P.z + (int64_t)j * dv + c));
     __syncthreads();
+}
+
+__device__ __noinline__ void mk_gdn_core(const struct mk_phase &P, float *sm, float *red, unsigned *cnt)
+{
+    int S = mk_splits(P.Hv);
+    for (int it = blockIdx.x; it < P.Hv * S; it += gridDim.x)
+        mk_gdn_head(P, it / S, it % S, S, sm, red, cnt);
 }
 
 /* ------------------------------------------------------------------ the kernel */
@@ -750,12 +1031,41 @@ __device__ void mk_gdn_head(const struct mk_phase &P, int j, float *sm, float *r
 template <int NT>
 __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struct mk_params prm)
 {
-    extern __shared__ float4 mk_smem4[];
-    float *sm = (float *)mk_smem4;
+    extern __shared__ __align__(128) uint8_t mk_smem[];
     __shared__ float red[32];
-    unsigned gen = 0, nb = gridDim.x;
-    if (threadIdx.x == 0)
-        gen = mk_ld_acquire(&prm.sync->gen);
+    __shared__ __align__(8) uint64_t bars[MK_STAGES];
+    /* shared memory: [ring: MK_STAGES x stage_bytes][GEMV table][scratch floats] */
+    struct mk_ring rg;
+    rg.base = mk_smem;
+    rg.bar = bars;
+    rg.stage_bytes = prm.stage_bytes;
+    rg.prod.tok = rg.prod.g = rg.prod.seg = 0, rg.prod.row = 0;
+    rg.next = 0;
+    rg.n_g = prm.n_g, rg.n_tok = prm.n_tok;
+    rg.prof = NULL;
+    struct mk_gdesc *gt = (struct mk_gdesc *)(mk_smem + (size_t)MK_STAGES * prm.stage_bytes);
+    rg.gt = gt;
+    struct mk_phase *phs = (struct mk_phase *)(((uintptr_t)(gt + prm.n_g) + 127) & ~(uintptr_t)127);
+    const struct mk_phase *ph = prm.ph_in_smem ? phs : prm.ph;
+    float *sm = prm.ph_in_smem ? (float *)(((uintptr_t)(phs + prm.n_ph) + 127) & ~(uintptr_t)127)
+                               : (float *)phs;
+    for (int i = threadIdx.x; i < prm.n_g * (int)(sizeof(struct mk_gdesc) / 4); i += blockDim.x)
+        ((uint32_t *)gt)[i] = ((const uint32_t *)prm.gt)[i];
+    for (int i = threadIdx.x; prm.ph_in_smem && i < prm.n_ph * (int)(sizeof(struct mk_phase) / 4); i += blockDim.x)
+        ((uint32_t *)phs)[i] = ((const uint32_t *)prm.ph)[i];
+    __syncthreads();
+    unsigned nb = gridDim.x;
+    unsigned long long target = 0;
+    if (threadIdx.x == 0) {
+        target = mk_ld_acquire(&prm.sync->count) / nb * nb;
+        for (int i = 0; i < MK_STAGES; i++)
+            mk_mbar_init(&bars[i]);
+        MK_SM90_ONLY(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
+        struct mk_chunk ch;
+        for (int i = 0; i < MK_STAGES && mk_next_chunk(gt, prm.n_g, prm.n_tok, rg.prod, ch); i++)
+            mk_issue(gt, ch, rg.base + (size_t)i * prm.stage_bytes, &bars[i]);
+    }
+    __syncthreads();
     int32_t id = __ldcg(prm.ids), pos = __ldcg(prm.pos);
     bool stamp = prm.times && blockIdx.x == 0 && threadIdx.x == 0;
     if (stamp)
@@ -763,24 +1073,23 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
     for (int32_t tok = 0; tok < prm.n_tok; tok++) {
         int parity = tok & 1;
         for (int32_t pi = 0; pi < prm.n_ph; pi++) {
-            const struct mk_phase &P = prm.ph[pi];
-            for (int32_t r = 0; r < P.pf_count; r++)
-                mk_prefetch_share(prm.pf[P.pf_first + r].p, prm.pf[P.pf_first + r].bytes);
+            const struct mk_phase &P = ph[pi];
+            rg.prof = stamp && tok == 0 ? prm.times + 1 + prm.n_ph + 4 * pi : NULL;
             switch (P.kind) {
             case MK_EMBED: mk_embed(P, id); break;
             case MK_RMSNORM: mk_rmsnorm(P, red); break;
-            case MK_GEMV: mk_gemv(P, sm, red, prm.sync, parity); break;
-            case MK_ATTN: mk_attention(P, pos, sm, red); break;
+            case MK_GEMV: mk_gemv(prm, P, rg, sm, red, parity); break;
+            case MK_ATTN: mk_attention(P, pos, sm, red, prm.part, prm.cnt); break;
             case MK_GDN_CONV: mk_gdn_conv(P); break;
-            case MK_GDN_CORE:
-                for (int j = blockIdx.x; j < P.Hv; j += gridDim.x)
-                    mk_gdn_head(P, j, sm, red);
-                break;
+            case MK_GDN_CORE: mk_gdn_core(P, sm, red, prm.cnt); break;
             default: mk_elementwise(P); break;
             }
-            mk_grid_sync(prm.sync, nb, &gen);
-            if (stamp && tok == 0)
+            unsigned long long tb = rg.prof ? mk_globaltimer() : 0;
+            mk_grid_sync(prm.sync, nb, &target);
+            if (stamp && tok == 0) {
                 prm.times[1 + pi] = mk_globaltimer();
+                rg.prof[2] = prm.times[1 + pi] - tb;
+            }
             if (pi == 0 && blockIdx.x == 0 && threadIdx.x == 0)
                 prm.sync->key[parity ^ 1] = 0; /* read by every block before this barrier */
         }
@@ -794,7 +1103,7 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
         }
         pos++;
     }
-    mk_grid_sync(prm.sync, nb, &gen);
+    mk_grid_sync(prm.sync, nb, &target);
     if (blockIdx.x == 0 && threadIdx.x == 0)
         prm.sync->key[0] = prm.sync->key[1] = 0;
 }
@@ -805,33 +1114,16 @@ struct mk_builder {
     const struct mk_inputs *in;
     struct mk_phase *ph;
     int32_t n_ph, cap_ph;
-    struct mk_range *stream; /* weights in execution order, with the phase that reads them */
-    int32_t *stream_phase;
-    int32_t n_stream, cap_stream;
+    int64_t max_row;                  /* bytes of the widest ring row (SwiGLU: both rows) */
+    int32_t n_g;                      /* GEMV phases so far */
+    int64_t part_floats;              /* attention partials */
+    int32_t n_rot;                    /* RoPE dims and base shared by every attention layer */
+    float theta;
+    int32_t max_heads;                /* counters */
     int32_t max_K, max_attn, max_gdn; /* shared memory needs, floats */
 };
 
 static int32_t bwid(const struct plan *p, int32_t b) { return p->bufs[b].width; }
-
-static bool mk_push_stream(struct mk_builder *b, const void *p, int64_t bytes)
-{
-    if (b->n_stream == b->cap_stream) {
-        int32_t cap = b->cap_stream ? 2 * b->cap_stream : 256;
-        struct mk_range *s = (struct mk_range *)xrealloc(b->stream, (size_t)cap, sizeof(*s));
-        if (!s)
-            return false;
-        b->stream = s;
-        int32_t *sp = (int32_t *)xrealloc(b->stream_phase, (size_t)cap, sizeof(*sp));
-        if (!sp)
-            return false;
-        b->stream_phase = sp;
-        b->cap_stream = cap;
-    }
-    b->stream[b->n_stream].p = (const uint8_t *)p;
-    b->stream[b->n_stream].bytes = bytes;
-    b->stream_phase[b->n_stream++] = b->n_ph;
-    return true;
-}
 
 static struct mk_phase *mk_push(struct mk_builder *b, int32_t kind)
 {
@@ -878,7 +1170,7 @@ static qwenrt_status mk_add_gemv(struct mk_builder *b, int32_t norm, const int32
     for (int32_t k = 0; k < n; k++) {
         const struct dop *d = &b->in->d[mm[k]];
         const struct plan_op *m = &p->ops[mm[k]];
-        if (!mk_dtype_ok(d->dtype) || d->K != ph->K)
+        if (!mk_dtype_ok(d->dtype) || d->K != ph->K || d->N > (1 << 22)) /* row split in 32 bits */
             return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda megakernel: matmul op %d (dtype %d, K %d)",
                            mm[k], d->dtype, d->K);
         ph->seg[k].w = (const uint8_t *)d->w;
@@ -886,13 +1178,15 @@ static qwenrt_status mk_add_gemv(struct mk_builder *b, int32_t norm, const int32
         ph->seg[k].N = d->N;
         ph->seg[k].dtype = d->dtype;
         ph->seg[k].y = accum_y ? accum_y : b->in->bufs[m->out];
-        ph->rows += d->N;
         ph->argmax |= m->kind == OP_LOGITS;
-        if (!mk_push_stream(b, d->w, (int64_t)d->N * d->row_bytes))
-            return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
-        if ((int64_t)d->N * d->row_bytes > (64 << 20))
-            ph->self_prefetch = 1;
     }
+    int64_t per_row = ph->seg[0].row_bytes + (mode == GEMV_SWIGLU ? ph->seg[1].row_bytes : 0);
+    if (per_row > (1 << 20))
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda megakernel: rows of %lld bytes",
+                       (long long)per_row);
+    ph->gidx = b->n_g++;
+    if (per_row > b->max_row)
+        b->max_row = per_row;
     if (ph->K > b->max_K)
         b->max_K = ph->K;
     b->n_ph++;
@@ -960,10 +1254,16 @@ static qwenrt_status mk_add_op(struct mk_builder *b, int32_t i, int32_t *used,
         ph->kc = b->in->kc[at->layer], ph->vc = b->in->vc[at->layer], ph->kvw = b->in->kv_width;
         ph->n_head = op->n_head, ph->n_head_kv = op->n_head_kv, ph->hd = op->head_dim;
         ph->q_stride = op->q_stride, ph->n_rot = op->n_rot, ph->theta = op->rope_theta;
+        if ((b->n_rot && (b->n_rot != op->n_rot || b->theta != op->rope_theta)) || op->n_rot > 1024)
+            return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda megakernel: layers with different RoPE");
+        b->n_rot = op->n_rot, b->theta = op->rope_theta;
         ph->gate = gate;
-        int32_t need = 3 * ph->hd + (b->in->threads / 32) * (ph->hd + 2) + ph->hd;
+        int32_t need = 3 * ph->hd + (b->in->threads / 32) * (ph->hd + 2) + ph->hd + 4;
         if (need > b->max_attn)
             b->max_attn = need;
+        int64_t pf = (int64_t)ph->n_head * MK_ATTN_SPLITS * (ph->hd + 2);
+        b->part_floats = pf > b->part_floats ? pf : b->part_floats;
+        b->max_heads = ph->n_head > b->max_heads ? ph->n_head : b->max_heads;
         b->n_ph++;
         return QWENRT_OK;
     }
@@ -986,10 +1286,9 @@ static qwenrt_status mk_add_op(struct mk_builder *b, int32_t i, int32_t *used,
             ph->gated = 1, ph->z = B[gn->in], ph->gnorm_w = b->in->d[i + 1].vec, ph->geps = gn->eps;
             *used = 2;
         }
-        if (2 * ph->dk + ph->dv > b->max_gdn)
-            b->max_gdn = 2 * ph->dk + ph->dv;
-        if (!mk_push_stream(b, ph->state, (int64_t)ph->Hv * ph->dk * ph->dv * 4))
-            break;
+        if (2 * ph->dk + ph->dv + 4 > b->max_gdn)
+            b->max_gdn = 2 * ph->dk + ph->dv + 4;
+        b->max_heads = ph->Hv > b->max_heads ? ph->Hv : b->max_heads;
         b->n_ph++;
         return QWENRT_OK;
     }
@@ -1014,66 +1313,92 @@ static qwenrt_status mk_add_op(struct mk_builder *b, int32_t i, int32_t *used,
     return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
 }
 
-/* Gives each phase the part of the weight stream that ends lookahead bytes past its start. */
-static qwenrt_status mk_windows(struct mk_builder *b, struct mk_range **out, int32_t *n_out,
-                                struct qwenrt_error *err)
-{
-    int64_t total = 0;
-    int64_t *start = (int64_t *)xcalloc((size_t)b->n_ph + 1, sizeof(int64_t));
-    struct mk_range *r = (struct mk_range *)xcalloc((size_t)(b->n_stream + 1) * 2 + b->n_ph, sizeof(*r));
-    if (!start || !r) {
-        xfree(start), xfree(r);
-        return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
-    }
-    for (int32_t ph = 0, s = 0; ph <= b->n_ph; ph++) {
-        while (s < b->n_stream && b->stream_phase[s] < ph)
-            total += b->stream[s++].bytes;
-        start[ph] = total;
-    }
-    int32_t n = 0;
-    int64_t done = 0;
-    for (int32_t ph = 0; ph < b->n_ph; ph++) {
-        int64_t hi = start[ph] + b->in->lookahead;
-        hi = hi < total ? hi : total;
-        b->ph[ph].pf_first = n;
-        int64_t off = 0;
-        for (int32_t s = 0; s < b->n_stream && done < hi; s++) {
-            int64_t lo = off, e = off + b->stream[s].bytes;
-            off = e;
-            int64_t a = lo > done ? lo : done, z = e < hi ? e : hi;
-            if (a < z) {
-                r[n].p = b->stream[s].p + (a - lo);
-                r[n++].bytes = z - a;
-            }
-        }
-        b->ph[ph].pf_count = n - b->ph[ph].pf_first;
-        done = hi > done ? hi : done;
-    }
-    xfree(start);
-    *out = r;
-    *n_out = n;
-    return QWENRT_OK;
-}
-
 void mk_free(struct mk_program *mk)
 {
     if (!mk)
         return;
     cudaFree(mk->d_ph);
-    cudaFree(mk->d_pf);
+    cudaFree(mk->d_gt);
+    cudaFree(mk->d_part);
+    cudaFree(mk->d_freq);
+    cudaFree(mk->d_cnt);
     cudaFree(mk->d_sync);
     xfree(mk->kinds);
     xfree(mk);
 }
 
-static qwenrt_status mk_upload(struct mk_program *mk, const struct mk_builder *b,
-                               const struct mk_range *pf, int32_t n_pf, struct qwenrt_error *err)
+/* Sizes the ring (stages as large as shared memory allows next to the GEMV table and the
+ * scratch, at most MK_STAGE_MAX) and builds the GEMV table with rows per chunk. */
+static qwenrt_status mk_table(const struct mk_builder *b, struct mk_gdesc **out, struct mk_program *mk,
+                              struct qwenrt_error *err)
 {
+    int32_t need = b->max_K > b->max_attn ? b->max_K : b->max_attn;
+    need = need > b->max_gdn ? need : b->max_gdn;
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    size_t fixed = (((size_t)b->n_g * sizeof(struct mk_gdesc) + 127) & ~(size_t)127) +
+                   (((size_t)need * 4 + 127) & ~(size_t)127);
+    size_t phases = ((size_t)b->n_ph * sizeof(struct mk_phase) + 127) & ~(size_t)127;
+    /* the phases go to shared memory when that leaves stages of >= MK_STAGE_MIN bytes */
+    int64_t avail = (int64_t)optin - 1024 - (int64_t)fixed; /* 1 KiB: static shared memory */
+    mk->ph_in_smem = (avail - (int64_t)phases) / MK_STAGES >= MK_STAGE_MIN;
+    if (mk->ph_in_smem) {
+        avail -= (int64_t)phases;
+        fixed += phases;
+    }
+    int64_t stage = avail / MK_STAGES;
+    stage = (stage > MK_STAGE_MAX ? MK_STAGE_MAX : stage) & ~(int64_t)127;
+    if (stage < b->max_row + 64)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                       "cuda megakernel: %lld-byte rows do not fit the %lld-byte ring stages",
+                       (long long)b->max_row, (long long)stage);
+    struct mk_gdesc *gt = (struct mk_gdesc *)xcalloc((size_t)b->n_g, sizeof(*gt));
+    if (!gt)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
+    for (int32_t i = 0; i < b->n_ph; i++) {
+        const struct mk_phase *ph = &b->ph[i];
+        if (ph->kind != MK_GEMV)
+            continue;
+        struct mk_gdesc *D = &gt[ph->gidx];
+        D->swiglu = ph->mode == GEMV_SWIGLU;
+        D->nseg = D->swiglu ? 1 : ph->n_seg;
+        int64_t per_row = 0;
+        for (int32_t k = 0; k < ph->n_seg; k++) {
+            D->w[k] = ph->seg[k].w;
+            D->N[k] = ph->seg[k].N;
+            D->row_bytes[k] = (int32_t)ph->seg[k].row_bytes;
+            if (D->swiglu || ph->seg[k].row_bytes > per_row)
+                per_row = D->swiglu ? per_row + ph->seg[k].row_bytes : ph->seg[k].row_bytes;
+        }
+        D->rpc = (int32_t)((stage - 64) / per_row);
+    }
+    mk->scratch_floats = need;
+    mk->stage_bytes = (int32_t)stage;
+    mk->n_g = b->n_g;
+    mk->smem = (size_t)MK_STAGES * stage + fixed;
+    *out = gt;
+    return QWENRT_OK;
+}
+
+static qwenrt_status mk_upload(struct mk_program *mk, const struct mk_builder *b,
+                               const struct mk_gdesc *gt, struct qwenrt_error *err)
+{
+    CUDA_CHECK(cudaMalloc(&mk->d_gt, (size_t)b->n_g * sizeof(struct mk_gdesc)));
+    CUDA_CHECK(cudaMemcpy(mk->d_gt, gt, (size_t)b->n_g * sizeof(struct mk_gdesc), cudaMemcpyHostToDevice));
+    double freq[513] = {0};
+    int32_t nf = b->n_rot / 2 < 512 ? b->n_rot / 2 : 512;
+    for (int32_t i = 0; i < nf; i++) /* as the reference: theta^(-2i/n_rot) in double */
+        freq[i] = pow((double)b->theta, -2.0 * (double)i / (double)b->n_rot);
+    CUDA_CHECK(cudaMalloc(&mk->d_freq, (size_t)(nf + 1) * sizeof(double)));
+    CUDA_CHECK(cudaMemcpy(mk->d_freq, freq, (size_t)(nf + 1) * sizeof(double), cudaMemcpyHostToDevice));
+    for (int32_t i = 0; i < b->n_ph; i++)
+        b->ph[i].inv_freq = mk->d_freq;
     CUDA_CHECK(cudaMalloc(&mk->d_ph, (size_t)b->n_ph * sizeof(struct mk_phase)));
     CUDA_CHECK(cudaMemcpy(mk->d_ph, b->ph, (size_t)b->n_ph * sizeof(struct mk_phase), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc(&mk->d_pf, (size_t)(n_pf + 1) * sizeof(struct mk_range)));
-    if (n_pf)
-        CUDA_CHECK(cudaMemcpy(mk->d_pf, pf, (size_t)n_pf * sizeof(struct mk_range), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&mk->d_part, (size_t)(b->part_floats + 1) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&mk->d_cnt, (size_t)(b->max_heads + 1) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(mk->d_cnt, 0, (size_t)(b->max_heads + 1) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&mk->d_sync, sizeof(struct mk_sync)));
     CUDA_CHECK(cudaMemset(mk->d_sync, 0, sizeof(struct mk_sync)));
     return QWENRT_OK;
@@ -1082,6 +1407,12 @@ static qwenrt_status mk_upload(struct mk_program *mk, const struct mk_builder *b
 template <int NT>
 static qwenrt_status mk_configure(struct mk_program *mk, int32_t n_sm, struct qwenrt_error *err)
 {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 9)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda megakernel: needs compute capability 9.0 (this GPU: %d.x)",
+                       major);
     if (mk->smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(mk_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)mk->smem));
@@ -1113,31 +1444,25 @@ qwenrt_status mk_build(const struct mk_inputs *in, struct mk_program **out, stru
     }
     if (!st && (n_logits != 1 || in->p->ops[in->p->n_ops - 1].kind != OP_LOGITS))
         st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda megakernel: the plan must end with its LM head");
-    struct mk_range *pf = NULL;
-    int32_t n_pf = 0;
     struct mk_program *mk = NULL;
-    if (!st)
-        st = mk_windows(&b, &pf, &n_pf, err);
     if (!st && !(mk = (struct mk_program *)xcalloc(1, sizeof(*mk))))
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
+    struct mk_gdesc *gt = NULL;
+    if (!st)
+        st = mk_table(&b, &gt, mk, err);
     if (!st) {
-        int32_t need = b.max_K > b.max_attn ? b.max_K : b.max_attn;
-        need = need > b.max_gdn ? need : b.max_gdn;
-        mk->smem = ((size_t)need * 4 + 15) & ~(size_t)15;
         mk->n_ph = b.n_ph;
         mk->threads = in->threads;
         mk->kinds = (int32_t *)xcalloc((size_t)b.n_ph, sizeof(int32_t));
         for (int32_t i = 0; mk->kinds && i < b.n_ph; i++)
             mk->kinds[i] = b.ph[i].kind;
-        st = mk->kinds ? mk_upload(mk, &b, pf, n_pf, err)
+        st = mk->kinds ? mk_upload(mk, &b, gt, err)
                        : err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
     }
+    xfree(gt);
     if (!st)
         st = in->threads == 256 ? mk_configure<256>(mk, in->n_sm, err) : mk_configure<512>(mk, in->n_sm, err);
-    xfree(pf);
     xfree(b.ph);
-    xfree(b.stream);
-    xfree(b.stream_phase);
     if (st) {
         mk_free(mk);
         return st;
@@ -1154,24 +1479,30 @@ static const char *const mk_kind_names[] = {"embed", "rmsnorm", "gemv", "attenti
 qwenrt_status mk_profile(struct mk_program *mk, cudaStream_t s, int32_t *ids, int32_t *pos,
                          int32_t reps, char *report, size_t report_len, struct qwenrt_error *err)
 {
-    int32_t n = mk->n_ph + 1;
-    unsigned long long *d_t = NULL, *h_t = (unsigned long long *)xcalloc((size_t)n, sizeof(*h_t));
-    double *us = (double *)xcalloc((size_t)n, sizeof(double));
+    int32_t n = mk->n_ph + 1, nt = n + 4 * mk->n_ph;
+    unsigned long long *d_t = NULL, *h_t = (unsigned long long *)xcalloc((size_t)nt, sizeof(*h_t));
+    double *us = (double *)xcalloc((size_t)n, sizeof(double)), split[4] = {0, 0, 0, 0};
     qwenrt_status st = QWENRT_OK;
     if (!h_t || !us)
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
-    else if (cudaMalloc(&d_t, (size_t)n * sizeof(*d_t)) != cudaSuccess)
+    else if (cudaMalloc(&d_t, (size_t)nt * sizeof(*d_t)) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda megakernel: no memory for the profile");
     for (int32_t r = 0; r < reps && !st; r++) {
-        if (!(st = mk_run(mk, s, ids, pos, NULL, NULL, 1, false, d_t, err))) {
-            cudaError_t e = cudaMemcpyAsync(h_t, d_t, (size_t)n * sizeof(*d_t), cudaMemcpyDeviceToHost, s);
+        cudaError_t e0 = cudaMemsetAsync(d_t, 0, (size_t)nt * sizeof(*d_t), s);
+        if (e0 != cudaSuccess)
+            st = cuda_fail(err, e0, __FILE__, __LINE__, "profile memset");
+        if (!st && !(st = mk_run(mk, s, ids, pos, NULL, NULL, 1, false, d_t, err))) {
+            cudaError_t e = cudaMemcpyAsync(h_t, d_t, (size_t)nt * sizeof(*d_t), cudaMemcpyDeviceToHost, s);
             if (e == cudaSuccess)
                 e = cudaStreamSynchronize(s);
             if (e != cudaSuccess)
                 st = cuda_fail(err, e, __FILE__, __LINE__, "profile copy");
         }
-        for (int32_t i = 0; i + 1 < n && !st; i++)
+        for (int32_t i = 0; i + 1 < n && !st; i++) {
             us[i] += (double)(h_t[i + 1] - h_t[i]) / 1e3 / reps;
+            for (int k = 0; k < 4; k++)
+                split[k] += (double)h_t[n + 4 * i + k] / 1e3 / reps;
+        }
     }
     if (!st) {
         double by_kind[8] = {0}, total = 0;
@@ -1181,7 +1512,23 @@ qwenrt_status mk_profile(struct mk_program *mk, cudaStream_t s, int32_t *ids, in
             count[mk->kinds[i]]++;
             total += us[i];
         }
-        size_t o = (size_t)snprintf(report, report_len, "megakernel phases (us per token, incl. barrier): total %.1f", total);
+        size_t o = (size_t)snprintf(report, report_len, "megakernel (%d x %d threads, %zu B smem, %d-byte stages, phases in %s) phases (us per token, incl. barrier): total %.1f",
+                                       mk->nb, mk->threads, mk->smem, mk->stage_bytes,
+                                       mk->ph_in_smem ? "smem" : "global", total);
+        if (o < report_len)
+            o += (size_t)snprintf(report + o, report_len - o,
+                                  "; block 0: x staging %.1f, ring waits %.1f, barriers %.1f, producer %.1f",
+                                  split[0], split[1], split[2], split[3]);
+        for (int r = 0; r < 4 && o < report_len; r++) { /* the slowest phases */
+            int32_t bi = 0;
+            for (int32_t i = 1; i < mk->n_ph; i++)
+                bi = us[i] > us[bi] ? i : bi;
+            o += (size_t)snprintf(report + o, report_len - o, "; #%d %s %.1f", bi,
+                                  mk_kind_names[mk->kinds[bi]], us[bi]);
+            us[bi] = -us[bi];
+        }
+        for (int32_t i = 0; i < mk->n_ph; i++)
+            us[i] = us[i] < 0 ? -us[i] : us[i];
         for (int k = 0; k < 8 && o < report_len; k++)
             if (count[k])
                 o += (size_t)snprintf(report + o, report_len - o, "; %s x%d %.1f (%.2f each)",
@@ -1200,7 +1547,10 @@ qwenrt_status mk_run(struct mk_program *mk, cudaStream_t s, int32_t *ids, int32_
     if (n_tok < 1 || (!gen && n_tok != 1))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda megakernel: %d tokens", n_tok);
     struct mk_params prm;
-    prm.ph = mk->d_ph, prm.n_ph = mk->n_ph, prm.pf = mk->d_pf, prm.sync = mk->d_sync;
+    prm.ph = mk->d_ph, prm.n_ph = mk->n_ph, prm.sync = mk->d_sync;
+    prm.stage_bytes = mk->stage_bytes, prm.scratch_floats = mk->scratch_floats;
+    prm.ph_in_smem = mk->ph_in_smem;
+    prm.gt = mk->d_gt, prm.n_g = mk->n_g, prm.part = mk->d_part, prm.cnt = mk->d_cnt;
     prm.ids = ids, prm.pos = pos, prm.out_ids = out_ids, prm.step = step;
     prm.n_tok = n_tok, prm.gen = gen, prm.times = times;
     void *args[] = {&prm};

@@ -5,10 +5,10 @@
  * mk_build turns the decode plan into a list of phases (one fused GEMV, one attention head
  * sweep, one DeltaNet step, ...) and mk_run executes every phase of n_tok decode steps in a
  * single cooperative launch, one block per multiprocessor, with a grid-wide barrier between
- * phases. While a phase runs, its blocks ask the L2 to prefetch the weights of the phases
- * ahead (cp.async.bulk.prefetch, a window of `lookahead` bytes), so the DRAM stream never
- * waits for a barrier or a kernel launch: this is what the launch-per-op decode (~6 kernels
- * per layer, ~4 us each however small) cannot do.
+ * phases. Each block streams its share of every weight matrix through a ring of shared-memory
+ * stages with bulk copies issued several chunks ahead, across phase boundaries, so the DRAM
+ * stream does not stop at a barrier or a kernel launch: this is what the launch-per-op decode
+ * (~6 kernels per layer, ~4 us each however small) cannot do.
  *
  * mk_build returns UNSUPPORTED (and the session keeps its graph path) when the plan has an
  * op sequence the phases do not cover; the reason is in the error.
@@ -31,7 +31,6 @@ struct mk_inputs {
     float *const *kc, *const *vc, *const *conv, *const *ssm; /* [n_layer] or NULL entries */
     int32_t kv_width, conv_dim, n_sm;
     int32_t threads;       /* per block: 256 or 512 */
-    int64_t lookahead;     /* bytes of weights prefetched ahead of the running phase */
 };
 
 struct mk_program;
