@@ -195,7 +195,7 @@ struct variant {
 
 struct pvariant {
     const char *name;
-    bool cache, tiled, par, stack;
+    bool cache, tiled, par, stack, agemm;
     double tok_s;
 };
 
@@ -296,17 +296,18 @@ int main(int argc, char **argv)
     /* prefill: every switch on, then each prefill switch off alone, then all off */
     struct cuda_options o;
     struct cuda_session *cs = NULL;
-    struct pvariant pv[] = {{"all on", true, true, true, true, 0},
-                            {"gemm_cache off", false, true, true, true, 0},
-                            {"attn_tiled off", true, false, true, true, 0},
-                            {"gdn_par off", true, true, false, true, 0},
-                            {"all four off", false, false, false, false, 0},
-                            {"gemm_stack3 off", true, true, true, false, 0}};
+    struct pvariant pv[] = {{"all on", true, true, true, true, true, 0},
+                            {"gemm_cache off", false, true, true, true, true, 0},
+                            {"attn_tiled off", true, false, true, true, false, 0},
+                            {"gdn_par off", true, true, false, true, true, 0},
+                            {"all five off", false, false, false, false, false, 0},
+                            {"gemm_stack3 off", true, true, true, false, true, 0},
+                            {"attn_gemm off", true, true, true, true, false, 0}};
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]); v++) {
         o = cuda_default_options();
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
-        o.gemm_stack3 = pv[v].stack;
+        o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -404,9 +405,9 @@ int main(int argc, char **argv)
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
            vs[1].tok_s, vs[2].tok_s, api, tg * bytes / 1e9);
-    printf("\n| prefill pp%d | default | gemm_cache off | attn_tiled off | gdn_par off | gemm_stack3 off | all four off |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_prompt, arch, type, pv[0].tok_s, pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[5].tok_s,
-           pv[4].tok_s);
+    printf("\n| prefill pp%d | default | attn_gemm off | gemm_cache off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all five off |\n|---|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_prompt, arch, type, pv[0].tok_s, pv[6].tok_s, pv[1].tok_s, pv[2].tok_s, pv[3].tok_s,
+           pv[5].tok_s, pv[4].tok_s);
     printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph+fused+pdl |\n|---|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f |\n",
            n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err %.3g; hashes pp %016llx tg %016llx\n",
@@ -420,8 +421,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, api, tg, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_four_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"tg_graph_fused\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f},\n",
-                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_five_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"pp_attn_gemm_off\": %.1f, \"tg_graph_fused\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f},\n",
+                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/1\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",

@@ -490,7 +490,7 @@ static void check_fixture(const char *dir, int mode)
         struct cuda_options o = cuda_default_options();
         if (mode == 1) {
             o.graph = o.fuse = o.gemm_bf16x2 = o.gemv_v2 = o.pdl = o.gemm_cache = o.attn_tiled =
-                o.gdn_par = o.gemm_stack3 = false;
+                o.gdn_par = o.gemm_stack3 = o.attn_gemm = false;
             o.mega = CUDA_MEGA_OFF;
         } else if (mode == 3) /* the decode graph with programmatic dependent launch */
             o.pdl = true, o.mega = CUDA_MEGA_OFF;
@@ -814,6 +814,42 @@ static void test_checkpoint_cuda(void **st)
     check_checkpoint_cuda(fixtures[2]);
 }
 
+/* A prompt prefilled in two pieces on the GPU (the second at position 30: attention over the
+ * cached keys plus its own, through the GEMM attention) gives the reference logits at every
+ * position of the second piece. */
+static void test_prefill_split_cuda(void **st)
+{
+    (void)st;
+    for (int f = 0; f < 4; f += 2) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/reference.safetensors", fixtures[f]);
+        struct safetensors_file ref;
+        struct qwenrt_error err = {0};
+        assert_int_equal(safetensors_open(&ref, path, &err), QWENRT_OK);
+        const struct qr_tensor *prompt = ref_tensor(&ref, "prompt_ids"), *logits = ref_tensor(&ref, "logits");
+        int32_t T = (int32_t)prompt->ne[0], V = (int32_t)logits->ne[0], cut = 30;
+        assert_true(T > cut + 16);
+        struct qwenrt_model *m = NULL;
+        struct qwenrt_model_params mp = qwenrt_model_default_params();
+        mp.backend = "cuda";
+        assert_int_equal(qwenrt_model_load(fixtures[f], &mp, &m, &err), QWENRT_OK);
+        struct qwenrt_session *s = NULL;
+        assert_int_equal(qwenrt_session_init(m, NULL, &s, &err), QWENRT_OK);
+        float *out = malloc((size_t)(T - cut) * V * sizeof(float));
+        const int32_t *ids = prompt->data;
+        assert_int_equal(qwenrt_session_prefill(s, ids, cut, NULL, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(s, ids + cut, T - cut, out, &err), QWENRT_OK);
+        double e = rel_err(out, (const float *)logits->data + (size_t)cut * V, (size_t)(T - cut) * V);
+        printf("%s: prefill %d + %d on CUDA: logits rel err %.3g\n", fixtures[f], cut, T - cut, e);
+        if (!(e <= LOGITS_REL_TOL))
+            fail_msg("%s: split prefill: logits relative error %.3g", fixtures[f], e);
+        free(out);
+        qwenrt_session_free(s);
+        qwenrt_model_free(m);
+        safetensors_close(&ref);
+    }
+}
+
 static void test_backend_errors(void **st)
 {
     (void)st;
@@ -854,6 +890,7 @@ int main(void)
         cmocka_unit_test(test_megakernel_quantised),
         cmocka_unit_test(test_batch_decode_cuda),
         cmocka_unit_test(test_checkpoint_cuda),
+        cmocka_unit_test(test_prefill_split_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,7 @@ struct cuda_options {
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
+    bool attn_gemm;      /* prefill (T >= 16): attention as f32 GEMMs + masked softmax */
     int32_t mega;        /* decode as one persistent kernel per step (megakernel.cu) when the
                           * plan allows, else the graph program: CUDA_MEGA_OFF, _ON, or _AUTO
                           * (the default: on when the decode matmuls have quantised weights,

@@ -22,6 +22,17 @@ struct lt_plan {
 };
 
 #define LT_CACHE_MAX 64
+#define BGEMM_CACHE_MAX 32
+
+/* A batched f32 product's descriptors and algorithm (attention_gemm.cu). */
+struct bgemm_plan {
+    bool ta;
+    int64_t m, n, k, lda, ldb, ldc, sa, sb, sc;
+    int32_t batch;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
 
 struct gemm_ctx {
     struct lt_plan cache[LT_CACHE_MAX];
@@ -36,6 +47,10 @@ struct gemm_ctx {
     int64_t xsplit_cap;    /* bytes */
     float *c3;             /* [3][T][N] f32: the stacked split product's three terms */
     int64_t c3_cap;        /* bytes */
+    struct bgemm_plan bcache[BGEMM_CACHE_MAX]; /* attention_gemm's products */
+    int32_t n_bcache;
+    float *scores;         /* attention_gemm: [n_head][chunk][Tk] */
+    int64_t scores_cap;    /* bytes */
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
@@ -50,6 +65,19 @@ struct gemm_call {
     bool bf16x2;      /* BF16 weights: split x into three bf16 terms, tensor cores */
     bool stack3;      /* the three terms as one product over 3T columns, then a sum */
 };
+
+/* Prefill attention through f32 GEMMs (attention_gemm.cu): queries t = 0..T-1 at positions
+ * pos0 + t over the KV cache rows 0..pos0+T-1 (already written), causal. */
+struct attn_gemm_args {
+    float *out;                 /* [T][ldo] */
+    const float *q;             /* [T][ldq], head h at h * q_stride */
+    const float *kc, *vc;       /* [n_ctx][kvw] */
+    int32_t ldo, ldq, q_stride, kvw, n_head, n_head_kv, hd;
+    int32_t pos0, T;            /* host values */
+};
+qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
+                             struct qwenrt_error *err);
+void attention_gemm_free(struct gemm_ctx *g);
 
 qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err);
 void gemm_free(struct gemm_ctx *g);

@@ -111,6 +111,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_tiled = true;
     o.gdn_par = true;
     o.gemm_stack3 = true;
+    o.attn_gemm = true;
     o.mega = CUDA_MEGA_AUTO;
     o.mega_threads = 256;
     return o;
@@ -388,6 +389,7 @@ struct run_ctx {
     bool pdl;        /* launch with programmatic dependent launch (decode) */
     cudaStream_t stream; /* where the run's work goes (a batch runs every session's ops on
                           * the first session's stream) */
+    int32_t pos0;        /* host copy of the first token's position */
 };
 
 /* Grows the prefill scratch to n floats (contents not kept). */
@@ -401,6 +403,19 @@ static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwe
     cs->scratch_cap = 0;
     CUDA_CHECK(cudaMalloc(&cs->scratch, (size_t)n * sizeof(float)));
     cs->scratch_cap = n;
+    return QWENRT_OK;
+}
+
+/* The cuBLASLt context, made on first use. */
+static qwenrt_status gemm_ready(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (!cs->gemm_ready) {
+        qwenrt_status st = gemm_init(&cs->gemm, err);
+        if (st)
+            return st;
+        cs->gemm_ready = true;
+    }
+    cs->gemm.use_cache = cs->opt.gemm_cache;
     return QWENRT_OK;
 }
 
@@ -422,13 +437,9 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
-    if (!cs->gemm_ready) {
-        qwenrt_status st = gemm_init(&cs->gemm, err);
-        if (st)
-            return st;
-        cs->gemm_ready = true;
-    }
-    cs->gemm.use_cache = cs->opt.gemm_cache;
+    qwenrt_status st = gemm_ready(cs, err);
+    if (st)
+        return st;
     struct gemm_call c;
     memset(&c, 0, sizeof(c));
     c.y = y, c.x = x, c.w = d->w, c.dtype = d->dtype, c.row_bytes = d->row_bytes;
@@ -484,6 +495,14 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
         a.pos0 = cs->d_pos, a.T = T, a.gate = false;
         a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
+        if (T >= 16 && cs->opt.attn_gemm) {
+            qwenrt_status st = gemm_ready(cs, err);
+            if (st)
+                return st;
+            struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
+                                        a.n_head, a.n_head_kv, a.hd, r->pos0, T};
+            return attention_gemm(&cs->gemm, &ga, s, err);
+        }
         CUDA_CHECK(launch_attention(&a, s));
         break;
     }
@@ -683,7 +702,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
-                        cs->opt.pdl, cs->stream};
+                        cs->opt.pdl, cs->stream, 0};
     for (int32_t i = 0; i < cs->n_steps; i++) {
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
@@ -837,7 +856,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
         st = cuda_session_reset(cs, err);
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
-    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream};
+    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -1010,7 +1029,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         }
         b = cs->pbufs;
     }
-    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream};
+    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0};
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) {
             if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
@@ -1117,7 +1136,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         CUDA_CHECK(cudaMemcpyAsync(css[r]->d_pos, &css[r]->h_stage[1], 4, cudaMemcpyHostToDevice, c0->stream));
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
-    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream};
+    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -1128,7 +1147,8 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             float *rows[PLAN_MAX_BUFS] = {NULL};
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
-            struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream};
+            struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
+                                  pos[r]};
             if ((st = run_op(&one, i, err)))
                 return st;
         }

@@ -737,6 +737,7 @@ qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err)
 
 void gemm_free(struct gemm_ctx *g)
 {
+    attention_gemm_free(g);
     for (int32_t i = 0; i < g->n_cache; i++)
         lt_plan_free(&g->cache[i]);
     if (g->lt)
