@@ -65,6 +65,25 @@ if(ev.some(e=>e.object!=="chat.completion.chunk"))throw "chunk object";
 if(text!==process.argv[2])throw "streamed text differs: "+JSON.stringify(text);
 ' "$T/events" "$answer" || fail "stream checks"
 
+# tools offered: the (random) model answers in text, so the answer is content with the usual
+# finish reason, streamed or not, and the whole streamed text arrives (held-back tails too)
+node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]));j.max_tokens=12;
+         j.tools=[{type:"function",function:{name:"get_weather",description:"Weather of a city",
+           parameters:{type:"object",properties:{city:{type:"string"}},required:["city"]}}}];
+         console.log(JSON.stringify(j))' "$T/chat.json" >"$T/tools.json"
+[ "$(http POST /v1/chat/completions "$T/tools.json" "$T/o")" = 200 ] || fail "tools: $(cat "$T/o")"
+tanswer=$(jget "$T/o" 'j.choices[0].message.content')
+[ "$(jget "$T/o" '["stop","length","tool_calls"].includes(j.choices[0].finish_reason)')" = true ] \
+    || fail "tools finish_reason: $(cat "$T/o")"
+sed 's/"max_tokens":12/"max_tokens":12,"stream":true/' "$T/tools.json" >"$T/tools_s.json"
+curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/tools_s.json" \
+    "$URL/v1/chat/completions" | grep '^data: {' | sed 's/^data: //' >"$T/tev"
+node -e '
+const ev=require("fs").readFileSync(process.argv[1],"utf8").trim().split("\n").map(JSON.parse);
+let text="";for(const e of ev)if(e.choices.length&&e.choices[0].delta.content)text+=e.choices[0].delta.content;
+if(process.argv[2]!=="null"&&text!==process.argv[2])throw "streamed text with tools differs: "+JSON.stringify(text);
+' "$T/tev" "$tanswer" || fail "tools stream checks"
+
 printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' >"$T/cmp.json"
 [ "$(http POST /v1/completions "$T/cmp.json" "$T/o")" = 200 ] || fail "completions: $(cat "$T/o")"
 [ "$(jget "$T/o" 'j.object')" = text_completion ] || fail "completion object"

@@ -10,6 +10,9 @@
  * prefix continued with the rest of the prompt and the greedy ids gives the transformers
  * decode logits, bit-identical to a session that processed the prefix itself; the budget evicts the
  * least recently used entry. Metrics: counters, cumulative histogram buckets in Prometheus text.
+ * Tool calls (src/server/tool_calls.c): both Qwen forms parsed into name + JSON arguments, the
+ * content before them kept, anything malformed or unterminated left as plain text; the
+ * streaming hold-back; the tool_calls response and chunk shapes; tools / tool_choice parsing.
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/prompt_cache.h"
+#include "server/tool_calls.h"
 
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
 
@@ -335,12 +339,174 @@ static void test_metrics_text(void **state)
     metrics_free(&m);
 }
 
+static void parse_one(const char *text, const char *name, const char *args, size_t content_len)
+{
+    struct tool_calls tc;
+    if (!tool_calls_parse(text, strlen(text), &tc))
+        fail_msg("no tool call found in: %s", text);
+    assert_int_equal(tc.n, 1);
+    assert_string_equal(tc.v[0].name, name);
+    assert_string_equal(tc.v[0].arguments, args);
+    assert_int_equal(tc.content_len, content_len);
+    tool_calls_free(&tc);
+}
+
+static void test_tool_calls_parse(void **state)
+{
+    (void)state;
+    /* Qwen3: JSON inside the tags, content before */
+    parse_one("Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+              "{\"city\": \"Paris\", \"days\": 3}}\n</tool_call>",
+              "get_weather", "{\"city\":\"Paris\",\"days\":3}", 13);
+    /* arguments given as a JSON string; no arguments at all */
+    parse_one("<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": [1, 2]}\"}</tool_call>", "f",
+              "{\"a\":[1,2]}", 0);
+    parse_one("<tool_call>{\"name\":\"now\"}</tool_call>\n", "now", "{}", 0);
+    /* Qwen3.5: XML; numbers and objects stay JSON, other text becomes a string (multi-line) */
+    parse_one("<think>\nok\n</think>\n\n<tool_call>\n<function=search>\n<parameter=query>\nfirst "
+              "line\nsecond line\n</parameter>\n<parameter=limit>\n5\n</parameter>\n"
+              "<parameter=opts>\n{\"exact\": true}\n</parameter>\n</function>\n</tool_call>",
+              "search", "{\"query\":\"first line\\nsecond line\",\"limit\":5,\"opts\":{\"exact\":true}}",
+              strlen("<think>\nok\n</think>"));
+    parse_one("<tool_call>\n<function=ping>\n</function>\n</tool_call>", "ping", "{}", 0);
+    /* two calls, both forms */
+    struct tool_calls tc;
+    const char *two = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
+                      "<tool_call>\n<function=b>\n<parameter=x>\ny\n</parameter>\n</function>\n"
+                      "</tool_call>";
+    assert_true(tool_calls_parse(two, strlen(two), &tc));
+    assert_int_equal(tc.n, 2);
+    assert_string_equal(tc.v[1].name, "b");
+    assert_string_equal(tc.v[1].arguments, "{\"x\":\"y\"}");
+    tool_calls_free(&tc);
+    /* not tool calls: plain text, unterminated, malformed, text after, no name */
+    const char *bad[] = {
+        "just an answer",
+        "<tool_call>\n{\"name\": \"a\", \"argum",
+        "<tool_call>\n{\"name\": \"a\", }\n</tool_call>",
+        "<tool_call>\n{\"name\": \"a\"}\n</tool_call> and more text",
+        "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+        "<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>",
+        "<tool_call>\n<function=>\n</function>\n</tool_call>",
+        "<tool_call></tool_call>",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (tool_calls_parse(bad[i], strlen(bad[i]), &tc))
+            fail_msg("parsed a tool call out of: %s", bad[i]);
+        assert_int_equal(tc.n, 0);
+    }
+    /* streaming hold-back: never send the tag or what may become it */
+    assert_int_equal(tool_calls_safe_len("abc", 3), 3);
+    assert_int_equal(tool_calls_safe_len("abc<", 4), 3);
+    assert_int_equal(tool_calls_safe_len("abc<tool_ca", 11), 3);
+    assert_int_equal(tool_calls_safe_len("abc<tool_call>{", 15), 3);
+    assert_int_equal(tool_calls_safe_len("a<b", 3), 3);
+    assert_int_equal(tool_calls_safe_len("", 0), 0);
+    /* a stream in pieces: content goes out until the tag, the call comes at the end */
+    const char *pieces[] = {"Sure", ".\n<to", "ol_call>\n{\"name\"", ": \"f\"}\n</tool_call>"};
+    const char *want[] = {"Sure", ".\n", "", ""}; /* whitespace before a call is streamed as is */
+    struct tool_stream ts = {0};
+    for (int i = 0; i < 4; i++) {
+        const char *out;
+        size_t n;
+        bool calls;
+        assert_true(tool_stream_add(&ts, pieces[i], strlen(pieces[i]), i == 3, &out, &n, &tc, &calls));
+        assert_int_equal(n, strlen(want[i]));
+        if (n)
+            assert_memory_equal(out, want[i], n);
+        assert_true(calls == (i == 3));
+    }
+    assert_string_equal(tc.v[0].name, "f");
+    tool_calls_free(&tc);
+    tool_stream_free(&ts);
+    /* "<tool" that never becomes a call: held back, then sent at the end */
+    const char *p2[] = {"a <tool", "s are fine"};
+    const char *w2[] = {"a ", "<tools are fine"};
+    for (int i = 0; i < 2; i++) {
+        const char *out;
+        size_t n;
+        bool calls;
+        assert_true(tool_stream_add(&ts, p2[i], strlen(p2[i]), i == 1, &out, &n, &tc, &calls));
+        assert_int_equal(n, strlen(w2[i]));
+        assert_memory_equal(out, w2[i], n);
+        assert_false(calls);
+    }
+    tool_stream_free(&ts);
+}
+
+static void test_tool_calls_json(void **state)
+{
+    (void)state;
+    struct oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-9", .created = 5, .model = "tiny", .tools = true};
+    struct oai_usage u = {.prompt = 10, .cached = 0, .completion = 20};
+    const char *text = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    json_t *j = load(oai_response_json(&m, text, strlen(text), "stop", &u));
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(c, "message");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "tool_calls");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "Sure.");
+    json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    assert_string_equal(json_string_value(json_object_get(call, "type")), "function");
+    assert_true(strlen(json_string_value(json_object_get(call, "id"))) > 5);
+    json_t *fn = json_object_get(call, "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"city\":\"Oslo\"}");
+    json_decref(j);
+    /* only content when the request offered no tools, or the text holds no call */
+    m.tools = false;
+    j = load(oai_response_json(&m, text, strlen(text), "stop", &u));
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    assert_null(json_object_get(json_object_get(c, "message"), "tool_calls"));
+    json_decref(j);
+    m.tools = true;
+    j = load(oai_response_json(&m, "no call", 7, "length", &u));
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(c, "message"), "content")), "no call");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    json_decref(j);
+    /* content null when the answer is only calls; the stream chunk has indexes */
+    const char *only = "<tool_call>{\"name\":\"x\"}</tool_call>";
+    j = load(oai_response_json(&m, only, strlen(only), "stop", &u));
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_true(json_is_null(json_object_get(json_object_get(c, "message"), "content")));
+    json_decref(j);
+    struct tool_calls tc;
+    assert_true(tool_calls_parse(only, strlen(only), &tc));
+    j = load(oai_chunk_tool_calls_json(&m, &tc));
+    tool_calls_free(&tc);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    call = json_array_get(json_object_get(json_object_get(c, "delta"), "tool_calls"), 0);
+    assert_int_equal(json_integer_value(json_object_get(call, "index")), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(call, "function"), "name")), "x");
+    assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    json_decref(j);
+    /* request side: tools on, tool_choice "none" off, a wrong type refused */
+    struct oai_request r;
+    struct oai_error e;
+    const char *tools = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":"
+                        "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]%s}";
+    char body[512];
+    snprintf(body, sizeof(body), tools, "");
+    assert_true(parse(OAI_CHAT, body, &r, &e));
+    assert_true(r.tools);
+    oai_request_free(&r);
+    snprintf(body, sizeof(body), tools, ",\"tool_choice\":\"none\"");
+    assert_true(parse(OAI_CHAT, body, &r, &e));
+    assert_false(r.tools);
+    oai_request_free(&r);
+    snprintf(body, sizeof(body), tools, ",\"tool_choice\":5");
+    assert_false(parse(OAI_CHAT, body, &r, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "tool_choice");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_request),    cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_response_shapes), cmocka_unit_test(test_prompt_cache_qwen35),
-        cmocka_unit_test(test_metrics_text),
+        cmocka_unit_test(test_metrics_text),    cmocka_unit_test(test_tool_calls_parse),
+        cmocka_unit_test(test_tool_calls_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

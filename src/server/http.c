@@ -31,6 +31,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
+#include "server/tool_calls.h"
 #include "tools/textgen.h"
 
 struct server {
@@ -46,6 +47,8 @@ struct server {
     pthread_mutex_t mu;
     uint64_t next_id; /* request ids, under mu */
     bool stopping;    /* under mu */
+    int streams;      /* event streams not yet freed by MHD, under mu (shutdown waits) */
+    pthread_cond_t streams_cv;
 };
 
 struct req_ctx {
@@ -174,11 +177,13 @@ static bool server_stopping(struct server *s)
 /* ------------------------------------------------------------------ generation */
 
 struct stream_ctx {
+    struct server *srv;
     struct job *job;
     int keepalive_s; /* send an SSE comment after this long without output */
     struct oai_meta meta;
     bool include_usage;
-    bool started, ended;
+    bool started, ended, tool_calls_sent;
+    struct tool_stream ts; /* with tools: the answer so far and how much went out as content */
     char *pend; /* formatted events not yet handed to MHD */
     size_t pend_len, pend_off, pend_cap;
 };
@@ -221,6 +226,25 @@ static struct oai_usage job_usage(struct job *j)
     return (struct oai_usage){.prompt = j->n_prompt, .cached = j->n_cached, .completion = j->n_gen};
 }
 
+/* With tools: content that cannot belong to a call goes out at once; at the end the calls
+ * go out as one tool_calls chunk (tool_calls.h). */
+static bool stream_tools_add(struct stream_ctx *sc, const char *text, size_t len, bool last)
+{
+    const char *content;
+    size_t n;
+    struct tool_calls tc;
+    bool calls;
+    if (!tool_stream_add(&sc->ts, text, len, last, &content, &n, &tc, &calls))
+        return false;
+    bool ok = !n || pend_event(sc, oai_chunk_json(&sc->meta, content, n, false, NULL, NULL));
+    if (calls) {
+        ok = ok && pend_event(sc, oai_chunk_tool_calls_json(&sc->meta, &tc));
+        sc->tool_calls_sent = true;
+        tool_calls_free(&tc);
+    }
+    return ok;
+}
+
 /* Waits for text or the end of the job; formats what came as events. false: close the
  * connection (the client went away or memory ran out). */
 static bool stream_refill(struct stream_ctx *sc)
@@ -259,8 +283,12 @@ static bool stream_refill(struct stream_ctx *sc)
     snprintf(errmsg, sizeof(errmsg), "%s", j->error);
     pthread_mutex_unlock(&j->mu);
     bool ok = !len || text;
-    if (ok && len)
+    if (ok && len && sc->meta.tools)
+        ok = stream_tools_add(sc, text, len, fin != JOB_RUNNING);
+    else if (ok && len)
         ok = pend_event(sc, oai_chunk_json(&sc->meta, text, len, false, NULL, NULL));
+    else if (ok && sc->meta.tools && fin != JOB_RUNNING)
+        ok = stream_tools_add(sc, "", 0, true);
     xfree(text);
     if (!ok || fin == JOB_RUNNING)
         return ok;
@@ -273,7 +301,8 @@ static bool stream_refill(struct stream_ctx *sc)
                  errmsg[0] ? errmsg : "the request was cancelled");
         ok = pend_event(sc, oai_error_json(&e));
     } else {
-        ok = pend_event(sc, oai_chunk_json(&sc->meta, NULL, 0, false, finish_name(fin), NULL));
+        const char *fname = sc->tool_calls_sent ? "tool_calls" : finish_name(fin);
+        ok = pend_event(sc, oai_chunk_json(&sc->meta, NULL, 0, false, fname, NULL));
         if (ok && sc->include_usage)
             ok = pend_event(sc, oai_chunk_json(&sc->meta, NULL, 0, false, NULL, &u));
     }
@@ -303,7 +332,12 @@ static void stream_free(void *cls)
     struct stream_ctx *sc = cls;
     job_cancel(sc->job); /* no-op when it ended; frees the slot when the client left early */
     job_release(sc->job);
+    tool_stream_free(&sc->ts);
     xfree(sc->pend);
+    pthread_mutex_lock(&sc->srv->mu);
+    sc->srv->streams--;
+    pthread_cond_broadcast(&sc->srv->streams_cv);
+    pthread_mutex_unlock(&sc->srv->mu);
     xfree(sc);
 }
 
@@ -348,6 +382,10 @@ static enum MHD_Result answer_stream(struct req_ctx *rc, struct MHD_Connection *
     struct stream_ctx *sc = xcalloc(1, sizeof(*sc));
     if (!sc)
         return fail(rc, c, 500, "server_error", NULL, "out of memory");
+    sc->srv = rc->srv;
+    pthread_mutex_lock(&sc->srv->mu);
+    sc->srv->streams++;
+    pthread_mutex_unlock(&sc->srv->mu);
     sc->job = rc->job;
     sc->keepalive_s = rc->srv->p.timeout_s > 2 ? rc->srv->p.timeout_s / 2 : 1;
     pthread_mutex_lock(&sc->job->mu);
@@ -430,6 +468,7 @@ static enum MHD_Result post_generate(struct req_ctx *rc, struct MHD_Connection *
         return send_error(rc, c, &e);
     bool ok = make_job(s, &req, &rc->job, &e);
     rc->stream = req.stream;
+    bool tools = req.tools;
     bool include_usage = req.include_usage;
     oai_request_free(&req);
     if (!ok)
@@ -444,6 +483,7 @@ static enum MHD_Result post_generate(struct req_ctx *rc, struct MHD_Connection *
         return fail(rc, c, 503, "server_error", "shutting_down", "the server is shutting down");
     struct oai_meta meta;
     make_meta(s, kind, &meta);
+    meta.tools = tools;
     return rc->stream ? answer_stream(rc, c, &meta, include_usage) : answer_whole(rc, c, &meta);
 }
 
@@ -667,6 +707,7 @@ qwenrt_status server_start(struct qwenrt_model *model, const struct server_param
     s->model = model;
     s->created = (long long)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->streams_cv, NULL);
     metrics_init(&s->metrics);
     qwenrt_status st = textgen_load_tokenizer(model, &s->tok, err);
     if (st)
@@ -709,6 +750,19 @@ void server_stop(struct server *s)
     pthread_mutex_unlock(&s->mu);
     MHD_socket listen_fd = s->daemon ? MHD_quiesce_daemon(s->daemon) : MHD_INVALID_SOCKET;
     sched_shutdown(s->sched); /* ends every job: waiting handlers and streams finish */
+    /* let the streams deliver their last events (the shutdown error, [DONE]) before the
+     * daemon closes the connections: at most 5 s, for clients that stopped reading */
+    pthread_mutex_lock(&s->mu);
+    double t_end = time_now_s() + 5.0;
+    while (s->streams > 0 && time_now_s() < t_end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->streams_cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
     if (s->daemon)
         MHD_stop_daemon(s->daemon); /* closes connections, joins their threads */
     if (listen_fd != MHD_INVALID_SOCKET)
@@ -717,5 +771,6 @@ void server_stop(struct server *s)
     tokenizer_free(s->tok);
     metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->streams_cv);
     xfree(s);
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "base/alloc.h"
+#include "server/tool_calls.h"
 
 bool oai_fail(struct oai_error *e, int status, const char *type, const char *code,
               const char *param, const char *fmt, ...)
@@ -159,6 +160,11 @@ static bool render_chat(json_t *root, const struct oai_limits *lim, struct oai_r
     }
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return BAD(e, "tools", "'tools' must be an array");
+    json_t *choice = json_object_get(root, "tool_choice");
+    if (choice && !json_is_null(choice) && !json_is_string(choice) && !json_is_object(choice))
+        return BAD(e, "tool_choice", "'tool_choice' must be a string or an object");
+    r->tools = json_is_array(tools) && json_array_size(tools) > 0 &&
+               !(json_is_string(choice) && !strcmp(json_string_value(choice), "none"));
     bool think = true;
     json_t *kw = json_object_get(root, "chat_template_kwargs");
     if (!get_bool(root, "enable_thinking", &think, e) ||
@@ -288,10 +294,59 @@ static json_t *meta_json(const struct oai_meta *m, bool chunk)
                      "model", m->model, "system_fingerprint", "qwenrt-" QWENRT_VERSION);
 }
 
+/* [{"id", "type": "function", "function": {"name", "arguments"}}] (+ "index" in chunks). */
+static json_t *tool_calls_json(const struct oai_meta *m, const struct tool_calls *tc, bool chunk)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < tc->n; i++) {
+        char id[80];
+        snprintf(id, sizeof(id), "call_%s_%d", m->id, i);
+        json_t *c = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
+                              "name", tc->v[i].name, "arguments", tc->v[i].arguments);
+        if (c && chunk)
+            json_object_set_new(c, "index", json_integer(i));
+        if (!c || json_array_append_new(a, c)) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+/* A chat answer that is tool calls: content before them (or null), the calls. */
+static json_t *tool_message(const struct oai_meta *m, const char *text, const struct tool_calls *tc)
+{
+    json_t *msg = json_pack("{s:s}", "role", "assistant"), *calls = tool_calls_json(m, tc, false);
+    if (!msg || !calls) {
+        json_decref(msg);
+        json_decref(calls);
+        return NULL;
+    }
+    json_object_set_new(msg, "content", tc->content_len ? utf8_string(text, tc->content_len) : json_null());
+    json_object_set_new(msg, "tool_calls", calls);
+    return msg;
+}
+
 char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, const char *finish,
                         const struct oai_usage *u)
 {
     json_t *root = meta_json(m, false), *choice;
+    struct tool_calls tc;
+    if (m->kind == OAI_CHAT && m->tools && tool_calls_parse(text, len, &tc)) {
+        json_t *msg = tool_message(m, text, &tc);
+        tool_calls_free(&tc);
+        choice = msg ? json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
+                                 "finish_reason", "tool_calls")
+                     : NULL;
+        if (!root || !choice) {
+            json_decref(root);
+            json_decref(choice);
+            return NULL;
+        }
+        json_object_set_new(root, "choices", json_pack("[o]", choice));
+        json_object_set_new(root, "usage", usage_json(u));
+        return dump(root);
+    }
     json_t *t = utf8_string(text, len);
     if (m->kind == OAI_CHAT)
         choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
@@ -333,6 +388,21 @@ char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, boo
         json_object_set_new(choice, "text", t ? t : json_string(""));
     }
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(root, "choices", json_pack("[o]", choice));
+    return dump(root);
+}
+
+char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_calls *tc)
+{
+    json_t *root = meta_json(m, true), *calls = tool_calls_json(m, tc, true);
+    json_t *choice = json_pack("{s:i,s:n,s:n}", "index", 0, "logprobs", "finish_reason");
+    if (!root || !calls || !choice) {
+        json_decref(root);
+        json_decref(calls);
+        json_decref(choice);
+        return NULL;
+    }
+    json_object_set_new(choice, "delta", json_pack("{s:o}", "tool_calls", calls));
     json_object_set_new(root, "choices", json_pack("[o]", choice));
     return dump(root);
 }

@@ -8,7 +8,9 @@
  * string), max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop
  * (a string or up to TEXTGEN_MAX_STOP strings), n (1 only), stream, stream_options.
  * include_usage, presence_penalty, frequency_penalty (mapped to the repeat penalty window),
- * tools, chat_template_kwargs.enable_thinking. Unknown fields are ignored, as OpenAI does;
+ * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking.
+ * With tools, an answer holding <tool_call> blocks is returned as message.tool_calls with
+ * finish_reason "tool_calls" (tool_calls.h). Unknown fields are ignored, as OpenAI does;
  * a known field of the wrong type or out of range is a 400 naming it in "param".
  */
 #ifndef QWENRT_SERVER_OPENAI_H
@@ -50,6 +52,7 @@ struct oai_request {
     int32_t max_tokens;            /* requested (capped) */
     char *stops[TEXTGEN_MAX_STOP]; /* xmalloc'd, NULL-terminated when fewer */
     bool stream, include_usage;
+    bool tools; /* the request offers tools (and tool_choice is not "none") */
 };
 
 /* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
@@ -74,9 +77,11 @@ struct oai_meta {
     char id[48];
     long long created;
     const char *model;
+    bool tools; /* parse tool calls out of the answer */
 };
 
-/* A whole (non-streaming) response. finish: "stop" or "length". xmalloc'd JSON. */
+/* A whole (non-streaming) response. finish: "stop" or "length" (with m->tools and tool calls
+ * in the text: message.tool_calls and "tool_calls"). xmalloc'd JSON. */
 char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, const char *finish,
                         const struct oai_usage *u);
 /* One stream chunk: text (may be NULL), finish reason (NULL while running); role=true adds
@@ -84,5 +89,10 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
  * stream_options.include_usage (empty choices). xmalloc'd JSON. */
 char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, bool role,
                      const char *finish, const struct oai_usage *usage);
+
+struct tool_calls;
+/* The stream chunk carrying every tool call at once (delta.tool_calls with index, id, type,
+ * function name and arguments). xmalloc'd JSON. */
+char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_calls *tc);
 
 #endif
