@@ -338,22 +338,13 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
         choice = msg ? json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
                                  "finish_reason", "tool_calls")
                      : NULL;
-        if (!root || !choice) {
-            json_decref(root);
-            json_decref(choice);
-            return NULL;
-        }
-        json_object_set_new(root, "choices", json_pack("[o]", choice));
-        json_object_set_new(root, "usage", usage_json(u));
-        return dump(root);
-    }
-    json_t *t = utf8_string(text, len);
-    if (m->kind == OAI_CHAT)
+    } else if (m->kind == OAI_CHAT) {
         choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
-                           "content", t, "logprobs", "finish_reason", finish);
-    else
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text", t, "logprobs", "finish_reason",
-                           finish);
+                           "content", utf8_string(text, len), "logprobs", "finish_reason", finish);
+    } else {
+        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text", utf8_string(text, len),
+                           "logprobs", "finish_reason", finish);
+    }
     if (!root || !choice) {
         json_decref(root);
         json_decref(choice);

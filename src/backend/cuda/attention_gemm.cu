@@ -18,21 +18,6 @@
 
 #define ATT_SCORE_FLOATS (32ll << 20) /* 128 MiB of scores at most */
 
-static qwenrt_status ag_fail(struct qwenrt_error *err, cublasStatus_t st, int line, const char *what)
-{
-    return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: cuBLASLt %s failed: status %d", __FILE__, line,
-                   what, (int)st);
-}
-
-#define AG_CHECK(call)                                                                    \
-    do {                                                                                  \
-        cublasStatus_t s_ = (call);                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            st = ag_fail(err, s_, __LINE__, #call);                                       \
-            goto out;                                                                     \
-        }                                                                                 \
-    } while (0)
-
 static void bgemm_plan_free(struct bgemm_plan *pl)
 {
     if (pl->lc) cublasLtMatrixLayoutDestroy(pl->lc);
@@ -95,22 +80,22 @@ static qwenrt_status bgemm(struct gemm_ctx *g, bool ta, const float *A, int64_t 
         cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
         cublasLtMatmulHeuristicResult_t heur;
         int found = 0;
-        AG_CHECK(cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        AG_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-        AG_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-        AG_CHECK(ag_layout(&pl->la, ta ? k : m, ta ? m : k, lda, batch, sa));
-        AG_CHECK(ag_layout(&pl->lb, k, n, ldb, batch, sb));
-        AG_CHECK(ag_layout(&pl->lc, m, n, ldc, batch, sc));
-        AG_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        AG_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+        LT_CHECK(cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+        LT_CHECK(ag_layout(&pl->la, ta ? k : m, ta ? m : k, lda, batch, sa));
+        LT_CHECK(ag_layout(&pl->lb, k, n, ldb, batch, sb));
+        LT_CHECK(ag_layout(&pl->lc, m, n, ldc, batch, sc));
+        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &g->ws_bytes, sizeof(g->ws_bytes)));
         /* the heads' slices start anywhere on a float: ask for algorithms that allow it */
         uint32_t align = 4;
-        AG_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
-        AG_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
-        AG_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
-        AG_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
-        AG_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, pl->op, pl->la, pl->lb, pl->lc, pl->lc, pref, 1,
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+        LT_CHECK(cublasLtMatmulAlgoGetHeuristic(g->lt, pl->op, pl->la, pl->lb, pl->lc, pl->lc, pref, 1,
                                                 &heur, &found));
         if (!found) {
             st = err_set(err, QWENRT_ERR_BACKEND, "cuBLASLt: no algorithm for a batched %lld x %lld x %lld product",
@@ -122,7 +107,7 @@ static qwenrt_status bgemm(struct gemm_ctx *g, bool ta, const float *A, int64_t 
     }
     {
         float alpha = 1.0f, beta = 0.0f;
-        AG_CHECK(cublasLtMatmul(g->lt, pl->op, &alpha, A, pl->la, B, pl->lb, &beta, C, pl->lc, C,
+        LT_CHECK(cublasLtMatmul(g->lt, pl->op, &alpha, A, pl->la, B, pl->lb, &beta, C, pl->lc, C,
                                 pl->lc, &pl->algo, g->ws, g->ws_bytes, s));
     }
 out:

@@ -79,6 +79,24 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
                              struct qwenrt_error *err);
 void attention_gemm_free(struct gemm_ctx *g);
 
+/* A failed cuBLASLt call as a BACKEND error naming the call and the status. */
+static inline qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st, const char *file,
+                                    int line, const char *what)
+{
+    return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: cuBLASLt %s failed: status %d", file, line,
+                   what, (int)st);
+}
+
+/* In a function with `qwenrt_status st` and an `out:` label: on failure, st = the error. */
+#define LT_CHECK(call)                                                                    \
+    do {                                                                                  \
+        cublasStatus_t s_ = (call);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            st = lt_fail(err, s_, __FILE__, __LINE__, #call);                             \
+            goto out;                                                                     \
+        }                                                                                 \
+    } while (0)
+
 qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err);
 void gemm_free(struct gemm_ctx *g);
 qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,

@@ -8,34 +8,10 @@
  * 2^22 keep their precision); softmax is the online form (running max and sum per warp,
  * merged across warps), which equals the two-pass reference up to f32 rounding.
  */
+#include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <math.h>
-
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result. */
-__device__ float block_sum(float v, float *red /* [32] shared */)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float t = lane < nw ? red[lane] : 0.0f;
-    return warp_sum(t);
-}
 
 /* ---- embed: one block per token, threads over the row ---- */
 

@@ -17,18 +17,11 @@
  * gave 1e-4 after 7 layers of the Qwen3.5 fixture, over the 1e-4 tolerance. Other dtypes: W is dequantised to an f32
  * scratch matrix and multiplied in plain f32 (CUBLAS_COMPUTE_32F, no TF32).
  */
+#include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
 #define GEMV_WARPS 8
-
-__device__ __forceinline__ float warp_sum_m(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* 16 bytes of weights that are read once: keep them out of L1. Not volatile: the compiler
  * may hoist several of these ahead of their use (the loads have no side effects). */
@@ -216,7 +209,7 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const __grid_cons
             float ss = 0.0f;
             for (int k = threadIdx.x; k < a.K; k += 32 * GEMV_WARPS)
                 ss += xt[k] * xt[k];
-            ss = warp_sum_m(ss);
+            ss = warp_sum(ss);
             if (lane == 0)
                 s_red[warp] = ss;
             __syncthreads();
@@ -253,9 +246,9 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const __grid_cons
     for (int t = 0; t < GEMV_MAX_T; t++) {
         if (t >= a.T)
             break;
-        float v = warp_sum_m(acc[t]) * (NORM ? s_inv[t] : 1.0f);
+        float v = warp_sum(acc[t]) * (NORM ? s_inv[t] : 1.0f);
         if (MODE == GEMV_SWIGLU) {
-            float u = warp_sum_m(acc2[t]) * (NORM ? s_inv[t] : 1.0f);
+            float u = warp_sum(acc2[t]) * (NORM ? s_inv[t] : 1.0f);
             v = v / (1.0f + __expf(-v)) * u;
         }
         if (lane == 0) {
@@ -367,7 +360,7 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
         for (int t = 0; t < GEMV_MAX_T; t++) {
             if (t >= T)
                 break;
-            float v = warp_sum_m(ss[t]);
+            float v = warp_sum(ss[t]);
             if (lane == 0)
                 s_part[warp][t] = v;
         }
@@ -445,9 +438,9 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
         for (int t = 0; t < GEMV_MAX_T; t++) {
             if (t >= T)
                 break;
-            float v = warp_sum_m(acc[P * i][t]);
+            float v = warp_sum(acc[P * i][t]);
             if (P == 2) {
-                float u = warp_sum_m(acc[P * i + 1][t]);
+                float u = warp_sum(acc[P * i + 1][t]);
                 v = v / (1.0f + __expf(-v)) * u;
             }
             if (lane == 0 && ok[P * i]) {
@@ -613,21 +606,6 @@ cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat
 
 /* ---- cuBLASLt ---- */
 
-static qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st, int line, const char *what)
-{
-    return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: cuBLASLt %s failed: status %d", __FILE__, line,
-                   what, (int)st);
-}
-
-#define LT_CHECK(call)                                                                    \
-    do {                                                                                  \
-        cublasStatus_t s_ = (call);                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            st = lt_fail(err, s_, __LINE__, #call);                                       \
-            goto out;                                                                     \
-        }                                                                                 \
-    } while (0)
-
 /* Creates the descriptors of a product and asks the heuristic for its algorithm. */
 static qwenrt_status lt_plan_make(struct gemm_ctx *g, struct lt_plan *pl, struct qwenrt_error *err)
 {
@@ -729,7 +707,7 @@ qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err)
     memset(g, 0, sizeof(*g));
     cublasStatus_t s = cublasLtCreate(&g->lt);
     if (s != CUBLAS_STATUS_SUCCESS)
-        return lt_fail(err, s, __LINE__, "cublasLtCreate");
+        return lt_fail(err, s, __FILE__, __LINE__, "cublasLtCreate");
     g->ws_bytes = 32u << 20;
     CUDA_CHECK(cudaMalloc(&g->ws, g->ws_bytes));
     return QWENRT_OK;

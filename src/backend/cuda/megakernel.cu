@@ -19,6 +19,7 @@
  * f32 activations (the matmul.<q>.exact form).
  */
 #include "backend/cuda/megakernel.cuh"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -111,31 +112,6 @@ struct mk_program {
 };
 
 /* ------------------------------------------------------------------ device helpers */
-
-__device__ __forceinline__ float mk_silu(float x) { return x / (1.0f + __expf(-x)); }
-__device__ __forceinline__ float mk_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
-__device__ __forceinline__ float mk_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-__device__ __forceinline__ float mk_warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over the block; every thread gets it. red: 32 floats of shared memory. */
-__device__ float mk_block_sum(float v, float *red)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = mk_warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float t = lane < nw ? red[lane] : 0.0f;
-    return mk_warp_sum(t);
-}
 
 __device__ __forceinline__ unsigned long long mk_ld_acquire(const unsigned long long *p)
 {
@@ -241,7 +217,7 @@ __device__ __forceinline__ void mk_dot_float(const uint8_t *row0, const uint8_t 
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
-        out[r] = mk_warp_sum(acc[r]);
+        out[r] = warp_sum(acc[r]);
 }
 
 __device__ __forceinline__ float mk_f16(uint16_t u) { return __half2float(__ushort_as_half(u)); }
@@ -266,7 +242,7 @@ __device__ __noinline__ float mk_dot_q8_0(const uint8_t *row, const float *xs, i
         }
         acc = fmaf(mk_f16(q[0]), s, acc);
     }
-    return mk_warp_sum(acc);
+    return warp_sum(acc);
 }
 
 /* Byte i of the 12 scale bytes held in three words. */
@@ -317,7 +293,7 @@ __device__ __noinline__ float mk_dot_q4_k(const uint8_t *row, const float *xs, i
         }
         acc += d * ((float)sc0 * s0 + (float)sc1 * s1) - dmin * ((float)m0 * x0s + (float)m1 * x1s);
     }
-    return mk_warp_sum(acc);
+    return warp_sum(acc);
 }
 
 /* Q6_K: 210-byte super-blocks of 256; 16 lanes per super-block, lane (h, g) takes l in
@@ -351,7 +327,7 @@ __device__ __noinline__ float mk_dot_q6_k(const uint8_t *row, const float *xs, i
             acc = fmaf(d * (float)sc[2 * qq], s, acc);
         }
     }
-    return mk_warp_sum(acc);
+    return warp_sum(acc);
 }
 
 /* Any dtype deq_elem knows, one element at a time (unaligned float rows). */
@@ -360,7 +336,7 @@ __device__ __noinline__ float mk_dot_any(const uint8_t *row, int32_t dt, const f
     float acc = 0.0f;
     for (int i = threadIdx.x & 31; i < K; i += 32)
         acc = fmaf(deq_elem(row, dt, i), xs[i], acc);
-    return mk_warp_sum(acc);
+    return warp_sum(acc);
 }
 
 __device__ __forceinline__ bool mk_float_fast(const struct mk_seg &s, int32_t K)
@@ -408,7 +384,7 @@ __device__ void mk_stage_x(const float *in, int32_t K, const float *norm_w, floa
         }
     }
     if (norm_w) {
-        ss = mk_block_sum(ss, red);
+        ss = block_sum(ss, red);
         float scale = rsqrtf(ss / (float)K + eps);
         if (K <= nt * MK_XPT) {
 #pragma unroll
@@ -601,7 +577,7 @@ __device__ __noinline__ void mk_rows_float(const struct mk_phase &P, const struc
         if (SWIGLU) {
             mk_dot_float<DT, 2>(base0 + i * rb0, base1 + i * rb1, xs, P.K, v);
             if (lane == 0)
-                s.y[r] = mk_silu(v[0]) * v[1];
+                s.y[r] = silu_f(v[0]) * v[1];
             continue;
         }
         float old = P.mode == GEMV_ACCUM && lane == 0 ? __ldcg(s.y + r) : 0.0f; /* in flight during the dot */
@@ -631,7 +607,7 @@ __device__ __noinline__ void mk_rows_any(const struct mk_phase &P, const struct 
             float g = mk_dot_row(s, row, xs, P.K);
             float up = mk_dot_row(u, base1 + (int64_t)i * u.row_bytes, xs, P.K);
             if (lane == 0)
-                s.y[r] = mk_silu(g) * up;
+                s.y[r] = silu_f(g) * up;
             continue;
         }
         float old = P.mode == GEMV_ACCUM && lane == 0 ? __ldcg(s.y + r) : 0.0f;
@@ -731,7 +707,7 @@ __device__ __noinline__ void mk_rmsnorm(const struct mk_phase &P, float *red)
             float v = __ldcg(x + i);
             ss += v * v;
         }
-        ss = mk_block_sum(ss, red);
+        ss = block_sum(ss, red);
         float scale = rsqrtf(ss / (float)P.group + P.eps);
         for (int i = threadIdx.x; i < P.group; i += blockDim.x)
             P.out[(int64_t)g * P.group + i] = __ldcg(x + i) * scale * __ldg(P.vec + i);
@@ -743,7 +719,7 @@ __device__ __noinline__ void mk_elementwise(const struct mk_phase &P)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < P.width; i += gridDim.x * blockDim.x) {
         float x = __ldcg(P.in + i), y = __ldcg(P.out + i);
-        P.out[i] = P.kind == MK_ADD ? y + x : mk_silu(y) * x;
+        P.out[i] = P.kind == MK_ADD ? y + x : silu_f(y) * x;
     }
 }
 
@@ -801,7 +777,7 @@ __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int s
     float *ms = accs + W * hd, *ls = ms + W, *tmp = ls + W;
     float qv = tid < hd ? __ldcg(P.in + (int64_t)h * P.q_stride + tid) : 0.0f;
     float kv = tid < hd ? __ldcg(P.in2 + (int64_t)g * hd + tid) : 0.0f;
-    float sq = mk_block_sum(qv * qv, red), sk = mk_block_sum(kv * kv, red);
+    float sq = block_sum(qv * qv, red), sk = block_sum(kv * kv, red);
     if (tid < hd) {
         qs[tid] = qv * rsqrtf(sq / (float)hd + P.eps) * __ldg(P.vec + tid);
         tmp[tid] = kv * rsqrtf(sk / (float)hd + P.eps) * __ldg(P.vec2 + tid);
@@ -850,7 +826,7 @@ __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int s
 #pragma unroll
             for (int e = 0; e < EPL; e++)
                 d = fmaf(q[e], kk[u][e], d);
-            dot[u] = mk_warp_sum(d);
+            dot[u] = warp_sum(d);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -902,7 +878,7 @@ __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int s
     if (tid < hd) {
         o /= L;
         if (P.gate)
-            o *= mk_sigmoid(__ldcg(P.in + (int64_t)h * P.q_stride + hd + tid));
+            o *= sigmoid_f(__ldcg(P.in + (int64_t)h * P.q_stride + hd + tid));
         P.out[(int64_t)h * hd + tid] = o;
     }
     __syncthreads();
@@ -944,7 +920,7 @@ __device__ __noinline__ void mk_gdn_conv(const struct mk_phase &P)
             P.state[(int64_t)j * C + ch] = next;
             prev = next;
         }
-        P.out[ch] = mk_silu(acc);
+        P.out[ch] = silu_f(acc);
     }
 }
 
@@ -966,14 +942,14 @@ __device__ __noinline__ void mk_gdn_head(const struct mk_phase &P, int j, int sp
         qs[i] = a, ks[i] = b;
         sq += a * a, sk += b * b;
     }
-    sq = mk_block_sum(sq, red);
-    sk = mk_block_sum(sk, red);
+    sq = block_sum(sq, red);
+    sk = block_sum(sk, red);
     float rq = rsqrtf(sq + 1e-6f) * rsqrtf((float)dk), rk = rsqrtf(sk + 1e-6f);
     for (int i = tid; i < dk; i += nt)
         qs[i] *= rq, ks[i] *= rk;
     __syncthreads();
-    float beta = mk_sigmoid(__ldcg(P.in2 + j));
-    float decay = expf(__ldg(P.vec3 + j) * mk_softplus(__ldcg(P.in3 + j) + __ldg(P.vec2 + j)));
+    float beta = sigmoid_f(__ldcg(P.in2 + j));
+    float decay = expf(__ldg(P.vec3 + j) * softplus_f(__ldcg(P.in3 + j) + __ldg(P.vec2 + j)));
     int ncol = c_hi - c_lo, tpc = 1;
     while (tpc < 32 && tpc * 2 * ncol <= nt)
         tpc *= 2;
@@ -1012,10 +988,10 @@ __device__ __noinline__ void mk_gdn_head(const struct mk_phase &P, int j, int sp
         os[c] = o;
         ss += o * o;
     }
-    ss = mk_block_sum(ss, red);
+    ss = block_sum(ss, red);
     float scale = rsqrtf(ss / (float)dv + P.geps);
     for (int c = tid; c < dv; c += nt)
-        out[c] = os[c] * scale * __ldg(P.gnorm_w + c) * mk_silu(__ldcg(P.z + (int64_t)j * dv + c));
+        out[c] = os[c] * scale * __ldg(P.gnorm_w + c) * silu_f(__ldcg(P.z + (int64_t)j * dv + c));
     __syncthreads();
 }
 
