@@ -389,12 +389,20 @@ static void test_tool_calls_parse(void **state)
         "<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>",
         "<tool_call>\n<function=>\n</function>\n</tool_call>",
         "<tool_call></tool_call>",
+        "<tool_call>\n<function=a b>\n</function>\n</tool_call>", /* names: no spaces */
+        "<tool_call>\n{\"name\": \"\"}\n</tool_call>",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         if (tool_calls_parse(bad[i], strlen(bad[i]), &tc))
             fail_msg("parsed a tool call out of: %s", bad[i]);
         assert_int_equal(tc.n, 0);
     }
+    /* found by fuzz_tool_calls: a NUL inside a name made it "" (a call without a name) */
+    static const char nul_name[] = "<tool_call>\n<function=\0\0search>\n</function>\n</tool_call>";
+    assert_false(tool_calls_parse(nul_name, sizeof(nul_name) - 1, &tc));
+    static const char nul_key[] = "<tool_call>\n<function=f>\n<parameter=\0k>\nv\n</parameter>\n"
+                                  "</function>\n</tool_call>";
+    assert_false(tool_calls_parse(nul_key, sizeof(nul_key) - 1, &tc));
     /* streaming hold-back: never send the tag or what may become it */
     assert_int_equal(tool_calls_safe_len("abc", 3), 3);
     assert_int_equal(tool_calls_safe_len("abc<", 4), 3);

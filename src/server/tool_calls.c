@@ -29,6 +29,18 @@ static const char *find(const char *p, const char *e, const char *needle)
     return NULL;
 }
 
+/* A function or parameter name: 1..256 bytes, no control characters (a NUL would cut the C
+ * string short), no whitespace, no '<' or '>'. */
+static bool name_ok(const char *p, const char *e)
+{
+    if (p >= e || e - p > 256)
+        return false;
+    for (; p < e; p++)
+        if ((unsigned char)*p <= ' ' || *p == '<' || *p == '>' || *p == 0x7f)
+            return false;
+    return true;
+}
+
 static char *dup_range(const char *p, const char *e)
 {
     char *s = xmalloc((size_t)(e - p) + 1, 1);
@@ -45,7 +57,8 @@ static bool parse_json_call(const char *p, const char *e, struct tool_call *tc)
     json_error_t jerr;
     json_t *root = json_loadb(p, (size_t)(e - p), 0, &jerr);
     json_t *name = json_object_get(root, "name"), *args = json_object_get(root, "arguments");
-    bool ok = json_is_string(name) && json_string_length(name) > 0;
+    const char *nv = json_string_value(name);
+    bool ok = nv && name_ok(nv, nv + json_string_length(name));
     json_t *obj = NULL;
     if (ok && json_is_string(args)) /* some models send the arguments as a JSON string */
         obj = json_loads(json_string_value(args), 0, &jerr);
@@ -86,7 +99,7 @@ static bool parse_xml_call(const char *p, const char *e, struct tool_call *tc)
         return false;
     const char *name = p + sizeof(fopen_) - 1, *gt = find(name, e, ">");
     const char *fend = find(name, e, fclose_);
-    if (!gt || !fend || gt == name || gt > fend)
+    if (!gt || !fend || gt > fend || !name_ok(name, gt))
         return false;
     const char *rest = fend + sizeof(fclose_) - 1, *re = e;
     trim(&rest, &re);
@@ -105,7 +118,7 @@ static bool parse_xml_call(const char *p, const char *e, struct tool_call *tc)
         }
         const char *key = qs + sizeof(popen_) - 1, *kgt = find(key, fend, ">");
         const char *vend = kgt ? find(kgt, fend, pclose_) : NULL;
-        if (!kgt || !vend || kgt == key) {
+        if (!kgt || !vend || !name_ok(key, kgt)) {
             ok = false;
             break;
         }
