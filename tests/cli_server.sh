@@ -84,6 +84,31 @@ let text="";for(const e of ev)if(e.choices.length&&e.choices[0].delta.content)te
 if(process.argv[2]!=="null"&&text!==process.argv[2])throw "streamed text with tools differs: "+JSON.stringify(text);
 ' "$T/tev" "$tanswer" || fail "tools stream checks"
 
+# logprobs, greedy: one entry per generated token, each the most likely one (its logprob is
+# the first alternative's), alternatives sorted, all <= 0; the stream carries the same entries
+node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]));j.logprobs=true;
+         j.top_logprobs=3;console.log(JSON.stringify(j))' "$T/chat.json" >"$T/lp.json"
+[ "$(http POST /v1/chat/completions "$T/lp.json" "$T/lp")" = 200 ] || fail "logprobs: $(cat "$T/lp")"
+sed 's/"logprobs":true/"logprobs":true,"stream":true/' "$T/lp.json" >"$T/lp_s.json"
+curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/lp_s.json" \
+    "$URL/v1/chat/completions" | grep '^data: {' | sed 's/^data: //' >"$T/lpev"
+node -e '
+const fs=require("fs");const r=JSON.parse(fs.readFileSync(process.argv[1]));
+const c=r.choices[0].logprobs.content, n=r.usage.completion_tokens;
+if(c.length!==n&&!(r.choices[0].finish_reason==="stop"&&c.length===n-1))throw "entries "+c.length+" for "+n+" tokens";
+for(const t of c){
+  if(!(t.logprob<=0))throw "logprob > 0";
+  if(t.top_logprobs.length!==3)throw "top_logprobs count";
+  if(t.top_logprobs[0].token!==t.token||Math.abs(t.top_logprobs[0].logprob-t.logprob)>1e-6)throw "greedy token is not the most likely";
+  for(let k=1;k<3;k++)if(t.top_logprobs[k].logprob>t.top_logprobs[k-1].logprob)throw "alternatives not sorted";
+  if(!Array.isArray(t.bytes)||!t.bytes.length)throw "bytes";
+}
+if(c.map(t=>t.token).join("")!==r.choices[0].message.content&&!c.some(t=>t.token.includes("\ufffd")))throw "tokens do not spell the content";
+const ev=fs.readFileSync(process.argv[2],"utf8").trim().split("\n").map(JSON.parse);
+let s=[];for(const e of ev)if(e.choices.length&&e.choices[0].logprobs)s=s.concat(e.choices[0].logprobs.content);
+if(JSON.stringify(s.map(t=>[t.token,t.logprob]))!==JSON.stringify(c.map(t=>[t.token,t.logprob])))throw "streamed logprobs differ";
+' "$T/lp" "$T/lpev" || fail "logprobs checks: $(head -c 600 "$T/lp")"
+
 printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' >"$T/cmp.json"
 [ "$(http POST /v1/completions "$T/cmp.json" "$T/o")" = 200 ] || fail "completions: $(cat "$T/o")"
 [ "$(jget "$T/o" 'j.object')" = text_completion ] || fail "completion object"

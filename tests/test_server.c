@@ -13,6 +13,8 @@
  * Tool calls (src/server/tool_calls.c): both Qwen forms parsed into name + JSON arguments, the
  * content before them kept, anything malformed or unterminated left as plain text; the
  * streaming hold-back; the tool_calls response and chunk shapes; tools / tool_choice parsing.
+ * Logprobs: request fields, and the logprobs object attached to responses and chunks (token
+ * text, exact bytes also for a token that is part of a UTF-8 character, alternatives).
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@
 #include "server/openai.h"
 #include "server/prompt_cache.h"
 #include "server/tool_calls.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer_test_util.h"
 
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
 
@@ -508,13 +512,75 @@ static void test_tool_calls_json(void **state)
     assert_string_equal(e.param, "tool_choice");
 }
 
+static void test_logprobs(void **state)
+{
+    (void)state;
+    struct oai_request r;
+    struct oai_error e;
+    assert_true(parse(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                "\"logprobs\":true,\"top_logprobs\":3}", &r, &e));
+    assert_int_equal(r.logprobs, 4);
+    oai_request_free(&r);
+    const char *bad[][2] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_logprobs\":2}", "top_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":1}", "logprobs"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_false(parse(OAI_CHAT, bad[i][0], &r, &e));
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, bad[i][1]);
+    }
+    assert_false(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":2}", &r, &e));
+    assert_string_equal(e.param, "logprobs");
+
+    struct tokenizer *tok = load_qwen3_or_fail();
+    assert_non_null(tok);
+    int32_t hello = tokenizer_token_id(tok, "Hello", 5);
+    int32_t byte_e4 = tokenizer_token_id(tok, "\xc3\xa4", 2); /* the byte 0xE4 alone */
+    assert_true(hello >= 0 && byte_e4 >= 0);
+    struct oai_token_logprob v[2] = {{.id = hello, .logprob = -0.25f, .n_top = 2,
+                                      .top_id = {hello, byte_e4}, .top_lp = {-0.25f, -3.5f}},
+                                     {.id = byte_e4, .logprob = -1.5f}};
+    struct oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-3", .created = 5, .model = "tiny"};
+    char *js = oai_chunk_json(&m, "Hello", 5, false, NULL, NULL);
+    assert_true(oai_attach_logprobs(&js, v, 2, tok));
+    json_t *j = load(js);
+    json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                      "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 2);
+    json_t *t0 = json_array_get(content, 0), *t1 = json_array_get(content, 1);
+    assert_string_equal(json_string_value(json_object_get(t0, "token")), "Hello");
+    assert_true(json_real_value(json_object_get(t0, "logprob")) == -0.25);
+    assert_int_equal(json_array_size(json_object_get(t0, "bytes")), 5);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(t0, "bytes"), 0)), 'H');
+    json_t *alts = json_object_get(t0, "top_logprobs");
+    assert_int_equal(json_array_size(alts), 2);
+    assert_true(json_real_value(json_object_get(json_array_get(alts, 1), "logprob")) == -3.5);
+    /* part of a UTF-8 character: replacement in the text, the exact byte in bytes */
+    assert_string_equal(json_string_value(json_object_get(t1, "token")), "\xef\xbf\xbd");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(t1, "bytes"), 0)), 0xe4);
+    assert_int_equal(json_array_size(json_object_get(t1, "top_logprobs")), 0);
+    json_decref(j);
+    /* a whole response too */
+    struct oai_usage u = {.prompt = 1, .cached = 0, .completion = 1};
+    js = oai_response_json(&m, "Hello", 5, "stop", &u);
+    assert_true(oai_attach_logprobs(&js, v, 1, tok));
+    j = load(js);
+    content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                              "content");
+    assert_int_equal(json_array_size(content), 1);
+    json_decref(j);
+    tokenizer_free(tok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_request),    cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_response_shapes), cmocka_unit_test(test_prompt_cache_qwen35),
         cmocka_unit_test(test_metrics_text),    cmocka_unit_test(test_tool_calls_parse),
-        cmocka_unit_test(test_tool_calls_json),
+        cmocka_unit_test(test_tool_calls_json),  cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,7 +18,7 @@
 #define QWEN3_TOKENIZER_CASES "tests/data/tokenizer/qwen3-tokenizer-cases.jsonl"
 
 /* Loads the Qwen3 tokenizer or fails the test (never skips): run `make deps` if it is missing. */
-static struct tokenizer *load_qwen3_or_fail(void)
+static inline struct tokenizer *load_qwen3_or_fail(void)
 {
     struct tokenizer *tok = NULL;
     struct qwenrt_error err = {0};
@@ -31,7 +31,7 @@ static struct tokenizer *load_qwen3_or_fail(void)
 }
 
 /* Reads every line of a JSON-lines file into an array (NULL on failure). */
-static json_t *read_jsonl(const char *path)
+static inline json_t *read_jsonl(const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -61,7 +61,7 @@ static json_t *read_jsonl(const char *path)
 }
 
 /* true when ids[0..n) equals the JSON array want; prints the first difference otherwise. */
-static bool ids_equal(const char *what, const int32_t *ids, size_t n, const json_t *want)
+static inline bool ids_equal(const char *what, const int32_t *ids, size_t n, const json_t *want)
 {
     size_t m = json_array_size(want);
     for (size_t i = 0; i < n || i < m; i++) {

@@ -184,6 +184,8 @@ struct stream_ctx {
     bool include_usage;
     bool started, ended, tool_calls_sent;
     struct tool_stream ts; /* with tools: the answer so far and how much went out as content */
+    struct oai_token_logprob *lp; /* logprobs taken from the job, not yet sent */
+    int32_t n_lp, lp_taken;       /* ... how many; how many the job had when last taken */
     char *pend; /* formatted events not yet handed to MHD */
     size_t pend_len, pend_off, pend_cap;
 };
@@ -224,6 +226,35 @@ static const char *finish_name(enum job_finish f)
 static struct oai_usage job_usage(struct job *j)
 {
     return (struct oai_usage){.prompt = j->n_prompt, .cached = j->n_cached, .completion = j->n_gen};
+}
+
+/* json with the pending logprobs attached (they are then sent). */
+static char *with_logprobs(struct stream_ctx *sc, char *json)
+{
+    if (!json || !sc->n_lp)
+        return json;
+    if (!oai_attach_logprobs(&json, sc->lp, sc->n_lp, sc->srv->tok)) {
+        xfree(json);
+        return NULL;
+    }
+    sc->n_lp = 0;
+    return json;
+}
+
+/* Takes the job's new logprobs (caller holds j->mu). false: out of memory. */
+static bool take_logprobs(struct stream_ctx *sc, struct job *j)
+{
+    int32_t n = j->n_lp - sc->lp_taken;
+    if (n <= 0)
+        return true;
+    struct oai_token_logprob *p = xrealloc(sc->lp, (size_t)(sc->n_lp + n), sizeof(*p));
+    if (!p)
+        return false;
+    memcpy(p + sc->n_lp, j->lp + sc->lp_taken, (size_t)n * sizeof(*p));
+    sc->lp = p;
+    sc->n_lp += n;
+    sc->lp_taken = j->n_lp;
+    return true;
 }
 
 /* With tools: content that cannot belong to a call goes out at once; at the end the calls
@@ -276,17 +307,18 @@ static bool stream_refill(struct stream_ctx *sc)
     if (len && (text = xmalloc(len, 1)))
         memcpy(text, j->out, len);
     j->out_len = 0;
+    bool lp_ok = take_logprobs(sc, j);
     enum job_finish fin = j->finish;
     bool client_gone = j->cancel && !j->error[0];
     struct oai_usage u = job_usage(j);
     char errmsg[512];
     snprintf(errmsg, sizeof(errmsg), "%s", j->error);
     pthread_mutex_unlock(&j->mu);
-    bool ok = !len || text;
+    bool ok = (!len || text) && lp_ok;
     if (ok && len && sc->meta.tools)
         ok = stream_tools_add(sc, text, len, fin != JOB_RUNNING);
     else if (ok && len)
-        ok = pend_event(sc, oai_chunk_json(&sc->meta, text, len, false, NULL, NULL));
+        ok = pend_event(sc, with_logprobs(sc, oai_chunk_json(&sc->meta, text, len, false, NULL, NULL)));
     else if (ok && sc->meta.tools && fin != JOB_RUNNING)
         ok = stream_tools_add(sc, "", 0, true);
     xfree(text);
@@ -302,7 +334,7 @@ static bool stream_refill(struct stream_ctx *sc)
         ok = pend_event(sc, oai_error_json(&e));
     } else {
         const char *fname = sc->tool_calls_sent ? "tool_calls" : finish_name(fin);
-        ok = pend_event(sc, oai_chunk_json(&sc->meta, NULL, 0, false, fname, NULL));
+        ok = pend_event(sc, with_logprobs(sc, oai_chunk_json(&sc->meta, NULL, 0, false, fname, NULL)));
         if (ok && sc->include_usage)
             ok = pend_event(sc, oai_chunk_json(&sc->meta, NULL, 0, false, NULL, &u));
     }
@@ -333,6 +365,7 @@ static void stream_free(void *cls)
     job_cancel(sc->job); /* no-op when it ended; frees the slot when the client left early */
     job_release(sc->job);
     tool_stream_free(&sc->ts);
+    xfree(sc->lp);
     xfree(sc->pend);
     pthread_mutex_lock(&sc->srv->mu);
     sc->srv->streams--;
@@ -372,8 +405,12 @@ static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c
         return fail(rc, c, st, "server_error", NULL, j->error);
     }
     struct oai_usage u = job_usage(j);
-    return send_json(rc, c, 200,
-                     oai_response_json(meta, j->out, j->out_len, finish_name(j->finish), &u));
+    char *json = oai_response_json(meta, j->out, j->out_len, finish_name(j->finish), &u);
+    if (json && j->logprobs && !oai_attach_logprobs(&json, j->lp, j->n_lp, rc->srv->tok)) {
+        xfree(json);
+        json = NULL;
+    }
+    return send_json(rc, c, 200, json);
 }
 
 static enum MHD_Result answer_stream(struct req_ctx *rc, struct MHD_Connection *c,
@@ -443,6 +480,7 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
     j->chat_json = req->chat_json; /* moves ownership */
     req->chat_json = NULL;
     j->fmt = s->lim.fmt;
+    j->logprobs = req->logprobs;
     j->tp.max_tokens = req->max_tokens;
     if (j->tp.max_tokens > s->p.n_ctx - (int32_t)n)
         j->tp.max_tokens = s->p.n_ctx - (int32_t)n;

@@ -11,6 +11,7 @@
 
 #include "base/alloc.h"
 #include "server/tool_calls.h"
+#include "tokenizer/tokenizer.h"
 
 bool oai_fail(struct oai_error *e, int status, const char *type, const char *code,
               const char *param, const char *fmt, ...)
@@ -128,6 +129,17 @@ static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oa
         return false;
     if (n != 1)
         return BAD(e, "n", "only n=1 is supported, got %lld", n);
+    bool lp = false;
+    long long top = 0;
+    json_t *lpv = json_object_get(root, "logprobs");
+    if (r->kind == OAI_COMPLETION && lpv && !json_is_null(lpv) && !json_is_false(lpv))
+        return BAD(e, "logprobs", "logprobs are supported on /v1/chat/completions only");
+    if (!get_bool(root, "logprobs", &lp, e) ||
+        !get_int(root, "top_logprobs", 0, OAI_TOP_LOGPROBS_MAX, &top, e))
+        return false;
+    if (top > 0 && !lp)
+        return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r->logprobs = lp ? 1 + (int32_t)top : 0;
     if (r->sp.top_p <= 0.0f)
         return BAD(e, "top_p", "'top_p' must be greater than 0");
     r->sp.top_k = (int32_t)top_k;
@@ -396,4 +408,82 @@ char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_call
     json_object_set_new(choice, "delta", json_pack("{s:o}", "tool_calls", calls));
     json_object_set_new(root, "choices", json_pack("[o]", choice));
     return dump(root);
+}
+
+/* {"token", "logprob", "bytes"} of one token. */
+static json_t *token_lp_json(const struct tokenizer *tok, int32_t id, float logprob)
+{
+    size_t len = 0;
+    const uint8_t *b = tokenizer_token_bytes(tok, id, &len);
+    if (!b) { /* special tokens: their text */
+        const char *str = tokenizer_token_str(tok, id, &len);
+        b = (const uint8_t *)(str ? str : "");
+        len = str ? len : 0;
+    }
+    json_t *bytes = json_array();
+    for (size_t i = 0; bytes && i < len; i++)
+        if (json_array_append_new(bytes, json_integer(b[i]))) {
+            json_decref(bytes);
+            bytes = NULL;
+        }
+    json_t *t = json_stringn((const char *)b, len);
+    if (!t) { /* part of a UTF-8 sequence: the bytes say exactly what it is */
+        char *fixed = xmalloc(len * 3 + 1, 1);
+        size_t o = 0;
+        for (size_t i = 0; fixed && i < len; i++) {
+            if (b[i] < 0x80) {
+                fixed[o++] = (char)b[i];
+            } else {
+                memcpy(fixed + o, "\xef\xbf\xbd", 3);
+                o += 3;
+            }
+        }
+        t = fixed ? json_stringn(fixed, o) : NULL;
+        xfree(fixed);
+    }
+    json_t *v = t && bytes ? json_pack("{s:o,s:f,s:o}", "token", t, "logprob", (double)logprob, "bytes", bytes)
+                           : NULL;
+    if (!v) {
+        json_decref(t);
+        json_decref(bytes);
+    }
+    return v;
+}
+
+bool oai_attach_logprobs(char **json, const struct oai_token_logprob *v, int n,
+                         const struct tokenizer *tok)
+{
+    json_error_t jerr;
+    json_t *root = *json ? json_loads(*json, 0, &jerr) : NULL;
+    json_t *choice = json_array_get(json_object_get(root, "choices"), 0), *content = json_array();
+    bool ok = choice && content;
+    for (int i = 0; ok && i < n; i++) {
+        json_t *one = token_lp_json(tok, v[i].id, v[i].logprob), *tops = json_array();
+        for (int k = 0; one && tops && k < v[i].n_top; k++) {
+            json_t *alt = token_lp_json(tok, v[i].top_id[k], v[i].top_lp[k]);
+            if (!alt || json_array_append_new(tops, alt)) {
+                json_decref(tops);
+                tops = NULL;
+            }
+        }
+        if (!one || !tops) {
+            json_decref(one);
+            json_decref(tops);
+            ok = false;
+            break;
+        }
+        /* both calls take their argument's reference, also when they fail */
+        ok = !json_object_set_new(one, "top_logprobs", tops) ? !json_array_append_new(content, one)
+                                                              : (json_decref(one), false);
+    }
+    char *out = NULL;
+    if (ok && !json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", content)))
+        out = dump(json_incref(root));
+    json_decref(content);
+    json_decref(root);
+    if (!out)
+        return false;
+    xfree(*json);
+    *json = out;
+    return true;
 }

@@ -8,7 +8,8 @@
  * string), max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop
  * (a string or up to TEXTGEN_MAX_STOP strings), n (1 only), stream, stream_options.
  * include_usage, presence_penalty, frequency_penalty (mapped to the repeat penalty window),
- * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking.
+ * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking,
+ * logprobs + top_logprobs (chat; 0..OAI_TOP_LOGPROBS_MAX alternatives per token).
  * With tools, an answer holding <tool_call> blocks is returned as message.tool_calls with
  * finish_reason "tool_calls" (tool_calls.h). Unknown fields are ignored, as OpenAI does;
  * a known field of the wrong type or out of range is a 400 naming it in "param".
@@ -53,6 +54,7 @@ struct oai_request {
     char *stops[TEXTGEN_MAX_STOP]; /* xmalloc'd, NULL-terminated when fewer */
     bool stream, include_usage;
     bool tools; /* the request offers tools (and tool_choice is not "none") */
+    int32_t logprobs; /* 0: none; else 1 + top_logprobs */
 };
 
 /* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
@@ -89,6 +91,26 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
  * stream_options.include_usage (empty choices). xmalloc'd JSON. */
 char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, bool role,
                      const char *finish, const struct oai_usage *usage);
+
+#define OAI_TOP_LOGPROBS_MAX 20
+
+/* One generated token's log-probability under the model (log-softmax of its logits) and the
+ * n_top most likely tokens at that step, most likely first. */
+struct oai_token_logprob {
+    int32_t id;
+    float logprob;
+    int32_t n_top;
+    int32_t top_id[OAI_TOP_LOGPROBS_MAX];
+    float top_lp[OAI_TOP_LOGPROBS_MAX];
+};
+
+struct tokenizer;
+/* Sets choices[0].logprobs of a response or chunk (*json: xmalloc'd, replaced) to
+ * {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]} for v[0..n). A token
+ * whose bytes are not whole UTF-8 shows them replaced in "token" and exact in "bytes".
+ * false: out of memory (*json unchanged). */
+bool oai_attach_logprobs(char **json, const struct oai_token_logprob *v, int n,
+                         const struct tokenizer *tok);
 
 struct tool_calls;
 /* The stream chunk carrying every tool call at once (delta.tool_calls with index, id, type,

@@ -8,8 +8,11 @@
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "server/scheduler.h"
 
+#include <math.h>
+
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -91,6 +94,7 @@ void job_release(struct job *j)
     xfree(j->out);
     xfree(j->answer);
     xfree(j->chat_json);
+    xfree(j->lp);
     xfree(j);
 }
 
@@ -401,7 +405,51 @@ static qwenrt_status slot_prefill(struct sched *s, struct slot *sl, struct qwenr
     return QWENRT_OK;
 }
 
-/* Samples one token, emits its text, feeds it back unless generation ends here. */
+/* Records the log-probability of token id under logits (log-softmax, in double) and the
+ * job's number of most likely alternatives. false: out of memory. */
+static bool job_add_logprob(struct job *j, const float *logits, int32_t V, int32_t id)
+{
+    struct oai_token_logprob e;
+    memset(&e, 0, sizeof(e));
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < V; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    for (int32_t i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    e.id = id;
+    e.logprob = (float)(logits[id] - lse);
+    /* the most likely tokens in one pass: a sorted list of at most top entries (the first
+     * maximum wins ties, as argmax does) */
+    int32_t top = j->logprobs - 1;
+    for (int32_t i = 0; i < V && top > 0; i++) {
+        float v = logits[i];
+        if (v != v || (e.n_top == top && v <= logits[e.top_id[e.n_top - 1]]))
+            continue;
+        int32_t at = e.n_top < top ? e.n_top++ : top - 1;
+        while (at > 0 && logits[e.top_id[at - 1]] < v) {
+            e.top_id[at] = e.top_id[at - 1];
+            at--;
+        }
+        e.top_id[at] = i;
+    }
+    for (int32_t k = 0; k < e.n_top; k++)
+        e.top_lp[k] = (float)(logits[e.top_id[k]] - lse);
+    pthread_mutex_lock(&j->mu);
+    bool ok = true;
+    if (j->n_lp == j->cap_lp) {
+        int32_t cap = j->cap_lp ? 2 * j->cap_lp : 64;
+        struct oai_token_logprob *p = xrealloc(j->lp, (size_t)cap, sizeof(*p));
+        if (p)
+            j->lp = p, j->cap_lp = cap;
+        ok = p != NULL;
+    }
+    if (ok)
+        j->lp[j->n_lp++] = e;
+    pthread_mutex_unlock(&j->mu);
+    return ok;
+}
+
 /* Samples one token and emits its text. Returns true when generation goes on: the token must
  * then be fed to the session (*id), which the loop does for all such slots in one batch. */
 static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
@@ -422,6 +470,10 @@ static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
         return false;
     }
     qwenrt_sampler_accept(sl->smp, id);
+    if (j->logprobs && !job_add_logprob(j, qwenrt_session_logits(sl->sess), s->n_vocab, id)) {
+        slot_free_job(s, sl, JOB_ERROR, "out of memory for logprobs");
+        return false;
+    }
     bool stopped = false, cancelled = false;
     size_t len;
     /* ids past the tokenizer's vocabulary (the model's padding rows) have no text */

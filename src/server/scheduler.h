@@ -32,6 +32,7 @@
 
 #include "qwenrt.h"
 #include "server/metrics.h"
+#include "server/openai.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/textgen.h"
@@ -56,6 +57,7 @@ struct job {
                              prepare the next turn's prefix (see below); NULL otherwise. Owned */
     enum chat_format fmt; /* the template chat_json renders with */
     double t_arrival;     /* time_now_s() when the request arrived */
+    int32_t logprobs;     /* 0: none; else 1 + top alternatives to record per token */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -71,6 +73,8 @@ struct job {
     int32_t n_cached;       /* of which restored from the prompt cache */
     int32_t n_gen;          /* tokens generated */
     double t_slot, t_first; /* got a slot; first token (0 = not yet) */
+    struct oai_token_logprob *lp; /* logprobs: one per generated token (not EOS) */
+    int32_t n_lp, cap_lp;
     char error[512];        /* finish == JOB_ERROR */
 };
 
