@@ -165,3 +165,20 @@ struct qwenrt_session *cli_new_session(struct qwenrt_model *m, const struct cli_
     }
     return s;
 }
+
+int cli_run_opt(const struct cli_run_opts *o, int c, const char *arg)
+{
+    switch (c) {
+    case 'm': return o->model ? (*o->model = arg, 1) : 0;
+    case 'b': return o->backend ? (*o->backend = arg, 1) : 0;
+    case 'P': return o->profile ? (*o->profile = arg, 1) : 0;
+    case 'd': return o->profiles_dir ? (*o->profiles_dir = arg, 1) : 0;
+    case 'p': return !o->n_prompt ? 0 : cli_parse_int_arg("-p", arg, 1, 1 << 20, o->n_prompt) ? 1 : -1;
+    case 'n': return !o->n_gen ? 0 : cli_parse_int_arg("-n", arg, 0, 1 << 20, o->n_gen) ? 1 : -1;
+    case 't': return !o->n_threads ? 0 : cli_parse_int_arg("--threads", arg, 0, 1024, o->n_threads) ? 1 : -1;
+    case 'w': return !o->warmup ? 0 : cli_parse_int_arg("--warmup", arg, 0, 10000, o->warmup) ? 1 : -1;
+    case 'r': return !o->trials ? 0 : cli_parse_int_arg("--trials", arg, 1, 10000, o->trials) ? 1 : -1;
+    case 's': return !o->seed ? 0 : cli_parse_u64("--seed", arg, o->seed) ? 1 : -1;
+    default: return 0;
+    }
+}

@@ -35,6 +35,20 @@ bool cli_parse_int_arg(const char *opt, const char *s, int lo, int hi, int *out)
 /* A non-negative 64-bit integer (seeds); false with a message naming opt otherwise. */
 bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 
+/* The options bench, validate and calibrate share, as getopt letters: -m model, -b backend,
+ * -P profile, -p prompt tokens, -n generated tokens, -t threads, -s seed, -d profiles dir,
+ * -w warmup, -r trials. A NULL field means the command has no such option (it may use the
+ * letter itself, handled before this). */
+struct cli_run_opts {
+    const char **model, **backend, **profile, **profiles_dir;
+    int *n_prompt, *n_gen, *n_threads, *warmup, *trials;
+    uint64_t *seed;
+};
+
+/* Handles getopt result c with arg: 1 when it is a shared option (value stored), 0 when it is
+ * not, -1 on a bad value (message printed, naming the option). */
+int cli_run_opt(const struct cli_run_opts *o, int c, const char *arg);
+
 /* Parses "1,2,3" into a new array (free with free()); false with a message on bad input. */
 bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n);
 

@@ -44,34 +44,17 @@ int cmd_calibrate(int argc, char **argv)
     const char *out = NULL;
     int c;
     optind = 1;
+    const struct cli_run_opts ro = {.model = &p.model_path, .backend = &p.backend,
+                                    .profiles_dir = &p.profiles_dir, .n_prompt = &p.n_prompt,
+                                    .n_gen = &p.n_gen, .n_threads = &p.n_threads,
+                                    .warmup = &p.warmup, .trials = &p.trials};
     while ((c = getopt_long(argc, argv, "m:p:n:o:h", opts, NULL)) != -1) {
+        int shared = cli_run_opt(&ro, c, optarg);
+        if (shared < 0)
+            return 2;
+        if (shared)
+            continue;
         switch (c) {
-        case 'm':
-            p.model_path = optarg;
-            break;
-        case 'b':
-            p.backend = optarg;
-            break;
-        case 't':
-            if (!cli_parse_int_arg("--threads", optarg, 0, 1024, &p.n_threads))
-                return 2;
-            break;
-        case 'p':
-            if (!cli_parse_int_arg("-p", optarg, 1, 1 << 20, &p.n_prompt))
-                return 2;
-            break;
-        case 'n':
-            if (!cli_parse_int_arg("-n", optarg, 0, 1 << 20, &p.n_gen))
-                return 2;
-            break;
-        case 'w':
-            if (!cli_parse_int_arg("--warmup", optarg, 0, 10000, &p.warmup))
-                return 2;
-            break;
-        case 'r':
-            if (!cli_parse_int_arg("--trials", optarg, 1, 10000, &p.trials))
-                return 2;
-            break;
         case 'o':
             p.out_profile = optarg;
             break;
@@ -80,9 +63,6 @@ int cmd_calibrate(int argc, char **argv)
             break;
         case 'O':
             out = optarg;
-            break;
-        case 'd':
-            p.profiles_dir = optarg;
             break;
         case 'h':
             usage(stdout);

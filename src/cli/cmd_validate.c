@@ -76,44 +76,26 @@ int cmd_validate(int argc, char **argv)
     bool as_json = false;
     int c;
     optind = 1;
+    const struct cli_run_opts ro = {.model = &p.model_path, .backend = &p.backend,
+                                    .profile = &p.profile, .profiles_dir = &p.profiles_dir,
+                                    .n_prompt = &p.n_prompt, .n_gen = &p.n_gen,
+                                    .n_threads = &p.n_threads, .seed = &p.seed};
     while ((c = getopt_long(argc, argv, "m:p:n:t:o:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            p.model_path = optarg;
-            break;
-        case 'b':
-            p.backend = optarg;
-            break;
-        case 'P':
-            p.profile = optarg;
-            break;
-        case 'r':
+        if (c == 'r') { /* --reference here, not --trials */
             p.reference_file = optarg;
-            break;
-        case 'p':
-            if (!cli_parse_int_arg("-p", optarg, 1, 1 << 20, &p.n_prompt))
-                return 2;
-            break;
-        case 'n':
-            if (!cli_parse_int_arg("-n", optarg, 0, 1 << 20, &p.n_gen))
-                return 2;
-            break;
-        case 't':
-            if (!cli_parse_int_arg("--threads", optarg, 0, 1024, &p.n_threads))
-                return 2;
-            break;
-        case 's':
-            if (!cli_parse_u64("--seed", optarg, &p.seed))
-                return 2;
-            break;
+            continue;
+        }
+        int shared = cli_run_opt(&ro, c, optarg);
+        if (shared < 0)
+            return 2;
+        if (shared)
+            continue;
+        switch (c) {
         case 'o':
             out = optarg;
             break;
         case 'j':
             as_json = true;
-            break;
-        case 'd':
-            p.profiles_dir = optarg;
             break;
         case 'h':
             usage(stdout);
