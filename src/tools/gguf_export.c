@@ -234,10 +234,15 @@ static qwenrt_status build_tensor(const struct export_spec *spec, enum qr_dtype 
         goto out;
     }
     st = source(user, spec, f, err);
-    for (int64_t r = 0; !st && r < spec->ne1; r++)
-        if (!quant_quantize_row(dtype, f + r * spec->ne0, q + (size_t)r * row_bytes, spec->ne0))
-            st = err_set(err, QWENRT_ERR_UNSUPPORTED, "tensor '%s': cannot quantise to %s", spec->name,
-                         dtype_traits(dtype)->name);
+    /* rows are independent: quantised in parallel, the bytes do not depend on the threads */
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic, 64) reduction(| : bad) if (!st && spec->ne1 >= 256)
+    for (int64_t r = 0; r < spec->ne1; r++)
+        if (!st && !quant_quantize_row(dtype, f + r * spec->ne0, q + (size_t)r * row_bytes, spec->ne0))
+            bad |= 1;
+    if (!st && bad)
+        st = err_set(err, QWENRT_ERR_UNSUPPORTED, "tensor '%s': cannot quantise to %s", spec->name,
+                     dtype_traits(dtype)->name);
 out:
     xfree(f);
     if (st) {
