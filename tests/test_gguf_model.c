@@ -4,6 +4,7 @@
  * the GGUF writer and reader, llama.cpp's Qwen3.5 conventions: 1+w norms, ssm_a, squeezed conv,
  * tiled V heads with 2 key heads for 4 value heads); `synth` is deterministic and loads.
  */
+#include <omp.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -108,6 +109,31 @@ static void test_synth_deterministic(void **st)
     qwenrt_model_free(m);
 }
 
+/* quantised export: the rows are quantised in parallel; the bytes must not depend on the
+ * number of threads (Q4_K_M: Q4_K, Q6_K and the Q8_0 fallback, with the vocabulary rows of
+ * the embedding giving many parallel chunks) */
+static void test_export_threads_identical(void **st)
+{
+    (void)st;
+    struct model_hparams hp;
+    struct qwenrt_error err = {0};
+    char a[256], b[256], ha[SHA256_HEX_LEN], hb[SHA256_HEX_LEN];
+    assert_int_equal(synth_preset("qwen3-tiny", &hp, &err), QWENRT_OK);
+    hp.n_embd = 256, hp.n_ff = 768, hp.n_head = 4, hp.n_vocab = 4096;
+    snprintf(a, sizeof(a), "%s/t1.gguf", tmpdir);
+    snprintf(b, sizeof(b), "%s/t3.gguf", tmpdir);
+    struct export_params p = {.type = EXPORT_Q4_K_M, .tied = true};
+    int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    assert_int_equal(synth_write(a, &hp, 11, &p, &err), QWENRT_OK);
+    omp_set_num_threads(3);
+    assert_int_equal(synth_write(b, &hp, 11, &p, &err), QWENRT_OK);
+    omp_set_num_threads(before);
+    assert_int_equal(sha256_file_hex(a, ha, &err), QWENRT_OK);
+    assert_int_equal(sha256_file_hex(b, hb, &err), QWENRT_OK);
+    assert_string_equal(ha, hb);
+}
+
 /* unknown preset names are refused with the list of presets */
 static void test_synth_unknown_arch(void **st)
 {
@@ -127,6 +153,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_gguf_f16),
         cmocka_unit_test(test_qwen35_gguf_f16),
         cmocka_unit_test(test_synth_deterministic),
+        cmocka_unit_test(test_export_threads_identical),
         cmocka_unit_test(test_synth_unknown_arch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
