@@ -7,6 +7,7 @@
  */
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -81,6 +82,13 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, struct qwenrt_error *er
         st->ssm_len = (int64_t)hp->ssm_n_v_heads * hp->ssm_k_dim * hp->ssm_v_dim;
     }
     struct cuda_options opt = cuda_default_options();
+    /* QWENRT_CUDA_MEGA=off|on|auto: the decode megakernel's switch (default auto: on for
+     * quantised weights), for A/B runs and as a way out */
+    const char *mega = getenv("QWENRT_CUDA_MEGA");
+    if (mega && (!strcmp(mega, "off") || !strcmp(mega, "0")))
+        opt.mega = CUDA_MEGA_OFF;
+    else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
+        opt.mega = CUDA_MEGA_ON;
     return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
 }
 
