@@ -3,16 +3,23 @@
  * persistent kernel; see megakernel.cuh for the idea and the interface.
  *
  * Execution: one block of NT threads per multiprocessor, launched cooperatively (all blocks
- * resident). The kernel walks the phase list; in each phase the blocks split the work (GEMV
- * rows over all warps of the grid, attention and DeltaNet heads over blocks, elementwise ops
- * over all threads), then meet at a grid barrier (an arrival counter and a generation word,
- * release/acquire at GPU scope). Activations are read with ld.global.cg (L2, never a stale L1
- * line) because other blocks wrote them before the barrier; weights with the read-only path.
+ * resident). The kernel walks the phase list (copied to shared memory when it fits); in each
+ * phase the blocks split the work (each block a contiguous slice of every GEMV's rows over its
+ * warps, attention heads x key ranges and DeltaNet heads x state columns over blocks with the
+ * last arrival merging, elementwise ops over all threads), then meet at a grid barrier (a
+ * monotonic 64-bit arrival counter, release add / acquire polling at GPU scope). Activations
+ * are read with ld.global.cg (L2, never a stale L1 line) because other blocks wrote them
+ * before the barrier.
  *
  * Weights: each block streams its share of every GEMV (a contiguous row range per matrix)
  * through a ring of MK_STAGES shared-memory stages with cp.async.bulk copies completed on
  * mbarriers; thread 0 keeps the ring full across phase and token boundaries, so the copies of
  * the next phases are in flight while the block waits at a barrier or runs attention.
+ *
+ * Status (docs/perf-log.md): correct on every fixture and synth test; faster than the graph
+ * program for quantised weights, slower for float weights (per-phase work ~4-5 us where ~1 is
+ * expected: not explained yet), hence CUDA_MEGA_AUTO. cuda_session_profile_decode times
+ * every phase.
  *
  * Numerics follow the reference kernels (kernels_ref.c) as the per-op CUDA kernels do: f32
  * accumulation, RoPE angles in double, online softmax, quantised weights dequantised with
