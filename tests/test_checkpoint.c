@@ -20,36 +20,8 @@
 
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
 
-struct fixture {
-    struct safetensors_file ref;
-    const int32_t *prompt, *gen;
-    int32_t T, G, V;
-    const float *dlog; /* [G][V] transformers logits after the prompt and each generated id */
-    struct qwenrt_model *m;
-};
 
-static void fixture_open(struct fixture *f, const char *dir)
-{
-    char path[512];
-    struct qwenrt_error err = {0};
-    snprintf(path, sizeof(path), "%s/reference.safetensors", dir);
-    assert_int_equal(safetensors_open(&f->ref, path, &err), QWENRT_OK);
-    const struct qr_tensor *p = ref_tensor(&f->ref, "prompt_ids"),
-                           *g = ref_tensor(&f->ref, "generated_ids");
-    const struct qr_tensor *d = ref_tensor(&f->ref, "decode_logits");
-    f->prompt = p->data, f->gen = g->data, f->dlog = d->data;
-    f->T = (int32_t)p->ne[0], f->G = (int32_t)g->ne[0], f->V = (int32_t)d->ne[0];
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.n_threads = 2;
-    if (qwenrt_model_load(dir, &mp, &f->m, &err) != QWENRT_OK)
-        fail_msg("load %s: %s", dir, err.message);
-}
 
-static void fixture_close(struct fixture *f)
-{
-    qwenrt_model_free(f->m);
-    safetensors_close(&f->ref);
-}
 
 static struct qwenrt_session *new_session(struct qwenrt_model *m, int32_t n_ctx)
 {
@@ -64,7 +36,7 @@ static struct qwenrt_session *new_session(struct qwenrt_model *m, int32_t n_ctx)
 /* From a session holding prompt[0..cut): the rest of the prompt in one piece, then the greedy
  * ids; out receives [1 + G - 1][V] logits (after the prompt, after each generated id but the
  * last). */
-static void continue_chat(const struct fixture *f, struct qwenrt_session *s, int32_t cut,
+static void continue_chat(const struct ref_fixture *f, struct qwenrt_session *s, int32_t cut,
                           float *out)
 {
     struct qwenrt_error err = {0};
@@ -86,8 +58,8 @@ static void make_tmpdir(char *dir, size_t n)
 
 static void round_trip(const char *fixture_dir, int32_t cut)
 {
-    struct fixture f;
-    fixture_open(&f, fixture_dir);
+    struct ref_fixture f;
+    ref_fixture_open(&f, fixture_dir, 2);
     struct qwenrt_error err = {0};
     size_t n_out = (size_t)f.G * f.V;
     float *orig = malloc(n_out * sizeof(float)), *again = malloc(n_out * sizeof(float));
@@ -144,7 +116,7 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     qwenrt_session_free(b);
     qwenrt_session_free(a);
     free(orig), free(again), free(at_cut);
-    fixture_close(&f);
+    ref_fixture_close(&f);
 }
 
 static void test_qwen35_round_trip(void **st)
@@ -200,10 +172,10 @@ static void expect_refused(const struct qwenrt_model *m, const char *path, qwenr
 static void test_refusals(void **st)
 {
     (void)st;
-    struct fixture f, g, q3;
-    fixture_open(&f, "tests/data/qwen35-tiny-f32");
-    fixture_open(&g, "tests/data/qwen35-tiny-bf16"); /* same geometry, other weights */
-    fixture_open(&q3, "tests/data/qwen3-tiny-f32");
+    struct ref_fixture f, g, q3;
+    ref_fixture_open(&f, "tests/data/qwen35-tiny-f32", 2);
+    ref_fixture_open(&g, "tests/data/qwen35-tiny-bf16", 2); /* same geometry, other weights */
+    ref_fixture_open(&q3, "tests/data/qwen3-tiny-f32", 2);
     struct qwenrt_error err = {0};
     struct qwenrt_session *a = new_session(f.m, 0);
     assert_int_equal(qwenrt_session_prefill(a, f.prompt, 40, NULL, &err), QWENRT_OK);
@@ -290,9 +262,9 @@ static void test_refusals(void **st)
     qwenrt_session_free(small);
     qwenrt_session_free(other);
     qwenrt_session_free(a);
-    fixture_close(&q3);
-    fixture_close(&g);
-    fixture_close(&f);
+    ref_fixture_close(&q3);
+    ref_fixture_close(&g);
+    ref_fixture_close(&f);
 }
 
 int main(void)

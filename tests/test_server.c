@@ -194,13 +194,6 @@ static void test_response_shapes(void **state)
 
 /* ------------------------------------------------------------------ prompt cache */
 
-struct fixture {
-    struct safetensors_file ref;
-    const int32_t *prompt, *gen;
-    int32_t T, G, V;
-    const float *dlog; /* [G][V] transformers logits after the prompt and each generated id */
-    struct qwenrt_model *m;
-};
 
 static struct qwenrt_session *new_session(struct qwenrt_model *m)
 {
@@ -214,7 +207,7 @@ static struct qwenrt_session *new_session(struct qwenrt_model *m)
 
 /* From a session holding prompt[0..cut): the rest of the prompt, then the greedy ids; out
  * receives [G][V] logits. */
-static void continue_run(const struct fixture *f, struct qwenrt_session *s, int32_t cut, float *out)
+static void continue_run(const struct ref_fixture *f, struct qwenrt_session *s, int32_t cut, float *out)
 {
     struct qwenrt_error err = {0};
     assert_int_equal(qwenrt_session_n_past(s), cut);
@@ -230,22 +223,10 @@ static void continue_run(const struct fixture *f, struct qwenrt_session *s, int3
 static void test_prompt_cache_qwen35(void **state)
 {
     (void)state;
-    struct fixture f = {0};
+    struct ref_fixture f = {0};
     struct qwenrt_error err = {0};
-    const char *dir = "tests/data/qwen35-tiny-f32";
-    assert_int_equal(
-        safetensors_open(&f.ref, "tests/data/qwen35-tiny-f32/reference.safetensors", &err),
-        QWENRT_OK);
-    const struct qr_tensor *p = ref_tensor(&f.ref, "prompt_ids"),
-                           *g = ref_tensor(&f.ref, "generated_ids"),
-                           *d = ref_tensor(&f.ref, "decode_logits");
-    f.prompt = p->data, f.gen = g->data, f.dlog = d->data;
-    f.T = (int32_t)p->ne[0], f.G = (int32_t)g->ne[0], f.V = (int32_t)d->ne[0];
+    ref_fixture_open(&f, "tests/data/qwen35-tiny-f32", 1);
     assert_true(f.T >= 4);
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.n_threads = 1;
-    if (qwenrt_model_load(dir, &mp, &f.m, &err))
-        fail_msg("load: %s", err.message);
 
     /* the reference: one fresh session */
     float *fresh = xmalloc((size_t)f.G * f.V, sizeof(float));
@@ -312,8 +293,7 @@ static void test_prompt_cache_qwen35(void **state)
     xfree(got);
     qwenrt_session_free(s);
     qwenrt_session_free(s2);
-    qwenrt_model_free(f.m);
-    safetensors_close(&f.ref);
+    ref_fixture_close(&f);
 }
 
 static void test_metrics_text(void **state)

@@ -24,32 +24,9 @@
 #define BATCH_REL_TOL 5e-5
 #define N_SEQ 3
 
-struct fixture {
-    struct safetensors_file ref;
-    const int32_t *prompt, *gen;
-    int32_t T, G, V;
-    const float *dlog; /* [G][V] transformers logits after the prompt and each generated id */
-    struct qwenrt_model *m;
-};
 
-static void fixture_open(struct fixture *f, const char *dir)
-{
-    char path[512];
-    struct qwenrt_error err = {0};
-    snprintf(path, sizeof(path), "%s/reference.safetensors", dir);
-    assert_int_equal(safetensors_open(&f->ref, path, &err), QWENRT_OK);
-    const struct qr_tensor *p = ref_tensor(&f->ref, "prompt_ids"),
-                           *g = ref_tensor(&f->ref, "generated_ids"),
-                           *d = ref_tensor(&f->ref, "decode_logits");
-    f->prompt = p->data, f->gen = g->data, f->dlog = d->data;
-    f->T = (int32_t)p->ne[0], f->G = (int32_t)g->ne[0], f->V = (int32_t)d->ne[0];
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.n_threads = 2;
-    if (qwenrt_model_load(dir, &mp, &f->m, &err) != QWENRT_OK)
-        fail_msg("load %s: %s", dir, err.message);
-}
 
-static struct qwenrt_session *session_with(struct fixture *f, int32_t n_prompt, int32_t n_ctx)
+static struct qwenrt_session *session_with(struct ref_fixture *f, int32_t n_prompt, int32_t n_ctx)
 {
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = n_ctx;
@@ -62,9 +39,9 @@ static struct qwenrt_session *session_with(struct fixture *f, int32_t n_prompt, 
 
 static void run_fixture(const char *dir)
 {
-    struct fixture f = {0};
+    struct ref_fixture f = {0};
     struct qwenrt_error err = {0};
-    fixture_open(&f, dir);
+    ref_fixture_open(&f, dir, 2);
     int32_t lens[N_SEQ] = {f.T, f.T - 1, f.T / 2};
     struct qwenrt_session *b[N_SEQ], *alone[N_SEQ];
     for (int i = 0; i < N_SEQ; i++) {
@@ -118,8 +95,7 @@ static void run_fixture(const char *dir)
         qwenrt_session_free(b[i]);
         qwenrt_session_free(alone[i]);
     }
-    qwenrt_model_free(f.m);
-    safetensors_close(&f.ref);
+    ref_fixture_close(&f);
 }
 
 static void test_batch_qwen3(void **state)

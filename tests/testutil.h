@@ -1,6 +1,6 @@
 /*
  * testutil.h — helpers shared by the C tests: cmocka includes, relative error, reading
- * reference tensors from a fixture's reference.safetensors.
+ * reference tensors from a fixture's reference.safetensors, a fixture opened with its model.
  */
 #ifndef QWENRT_TESTUTIL_H
 #define QWENRT_TESTUTIL_H
@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "format/safetensors.h"
+#include "qwenrt.h"
 
 /* ||a - b|| / ||b|| over n floats */
 static inline double rel_err(const float *a, const float *b, size_t n)
@@ -45,6 +46,40 @@ static inline const struct qr_tensor *ref_tensor(const struct safetensors_file *
     if (!t)
         fail_msg("reference tensor '%s' missing", name);
     return t;
+}
+
+/* A fixture directory opened with its transformers reference (prompt, greedy ids, the
+ * decode logits after the prompt and each generated id) and its model loaded. */
+struct ref_fixture {
+    struct safetensors_file ref;
+    const int32_t *prompt, *gen;
+    int32_t T, G, V;
+    const float *dlog; /* [G][V] */
+    struct qwenrt_model *m;
+};
+
+static inline void ref_fixture_open(struct ref_fixture *f, const char *dir, int n_threads)
+{
+    char path[512];
+    struct qwenrt_error err = {0};
+    snprintf(path, sizeof(path), "%s/reference.safetensors", dir);
+    if (safetensors_open(&f->ref, path, &err) != QWENRT_OK)
+        fail_msg("%s: %s", path, err.message);
+    const struct qr_tensor *p = ref_tensor(&f->ref, "prompt_ids"),
+                           *g = ref_tensor(&f->ref, "generated_ids"),
+                           *d = ref_tensor(&f->ref, "decode_logits");
+    f->prompt = p->data, f->gen = g->data, f->dlog = d->data;
+    f->T = (int32_t)p->ne[0], f->G = (int32_t)g->ne[0], f->V = (int32_t)d->ne[0];
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.n_threads = n_threads;
+    if (qwenrt_model_load(dir, &mp, &f->m, &err) != QWENRT_OK)
+        fail_msg("load %s: %s", dir, err.message);
+}
+
+static inline void ref_fixture_close(struct ref_fixture *f)
+{
+    qwenrt_model_free(f->m);
+    safetensors_close(&f->ref);
 }
 
 #endif
