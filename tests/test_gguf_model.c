@@ -20,16 +20,13 @@ static char tmpdir[64];
 static int setup(void **st)
 {
     (void)st;
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/qwenrt-gguf-model-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "gguf-model");
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    return system(cmd);
+    return test_tmpdir_remove(tmpdir);
 }
 
 /* Converts fixture `dir` to GGUF of `type`, loads it, compares logits with the reference. */

@@ -18,16 +18,13 @@ static char tmpdir[64];
 static int setup(void **st)
 {
     (void)st;
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/qwenrt-model-errors-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "model-errors");
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-    return system(cmd);
+    return test_tmpdir_remove(tmpdir);
 }
 
 static void write_file(const char *path, const char *text)

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -46,6 +47,21 @@ static inline const struct qr_tensor *ref_tensor(const struct safetensors_file *
     if (!t)
         fail_msg("reference tensor '%s' missing", name);
     return t;
+}
+
+/* A fresh directory /tmp/qwenrt-<tag>-XXXXXX in buf (for a test group's setup): 0 or -1. */
+static inline int test_tmpdir_make(char *buf, size_t len, const char *tag)
+{
+    snprintf(buf, len, "/tmp/qwenrt-%s-XXXXXX", tag);
+    return mkdtemp(buf) ? 0 : -1;
+}
+
+/* Removes a directory made by test_tmpdir_make and everything in it: 0 or -1. */
+static inline int test_tmpdir_remove(const char *dir)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
 }
 
 /* A fixture directory opened with its transformers reference (prompt, greedy ids, the
