@@ -3,19 +3,21 @@
  * src/tools/synth.c), run by hand on a GPU machine (bench/cuda_bench.sh):
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
- *              [--reps 5] [--json OUT.json]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--no-validate]
  *
- * 1. Validation first (no timing for a path that fails): a short prompt through the CPU
- *    backend (reference DeltaNet and quantised matmul kernels, f32 activations) and through CUDA (op by op, and the fused graph decode), logits of every
- *    position and of 4 greedy steps compared (relative error, argmax).
+ * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
+ *    attention) and 4 greedy steps through the CPU backend (reference DeltaNet, f32-activation
+ *    quantised kernels) and through CUDA, twice: QWENRT_PRECISION_EXACT (logits within 1e-2,
+ *    same argmax) and the default bf16 prompt products (within 3e-2; an argmax may differ only
+ *    where the reference's top two are closer than the error explains).
  * 2. Prefill: n_prompt tokens from an empty context, wall time around cuda_session_run (which
- *    synchronises), median of reps.
+ *    synchronises), median of reps: default (bf16 products) and exact, each with a per-op
+ *    profile; prefill switches turned off alone (in exact mode) and all together.
  * 3. Decode: n_gen greedy steps from position 0 on the GPU (cuda_session_generate, ids read
  *    back every 32), median of reps, for: the megakernel (256 and 512 threads, with a
- *    per-phase profile at positions 0 and 512), graph+fused (with and without PDL), graph
- *    unfused, no graph; plus the per-token API path (one cuda_session_run per token, logits
- *    copied to the host). Prefill switches are turned off alone (gemm_cache, attn_tiled,
- *    gdn_par, gemm_stack3) and all together to show what each is worth.
+ *    per-phase profile at positions 0 and 512), graph+fused (with and without split-K decode
+ *    attention, with PDL; per-step profiles at positions 0 and 512), graph unfused, no graph; plus the per-token API path (one cuda_session_run per token, logits copied to the
+ *    host). The headline tg is the default path (megakernel for quantised weights).
  * 4. --gemv: first, single GEMVs of the model's BF16 shapes timed in isolation (graph of 200
  *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
  *    gemv2, with and without PDL.
@@ -105,11 +107,27 @@ static const char *quant_ref_key(enum qr_dtype t)
     }
 }
 
-#define VAL_T 7
+#define VAL_T 40 /* > 16: the prompt goes through the GEMMs and the GEMM attention */
 #define VAL_STEPS 4
 
-/* CPU vs CUDA on a short prompt; returns the worst relative error (or -1 on failure). */
-static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok)
+/* Same argmax in b as in the reference a, or a reference margin (top two) within 4 rms of the
+ * difference: a flip the error itself explains (fast products on random weights). */
+static int argmax_agrees(const float *b, const float *a, int32_t V, int strict)
+{
+    int32_t ia = argmax(a, V), ib = argmax(b, V);
+    if (ia == ib)
+        return 1;
+    if (strict)
+        return 0;
+    double d2 = 0;
+    for (int32_t v = 0; v < V; v++)
+        d2 += ((double)b[v] - a[v]) * ((double)b[v] - a[v]);
+    return a[ia] - a[ib] <= 4 * sqrt(d2 / V);
+}
+
+/* CPU vs CUDA (session precision as given) on a prompt and greedy steps; returns the worst
+ * relative error (or -1 on failure). */
+static double validate(const char *path, struct qwenrt_model *gm, int32_t precision, int *argmax_ok)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_model *cm = NULL;
@@ -126,17 +144,26 @@ static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok
                 cm->plans[ph].ops[i].kernel = quant_ref_key(cm->plans[ph].ops[i].w->dtype);
             else if (cm->plans[ph].ops[i].kind == OP_LOGITS && !dtype_is_float(cm->plans[ph].ops[i].w->dtype))
                 cm->plans[ph].ops[i].kernel = "logits.exact"; /* f32 x, as CUDA computes it */
-    int32_t V = cm->hp.n_vocab, ids[VAL_T] = {9, 1000, 42, 77777 % V, 5, 123, 31337 % V};
+    int32_t V = cm->hp.n_vocab, ids[VAL_T];
+    for (int32_t t = 0; t < VAL_T; t++)
+        ids[t] = (int32_t)(((int64_t)t * 77773 + 9) % V);
     struct qwenrt_session *cpu = NULL, *gpu = NULL;
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = 64;
+    int strict = precision == QWENRT_PRECISION_EXACT;
     float *a = malloc((size_t)VAL_T * V * 4), *b = malloc((size_t)VAL_T * V * 4);
     double worst = 0;
     *argmax_ok = 1;
     struct layer_dumps dc, dg;
     memset(&dc, 0, sizeof(dc));
     memset(&dg, 0, sizeof(dg));
-    if (qwenrt_session_init(cm, &sp, &cpu, &err) || qwenrt_session_init(gm, &sp, &gpu, &err)) {
+    if (qwenrt_session_init(cm, &sp, &cpu, &err)) {
+        fprintf(stderr, "validate: %s\n", err.message);
+        worst = -1;
+        goto out;
+    }
+    sp.precision = precision;
+    if (qwenrt_session_init(gm, &sp, &gpu, &err)) {
         fprintf(stderr, "validate: %s\n", err.message);
         worst = -1;
         goto out;
@@ -162,9 +189,10 @@ static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok
     for (int32_t t = 0; t < VAL_T; t++) {
         double e = rel_err(b + (size_t)t * V, a + (size_t)t * V, (size_t)V);
         worst = e > worst ? e : worst;
-        *argmax_ok &= argmax(b + (size_t)t * V, V) == argmax(a + (size_t)t * V, V);
+        *argmax_ok &= argmax_agrees(b + (size_t)t * V, a + (size_t)t * V, V, strict);
     }
-    printf("validate prefill (%d tokens): worst logits rel err %.3g\n", VAL_T, worst);
+    printf("validate %s prefill (%d tokens): worst logits rel err %.3g\n",
+           strict ? "exact" : "default", VAL_T, worst);
     for (int s = 0; s < VAL_STEPS; s++) {
         int32_t id = argmax(qwenrt_session_logits(cpu), V);
         if (qwenrt_session_decode(cpu, id, &err) || qwenrt_session_decode(gpu, id, &err)) {
@@ -175,7 +203,7 @@ static double validate(const char *path, struct qwenrt_model *gm, int *argmax_ok
         double e = rel_err(qwenrt_session_logits(gpu), qwenrt_session_logits(cpu), (size_t)V);
         printf("validate decode step %d: logits rel err %.3g\n", s, e);
         worst = e > worst ? e : worst;
-        *argmax_ok &= argmax(qwenrt_session_logits(gpu), V) == argmax(qwenrt_session_logits(cpu), V);
+        *argmax_ok &= argmax_agrees(qwenrt_session_logits(gpu), qwenrt_session_logits(cpu), V, strict);
     }
 out:
     free(a);
@@ -190,14 +218,34 @@ struct variant {
     const char *name;
     bool graph, fuse, v2, pdl, mega;
     int32_t threads;
+    bool split;
     double tok_s;
 };
 
 struct pvariant {
     const char *name;
-    bool cache, tiled, par, stack, agemm;
+    bool cache, tiled, par, stack, agemm, fast;
     double tok_s;
 };
+
+/* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
+static int mega_steps(struct qwenrt_model *m, int32_t n)
+{
+    struct qwenrt_error err = {0};
+    struct cuda_options o = cuda_default_options();
+    o.mega = CUDA_MEGA_ON;
+    struct cuda_session *cs = NULL;
+    int32_t out[64];
+    if (n > 64 || cuda_session_init(m->plans, n + 8, &o, &cs, &err) ||
+        cuda_session_generate(cs, 5, 0, n, n, out, NULL, &err)) {
+        fprintf(stderr, "mega-only: %s\n", err.message);
+        cuda_session_free(cs);
+        return 1;
+    }
+    printf("mega-only: %d steps, last id %d\n", n, out[n - 1]);
+    cuda_session_free(cs);
+    return 0;
+}
 
 /* Single GEMVs of the model's shapes in isolation (BF16). */
 static void gemv_table(const struct model_hparams *hp)
@@ -229,7 +277,7 @@ static void gemv_table(const struct model_hparams *hp)
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL;
-    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, gemv = 0;
+    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, gemv = 0, mega_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
@@ -240,8 +288,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
+        else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F] [--gemv] [--mega-only] [--no-validate]\n", argv[0]);
             return 2;
         }
     }
@@ -276,14 +325,21 @@ int main(int argc, char **argv)
     cuda_device_describe(dev, sizeof(dev));
     if (gemv)
         gemv_table(&m->hp);
-    int argmax_ok = 1;
-    double verr = no_validate ? 0 : validate(path, m, &argmax_ok);
-    /* Gate: same argmax everywhere and logits within 1e-2. Random-weight Qwen3.5 models reach
-     * ~5e-3 against the CPU after a few decode steps (see docs/perf-log.md); the fixtures hold
-     * the 1e-4 tolerance (tests/test_cuda_backend.c). */
-    if (verr < 0 || verr > 1e-2 || !argmax_ok) {
-        fprintf(stderr, "validation failed (rel err %.3g, argmax %s): no timing\n", verr,
-                argmax_ok ? "same" : "differs");
+    if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
+        return mega_steps(m, 8);
+    int argmax_ok = 1, fast_argmax_ok = 1;
+    double verr = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_EXACT, &argmax_ok);
+    double verr_fast = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_DEFAULT, &fast_argmax_ok);
+    /* Gates. Exact: same argmax everywhere and logits within 1e-3 (Qwen3: 6e-6 measured);
+     * Qwen3.5 within 5e-2: its recurrence amplifies summation-order differences on random
+     * weights (2.0e-2 after 40 prompt tokens, hidden error growing ~1.3x per layer from 6e-6;
+     * docs/perf-log.md), while the fixtures hold 1e-4 against transformers
+     * (tests/test_cuda_backend.c). Default (bf16 prompt products, Qwen3 only): within 3e-2,
+     * argmax flips only where the error explains them. */
+    double exact_gate = m->hp.arch == ARCH_QWEN35 ? 5e-2 : 1e-3;
+    if (verr < 0 || verr > exact_gate || !argmax_ok || verr_fast < 0 || verr_fast > 3e-2 || !fast_argmax_ok) {
+        fprintf(stderr, "validation failed (exact: rel err %.3g, argmax %s; default: %.3g, %s): no timing\n",
+                verr, argmax_ok ? "same" : "differs", verr_fast, fast_argmax_ok ? "ok" : "differs");
         return 1;
     }
     int32_t V = m->hp.n_vocab, n_ctx = n_prompt + n_gen + 8;
@@ -296,18 +352,19 @@ int main(int argc, char **argv)
     /* prefill: every switch on, then each prefill switch off alone, then all off */
     struct cuda_options o;
     struct cuda_session *cs = NULL;
-    struct pvariant pv[] = {{"all on", true, true, true, true, true, 0},
-                            {"gemm_cache off", false, true, true, true, true, 0},
-                            {"attn_tiled off", true, false, true, true, false, 0},
-                            {"gdn_par off", true, true, false, true, true, 0},
-                            {"all five off", false, false, false, false, false, 0},
-                            {"gemm_stack3 off", true, true, true, false, true, 0},
-                            {"attn_gemm off", true, true, true, true, false, 0}};
+    /* the switches below the first two are measured in exact mode (their products) */
+    struct pvariant pv[] = {{"all on (bf16 products)", true, true, true, true, true, true, 0},
+                            {"exact (prefill_bf16 off)", true, true, true, true, true, false, 0},
+                            {"attn_tiled off", true, false, true, true, false, false, 0},
+                            {"gdn_par off", true, true, false, true, true, false, 0},
+                            {"all off", false, false, false, false, false, false, 0},
+                            {"gemm_stack3 off", true, true, true, false, true, false, 0},
+                            {"attn_gemm off", true, true, true, true, false, false, 0}};
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]); v++) {
         o = cuda_default_options();
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
-        o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm;
+        o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -323,10 +380,10 @@ int main(int argc, char **argv)
                 times[r] = time_now_s() - t0;
         }
         pv[v].tok_s = n_prompt / median(times, reps);
-        if (v == 0) {
+        if (v <= 1) {
             char rep[1024];
             if (!cuda_session_profile_prefill(cs, ids, n_prompt, rep, sizeof(rep), &err))
-                printf("%s\n", rep);
+                printf("%s: %s\n", pv[v].name, rep);
         }
         if (v == 0)
             pp_hash = fnv(logits, (size_t)V);
@@ -335,18 +392,20 @@ int main(int argc, char **argv)
     double pp = pv[0].tok_s;
 
     /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, 0},
-                           {"graph,unfused", true, false, true, false, false, 256, 0},
-                           {"nograph,fused", false, true, true, false, false, 256, 0},
-                           {"graph+fused", true, true, true, false, false, 256, 0},
-                           {"mega 512 thr", true, true, true, false, true, 512, 0},
-                           {"graph+fused, pdl", true, true, true, true, false, 256, 0}};
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0},
+                           {"graph,unfused", true, false, true, false, false, 256, true, 0},
+                           {"nograph,fused", false, true, true, false, false, 256, true, 0},
+                           {"graph+fused", true, true, true, false, false, 256, true, 0},
+                           {"mega 512 thr", true, true, true, false, true, 512, true, 0},
+                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0},
+                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0}};
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
         o = cuda_default_options();
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
         o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
+        o.attn_split = vs[v].split;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -354,7 +413,7 @@ int main(int argc, char **argv)
         const char *why = NULL;
         if (vs[v].mega && !cuda_session_uses_megakernel(cs, &why))
             printf("note: %s: megakernel not used: %s\n", vs[v].name, why);
-        if (vs[v].mega) {
+        if (vs[v].mega || v == 3 || v == 6) { /* the graph: its steps one by one */
             char rep[1024];
             for (int32_t at = 0; at <= 512; at += 512)
                 if (!cuda_session_profile_decode(cs, ids[0], at, 20, rep, sizeof(rep), &err))
@@ -382,6 +441,7 @@ int main(int argc, char **argv)
     /* per-token API path: one run per token, logits to the host each time */
     o = cuda_default_options();
     cuda_session_init(m->plans, n_ctx, &o, &cs, &err);
+    bool default_mega = cuda_session_uses_megakernel(cs, NULL);
     int32_t id = ids[0];
     for (int r = -1; r < reps; r++) {
         cuda_session_reset(cs, &err);
@@ -399,19 +459,20 @@ int main(int argc, char **argv)
     double api = n_gen / median(times, reps);
     cuda_session_free(cs);
 
-    double tg = vs[0].tok_s;
-    printf("\n| model | weights | pp%d tok/s | tg%d tok/s (megakernel) | graph unfused | no graph | per-token API | GB/s (tg) |\n",
-           n_prompt, n_gen);
+    /* the default decode path: the megakernel (quantised) or the graph with L2 prefetch */
+    double tg = default_mega ? vs[0].tok_s : vs[3].tok_s;
+    printf("\n| model | weights | pp%d tok/s | tg%d tok/s (default: %s) | graph unfused | no graph | per-token API | GB/s (tg) |\n",
+           n_prompt, n_gen, default_mega ? "megakernel" : "graph");
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
            vs[1].tok_s, vs[2].tok_s, api, tg * bytes / 1e9);
-    printf("\n| prefill pp%d | default | attn_gemm off | gemm_cache off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all five off |\n|---|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_prompt, arch, type, pv[0].tok_s, pv[6].tok_s, pv[1].tok_s, pv[2].tok_s, pv[3].tok_s,
+    printf("\n| prefill pp%d | default (bf16 products) | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_prompt, arch, type, pv[0].tok_s, pv[1].tok_s, pv[6].tok_s, pv[2].tok_s, pv[3].tok_s,
            pv[5].tok_s, pv[4].tok_s);
-    printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph+fused+pdl |\n|---|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[5].tok_s);
-    printf("device: %s; weight bytes %.3f GB; validation worst rel err %.3g; hashes pp %016llx tg %016llx\n",
-           dev, bytes / 1e9, verr, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
+    printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl |\n|---|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
+    printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
+           dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -419,14 +480,14 @@ int main(int argc, char **argv)
             fprintf(f, "  \"logits_hash_pp\": \"%016llx\",\n  \"logits_hash_tg\": \"%016llx\",\n",
                     (unsigned long long)pp_hash, (unsigned long long)tg_hash);
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
-            fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
-                    pp, api, tg, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_gemm_cache_off\": %.1f, \"pp_attn_tiled_off\": %.1f, \"pp_gdn_par_off\": %.1f, \"pp_all_five_off\": %.1f, \"pp_gemm_stack3_off\": %.1f, \"pp_attn_gemm_off\": %.1f, \"tg_graph_fused\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f},\n",
-                    pv[1].tok_s, pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, vs[3].tok_s, vs[4].tok_s, vs[5].tok_s);
-            fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/1\",\n  \"status\": \"ok\",\n");
+            fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
+                    pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f},\n",
+                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s);
+            fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
-            fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",
-                    verr, bytes, type);
+            fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",
+                    verr, verr_fast, bytes, type);
             fclose(f);
         }
     }

@@ -89,9 +89,19 @@ void qwenrt_model_get_info(const struct qwenrt_model *model, struct qwenrt_model
 
 struct qwenrt_session;
 
+/* How prompts are multiplied on the GPU. DEFAULT: for 16-bit and quantised weights the
+ * prompt's matrix products round activations to bf16 and run on tensor cores (the precision
+ * of llama.cpp and of PyTorch in bf16: logits within ~1e-2 relative of f32 arithmetic).
+ * EXACT: f32-accurate products (activations split into three bf16 terms), ~2-3x slower
+ * prompts. Decode is f32 either way; models with F32 weights and Qwen3.5 models (whose
+ * recurrence amplifies the rounding on random weights) are always exact; the CPU backend
+ * ignores it. */
+enum qwenrt_precision { QWENRT_PRECISION_DEFAULT = 0, QWENRT_PRECISION_EXACT = 1 };
+
 struct qwenrt_session_params {
     int32_t n_ctx;     /* maximum tokens the session holds; 0 = min(4096, n_ctx_train) */
     int n_threads;     /* 0 = the model's n_threads */
+    int32_t precision; /* enum qwenrt_precision */
 };
 
 struct qwenrt_session_params qwenrt_session_default_params(void);

@@ -34,6 +34,8 @@
 #define KV_REL_TOL 1e-4
 #define OP_REL_TOL 2e-5     /* one op, f32 both sides: only summation order differs */
 #define OP_GEMM_BF16_TOL 3e-5 /* bf16 weights, x split in two bf16 terms (~2^-17 each) */
+#define OP_ATTN_TF32_TOL 5e-3 /* attention products in TF32 (inputs rounded to 2^-11) */
+#define OP_GEMM_FAST_TOL 5e-3 /* x (and dequantised W) rounded to bf16: 2^-9 per element */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static float frand(void) /* uniform in [-1, 1) */
@@ -52,6 +54,7 @@ struct op_case {
     int n_tensors;
     float *vecs[4];
     int n_vecs;
+    enum qr_dtype logits_dt; /* the tail's logits weights (QR_F32 = 0: an exact model) */
 };
 
 static const struct qr_tensor *add_tensor(struct op_case *c, enum qr_dtype dt, int64_t K, int64_t N,
@@ -119,7 +122,7 @@ static void case_finish(struct op_case *c)
     struct plan_op *op = plan_add_op(&c->plan, OP_LOGITS, -1);
     op->out = c->plan.buf_logits;
     op->in = 0;
-    op->w = add_tensor(c, QR_F32, c->plan.bufs[0].width, 16, 1.0f);
+    op->w = add_tensor(c, c->logits_dt, c->plan.bufs[0].width, 16, 1.0f);
     assert_false(c->plan.failed);
 }
 
@@ -258,10 +261,15 @@ static void test_op_matmul(void **state)
         enum qr_dtype dt = mm_dtypes[d];
         int32_t K = dt == QR_Q4_K || dt == QR_Q6_K ? 512 : (dt == QR_Q8_0 ? 96 : 100);
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
-            for (int split = 0; split < 3; split++) { /* 2: split, three separate GEMMs */
+            /* split 0: f32 (dequantised W), 1: bf16x3 stacked, 2: three separate GEMMs,
+             * 3: the fast product (x and W in bf16; the model has no F32 matmul) */
+            for (int split = 0; split < 4; split++) {
+                if (split == 3 && (dt == QR_F32 || Ts[ti] <= 8))
+                    continue; /* F32 models are never fast; T <= 8 is the GEMV (always f32) */
                 struct op_case c;
                 int32_t widths[] = {K, 77};
                 case_start(&c, widths, 2, 1);
+                c.logits_dt = split == 3 ? QR_BF16 : QR_F32;
                 struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
                 op->out = 1, op->in = 0, op->w = add_tensor(&c, dt, K, 77, 0.5f), op->dump = "y";
                 char key[32]; /* the CUDA GEMVs keep x in f32: compare with the f32-activation ref */
@@ -270,11 +278,13 @@ static void test_op_matmul(void **state)
                 struct cuda_options o = cuda_default_options();
                 o.gemm_bf16x2 = split > 0;
                 o.gemm_stack3 = split == 1;
+                o.prefill_bf16 = split == 3;
                 char what[64];
                 snprintf(what, sizeof(what), "matmul.%s T=%d split=%d",
                          dtype_traits(dt)->name, Ts[ti], split);
-                run_case(&c, what, Ts[ti], 0,
-                         dt == QR_BF16 && split && Ts[ti] > 8 ? OP_GEMM_BF16_TOL : OP_REL_TOL, &o);
+                double tol = split == 3 ? OP_GEMM_FAST_TOL
+                             : dt == QR_BF16 && split && Ts[ti] > 8 ? OP_GEMM_BF16_TOL : OP_REL_TOL;
+                run_case(&c, what, Ts[ti], 0, tol, &o);
             }
         }
     }
@@ -345,14 +355,16 @@ static void test_op_elementwise(void **state)
 
 /* q/k norm + RoPE, attention, sigmoid gate: one attention layer, prefill then decode steps. */
 static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_rot, bool gated,
-                           int32_t T, int32_t steps, bool tiled)
+                           int32_t T, int32_t steps, int tiled)
 {
     struct cuda_options o = cuda_default_options();
-    o.attn_tiled = tiled;
+    o.attn_tiled = tiled == 1;
+    o.prefill_bf16 = tiled == 2;
     struct op_case c;
     int32_t qs = gated ? 2 * hd : hd;
     int32_t widths[] = {n_head * qs, n_kv * hd, n_kv * hd, n_head * hd};
     case_start(&c, widths, 4, 3);
+    c.logits_dt = tiled == 2 ? QR_BF16 : QR_F32; /* 2: a 16-bit model, TF32 products */
     struct plan_op *op = plan_add_op(&c.plan, OP_QK_NORM_ROPE, 0);
     op->out = 0, op->in = 1, op->eps = 1e-6f, op->n_head = n_head, op->n_head_kv = n_kv;
     op->head_dim = hd, op->n_rot = n_rot, op->q_stride = qs, op->rope_theta = 1e6f;
@@ -369,13 +381,15 @@ static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_r
     char what[96];
     snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d", hd,
              n_head, n_kv, n_rot, gated, tiled);
-    run_case(&c, what, T, steps, OP_REL_TOL, &o);
+    run_case(&c, what, T, steps, tiled == 2 ? OP_ATTN_TF32_TOL : OP_REL_TOL, &o);
 }
 
 static void test_op_attention(void **state)
 {
     (void)state;
-    for (int tiled = 0; tiled < 2; tiled++) { /* prefill: per-token kernel, then query tiles */
+    /* prefill: per-token kernel, query tiles, then the fast (TF32) GEMMs; T >= 16 takes the
+     * GEMM form whenever attn_gemm is on (the default) */
+    for (int tiled = 0; tiled < 3; tiled++) {
         attention_case(64, 4, 2, 64, false, 13, 3, tiled);
         attention_case(128, 16, 8, 128, false, 70, 2, tiled);
         attention_case(256, 8, 2, 64, true, 33, 3, tiled);
@@ -454,10 +468,34 @@ static void on_dump(void *user, const char *name, int32_t layer, const float *da
     c->n_checked++;
 }
 
-/* Mode 0: public API (defaults: megakernel decode, default GEMM). Mode 1: cuda_session, every
- * switch off. Modes 2 and 3 run the prompt one token at a time through the decode path: mode 2
- * the megakernel (asserted to be in use), mode 3 the fused decode graph with programmatic
- * dependent launch (megakernel off). */
+/* The fast prefill (QWENRT_PRECISION_DEFAULT, bf16 fixtures): x rounded to bf16 in every
+ * product of the prompt. Measured error against the f32 reference: see docs/perf-log.md. */
+#define FAST_LOGITS_REL_TOL 2e-2
+#define FAST_ARGMAX_MARGIN 0.1 /* argmax must agree where the reference's top two differ by more */
+
+/* Same argmax as the reference wherever the reference's margin is above min_margin. */
+static void check_argmax(const float *out, const float *ref, int32_t T, int32_t V, double min_margin,
+                         const char *what)
+{
+    for (int32_t t = 0; t < T; t++) {
+        const float *r = ref + (size_t)t * V;
+        int32_t best = argmax_f(r, V);
+        float second = -INFINITY;
+        for (int32_t v = 0; v < V; v++)
+            if (v != best && r[v] > second)
+                second = r[v];
+        if (r[best] - second > min_margin && argmax_f(out + (size_t)t * V, V) != best)
+            fail_msg("%s: position %d: argmax %d, reference %d (margin %.3g)", what, t,
+                     argmax_f(out + (size_t)t * V, V), best, r[best] - second);
+    }
+}
+
+/* Mode 0: public API with QWENRT_PRECISION_EXACT (megakernel or graph decode, f32-accurate
+ * GEMMs). Mode 1: cuda_session, every switch off. Modes 2 and 3 run the prompt one token at a
+ * time through the decode path: mode 2 the megakernel (asserted to be in use), mode 3 the fused
+ * decode graph with programmatic dependent launch (megakernel off). Mode 4: public API with the
+ * default precision: bf16 fixtures within the fast tolerance (no hidden-state or KV checks),
+ * f32 fixtures exact (the fast products never apply to F32 weights). */
 static void check_fixture(const char *dir, int mode)
 {
     char path[512];
@@ -472,25 +510,32 @@ static void check_fixture(const char *dir, int mode)
 
     struct qwenrt_model *m = NULL;
     struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = mode == 0 ? "cuda" : "cpu";
+    mp.backend = mode == 0 || mode == 4 ? "cuda" : "cpu";
+    bool fast = mode == 4 && strstr(dir, "qwen3-tiny-bf16") != NULL;
+    double tol = fast ? FAST_LOGITS_REL_TOL : LOGITS_REL_TOL;
     if (qwenrt_model_load(dir, &mp, &m, &err) != QWENRT_OK)
         fail_msg("load %s: %s", dir, err.message);
     float *out = malloc((size_t)T * V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
     struct qwenrt_session *s = NULL;
     struct cuda_session *cs = NULL;
     struct dump_check cap = {.ref = ref_tensor(&ref, "hidden_states"), .T = T, .H = m->hp.n_embd};
-    if (mode == 0) {
-        assert_int_equal(qwenrt_session_init(m, NULL, &s, &err), QWENRT_OK);
+    if (mode == 0 || mode == 4) {
+        struct qwenrt_session_params sp = qwenrt_session_default_params();
+        sp.precision = mode == 0 ? QWENRT_PRECISION_EXACT : QWENRT_PRECISION_DEFAULT;
+        assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
         assert_non_null(s->cuda);
-        session_set_dump(s, on_dump, &cap);
+        if (!fast)
+            session_set_dump(s, on_dump, &cap);
         assert_int_equal(qwenrt_session_prefill(s, ids, T, out, &err), QWENRT_OK);
         session_set_dump(s, NULL, NULL);
+        if (fast)
+            cap.n_checked = m->hp.n_layer + 1; /* hidden states: not at the f32 tolerance */
         cs = s->cuda;
     } else {
         struct cuda_options o = cuda_default_options();
         if (mode == 1) {
             o.graph = o.fuse = o.gemm_bf16x2 = o.gemv_v2 = o.pdl = o.gemm_cache = o.attn_tiled =
-                o.gdn_par = o.gemm_stack3 = o.attn_gemm = false;
+                o.gdn_par = o.gemm_stack3 = o.attn_gemm = o.attn_split = o.prefill_bf16 = false;
             o.mega = CUDA_MEGA_OFF;
         } else if (mode == 3) /* the decode graph with programmatic dependent launch */
             o.pdl = true, o.mega = CUDA_MEGA_OFF;
@@ -516,11 +561,10 @@ static void check_fixture(const char *dir, int mode)
     double e = rel_err(out, logits->data, (size_t)T * V);
     printf("%s mode %d: logits rel err %.3g, worst hidden %.3g over %d dumps\n", dir, mode, e,
            cap.worst, cap.n_checked);
-    if (!(e <= LOGITS_REL_TOL))
+    if (!(e <= tol))
         fail_msg("%s mode %d: logits relative error %.3g", dir, mode, e);
     assert_int_equal(cap.n_checked, m->hp.n_layer + 1);
-    for (int32_t t = 0; t < T; t++)
-        assert_int_equal(argmax_f(out + (size_t)t * V, V), argmax_f((const float *)logits->data + (size_t)t * V, V));
+    check_argmax(out, logits->data, T, V, fast ? FAST_ARGMAX_MARGIN : 0.0, dir);
     /* KV cache: ours [pos][head*hd], reference [head][pos][hd] */
     int32_t hd = m->hp.head_dim, nkv = m->hp.n_head_kv, kvw = nkv * hd, n_kv_checked = 0;
     float *kv = malloc((size_t)T * kvw * sizeof(float)), *re = malloc((size_t)T * kvw * sizeof(float));
@@ -535,7 +579,7 @@ static void check_fixture(const char *dir, int mode)
                 for (int32_t p = 0; p < T; p++)
                     memcpy(re + ((size_t)h * T + p) * hd, kv + (size_t)p * kvw + h * hd, (size_t)hd * 4);
             double ke = rel_err(re, r->data, (size_t)T * kvw);
-            if (ke > KV_REL_TOL)
+            if (ke > (fast ? FAST_LOGITS_REL_TOL : KV_REL_TOL))
                 fail_msg("%s: %s relative error %.3g", dir, name, ke);
             n_kv_checked++;
         }
@@ -548,9 +592,10 @@ static void check_fixture(const char *dir, int mode)
                 assert_int_equal(qwenrt_session_decode(s, gen_ids[g - 1], &err), QWENRT_OK);
             const float *cur = qwenrt_session_logits(s);
             double de = rel_err(cur, (const float *)dlog->data + (size_t)g * V, (size_t)V);
-            if (de > LOGITS_REL_TOL)
+            if (!(de <= tol))
                 fail_msg("%s mode %d: decode step %d: logits relative error %.3g", dir, mode, g, de);
-            assert_int_equal(qwenrt_argmax(cur, V), gen_ids[g]);
+            check_argmax(cur, (const float *)dlog->data + (size_t)g * V, 1, V,
+                         fast ? FAST_ARGMAX_MARGIN : 0.0, dir);
         }
     } else if (G > 1) {
         int32_t out_ids[64];
@@ -584,6 +629,15 @@ static void test_fixtures_api(void **st)
     for (int i = 0; i < 4; i++)
         check_fixture(fixtures[i], 0);
     check_fixture(fixtures[2], 0); /* again: the error must not move between runs */
+}
+
+/* The default precision: fast prefill products for the Qwen3 bf16 fixture; exact for f32
+ * fixtures and for Qwen3.5 (its default stays exact: docs/perf-log.md 2026-11-30). */
+static void test_fixtures_default_precision(void **st)
+{
+    (void)st;
+    for (int i = 0; i < 4; i++)
+        check_fixture(fixtures[i], 4);
 }
 
 static void test_fixtures_unfused(void **st)
@@ -884,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),
         cmocka_unit_test(test_fixtures_api),
+        cmocka_unit_test(test_fixtures_default_precision),
         cmocka_unit_test(test_fixtures_unfused),
         cmocka_unit_test(test_fixtures_decode_only),
         cmocka_unit_test(test_fixtures_decode_graph),

@@ -173,6 +173,12 @@ static void test_bad_ids_and_context(void **st)
     assert_int_equal(qwenrt_model_load("tests/data/qwen3-tiny-f32", NULL, &m, &err), QWENRT_OK);
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = 8;
+    sp.precision = 7; /* not an enum qwenrt_precision: refused, no session */
+    s = (struct qwenrt_session *)1;
+    assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_ERR_INVALID_ARG);
+    assert_null(s);
+    assert_non_null(strstr(err.message, "unknown precision 7"));
+    sp.precision = QWENRT_PRECISION_EXACT;
     assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
     int32_t bad[3] = {5, 1024, 7}, neg = -1, ok[6] = {1, 2, 3, 4, 5, 6};
     assert_int_equal(qwenrt_session_prefill(s, bad, 3, NULL, &err), QWENRT_ERR_INVALID_ARG);

@@ -70,7 +70,8 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
 }
 
 /* The CUDA backend keeps the whole sequence state on the device (backend/cuda). */
-static qwenrt_status init_cuda(struct qwenrt_session *s, struct qwenrt_error *err)
+static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision,
+                               struct qwenrt_error *err)
 {
     const struct model_hparams *hp = &s->model->hp;
     struct seq_state *st = &s->state; /* geometry only (checkpoints); the arrays stay NULL */
@@ -89,6 +90,7 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, struct qwenrt_error *er
         opt.mega = CUDA_MEGA_OFF;
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
+    opt.prefill_bf16 = precision != QWENRT_PRECISION_EXACT;
     return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
 }
 
@@ -107,6 +109,9 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
         n_ctx = model->hp.n_ctx_train > 0 && model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
     if (n_ctx > (1 << 22))
         return err_set(err, QWENRT_ERR_LIMIT, "session_init: context of %d tokens is too large", n_ctx);
+    if (params->precision != QWENRT_PRECISION_DEFAULT && params->precision != QWENRT_PRECISION_EXACT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "session_init: unknown precision %d",
+                       (int)params->precision);
     struct qwenrt_session *s = xcalloc(1, sizeof(*s));
     if (!s)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory for a session");
@@ -115,7 +120,8 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
     int nt = params->n_threads > 0 ? params->n_threads : model->n_threads;
     s->n_threads = nt > 0 ? (nt > 256 ? 256 : nt) : omp_get_num_procs();
     s->cpu_features = cpu_features_detect();
-    qwenrt_status st = strcmp(model->backend, "cuda") == 0 ? init_cuda(s, err) : alloc_state(s, err);
+    qwenrt_status st = strcmp(model->backend, "cuda") == 0 ? init_cuda(s, params->precision, err)
+                                                           : alloc_state(s, err);
     for (int ph = 0; ph < 2 && !st; ph++) {
         s->fns[ph] = xcalloc((size_t)model->plans[ph].n_ops, sizeof(cpu_op_fn));
         st = s->fns[ph] ? cpu_bind_plan(&model->plans[ph], s->cpu_features, s->fns[ph], err)

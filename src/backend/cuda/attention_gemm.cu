@@ -7,7 +7,8 @@
  *   S_h = Q_h K_g^T          (tc x Tk, one strided-batched product per head of the group)
  *   P_h = softmax(S_h / sqrt(hd)) with the causal mask (j <= query position)
  *   O_h = P_h V_g            (tc x hd)
- * in f32 with f32 accumulation (CUBLAS_COMPUTE_32F, no TF32), as the reference computes it.
+ * in f32 with f32 accumulation (CUBLAS_COMPUTE_32F, no TF32), as the reference computes it;
+ * with a->tf32 (the fast prefill of 16-bit and quantised models) on TF32 tensor cores.
  * Query chunks keep the score buffer under ATT_SCORE_FLOATS. Head h reads KV head g = h / grp
  * (grouped-query attention): the products for the r-th head of every group are one batch with
  * constant strides.
@@ -52,7 +53,7 @@ static cublasStatus_t ag_layout(cublasLtMatrixLayout_t *l, int64_t rows, int64_t
 
 /* C (m x n, col-major) = op(A) op(B), k inner, batch products with constant strides; f32.
  * Descriptors and algorithm are cached per shape. */
-static qwenrt_status bgemm(struct gemm_ctx *g, bool ta, const float *A, int64_t lda, int64_t sa,
+static qwenrt_status bgemm(struct gemm_ctx *g, bool ta, bool tf32, const float *A, int64_t lda, int64_t sa,
                            const float *B, int64_t ldb, int64_t sb, float *C, int64_t ldc,
                            int64_t sc, int64_t m, int64_t n, int64_t k, int32_t batch,
                            cudaStream_t s, struct qwenrt_error *err)
@@ -60,11 +61,11 @@ static qwenrt_status bgemm(struct gemm_ctx *g, bool ta, const float *A, int64_t 
     qwenrt_status st = QWENRT_OK;
     struct bgemm_plan key, *pl = NULL;
     memset(&key, 0, sizeof(key));
-    key.ta = ta, key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+    key.ta = ta, key.tf32 = tf32, key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
     key.sa = sa, key.sb = sb, key.sc = sc, key.batch = batch;
     for (int32_t i = 0; i < g->n_bcache && !pl; i++) {
         struct bgemm_plan *c = &g->bcache[i];
-        if (c->ta == ta && c->m == m && c->n == n && c->k == k && c->lda == lda && c->ldb == ldb &&
+        if (c->ta == ta && c->tf32 == tf32 && c->m == m && c->n == n && c->k == k && c->lda == lda && c->ldb == ldb &&
             c->ldc == ldc && c->sa == sa && c->sb == sb && c->sc == sc && c->batch == batch)
             pl = c;
     }
@@ -80,7 +81,8 @@ static qwenrt_status bgemm(struct gemm_ctx *g, bool ta, const float *A, int64_t 
         cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
         cublasLtMatmulHeuristicResult_t heur;
         int found = 0;
-        LT_CHECK(cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        LT_CHECK(cublasLtMatmulDescCreate(&pl->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                          CUDA_R_32F));
         LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
         LT_CHECK(cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
         LT_CHECK(ag_layout(&pl->la, ta ? k : m, ta ? m : k, lda, batch, sa));
@@ -178,7 +180,7 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
         const float *q = a->q + (int64_t)t0 * a->ldq;
         for (int32_t r = 0; r < grp; r++) {
             /* S_h (col-major Tk x n) = K_g^T-view: A = K_g (hd x Tk, ld kvw), op T; B = Q_h */
-            qwenrt_status st = bgemm(g, true, a->kc, a->kvw, a->hd, q + (int64_t)r * a->q_stride,
+            qwenrt_status st = bgemm(g, true, a->tf32, a->kc, a->kvw, a->hd, q + (int64_t)r * a->q_stride,
                                      a->ldq, (int64_t)grp * a->q_stride, g->scores + r * hs, Tk,
                                      (int64_t)grp * hs, Tk, n, a->hd, a->n_head_kv, s, err);
             if (st)
@@ -190,7 +192,7 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
         float *o = a->out + (int64_t)t0 * a->ldo;
         for (int32_t r = 0; r < grp; r++) {
             /* O_h (col-major hd x n, ld ldo) = V_g (hd x Tk, ld kvw) P_h (Tk x n, ld Tk) */
-            qwenrt_status st = bgemm(g, false, a->vc, a->kvw, a->hd, g->scores + r * hs, Tk,
+            qwenrt_status st = bgemm(g, false, a->tf32, a->vc, a->kvw, a->hd, g->scores + r * hs, Tk,
                                      (int64_t)grp * hs, o + (int64_t)r * a->hd, a->ldo,
                                      (int64_t)grp * a->hd, a->hd, n, Tk, a->n_head_kv, s, err);
             if (st)

@@ -55,6 +55,13 @@ struct cuda_options {
                           * (the default: on when the decode matmuls have quantised weights,
                           * where it measured faster; docs/perf-log.md) */
     int32_t mega_threads; /* megakernel block size: 256 or 512 */
+    bool attn_split;     /* decode attention split over the positions (flash decoding) */
+    bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W
+                          * (dequantised) in bf16, one tensor-core product per matmul, the
+                          * attention products in TF32 — llama.cpp's and PyTorch-bf16's
+                          * precision (~3e-3 relative). Off: f32-accurate products (bf16x3
+                          * split, f32). Models with F32 matmul weights and
+                          * Qwen3.5 (DeltaNet) models are always exact. */
 };
 
 struct cuda_options cuda_default_options(void);
@@ -140,9 +147,10 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);
 
-/* Times reps decode steps of token id at position pos through the megakernel with a stamp
- * after every phase; writes the mean microseconds per phase kind to report. Errors:
- * UNSUPPORTED when the session has no megakernel, BACKEND. */
+/* Times reps decode steps of token id at position pos: through the megakernel with a stamp
+ * after every phase, or (no megakernel) the decode program's launches one by one with events
+ * between them (no graph, so launch gaps are included); writes the mean microseconds per
+ * phase or step kind to report. Errors: BACKEND. */
 qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id, int32_t pos,
                                           int32_t reps, char *report, size_t report_len,
                                           struct qwenrt_error *err);

@@ -236,7 +236,13 @@ struct attn_args {
     bool gate;            /* out *= sigmoid(q[h*q_stride + hd + d]) (Qwen3.5 output gate) */
     bool tiled;           /* T > 1: query tiles share K/V tiles staged in shared memory */
     bool pdl;
+    /* T == 1, splits > 1: split-K over the positions (flash decoding). part holds
+     * [n_head][splits][hd + 2] floats, count [n_head] zeroed counters (left zeroed). */
+    int32_t splits;
+    float *part;
+    unsigned *count;
 };
+#define ATT_MAX_SPLITS 16
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
 

@@ -26,7 +26,7 @@ struct lt_plan {
 
 /* A batched f32 product's descriptors and algorithm (attention_gemm.cu). */
 struct bgemm_plan {
-    bool ta;
+    bool ta, tf32;
     int64_t m, n, k, lda, ldb, ldc, sa, sb, sc;
     int32_t batch;
     cublasLtMatmulDesc_t op;
@@ -43,6 +43,8 @@ struct gemm_ctx {
     size_t ws_bytes;
     float *wf32;           /* [N][K] f32 scratch for dequantised weights */
     int64_t wf32_cap;      /* bytes */
+    __nv_bfloat16 *wbf16;  /* [N][K] bf16 scratch for dequantised weights (fast products) */
+    int64_t wbf16_cap;     /* bytes */
     __nv_bfloat16 *xsplit; /* [3][T][K] bf16 split of x: hi, mid, lo */
     int64_t xsplit_cap;    /* bytes */
     float *c3;             /* [3][T][N] f32: the stacked split product's three terms */
@@ -64,6 +66,7 @@ struct gemm_call {
     bool accumulate;  /* y += x · Wᵀ (the residual add fused) */
     bool bf16x2;      /* BF16 weights: split x into three bf16 terms, tensor cores */
     bool stack3;      /* the three terms as one product over 3T columns, then a sum */
+    bool fast;        /* non-F32 weights: x and W (dequantised) in bf16, one product */
 };
 
 /* Prefill attention through f32 GEMMs (attention_gemm.cu): queries t = 0..T-1 at positions
@@ -74,6 +77,7 @@ struct attn_gemm_args {
     const float *kc, *vc;       /* [n_ctx][kvw] */
     int32_t ldo, ldq, q_stride, kvw, n_head, n_head_kv, hd;
     int32_t pos0, T;            /* host values */
+    bool tf32;                  /* products on tensor cores in TF32 (10-bit mantissa inputs) */
 };
 qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
                              struct qwenrt_error *err);

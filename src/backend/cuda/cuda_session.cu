@@ -67,6 +67,9 @@ struct cuda_session {
     float *state;             /* one allocation: KV, conv, ssm */
     size_t state_bytes;
     float **kc, **vc, **conv, **ssm; /* [n_layer] device pointers into state, or NULL */
+    float *att_part;          /* decode attention split-K partials [n_head][splits][hd + 2] */
+    unsigned *att_count;      /* [n_head] arrival counters of the splits (kept zeroed) */
+    int32_t att_splits;       /* splits per head for decode attention (1: none) */
     int32_t kv_width, conv_rows, conv_dim;
     int64_t ssm_len;
     /* activations */
@@ -90,6 +93,7 @@ struct cuda_session {
     int32_t n_steps;
     cudaGraphExec_t g_decode, g_gen;
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
+    bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
     char mk_why[160];
 };
 
@@ -114,6 +118,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_gemm = true;
     o.mega = CUDA_MEGA_AUTO;
     o.mega_threads = 256;
+    o.attn_split = true;
+    o.prefill_bf16 = true;
     return o;
 }
 
@@ -318,6 +324,28 @@ static size_t state_bytes_needed(const struct cuda_session *cs, const bool *has_
     return n;
 }
 
+/* Split-K decode attention: enough blocks for two per multiprocessor, at most
+ * ATT_MAX_SPLITS per head; the partials and counters for the widest attention op. */
+static qwenrt_status alloc_attention_splits(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    int32_t heads = 0, hd = 0;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_ATTENTION) {
+            heads = p->ops[i].n_head > heads ? p->ops[i].n_head : heads;
+            hd = p->ops[i].head_dim > hd ? p->ops[i].head_dim : hd;
+        }
+    cs->att_splits = 1;
+    if (!heads || !cs->opt.attn_split)
+        return QWENRT_OK;
+    int32_t s = 2 * (cs->n_sm > 0 ? cs->n_sm : 132) / heads;
+    cs->att_splits = s < 1 ? 1 : s > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : s;
+    CUDA_CHECK(cudaMalloc(&cs->att_part, (size_t)heads * cs->att_splits * (hd + 2) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&cs->att_count, (size_t)heads * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(cs->att_count, 0, (size_t)heads * sizeof(unsigned)));
+    return QWENRT_OK;
+}
+
 static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *err)
 {
     bool has_kv[QR_LAYERS_MAX_CUDA] = {false}, has_ssm[QR_LAYERS_MAX_CUDA] = {false};
@@ -343,6 +371,8 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
         return err_prefix(err, "KV cache and state for %d positions: ", cs->n_ctx);
     CUDA_CHECK(cudaMalloc(&cs->state, cs->state_bytes ? cs->state_bytes : 256));
     CUDA_CHECK(cudaMemset(cs->state, 0, cs->state_bytes));
+    if ((st = alloc_attention_splits(cs, err)))
+        return st;
     uint8_t *q = (uint8_t *)cs->state;
     for (int32_t l = 0; l < cs->n_layer; l++) {
         if (has_kv[l]) {
@@ -419,6 +449,11 @@ static qwenrt_status gemm_ready(struct cuda_session *cs, struct qwenrt_error *er
     return QWENRT_OK;
 }
 
+static bool is_mm(const struct plan_op *op)
+{
+    return op->kind == OP_MATMUL || op->kind == OP_LOGITS;
+}
+
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
 static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const float *x,
                                 int32_t ldx, float *y, int32_t ldy, int32_t T, bool accumulate,
@@ -446,6 +481,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
     c.N = d->N, c.K = d->K, c.T = T, c.ldx = ldx, c.ldy = ldy, c.accumulate = accumulate;
     c.bf16x2 = cs->opt.gemm_bf16x2;
     c.stack3 = cs->opt.gemm_stack3;
+    c.fast = cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL]; /* decode stays f32 */
     return gemm_run(&cs->gemm, &c, r->stream, err);
 }
 
@@ -495,12 +531,13 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
         a.pos0 = cs->d_pos, a.T = T, a.gate = false;
         a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
+        a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
         if (T >= 16 && cs->opt.attn_gemm) {
             qwenrt_status st = gemm_ready(cs, err);
             if (st)
                 return st;
             struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
-                                        a.n_head, a.n_head_kv, a.hd, r->pos0, T};
+                                        a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill};
             return attention_gemm(&cs->gemm, &ga, s, err);
         }
         CUDA_CHECK(launch_attention(&a, s));
@@ -566,11 +603,6 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
 }
 
 /* ------------------------------------------------------------------ the fused decode program */
-
-static bool is_mm(const struct plan_op *op)
-{
-    return op->kind == OP_MATMUL || op->kind == OP_LOGITS;
-}
 
 /* Tries the fusions at op i; fills *st and returns true when one applies. */
 static bool match_step(const struct plan *p, int32_t i, struct step *st)
@@ -691,6 +723,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
         a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
         a.pdl = r->pdl;
+        a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
         CUDA_CHECK(launch_attention(&a, r->stream));
         return QWENRT_OK;
     }
@@ -764,6 +797,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->d_out);
     cudaFreeHost(cs->h_stage);
     cudaFree(cs->state);
+    cudaFree(cs->att_part);
+    cudaFree(cs->att_count);
     cudaFree(cs->arena);
     cudaFree(cs->scratch);
     if (cs->stream)
@@ -822,14 +857,88 @@ static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_err
     return st;
 }
 
+/* A step's label in the decode profile. */
+static const char *step_label(const struct plan *p, const struct step *st)
+{
+    switch (st->kind) {
+    case STEP_NORM_GEMV:
+        return st->swiglu ? "norm+gate|up+swiglu" : p->ops[st->mm[0]].kind == OP_LOGITS ? "norm+lm_head"
+               : st->n_mm > 1 ? "norm+gemv(multi)" : "norm+gemv";
+    case STEP_GEMV_ADD: return "gemv+residual";
+    case STEP_ROPE_ATTN: return "rope+attention";
+    default: return op_kind_name(p->ops[st->op].kind);
+    }
+}
+
+#define PROFILE_LABELS 16
+
+/* The decode program's steps timed one by one (events between launches, no graph), mean
+ * microseconds per token by step label. The decode inputs are staged. */
+static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char *report,
+                                     size_t report_len, struct qwenrt_error *err)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    qwenrt_status st = QWENRT_OK;
+    int32_t n = cs->n_steps, n_ev = 0;
+    cudaEvent_t *ev = (cudaEvent_t *)xcalloc((size_t)n + 1, sizeof(cudaEvent_t));
+    const char *label[PROFILE_LABELS];
+    double us[PROFILE_LABELS] = {0}, total = 0;
+    int32_t cnt[PROFILE_LABELS] = {0}, n_label = 0;
+    if (!ev)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    for (; n_ev <= n; n_ev++)
+        if (cudaEventCreate(&ev[n_ev]) != cudaSuccess) {
+            st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventCreate failed");
+            break;
+        }
+    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->opt.pdl, cs->stream, 0};
+    for (int32_t rep = -1; rep < reps && !st; rep++) { /* rep -1 warms up */
+        if (cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
+            st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
+        for (int32_t i = 0; i < n && !st; i++) {
+            st = run_step(&r, &cs->steps[i], err);
+            if (!st && cudaEventRecord(ev[i + 1], cs->stream) != cudaSuccess)
+                st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
+        }
+        if (!st && cudaStreamSynchronize(cs->stream) != cudaSuccess)
+            st = err_set(err, QWENRT_ERR_BACKEND, "cuda: profile run failed");
+        for (int32_t i = 0; i < n && !st && rep >= 0; i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
+            const char *l = step_label(p, &cs->steps[i]);
+            int32_t k = 0;
+            while (k < n_label && strcmp(label[k], l))
+                k++;
+            if (k == n_label && n_label < PROFILE_LABELS)
+                label[n_label++] = l;
+            if (k < n_label)
+                us[k] += 1e3 * ms / reps, cnt[k]++;
+            total += 1e3 * ms / reps;
+        }
+    }
+    if (!st) {
+        size_t o = (size_t)snprintf(report, report_len, "program (%d launches, events between): %.1f us/token",
+                                    n, total);
+        for (int32_t k = 0; k < n_label && o < report_len; k++)
+            o += (size_t)snprintf(report + o, report_len - o, "; %s x%d %.1f us", label[k],
+                                  cnt[k] / (reps > 0 ? reps : 1), us[k]);
+    }
+    for (int32_t i = 0; i < n_ev; i++)
+        cudaEventDestroy(ev[i]);
+    xfree(ev);
+    return st;
+}
+
 extern "C" qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id,
                                                      int32_t pos, int32_t reps, char *report,
                                                      size_t report_len, struct qwenrt_error *err)
 {
-    if (!cs->mk)
-        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: no megakernel: %s", cs->mk_why);
     qwenrt_status st = stage_inputs(cs, &id, 1, pos, err);
-    return st ? st : mk_profile(cs->mk, cs->stream, cs->d_ids, cs->d_pos, reps, report, report_len, err);
+    if (st)
+        return st;
+    if (!cs->mk)
+        return profile_program(cs, reps, report, report_len, err);
+    return mk_profile(cs->mk, cs->stream, cs->d_ids, cs->d_pos, reps, report, report_len, err);
 }
 
 extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_t *ids,
@@ -898,6 +1007,22 @@ extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, cons
     return cs->mk != NULL;
 }
 
+/* Whether the prefill may use the bf16 products (opt.prefill_bf16): not when a matmul has
+ * F32 weights (such a model asked for f32 products), and not for DeltaNet models: on
+ * random-weight Qwen3.5 models the recurrence amplifies the bf16 rounding of the prompt's
+ * products from 0.7% after the first layer to a logits error of 0.49 (vs 2e-2 exact;
+ * docs/perf-log.md, 2026-11-30), so their prompts stay exact until that is understood. */
+static bool fast_prefill_applies(const struct plan *p)
+{
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        if (is_mm(&p->ops[i]) && p->ops[i].w && p->ops[i].w->dtype == QR_F32)
+            return false;
+        if (p->ops[i].kind == OP_GDN_CORE)
+            return false;
+    }
+    return true;
+}
+
 static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
 {
     qwenrt_status st = collect(cs, err);
@@ -920,6 +1045,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
         return st;
     if ((st = build_program(cs, err)))
         return st;
+    cs->fast_prefill = cs->opt.prefill_bf16 && fast_prefill_applies(&cs->plans[PHASE_PREFILL]);
     return build_megakernel(cs, err);
 }
 

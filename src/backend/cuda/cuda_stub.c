@@ -18,7 +18,8 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, true, CUDA_MEGA_AUTO, 256};
+    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, true,
+                             CUDA_MEGA_AUTO, 256, true, true};
     return o;
 }
 

@@ -188,16 +188,62 @@ cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, c
                     pos0);
 }
 
-/* ---- attention: one block of ATT_WARPS warps per (query head, token) ----
+/* ---- attention: one block of ATT_WARPS warps per (query head, token, split) ----
  * Lane l holds dims [l*EPL, l*EPL+EPL) of q and of its running output; warp w visits positions
- * w, w+ATT_WARPS, ... <= pos0+t, ATT_U of them per step with all their K/V loads issued before
- * the first use (decode is latency-bound: one HBM round trip per step, not per position), with
- * an online softmax (running max m, sum l); the warps' partial results are merged through
- * shared memory at the end. K/V rows are read as EPL contiguous floats per lane: a warp reads
- * one whole row, coalesced. */
+ * lo+w, lo+w+ATT_WARPS, ... <= hi, ATT_U of them per step with all their K/V loads issued
+ * before the first use (decode is latency-bound: one HBM round trip per step, not per
+ * position), with an online softmax (running max m, sum l); the warps' partial results are
+ * merged through shared memory at the end. K/V rows are read as EPL contiguous floats per
+ * lane: a warp reads one whole row, coalesced.
+ * Split-K (flash decoding, gridDim.z = S > 1; T = 1): the positions 0..pos are cut into S
+ * equal ranges, one block each, so that a long context occupies S x n_head blocks instead of
+ * n_head (16 blocks walking 512 positions took ~60 us per layer). Each block writes its
+ * (max, sum, unnormalised output) to a.part; the last block of a head to finish (a counter per
+ * head, reset by that block for the next replay) merges the S partials and writes the output.
+ * The range is computed on the device from *pos0, so one captured graph serves every
+ * position. */
 
 #define ATT_WARPS 8
 #define ATT_U 4
+#define ATT_SPLIT_MIN 64 /* positions per split at least (one step of every warp: 8 x 4 = 32) */
+
+/* Merges the n partial results of head h (the last block of the head runs it; part rows are
+ * stride floats apart): out = the rescaled sum of the partial outputs over the rescaled sum
+ * of the partial sums. Every load of a pass is issued at once (the loops are unrolled to
+ * ATT_MAX_SPLITS): a merge is a few L2 round trips, not one per split. */
+template <int EPL>
+__device__ void attention_merge(const struct attn_args &a, const float *part, int64_t stride,
+                                int n, float *op, const float *gp)
+{
+    const int hd = 32 * EPL;
+    __shared__ float s_f[ATT_MAX_SPLITS], s_inv;
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        float ms = s < n ? __ldcg(part + s * stride) : -INFINITY;
+        float ls = s < n ? __ldcg(part + s * stride + 1) : 0.0f;
+        float M = ms;
+        for (int o = 16; o > 0; o >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float f = ms == -INFINITY ? 0.0f : __expf(ms - M);
+        float L = warp_sum(ls * f);
+        if (s < ATT_MAX_SPLITS)
+            s_f[s] = f;
+        if (s == 0)
+            s_inv = 1.0f / L;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_SPLITS; s++)
+            if (s < n)
+                o += __ldcg(part + s * stride + 2 + d) * s_f[s];
+        o *= s_inv;
+        if (a.gate)
+            o *= sigmoid_f(gp[d]);
+        op[d] = o;
+    }
+}
 
 template <int EPL>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
@@ -206,8 +252,15 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     griddep_wait();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * EPL];
+    __shared__ bool s_last;
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), last = *a.pos0 + t;
+    /* splits in use: at least ATT_SPLIT_MIN positions each, at most gridDim.z */
+    int S = min((int)gridDim.z, (last + ATT_SPLIT_MIN) / ATT_SPLIT_MIN);
+    if ((int)blockIdx.z >= S)
+        return; /* a short context: this split has no positions and takes no part */
+    int chunk = (last + S) / S, lo = blockIdx.z * chunk;
+    last = min(last, lo + chunk - 1); /* this split's positions lo..last */
     const float *qp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
     float q[EPL], acc[EPL];
     float scale = rsqrtf((float)hd);
@@ -219,7 +272,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     float m = -INFINITY, l = 0.0f;
     const float *kbase = a.kc + (int64_t)kvh * hd + lane * EPL;
     const float *vbase = a.vc + (int64_t)kvh * hd + lane * EPL;
-    for (int p0 = warp; p0 <= last; p0 += ATT_WARPS * ATT_U) {
+    for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * ATT_U) {
         float kv[ATT_U][EPL], vv[ATT_U][EPL], dot[ATT_U];
 #pragma unroll
         for (int u = 0; u < ATT_U; u++) {
@@ -275,6 +328,32 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     }
     float *op = a.out + (int64_t)t * a.ldo + (int64_t)h * hd;
     const float *gp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + hd;
+    if (S > 1) { /* this split's partial result, then the last block of the head merges */
+        float *part = a.part + ((int64_t)h * gridDim.z + blockIdx.z) * (hd + 2);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float o = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATT_WARPS; w++)
+                o += s_acc[w][d] * f[w];
+            part[2 + d] = o;
+        }
+        if (threadIdx.x == 0)
+            part[0] = M, part[1] = L;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned prev = atomicAdd(a.count + h, 1u);
+            s_last = prev == (unsigned)S - 1;
+            if (s_last)
+                a.count[h] = 0; /* every split has arrived: ready for the next step */
+        }
+        __syncthreads();
+        if (!s_last)
+            return;
+        __threadfence();
+        attention_merge<EPL>(a, a.part + (int64_t)h * gridDim.z * (hd + 2), hd + 2, S, op, gp);
+        return;
+    }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
 #pragma unroll
@@ -447,7 +526,8 @@ cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 {
     if (a->T > 1 && a->tiled)
         return launch_attention_tiled(a, s);
-    dim3 grid(a->n_head, a->T), block(32 * ATT_WARPS);
+    int splits = a->T == 1 && a->splits > 1 && a->part && a->count ? a->splits : 1;
+    dim3 grid(a->n_head, a->T, splits), block(32 * ATT_WARPS);
     switch (a->hd) {
     case 64: return launch_k(a->pdl, attention_kernel<2>, grid, block, 0, s, *a);
     case 128: return launch_k(a->pdl, attention_kernel<4>, grid, block, 0, s, *a);

@@ -286,8 +286,9 @@ static cudaError_t gemv_dt(const struct gemv_args *a, int blocks, cudaStream_t s
  * griddep_wait(): with PDL the weights stream while the previous kernel finishes. Then the
  * block stages x (normalised and scaled by the norm weight when fused: RMSNorm of the plan's
  * order, x * 1/rms * w) in shared memory, each warp forms its dot products from registers
- * and shared memory and reduces them once at the end. R is lowered until the grid has at
- * least two blocks per multiprocessor. Needs 16-byte aligned rows, K a multiple of the
+ * and shared memory and reduces them once at the end. Without PDL R is lowered until the
+ * grid has at least two blocks per multiprocessor; with PDL it stays as large as the 64
+ * registers allow (fewer blocks, so the next kernel's fit beside them). Needs 16-byte aligned rows, K a multiple of the
  * 16-byte chunk, ldx % 4 == 0, and T*K floats of shared memory <= 48 KB. */
 
 #define G2_WARPS 4
@@ -480,7 +481,10 @@ static bool gemv2_shape(const struct gemv_args *a, int *cm, int *r, int *blocks)
     int rr = G2_LOADS / (m * P);
     rr = rr >= 4 ? 4 : rr >= 2 ? 2 : 1;
     int n_sm = a->n_sm > 0 ? a->n_sm : 132;
-    while (rr > 1 && (rows + (int64_t)G2_WARPS * rr - 1) / ((int64_t)G2_WARPS * rr) < 2 * n_sm)
+    /* Without PDL: more, smaller blocks (at least two per multiprocessor) hide the latency.
+     * With PDL: as few blocks as the registers allow, so that the next kernel's blocks fit
+     * beside this one's and issue their weight loads while it runs. */
+    while (!a->pdl && rr > 1 && (rows + (int64_t)G2_WARPS * rr - 1) / ((int64_t)G2_WARPS * rr) < 2 * n_sm)
         rr /= 2;
     *cm = m, *r = rr;
     *blocks = (int)((rows + (int64_t)G2_WARPS * rr - 1) / ((int64_t)G2_WARPS * rr));
@@ -562,6 +566,26 @@ cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, 
 {
     dequant_kernel<<<4096, 256, 0, s>>>(dst, (const uint8_t *)w, dtype, N, K, row_bytes);
     return cudaGetLastError();
+}
+
+/* W [N][K] (dtype) -> bf16 [N][K], rounded to nearest. */
+__global__ void dequant_bf16_kernel(__nv_bfloat16 *dst, const uint8_t *w, int32_t dtype, int64_t N,
+                                    int64_t K, int64_t row_bytes)
+{
+    int64_t n_el = N * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_el;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / K, k = i % K;
+        dst[i] = __float2bfloat16_rn(deq_elem(w + r * row_bytes, dtype, k));
+    }
+}
+
+/* x [T][K] (ld ldx) -> bf16 [T][K], rounded to nearest. */
+__global__ void round_bf16_kernel(__nv_bfloat16 *dst, const float *x, int32_t ldx, int32_t K, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(x[(i / K) * ldx + i % K]);
 }
 
 /* y (=|+=) lo + mid + hi, the three products of the stacked split GEMM (c3 [3][T][N]); the
@@ -722,15 +746,50 @@ void gemm_free(struct gemm_ctx *g)
         cublasLtDestroy(g->lt);
     cudaFree(g->ws);
     cudaFree(g->wf32);
+    cudaFree(g->wbf16);
     cudaFree(g->xsplit);
     cudaFree(g->c3);
     memset(g, 0, sizeof(*g));
+}
+
+/* The fast product: x rounded to bf16, W in bf16 (as stored, or dequantised into a scratch
+ * matrix), one tensor-core product with f32 accumulation. */
+static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
+                                   struct qwenrt_error *err)
+{
+    qwenrt_status st;
+    int64_t n = (int64_t)c->T * c->K;
+    void *p = g->xsplit;
+    int64_t cap = g->xsplit_cap;
+    if ((st = grow(&p, &cap, n * 2, err)))
+        return st;
+    g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
+    const void *wb = c->w;
+    if (c->dtype != QR_BF16 || c->row_bytes != c->K * 2) {
+        void *q = g->wbf16;
+        int64_t qcap = g->wbf16_cap;
+        if ((st = grow(&q, &qcap, (int64_t)c->N * c->K * 2, err)))
+            return st;
+        g->wbf16 = (__nv_bfloat16 *)q, g->wbf16_cap = qcap;
+        dequant_bf16_kernel<<<4096, 256, 0, s>>>(g->wbf16, (const uint8_t *)c->w, c->dtype, c->N,
+                                                  c->K, c->row_bytes);
+        CUDA_CHECK(cudaGetLastError());
+        wb = g->wbf16;
+    }
+    int64_t blocks = (n + 255) / 256;
+    round_bf16_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(g->xsplit, c->x, c->ldx,
+                                                                            c->K, n);
+    CUDA_CHECK(cudaGetLastError());
+    return lt_matmul(g, CUDA_R_16BF, wb, c->K, g->xsplit, c->K, c->y, c->ldy, c->N, c->K, c->T,
+                     c->accumulate ? 1.0f : 0.0f, s, err);
 }
 
 qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
                        struct qwenrt_error *err)
 {
     qwenrt_status st;
+    if (c->fast && c->dtype != QR_F32 && c->K % 8 == 0)
+        return gemm_run_bf16(g, c, s, err);
     if (c->dtype == QR_BF16 && c->bf16x2 && c->row_bytes == c->K * 2 && c->K % 8 == 0) {
         int64_t n = (int64_t)c->T * c->K;
         void *p = g->xsplit;
