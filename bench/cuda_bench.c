@@ -476,7 +476,10 @@ int main(int argc, char **argv)
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
-            fprintf(f, "{\n  \"arch\": \"%s\",\n  \"backend\": \"cuda\",\n  \"device\": \"%s\",\n", arch, dev);
+            fprintf(f, "{\n  \"arch\": \"%s\",\n  \"backend\": \"cuda\",\n  \"command\": \"", arch);
+            for (int i = 0; i < argc; i++) /* the exact command (arguments have no quotes) */
+                fprintf(f, "%s%s", i ? " " : "", argv[i]);
+            fprintf(f, "\",\n  \"device\": \"%s\",\n", dev);
             fprintf(f, "  \"logits_hash_pp\": \"%016llx\",\n  \"logits_hash_tg\": \"%016llx\",\n",
                     (unsigned long long)pp_hash, (unsigned long long)tg_hash);
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
