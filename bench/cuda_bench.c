@@ -224,7 +224,7 @@ struct variant {
 
 struct pvariant {
     const char *name;
-    bool cache, tiled, par, stack, agemm, fast;
+    bool cache, tiled, par, stack, agemm, fast, flash;
     double tok_s;
 };
 
@@ -353,18 +353,20 @@ int main(int argc, char **argv)
     struct cuda_options o;
     struct cuda_session *cs = NULL;
     /* the switches below the first two are measured in exact mode (their products) */
-    struct pvariant pv[] = {{"all on (bf16 products)", true, true, true, true, true, true, 0},
-                            {"exact (prefill_bf16 off)", true, true, true, true, true, false, 0},
-                            {"attn_tiled off", true, false, true, true, false, false, 0},
-                            {"gdn_par off", true, true, false, true, true, false, 0},
-                            {"all off", false, false, false, false, false, false, 0},
-                            {"gemm_stack3 off", true, true, true, false, true, false, 0},
-                            {"attn_gemm off", true, true, true, true, false, false, 0}};
+    struct pvariant pv[] = {{"all on (bf16 products)", true, true, true, true, true, true, true, 0},
+                            {"exact (prefill_bf16 off)", true, true, true, true, true, false, true, 0},
+                            {"attn_tiled off", true, false, true, true, false, false, true, 0},
+                            {"gdn_par off", true, true, false, true, true, false, true, 0},
+                            {"all off", false, false, false, false, false, false, false, 0},
+                            {"gemm_stack3 off", true, true, true, false, true, false, true, 0},
+                            {"attn_gemm off", true, true, true, true, false, false, true, 0},
+                            {"attn_flash off (TF32 GEMMs)", true, true, true, true, true, true, false, 0}};
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]); v++) {
         o = cuda_default_options();
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
+        o.attn_flash = pv[v].flash;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -466,9 +468,9 @@ int main(int argc, char **argv)
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
            vs[1].tok_s, vs[2].tok_s, api, tg * bytes / 1e9);
-    printf("\n| prefill pp%d | default (bf16 products) | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_prompt, arch, type, pv[0].tok_s, pv[1].tok_s, pv[6].tok_s, pv[2].tok_s, pv[3].tok_s,
-           pv[5].tok_s, pv[4].tok_s);
+    printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[1].tok_s, pv[6].tok_s, pv[2].tok_s,
+           pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
     printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl |\n|---|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
@@ -485,8 +487,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f},\n",
-                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f},\n",
+                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",

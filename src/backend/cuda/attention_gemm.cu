@@ -36,6 +36,10 @@ void attention_gemm_free(struct gemm_ctx *g)
     cudaFree(g->scores);
     g->scores = NULL;
     g->scores_cap = 0;
+    cudaFree(g->fa_part);
+    cudaFree(g->fa_count);
+    g->fa_part = NULL, g->fa_count = NULL;
+    g->fa_part_cap = g->fa_count_cap = 0;
 }
 
 /* A layout of rows x cols (col-major, ld) repeated batch times stride floats apart. */

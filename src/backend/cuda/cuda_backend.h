@@ -56,6 +56,8 @@ struct cuda_options {
                           * where it measured faster; docs/perf-log.md) */
     int32_t mega_threads; /* megakernel block size: 256 or 512 */
     bool attn_split;     /* decode attention split over the positions (flash decoding) */
+    bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
+                          * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W
                           * (dequantised) in bf16, one tensor-core product per matmul, the
                           * attention products in TF32 — llama.cpp's and PyTorch-bf16's

@@ -53,6 +53,9 @@ struct gemm_ctx {
     int32_t n_bcache;
     float *scores;         /* attention_gemm: [n_head][chunk][Tk] */
     int64_t scores_cap;    /* bytes */
+    float *fa_part;        /* attention_flash: the key splits' partial results */
+    unsigned *fa_count;    /* attention_flash: arrival counters (kept zeroed) */
+    int64_t fa_part_cap, fa_count_cap; /* bytes */
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
@@ -82,6 +85,13 @@ struct attn_gemm_args {
 qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
                              struct qwenrt_error *err);
 void attention_gemm_free(struct gemm_ctx *g);
+
+/* The same attention in one tensor-core kernel (attention_flash.cu): f16 scores, bf16
+ * probabilities times V, f32 accumulation. For the fast prefill only. Errors: BACKEND. */
+/* true when the kernel takes these arguments (head size 64/128/256, 16-byte aligned rows) */
+bool attention_flash_applies(const struct attn_gemm_args *a);
+qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
+                              struct qwenrt_error *err);
 
 /* A failed cuBLASLt call as a BACKEND error naming the call and the status. */
 static inline qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st, const char *file,

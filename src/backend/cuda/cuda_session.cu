@@ -119,6 +119,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.mega = CUDA_MEGA_AUTO;
     o.mega_threads = 256;
     o.attn_split = true;
+    o.attn_flash = true;
     o.prefill_bf16 = true;
     return o;
 }
@@ -533,11 +534,13 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
         a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
         if (T >= 16 && cs->opt.attn_gemm) {
+            struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
+                                        a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill};
             qwenrt_status st = gemm_ready(cs, err);
             if (st)
                 return st;
-            struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
-                                        a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill};
+            if (cs->fast_prefill && cs->opt.attn_flash && attention_flash_applies(&ga))
+                return attention_flash(&cs->gemm, &ga, s, err);
             return attention_gemm(&cs->gemm, &ga, s, err);
         }
         CUDA_CHECK(launch_attention(&a, s));

@@ -19,7 +19,7 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 struct cuda_options cuda_default_options(void)
 {
     struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, true,
-                             CUDA_MEGA_AUTO, 256, true, true};
+                             CUDA_MEGA_AUTO, 256, true, true, true};
     return o;
 }
 

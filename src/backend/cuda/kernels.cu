@@ -118,39 +118,58 @@ cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t l
                     q_stride);
 }
 
-/* ---- q/k norm + RoPE: one block per (head of q or k, token), hd threads ----
- * Blocks past n_head handle k heads; with a.kc set they also store k (after RoPE) and v of
- * their head into the cache row pos0+t (the attention op's cache write, fused). */
+/* ---- q/k norm + RoPE: one warp per (head of q or k, token), ROPE_HPB heads per block ----
+ * Each block first makes its token's rotation table (cos, sin of pos * theta^(-2i/n_rot) for
+ * i < n_rot/2, in double as the reference, then rounded to float) once for all its heads: the
+ * per-element double pow + sincos of the first version cost ~30 us per layer at T = 512.
+ * Warp heads past n_head are k heads; with a.kc set they also store k (after RoPE) and v of
+ * their head into the cache row pos0+t (the attention op's cache write, fused). A head's
+ * normalised values pass through shared memory, where the rotation finds each element's
+ * partner d +- n_rot/2. */
 
-__global__ void qk_norm_rope_kernel(const __grid_constant__ struct rope_args a)
+#define ROPE_HPB 4 /* heads (warps) per block */
+
+__global__ void __launch_bounds__(32 * ROPE_HPB) qk_norm_rope_kernel(const __grid_constant__ struct rope_args a)
 {
     griddep_launch();
     griddep_wait();
-    __shared__ float red[32];
-    __shared__ float xs[1024];
-    int hh = blockIdx.x, t = blockIdx.y, d = threadIdx.x, hd = a.hd;
+    __shared__ float cs[128], sn[128];
+    __shared__ float xw[ROPE_HPB][256];
+    int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = a.hd;
+    int pos = *a.pos0 + t, half = a.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double inv_freq = pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
+        double s_, c_;
+        sincos((double)pos * inv_freq, &s_, &c_);
+        cs[i] = (float)c_, sn[i] = (float)s_;
+    }
+    __syncthreads();
+    int hh = blockIdx.x * ROPE_HPB + warp;
+    if (hh >= a.n_head + a.n_head_kv)
+        return;
     bool is_q = hh < a.n_head;
     int h = is_q ? hh : hh - a.n_head;
     float *x = is_q ? a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride
                     : a.k + (int64_t)t * a.ldk + (int64_t)h * hd;
     const float *w = is_q ? a.wq : a.wk;
-    float v = d < hd ? x[d] : 0.0f;
-    float ss = block_sum(v * v, red);
-    float scale = rsqrtf(ss / (float)hd + a.eps);
-    if (d < hd)
-        xs[d] = v * scale * w[d];
-    __syncthreads();
-    int pos = *a.pos0 + t, half = a.n_rot / 2;
-    float y = d < hd ? xs[d] : 0.0f;
-    if (d < a.n_rot) {
-        int i = d < half ? d : d - half;
-        double inv_freq = pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
-        double sn, cs;
-        sincos((double)pos * inv_freq, &sn, &cs);
-        float c = (float)cs, s = (float)sn;
-        y = d < half ? xs[d] * c - xs[d + half] * s : xs[d] * c + xs[d - half] * s;
+    float ss = 0.0f;
+    for (int d = lane; d < hd; d += 32) {
+        float v = x[d];
+        xw[warp][d] = v;
+        ss += v * v;
     }
-    if (d < hd) {
+    float scale = rsqrtf(warp_sum(ss) / (float)hd + a.eps);
+    for (int d = lane; d < hd; d += 32)
+        xw[warp][d] *= scale * w[d];
+    __syncwarp();
+    for (int d = lane; d < hd; d += 32) {
+        const float *xs = xw[warp];
+        float y = xs[d];
+        if (d < a.n_rot) {
+            int i = d < half ? d : d - half;
+            float c = cs[i], s = sn[i];
+            y = d < half ? xs[d] * c - xs[d + half] * s : xs[d] * c + xs[d - half] * s;
+        }
         x[d] = y;
         if (!is_q && a.kc) {
             int64_t off = (int64_t)pos * a.kvw + (int64_t)h * hd + d;
@@ -162,9 +181,11 @@ __global__ void qk_norm_rope_kernel(const __grid_constant__ struct rope_args a)
 
 cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s)
 {
-    int threads = ((a->hd + 31) / 32) * 32;
-    return launch_k(a->pdl, qk_norm_rope_kernel, dim3(a->n_head + a->n_head_kv, a->T),
-                    dim3(threads), 0, s, *a);
+    if (a->hd > 256 || a->n_rot > 256 || a->n_rot > a->hd)
+        return cudaErrorInvalidValue;
+    int heads = a->n_head + a->n_head_kv;
+    return launch_k(a->pdl, qk_norm_rope_kernel, dim3((heads + ROPE_HPB - 1) / ROPE_HPB, a->T),
+                    dim3(32 * ROPE_HPB), 0, s, *a);
 }
 
 __global__ void kv_write_kernel(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
