@@ -219,6 +219,7 @@ struct rope_args {
     int32_t T;
     float *kc, *vc;      /* non-NULL: write normed+roped k and v at pos0+t (fused cache write) */
     int32_t kvw;
+    const double *inv_freq; /* theta^(-2i/n_rot), i < n_rot/2 (device), or NULL: computed */
     bool pdl;
 };
 cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s);

@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/megakernel.cuh"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -67,6 +68,10 @@ struct cuda_session {
     float *state;             /* one allocation: KV, conv, ssm */
     size_t state_bytes;
     float **kc, **vc, **conv, **ssm; /* [n_layer] device pointers into state, or NULL */
+    double *rope_freq;        /* theta^(-2i/n_rot) of the session's RoPE ops (one theta and
+                               * n_rot for all: rope_theta / rope_n_rot), or NULL */
+    float rope_theta;
+    int32_t rope_n_rot;
     float *att_part;          /* decode attention split-K partials [n_head][splits][hd + 2] */
     unsigned *att_count;      /* [n_head] arrival counters of the splits (kept zeroed) */
     int32_t att_splits;       /* splits per head for decode attention (1: none) */
@@ -325,6 +330,41 @@ static size_t state_bytes_needed(const struct cuda_session *cs, const bool *has_
     return n;
 }
 
+/* The RoPE frequency table for op, when it is the session's (same theta and n_rot), else
+ * NULL (the kernel computes them). */
+static const double *rope_table(const struct cuda_session *cs, const struct plan_op *op)
+{
+    return cs->rope_freq && op->rope_theta == cs->rope_theta && op->n_rot == cs->rope_n_rot
+               ? cs->rope_freq : NULL;
+}
+
+/* theta^(-2i/n_rot) in double, as the reference computes it, once per session for the first
+ * RoPE op's theta and n_rot (every layer of a model shares them). */
+static qwenrt_status alloc_rope_table(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        if (op->kind != OP_QK_NORM_ROPE || op->n_rot < 2)
+            continue;
+        int32_t half = op->n_rot / 2;
+        double *f = (double *)xmalloc((size_t)half, sizeof(double));
+        if (!f)
+            return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+        for (int32_t k = 0; k < half; k++)
+            f[k] = pow((double)op->rope_theta, -2.0 * (double)k / (double)op->n_rot);
+        cudaError_t e = cudaMalloc(&cs->rope_freq, (size_t)half * sizeof(double));
+        if (e == cudaSuccess)
+            e = cudaMemcpy(cs->rope_freq, f, (size_t)half * sizeof(double), cudaMemcpyHostToDevice);
+        xfree(f);
+        if (e != cudaSuccess)
+            return cuda_fail(err, e, __FILE__, __LINE__, "rope table");
+        cs->rope_theta = op->rope_theta, cs->rope_n_rot = op->n_rot;
+        break;
+    }
+    return QWENRT_OK;
+}
+
 /* Split-K decode attention: enough blocks for two per multiprocessor, at most
  * ATT_MAX_SPLITS per head; the partials and counters for the widest attention op. */
 static qwenrt_status alloc_attention_splits(struct cuda_session *cs, struct qwenrt_error *err)
@@ -372,7 +412,7 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
         return err_prefix(err, "KV cache and state for %d positions: ", cs->n_ctx);
     CUDA_CHECK(cudaMalloc(&cs->state, cs->state_bytes ? cs->state_bytes : 256));
     CUDA_CHECK(cudaMemset(cs->state, 0, cs->state_bytes));
-    if ((st = alloc_attention_splits(cs, err)))
+    if ((st = alloc_attention_splits(cs, err)) || (st = alloc_rope_table(cs, err)))
         return st;
     uint8_t *q = (uint8_t *)cs->state;
     for (int32_t l = 0; l < cs->n_layer; l++) {
@@ -518,6 +558,7 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.wq = d->vec, a.wk = d->vec2, a.n_head = op->n_head, a.n_head_kv = op->n_head_kv;
         a.hd = op->head_dim, a.q_stride = op->q_stride, a.n_rot = op->n_rot;
         a.theta = op->rope_theta, a.eps = op->eps, a.pos0 = cs->d_pos, a.T = T, a.pdl = r->pdl;
+        a.inv_freq = rope_table(cs, op);
         CUDA_CHECK(launch_qk_norm_rope(&a, s));
         break;
     }
@@ -607,6 +648,16 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
 
 /* ------------------------------------------------------------------ the fused decode program */
 
+/* Op i is a matmul whose output only feeds the add after it (y = residual + x Wᵀ): one
+ * product accumulating into the residual (GEMV_ACCUM, or a GEMM with beta = 1). */
+static bool matmul_add_fusable(const struct plan *p, int32_t i)
+{
+    const struct plan_op *op = &p->ops[i];
+    return op->kind == OP_MATMUL && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ADD &&
+           p->ops[i + 1].in == op->out && p->ops[i + 1].out != op->out && op->in != p->ops[i + 1].out &&
+           plan_buf_dead_after(p, op->out, i + 2);
+}
+
 /* Tries the fusions at op i; fills *st and returns true when one applies. */
 static bool match_step(const struct plan *p, int32_t i, struct step *st)
 {
@@ -632,9 +683,7 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
         }
         return true;
     }
-    if (op->kind == OP_MATMUL && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ADD &&
-        p->ops[i + 1].in == op->out && p->ops[i + 1].out != op->out && op->in != p->ops[i + 1].out &&
-        plan_buf_dead_after(p, op->out, i + 2)) {
+    if (matmul_add_fusable(p, i)) {
         st->kind = STEP_GEMV_ADD;
         st->n_ops = 2;
         return true;
@@ -716,6 +765,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         ra.wq = d->vec, ra.wk = d->vec2, ra.n_head = op->n_head, ra.n_head_kv = op->n_head_kv;
         ra.hd = op->head_dim, ra.q_stride = op->q_stride, ra.n_rot = op->n_rot;
         ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
+        ra.inv_freq = rope_table(cs, op);
         ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
         ra.pdl = r->pdl;
         CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
@@ -801,6 +851,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFreeHost(cs->h_stage);
     cudaFree(cs->state);
     cudaFree(cs->att_part);
+    cudaFree(cs->rope_freq);
     cudaFree(cs->att_count);
     cudaFree(cs->arena);
     cudaFree(cs->scratch);
@@ -972,7 +1023,17 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
-        st = run_op(&r, i, err);
+        if (cs->opt.fuse && matmul_add_fusable(p, i)) { /* as run_plan_ops: the add in the
+                                                         * product, its time under matmul */
+            const struct plan_op *op = &p->ops[i], *add = &p->ops[i + 1];
+            st = run_matmul(&r, &r.d[i], r.b[op->in], bw(p, op->in), r.b[add->out],
+                            bw(p, add->out), T, true, err);
+            if (!st && cudaEventRecord(ev[i + 1], cs->stream) != cudaSuccess)
+                st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
+            i++;
+        } else {
+            st = run_op(&r, i, err);
+        }
         if (!st && cudaEventRecord(ev[i + 1], cs->stream) != cudaSuccess)
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     }
@@ -1102,6 +1163,14 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
     qwenrt_status st = QWENRT_OK;
     for (int32_t i = 0; i < r->p->n_ops && !st; i++) {
         const struct plan_op *op = &r->p->ops[i];
+        if (!dump && r->cs->opt.fuse && matmul_add_fusable(r->p, i)) { /* the residual add in
+                                                                         * the product */
+            const struct plan_op *add = &r->p->ops[i + 1];
+            st = run_matmul(r, &r->d[i], r->b[op->in], bw(r->p, op->in), r->b[add->out],
+                            bw(r->p, add->out), r->T, true, err);
+            i++;
+            continue;
+        }
         st = run_op(r, i, err);
         if (st || !dump || !op->dump)
             continue;

@@ -118,16 +118,18 @@ cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t l
                     q_stride);
 }
 
-/* ---- q/k norm + RoPE: one warp per (head of q or k, token), ROPE_HPB heads per block ----
+/* ---- q/k norm + RoPE: one warp per (head of q or k, token), up to ROPE_HPB per block ----
  * Each block first makes its token's rotation table (cos, sin of pos * theta^(-2i/n_rot) for
- * i < n_rot/2, in double as the reference, then rounded to float) once for all its heads: the
+ * i < n_rot/2: the frequencies in double as the reference (a.inv_freq, made once per session),
+ * the angle reduced in double, sine and cosine in float) once for all its heads: the
  * per-element double pow + sincos of the first version cost ~30 us per layer at T = 512.
  * Warp heads past n_head are k heads; with a.kc set they also store k (after RoPE) and v of
  * their head into the cache row pos0+t (the attention op's cache write, fused). A head's
  * normalised values pass through shared memory, where the rotation finds each element's
  * partner d +- n_rot/2. */
 
-#define ROPE_HPB 4 /* heads (warps) per block */
+#define ROPE_HPB 4 /* heads (warps) per block at most: prompts; decode uses one per block
+                    * (more blocks in flight: 4 per block cost ~1 us per layer there) */
 
 __global__ void __launch_bounds__(32 * ROPE_HPB) qk_norm_rope_kernel(const __grid_constant__ struct rope_args a)
 {
@@ -138,13 +140,16 @@ __global__ void __launch_bounds__(32 * ROPE_HPB) qk_norm_rope_kernel(const __gri
     int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = a.hd;
     int pos = *a.pos0 + t, half = a.n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
-        double s_, c_;
-        sincos((double)pos * inv_freq, &s_, &c_);
-        cs[i] = (float)c_, sn[i] = (float)s_;
+        double inv_freq = a.inv_freq ? a.inv_freq[i]
+                                     : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
+        /* the angle reduced to [-pi, pi] in double, then a float sine and cosine (within an
+         * ulp of the double ones rounded to float, at a fraction of their cost) */
+        double ang = (double)pos * inv_freq;
+        ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
+        sincosf((float)ang, &sn[i], &cs[i]);
     }
     __syncthreads();
-    int hh = blockIdx.x * ROPE_HPB + warp;
+    int hh = blockIdx.x * (blockDim.x >> 5) + warp;
     if (hh >= a.n_head + a.n_head_kv)
         return;
     bool is_q = hh < a.n_head;
@@ -183,9 +188,9 @@ cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s)
 {
     if (a->hd > 256 || a->n_rot > 256 || a->n_rot > a->hd)
         return cudaErrorInvalidValue;
-    int heads = a->n_head + a->n_head_kv;
-    return launch_k(a->pdl, qk_norm_rope_kernel, dim3((heads + ROPE_HPB - 1) / ROPE_HPB, a->T),
-                    dim3(32 * ROPE_HPB), 0, s, *a);
+    int heads = a->n_head + a->n_head_kv, hpb = a->T >= 16 ? ROPE_HPB : 1;
+    return launch_k(a->pdl, qk_norm_rope_kernel, dim3((heads + hpb - 1) / hpb, a->T),
+                    dim3(32 * hpb), 0, s, *a);
 }
 
 __global__ void kv_write_kernel(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
