@@ -11,7 +11,9 @@
  * head and the argmax, weights prefetched into L2 ahead of use); plans it cannot express, or
  * opt.mega off, run fused kernels (cuda_session.cu lists the fusions; each has a switch in
  * struct cuda_options) captured once in a CUDA graph and replayed. The token id and position
- * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps. Prefill runs the plan op by op with tensor-core GEMMs.
+ * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps.
+ * Prefill runs the plan op by op with tensor-core GEMMs (one bf16 product per matmul by
+ * default, three for f32 accuracy with prefill_bf16 off) and a flash-attention kernel.
  *
  * When qwenrt is built without CUDA, cuda_stub.c provides these functions: they report that
  * CUDA is not compiled in, so callers never #ifdef.

@@ -19,6 +19,11 @@
  *   final rmsnorm + logits                     -> one GEMV with the norm fused
  * A fusion applies only when the intermediate buffer is dead afterwards (buf_dead_after).
  * Without opt.fuse the program is the plan, op by op: the unfused twin stays runnable.
+ *
+ * Prefill (T > 1) runs the prefill plan op by op (run_plan_ops) with one fusion, matmul +
+ * residual add as one product accumulating into the residual (skipped when ops are dumped).
+ * Its products and attention follow the session's precision (fast_prefill: bf16 products and
+ * the flash kernel for Qwen3 models with 16-bit or quantised weights; else f32-accurate).
  */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
