@@ -7,10 +7,11 @@
  * activation buffers ([T][width] f32 per plan buffer) and the cuBLASLt handle. The backend
  * reads only plans (src/plan/plan.h): layer kinds, widths and weights come from the ops.
  *
- * Decode (T = 1) runs as one persistent kernel per step (megakernel.cu: every layer, the LM
- * head and the argmax, weights prefetched into L2 ahead of use); plans it cannot express, or
- * opt.mega off, run fused kernels (cuda_session.cu lists the fusions; each has a switch in
- * struct cuda_options) captured once in a CUDA graph and replayed. The token id and position
+ * Decode (T = 1) runs either as one persistent kernel per step (megakernel.cu: every layer,
+ * the LM head and the argmax, weights streamed through a shared-memory ring; the default for
+ * quantised weights, where it measured faster) or as fused kernels (cuda_session.cu lists the
+ * fusions; each has a switch in struct cuda_options) captured once in a CUDA graph and
+ * replayed (the default for float weights). The token id and position
  * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps.
  * Prefill runs the plan op by op with tensor-core GEMMs (one bf16 product per matmul by
  * default, three for f32 accuracy with prefill_bf16 off) and a flash-attention kernel.
