@@ -2,7 +2,8 @@
 # cli_run.sh — `qwenrt run` end to end on a tiny model that carries the real Qwen3 tokenizer
 # (synth --vocab 151936): greedy output is deterministic, the same seed gives the same sampled
 # text and another seed other text, a stop string ends the answer before it, an interactive
-# chat continues across turns and /reset works, bad flags are refused. $1 = the qwenrt binary.
+# chat continues across turns and /reset works, --precision is parsed, bad flags are refused.
+# $1 = the qwenrt binary.
 set -eu
 Q=$1
 T=$(mktemp -d)
@@ -42,6 +43,15 @@ p3=$(grep '^\[prompt' "$T/err" | sed -n 3p | sed 's/\[prompt \([0-9]*\).*/\1/')
 [ "$p3" = "$p1" ] || fail "after /reset the first turn should cost the same ($p1 vs $p3)"
 grep -q 'conversation reset' "$T/err" || fail "/reset not acknowledged"
 [ "$p2" -lt $((p1 + 16)) ] || fail "second turn re-processed the conversation ($p2 tokens)"
+
+# precision: exact is accepted (the CPU backend ignores it: the same greedy text), anything
+# else refused by name, by run and by serve
+e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --precision exact)
+[ "$e" = "$a" ] || fail "--precision exact changed the CPU's output: '$e' vs '$a'"
+if "$Q" run -m "$T/m.gguf" -p x --precision fast 2>"$T/err"; then fail "--precision fast accepted"; fi
+grep -q "precision must be default or exact, got 'fast'" "$T/err" || fail "precision error: $(cat "$T/err")"
+if "$Q" serve -m "$T/m.gguf" --precision 1 2>"$T/err"; then fail "serve --precision 1 accepted"; fi
+grep -q "precision must be default or exact, got '1'" "$T/err" || fail "serve precision error: $(cat "$T/err")"
 
 # refused input
 if "$Q" run -m "$T/m.gguf" -p x --temp abc 2>/dev/null; then fail "--temp abc accepted"; fi

@@ -78,6 +78,14 @@ int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
         if (!(v = cli_value(argc, argv, i)))
             return -1;
         o->profile = v;
+    } else if (!strcmp(a, "--precision")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "default") && strcmp(v, "exact")) {
+            fprintf(stderr, "qwenrt: --precision must be default or exact, got '%s'\n", v);
+            return -1;
+        }
+        o->precision = strcmp(v, "exact") ? QWENRT_PRECISION_DEFAULT : QWENRT_PRECISION_EXACT;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
             return -1;
@@ -157,6 +165,7 @@ struct qwenrt_session *cli_new_session(struct qwenrt_model *m, const struct cli_
     struct qwenrt_session_params p = qwenrt_session_default_params();
     p.n_threads = o->threads;
     p.n_ctx = o->ctx;
+    p.precision = o->precision;
     struct qwenrt_session *s = NULL;
     struct qwenrt_error err = {0};
     if (qwenrt_session_init(m, &p, &s, &err) != QWENRT_OK) {

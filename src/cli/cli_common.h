@@ -16,6 +16,7 @@ struct cli_model_opts {
     const char *backend; /* --backend cpu|cuda */
     int32_t ctx;         /* --ctx-size */
     const char *profile; /* --profile ID|FILE: kernels bound by a runtime profile */
+    int32_t precision;   /* --precision default|exact: enum qwenrt_precision */
     const char *command; /* the command's name, for intent errors ("run", "serve", ...) */
 };
 

@@ -42,6 +42,7 @@ static int usage(void)
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty X] [--seed S] [--stop TEXT]... [--think|--no-think]\n"
             "                  [--threads N] [--ctx-size N] [--backend cpu|cuda]\n"
+            "                  [--precision default|exact]\n"
             "                  [--profile ID|FILE] [--no-stats]\n");
     return 2;
 }

@@ -22,7 +22,7 @@ static int usage(void)
             "                    [--parallel N] [--ctx-size N] [--cache-mb N] [--queue N]\n"
             "                    [--max-tokens N] [--max-prompt N] [--max-body-kb N]\n"
             "                    [--timeout S] [--top-k K] [--alias NAME] [--threads N]\n"
-            "                    [--backend cpu|cuda]\n"
+            "                    [--backend cpu|cuda] [--precision default|exact]\n"
             "                    [--no-log]\n"
             "  --host ADDR      address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N         port (default 8080; 0 = any free port, printed at start)\n"
@@ -37,6 +37,7 @@ static int usage(void)
             "  --timeout S      close connections idle for S seconds (default 60)\n"
             "  --top-k K        top_k of requests that set none (default 40; 0 = off)\n"
             "  --alias NAME     model name in /v1/models (default: the model file's name)\n"
+            "  --precision P    GPU prompt products: default (bf16, as llama.cpp) or exact (f32)\n"
             "  --no-log         no request log lines on stderr\n");
     return 2;
 }
@@ -149,6 +150,7 @@ int cmd_serve(int argc, char **argv)
     if (mo.ctx)
         p.n_ctx = mo.ctx;
     p.n_threads = mo.threads;
+    p.precision = mo.precision;
     if (!p.model_id) {
         default_id(mo.model, id, sizeof(id));
         p.model_id = id;

@@ -91,6 +91,7 @@ struct sched_params {
     int n_threads;      /* kernel threads per session, 0 = the model's */
     int queue_max;      /* jobs waiting for a slot before sched_submit refuses */
     size_t cache_bytes; /* prompt cache budget, 0 = off */
+    int32_t precision;  /* enum qwenrt_precision of the slots' sessions */
 };
 
 struct sched;
