@@ -17,9 +17,15 @@
  * the next phases are in flight while the block waits at a barrier or runs attention.
  *
  * Status (docs/perf-log.md): correct on every fixture and synth test; faster than the graph
- * program for quantised weights, slower for float weights (per-phase work ~4-5 us where ~1 is
- * expected: not explained yet), hence CUDA_MEGA_AUTO. cuda_session_profile_decode times
- * every phase.
+ * program for quantised weights (Qwen3-0.6B Q4_K_M 818 vs 470 tok/s), slower for float
+ * weights (BF16 803 vs 979), hence CUDA_MEGA_AUTO. cuda_session_profile_decode times every
+ * phase; bench/ncu_megakernel.sh samples where warps stall. What ncu showed (BF16, session
+ * 3): 8 warps per multiprocessor issue 0.19 instructions per scheduler-cycle; 23% of the
+ * samples wait after the grid barrier, 12.5% at the block barrier that frees a ring stage
+ * after every chunk (the warps wait for the slowest of them, then for thread 0 to issue the
+ * next copy); 31% of shared-memory wavefronts are bank-conflict excess (x read as two float4
+ * per lane 32 bytes apart, once per row). Next: x in registers across a warp's rows, per-warp
+ * "stage empty" mbarrier arrivals instead of the block barrier, a producer warp.
  *
  * Numerics follow the reference kernels (kernels_ref.c) as the per-op CUDA kernels do: f32
  * accumulation, RoPE angles in double, online softmax, quantised weights dequantised with
