@@ -327,6 +327,9 @@ static qwenrt_status open_sessions(struct gate *g, struct qwenrt_error *err)
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = g->T + g->n_gen + 1;
     sp.n_threads = g->p->n_threads;
+    /* f32 activations: the tolerance rows below are for the exact products (the GPU's default
+     * bf16 prompt products are gated by bench/cuda_bench.c and tests/test_cuda_backend.c) */
+    sp.precision = QWENRT_PRECISION_EXACT;
     qwenrt_status st = qwenrt_session_init(g->cand.model, &sp, &g->cs, err);
     if (!st && !g->ref.file)
         st = qwenrt_session_init(g->ref.tm.model, &sp, &g->ref.s, err);
@@ -453,10 +456,11 @@ static void build_record(struct gate *g, struct validate_result *r)
     json_object_set_new(
         rec, "precision_comparison",
         json_pack(
-            "{s:s, s:b, s:b, s:s, s:s, s:s, s:s}", "class",
+            "{s:s, s:b, s:b, s:s, s:s, s:s, s:s, s:s}", "class",
             g->ref.file ? "float64_reference_over_stored_weights" : "same_storage_precision",
             "same_weight_representation", 1, "bitwise_exact", g->all_exact, "storage_dtype", wdt,
-            "accumulation_dtype", "float32", "kv_dtype", "float32", "policy",
+            "accumulation_dtype", "float32", "kv_dtype", "float32", "session_precision", "exact",
+            "policy",
             quant
                 ? "Same stored quantised weights; the reference dequantises them to f32 and keeps f32 activations; logits, all valid KV entries and DeltaNet state pass the quantized tolerances; greedy ids agree (near ties within tolerance recorded)."
                 : "Same stored weights in both paths; complete logits, all valid KV entries and DeltaNet state pass the dtype tolerances; greedy ids agree exactly unless a recorded near tie."));
