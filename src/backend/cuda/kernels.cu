@@ -231,7 +231,7 @@ cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, c
 
 #define ATT_WARPS 8
 #define ATT_U 4
-#define ATT_SPLIT_MIN 64 /* positions per split at least (one step of every warp: 8 x 4 = 32) */
+#define ATT_SPLIT_MIN 64 /* positions per split at least (two rounds of 8 warps x 4 positions) */
 
 /* Merges the n partial results of head h (the last block of the head runs it; part rows are
  * stride floats apart): out = the rescaled sum of the partial outputs over the rescaled sum
