@@ -115,6 +115,33 @@ printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' >"$T/cmp.j
 [ "$(jget "$T/o" 'j.choices[0].finish_reason')" = length ] || fail "finish_reason"
 [ "$(jget "$T/o" 'j.usage.completion_tokens')" = 6 ] || fail "completion tokens: $(cat "$T/o")"
 
+# completions logprobs (OpenAI's legacy form), greedy: parallel arrays over the 6 tokens, each
+# token the most likely of its 3 alternatives, offsets growing by each token's code points; the
+# stream carries the same tokens with offsets continuing across chunks
+printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0,"logprobs":3}' >"$T/cmp_lp.json"
+[ "$(http POST /v1/completions "$T/cmp_lp.json" "$T/clp")" = 200 ] || fail "completions logprobs: $(cat "$T/clp")"
+sed 's/"logprobs":3/"logprobs":3,"stream":true/' "$T/cmp_lp.json" >"$T/cmp_lp_s.json"
+curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/cmp_lp_s.json" \
+    "$URL/v1/completions" | grep '^data: {' | sed 's/^data: //' >"$T/clpev"
+node -e '
+const fs=require("fs");const r=JSON.parse(fs.readFileSync(process.argv[1]));
+const l=r.choices[0].logprobs, n=r.usage.completion_tokens;
+if(l.tokens.length!==n||l.token_logprobs.length!==n||l.top_logprobs.length!==n||l.text_offset.length!==n)throw "arrays of "+n;
+let off=0;const partial=l.tokens.some(t=>t.includes("\ufffd")); /* bytes of a character split over tokens: offsets count code points */
+for(let i=0;i<n;i++){
+  if(!(l.token_logprobs[i]<=0))throw "logprob > 0";
+  const alts=Object.values(l.top_logprobs[i]);
+  if(alts.length<1||alts.length>3)throw "alternatives "+alts.length;
+  if(Math.abs(Math.max(...alts)-l.token_logprobs[i])>1e-6)throw "greedy token is not the most likely";
+  if(partial?(i&&l.text_offset[i]<l.text_offset[i-1]):l.text_offset[i]!==off)throw "text_offset "+l.text_offset[i]+" expected "+off;
+  off+=[...l.tokens[i]].length;
+}
+if(l.tokens.join("")!==r.choices[0].text&&!l.tokens.some(t=>t.includes("\ufffd")))throw "tokens do not spell the text";
+const ev=fs.readFileSync(process.argv[2],"utf8").trim().split("\n").map(JSON.parse);
+let t=[],o=[];for(const e of ev)if(e.choices.length&&e.choices[0].logprobs){t=t.concat(e.choices[0].logprobs.tokens);o=o.concat(e.choices[0].logprobs.text_offset);}
+if(JSON.stringify(t)!==JSON.stringify(l.tokens)||JSON.stringify(o)!==JSON.stringify(l.text_offset))throw "streamed logprobs differ";
+' "$T/clp" "$T/clpev" || fail "completions logprobs checks: $(head -c 600 "$T/clp")"
+
 # stop string: cut the greedy answer before its second half
 stop=$(printf '%s' "$answer" | cut -c5-7)
 if [ -n "$stop" ]; then

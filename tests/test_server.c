@@ -492,6 +492,42 @@ static void test_tool_calls_json(void **state)
     assert_string_equal(e.param, "tool_choice");
 }
 
+/* The completions form of v (see test_logprobs): parallel arrays, alternatives as an object
+ * (null without any), offsets in code points continuing across two chunks. */
+static void check_legacy_logprobs(const struct tokenizer *tok, const struct oai_token_logprob *v)
+{
+    struct oai_meta m = {.kind = OAI_COMPLETION, .id = "cmpl-3", .created = 5, .model = "tiny"};
+    int64_t off = 0;
+    char *js = oai_chunk_json(&m, "Hello", 5, false, NULL, NULL);
+    assert_true(oai_attach_logprobs(&js, OAI_COMPLETION, v, 2, tok, &off));
+    assert_int_equal(off, 6); /* "Hello" 5 + the lead byte 0xE4 */
+    json_t *j = load(js);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *toks = json_object_get(lp, "tokens"), *lps = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs"), *offs = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(toks), 2);
+    assert_string_equal(json_string_value(json_array_get(toks, 0)), "Hello");
+    assert_string_equal(json_string_value(json_array_get(toks, 1)), "\xef\xbf\xbd");
+    assert_true(json_real_value(json_array_get(lps, 1)) == -1.5);
+    json_t *alt0 = json_array_get(tops, 0);
+    assert_int_equal(json_object_size(alt0), 2);
+    assert_true(json_real_value(json_object_get(alt0, "Hello")) == -0.25);
+    assert_true(json_real_value(json_object_get(alt0, "\xef\xbf\xbd")) == -3.5);
+    assert_true(json_is_null(json_array_get(tops, 1)));
+    assert_int_equal(json_integer_value(json_array_get(offs, 0)), 0);
+    assert_int_equal(json_integer_value(json_array_get(offs, 1)), 5);
+    json_decref(j);
+    /* the next chunk's offsets continue */
+    js = oai_chunk_json(&m, "Hello", 5, false, NULL, NULL);
+    assert_true(oai_attach_logprobs(&js, OAI_COMPLETION, v, 1, tok, &off));
+    j = load(js);
+    offs = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                           "text_offset");
+    assert_int_equal(json_integer_value(json_array_get(offs, 0)), 6);
+    assert_int_equal(off, 11);
+    json_decref(j);
+}
+
 static void test_logprobs(void **state)
 {
     (void)state;
@@ -511,8 +547,27 @@ static void test_logprobs(void **state)
         assert_int_equal(e.status, 400);
         assert_string_equal(e.param, bad[i][1]);
     }
-    assert_false(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":2}", &r, &e));
-    assert_string_equal(e.param, "logprobs");
+    /* completions: logprobs is the number of alternatives; echo only false */
+    assert_true(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":2,\"echo\":false}", &r, &e));
+    assert_int_equal(r.logprobs, 3);
+    oai_request_free(&r);
+    assert_true(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":0}", &r, &e));
+    assert_int_equal(r.logprobs, 1);
+    oai_request_free(&r);
+    assert_true(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":null}", &r, &e));
+    assert_int_equal(r.logprobs, 0);
+    oai_request_free(&r);
+    const char *bad_cmp[][2] = {
+        {"{\"prompt\":\"a\",\"logprobs\":21}", "logprobs"},
+        {"{\"prompt\":\"a\",\"logprobs\":true}", "logprobs"},
+        {"{\"prompt\":\"a\",\"logprobs\":1,\"top_logprobs\":1}", "top_logprobs"},
+        {"{\"prompt\":\"a\",\"echo\":true}", "echo"},
+    };
+    for (size_t i = 0; i < sizeof(bad_cmp) / sizeof(bad_cmp[0]); i++) {
+        assert_false(parse(OAI_COMPLETION, bad_cmp[i][0], &r, &e));
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, bad_cmp[i][1]);
+    }
 
     struct tokenizer *tok = load_qwen3_or_fail();
     assert_non_null(tok);
@@ -524,7 +579,7 @@ static void test_logprobs(void **state)
                                      {.id = byte_e4, .logprob = -1.5f}};
     struct oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-3", .created = 5, .model = "tiny"};
     char *js = oai_chunk_json(&m, "Hello", 5, false, NULL, NULL);
-    assert_true(oai_attach_logprobs(&js, v, 2, tok));
+    assert_true(oai_attach_logprobs(&js, OAI_CHAT, v, 2, tok, NULL));
     json_t *j = load(js);
     json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
                                                       "logprobs"), "content");
@@ -545,12 +600,13 @@ static void test_logprobs(void **state)
     /* a whole response too */
     struct oai_usage u = {.prompt = 1, .cached = 0, .completion = 1};
     js = oai_response_json(&m, "Hello", 5, "stop", &u);
-    assert_true(oai_attach_logprobs(&js, v, 1, tok));
+    assert_true(oai_attach_logprobs(&js, OAI_CHAT, v, 1, tok, NULL));
     j = load(js);
     content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
                               "content");
     assert_int_equal(json_array_size(content), 1);
     json_decref(j);
+    check_legacy_logprobs(tok, v);
     tokenizer_free(tok);
 }
 

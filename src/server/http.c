@@ -186,6 +186,7 @@ struct stream_ctx {
     struct tool_stream ts; /* with tools: the answer so far and how much went out as content */
     struct oai_token_logprob *lp; /* logprobs taken from the job, not yet sent */
     int32_t n_lp, lp_taken;       /* ... how many; how many the job had when last taken */
+    int64_t lp_offset;            /* completions: code points of text already covered */
     char *pend; /* formatted events not yet handed to MHD */
     size_t pend_len, pend_off, pend_cap;
 };
@@ -233,7 +234,7 @@ static char *with_logprobs(struct stream_ctx *sc, char *json)
 {
     if (!json || !sc->n_lp)
         return json;
-    if (!oai_attach_logprobs(&json, sc->lp, sc->n_lp, sc->srv->tok)) {
+    if (!oai_attach_logprobs(&json, sc->meta.kind, sc->lp, sc->n_lp, sc->srv->tok, &sc->lp_offset)) {
         xfree(json);
         return NULL;
     }
@@ -406,7 +407,7 @@ static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c
     }
     struct oai_usage u = job_usage(j);
     char *json = oai_response_json(meta, j->out, j->out_len, finish_name(j->finish), &u);
-    if (json && j->logprobs && !oai_attach_logprobs(&json, j->lp, j->n_lp, rc->srv->tok)) {
+    if (json && j->logprobs && !oai_attach_logprobs(&json, meta->kind, j->lp, j->n_lp, rc->srv->tok, NULL)) {
         xfree(json);
         json = NULL;
     }

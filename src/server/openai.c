@@ -83,6 +83,37 @@ static bool get_bool(json_t *root, const char *key, bool *out, struct oai_error 
     return true;
 }
 
+/* Chat: "logprobs": true and "top_logprobs": 0..OAI_TOP_LOGPROBS_MAX. */
+static bool chat_logprobs_field(json_t *root, struct oai_request *r, struct oai_error *e)
+{
+    bool lp = false;
+    long long top = 0;
+    if (!get_bool(root, "logprobs", &lp, e) ||
+        !get_int(root, "top_logprobs", 0, OAI_TOP_LOGPROBS_MAX, &top, e))
+        return false;
+    if (top > 0 && !lp)
+        return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r->logprobs = lp ? 1 + (int32_t)top : 0;
+    return true;
+}
+
+/* Completions: "logprobs": the number of alternatives per token (0..OAI_TOP_LOGPROBS_MAX;
+ * null or absent: none); "echo" may only be false (the prompt is never repeated). */
+static bool completion_logprobs(json_t *root, struct oai_request *r, struct oai_error *e)
+{
+    long long top = -1;
+    bool echo = false;
+    json_t *tl = json_object_get(root, "top_logprobs");
+    if (tl && !json_is_null(tl))
+        return BAD(e, "top_logprobs", "/v1/completions takes the number of alternatives in 'logprobs'");
+    if (!get_int(root, "logprobs", 0, OAI_TOP_LOGPROBS_MAX, &top, e) || !get_bool(root, "echo", &echo, e))
+        return false;
+    if (echo)
+        return BAD(e, "echo", "'echo' is not supported (the prompt is not repeated)");
+    r->logprobs = top >= 0 ? 1 + (int32_t)top : 0;
+    return true;
+}
+
 static bool parse_stop(json_t *root, struct oai_request *r, struct oai_error *e)
 {
     json_t *v = json_object_get(root, "stop"), *x;
@@ -129,17 +160,8 @@ static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oa
         return false;
     if (n != 1)
         return BAD(e, "n", "only n=1 is supported, got %lld", n);
-    bool lp = false;
-    long long top = 0;
-    json_t *lpv = json_object_get(root, "logprobs");
-    if (r->kind == OAI_COMPLETION && lpv && !json_is_null(lpv) && !json_is_false(lpv))
-        return BAD(e, "logprobs", "logprobs are supported on /v1/chat/completions only");
-    if (!get_bool(root, "logprobs", &lp, e) ||
-        !get_int(root, "top_logprobs", 0, OAI_TOP_LOGPROBS_MAX, &top, e))
+    if (!(r->kind == OAI_COMPLETION ? completion_logprobs(root, r, e) : chat_logprobs_field(root, r, e)))
         return false;
-    if (top > 0 && !lp)
-        return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    r->logprobs = lp ? 1 + (int32_t)top : 0;
     if (r->sp.top_p <= 0.0f)
         return BAD(e, "top_p", "'top_p' must be greater than 0");
     r->sp.top_k = (int32_t)top_k;
@@ -410,37 +432,52 @@ char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_call
     return dump(root);
 }
 
+/* The bytes of token id (special tokens: their text). */
+static const uint8_t *token_bytes(const struct tokenizer *tok, int32_t id, size_t *len)
+{
+    const uint8_t *b = tokenizer_token_bytes(tok, id, len);
+    if (!b) {
+        const char *str = tokenizer_token_str(tok, id, len);
+        b = (const uint8_t *)(str ? str : "");
+        *len = str ? *len : 0;
+    }
+    return b;
+}
+
+/* The bytes as a JSON string; when they are not whole UTF-8 (part of a character), every
+ * byte >= 0x80 becomes U+FFFD. NULL: out of memory. */
+static json_t *token_text(const uint8_t *b, size_t len)
+{
+    json_t *t = json_stringn((const char *)b, len);
+    if (t)
+        return t;
+    char *fixed = xmalloc(len * 3 + 1, 1);
+    size_t o = 0;
+    for (size_t i = 0; fixed && i < len; i++) {
+        if (b[i] < 0x80) {
+            fixed[o++] = (char)b[i];
+        } else {
+            memcpy(fixed + o, "\xef\xbf\xbd", 3);
+            o += 3;
+        }
+    }
+    t = fixed ? json_stringn(fixed, o) : NULL;
+    xfree(fixed);
+    return t;
+}
+
 /* {"token", "logprob", "bytes"} of one token. */
 static json_t *token_lp_json(const struct tokenizer *tok, int32_t id, float logprob)
 {
     size_t len = 0;
-    const uint8_t *b = tokenizer_token_bytes(tok, id, &len);
-    if (!b) { /* special tokens: their text */
-        const char *str = tokenizer_token_str(tok, id, &len);
-        b = (const uint8_t *)(str ? str : "");
-        len = str ? len : 0;
-    }
+    const uint8_t *b = token_bytes(tok, id, &len);
     json_t *bytes = json_array();
     for (size_t i = 0; bytes && i < len; i++)
         if (json_array_append_new(bytes, json_integer(b[i]))) {
             json_decref(bytes);
             bytes = NULL;
         }
-    json_t *t = json_stringn((const char *)b, len);
-    if (!t) { /* part of a UTF-8 sequence: the bytes say exactly what it is */
-        char *fixed = xmalloc(len * 3 + 1, 1);
-        size_t o = 0;
-        for (size_t i = 0; fixed && i < len; i++) {
-            if (b[i] < 0x80) {
-                fixed[o++] = (char)b[i];
-            } else {
-                memcpy(fixed + o, "\xef\xbf\xbd", 3);
-                o += 3;
-            }
-        }
-        t = fixed ? json_stringn(fixed, o) : NULL;
-        xfree(fixed);
-    }
+    json_t *t = token_text(b, len);
     json_t *v = t && bytes ? json_pack("{s:o,s:f,s:o}", "token", t, "logprob", (double)logprob, "bytes", bytes)
                            : NULL;
     if (!v) {
@@ -450,13 +487,77 @@ static json_t *token_lp_json(const struct tokenizer *tok, int32_t id, float logp
     return v;
 }
 
-bool oai_attach_logprobs(char **json, const struct oai_token_logprob *v, int n,
-                         const struct tokenizer *tok)
+/* Code points that start in b[0..len) (bytes that are not UTF-8 continuation bytes). */
+static int64_t code_points(const uint8_t *b, size_t len)
 {
-    json_error_t jerr;
-    json_t *root = *json ? json_loads(*json, 0, &jerr) : NULL;
-    json_t *choice = json_array_get(json_object_get(root, "choices"), 0), *content = json_array();
-    bool ok = choice && content;
+    int64_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += (b[i] & 0xc0) != 0x80;
+    return n;
+}
+
+/* One entry of the legacy top_logprobs: {token text: logprob} of the alternatives (the first,
+ * most likely, of two that read the same is kept), or null when none were asked for. */
+static json_t *legacy_alternatives(const struct oai_token_logprob *v, const struct tokenizer *tok)
+{
+    if (v->n_top == 0)
+        return json_null();
+    json_t *alt = json_object();
+    for (int k = 0; alt && k < v->n_top; k++) {
+        size_t len = 0;
+        const uint8_t *b = token_bytes(tok, v->top_id[k], &len);
+        json_t *key = token_text(b, len);
+        if (!key || (!json_object_get(alt, json_string_value(key)) &&
+                     json_object_set_new(alt, json_string_value(key), json_real(v->top_lp[k])))) {
+            json_decref(alt);
+            alt = NULL;
+        }
+        json_decref(key);
+    }
+    return alt;
+}
+
+/* The /v1/completions form: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, the
+ * offsets in code points of the generated text, continuing from *offset (advanced). */
+static json_t *legacy_logprobs(const struct oai_token_logprob *v, int n, const struct tokenizer *tok,
+                               int64_t *offset)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    bool ok = tokens && lps && tops && offs;
+    for (int i = 0; ok && i < n; i++) {
+        size_t len = 0;
+        const uint8_t *b = token_bytes(tok, v[i].id, &len);
+        json_t *t = token_text(b, len), *alt = legacy_alternatives(&v[i], tok);
+        if (!t || !alt) {
+            json_decref(t);
+            json_decref(alt);
+            ok = false;
+            break;
+        }
+        /* the append calls take their argument's reference, also when they fail */
+        ok = !json_array_append_new(tokens, t);
+        if (!ok) {
+            json_decref(alt);
+            break;
+        }
+        ok = !json_array_append_new(tops, alt) && !json_array_append_new(lps, json_real(v[i].logprob)) &&
+             !json_array_append_new(offs, json_integer(*offset));
+        *offset += code_points(b, len);
+    }
+    json_t *r = ok ? json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps,
+                               "top_logprobs", tops, "text_offset", offs)
+                   : NULL;
+    if (!r) {
+        json_decref(tokens), json_decref(lps), json_decref(tops), json_decref(offs);
+    }
+    return r;
+}
+
+/* The chat form: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}. */
+static json_t *chat_logprobs(const struct oai_token_logprob *v, int n, const struct tokenizer *tok)
+{
+    json_t *content = json_array();
+    bool ok = content != NULL;
     for (int i = 0; ok && i < n; i++) {
         json_t *one = token_lp_json(tok, v[i].id, v[i].logprob), *tops = json_array();
         for (int k = 0; one && tops && k < v[i].n_top; k++) {
@@ -476,14 +577,31 @@ bool oai_attach_logprobs(char **json, const struct oai_token_logprob *v, int n,
         ok = !json_object_set_new(one, "top_logprobs", tops) ? !json_array_append_new(content, one)
                                                               : (json_decref(one), false);
     }
+    json_t *r = ok ? json_pack("{s:o}", "content", content) : NULL;
+    if (!r)
+        json_decref(content);
+    return r;
+}
+
+bool oai_attach_logprobs(char **json, enum oai_kind kind, const struct oai_token_logprob *v, int n,
+                         const struct tokenizer *tok, int64_t *text_offset)
+{
+    json_error_t jerr;
+    json_t *root = *json ? json_loads(*json, 0, &jerr) : NULL;
+    json_t *choice = json_array_get(json_object_get(root, "choices"), 0);
+    int64_t off = text_offset ? *text_offset : 0;
+    json_t *lp = !choice ? NULL
+                 : kind == OAI_COMPLETION ? legacy_logprobs(v, n, tok, &off)
+                                          : chat_logprobs(v, n, tok);
     char *out = NULL;
-    if (ok && !json_object_set_new(choice, "logprobs", json_pack("{s:O}", "content", content)))
+    if (lp && !json_object_set_new(choice, "logprobs", lp))
         out = dump(json_incref(root));
-    json_decref(content);
     json_decref(root);
     if (!out)
         return false;
     xfree(*json);
     *json = out;
+    if (text_offset)
+        *text_offset = off;
     return true;
 }

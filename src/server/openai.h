@@ -9,7 +9,9 @@
  * (a string or up to TEXTGEN_MAX_STOP strings), n (1 only), stream, stream_options.
  * include_usage, presence_penalty, frequency_penalty (mapped to the repeat penalty window),
  * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking,
- * logprobs + top_logprobs (chat; 0..OAI_TOP_LOGPROBS_MAX alternatives per token).
+ * logprobs + top_logprobs (chat; 0..OAI_TOP_LOGPROBS_MAX alternatives per token), logprobs
+ * as the number of alternatives (completions, 0..OAI_TOP_LOGPROBS_MAX), echo (false only: a
+ * prompt is never echoed).
  * With tools, an answer holding <tool_call> blocks is returned as message.tool_calls with
  * finish_reason "tool_calls" (tool_calls.h). Unknown fields are ignored, as OpenAI does;
  * a known field of the wrong type or out of range is a 400 naming it in "param".
@@ -105,12 +107,16 @@ struct oai_token_logprob {
 };
 
 struct tokenizer;
-/* Sets choices[0].logprobs of a response or chunk (*json: xmalloc'd, replaced) to
- * {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]} for v[0..n). A token
- * whose bytes are not whole UTF-8 shows them replaced in "token" and exact in "bytes".
- * false: out of memory (*json unchanged). */
-bool oai_attach_logprobs(char **json, const struct oai_token_logprob *v, int n,
-                         const struct tokenizer *tok);
+/* Sets choices[0].logprobs of a response or chunk (*json: xmalloc'd, replaced) for v[0..n).
+ * Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}; a token whose
+ * bytes are not whole UTF-8 shows them replaced (U+FFFD) in "token" and exact in "bytes".
+ * Completions (OpenAI's legacy form): {"tokens", "token_logprobs", "top_logprobs" (per token
+ * an object text -> logprob, or null when no alternatives were asked for), "text_offset" (code
+ * points into the generated text)}; text_offset (may be NULL: 0) is where v[0] starts and is
+ * advanced past v[n-1] (streams continue it across chunks). false: out of memory (*json
+ * unchanged). */
+bool oai_attach_logprobs(char **json, enum oai_kind kind, const struct oai_token_logprob *v, int n,
+                         const struct tokenizer *tok, int64_t *text_offset);
 
 struct tool_calls;
 /* The stream chunk carrying every tool call at once (delta.tool_calls with index, id, type,
