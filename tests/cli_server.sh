@@ -142,6 +142,28 @@ let t=[],o=[];for(const e of ev)if(e.choices.length&&e.choices[0].logprobs){t=t.
 if(JSON.stringify(t)!==JSON.stringify(l.tokens)||JSON.stringify(o)!==JSON.stringify(l.text_offset))throw "streamed logprobs differ";
 ' "$T/clp" "$T/clpev" || fail "completions logprobs checks: $(head -c 600 "$T/clp")"
 
+# echo: the prompt starts the text; with logprobs and max_tokens 0 (scoring a text) every
+# prompt token gets its logprob (the first null). Scoring the prompt followed by the greedy
+# answer must give the answer's tokens the logprobs the generation reported (prefill vs decode)
+node -e 'const r=JSON.parse(require("fs").readFileSync(process.argv[1]));
+         console.log(JSON.stringify({prompt:"Once upon a time"+r.choices[0].text,max_tokens:0,
+                                     echo:true,logprobs:1}))' "$T/clp" >"$T/echo.json"
+[ "$(http POST /v1/completions "$T/echo.json" "$T/ech")" = 200 ] || fail "echo: $(cat "$T/ech")"
+node -e '
+const fs=require("fs");const g=JSON.parse(fs.readFileSync(process.argv[1])),r=JSON.parse(fs.readFileSync(process.argv[2]));
+const l=r.choices[0].logprobs, gl=g.choices[0].logprobs, want="Once upon a time"+g.choices[0].text;
+if(r.choices[0].text!==want)throw "echo text "+JSON.stringify(r.choices[0].text);
+if(r.usage.completion_tokens!==0||r.choices[0].finish_reason!=="length")throw "max_tokens 0";
+if(l.tokens.length!==r.usage.prompt_tokens)throw "entries "+l.tokens.length+" for "+r.usage.prompt_tokens+" prompt tokens";
+if(l.token_logprobs[0]!==null||l.top_logprobs[0]!==null)throw "first token has a logprob";
+for(let i=1;i<l.tokens.length;i++)if(!(l.token_logprobs[i]<=0))throw "logprob "+i;
+const n=gl.tokens.length, tail=l.tokens.slice(-n);
+if(JSON.stringify(tail)===JSON.stringify(gl.tokens)){ /* the text tokenizes back the same way */
+  const a=l.token_logprobs.slice(-n);
+  for(let i=0;i<n;i++)if(Math.abs(a[i]-gl.token_logprobs[i])>1e-3)throw "token "+i+": prompt scoring "+a[i]+" vs generation "+gl.token_logprobs[i];
+}
+' "$T/clp" "$T/ech" || fail "echo checks: $(head -c 600 "$T/ech")"
+
 # stop string: cut the greedy answer before its second half
 stop=$(printf '%s' "$answer" | cut -c5-7)
 if [ -n "$stop" ]; then

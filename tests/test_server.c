@@ -526,6 +526,16 @@ static void check_legacy_logprobs(const struct tokenizer *tok, const struct oai_
     assert_int_equal(json_integer_value(json_array_get(offs, 0)), 6);
     assert_int_equal(off, 11);
     json_decref(j);
+    /* an echoed prompt's first token: no context, null logprob and alternatives */
+    struct oai_token_logprob first = {.id = v[0].id, .logprob = NAN, .n_top = 0};
+    js = oai_chunk_json(&m, "Hello", 5, false, NULL, NULL);
+    assert_true(oai_attach_logprobs(&js, OAI_COMPLETION, &first, 1, tok, NULL));
+    j = load(js);
+    lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_true(json_is_null(json_array_get(json_object_get(lp, "token_logprobs"), 0)));
+    assert_true(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 0)), "Hello");
+    json_decref(j);
 }
 
 static void test_logprobs(void **state)
@@ -547,9 +557,14 @@ static void test_logprobs(void **state)
         assert_int_equal(e.status, 400);
         assert_string_equal(e.param, bad[i][1]);
     }
-    /* completions: logprobs is the number of alternatives; echo only false */
+    /* completions: logprobs is the number of alternatives; echo, and then max_tokens 0 */
     assert_true(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":2,\"echo\":false}", &r, &e));
     assert_int_equal(r.logprobs, 3);
+    assert_false(r.echo);
+    oai_request_free(&r);
+    assert_true(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":1,\"echo\":true,\"max_tokens\":0}", &r, &e));
+    assert_true(r.echo);
+    assert_int_equal(r.max_tokens, 0);
     oai_request_free(&r);
     assert_true(parse(OAI_COMPLETION, "{\"prompt\":\"a\",\"logprobs\":0}", &r, &e));
     assert_int_equal(r.logprobs, 1);
@@ -561,7 +576,8 @@ static void test_logprobs(void **state)
         {"{\"prompt\":\"a\",\"logprobs\":21}", "logprobs"},
         {"{\"prompt\":\"a\",\"logprobs\":true}", "logprobs"},
         {"{\"prompt\":\"a\",\"logprobs\":1,\"top_logprobs\":1}", "top_logprobs"},
-        {"{\"prompt\":\"a\",\"echo\":true}", "echo"},
+        {"{\"prompt\":\"a\",\"echo\":1}", "echo"},
+        {"{\"prompt\":\"a\",\"max_tokens\":0}", "max_tokens"},
     };
     for (size_t i = 0; i < sizeof(bad_cmp) / sizeof(bad_cmp[0]); i++) {
         assert_false(parse(OAI_COMPLETION, bad_cmp[i][0], &r, &e));

@@ -482,6 +482,10 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
     req->chat_json = NULL;
     j->fmt = s->lim.fmt;
     j->logprobs = req->logprobs;
+    if (req->echo && !job_echo(j, req->prompt, strlen(req->prompt))) {
+        job_release(j);
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     j->tp.max_tokens = req->max_tokens;
     if (j->tp.max_tokens > s->p.n_ctx - (int32_t)n)
         j->tp.max_tokens = s->p.n_ctx - (int32_t)n;

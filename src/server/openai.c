@@ -4,6 +4,7 @@
 #include "server/openai.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -98,7 +99,7 @@ static bool chat_logprobs_field(json_t *root, struct oai_request *r, struct oai_
 }
 
 /* Completions: "logprobs": the number of alternatives per token (0..OAI_TOP_LOGPROBS_MAX;
- * null or absent: none); "echo" may only be false (the prompt is never repeated). */
+ * null or absent: none); "echo": the prompt starts the answer. */
 static bool completion_logprobs(json_t *root, struct oai_request *r, struct oai_error *e)
 {
     long long top = -1;
@@ -108,8 +109,7 @@ static bool completion_logprobs(json_t *root, struct oai_request *r, struct oai_
         return BAD(e, "top_logprobs", "/v1/completions takes the number of alternatives in 'logprobs'");
     if (!get_int(root, "logprobs", 0, OAI_TOP_LOGPROBS_MAX, &top, e) || !get_bool(root, "echo", &echo, e))
         return false;
-    if (echo)
-        return BAD(e, "echo", "'echo' is not supported (the prompt is not repeated)");
+    r->echo = echo;
     r->logprobs = top >= 0 ? 1 + (int32_t)top : 0;
     return true;
 }
@@ -155,13 +155,15 @@ static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oa
         !get_int(root, "top_k", 0, 1 << 30, &top_k, e) ||
         !get_int(root, "seed", -(1LL << 62), 1LL << 62, &seed, e) ||
         !get_int(root, "n", 1, 128, &n, e) ||
-        !get_int(root, "max_tokens", 1, 1 << 30, &max_tok, e) ||
-        !get_int(root, "max_completion_tokens", 1, 1 << 30, &max_tok, e))
+        !get_int(root, "max_tokens", 0, 1 << 30, &max_tok, e) ||
+        !get_int(root, "max_completion_tokens", 0, 1 << 30, &max_tok, e))
         return false;
     if (n != 1)
         return BAD(e, "n", "only n=1 is supported, got %lld", n);
     if (!(r->kind == OAI_COMPLETION ? completion_logprobs(root, r, e) : chat_logprobs_field(root, r, e)))
         return false;
+    if (max_tok == 0 && !r->echo) /* nothing to answer: only scoring an echoed prompt */
+        return BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')");
     if (r->sp.top_p <= 0.0f)
         return BAD(e, "top_p", "'top_p' must be greater than 0");
     r->sp.top_k = (int32_t)top_k;
@@ -500,7 +502,7 @@ static int64_t code_points(const uint8_t *b, size_t len)
  * most likely, of two that read the same is kept), or null when none were asked for. */
 static json_t *legacy_alternatives(const struct oai_token_logprob *v, const struct tokenizer *tok)
 {
-    if (v->n_top == 0)
+    if (v->n_top == 0 || isnan(v->logprob))
         return json_null();
     json_t *alt = json_object();
     for (int k = 0; alt && k < v->n_top; k++) {
@@ -540,7 +542,8 @@ static json_t *legacy_logprobs(const struct oai_token_logprob *v, int n, const s
             json_decref(alt);
             break;
         }
-        ok = !json_array_append_new(tops, alt) && !json_array_append_new(lps, json_real(v[i].logprob)) &&
+        json_t *lp = isnan(v[i].logprob) ? json_null() : json_real(v[i].logprob);
+        ok = !json_array_append_new(tops, alt) && !json_array_append_new(lps, lp) &&
              !json_array_append_new(offs, json_integer(*offset));
         *offset += code_points(b, len);
     }

@@ -10,8 +10,8 @@
  * include_usage, presence_penalty, frequency_penalty (mapped to the repeat penalty window),
  * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking,
  * logprobs + top_logprobs (chat; 0..OAI_TOP_LOGPROBS_MAX alternatives per token), logprobs
- * as the number of alternatives (completions, 0..OAI_TOP_LOGPROBS_MAX), echo (false only: a
- * prompt is never echoed).
+ * as the number of alternatives (completions, 0..OAI_TOP_LOGPROBS_MAX), echo (completions: the
+ * prompt starts the text; max_tokens may then be 0, to score a text).
  * With tools, an answer holding <tool_call> blocks is returned as message.tool_calls with
  * finish_reason "tool_calls" (tool_calls.h). Unknown fields are ignored, as OpenAI does;
  * a known field of the wrong type or out of range is a 400 naming it in "param".
@@ -57,6 +57,8 @@ struct oai_request {
     bool stream, include_usage;
     bool tools; /* the request offers tools (and tool_choice is not "none") */
     int32_t logprobs; /* 0: none; else 1 + top_logprobs */
+    bool echo;        /* completions: the answer starts with the prompt (and with logprobs,
+                         the prompt's tokens get theirs: the first null) */
 };
 
 /* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
@@ -112,7 +114,9 @@ struct tokenizer;
  * bytes are not whole UTF-8 shows them replaced (U+FFFD) in "token" and exact in "bytes".
  * Completions (OpenAI's legacy form): {"tokens", "token_logprobs", "top_logprobs" (per token
  * an object text -> logprob, or null when no alternatives were asked for), "text_offset" (code
- * points into the generated text)}; text_offset (may be NULL: 0) is where v[0] starts and is
+ * points into the text); an entry whose logprob is NaN (an echoed prompt's first token, which
+ * has no context) has null logprob and alternatives; text_offset (may be NULL: 0) is where
+ * v[0] starts and is
  * advanced past v[n-1] (streams continue it across chunks). false: out of memory (*json
  * unchanged). */
 bool oai_attach_logprobs(char **json, enum oai_kind kind, const struct oai_token_logprob *v, int n,

@@ -158,6 +158,12 @@ static bool job_emit(void *user, const char *text, size_t len)
 }
 
 /* Ends a job: records how, wakes the HTTP side, drops the scheduler's reference. */
+bool job_echo(struct job *j, const char *text, size_t len)
+{
+    j->echo = true;
+    return job_emit(j, text, len);
+}
+
 static void job_end(struct sched *s, struct job *j, enum job_finish how, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
@@ -339,13 +345,21 @@ out:
 
 /* Brings the slot's session to the longest cached prefix of the job's prompt, picks the
  * checkpoint position, sets up the sampler. */
+static bool job_add_logprob(struct job *j, const float *logits, int32_t V, int32_t id);
+
 static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_error *err)
 {
     struct job *j = sl->job;
     int32_t cached = 0;
-    qwenrt_status st = slot_seek(s, sl, j->ids, j->n_ids, &cached, err);
-    if (st)
+    qwenrt_status st = QWENRT_OK;
+    if (j->echo && j->logprobs) { /* every prompt position's logits: no cached prefix */
+        qwenrt_session_reset(sl->sess);
+        sl->n_toks = 0;
+        if (!job_add_logprob(j, NULL, 0, j->ids[0]))
+            return err_set(err, QWENRT_ERR_NOMEM, "out of memory for logprobs");
+    } else if ((st = slot_seek(s, sl, j->ids, j->n_ids, &cached, err))) {
         return st;
+    }
     sl->boundary = 0;
     const struct tokenizer_special *sp = tokenizer_special_ids(s->tok);
     for (int32_t i = j->n_ids - 1; i > cached && sp->im_start >= 0; i--)
@@ -383,11 +397,22 @@ static qwenrt_status slot_prefill(struct sched *s, struct slot *sl, struct qwenr
     int32_t end = j->n_ids;
     if (sl->n_toks < sl->boundary)
         end = sl->boundary;
-    if (end - sl->n_toks > SCHED_PREFILL_CHUNK)
-        end = sl->n_toks + SCHED_PREFILL_CHUNK;
+    bool scores = j->echo && j->logprobs; /* the prompt's own logprobs */
+    int32_t chunk = scores ? SCHED_ECHO_CHUNK : SCHED_PREFILL_CHUNK;
+    if (end - sl->n_toks > chunk)
+        end = sl->n_toks + chunk;
     if (end > sl->n_toks) {
         int32_t n = end - sl->n_toks;
-        qwenrt_status st = qwenrt_session_prefill(sl->sess, j->ids + sl->n_toks, n, NULL, err);
+        float *all = scores ? xmalloc((size_t)n * s->n_vocab, sizeof(float)) : NULL;
+        if (scores && !all)
+            return err_set(err, QWENRT_ERR_NOMEM, "out of memory for prompt logprobs");
+        qwenrt_status st = qwenrt_session_prefill(sl->sess, j->ids + sl->n_toks, n, all, err);
+        /* position i's logits score token i + 1 of the prompt (the last one's, the first
+         * generated token, come with generation) */
+        for (int32_t k = 0; !st && scores && k < n && sl->n_toks + k + 1 < j->n_ids; k++)
+            if (!job_add_logprob(j, all + (size_t)k * s->n_vocab, s->n_vocab, j->ids[sl->n_toks + k + 1]))
+                st = err_set(err, QWENRT_ERR_NOMEM, "out of memory for logprobs");
+        xfree(all);
         if (st)
             return st;
         for (int32_t i = sl->n_toks; i < end; i++)
@@ -401,16 +426,42 @@ static qwenrt_status slot_prefill(struct sched *s, struct slot *sl, struct qwenr
         textgen_text_init(&sl->text, s->tok, &j->tp);
         sl->text_open = true;
         sl->phase = SLOT_GEN;
+        if (j->tp.max_tokens <= 0) /* echo only: the prompt is the whole answer */
+            slot_free_job(s, sl, JOB_LENGTH, NULL);
     }
     return QWENRT_OK;
 }
 
+/* Appends one logprobs entry to the job. false: out of memory. */
+static bool job_push_logprob(struct job *j, const struct oai_token_logprob *e)
+{
+    pthread_mutex_lock(&j->mu);
+    bool ok = true;
+    if (j->n_lp == j->cap_lp) {
+        int32_t cap = j->cap_lp ? 2 * j->cap_lp : 64;
+        struct oai_token_logprob *p = xrealloc(j->lp, (size_t)cap, sizeof(*p));
+        if (p)
+            j->lp = p, j->cap_lp = cap;
+        ok = p != NULL;
+    }
+    if (ok)
+        j->lp[j->n_lp++] = *e;
+    pthread_mutex_unlock(&j->mu);
+    return ok;
+}
+
 /* Records the log-probability of token id under logits (log-softmax, in double) and the
- * job's number of most likely alternatives. false: out of memory. */
+ * job's number of most likely alternatives; logits NULL: an entry without context (NaN, no
+ * alternatives: an echoed prompt's first token). false: out of memory. */
 static bool job_add_logprob(struct job *j, const float *logits, int32_t V, int32_t id)
 {
     struct oai_token_logprob e;
     memset(&e, 0, sizeof(e));
+    if (!logits) {
+        e.id = id;
+        e.logprob = NAN;
+        return job_push_logprob(j, &e);
+    }
     double mx = -INFINITY, sum = 0.0;
     for (int32_t i = 0; i < V; i++)
         mx = logits[i] > mx ? logits[i] : mx;
@@ -435,19 +486,7 @@ static bool job_add_logprob(struct job *j, const float *logits, int32_t V, int32
     }
     for (int32_t k = 0; k < e.n_top; k++)
         e.top_lp[k] = (float)(logits[e.top_id[k]] - lse);
-    pthread_mutex_lock(&j->mu);
-    bool ok = true;
-    if (j->n_lp == j->cap_lp) {
-        int32_t cap = j->cap_lp ? 2 * j->cap_lp : 64;
-        struct oai_token_logprob *p = xrealloc(j->lp, (size_t)cap, sizeof(*p));
-        if (p)
-            j->lp = p, j->cap_lp = cap;
-        ok = p != NULL;
-    }
-    if (ok)
-        j->lp[j->n_lp++] = e;
-    pthread_mutex_unlock(&j->mu);
-    return ok;
+    return job_push_logprob(j, &e);
 }
 
 /* Samples one token and emits its text. Returns true when generation goes on: the token must

@@ -39,6 +39,8 @@
 
 #define SCHED_MAX_SLOTS 256     /* --parallel at most */
 #define SCHED_PREFILL_CHUNK 256 /* prompt tokens per scheduler iteration and slot */
+#define SCHED_ECHO_CHUNK 16     /* ... when every position's logits are kept (echo + logprobs:
+                                 * 16 x 151,936 floats, 9.7 MB) */
 #define SCHED_MAX_PENDING                                                                          \
     (4 << 20) /* bytes of text a client may leave unread before the                                \
                  job is cancelled (a stalled reader) */
@@ -58,6 +60,9 @@ struct job {
     enum chat_format fmt; /* the template chat_json renders with */
     double t_arrival;     /* time_now_s() when the request arrived */
     int32_t logprobs;     /* 0: none; else 1 + top alternatives to record per token */
+    bool echo;            /* the answer starts with the prompt (job_echo); with logprobs the
+                             prompt's tokens get theirs too (the first NaN: no context), so
+                             the prompt is processed from scratch, not from the cache */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -73,7 +78,8 @@ struct job {
     int32_t n_cached;       /* of which restored from the prompt cache */
     int32_t n_gen;          /* tokens generated */
     double t_slot, t_first; /* got a slot; first token (0 = not yet) */
-    struct oai_token_logprob *lp; /* logprobs: one per generated token (not EOS) */
+    struct oai_token_logprob *lp; /* logprobs: one per generated token (not EOS), after one
+                                     per prompt token when echo */
     int32_t n_lp, cap_lp;
     char error[512];        /* finish == JOB_ERROR */
 };
@@ -84,6 +90,9 @@ struct job *job_new(int32_t *ids, int32_t n_ids);
 void job_release(struct job *j);
 /* Asks the scheduler to stop the job (client gone); the job still ends with JOB_CANCELLED. */
 void job_cancel(struct job *j);
+/* Before sched_submit: the answer starts with text (the prompt) and j->echo is set. false:
+ * out of memory. */
+bool job_echo(struct job *j, const char *text, size_t len);
 
 struct sched_params {
     int n_parallel;     /* slots */
