@@ -157,13 +157,13 @@ static bool job_emit(void *user, const char *text, size_t len)
     return ok;
 }
 
-/* Ends a job: records how, wakes the HTTP side, drops the scheduler's reference. */
 bool job_echo(struct job *j, const char *text, size_t len)
 {
     j->echo = true;
     return job_emit(j, text, len);
 }
 
+/* Ends a job: records how, wakes the HTTP side, drops the scheduler's reference. */
 static void job_end(struct sched *s, struct job *j, enum job_finish how, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
@@ -343,10 +343,11 @@ out:
     return pending;
 }
 
-/* Brings the slot's session to the longest cached prefix of the job's prompt, picks the
- * checkpoint position, sets up the sampler. */
 static bool job_add_logprob(struct job *j, const float *logits, int32_t V, int32_t id);
 
+/* Brings the slot's session to the longest cached prefix of the job's prompt (echo with
+ * logprobs: to the empty state, and records the first token's context-free entry), picks the
+ * checkpoint position, sets up the sampler. */
 static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_error *err)
 {
     struct job *j = sl->job;
