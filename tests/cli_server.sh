@@ -46,6 +46,12 @@ http POST /v1/chat/completions "$T/chat.json" "$T/c2" >/dev/null
 [ "$(jget "$T/c2" 'j.usage.prompt_tokens_details.cached_tokens==j.usage.prompt_tokens')" = true ] \
     || fail "a repeated prompt should come whole from the cache: $(cat "$T/c2")"
 
+# stream_events PATH BODY_FILE: the JSON of every data event of a streamed request, one a line
+stream_events() {
+    curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$2" "$URL$1" |
+        grep '^data: {' | sed 's/^data: //'
+}
+
 # streaming: role first, text deltas, finish_reason, usage chunk, [DONE]; same text
 sed 's/"max_tokens":8/"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}/' \
     "$T/chat.json" >"$T/chat_s.json"
@@ -76,8 +82,7 @@ tanswer=$(jget "$T/o" 'j.choices[0].message.content')
 [ "$(jget "$T/o" '["stop","length","tool_calls"].includes(j.choices[0].finish_reason)')" = true ] \
     || fail "tools finish_reason: $(cat "$T/o")"
 sed 's/"max_tokens":12/"max_tokens":12,"stream":true/' "$T/tools.json" >"$T/tools_s.json"
-curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/tools_s.json" \
-    "$URL/v1/chat/completions" | grep '^data: {' | sed 's/^data: //' >"$T/tev"
+stream_events /v1/chat/completions "$T/tools_s.json" >"$T/tev"
 node -e '
 const ev=require("fs").readFileSync(process.argv[1],"utf8").trim().split("\n").map(JSON.parse);
 let text="";for(const e of ev)if(e.choices.length&&e.choices[0].delta.content)text+=e.choices[0].delta.content;
@@ -90,8 +95,7 @@ node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]));j.logpr
          j.top_logprobs=3;console.log(JSON.stringify(j))' "$T/chat.json" >"$T/lp.json"
 [ "$(http POST /v1/chat/completions "$T/lp.json" "$T/lp")" = 200 ] || fail "logprobs: $(cat "$T/lp")"
 sed 's/"logprobs":true/"logprobs":true,"stream":true/' "$T/lp.json" >"$T/lp_s.json"
-curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/lp_s.json" \
-    "$URL/v1/chat/completions" | grep '^data: {' | sed 's/^data: //' >"$T/lpev"
+stream_events /v1/chat/completions "$T/lp_s.json" >"$T/lpev"
 node -e '
 const fs=require("fs");const r=JSON.parse(fs.readFileSync(process.argv[1]));
 const c=r.choices[0].logprobs.content, n=r.usage.completion_tokens;
@@ -121,8 +125,7 @@ printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' >"$T/cmp.j
 printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0,"logprobs":3}' >"$T/cmp_lp.json"
 [ "$(http POST /v1/completions "$T/cmp_lp.json" "$T/clp")" = 200 ] || fail "completions logprobs: $(cat "$T/clp")"
 sed 's/"logprobs":3/"logprobs":3,"stream":true/' "$T/cmp_lp.json" >"$T/cmp_lp_s.json"
-curl -sN --max-time 60 -H 'Content-Type: application/json' --data-binary "@$T/cmp_lp_s.json" \
-    "$URL/v1/completions" | grep '^data: {' | sed 's/^data: //' >"$T/clpev"
+stream_events /v1/completions "$T/cmp_lp_s.json" >"$T/clpev"
 node -e '
 const fs=require("fs");const r=JSON.parse(fs.readFileSync(process.argv[1]));
 const l=r.choices[0].logprobs, n=r.usage.completion_tokens;
