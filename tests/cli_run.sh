@@ -50,6 +50,10 @@ e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --p
 [ "$e" = "$a" ] || fail "--precision exact changed the CPU's output: '$e' vs '$a'"
 if "$Q" run -m "$T/m.gguf" -p x --precision fast 2>"$T/err"; then fail "--precision fast accepted"; fi
 grep -q "precision must be default or exact, got 'fast'" "$T/err" || fail "precision error: $(cat "$T/err")"
+"$Q" compare -m "$T/m.gguf" --ref "$T/m.gguf" -n 16 --precision exact --out "$T/cmp.json" >/dev/null \
+    || fail "compare --precision exact"
+grep -q '"precision": "exact"' "$T/cmp.json" || fail "compare record lacks the precision: $(cat "$T/cmp.json")"
+grep -q '"kl_max": 0' "$T/cmp.json" || fail "a model against itself: $(cat "$T/cmp.json")"
 if "$Q" serve -m "$T/m.gguf" --precision 1 2>"$T/err"; then fail "serve --precision 1 accepted"; fi
 grep -q "precision must be default or exact, got '1'" "$T/err" || fail "serve precision error: $(cat "$T/err")"
 

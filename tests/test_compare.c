@@ -36,18 +36,18 @@ static void test_compare(void **st)
     for (int i = 0; i < 100; i++)
         ids[i] = (i * 37 + 11) % 1024;
     struct compare_result r;
-    assert_int_equal(compare_models(f32, f32, ids, 100, 2, &r, &err), QWENRT_OK);
+    assert_int_equal(compare_models(f32, f32, ids, 100, 2, QWENRT_PRECISION_DEFAULT, &r, &err), QWENRT_OK);
     assert_true(r.kl_max < 1e-9);
     assert_true(r.top1_agreement == 1.0);
-    assert_int_equal(compare_models(f16, f32, ids, 100, 2, &r, &err), QWENRT_OK);
+    assert_int_equal(compare_models(f16, f32, ids, 100, 2, QWENRT_PRECISION_DEFAULT, &r, &err), QWENRT_OK);
     printf("f16 vs f32: KL mean %.3g, top-1 %.3f\n", r.kl_mean, r.top1_agreement);
     assert_true(r.kl_mean > 0 && r.kl_mean < 1e-3);
     assert_true(r.top1_agreement >= 0.97);
-    assert_int_equal(compare_models(other, f32, ids, 100, 2, &r, &err), QWENRT_OK);
+    assert_int_equal(compare_models(other, f32, ids, 100, 2, QWENRT_PRECISION_DEFAULT, &r, &err), QWENRT_OK);
     printf("other weights vs f32: KL mean %.3g, top-1 %.3f\n", r.kl_mean, r.top1_agreement);
     assert_true(r.kl_mean > 0.1);
     struct qwenrt_model *q35 = load("tests/data/qwen35-tiny-f32");
-    assert_int_equal(compare_models(q35, f32, ids, 100, 2, &r, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(compare_models(q35, f32, ids, 100, 2, QWENRT_PRECISION_DEFAULT, &r, &err), QWENRT_ERR_INVALID_ARG);
     qwenrt_model_free(q35);
     qwenrt_model_free(f16);
     qwenrt_model_free(other);

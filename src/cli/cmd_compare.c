@@ -16,7 +16,8 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: qwenrt compare -m CANDIDATE --ref REFERENCE [-n 256] [--seed S] [--ids 1,2,3]\n"
-                    "                      [--out record.json] [--threads N]\n");
+                    "                      [--out record.json] [--threads N] [--backend cpu|cuda]\n"
+                    "                      [--precision default|exact]\n");
     return 2;
 }
 
@@ -34,8 +35,11 @@ static int32_t *random_ids(int32_t n, int32_t vocab, long seed)
 static void write_record(const char *path, const struct cli_model_opts *c, const char *ref,
                          const struct compare_result *r)
 {
-    json_t *o = json_pack("{s:s,s:s,s:s,s:i,s:f,s:f,s:f,s:f,s:f}", "kind", "qwenrt.compare",
-                          "candidate", c->model, "reference", ref, "positions", r->n_positions,
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i,s:f,s:f,s:f,s:f,s:f}", "kind", "qwenrt.compare",
+                          "candidate", c->model, "reference", ref, "backend",
+                          c->backend ? c->backend : "cpu", "precision",
+                          c->precision == QWENRT_PRECISION_EXACT ? "exact" : "default",
+                          "positions", r->n_positions,
                           "kl_mean", r->kl_mean, "kl_p99", r->kl_p99, "kl_max", r->kl_max,
                           "top1_agreement", r->top1_agreement, "logits_rel_err", r->logits_rel_err);
     if (json_dump_file(o, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
@@ -83,7 +87,7 @@ int cmd_compare(int argc, char **argv)
         goto out;
     if (!ids_s)
         n_ids = (int32_t)n;
-    if (compare_models(cand, ref, ids, n_ids, o.threads, &res, &err) != QWENRT_OK) {
+    if (compare_models(cand, ref, ids, n_ids, o.threads, o.precision, &res, &err) != QWENRT_OK) {
         fprintf(stderr, "qwenrt: %s\n", err.message);
         goto out;
     }

@@ -47,7 +47,7 @@ static double kl_divergence(const float *ref, const float *cand, int32_t n)
 }
 
 qwenrt_status compare_models(struct qwenrt_model *cand, struct qwenrt_model *ref,
-                             const int32_t *ids, int32_t n, int n_threads,
+                             const int32_t *ids, int32_t n, int n_threads, int32_t precision,
                              struct compare_result *out, struct qwenrt_error *err)
 {
     struct qwenrt_model_info ic, ir;
@@ -69,7 +69,9 @@ qwenrt_status compare_models(struct qwenrt_model *cand, struct qwenrt_model *ref
         st = err_set(err, QWENRT_ERR_NOMEM, "compare: out of memory");
         goto out;
     }
-    if ((st = qwenrt_session_init(cand, &sp, &sc, err)) || (st = qwenrt_session_init(ref, &sp, &sr, err)))
+    struct qwenrt_session_params spc = sp;
+    spc.precision = precision;
+    if ((st = qwenrt_session_init(cand, &spc, &sc, err)) || (st = qwenrt_session_init(ref, &sp, &sr, err)))
         goto out;
     for (int32_t p0 = 0; p0 < n; p0 += CHUNK) {
         int32_t m = n - p0 < CHUNK ? n - p0 : CHUNK;

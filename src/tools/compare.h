@@ -17,9 +17,10 @@ struct compare_result {
     double logits_rel_err;          /* ||cand - ref|| / ||ref|| over all positions */
 };
 
-/* Runs both models over ids (in chunks, batched prefill, all logits) and compares. */
+/* Runs both models over ids (in chunks, batched prefill, all logits) and compares; the
+ * candidate's session has the given enum qwenrt_precision (the GPU's prompt products). */
 qwenrt_status compare_models(struct qwenrt_model *cand, struct qwenrt_model *ref,
-                             const int32_t *ids, int32_t n, int n_threads,
+                             const int32_t *ids, int32_t n, int n_threads, int32_t precision,
                              struct compare_result *out, struct qwenrt_error *err);
 
 #endif
