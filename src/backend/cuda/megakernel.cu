@@ -50,6 +50,7 @@ extern "C" {
 #define MK_STAGE_MIN (24 << 10)
 #define MK_XPT 8 /* x values per thread staged with one batch of loads */
 #define MK_ATTN_SPLITS 32 /* attention / DeltaNet blocks per head at most */
+#define MK_PROF_SLOTS 5 /* per phase: x staging, ring waits, barrier, refills, GEMV rows */
 
 enum mk_kind { MK_EMBED, MK_RMSNORM, MK_GEMV, MK_ATTN, MK_GDN_CONV, MK_GDN_CORE, MK_ADD, MK_SWIGLU };
 
@@ -101,6 +102,7 @@ struct mk_params {
     float *part;           /* attention partials [heads][MK_ATTN_SPLITS][hd + 2] */
     unsigned *cnt;         /* per-head arrival counters (zero between phases) */
     int32_t n_g;
+    int32_t max_chunks;    /* schedule entries per block at most (shared memory reserved) */
     int32_t stage_bytes;   /* bytes per ring stage (multiple of 128) */
     int32_t ph_in_smem;    /* the phases are copied to shared memory at start */
     int32_t scratch_floats; /* xs / attention / DeltaNet scratch after the ring */
@@ -108,8 +110,9 @@ struct mk_params {
     int32_t *ids, *pos, *out_ids, *step;
     int32_t n_tok, gen;
     unsigned long long *times; /* profiling, or NULL: [1 + n_ph] globaltimer stamps after each
-                                * barrier of token 0, then [n_ph][3] ns of block 0 in x staging,
-                                * in ring waits and in the barrier */
+                                * barrier of token 0, then [n_ph][4] ns of block 0 in x staging,
+                                * in ring waits, in the barrier and refilling, then [n_ph][nb]
+                                * each block's arrival at the barrier */
 };
 
 struct mk_program {
@@ -120,7 +123,7 @@ struct mk_program {
     float *d_part;
     unsigned *d_cnt;
     double *d_freq;
-    int32_t n_ph, n_g, nb, threads, stage_bytes, scratch_floats, ph_in_smem;
+    int32_t n_ph, n_g, nb, threads, stage_bytes, scratch_floats, ph_in_smem, max_chunks;
     size_t smem;
 };
 
@@ -432,9 +435,10 @@ struct mk_gdesc {
     int32_t nseg, swiglu;
 };
 
+/* One chunk of a block's schedule: rows [r0, r0 + n) of segment seg of GEMV g. */
 struct mk_chunk {
-    int32_t g, seg, n;
-    int64_t r0;
+    int32_t r0, n;
+    int16_t g, seg;
 };
 
 /* Block b's row range of an N-row matrix. */
@@ -446,34 +450,25 @@ __device__ __forceinline__ void mk_rows_of_block(int64_t N, int64_t *lo, int64_t
     *hi = n * (blockIdx.x + 1) / gridDim.x;
 }
 
-/* Producer cursor: (token, GEMV ordinal, segment, next row). */
-struct mk_cursor {
-    int32_t tok, g, seg;
-    int64_t row;
-};
-
-__device__ bool mk_next_chunk(const struct mk_gdesc *gt, int32_t n_g, int32_t n_tok,
-                              struct mk_cursor &c, struct mk_chunk &out)
+/* Thread 0 at start: this block's chunks of one token in execution order (sched) and where
+ * each GEMV's chunks begin (gfirst[g], gfirst[n_g] = the count). The host sized sched for the
+ * block with the most chunks (mk_table). */
+__device__ void mk_schedule(const struct mk_gdesc *gt, int32_t n_g, struct mk_chunk *sched, int32_t *gfirst)
 {
-    while (c.tok < n_tok) {
-        const struct mk_gdesc &D = gt[c.g];
-        for (; c.seg < D.nseg; c.seg++, c.row = 0) {
+    int32_t k = 0;
+    for (int32_t g = 0; g < n_g; g++) {
+        gfirst[g] = k;
+        for (int32_t seg = 0; seg < gt[g].nseg; seg++) {
             int64_t lo, hi;
-            mk_rows_of_block(D.N[c.seg], &lo, &hi);
-            if (c.row < lo)
-                c.row = lo;
-            if (c.row < hi) {
-                int64_t n = hi - c.row < D.rpc ? hi - c.row : D.rpc;
-                out.g = c.g, out.seg = c.seg, out.r0 = c.row, out.n = (int32_t)n;
-                c.row += n;
-                return true;
+            mk_rows_of_block(gt[g].N[seg], &lo, &hi);
+            for (int64_t r0 = lo; r0 < hi; r0 += gt[g].rpc, k++) {
+                sched[k].r0 = (int32_t)r0;
+                sched[k].n = (int32_t)(hi - r0 < gt[g].rpc ? hi - r0 : gt[g].rpc);
+                sched[k].g = (int16_t)g, sched[k].seg = (int16_t)seg;
             }
         }
-        c.seg = 0, c.row = 0;
-        if (++c.g == n_g)
-            c.g = 0, c.tok++;
     }
-    return false;
+    gfirst[n_g] = k;
 }
 
 __device__ __forceinline__ uint32_t mk_smem_addr(const void *p)
@@ -494,15 +489,37 @@ __device__ __forceinline__ void mk_mbar_init(uint64_t *bar)
     MK_SM90_ONLY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mk_smem_addr(bar)) : "memory"));
 }
 
-__device__ __forceinline__ void mk_mbar_wait(uint64_t *bar, uint32_t parity)
+__device__ __forceinline__ void mk_mbar_wait_at(uint32_t a, uint32_t parity)
 {
-    uint32_t done = 0, a = mk_smem_addr(bar);
+    uint32_t done = 0;
     while (!done)
         MK_SM90_ONLY(asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                                   " selp.u32 %0, 1, 0, p;\n}"
                                   : "=r"(done)
                                   : "r"(a), "r"(parity)
                                   : "memory"));
+}
+
+__device__ __forceinline__ void mk_mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    mk_mbar_wait_at(mk_smem_addr(bar), parity);
+}
+
+/* 16-byte shared-memory loads by address: the stage and x pointers live in structs, so
+ * the compiler cannot see they are shared and would emit generic loads (LD.E, measured in
+ * the hot loop by ncu) instead of LDS. volatile: never moved above the mbarrier wait. */
+__device__ __forceinline__ uint4 mk_lds_u4(uint32_t a)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+
+__device__ __forceinline__ float4 mk_lds_f4(uint32_t a)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+    return v;
 }
 
 /* The copies of a chunk (two for SwiGLU): 16-byte aligned source ranges and where the rows
@@ -523,7 +540,7 @@ __device__ void mk_chunk_copy(const struct mk_gdesc &D, const struct mk_chunk &c
         if (k >= cp.n)
             break;
         int s = k ? 1 : ch.seg;
-        uintptr_t a = (uintptr_t)(D.w[s] + ch.r0 * D.row_bytes[s]), e = a + (uintptr_t)ch.n * D.row_bytes[s];
+        uintptr_t a = (uintptr_t)(D.w[s] + (int64_t)ch.r0 * D.row_bytes[s]), e = a + (uintptr_t)ch.n * D.row_bytes[s];
         uintptr_t al = a & ~(uintptr_t)15, el = (e + 15) & ~(uintptr_t)15;
         cp.src[k] = (const uint8_t *)al;
         cp.size[k] = (uint32_t)(el - al);
@@ -558,13 +575,69 @@ __device__ void mk_issue(const struct mk_gdesc *gt, const struct mk_chunk &ch, u
 struct mk_ring {
     unsigned long long *prof; /* block 0 thread 0 when profiling: [3] ns of the running phase */
     uint8_t *base;          /* MK_STAGES stages of stage_bytes */
-    uint64_t *bar;          /* MK_STAGES mbarriers */
+    uint64_t *bar;          /* MK_STAGES "full" mbarriers (the copy landed) */
+    unsigned *freed;        /* MK_STAGES counters of warps done with a stage (monotonic) */
     const struct mk_gdesc *gt; /* shared-memory copy of the GEMV table */
+    const struct mk_chunk *sched; /* this block's chunks of one token */
+    const int32_t *gfirst;  /* [n_g + 1] first chunk of each GEMV in sched */
     int32_t n_g, n_tok;
     int64_t stage_bytes;
-    struct mk_cursor prod;  /* thread 0 only */
-    uint32_t next;          /* chunks consumed so far */
+    uint32_t next;          /* chunks consumed so far (every thread counts them) */
 };
+
+/* Starts the copy of chunk c (counted over all tokens) into its stage, if there is one.
+ * Inlined into a caller that keeps its copy of the ring in registers: a ring in local memory
+ * cost a dependent local load (often an L1 miss: shared memory leaves L1 ~30 KB) per field. */
+__device__ __forceinline__ void mk_refill(const struct mk_ring &rg, uint32_t c)
+{
+    uint32_t nct = (uint32_t)rg.gfirst[rg.n_g];
+    if (nct == 0 || c >= nct * (uint32_t)rg.n_tok)
+        return;
+    uint32_t st = c % MK_STAGES;
+    mk_issue(rg.gt, rg.sched[c % nct], rg.base + st * rg.stage_bytes, &rg.bar[st]);
+}
+
+/* Chunk c is ready in its stage. */
+__device__ __forceinline__ const uint8_t *mk_acquire(const struct mk_ring &rg, uint32_t c)
+{
+    uint32_t st = c % MK_STAGES;
+    unsigned long long t1 = rg.prof ? mk_globaltimer() : 0;
+    mk_mbar_wait(&rg.bar[st], (c / MK_STAGES) & 1);
+    if (rg.prof)
+        atomicAdd(&rg.prof[1], mk_globaltimer() - t1);
+    return rg.base + st * rg.stage_bytes;
+}
+
+/* This warp is done with chunk c's stage; the last warp of the block to say so refills the
+ * stage with chunk c + MK_STAGES. No block barrier: a warp that finishes its rows moves on to
+ * the next chunk while the others still read theirs. The warp's shared-memory reads of the
+ * stage are complete (their values went through the shuffles before this point), so the bulk
+ * copy that overwrites it cannot overtake them. */
+__device__ __forceinline__ void mk_release(const struct mk_ring &rg, uint32_t c)
+{
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+        unsigned nw = blockDim.x >> 5;
+        unsigned old = atomicAdd(&rg.freed[c % MK_STAGES], 1u);
+        if ((old + 1) % nw == 0) {
+            unsigned long long t2 = rg.prof ? mk_globaltimer() : 0;
+            mk_refill(rg, c + MK_STAGES);
+            if (rg.prof)
+                atomicAdd(&rg.prof[3], mk_globaltimer() - t2);
+        }
+    }
+}
+
+/* y = v, or y += v (GEMV_ACCUM: the residual add) as a reduction in L2: no load of the old
+ * value on the warp's path (it cost an L2 round trip per row). One warp owns each row, so
+ * the single add rounds as old + v would: the result does not depend on timing. */
+__device__ __forceinline__ void mk_store_row(float *y, float v, bool accum)
+{
+    if (accum)
+        atomicAdd(y, v);
+    else
+        *y = v;
+}
 
 __device__ __forceinline__ unsigned long long mk_argmax_key(float v, int64_t i)
 {
@@ -593,10 +666,9 @@ __device__ __noinline__ void mk_rows_float(const struct mk_phase &P, const struc
                 s.y[r] = silu_f(v[0]) * v[1];
             continue;
         }
-        float old = P.mode == GEMV_ACCUM && lane == 0 ? __ldcg(s.y + r) : 0.0f; /* in flight during the dot */
         mk_dot_float<DT, 1>(base0 + i * rb0, base0, xs, P.K, v);
         if (lane == 0) {
-            s.y[r] = old + v[0];
+            mk_store_row(s.y + r, v[0], P.mode == GEMV_ACCUM);
             if (P.argmax && v[0] == v[0]) {
                 unsigned long long key = mk_argmax_key(v[0], r);
                 *best = key > *best ? key : *best;
@@ -623,10 +695,9 @@ __device__ __noinline__ void mk_rows_any(const struct mk_phase &P, const struct 
                 s.y[r] = silu_f(g) * up;
             continue;
         }
-        float old = P.mode == GEMV_ACCUM && lane == 0 ? __ldcg(s.y + r) : 0.0f;
         float v = mk_dot_row(s, row, xs, P.K);
         if (lane == 0) {
-            s.y[r] = old + v;
+            mk_store_row(s.y + r, v, P.mode == GEMV_ACCUM);
             if (P.argmax && v == v) {
                 unsigned long long key = mk_argmax_key(v, r);
                 *best = key > *best ? key : *best;
@@ -663,42 +734,182 @@ __device__ void mk_gemv_chunk(const struct mk_phase &P, const struct mk_gdesc &D
     }
 }
 
-/* y = [norm](x) · Wᵀ: the block's chunks of GEMV phase P (ordinal P.gidx), in the producer's
+/* One row's dot product with x held in registers: lane l has x[8 (l + 32 u) + j] in
+ * x[8 u + j] and loads the row's 16-byte words l + 32 u from shared memory (consecutive lanes,
+ * consecutive words: no bank conflicts). Two accumulators halve the FMA chain. */
+template <int DT, int KC>
+__device__ __forceinline__ float mk_dot_regs(uint32_t row, const float *x)
+{
+    /* the words of a row in groups of at most 4 (16 registers), loaded before use */
+    const int G = KC < 4 ? KC : 4;
+    uint32_t lane = threadIdx.x & 31;
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int u0 = 0; u0 < KC; u0 += G) {
+        uint4 v[G];
+#pragma unroll
+        for (int u = 0; u < G; u++)
+            v[u] = mk_lds_u4(row + 16 * (lane + 32 * (u0 + u)));
+#pragma unroll
+        for (int u = 0; u < G; u++) {
+            const float *xu = x + 8 * (u0 + u);
+            a0 = mk_fma2(v[u].x, xu[0], xu[1], a0, DT);
+            a1 = mk_fma2(v[u].y, xu[2], xu[3], a1, DT);
+            a0 = mk_fma2(v[u].z, xu[4], xu[5], a0, DT);
+            a1 = mk_fma2(v[u].w, xu[6], xu[7], a1, DT);
+        }
+    }
+    return a0 + a1;
+}
+
+/* A GEMV phase of 16-bit rows with K = 256 KC: x is read from shared memory into registers
+ * once per phase (not once per row), rows go two per warp iteration (SwiGLU: the gate/up
+ * pair) so that two dot products are in flight. */
+template <int NT, int DT, int KC, bool SWIGLU>
+__device__ __noinline__ void mk_gemv_regs(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
+                                          unsigned long long *best)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = NT / 32;
+    /* x from shared memory (staged once per block) into registers. Tried: every warp reading
+     * x from L2 and normalising it alone (no staging, no block barrier): 950 -> 731 tok/s,
+     * 1,056 warps reading the same lines after each barrier. */
+    float x[8 * KC];
+    uint32_t xa = mk_smem_addr(xs);
+#pragma unroll
+    for (int u = 0; u < KC; u++) {
+        float4 a = mk_lds_f4(xa + 32 * (lane + 32 * u)), b = mk_lds_f4(xa + 32 * (lane + 32 * u) + 16);
+        x[8 * u + 0] = a.x, x[8 * u + 1] = a.y, x[8 * u + 2] = a.z, x[8 * u + 3] = a.w;
+        x[8 * u + 4] = b.x, x[8 * u + 5] = b.y, x[8 * u + 6] = b.z, x[8 * u + 7] = b.w;
+    }
+    /* the ring's state in registers for the loop (rg itself is in local memory: its address
+     * is taken) */
+    const struct mk_ring ring = rg; /* a copy whose address is never taken: registers */
+    const uint32_t base = mk_smem_addr(ring.base), bars = mk_smem_addr(ring.bar);
+    const uint32_t sbytes = (uint32_t)ring.stage_bytes;
+    unsigned long long *prof = ring.prof, top = 0;
+    const struct mk_gdesc &D = ring.gt[P.gidx];
+    const int32_t k0 = ring.gfirst[P.gidx], k1 = ring.gfirst[P.gidx + 1];
+    const bool accum = P.mode == GEMV_ACCUM, argmax = P.argmax != 0;
+    const uint32_t rb1 = (uint32_t)D.row_bytes[1];
+    /* two rows per iteration unless x and two rows would not fit in the registers a thread
+     * of an NT-thread block has */
+    const int step = KC * 8 + 2 * 4 * (KC < 4 ? KC : 4) > (NT > 256 ? 96 : 200) ? 1 : 2;
+    uint32_t next = rg.next;
+    for (int32_t k = k0; k < k1; k++, next++) {
+        const struct mk_chunk ch = ring.sched[k];
+        uint32_t st = next % MK_STAGES;
+        unsigned long long t1 = prof ? mk_globaltimer() : 0;
+        mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
+        if (prof)
+            atomicAdd(&prof[1], mk_globaltimer() - t1);
+        /* rows 16-byte aligned (mk_regs_kc): the copy starts at the stage, the up rows right
+         * after the gate rows */
+        const uint32_t rb0 = (uint32_t)D.row_bytes[ch.seg];
+        const uint32_t b0 = base + st * sbytes, b1 = b0 + (uint32_t)ch.n * rb0;
+        float *y = P.seg[ch.seg].y;
+        for (int32_t i = warp; i < ch.n; i += step * nw) {
+            int32_t i2 = step == 2 && i + nw < ch.n ? i + nw : i; /* the second row, or the first again */
+            int64_t r = ch.r0 + i, r2 = ch.r0 + i2;
+            if (SWIGLU) {
+                float g = mk_dot_regs<DT, KC>(b0 + i * rb0, x), u = mk_dot_regs<DT, KC>(b1 + i * rb1, x);
+                g = warp_sum(g), u = warp_sum(u);
+                if (lane == 0)
+                    y[r] = silu_f(g) * u;
+                if (i2 == i)
+                    continue;
+                g = warp_sum(mk_dot_regs<DT, KC>(b0 + i2 * rb0, x));
+                u = warp_sum(mk_dot_regs<DT, KC>(b1 + i2 * rb1, x));
+                if (lane == 0)
+                    y[r2] = silu_f(g) * u;
+                continue;
+            }
+            float v = mk_dot_regs<DT, KC>(b0 + i * rb0, x);
+            float v2 = i2 == i ? v : mk_dot_regs<DT, KC>(b0 + i2 * rb0, x);
+            v = warp_sum(v), v2 = warp_sum(v2);
+            if (lane == 0) {
+                mk_store_row(y + r, v, accum);
+                if (i2 != i)
+                    mk_store_row(y + r2, v2, accum);
+                if (argmax) {
+                    if (v == v) {
+                        unsigned long long key = mk_argmax_key(v, r);
+                        top = key > top ? key : top;
+                    }
+                    if (v2 == v2) {
+                        unsigned long long key = mk_argmax_key(v2, r2);
+                        top = key > top ? key : top;
+                    }
+                }
+            }
+        }
+        mk_release(ring, next);
+    }
+    rg.next = next;
+    if (top > *best)
+        *best = top;
+}
+
+/* Any other GEMV phase: chunk by chunk through mk_gemv_chunk (x in shared memory). */
+__device__ __noinline__ void mk_gemv_chunks(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
+                                            unsigned long long *best)
+{
+    const struct mk_gdesc &D = rg.gt[P.gidx];
+    for (int32_t k = rg.gfirst[P.gidx]; k < rg.gfirst[P.gidx + 1]; k++, rg.next++) {
+        const struct mk_chunk ch = rg.sched[k];
+        mk_gemv_chunk(P, D, ch, mk_acquire(rg, rg.next), xs, best);
+        mk_release(rg, rg.next);
+    }
+}
+
+/* The register path applies: every segment 16-bit of one dtype, K of 1024, 2048 or 3072
+ * (SwiGLU: 1024), rows 16-byte aligned. */
+__device__ __forceinline__ int mk_regs_kc(const struct mk_phase &P)
+{
+    int32_t dt = P.seg[0].dtype, n = P.mode == GEMV_SWIGLU ? 2 : P.n_seg;
+    if (dt != QR_BF16 && dt != QR_F16)
+        return 0;
+    for (int32_t k = 0; k < n; k++)
+        if (P.seg[k].dtype != dt || !mk_float_fast(P.seg[k], P.K))
+            return 0;
+    if (P.mode == GEMV_SWIGLU)
+        return P.K == 1024 ? 4 : 0;
+    return P.K == 1024 ? 4 : P.K == 2048 ? 8 : P.K == 3072 ? 12 : 0;
+}
+
+/* y = [norm](x) · Wᵀ: the block's chunks of GEMV phase P (ordinal P.gidx), in the schedule's
  * order. */
+template <int NT>
 __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, struct mk_ring &rg,
                         float *xs, float *red, int parity)
 {
+    int kc = mk_regs_kc(P);
     unsigned long long t0 = rg.prof ? mk_globaltimer() : 0;
     mk_stage_x(P.in, P.K, P.vec, P.eps, xs, red);
-    if (rg.prof)
-        rg.prof[0] += mk_globaltimer() - t0;
-    const struct mk_gdesc &D = rg.gt[P.gidx];
+    unsigned long long t1 = rg.prof ? mk_globaltimer() : 0;
+    if (rg.prof && threadIdx.x == 0)
+        rg.prof[0] += t1 - t0;
     unsigned long long best = 0;
-    for (int32_t seg = 0; seg < D.nseg; seg++) {
-        int64_t lo, hi;
-        mk_rows_of_block(D.N[seg], &lo, &hi);
-        for (int64_t r0 = lo; r0 < hi; r0 += D.rpc) {
-            struct mk_chunk ch;
-            ch.g = P.gidx, ch.seg = seg, ch.r0 = r0, ch.n = (int32_t)(hi - r0 < D.rpc ? hi - r0 : D.rpc);
-            uint32_t st = rg.next % MK_STAGES;
-            uint8_t *stage = rg.base + st * rg.stage_bytes;
-            unsigned long long t1 = rg.prof ? mk_globaltimer() : 0;
-            mk_mbar_wait(&rg.bar[st], (rg.next / MK_STAGES) & 1);
-            if (rg.prof)
-                rg.prof[1] += mk_globaltimer() - t1;
-            mk_gemv_chunk(P, D, ch, stage, xs, &best);
-            __syncthreads(); /* the stage is free */
-            if (threadIdx.x == 0) {
-                unsigned long long t2 = rg.prof ? mk_globaltimer() : 0;
-                struct mk_chunk nx;
-                if (mk_next_chunk(rg.gt, rg.n_g, rg.n_tok, rg.prod, nx))
-                    mk_issue(rg.gt, nx, stage, &rg.bar[st]);
-                if (rg.prof)
-                    rg.prof[3] += mk_globaltimer() - t2;
-            }
-            rg.next++;
-        }
+    bool bf = P.seg[0].dtype == QR_BF16, sw = P.mode == GEMV_SWIGLU;
+    switch (kc) {
+    case 4:
+        if (sw)
+            bf ? mk_gemv_regs<NT, QR_BF16, 4, true>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 4, true>(P, rg, xs, &best);
+        else
+            bf ? mk_gemv_regs<NT, QR_BF16, 4, false>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 4, false>(P, rg, xs, &best);
+        break;
+    case 8:
+        bf ? mk_gemv_regs<NT, QR_BF16, 8, false>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 8, false>(P, rg, xs, &best);
+        break;
+    case 12:
+        bf ? mk_gemv_regs<NT, QR_BF16, 12, false>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 12, false>(P, rg, xs, &best);
+        break;
+    default:
+        mk_gemv_chunks(P, rg, xs, &best);
+        break;
     }
+    if (rg.prof)
+        atomicAdd(&rg.prof[4], mk_globaltimer() - t1);
     if (P.argmax && (threadIdx.x & 31) == 0 && best)
         atomicMax(&prm.sync->key[parity], best);
 }
@@ -739,12 +950,16 @@ __device__ __noinline__ void mk_elementwise(const struct mk_phase &P)
 /* x (hd floats in shared memory, this thread's element d) after RoPE at pos. */
 /* cos and sin of RoPE angle pos * inv_freq[i] for this thread's element d (< n_rot), the
  * frequencies computed on the host in double as the reference does. */
-__device__ __noinline__ float2 mk_rope_cs(const double *inv_freq, int d, int32_t n_rot, int32_t pos)
+__device__ __forceinline__ float2 mk_rope_cs(const double *inv_freq, int d, int32_t n_rot, int32_t pos)
 {
     int half = n_rot / 2, i = d < half ? d : d - half;
-    double sn, cs;
-    sincos((double)pos * inv_freq[i], &sn, &cs);
-    return make_float2((float)cs, (float)sn);
+    /* the angle in double as the reference, reduced to [-pi, pi] there, then sincosf (as
+     * rope_table_kernel): a double sincos was ~1 us of the phase's critical path */
+    double ang = (double)pos * inv_freq[i];
+    ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
+    float sn, cs;
+    sincosf((float)ang, &sn, &cs);
+    return make_float2(cs, sn);
 }
 
 /* x (hd floats in shared memory, element d) after RoPE with cs = (cos, sin). */
@@ -783,28 +998,34 @@ template <int EPL>
 __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int sp, int S, int32_t pos, float *sm,
                              float *red, float *part, unsigned *cnt)
 {
-    const int hd = 32 * EPL, W = blockDim.x >> 5, U = 4;
+    const int hd = 32 * EPL, W = blockDim.x >> 5, U = 4; /* positions in flight per warp */
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int grp = P.n_head / P.n_head_kv, g = h / grp;
     float *qs = sm, *ks = sm + hd, *vs = sm + 2 * hd, *accs = sm + 3 * hd;
     float *ms = accs + W * hd, *ls = ms + W, *tmp = ls + W;
-    float qv = tid < hd ? __ldcg(P.in + (int64_t)h * P.q_stride + tid) : 0.0f;
-    float kv = tid < hd ? __ldcg(P.in2 + (int64_t)g * hd + tid) : 0.0f;
+    /* every global load of the phase's prologue at once (q, k, v, both norm weights, the
+     * gate, the RoPE frequency): one L2 round trip, not one per step */
+    bool on = tid < hd;
+    float qv = on ? __ldcg(P.in + (int64_t)h * P.q_stride + tid) : 0.0f;
+    float kv = on ? __ldcg(P.in2 + (int64_t)g * hd + tid) : 0.0f;
+    float vv0 = on ? __ldcg(P.in3 + (int64_t)g * hd + tid) : 0.0f;
+    float wq = on ? __ldg(P.vec + tid) : 0.0f, wk = on ? __ldg(P.vec2 + tid) : 0.0f;
+    float gv = on && P.gate ? __ldcg(P.in + (int64_t)h * P.q_stride + hd + tid) : 0.0f;
+    float2 cs = on && tid < P.n_rot ? mk_rope_cs(P.inv_freq, tid, P.n_rot, pos) : make_float2(1.0f, 0.0f);
     float sq = block_sum(qv * qv, red), sk = block_sum(kv * kv, red);
-    if (tid < hd) {
-        qs[tid] = qv * rsqrtf(sq / (float)hd + P.eps) * __ldg(P.vec + tid);
-        tmp[tid] = kv * rsqrtf(sk / (float)hd + P.eps) * __ldg(P.vec2 + tid);
+    if (on) {
+        qs[tid] = qv * rsqrtf(sq / (float)hd + P.eps) * wq;
+        tmp[tid] = kv * rsqrtf(sk / (float)hd + P.eps) * wk;
     }
     __syncthreads();
     float qr = 0.0f, kr = 0.0f;
-    if (tid < hd) {
-        float2 cs = tid < P.n_rot ? mk_rope_cs(P.inv_freq, tid, P.n_rot, pos) : make_float2(1.0f, 0.0f);
+    if (on) {
         qr = mk_rope(qs, tid, P.n_rot, cs);
         kr = mk_rope(tmp, tid, P.n_rot, cs);
     }
     __syncthreads();
-    if (tid < hd) {
-        float v = __ldcg(P.in3 + (int64_t)g * hd + tid);
+    if (on) {
+        float v = vv0;
         qs[tid] = qr, ks[tid] = kr, vs[tid] = v;
         if (h % grp == 0 && sp == 0) {
             int64_t off = (int64_t)pos * P.kvw + (int64_t)g * hd + tid;
@@ -891,7 +1112,7 @@ __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int s
     if (tid < hd) {
         o /= L;
         if (P.gate)
-            o *= sigmoid_f(__ldcg(P.in + (int64_t)h * P.q_stride + hd + tid));
+            o *= sigmoid_f(gv);
         P.out[(int64_t)h * hd + tid] = o;
     }
     __syncthreads();
@@ -907,7 +1128,11 @@ __device__ __forceinline__ int mk_splits(int items)
 __device__ __noinline__ void mk_attention(const struct mk_phase &P, int32_t pos, float *sm, float *red,
                              float *part, unsigned *cnt)
 {
-    int S = mk_splits(P.n_head);
+    /* splits only when each has ~64 positions or more: below that the merge (a fence, an
+     * atomic and a second pass over L2) costs more than walking the positions (one round of
+     * loads covers 8 warps x 4 positions) */
+    int S = mk_splits(P.n_head), want = (pos + 64) / 64;
+    S = want < S ? want : S;
     for (int it = blockIdx.x; it < P.n_head * S; it += gridDim.x) {
         int h = it / S, sp = it % S;
         if (P.hd == 64)
@@ -1023,18 +1248,22 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
     extern __shared__ __align__(128) uint8_t mk_smem[];
     __shared__ float red[32];
     __shared__ __align__(8) uint64_t bars[MK_STAGES];
-    /* shared memory: [ring: MK_STAGES x stage_bytes][GEMV table][scratch floats] */
+    __shared__ unsigned freed[MK_STAGES];
+    /* shared memory: [ring: MK_STAGES x stage_bytes][GEMV table][schedule][gfirst]
+     * [phases, when they fit][scratch floats] */
     struct mk_ring rg;
     rg.base = mk_smem;
     rg.bar = bars;
+    rg.freed = freed;
     rg.stage_bytes = prm.stage_bytes;
-    rg.prod.tok = rg.prod.g = rg.prod.seg = 0, rg.prod.row = 0;
     rg.next = 0;
     rg.n_g = prm.n_g, rg.n_tok = prm.n_tok;
     rg.prof = NULL;
     struct mk_gdesc *gt = (struct mk_gdesc *)(mk_smem + (size_t)MK_STAGES * prm.stage_bytes);
-    rg.gt = gt;
-    struct mk_phase *phs = (struct mk_phase *)(((uintptr_t)(gt + prm.n_g) + 127) & ~(uintptr_t)127);
+    struct mk_chunk *sched = (struct mk_chunk *)(gt + prm.n_g);
+    int32_t *gfirst = (int32_t *)(sched + prm.max_chunks);
+    rg.gt = gt, rg.sched = sched, rg.gfirst = gfirst;
+    struct mk_phase *phs = (struct mk_phase *)(((uintptr_t)(gfirst + prm.n_g + 1) + 127) & ~(uintptr_t)127);
     const struct mk_phase *ph = prm.ph_in_smem ? phs : prm.ph;
     float *sm = prm.ph_in_smem ? (float *)(((uintptr_t)(phs + prm.n_ph) + 127) & ~(uintptr_t)127)
                                : (float *)phs;
@@ -1047,12 +1276,14 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
     unsigned long long target = 0;
     if (threadIdx.x == 0) {
         target = mk_ld_acquire(&prm.sync->count) / nb * nb;
-        for (int i = 0; i < MK_STAGES; i++)
+        mk_schedule(gt, prm.n_g, sched, gfirst);
+        for (int i = 0; i < MK_STAGES; i++) {
             mk_mbar_init(&bars[i]);
+            freed[i] = 0;
+        }
         MK_SM90_ONLY(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
-        struct mk_chunk ch;
-        for (int i = 0; i < MK_STAGES && mk_next_chunk(gt, prm.n_g, prm.n_tok, rg.prod, ch); i++)
-            mk_issue(gt, ch, rg.base + (size_t)i * prm.stage_bytes, &bars[i]);
+        for (uint32_t c = 0; c < MK_STAGES; c++)
+            mk_refill(rg, c);
     }
     __syncthreads();
     int32_t id = __ldcg(prm.ids), pos = __ldcg(prm.pos);
@@ -1063,17 +1294,21 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
         int parity = tok & 1;
         for (int32_t pi = 0; pi < prm.n_ph; pi++) {
             const struct mk_phase &P = ph[pi];
-            rg.prof = stamp && tok == 0 ? prm.times + 1 + prm.n_ph + 4 * pi : NULL;
+            /* profile: lane 0 of every warp of block 0 (token 0) */
+            rg.prof = prm.times && blockIdx.x == 0 && (threadIdx.x & 31) == 0 && tok == 0
+                          ? prm.times + 1 + prm.n_ph + MK_PROF_SLOTS * pi : NULL;
             switch (P.kind) {
             case MK_EMBED: mk_embed(P, id); break;
             case MK_RMSNORM: mk_rmsnorm(P, red); break;
-            case MK_GEMV: mk_gemv(prm, P, rg, sm, red, parity); break;
+            case MK_GEMV: mk_gemv<NT>(prm, P, rg, sm, red, parity); break;
             case MK_ATTN: mk_attention(P, pos, sm, red, prm.part, prm.cnt); break;
             case MK_GDN_CONV: mk_gdn_conv(P); break;
             case MK_GDN_CORE: mk_gdn_core(P, sm, red, prm.cnt); break;
             default: mk_elementwise(P); break;
             }
             unsigned long long tb = rg.prof ? mk_globaltimer() : 0;
+            if (prm.times && tok == 0 && threadIdx.x == 0) /* every block's arrival */
+                prm.times[1 + (1 + MK_PROF_SLOTS) * prm.n_ph + (int64_t)pi * nb + blockIdx.x] = mk_globaltimer();
             mk_grid_sync(prm.sync, nb, &target);
             if (stamp && tok == 0) {
                 prm.times[1 + pi] = mk_globaltimer();
@@ -1318,33 +1553,10 @@ void mk_free(struct mk_program *mk)
 
 /* Sizes the ring (stages as large as shared memory allows next to the GEMV table and the
  * scratch, at most MK_STAGE_MAX) and builds the GEMV table with rows per chunk. */
-static qwenrt_status mk_table(const struct mk_builder *b, struct mk_gdesc **out, struct mk_program *mk,
-                              struct qwenrt_error *err)
+/* Rows per chunk of every GEMV for ring stages of `stage` bytes, and the most chunks any of
+ * the nb blocks gets per token (its schedule in shared memory). */
+static int64_t mk_fill_table(const struct mk_builder *b, struct mk_gdesc *gt, int64_t stage, int32_t nb)
 {
-    int32_t need = b->max_K > b->max_attn ? b->max_K : b->max_attn;
-    need = need > b->max_gdn ? need : b->max_gdn;
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    size_t fixed = (((size_t)b->n_g * sizeof(struct mk_gdesc) + 127) & ~(size_t)127) +
-                   (((size_t)need * 4 + 127) & ~(size_t)127);
-    size_t phases = ((size_t)b->n_ph * sizeof(struct mk_phase) + 127) & ~(size_t)127;
-    /* the phases go to shared memory when that leaves stages of >= MK_STAGE_MIN bytes */
-    int64_t avail = (int64_t)optin - 1024 - (int64_t)fixed; /* 1 KiB: static shared memory */
-    mk->ph_in_smem = (avail - (int64_t)phases) / MK_STAGES >= MK_STAGE_MIN;
-    if (mk->ph_in_smem) {
-        avail -= (int64_t)phases;
-        fixed += phases;
-    }
-    int64_t stage = avail / MK_STAGES;
-    stage = (stage > MK_STAGE_MAX ? MK_STAGE_MAX : stage) & ~(int64_t)127;
-    if (stage < b->max_row + 64)
-        return err_set(err, QWENRT_ERR_UNSUPPORTED,
-                       "cuda megakernel: %lld-byte rows do not fit the %lld-byte ring stages",
-                       (long long)b->max_row, (long long)stage);
-    struct mk_gdesc *gt = (struct mk_gdesc *)xcalloc((size_t)b->n_g, sizeof(*gt));
-    if (!gt)
-        return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
     for (int32_t i = 0; i < b->n_ph; i++) {
         const struct mk_phase *ph = &b->ph[i];
         if (ph->kind != MK_GEMV)
@@ -1362,6 +1574,65 @@ static qwenrt_status mk_table(const struct mk_builder *b, struct mk_gdesc **out,
         }
         D->rpc = (int32_t)((stage - 64) / per_row);
     }
+    int64_t most = 0;
+    for (int32_t blk = 0; blk < nb; blk++) { /* the rows of block blk as mk_rows_of_block */
+        int64_t n = 0;
+        for (int32_t g = 0; g < b->n_g; g++)
+            for (int32_t k = 0; k < gt[g].nseg; k++) {
+                uint32_t N = (uint32_t)gt[g].N[k];
+                int64_t rows = (int64_t)(N * (uint32_t)(blk + 1) / (uint32_t)nb) - (int64_t)(N * (uint32_t)blk / (uint32_t)nb);
+                n += (rows + gt[g].rpc - 1) / gt[g].rpc;
+            }
+        most = n > most ? n : most;
+    }
+    return most;
+}
+
+static qwenrt_status mk_table(const struct mk_builder *b, struct mk_gdesc **out, struct mk_program *mk,
+                              struct qwenrt_error *err)
+{
+    int32_t need = b->max_K > b->max_attn ? b->max_K : b->max_attn;
+    need = need > b->max_gdn ? need : b->max_gdn;
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    struct mk_gdesc *gt = (struct mk_gdesc *)xcalloc((size_t)b->n_g, sizeof(*gt));
+    if (!gt)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
+    /* the schedule's size depends on the stage size and the other way round: start without
+     * it and grow the reservation until it holds (smaller stages, more chunks) */
+    int64_t sched_bytes = 0, stage = 0, chunks = 0;
+    size_t fixed = 0;
+    for (int iter = 0; iter < 8; iter++) {
+        fixed = (((size_t)b->n_g * sizeof(struct mk_gdesc) + (size_t)sched_bytes + 127) & ~(size_t)127) +
+                (((size_t)need * 4 + 127) & ~(size_t)127);
+        size_t phases = ((size_t)b->n_ph * sizeof(struct mk_phase) + 127) & ~(size_t)127;
+        /* the phases go to shared memory when that leaves stages of >= MK_STAGE_MIN bytes */
+        int64_t avail = (int64_t)optin - 1024 - (int64_t)fixed; /* 1 KiB: static shared memory */
+        mk->ph_in_smem = (avail - (int64_t)phases) / MK_STAGES >= MK_STAGE_MIN;
+        if (mk->ph_in_smem) {
+            avail -= (int64_t)phases;
+            fixed += phases;
+        }
+        stage = avail / MK_STAGES;
+        stage = (stage > MK_STAGE_MAX ? MK_STAGE_MAX : stage) & ~(int64_t)127;
+        if (stage < b->max_row + 64) {
+            xfree(gt);
+            return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                           "cuda megakernel: %lld-byte rows do not fit the %lld-byte ring stages",
+                           (long long)b->max_row, (long long)stage);
+        }
+        chunks = mk_fill_table(b, gt, stage, b->in->n_sm);
+        int64_t want = chunks * (int64_t)sizeof(struct mk_chunk) + (int64_t)(b->n_g + 1) * 4;
+        if (want <= sched_bytes)
+            break;
+        sched_bytes = want;
+    }
+    if (chunks * (int64_t)sizeof(struct mk_chunk) + (int64_t)(b->n_g + 1) * 4 > sched_bytes) {
+        xfree(gt);
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda megakernel: the schedule does not fit");
+    }
+    mk->max_chunks = (int32_t)chunks;
     mk->scratch_floats = need;
     mk->stage_bytes = (int32_t)stage;
     mk->n_g = b->n_g;
@@ -1465,12 +1736,38 @@ int32_t mk_phase_count(const struct mk_program *mk) { return mk ? mk->n_ph : 0; 
 static const char *const mk_kind_names[] = {"embed", "rmsnorm", "gemv", "attention", "gdn_conv",
                                             "gdn_core", "add", "swiglu"};
 
+/* One phase's arrival stamps of the nb blocks (token 0) against the barrier's exit: adds the
+ * median-to-last spread and the last-arrival-to-exit latency (us / reps), counts the last. */
+static void mk_arrivals(const unsigned long long *arr, int32_t nb, unsigned long long exit_t, double *spread,
+                        double *tail, int32_t *late, int32_t reps)
+{
+    unsigned long long sorted[1024], last = 0;
+    int32_t m = nb < 1024 ? nb : 1024, who = 0;
+    for (int32_t b = 0; b < m; b++) {
+        sorted[b] = arr[b];
+        if (arr[b] > last)
+            last = arr[b], who = b;
+    }
+    for (int32_t i = 1; i < m; i++) /* insertion sort: 132 values */
+        for (int32_t j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            unsigned long long t = sorted[j];
+            sorted[j] = sorted[j - 1], sorted[j - 1] = t;
+        }
+    *spread += (double)(last - sorted[m / 2]) / 1e3 / reps;
+    *tail += (double)(exit_t > last ? exit_t - last : 0) / 1e3 / reps;
+    if (late)
+        late[who]++;
+}
+
 qwenrt_status mk_profile(struct mk_program *mk, cudaStream_t s, int32_t *ids, int32_t *pos,
                          int32_t reps, char *report, size_t report_len, struct qwenrt_error *err)
 {
-    int32_t n = mk->n_ph + 1, nt = n + 4 * mk->n_ph;
+    int32_t n = mk->n_ph + 1, nt = n + MK_PROF_SLOTS * mk->n_ph + mk->n_ph * mk->nb;
+    double nw = (double)(mk->threads / 32);
+    double spread[8] = {0}, tail[8] = {0}; /* per kind: median -> last arrival, last -> exit */
+    int32_t *late = (int32_t *)xcalloc((size_t)mk->nb, sizeof(int32_t)); /* times each block came last */
     unsigned long long *d_t = NULL, *h_t = (unsigned long long *)xcalloc((size_t)nt, sizeof(*h_t));
-    double *us = (double *)xcalloc((size_t)n, sizeof(double)), split[4] = {0, 0, 0, 0};
+    double *us = (double *)xcalloc((size_t)n, sizeof(double)), split[MK_PROF_SLOTS] = {0, 0, 0, 0, 0};
     qwenrt_status st = QWENRT_OK;
     if (!h_t || !us)
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
@@ -1489,8 +1786,10 @@ qwenrt_status mk_profile(struct mk_program *mk, cudaStream_t s, int32_t *ids, in
         }
         for (int32_t i = 0; i + 1 < n && !st; i++) {
             us[i] += (double)(h_t[i + 1] - h_t[i]) / 1e3 / reps;
-            for (int k = 0; k < 4; k++)
-                split[k] += (double)h_t[n + 4 * i + k] / 1e3 / reps;
+            for (int k = 0; k < MK_PROF_SLOTS; k++) /* slots 1 and 4: summed over warps */
+                split[k] += (double)h_t[n + MK_PROF_SLOTS * i + k] / 1e3 / reps / (k == 1 || k == 4 ? nw : 1.0);
+            const unsigned long long *arr = h_t + n + MK_PROF_SLOTS * mk->n_ph + (size_t)i * mk->nb;
+            mk_arrivals(arr, mk->nb, h_t[i + 1], &spread[mk->kinds[i]], &tail[mk->kinds[i]], late, reps);
         }
     }
     if (!st) {
@@ -1506,8 +1805,8 @@ qwenrt_status mk_profile(struct mk_program *mk, cudaStream_t s, int32_t *ids, in
                                        mk->ph_in_smem ? "smem" : "global", total);
         if (o < report_len)
             o += (size_t)snprintf(report + o, report_len - o,
-                                  "; block 0: x staging %.1f, ring waits %.1f, barriers %.1f, producer %.1f",
-                                  split[0], split[1], split[2], split[3]);
+                                  "; block 0: x staging %.1f, ring waits %.1f (mean warp), barriers %.1f, refills %.1f (all warps), GEMV rows %.1f (mean warp)",
+                                  split[0], split[1], split[2], split[3], split[4]);
         for (int r = 0; r < 4 && o < report_len; r++) { /* the slowest phases */
             int32_t bi = 0;
             for (int32_t i = 1; i < mk->n_ph; i++)
@@ -1520,12 +1819,23 @@ qwenrt_status mk_profile(struct mk_program *mk, cudaStream_t s, int32_t *ids, in
             us[i] = us[i] < 0 ? -us[i] : us[i];
         for (int k = 0; k < 8 && o < report_len; k++)
             if (count[k])
-                o += (size_t)snprintf(report + o, report_len - o, "; %s x%d %.1f (%.2f each)",
-                                      mk_kind_names[k], count[k], by_kind[k], by_kind[k] / count[k]);
+                o += (size_t)snprintf(report + o, report_len - o,
+                                      "; %s x%d %.1f (%.2f each; median->last arrival %.2f, last arrival->exit %.2f)",
+                                      mk_kind_names[k], count[k], by_kind[k], by_kind[k] / count[k],
+                                      spread[k] / count[k], tail[k] / count[k]);
+        for (int r = 0; r < 3 && late && o < report_len; r++) { /* the blocks most often last */
+            int32_t bi = 0;
+            for (int32_t i = 1; i < mk->nb; i++)
+                bi = late[i] > late[bi] ? i : bi;
+            o += (size_t)snprintf(report + o, report_len - o, "%s block %d last in %d phases",
+                                  r ? "," : "; ", bi, late[bi] / reps);
+            late[bi] = -1;
+        }
     }
     cudaFree(d_t);
     xfree(h_t);
     xfree(us);
+    xfree(late);
     return st;
 }
 
@@ -1539,7 +1849,7 @@ qwenrt_status mk_run(struct mk_program *mk, cudaStream_t s, int32_t *ids, int32_
     prm.ph = mk->d_ph, prm.n_ph = mk->n_ph, prm.sync = mk->d_sync;
     prm.stage_bytes = mk->stage_bytes, prm.scratch_floats = mk->scratch_floats;
     prm.ph_in_smem = mk->ph_in_smem;
-    prm.gt = mk->d_gt, prm.n_g = mk->n_g, prm.part = mk->d_part, prm.cnt = mk->d_cnt;
+    prm.gt = mk->d_gt, prm.n_g = mk->n_g, prm.max_chunks = mk->max_chunks, prm.part = mk->d_part, prm.cnt = mk->d_cnt;
     prm.ids = ids, prm.pos = pos, prm.out_ids = out_ids, prm.step = step;
     prm.n_tok = n_tok, prm.gen = gen, prm.times = times;
     void *args[] = {&prm};
