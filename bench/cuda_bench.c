@@ -472,8 +472,8 @@ int main(int argc, char **argv)
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
            vs[1].tok_s, vs[2].tok_s, api, tg * bytes / 1e9);
     printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[1].tok_s, pv[6].tok_s, pv[2].tok_s,
-           pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
+           n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[1].tok_s, pv[6].tok_s,
+           pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
     printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl |\n|---|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",

@@ -47,6 +47,8 @@ struct gemm_ctx {
     int64_t wbf16_cap;     /* bytes */
     __nv_bfloat16 *xsplit; /* [3][T][K] bf16 split of x: hi, mid, lo */
     int64_t xsplit_cap;    /* bytes */
+    const float *xb_src;   /* the fast product's bf16 x in xsplit was rounded from this x */
+    int64_t xb_T, xb_K, xb_ldx;
     float *c3;             /* [3][T][N] f32: the stacked split product's three terms */
     int64_t c3_cap;        /* bytes */
     struct bgemm_plan bcache[BGEMM_CACHE_MAX]; /* attention_gemm's products */
@@ -70,6 +72,8 @@ struct gemm_call {
     bool bf16x2;      /* BF16 weights: split x into three bf16 terms, tensor cores */
     bool stack3;      /* the three terms as one product over 3T columns, then a sum */
     bool fast;        /* non-F32 weights: x and W (dequantised) in bf16, one product */
+    bool x_reuse;     /* x is unchanged since the previous product read it: the fast path may
+                       * reuse its bf16 copy (the caller knows; gemm_run checks the shape) */
 };
 
 /* Prefill attention through f32 GEMMs (attention_gemm.cu): queries t = 0..T-1 at positions

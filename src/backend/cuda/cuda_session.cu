@@ -466,6 +466,8 @@ struct run_ctx {
     cudaStream_t stream; /* where the run's work goes (a batch runs every session's ops on
                           * the first session's stream) */
     int32_t pos0;        /* host copy of the first token's position */
+    bool x_reuse;        /* run_plan_ops: the next product reads the same, unchanged input as
+                          * the previous one (q, k, v; gate, up) */
 };
 
 /* Grows the prefill scratch to n floats (contents not kept). */
@@ -528,6 +530,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
     c.bf16x2 = cs->opt.gemm_bf16x2;
     c.stack3 = cs->opt.gemm_stack3;
     c.fast = cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL]; /* decode stays f32 */
+    c.x_reuse = r->x_reuse;
     return gemm_run(&cs->gemm, &c, r->stream, err);
 }
 
@@ -793,7 +796,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
-                        cs->opt.pdl, cs->stream, 0};
+                        cs->opt.pdl, cs->stream, 0, false};
     for (int32_t i = 0; i < cs->n_steps; i++) {
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
@@ -950,7 +953,7 @@ static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventCreate failed");
             break;
         }
-    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->opt.pdl, cs->stream, 0};
+    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->opt.pdl, cs->stream, 0, false};
     for (int32_t rep = -1; rep < reps && !st; rep++) { /* rep -1 warms up */
         if (cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
@@ -1024,7 +1027,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
         st = cuda_session_reset(cs, err);
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
-    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0};
+    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -1168,6 +1171,10 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
     qwenrt_status st = QWENRT_OK;
     for (int32_t i = 0; i < r->p->n_ops && !st; i++) {
         const struct plan_op *op = &r->p->ops[i];
+        /* a product right after another one reading the same buffer (a product never writes
+         * its own input) may reuse that product's bf16 copy of it */
+        r->x_reuse = op->kind == OP_MATMUL && i > 0 && r->p->ops[i - 1].kind == OP_MATMUL &&
+                     r->p->ops[i - 1].in == op->in && r->p->ops[i - 1].out != op->in;
         if (!dump && r->cs->opt.fuse && matmul_add_fusable(r->p, i)) { /* the residual add in
                                                                          * the product */
             const struct plan_op *add = &r->p->ops[i + 1];
@@ -1200,6 +1207,7 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
         }
         dump(user, op->dump, op->layer, host, rows, bw(r->p, op->out));
     }
+    r->x_reuse = false;
     xfree(host);
     return st;
 }
@@ -1232,7 +1240,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         }
         b = cs->pbufs;
     }
-    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0};
+    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false};
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) {
             if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
@@ -1339,7 +1347,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         CUDA_CHECK(cudaMemcpyAsync(css[r]->d_pos, &css[r]->h_stage[1], 4, cudaMemcpyHostToDevice, c0->stream));
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
-    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0};
+    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -1351,7 +1359,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
             struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r]};
+                                  pos[r], false};
             if ((st = run_op(&one, i, err)))
                 return st;
         }

@@ -630,7 +630,10 @@ cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat
 
 /* ---- cuBLASLt ---- */
 
-/* Creates the descriptors of a product and asks the heuristic for its algorithm. */
+/* Creates the descriptors of a product and asks the heuristic for its algorithm. (Timing the
+ * heuristic's first 8 candidates on the first call and keeping the fastest was tried: pp512
+ * 112k -> 109k tok/s. Timed back to back, the weights sit in L2, so the winner is the
+ * fastest on warm weights, not in the prefill; docs/perf-log.md.) */
 static qwenrt_status lt_plan_make(struct gemm_ctx *g, struct lt_plan *pl, struct qwenrt_error *err)
 {
     qwenrt_status st = QWENRT_OK;
@@ -763,7 +766,12 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
     int64_t cap = g->xsplit_cap;
     if ((st = grow(&p, &cap, n * 2, err)))
         return st;
+    if (p != (void *)g->xsplit)
+        g->xb_src = NULL;
     g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
+    /* q, k and v (gate and up) read the same x: round it once */
+    bool rounded = c->x_reuse && g->xb_src == c->x && g->xb_T == c->T && g->xb_K == c->K &&
+                   g->xb_ldx == c->ldx;
     const void *wb = c->w;
     if (c->dtype != QR_BF16 || c->row_bytes != c->K * 2) {
         void *q = g->wbf16;
@@ -777,9 +785,12 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
         wb = g->wbf16;
     }
     int64_t blocks = (n + 255) / 256;
-    round_bf16_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(g->xsplit, c->x, c->ldx,
-                                                                            c->K, n);
-    CUDA_CHECK(cudaGetLastError());
+    if (!rounded) {
+        round_bf16_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(g->xsplit, c->x,
+                                                                                c->ldx, c->K, n);
+        CUDA_CHECK(cudaGetLastError());
+        g->xb_src = c->x, g->xb_T = c->T, g->xb_K = c->K, g->xb_ldx = c->ldx;
+    }
     return lt_matmul(g, CUDA_R_16BF, wb, c->K, g->xsplit, c->K, c->y, c->ldy, c->N, c->K, c->T,
                      c->accumulate ? 1.0f : 0.0f, s, err);
 }
@@ -797,6 +808,7 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         if ((st = grow(&p, &cap, 3 * n * 2, err)))
             return st;
         g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
+        g->xb_src = NULL; /* the split overwrites the fast product's bf16 x */
         __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = mid + n;
         CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
         if (c->stack3) {
