@@ -682,6 +682,10 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
         hp.n_embd = width, hp.n_ff = 3 * width;
         hp.n_head = width / hp.head_dim;
     }
+    if (width >= 1024 && hp.arch == ARCH_QWEN3) { /* Qwen3-0.6B's widths: o-proj K = 2048 */
+        hp.head_dim = hp.n_rot = 128;
+        hp.n_head = 2 * width / 128, hp.n_head_kv = width / 128;
+    }
     char path[256];
     snprintf(path, sizeof(path), "/tmp/qwenrt-test-mega-%s-%d-%d.gguf", arch, (int)type, (int)getpid());
     struct export_params ep = {.type = type, .name = arch, .tied = true};
@@ -731,6 +735,19 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
     cuda_session_free(b);
     qwenrt_model_free(m);
     remove(path);
+}
+
+/* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
+ * with K = 1024 / 2048 / 3072) only run at the real models' widths: hidden 1024, o-proj K
+ * 2048, down K 3072, on a few layers and a small vocabulary. */
+static void test_megakernel_real_width(void **st)
+{
+    (void)st;
+    check_mega_synth("qwen3-tiny", EXPORT_BF16, 1024);
+    check_mega_synth("qwen3-tiny", EXPORT_F16, 1024);
+    check_mega_synth("qwen3-tiny", EXPORT_Q8_0, 1024);
+    check_mega_synth("qwen3-tiny", EXPORT_Q4_K_M, 1024);
+    check_mega_synth("qwen35-tiny", EXPORT_BF16, 1024);
 }
 
 static void test_megakernel_quantised(void **st)
@@ -952,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_fixtures_decode_only),
         cmocka_unit_test(test_fixtures_decode_graph),
         cmocka_unit_test(test_megakernel_quantised),
+        cmocka_unit_test(test_megakernel_real_width),
         cmocka_unit_test(test_batch_decode_cuda),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_prefill_split_cuda),

@@ -850,6 +850,117 @@ __device__ __noinline__ void mk_gemv_regs(const struct mk_phase &P, struct mk_ri
         *best = top;
 }
 
+/* 2-byte shared-memory load by address (Q8_0 blocks are 34 bytes: 2-byte aligned). */
+__device__ __forceinline__ uint32_t mk_lds_u16(uint32_t a)
+{
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a));
+    return v;
+}
+
+/* A GEMV phase of Q8_0 rows with K = 1024 KB (SwiGLU: gate and up both Q8_0): lane l takes
+ * the 32-element blocks l + 32 u of every row and keeps their x in registers for the phase
+ * (mk_dot_q8_0 read x from shared memory per element, lanes 128 bytes apart: one bank, a
+ * 32-way conflict per read). Same arithmetic order as mk_dot_q8_0. */
+template <int KB>
+__device__ __forceinline__ float mk_dot_q8_regs(uint32_t row, const float *x)
+{
+    int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KB; u++) {
+        uint32_t b = row + 34u * (uint32_t)(lane + 32 * u);
+        uint32_t q[17];
+#pragma unroll
+        for (int i = 0; i < 17; i++)
+            q[i] = mk_lds_u16(b + 2 * i);
+        const float *xu = x + 32 * u;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            s = fmaf((float)(int8_t)(q[1 + i] & 0xff), xu[2 * i], s);
+            s = fmaf((float)(int8_t)(q[1 + i] >> 8), xu[2 * i + 1], s);
+        }
+        acc = fmaf(mk_f16((uint16_t)q[0]), s, acc);
+    }
+    return acc;
+}
+
+template <int NT, int KB, bool SWIGLU>
+__device__ __noinline__ void mk_gemv_q8(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
+                                        unsigned long long *best)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = NT / 32;
+    float x[32 * KB];
+    uint32_t xa = mk_smem_addr(xs);
+#pragma unroll
+    for (int u = 0; u < KB; u++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float4 v = mk_lds_f4(xa + 4 * (32 * (lane + 32 * u) + 4 * k));
+            x[32 * u + 4 * k] = v.x, x[32 * u + 4 * k + 1] = v.y;
+            x[32 * u + 4 * k + 2] = v.z, x[32 * u + 4 * k + 3] = v.w;
+        }
+    const struct mk_ring ring = rg; /* registers, as in mk_gemv_regs */
+    const uint32_t base = mk_smem_addr(ring.base), bars = mk_smem_addr(ring.bar);
+    const uint32_t sbytes = (uint32_t)ring.stage_bytes;
+    unsigned long long *prof = ring.prof, top = 0;
+    const struct mk_gdesc &D = ring.gt[P.gidx];
+    const int32_t k0 = ring.gfirst[P.gidx], k1 = ring.gfirst[P.gidx + 1];
+    const bool accum = P.mode == GEMV_ACCUM, argmax = P.argmax != 0;
+    const uint32_t rb1 = (uint32_t)D.row_bytes[1];
+    uint32_t next = ring.next;
+    for (int32_t k = k0; k < k1; k++, next++) {
+        const struct mk_chunk ch = ring.sched[k];
+        uint32_t st = next % MK_STAGES;
+        unsigned long long t1 = prof ? mk_globaltimer() : 0;
+        mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
+        if (prof)
+            atomicAdd(&prof[1], mk_globaltimer() - t1);
+        struct mk_copy cp;
+        mk_chunk_copy(D, ch, cp);
+        const uint32_t b0 = base + st * sbytes + cp.off[0], b1 = base + st * sbytes + cp.off[1];
+        const uint32_t rb0 = (uint32_t)D.row_bytes[ch.seg];
+        float *y = P.seg[ch.seg].y;
+        for (int32_t i = warp; i < ch.n; i += nw) {
+            int64_t r = ch.r0 + i;
+            if (SWIGLU) {
+                float g = warp_sum(mk_dot_q8_regs<KB>(b0 + i * rb0, x));
+                float u = warp_sum(mk_dot_q8_regs<KB>(b1 + i * rb1, x));
+                if (lane == 0)
+                    y[r] = silu_f(g) * u;
+                continue;
+            }
+            float v = warp_sum(mk_dot_q8_regs<KB>(b0 + i * rb0, x));
+            if (lane == 0) {
+                mk_store_row(y + r, v, accum);
+                if (argmax && v == v) {
+                    unsigned long long key = mk_argmax_key(v, r);
+                    top = key > top ? key : top;
+                }
+            }
+        }
+        mk_release(ring, next);
+    }
+    rg.next = next;
+    if (top > *best)
+        *best = top;
+}
+
+/* The Q8_0 register path applies: every segment Q8_0, K of 1024, 2048 or 3072 (SwiGLU:
+ * 1024). Returns K / 1024, or 0. */
+__device__ __forceinline__ int mk_q8_kb(const struct mk_phase &P)
+{
+    int32_t n = P.mode == GEMV_SWIGLU ? 2 : P.n_seg;
+    for (int32_t k = 0; k < n; k++)
+        if (P.seg[k].dtype != QR_Q8_0)
+            return 0;
+    if (P.mode == GEMV_SWIGLU)
+        return P.K == 1024 ? 1 : 0;
+    return P.K == 1024 ? 1 : P.K == 2048 ? 2 : P.K == 3072 ? 3 : 0;
+}
+
 /* Any other GEMV phase: chunk by chunk through mk_gemv_chunk (x in shared memory). */
 __device__ __noinline__ void mk_gemv_chunks(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
                                             unsigned long long *best)
@@ -905,7 +1016,14 @@ __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, s
         bf ? mk_gemv_regs<NT, QR_BF16, 12, false>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 12, false>(P, rg, xs, &best);
         break;
     default:
-        mk_gemv_chunks(P, rg, xs, &best);
+        switch (mk_q8_kb(P)) {
+        case 1:
+            sw ? mk_gemv_q8<NT, 1, true>(P, rg, xs, &best) : mk_gemv_q8<NT, 1, false>(P, rg, xs, &best);
+            break;
+        case 2: mk_gemv_q8<NT, 2, false>(P, rg, xs, &best); break;
+        case 3: mk_gemv_q8<NT, 3, false>(P, rg, xs, &best); break;
+        default: mk_gemv_chunks(P, rg, xs, &best); break;
+        }
         break;
     }
     if (rg.prof)
