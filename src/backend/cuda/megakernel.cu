@@ -961,6 +961,206 @@ __device__ __forceinline__ int mk_q8_kb(const struct mk_phase &P)
     return P.K == 1024 ? 1 : P.K == 2048 ? 2 : P.K == 3072 ? 3 : 0;
 }
 
+/* 1-byte and 16-byte shared-memory loads by address for the K-quant rows. */
+__device__ __forceinline__ uint32_t mk_lds_u8(uint32_t a)
+{
+    unsigned short v;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(a));
+    return v;
+}
+
+/* K-quant rows (Q4_K, Q6_K; Q4_K_M mixes them within a phase) with K = 1024 KB: x gathered
+ * into registers once per phase in the element order each lane's dot product walks, then
+ * every weight byte read with ld.shared. mk_dot_q4_k / mk_dot_q6_k read x from shared memory
+ * per element with lanes 256 floats apart (16-way bank conflicts). Same arithmetic order as
+ * those functions. */
+
+/* Q4_K: lane (c, half) of super-block group lane / 8 takes super-blocks lane / 8 + 4 j: x[32 j
+ * + i] = element 64 c + 16 half + i (i < 16) and, + 16, element 64 c + 16 half + 32 + i. */
+template <int KB>
+__device__ __forceinline__ void mk_gather_q4k(uint32_t xa, float *x)
+{
+    int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
+#pragma unroll
+    for (int j = 0; j < KB; j++) {
+        uint32_t e = (uint32_t)(((lane >> 3) + 4 * j) * 256 + 64 * c + 16 * half);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float4 a = mk_lds_f4(xa + 4 * (e + 4 * k)), b = mk_lds_f4(xa + 4 * (e + 32 + 4 * k));
+            x[32 * j + 4 * k] = a.x, x[32 * j + 4 * k + 1] = a.y, x[32 * j + 4 * k + 2] = a.z, x[32 * j + 4 * k + 3] = a.w;
+            x[32 * j + 16 + 4 * k] = b.x, x[32 * j + 17 + 4 * k] = b.y, x[32 * j + 18 + 4 * k] = b.z, x[32 * j + 19 + 4 * k] = b.w;
+        }
+    }
+}
+
+template <int KB>
+__device__ __forceinline__ float mk_dot_q4k_regs(uint32_t row, const float *x)
+{
+    int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KB; j++) {
+        uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
+        uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
+        float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
+        int sc0, m0, sc1, m1;
+        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
+        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
+        const float *x0 = x + 32 * j, *x1 = x0 + 16;
+        float s0 = 0.0f, s1 = 0.0f, x0s = 0.0f, x1s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            uint32_t word = i < 4 ? qv.x : i < 8 ? qv.y : i < 12 ? qv.z : qv.w;
+            uint32_t q = (word >> (8 * (i & 3))) & 0xffu;
+            s0 = fmaf((float)(q & 0xF), x0[i], s0);
+            s1 = fmaf((float)(q >> 4), x1[i], s1);
+            x0s += x0[i];
+            x1s += x1[i];
+        }
+        acc += d * ((float)sc0 * s0 + (float)sc1 * s1) - dmin * ((float)m0 * x0s + (float)m1 * x1s);
+    }
+    return acc;
+}
+
+/* Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j: x[16 j
+ * + 4 qq + i] = element 128 h + 4 g + 32 qq + i (qq, i < 4). */
+template <int KB>
+__device__ __forceinline__ void mk_gather_q6k(uint32_t xa, float *x)
+{
+    int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
+#pragma unroll
+    for (int j = 0; j < 2 * KB; j++) {
+        uint32_t e = (uint32_t)(((lane >> 4) + 2 * j) * 256 + 128 * h + 4 * g);
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            float4 a = mk_lds_f4(xa + 4 * (e + 32 * qq));
+            x[16 * j + 4 * qq] = a.x, x[16 * j + 4 * qq + 1] = a.y, x[16 * j + 4 * qq + 2] = a.z, x[16 * j + 4 * qq + 3] = a.w;
+        }
+    }
+}
+
+template <int KB>
+__device__ __forceinline__ float mk_dot_q6k_regs(uint32_t row, const float *x)
+{
+    int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2 * KB; j++) {
+        uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
+        uint32_t ql = b + 64 * h + 4 * g, qh = b + 128 + 32 * h + 4 * g, sc = b + 192 + 8 * h + g / 4;
+        float d = mk_f16((uint16_t)(mk_lds_u8(b + 208) | (mk_lds_u8(b + 209) << 8)));
+        uint32_t lo0[4], lo1[4], hb[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo0[i] = mk_lds_u8(ql + i);
+            lo1[i] = mk_lds_u8(ql + 32 + i);
+            hb[i] = mk_lds_u8(qh + i);
+        }
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int lo = ((qq & 1) ? lo1[i] : lo0[i]) >> ((qq >> 1) * 4) & 0xF;
+                int q = (lo | (((hb[i] >> (2 * qq)) & 3) << 4)) - 32;
+                s = fmaf((float)q, x[16 * j + 4 * qq + i], s);
+            }
+            acc = fmaf(d * (float)(int8_t)mk_lds_u8(sc + 2 * qq), s, acc);
+        }
+    }
+    return acc;
+}
+
+/* One row of segment dtype dt (Q4_K or Q6_K) with the gathered x of its layout. */
+template <int KB, bool L4, bool L6>
+__device__ __forceinline__ float mk_dot_kq(int32_t dt, uint32_t row, const float *x4, const float *x6)
+{
+    if (L4 && (!L6 || dt == QR_Q4_K))
+        return mk_dot_q4k_regs<KB>(row, x4);
+    return mk_dot_q6k_regs<KB>(row, x6);
+}
+
+/* A GEMV phase of Q4_K / Q6_K rows (L4, L6: which layouts occur), K = 1024 KB. */
+template <int NT, int KB, bool L4, bool L6>
+__device__ __noinline__ void mk_gemv_kq(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
+                                        unsigned long long *best)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = NT / 32;
+    float x4[L4 ? 32 * KB : 1], x6[L6 ? 32 * KB : 1];
+    uint32_t xa = mk_smem_addr(xs);
+    if (L4)
+        mk_gather_q4k<KB>(xa, x4);
+    if (L6)
+        mk_gather_q6k<KB>(xa, x6);
+    const struct mk_ring ring = rg; /* registers, as in mk_gemv_regs */
+    const uint32_t base = mk_smem_addr(ring.base), bars = mk_smem_addr(ring.bar);
+    const uint32_t sbytes = (uint32_t)ring.stage_bytes;
+    unsigned long long *prof = ring.prof, top = 0;
+    const struct mk_gdesc &D = ring.gt[P.gidx];
+    const int32_t k0 = ring.gfirst[P.gidx], k1 = ring.gfirst[P.gidx + 1];
+    const bool accum = P.mode == GEMV_ACCUM, argmax = P.argmax != 0, sw = P.mode == GEMV_SWIGLU;
+    const uint32_t rb1 = (uint32_t)D.row_bytes[1];
+    const int32_t dt1 = P.seg[1].dtype;
+    uint32_t next = ring.next;
+    for (int32_t k = k0; k < k1; k++, next++) {
+        const struct mk_chunk ch = ring.sched[k];
+        uint32_t st = next % MK_STAGES;
+        unsigned long long t1 = prof ? mk_globaltimer() : 0;
+        mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
+        if (prof)
+            atomicAdd(&prof[1], mk_globaltimer() - t1);
+        struct mk_copy cp;
+        mk_chunk_copy(D, ch, cp);
+        const uint32_t b0 = base + st * sbytes + cp.off[0], b1 = base + st * sbytes + cp.off[1];
+        const uint32_t rb0 = (uint32_t)D.row_bytes[ch.seg];
+        const int32_t dt0 = P.seg[ch.seg].dtype;
+        float *y = P.seg[ch.seg].y;
+        for (int32_t i = warp; i < ch.n; i += nw) {
+            int64_t r = ch.r0 + i;
+            if (sw) {
+                float g = warp_sum(mk_dot_kq<KB, L4, L6>(dt0, b0 + i * rb0, x4, x6));
+                float u = warp_sum(mk_dot_kq<KB, L4, L6>(dt1, b1 + i * rb1, x4, x6));
+                if (lane == 0)
+                    y[r] = silu_f(g) * u;
+                continue;
+            }
+            float v = warp_sum(mk_dot_kq<KB, L4, L6>(dt0, b0 + i * rb0, x4, x6));
+            if (lane == 0) {
+                mk_store_row(y + r, v, accum);
+                if (argmax && v == v) {
+                    unsigned long long key = mk_argmax_key(v, r);
+                    top = key > top ? key : top;
+                }
+            }
+        }
+        mk_release(ring, next);
+    }
+    rg.next = next;
+    if (top > *best)
+        *best = top;
+}
+
+/* The K-quant register path: every segment Q4_K or Q6_K with 16-byte aligned rows (Q4_K's
+ * loads are 16 bytes wide), K = 1024 (both layouts may occur) or 2048 / 3072 (one). Returns
+ * KB * 4 + (Q4_K present) * 1 + (Q6_K present) * 2, or 0. */
+__device__ __forceinline__ int mk_kq_kind(const struct mk_phase &P)
+{
+    int32_t n = P.mode == GEMV_SWIGLU ? 2 : P.n_seg, l4 = 0, l6 = 0;
+    for (int32_t k = 0; k < n; k++) {
+        if (P.seg[k].dtype == QR_Q4_K && P.seg[k].row_bytes % 16 == 0 && ((uintptr_t)P.seg[k].w & 15) == 0)
+            l4 = 1;
+        else if (P.seg[k].dtype == QR_Q6_K)
+            l6 = 2;
+        else
+            return 0;
+    }
+    int kb = P.K == 1024 ? 1 : P.K == 2048 ? 2 : P.K == 3072 ? 3 : 0;
+    if (kb == 0 || (kb > 1 && l4 && l6))
+        return 0;
+    return kb * 4 + l4 + l6;
+}
+
 /* Any other GEMV phase: chunk by chunk through mk_gemv_chunk (x in shared memory). */
 __device__ __noinline__ void mk_gemv_chunks(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
                                             unsigned long long *best)
@@ -1022,7 +1222,18 @@ __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, s
             break;
         case 2: mk_gemv_q8<NT, 2, false>(P, rg, xs, &best); break;
         case 3: mk_gemv_q8<NT, 3, false>(P, rg, xs, &best); break;
-        default: mk_gemv_chunks(P, rg, xs, &best); break;
+        default:
+            switch (mk_kq_kind(P)) {
+            case 4 + 1: mk_gemv_kq<NT, 1, true, false>(P, rg, xs, &best); break;
+            case 4 + 2: mk_gemv_kq<NT, 1, false, true>(P, rg, xs, &best); break;
+            case 4 + 3: mk_gemv_kq<NT, 1, true, true>(P, rg, xs, &best); break;
+            case 8 + 1: mk_gemv_kq<NT, 2, true, false>(P, rg, xs, &best); break;
+            case 8 + 2: mk_gemv_kq<NT, 2, false, true>(P, rg, xs, &best); break;
+            case 12 + 1: mk_gemv_kq<NT, 3, true, false>(P, rg, xs, &best); break;
+            case 12 + 2: mk_gemv_kq<NT, 3, false, true>(P, rg, xs, &best); break;
+            default: mk_gemv_chunks(P, rg, xs, &best); break;
+            }
+            break;
         }
         break;
     }
