@@ -50,6 +50,7 @@ extern "C" {
 #define MK_STAGE_MIN (24 << 10)
 #define MK_XPT 8 /* x values per thread staged with one batch of loads */
 #define MK_ATTN_SPLITS 32 /* attention / DeltaNet blocks per head at most */
+#define MK_GDN_R 16 /* DeltaNet state rows a thread keeps in registers */
 #define MK_PROF_SLOTS 5 /* per phase: x staging, ring waits, barrier, refills, GEMV rows */
 
 enum mk_kind { MK_EMBED, MK_RMSNORM, MK_GEMV, MK_ATTN, MK_GDN_CONV, MK_GDN_CORE, MK_ADD, MK_SWIGLU };
@@ -1173,8 +1174,8 @@ __device__ __noinline__ void mk_gemv_chunks(const struct mk_phase &P, struct mk_
     }
 }
 
-/* The register path applies: every segment 16-bit of one dtype, K of 1024, 2048 or 3072
- * (SwiGLU: 1024), rows 16-byte aligned. */
+/* The register path applies: every segment 16-bit of one dtype, K of 1024, 2048, 3072 or
+ * 3584 (SwiGLU: 1024), rows 16-byte aligned. */
 __device__ __forceinline__ int mk_regs_kc(const struct mk_phase &P)
 {
     int32_t dt = P.seg[0].dtype, n = P.mode == GEMV_SWIGLU ? 2 : P.n_seg;
@@ -1185,7 +1186,7 @@ __device__ __forceinline__ int mk_regs_kc(const struct mk_phase &P)
             return 0;
     if (P.mode == GEMV_SWIGLU)
         return P.K == 1024 ? 4 : 0;
-    return P.K == 1024 ? 4 : P.K == 2048 ? 8 : P.K == 3072 ? 12 : 0;
+    return P.K == 1024 ? 4 : P.K == 2048 ? 8 : P.K == 3072 ? 12 : P.K == 3584 ? 14 : 0; /* 3584: Qwen3.5's down */
 }
 
 /* y = [norm](x) · Wᵀ: the block's chunks of GEMV phase P (ordinal P.gidx), in the schedule's
@@ -1214,6 +1215,9 @@ __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, s
         break;
     case 12:
         bf ? mk_gemv_regs<NT, QR_BF16, 12, false>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 12, false>(P, rg, xs, &best);
+        break;
+    case 14:
+        bf ? mk_gemv_regs<NT, QR_BF16, 14, false>(P, rg, xs, &best) : mk_gemv_regs<NT, QR_F16, 14, false>(P, rg, xs, &best);
         break;
     default:
         switch (mk_q8_kb(P)) {
@@ -1503,6 +1507,25 @@ __device__ __noinline__ void mk_gdn_head(const struct mk_phase &P, int j, int sp
     int cps = (dv + S - 1) / S, c_lo = sp * cps, c_hi = c_lo + cps < dv ? c_lo + cps : dv;
     float *qs = sm, *ks = sm + dk, *os = sm + 2 * dk;
     const float *qsrc = P.in + (int64_t)kh * dk, *ksrc = P.in + (int64_t)P.Hk * dk + (int64_t)kh * dk;
+    int ncol = c_hi - c_lo, tpc = 1;
+    while (tpc < 32 && tpc * 2 * ncol <= nt)
+        tpc *= 2;
+    int cols = nt / tpc, sub = tid % tpc;
+    float *S_ = P.state + (int64_t)j * dk * dv;
+    const float *v = P.in + (int64_t)2 * P.Hk * dk + (int64_t)j * dv;
+    float *out = P.out + (int64_t)j * dv;
+    /* When one pass covers the columns and a thread's rows fit in MK_GDN_R registers, the
+     * state slice is loaded once, up front with the other loads (its update needs it again
+     * after S^T k: a second L2 round trip before). */
+    bool reg = cols >= ncol && dk <= MK_GDN_R * tpc;
+    int c = c_lo + tid / tpc;
+    bool on1 = reg && c < c_hi;
+    float sv[MK_GDN_R];
+#pragma unroll
+    for (int r = 0; r < MK_GDN_R; r++)
+        sv[r] = on1 && sub + r * tpc < dk ? __ldcg(S_ + (int64_t)(sub + r * tpc) * dv + c) : 0.0f;
+    float vc = on1 ? __ldcg(v + c) : 0.0f;
+    float b_in = __ldcg(P.in2 + j), a_in = __ldcg(P.in3 + j), dt_b = __ldg(P.vec2 + j), ssm_a = __ldg(P.vec3 + j);
     float sq = 0.0f, sk = 0.0f;
     for (int i = tid; i < dk; i += nt) {
         float a = __ldcg(qsrc + i), b = __ldcg(ksrc + i);
@@ -1515,17 +1538,33 @@ __device__ __noinline__ void mk_gdn_head(const struct mk_phase &P, int j, int sp
     for (int i = tid; i < dk; i += nt)
         qs[i] *= rq, ks[i] *= rk;
     __syncthreads();
-    float beta = sigmoid_f(__ldcg(P.in2 + j));
-    float decay = expf(__ldg(P.vec3 + j) * softplus_f(__ldcg(P.in3 + j) + __ldg(P.vec2 + j)));
-    int ncol = c_hi - c_lo, tpc = 1;
-    while (tpc < 32 && tpc * 2 * ncol <= nt)
-        tpc *= 2;
-    int cols = nt / tpc, sub = tid % tpc;
-    float *S_ = P.state + (int64_t)j * dk * dv;
-    const float *v = P.in + (int64_t)2 * P.Hk * dk + (int64_t)j * dv;
-    float *out = P.out + (int64_t)j * dv;
-    for (int c0 = c_lo; c0 < c_hi; c0 += cols) {
-        int c = c0 + tid / tpc;
+    float beta = sigmoid_f(b_in);
+    float decay = expf(ssm_a * softplus_f(a_in + dt_b));
+    if (reg) {
+        float mpart = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MK_GDN_R; r++)
+            if (sub + r * tpc < dk)
+                mpart = fmaf(sv[r], ks[sub + r * tpc], mpart);
+        for (int o = 1; o < tpc; o <<= 1)
+            mpart += __shfl_xor_sync(0xffffffffu, mpart, o);
+        float delta = on1 ? beta * (vc - decay * mpart) : 0.0f, opart = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MK_GDN_R; r++) {
+            int i = sub + r * tpc;
+            if (on1 && i < dk) {
+                float st = fmaf(ks[i], delta, sv[r] * decay);
+                S_[(int64_t)i * dv + c] = st;
+                opart = fmaf(st, qs[i], opart);
+            }
+        }
+        for (int o = 1; o < tpc; o <<= 1)
+            opart += __shfl_xor_sync(0xffffffffu, opart, o);
+        if (on1 && sub == 0)
+            out[c] = opart;
+    }
+    for (int c0 = reg ? c_hi : c_lo; c0 < c_hi; c0 += cols) {
+        c = c0 + tid / tpc;
         bool on = c < c_hi;
         float mpart = 0.0f;
         for (int i = sub; on && i < dk; i += tpc)
