@@ -47,8 +47,9 @@ struct gemm_ctx {
     int64_t wbf16_cap;     /* bytes */
     __nv_bfloat16 *xsplit; /* [3][T][K] bf16 split of x: hi, mid, lo */
     int64_t xsplit_cap;    /* bytes */
-    const float *xb_src;   /* the fast product's bf16 x in xsplit was rounded from this x */
-    int64_t xb_T, xb_K, xb_ldx;
+    const float *xb_src;   /* xsplit holds x from here rounded to bf16 (xb_terms 1) or split */
+    int64_t xb_T, xb_K, xb_ldx; /* into three bf16 terms (xb_terms 3) */
+    int32_t xb_terms;
     float *c3;             /* [3][T][N] f32: the stacked split product's three terms */
     int64_t c3_cap;        /* bytes */
     struct bgemm_plan bcache[BGEMM_CACHE_MAX]; /* attention_gemm's products */

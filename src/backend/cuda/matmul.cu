@@ -755,6 +755,19 @@ void gemm_free(struct gemm_ctx *g)
     memset(g, 0, sizeof(*g));
 }
 
+/* Whether xsplit already holds c->x in the form of `terms` bf16 terms (the caller vouches
+ * with x_reuse that x has not changed since it was converted), and remembering it. */
+static bool xb_current(const struct gemm_ctx *g, const struct gemm_call *c, int32_t terms)
+{
+    return c->x_reuse && g->xb_src == c->x && g->xb_terms == terms && g->xb_T == c->T &&
+           g->xb_K == c->K && g->xb_ldx == c->ldx;
+}
+
+static void xb_remember(struct gemm_ctx *g, const struct gemm_call *c, int32_t terms)
+{
+    g->xb_src = c->x, g->xb_terms = terms, g->xb_T = c->T, g->xb_K = c->K, g->xb_ldx = c->ldx;
+}
+
 /* The fast product: x rounded to bf16, W in bf16 (as stored, or dequantised into a scratch
  * matrix), one tensor-core product with f32 accumulation. */
 static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
@@ -770,8 +783,7 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
         g->xb_src = NULL;
     g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
     /* q, k and v (gate and up) read the same x: round it once */
-    bool rounded = c->x_reuse && g->xb_src == c->x && g->xb_T == c->T && g->xb_K == c->K &&
-                   g->xb_ldx == c->ldx;
+    bool rounded = xb_current(g, c, 1);
     const void *wb = c->w;
     if (c->dtype != QR_BF16 || c->row_bytes != c->K * 2) {
         void *q = g->wbf16;
@@ -789,7 +801,7 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
         round_bf16_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(g->xsplit, c->x,
                                                                                 c->ldx, c->K, n);
         CUDA_CHECK(cudaGetLastError());
-        g->xb_src = c->x, g->xb_T = c->T, g->xb_K = c->K, g->xb_ldx = c->ldx;
+        xb_remember(g, c, 1);
     }
     return lt_matmul(g, CUDA_R_16BF, wb, c->K, g->xsplit, c->K, c->y, c->ldy, c->N, c->K, c->T,
                      c->accumulate ? 1.0f : 0.0f, s, err);
@@ -807,10 +819,14 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         int64_t cap = g->xsplit_cap;
         if ((st = grow(&p, &cap, 3 * n * 2, err)))
             return st;
+        if (p != (void *)g->xsplit)
+            g->xb_src = NULL;
         g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
-        g->xb_src = NULL; /* the split overwrites the fast product's bf16 x */
         __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = mid + n;
-        CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
+        if (!xb_current(g, c, 3)) { /* the products sharing an input split it once */
+            CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
+            xb_remember(g, c, 3);
+        }
         if (c->stack3) {
             /* one product over 3T columns (hi | mid | lo are contiguous [T][K] blocks): three
              * times the output tiles of one term, so small-N products fill the GPU */
