@@ -1163,18 +1163,69 @@ static qwenrt_status stage_inputs(struct cuda_session *cs, const int32_t *ids, i
 }
 
 /* The op-by-op path with dumps: after each dumped op, copy its output back. */
+/* Op i is a product that takes the fast GEMM (gemm_run_bf16): the fast prefill, more tokens
+ * than the GEMV takes, 16-bit or quantised weights, K a multiple of 8. */
+static bool fast_gemm_op(const struct run_ctx *r, int32_t i)
+{
+    const struct cuda_session *cs = r->cs;
+    const struct dop *d = &r->d[i];
+    return r->p->ops[i].kind == OP_MATMUL && cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL] &&
+           !(r->T <= cs->opt.gemv_max_T && r->T <= GEMV_MAX_T) && d->dtype != QR_F32 && d->K % 8 == 0;
+}
+
+/* The fast prefill's product inputs written in bf16 by their producer (one pass instead of
+ * an f32 store and a rounding pass): an RMS norm of whole rows read only by the fast products
+ * right after it (q, k, v; gate, up), or SwiGLU read only by the down product. Returns the
+ * buffer now held in bf16 (the f32 buffer is not written), or -1 when op i is not such a
+ * producer (nothing is run then). */
+static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st, struct qwenrt_error *err)
+{
+    const struct plan *p = r->p;
+    const struct plan_op *op = &p->ops[i];
+    const struct dop *d = &r->d[i];
+    int32_t j = i + 1, wo = op->out >= 0 ? bw(p, op->out) : 0;
+    if (!r->cs->opt.fuse || (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU) || op->in == op->out)
+        return -1;
+    if (op->kind == OP_RMSNORM && op->group != bw(p, op->in))
+        return -1;
+    while (j < p->n_ops && p->ops[j].kind == OP_MATMUL && p->ops[j].in == op->out && fast_gemm_op(r, j) &&
+           r->d[j].K == wo)
+        j++;
+    if (j == i + 1 || (op->kind == OP_SWIGLU && j != i + 2) || !plan_buf_dead_after(p, op->out, j))
+        return -1;
+    __nv_bfloat16 *slot = NULL;
+    if ((*st = gemm_ready(r->cs, err)) ||
+        (*st = gemm_x_slot(&r->cs->gemm, r->b[op->out], r->T, wo, wo, &slot, err)))
+        return -1;
+    cudaError_t e = op->kind == OP_RMSNORM
+                        ? launch_rmsnorm_bf16(slot, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream)
+                        : launch_swiglu_bf16(slot, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
+    if (e != cudaSuccess)
+        *st = cuda_fail(err, e, __FILE__, __LINE__, "bf16 producer");
+    return op->out;
+}
+
 static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *user,
                                   struct qwenrt_error *err)
 {
+    int32_t bf16_buf = -1; /* a buffer a producer just wrote in bf16 only (run_bf16_producer) */
     float *host = NULL;
     size_t host_n = 0;
     qwenrt_status st = QWENRT_OK;
     for (int32_t i = 0; i < r->p->n_ops && !st; i++) {
         const struct plan_op *op = &r->p->ops[i];
         /* a product right after another one reading the same buffer (a product never writes
-         * its own input) may reuse that product's bf16 copy of it */
-        r->x_reuse = op->kind == OP_MATMUL && i > 0 && r->p->ops[i - 1].kind == OP_MATMUL &&
-                     r->p->ops[i - 1].in == op->in && r->p->ops[i - 1].out != op->in;
+         * its own input), or right after the op that wrote its input in bf16 only, reuses
+         * that bf16 copy */
+        bool same = i > 0 && r->p->ops[i - 1].kind == OP_MATMUL && r->p->ops[i - 1].in == op->in &&
+                    r->p->ops[i - 1].out != op->in;
+        r->x_reuse = op->kind == OP_MATMUL && (same || op->in == bf16_buf);
+        if (op->kind != OP_MATMUL)
+            bf16_buf = -1;
+        if (!dump && (bf16_buf = run_bf16_producer(r, i, &st, err)) >= 0)
+            continue;
+        if (st)
+            break;
         if (!dump && r->cs->opt.fuse && matmul_add_fusable(r->p, i)) { /* the residual add in
                                                                          * the product */
             const struct plan_op *add = &r->p->ops[i + 1];

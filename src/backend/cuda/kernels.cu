@@ -35,7 +35,13 @@ cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype
 
 /* ---- rmsnorm: one block per (token, group) ---- */
 
-__global__ void rmsnorm_kernel(float *out, int32_t ldo, const float *in, int32_t ldi,
+/* f32 out, or bf16 rounded to nearest as round_bf16_kernel would round the f32 value (the
+ * fast prefill's product input written directly: one pass instead of two) */
+__device__ __forceinline__ void put_out(float *p, float v) { *p = v; }
+__device__ __forceinline__ void put_out(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename OUT>
+__global__ void rmsnorm_kernel(OUT *out, int32_t ldo, const float *in, int32_t ldi,
                                const float *w, int32_t group, float eps)
 {
     griddep_launch();
@@ -43,22 +49,30 @@ __global__ void rmsnorm_kernel(float *out, int32_t ldo, const float *in, int32_t
     __shared__ float red[32];
     int t = blockIdx.y, g = blockIdx.x;
     const float *x = in + (int64_t)t * ldi + (int64_t)g * group;
-    float *y = out + (int64_t)t * ldo + (int64_t)g * group;
+    OUT *y = out + (int64_t)t * ldo + (int64_t)g * group;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < group; i += blockDim.x)
         ss += x[i] * x[i];
     ss = block_sum(ss, red);
     float scale = rsqrtf(ss / (float)group + eps);
     for (int i = threadIdx.x; i < group; i += blockDim.x)
-        y[i] = x[i] * scale * w[i];
+        put_out(&y[i], x[i] * scale * w[i]);
 }
 
 cudaError_t launch_rmsnorm(float *out, int32_t ldo, const float *in, int32_t ldi, const float *w,
                            int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s, bool pdl)
 {
     int threads = group >= 1024 ? 1024 : ((group + 31) / 32) * 32;
-    return launch_k(pdl, rmsnorm_kernel, dim3(groups, T), dim3(threads), 0, s, out, ldo, in, ldi,
+    return launch_k(pdl, rmsnorm_kernel<float>, dim3(groups, T), dim3(threads), 0, s, out, ldo, in, ldi,
                     w, group, eps);
+}
+
+cudaError_t launch_rmsnorm_bf16(__nv_bfloat16 *out, const float *in, int32_t ldi, const float *w,
+                                int32_t width, float eps, int32_t T, cudaStream_t s)
+{
+    int threads = width >= 1024 ? 1024 : ((width + 31) / 32) * 32;
+    rmsnorm_kernel<__nv_bfloat16><<<dim3(1, T), threads, 0, s>>>(out, width, in, ldi, w, width, eps);
+    return cudaGetLastError();
 }
 
 /* ---- elementwise ---- */
@@ -95,6 +109,19 @@ cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s, bool
 cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s, bool pdl)
 {
     return launch_k(pdl, swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, s, g, u, n);
+}
+
+__global__ void swiglu_bf16_kernel(__nv_bfloat16 *out, const float *g, const float *u, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        put_out(&out[i], silu_f(g[i]) * u[i]);
+}
+
+cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, const float *g, const float *u, int64_t n, cudaStream_t s)
+{
+    swiglu_bf16_kernel<<<grid_for(n), 256, 0, s>>>(out, g, u, n);
+    return cudaGetLastError();
 }
 
 /* one block per (head, token) */

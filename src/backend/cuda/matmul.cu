@@ -768,6 +768,20 @@ static void xb_remember(struct gemm_ctx *g, const struct gemm_call *c, int32_t t
     g->xb_src = c->x, g->xb_terms = terms, g->xb_T = c->T, g->xb_K = c->K, g->xb_ldx = c->ldx;
 }
 
+qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t K, int64_t ldx,
+                          __nv_bfloat16 **slot, struct qwenrt_error *err)
+{
+    void *p = g->xsplit;
+    int64_t cap = g->xsplit_cap;
+    qwenrt_status st = grow(&p, &cap, T * K * 2, err);
+    if (st)
+        return st;
+    g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
+    g->xb_src = x, g->xb_terms = 1, g->xb_T = T, g->xb_K = K, g->xb_ldx = ldx;
+    *slot = g->xsplit;
+    return QWENRT_OK;
+}
+
 /* The fast product: x rounded to bf16, W in bf16 (as stored, or dequantised into a scratch
  * matrix), one tensor-core product with f32 accumulation. */
 static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
