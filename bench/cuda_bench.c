@@ -3,7 +3,8 @@
  * src/tools/synth.c), run by hand on a GPU machine (bench/cuda_bench.sh):
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
- *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--no-validate]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only]
+ *              [--no-validate]
  *
  * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
  *    attention) and 4 greedy steps through the CPU backend (reference DeltaNet, f32-activation
@@ -277,7 +278,7 @@ static void gemv_table(const struct model_hparams *hp)
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL;
-    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, gemv = 0, mega_only = 0, decode_only = 0;
+    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
@@ -290,8 +291,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
+        else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--no-validate]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--no-validate]\n", argv[0]);
             return 2;
         }
     }
@@ -363,7 +365,7 @@ int main(int argc, char **argv)
                             {"attn_gemm off", true, true, true, true, false, false, true, 0},
                             {"attn_flash off (TF32 GEMMs)", true, true, true, true, true, true, false, 0}};
     uint64_t pp_hash = 0;
-    for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only; v++) {
+    for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && v > 0); v++) {
         o = cuda_default_options();
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
@@ -405,7 +407,7 @@ int main(int argc, char **argv)
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
-        if (decode_only && v != 0 && v != 3)
+        if ((decode_only && v != 0 && v != 3) || prefill_only)
             continue;
         o = cuda_default_options();
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
@@ -448,7 +450,7 @@ int main(int argc, char **argv)
     cuda_session_init(m->plans, n_ctx, &o, &cs, &err);
     bool default_mega = cuda_session_uses_megakernel(cs, NULL);
     int32_t id = ids[0];
-    for (int r = -1; r < reps && !decode_only; r++) {
+    for (int r = -1; r < reps && !decode_only && !prefill_only; r++) {
         cuda_session_reset(cs, &err);
         double t0 = time_now_s();
         for (int32_t i = 0; i < n_gen; i++) {
@@ -461,7 +463,7 @@ int main(int argc, char **argv)
         if (r >= 0)
             times[r] = time_now_s() - t0;
     }
-    double api = decode_only ? 0 : n_gen / median(times, reps);
+    double api = decode_only || prefill_only ? 0 : n_gen / median(times, reps);
     cuda_session_free(cs);
 
     /* the default decode path: the megakernel (quantised) or the graph with L2 prefetch */
@@ -478,7 +480,7 @@ int main(int argc, char **argv)
            n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
-    if (json && !decode_only) {
+    if (json && !decode_only && !prefill_only) {
         FILE *f = fopen(json, "w");
         if (f) {
             fprintf(f, "{\n  \"arch\": \"%s\",\n  \"backend\": \"cuda\",\n  \"command\": \"", arch);

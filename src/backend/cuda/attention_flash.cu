@@ -22,10 +22,14 @@
  */
 #include "backend/cuda/cuda_matmul.cuh"
 
+#ifndef FA_WARPS /* -D overrides: bench builds of other shapes */
 #define FA_WARPS 4
+#endif
 #define FA_BQ (16 * FA_WARPS) /* queries per block: one 16-row strip per warp */
 #define FA_BK 64              /* keys per tile */
+#ifndef FA_SPLITS
 #define FA_SPLITS 4           /* blocks a query tile's keys are split over (at most) */
+#endif
 #define FA_QCHUNK 8           /* query tiles per launch (bounds the partials' scratch) */
 #define FA_MERGE_U 16         /* output elements per thread per merge round */
 
