@@ -119,6 +119,25 @@ printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":0}' >"$T/cmp.j
 [ "$(jget "$T/o" 'j.choices[0].finish_reason')" = length ] || fail "finish_reason"
 [ "$(jget "$T/o" 'j.usage.completion_tokens')" = 6 ] || fail "completion tokens: $(cat "$T/o")"
 
+# "n": several choices in one response. Greedy: each equals the single answer above, the prompt
+# counts once, the completion tokens n times. Sampled: choice i draws with seed + i, so the
+# choices differ from each other and a repeated request gives the same ones
+sed 's/"temperature":0}/"temperature":0,"n":3}/' "$T/cmp.json" >"$T/cmp_n.json"
+[ "$(http POST /v1/completions "$T/cmp_n.json" "$T/on")" = 200 ] || fail "n=3: $(cat "$T/on")"
+printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":1,"seed":5,"n":4}' >"$T/cmp_ns.json"
+http POST /v1/completions "$T/cmp_ns.json" "$T/ons1" >/dev/null
+http POST /v1/completions "$T/cmp_ns.json" "$T/ons2" >/dev/null
+node -e '
+const fs=require("fs"), rd=f=>JSON.parse(fs.readFileSync(f));
+const one=rd(process.argv[1]), r=rd(process.argv[2]), s1=rd(process.argv[3]), s2=rd(process.argv[4]);
+if(r.choices.length!==3)throw "choices "+r.choices.length;
+r.choices.forEach((c,i)=>{if(c.index!==i)throw "index "+c.index;if(c.text!==one.choices[0].text)throw "greedy choice "+i+" differs";});
+if(r.usage.prompt_tokens!==one.usage.prompt_tokens||r.usage.completion_tokens!==3*one.usage.completion_tokens)throw "usage "+JSON.stringify(r.usage);
+const t1=s1.choices.map(c=>c.text), t2=s2.choices.map(c=>c.text);
+if(t1.length!==4||new Set(t1).size<2)throw "sampled choices "+JSON.stringify(t1);
+if(JSON.stringify(t1)!==JSON.stringify(t2))throw "seeded choices not repeatable";
+' "$T/o" "$T/on" "$T/ons1" "$T/ons2" || fail "n responses: $(head -c 400 "$T/on") / $(head -c 400 "$T/ons1")"
+
 # completions logprobs (OpenAI's legacy form), greedy: parallel arrays over the 6 tokens, each
 # token the most likely of its 3 alternatives, offsets growing by each token's code points; the
 # stream carries the same tokens with offsets continuing across chunks
@@ -193,7 +212,8 @@ printf '{"messages":[{"role":"user","content":"x"}],"max_tokens":"8"}' >"$T/b"
 err 400 "$T/b" /v1/chat/completions
 [ "$(jget "$T/e" 'j.error.param')" = max_tokens ] || fail "param of a wrong type"
 printf '{"messages":[{"role":"user","content":"x"}],"temperature":7}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
-printf '{"messages":[{"role":"user","content":"x"}],"n":2}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"messages":[{"role":"user","content":"x"}],"n":2,"stream":true}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"messages":[{"role":"user","content":"x"}],"n":17}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"messages":[{"role":"user","content":"x"}],"stream":"yes"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"prompt":42}' >"$T/b"; err 400 "$T/b" /v1/completions
 printf '{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}' >"$T/b"

@@ -118,7 +118,9 @@ static void test_bad_requests(void **state)
                {"\"top_p\":0", "top_p"},
                {"\"top_p\":1.5", "top_p"},
                {"\"seed\":1.5", "seed"},
-               {"\"n\":2", "n"},
+               {"\"n\":17", "n"},
+               {"\"n\":0", "n"},
+               {"\"n\":2,\"stream\":true", "n"},
                {"\"stream\":1", "stream"},
                {"\"stop\":7", "stop"},
                {"\"stop\":[\"a\",1]", "stop"},
@@ -143,6 +145,54 @@ static json_t *load(char *s)
     xfree(s);
     assert_non_null(j);
     return j;
+}
+
+/* "n": the request keeps it; the choices' whole responses merge into one (index 0..n-1, the
+ * prompt counted once, completion tokens summed); a part that is not a response is refused. */
+static void test_n_choices(void **state)
+{
+    (void)state;
+    struct oai_limits lim = {.model_id = "tiny", .max_tokens = 64, .top_k = 40};
+    struct oai_request r;
+    struct oai_error e;
+    const char *body = "{\"prompt\":\"x\",\"n\":3,\"max_tokens\":4}";
+    assert_true(oai_parse(OAI_COMPLETION, body, strlen(body), &lim, &r, &e));
+    assert_int_equal(r.n, 3);
+    oai_request_free(&r);
+    body = "{\"prompt\":\"x\"}";
+    assert_true(oai_parse(OAI_COMPLETION, body, strlen(body), &lim, &r, &e));
+    assert_int_equal(r.n, 1);
+    oai_request_free(&r);
+
+    struct oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-2", .created = 5, .model = "tiny"};
+    struct oai_usage u[3] = {{.prompt = 10, .cached = 4, .completion = 3},
+                             {.prompt = 10, .cached = 0, .completion = 5},
+                             {.prompt = 10, .cached = 10, .completion = 1}};
+    const char *texts[3] = {"red", "green", "b"}, *fin[3] = {"length", "stop", "stop"};
+    char *parts[3];
+    for (int i = 0; i < 3; i++)
+        parts[i] = oai_response_json(&m, texts[i], strlen(texts[i]), fin[i], &u[i]);
+    json_t *j = load(oai_merge_choices(parts, 3)), *ch = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(ch), 3);
+    for (int i = 0; i < 3; i++) {
+        json_t *c = json_array_get(ch, (size_t)i);
+        assert_int_equal(json_integer_value(json_object_get(c, "index")), i);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(c, "message"), "content")),
+                            texts[i]);
+        assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), fin[i]);
+    }
+    json_t *us = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(us, "prompt_tokens")), 10);
+    assert_int_equal(json_integer_value(json_object_get(us, "completion_tokens")), 9);
+    assert_int_equal(json_integer_value(json_object_get(us, "total_tokens")), 19);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "chatcmpl-2");
+    json_decref(j);
+    char *bad[2] = {parts[0], "{\"choices\":[]}"};
+    assert_null(oai_merge_choices(bad, 2));
+    bad[1] = "not json";
+    assert_null(oai_merge_choices(bad, 2));
+    for (int i = 0; i < 3; i++)
+        xfree(parts[i]);
 }
 
 static void test_response_shapes(void **state)
@@ -627,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_response_shapes), cmocka_unit_test(test_prompt_cache_qwen35),
         cmocka_unit_test(test_metrics_text),    cmocka_unit_test(test_tool_calls_parse),
         cmocka_unit_test(test_tool_calls_json),  cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_n_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,6 +63,8 @@ struct req_ctx {
     char path[96];
     char client[64];
     struct job *job; /* generation requests */
+    struct job *more[OAI_N_MAX - 1]; /* "n" > 1: the other choices' jobs */
+    int n_more;
     bool stream;
 };
 
@@ -387,31 +389,57 @@ static void make_meta(struct server *s, enum oai_kind kind, struct oai_meta *m)
              (unsigned long long)m->created, (unsigned long long)id);
 }
 
-/* Non-streaming: waits for the end of the job and answers with the whole text. */
-static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c,
-                                    const struct oai_meta *meta)
+/* The whole response of one finished job (one choice), logprobs attached. */
+static char *job_response(struct server *s, const struct oai_meta *meta, struct job *j)
 {
-    struct job *j = rc->job;
-    /* the idle timeout is for clients, not for our own queue and generation time */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    pthread_mutex_lock(&j->mu);
-    while (j->finish == JOB_RUNNING)
-        pthread_cond_wait(&j->cv, &j->mu);
-    pthread_mutex_unlock(&j->mu); /* the scheduler is done with out/finish now */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)rc->srv->p.timeout_s);
-    if (j->finish == JOB_CANCELLED && !j->error[0])
-        return MHD_NO; /* the client went away */
-    if (j->finish == JOB_ERROR || j->finish == JOB_CANCELLED) {
-        int st = j->finish == JOB_CANCELLED ? 503 : 500;
-        return fail(rc, c, st, "server_error", NULL, j->error);
-    }
     struct oai_usage u = job_usage(j);
     char *json = oai_response_json(meta, j->out, j->out_len, finish_name(j->finish), &u);
-    if (json && j->logprobs && !oai_attach_logprobs(&json, meta->kind, j->lp, j->n_lp, rc->srv->tok, NULL)) {
+    if (json && j->logprobs && !oai_attach_logprobs(&json, meta->kind, j->lp, j->n_lp, s->tok, NULL)) {
         xfree(json);
         json = NULL;
     }
-    return send_json(rc, c, 200, json);
+    return json;
+}
+
+/* Non-streaming: waits for the end of the job (of every choice's job) and answers with the
+ * whole text. */
+static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c,
+                                    const struct oai_meta *meta)
+{
+    struct job *jobs[OAI_N_MAX];
+    int n = 1 + rc->n_more;
+    jobs[0] = rc->job;
+    memcpy(jobs + 1, rc->more, (size_t)rc->n_more * sizeof(jobs[0]));
+    /* the idle timeout is for clients, not for our own queue and generation time */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&jobs[i]->mu);
+        while (jobs[i]->finish == JOB_RUNNING)
+            pthread_cond_wait(&jobs[i]->cv, &jobs[i]->mu);
+        pthread_mutex_unlock(&jobs[i]->mu); /* the scheduler is done with out/finish now */
+    }
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)rc->srv->p.timeout_s);
+    for (int i = 0; i < n; i++) {
+        struct job *j = jobs[i];
+        if (j->finish == JOB_CANCELLED && !j->error[0])
+            return MHD_NO; /* the client went away */
+        if (j->finish == JOB_ERROR || j->finish == JOB_CANCELLED) {
+            int st = j->finish == JOB_CANCELLED ? 503 : 500;
+            return fail(rc, c, st, "server_error", NULL, j->error);
+        }
+    }
+    char *json[OAI_N_MAX] = {NULL};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++)
+        ok = (json[i] = job_response(rc->srv, meta, jobs[i])) != NULL;
+    char *all = NULL;
+    if (ok && n > 1)
+        all = oai_merge_choices(json, n);
+    else if (ok)
+        all = json[0], json[0] = NULL;
+    for (int i = 0; i < n; i++)
+        xfree(json[i]);
+    return send_json(rc, c, 200, all);
 }
 
 static enum MHD_Result answer_stream(struct req_ctx *rc, struct MHD_Connection *c,
@@ -498,6 +526,39 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
     return true;
 }
 
+/* Choice i (> 0) of an "n" > 1 request: job 0's input with seed + i (greedy requests give n
+ * equal answers, as OpenAI's do); no next-turn preparation. NULL on OOM. */
+static struct job *job_for_choice(const struct job *j0, const char *echo_text, int i)
+{
+    int32_t *ids = xmalloc((size_t)j0->n_ids, sizeof(int32_t));
+    if (!ids)
+        return NULL;
+    memcpy(ids, j0->ids, (size_t)j0->n_ids * sizeof(int32_t));
+    struct job *j = job_new(ids, j0->n_ids);
+    if (!j) {
+        xfree(ids);
+        return NULL;
+    }
+    j->sp = j0->sp;
+    j->sp.seed = j0->sp.seed + (uint64_t)i;
+    j->fmt = j0->fmt;
+    j->logprobs = j0->logprobs;
+    j->tp = j0->tp;
+    j->fd = j0->fd;
+    j->t_arrival = j0->t_arrival;
+    bool ok = !j0->echo || job_echo(j, echo_text, strlen(echo_text));
+    for (int k = 0; k < TEXTGEN_MAX_STOP; k++) {
+        j->stops[k] = j0->stops[k] ? xstrdup(j0->stops[k]) : NULL;
+        j->tp.stop[k] = j->stops[k];
+        ok = ok && (!j0->stops[k] || j->stops[k]);
+    }
+    if (!ok) {
+        job_release(j);
+        return NULL;
+    }
+    return j;
+}
+
 static enum MHD_Result post_generate(struct req_ctx *rc, struct MHD_Connection *c,
                                      enum oai_kind kind)
 {
@@ -510,15 +571,24 @@ static enum MHD_Result post_generate(struct req_ctx *rc, struct MHD_Connection *
     if (!oai_parse(kind, rc->body ? rc->body : "", rc->len, &s->lim, &req, &e))
         return send_error(rc, c, &e);
     bool ok = make_job(s, &req, &rc->job, &e);
+    if (ok) {
+        rc->job->fd = client_fd(c);
+        rc->job->t_arrival = rc->t0;
+    }
+    for (int i = 1; ok && i < req.n; i++) /* "n": one job per choice */
+        if (!(rc->more[rc->n_more++] = job_for_choice(rc->job, req.prompt, i)))
+            ok = oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
     rc->stream = req.stream;
     bool tools = req.tools;
     bool include_usage = req.include_usage;
     oai_request_free(&req);
     if (!ok)
         return send_error(rc, c, &e);
-    rc->job->fd = client_fd(c);
-    rc->job->t_arrival = rc->t0;
     int sub = sched_submit(s->sched, rc->job);
+    for (int i = 0; !sub && i < rc->n_more; i++)
+        if ((sub = sched_submit(s->sched, rc->more[i])) != 0) /* the ones queued go too */
+            for (int k = -1; k < i; k++)
+                job_cancel(k < 0 ? rc->job : rc->more[k]);
     if (sub == -1)
         return fail(rc, c, 429, "rate_limit_exceeded", "queue_full",
                     "the server is busy: every slot is generating and the queue is full");
@@ -687,6 +757,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     double dt = time_now_s() - rc->t0;
     if (rc->job && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         job_cancel(rc->job); /* the client left: free its slot */
+    for (int i = 0; i < rc->n_more; i++) {
+        if (rc->more[i] && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            job_cancel(rc->more[i]);
+        job_release(rc->more[i]);
+    }
     if (!rc->status)
         rc->status = 499; /* closed before an answer (nginx's convention) */
     metrics_count_request(&s->metrics, rc->endpoint, rc->status);

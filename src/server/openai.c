@@ -158,8 +158,9 @@ static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oa
         !get_int(root, "max_tokens", 0, 1 << 30, &max_tok, e) ||
         !get_int(root, "max_completion_tokens", 0, 1 << 30, &max_tok, e))
         return false;
-    if (n != 1)
-        return BAD(e, "n", "only n=1 is supported, got %lld", n);
+    if (n > OAI_N_MAX)
+        return BAD(e, "n", "'n' must be at most %d, got %lld", OAI_N_MAX, n);
+    r->n = (int32_t)n;
     if (!(r->kind == OAI_COMPLETION ? completion_logprobs(root, r, e) : chat_logprobs_field(root, r, e)))
         return false;
     if (max_tok == 0 && !r->echo) /* nothing to answer: only scoring an echoed prompt */
@@ -275,6 +276,10 @@ bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oa
         (json_is_object(so) && !get_bool(so, "include_usage", &r->include_usage, e)) ||
         !parse_sampling(root, lim, r, e) || !parse_stop(root, r, e))
         goto out;
+    if (r->n > 1 && r->stream) {
+        BAD(e, "n", "'n' > 1 is answered as one response: it needs \"stream\": false");
+        goto out;
+    }
     ok = kind == OAI_CHAT ? render_chat(root, lim, r, e) : parse_prompt(root, r, e);
 out:
     json_decref(root);
@@ -388,6 +393,31 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
     }
     json_object_set_new(root, "choices", json_pack("[o]", choice));
     json_object_set_new(root, "usage", usage_json(u));
+    return dump(root);
+}
+
+char *oai_merge_choices(char *const *json, int n)
+{
+    json_t *root = n > 0 && json[0] ? json_loads(json[0], 0, NULL) : NULL;
+    json_t *choices = json_object_get(root, "choices"), *usage = json_object_get(root, "usage");
+    bool ok = json_is_array(choices) && json_array_size(choices) == 1 && json_is_object(usage);
+    json_int_t completion = json_integer_value(json_object_get(usage, "completion_tokens"));
+    for (int i = 1; ok && i < n; i++) {
+        json_t *r = json[i] ? json_loads(json[i], 0, NULL) : NULL;
+        json_t *c = json_array_get(json_object_get(r, "choices"), 0);
+        json_t *u = json_object_get(r, "usage");
+        ok = json_is_object(c) && json_is_object(u) &&
+             !json_object_set_new(c, "index", json_integer(i)) && !json_array_append(choices, c);
+        completion += json_integer_value(json_object_get(u, "completion_tokens"));
+        json_decref(r);
+    }
+    if (!ok) {
+        json_decref(root);
+        return NULL;
+    }
+    json_int_t prompt = json_integer_value(json_object_get(usage, "prompt_tokens"));
+    json_object_set_new(usage, "completion_tokens", json_integer(completion));
+    json_object_set_new(usage, "total_tokens", json_integer(prompt + completion));
     return dump(root);
 }
 

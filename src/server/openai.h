@@ -59,7 +59,10 @@ struct oai_request {
     int32_t logprobs; /* 0: none; else 1 + top_logprobs */
     bool echo;        /* completions: the answer starts with the prompt (and with logprobs,
                          the prompt's tokens get theirs: the first null) */
+    int32_t n;        /* choices to generate, 1..OAI_N_MAX (n > 1: not with stream) */
 };
+
+#define OAI_N_MAX 16
 
 /* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
 bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oai_limits *lim,
@@ -90,6 +93,12 @@ struct oai_meta {
  * in the text: message.tool_calls and "tool_calls"). xmalloc'd JSON. */
 char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, const char *finish,
                         const struct oai_usage *u);
+/* n > 1: the whole responses of each choice (oai_response_json, logprobs attached) as one
+ * response: json[0] with the other choices appended as index 1..n-1, completion tokens
+ * summed (the prompt counts once). Frees nothing; xmalloc'd JSON, NULL on OOM or a json[i]
+ * that is not such a response. */
+char *oai_merge_choices(char *const *json, int n);
+
 /* One stream chunk: text (may be NULL), finish reason (NULL while running); role=true adds
  * the chat delta's "role": "assistant". usage != NULL writes the usage-only final chunk of
  * stream_options.include_usage (empty choices). xmalloc'd JSON. */
