@@ -137,6 +137,22 @@ const t1=s1.choices.map(c=>c.text), t2=s2.choices.map(c=>c.text);
 if(t1.length!==4||new Set(t1).size<2)throw "sampled choices "+JSON.stringify(t1);
 if(JSON.stringify(t1)!==JSON.stringify(t2))throw "seeded choices not repeatable";
 ' "$T/o" "$T/on" "$T/ons1" "$T/ons2" || fail "n responses: $(head -c 400 "$T/on") / $(head -c 400 "$T/ons1")"
+# streamed: the same choices, each one's chunks carrying its index, one finish per index, one
+# usage chunk summing the completions
+printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":1,"seed":5,"n":4,"stream":true,"stream_options":{"include_usage":true}}' >"$T/cmp_nst.json"
+stream_events /v1/completions "$T/cmp_nst.json" >"$T/nev"
+node -e '
+const fs=require("fs"), r=JSON.parse(fs.readFileSync(process.argv[1]));
+const ev=fs.readFileSync(process.argv[2],"utf8").trim().split("\n").map(JSON.parse);
+const text=["","","",""], fin=[0,0,0,0];let usage=null;
+for(const e of ev){
+  if(!e.choices.length){usage=e.usage;continue;}
+  const c=e.choices[0];text[c.index]+=c.text;if(c.finish_reason)fin[c.index]++;
+}
+if(JSON.stringify(text)!==JSON.stringify(r.choices.map(c=>c.text)))throw "streamed choices differ: "+JSON.stringify(text);
+if(fin.some(f=>f!==1))throw "finish chunks "+fin;
+if(!usage||usage.completion_tokens!==r.usage.completion_tokens)throw "usage "+JSON.stringify(usage);
+' "$T/ons1" "$T/nev" || fail "streamed n: $(head -c 600 "$T/nev")"
 
 # completions logprobs (OpenAI's legacy form), greedy: parallel arrays over the 6 tokens, each
 # token the most likely of its 3 alternatives, offsets growing by each token's code points; the
@@ -212,7 +228,6 @@ printf '{"messages":[{"role":"user","content":"x"}],"max_tokens":"8"}' >"$T/b"
 err 400 "$T/b" /v1/chat/completions
 [ "$(jget "$T/e" 'j.error.param')" = max_tokens ] || fail "param of a wrong type"
 printf '{"messages":[{"role":"user","content":"x"}],"temperature":7}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
-printf '{"messages":[{"role":"user","content":"x"}],"n":2,"stream":true}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"messages":[{"role":"user","content":"x"}],"n":17}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"messages":[{"role":"user","content":"x"}],"stream":"yes"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"prompt":42}' >"$T/b"; err 400 "$T/b" /v1/completions

@@ -120,7 +120,6 @@ static void test_bad_requests(void **state)
                {"\"seed\":1.5", "seed"},
                {"\"n\":17", "n"},
                {"\"n\":0", "n"},
-               {"\"n\":2,\"stream\":true", "n"},
                {"\"stream\":1", "stream"},
                {"\"stop\":7", "stop"},
                {"\"stop\":[\"a\",1]", "stop"},
@@ -186,6 +185,10 @@ static void test_n_choices(void **state)
     assert_int_equal(json_integer_value(json_object_get(us, "completion_tokens")), 9);
     assert_int_equal(json_integer_value(json_object_get(us, "total_tokens")), 19);
     assert_string_equal(json_string_value(json_object_get(j, "id")), "chatcmpl-2");
+    json_decref(j);
+    m.index = 2; /* a stream chunk of choice 2 */
+    j = load(oai_chunk_json(&m, "x", 1, false, NULL, NULL));
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "index")), 2);
     json_decref(j);
     char *bad[2] = {parts[0], "{\"choices\":[]}"};
     assert_null(oai_merge_choices(bad, 2));

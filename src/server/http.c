@@ -178,17 +178,24 @@ static bool server_stopping(struct server *s)
 
 /* ------------------------------------------------------------------ generation */
 
-struct stream_ctx {
-    struct server *srv;
+/* One choice of a stream ("n" > 1: one per choice, each its own job). */
+struct choice_stream {
     struct job *job;
-    int keepalive_s; /* send an SSE comment after this long without output */
-    struct oai_meta meta;
-    bool include_usage;
-    bool started, ended, tool_calls_sent;
+    struct oai_meta meta; /* the request's, with this choice's index */
+    bool done, tool_calls_sent;
     struct tool_stream ts; /* with tools: the answer so far and how much went out as content */
     struct oai_token_logprob *lp; /* logprobs taken from the job, not yet sent */
     int32_t n_lp, lp_taken;       /* ... how many; how many the job had when last taken */
     int64_t lp_offset;            /* completions: code points of text already covered */
+};
+
+struct stream_ctx {
+    struct server *srv;
+    int keepalive_s; /* send an SSE comment after this long without output */
+    bool include_usage;
+    bool started, ended;
+    int n; /* choices */
+    struct choice_stream ch[OAI_N_MAX];
     char *pend; /* formatted events not yet handed to MHD */
     size_t pend_len, pend_off, pend_cap;
 };
@@ -231,115 +238,166 @@ static struct oai_usage job_usage(struct job *j)
     return (struct oai_usage){.prompt = j->n_prompt, .cached = j->n_cached, .completion = j->n_gen};
 }
 
-/* json with the pending logprobs attached (they are then sent). */
-static char *with_logprobs(struct stream_ctx *sc, char *json)
+/* json with the choice's pending logprobs attached (they are then sent). */
+static char *with_logprobs(struct stream_ctx *sc, struct choice_stream *cs, char *json)
 {
-    if (!json || !sc->n_lp)
+    if (!json || !cs->n_lp)
         return json;
-    if (!oai_attach_logprobs(&json, sc->meta.kind, sc->lp, sc->n_lp, sc->srv->tok, &sc->lp_offset)) {
+    if (!oai_attach_logprobs(&json, cs->meta.kind, cs->lp, cs->n_lp, sc->srv->tok, &cs->lp_offset)) {
         xfree(json);
         return NULL;
     }
-    sc->n_lp = 0;
+    cs->n_lp = 0;
     return json;
 }
 
 /* Takes the job's new logprobs (caller holds j->mu). false: out of memory. */
-static bool take_logprobs(struct stream_ctx *sc, struct job *j)
+static bool take_logprobs(struct choice_stream *cs, struct job *j)
 {
-    int32_t n = j->n_lp - sc->lp_taken;
+    int32_t n = j->n_lp - cs->lp_taken;
     if (n <= 0)
         return true;
-    struct oai_token_logprob *p = xrealloc(sc->lp, (size_t)(sc->n_lp + n), sizeof(*p));
+    struct oai_token_logprob *p = xrealloc(cs->lp, (size_t)(cs->n_lp + n), sizeof(*p));
     if (!p)
         return false;
-    memcpy(p + sc->n_lp, j->lp + sc->lp_taken, (size_t)n * sizeof(*p));
-    sc->lp = p;
-    sc->n_lp += n;
-    sc->lp_taken = j->n_lp;
+    memcpy(p + cs->n_lp, j->lp + cs->lp_taken, (size_t)n * sizeof(*p));
+    cs->lp = p;
+    cs->n_lp += n;
+    cs->lp_taken = j->n_lp;
     return true;
 }
 
 /* With tools: content that cannot belong to a call goes out at once; at the end the calls
  * go out as one tool_calls chunk (tool_calls.h). */
-static bool stream_tools_add(struct stream_ctx *sc, const char *text, size_t len, bool last)
+static bool stream_tools_add(struct stream_ctx *sc, struct choice_stream *cs, const char *text, size_t len,
+                             bool last)
 {
     const char *content;
     size_t n;
     struct tool_calls tc;
     bool calls;
-    if (!tool_stream_add(&sc->ts, text, len, last, &content, &n, &tc, &calls))
+    if (!tool_stream_add(&cs->ts, text, len, last, &content, &n, &tc, &calls))
         return false;
-    bool ok = !n || pend_event(sc, oai_chunk_json(&sc->meta, content, n, false, NULL, NULL));
+    bool ok = !n || pend_event(sc, oai_chunk_json(&cs->meta, content, n, false, NULL, NULL));
     if (calls) {
-        ok = ok && pend_event(sc, oai_chunk_tool_calls_json(&sc->meta, &tc));
-        sc->tool_calls_sent = true;
+        ok = ok && pend_event(sc, oai_chunk_tool_calls_json(&cs->meta, &tc));
+        cs->tool_calls_sent = true;
         tool_calls_free(&tc);
     }
     return ok;
 }
 
-/* Waits for text or the end of the job; formats what came as events. false: close the
- * connection (the client went away or memory ran out). */
-static bool stream_refill(struct stream_ctx *sc)
+static bool choice_ready(struct job *j)
 {
-    struct job *j = sc->job;
-    sc->pend_len = sc->pend_off = 0;
-    if (!sc->started) {
-        sc->started = true;
-        if (sc->meta.kind == OAI_CHAT)
-            return pend_event(sc, oai_chunk_json(&sc->meta, "", 0, true, NULL, NULL));
-    }
-    /* wait for text; while queued or slow, a comment line every keepalive_s keeps the
-     * connection (and proxies in front) from timing out and shows whether the client is
-     * still there */
+    return j->out_len || j->finish != JOB_RUNNING || j->cancel;
+}
+
+/* Waits until a choice that has not ended has text or an end. false: keepalive_s passed
+ * first. One choice waits on its job's condition variable; several poll every 5 ms (a
+ * choice's job wakes the wait early when it is the first one still running). */
+static bool stream_wait(struct stream_ctx *sc)
+{
     double t_wait = time_now_s();
-    pthread_mutex_lock(&j->mu);
-    while (!j->out_len && j->finish == JOB_RUNNING && !j->cancel) {
-        if (time_now_s() - t_wait >= sc->keepalive_s) {
+    for (;;) {
+        struct job *first = NULL;
+        for (int i = 0; i < sc->n; i++) {
+            struct job *j = sc->ch[i].job;
+            if (sc->ch[i].done)
+                continue;
+            pthread_mutex_lock(&j->mu);
+            bool ready = choice_ready(j);
             pthread_mutex_unlock(&j->mu);
-            return pend_add(sc, ": keep-alive\n\n", NULL, NULL);
+            if (ready)
+                return true;
+            first = first ? first : j;
         }
+        if (!first || time_now_s() - t_wait >= sc->keepalive_s)
+            return !first;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        long step_ns = sc->n > 1 ? 5000000L : 1000000000L;
+        ts.tv_nsec += step_ns;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&first->mu);
+        if (!choice_ready(first))
+            pthread_cond_timedwait(&first->cv, &first->mu, &ts);
+        pthread_mutex_unlock(&first->mu);
     }
+}
+
+/* What choice cs has now as events: its text, and at its end the finish chunk (an error
+ * event instead when its job failed, then *fatal). false: close the connection (the client
+ * went away or memory ran out). */
+static bool choice_refill(struct stream_ctx *sc, struct choice_stream *cs, bool *fatal)
+{
+    struct job *j = cs->job;
+    pthread_mutex_lock(&j->mu);
     char *text = NULL;
     size_t len = j->out_len;
     if (len && (text = xmalloc(len, 1)))
         memcpy(text, j->out, len);
     j->out_len = 0;
-    bool lp_ok = take_logprobs(sc, j);
+    bool lp_ok = take_logprobs(cs, j);
     enum job_finish fin = j->finish;
     bool client_gone = j->cancel && !j->error[0];
-    struct oai_usage u = job_usage(j);
     char errmsg[512];
     snprintf(errmsg, sizeof(errmsg), "%s", j->error);
     pthread_mutex_unlock(&j->mu);
     bool ok = (!len || text) && lp_ok;
-    if (ok && len && sc->meta.tools)
-        ok = stream_tools_add(sc, text, len, fin != JOB_RUNNING);
+    if (ok && len && cs->meta.tools)
+        ok = stream_tools_add(sc, cs, text, len, fin != JOB_RUNNING);
     else if (ok && len)
-        ok = pend_event(sc, with_logprobs(sc, oai_chunk_json(&sc->meta, text, len, false, NULL, NULL)));
-    else if (ok && sc->meta.tools && fin != JOB_RUNNING)
-        ok = stream_tools_add(sc, "", 0, true);
+        ok = pend_event(sc, with_logprobs(sc, cs, oai_chunk_json(&cs->meta, text, len, false, NULL, NULL)));
+    else if (ok && cs->meta.tools && fin != JOB_RUNNING)
+        ok = stream_tools_add(sc, cs, "", 0, true);
     xfree(text);
     if (!ok || fin == JOB_RUNNING)
         return ok;
     if (fin == JOB_CANCELLED && client_gone)
         return false;
-    sc->ended = true;
+    cs->done = true;
     if (fin == JOB_ERROR || fin == JOB_CANCELLED) {
         struct oai_error e;
         oai_fail(&e, 500, "server_error", NULL, NULL, "%s",
                  errmsg[0] ? errmsg : "the request was cancelled");
-        ok = pend_event(sc, oai_error_json(&e));
-    } else {
-        const char *fname = sc->tool_calls_sent ? "tool_calls" : finish_name(fin);
-        ok = pend_event(sc, with_logprobs(sc, oai_chunk_json(&sc->meta, NULL, 0, false, fname, NULL)));
-        if (ok && sc->include_usage)
-            ok = pend_event(sc, oai_chunk_json(&sc->meta, NULL, 0, false, NULL, &u));
+        *fatal = true;
+        return pend_event(sc, oai_error_json(&e));
+    }
+    const char *fname = cs->tool_calls_sent ? "tool_calls" : finish_name(fin);
+    return pend_event(sc, with_logprobs(sc, cs, oai_chunk_json(&cs->meta, NULL, 0, false, fname, NULL)));
+}
+
+/* Waits for text or the end of a choice; formats what came as events; after the last
+ * choice's end (or an error) the usage chunk and [DONE]. false: close the connection. */
+static bool stream_refill(struct stream_ctx *sc)
+{
+    sc->pend_len = sc->pend_off = 0;
+    if (!sc->started) {
+        sc->started = true;
+        bool ok = true;
+        for (int i = 0; ok && sc->ch[0].meta.kind == OAI_CHAT && i < sc->n; i++)
+            ok = pend_event(sc, oai_chunk_json(&sc->ch[i].meta, "", 0, true, NULL, NULL));
+        return ok;
+    }
+    /* while queued or slow, a comment line every keepalive_s keeps the connection (and
+     * proxies in front) from timing out and shows whether the client is still there */
+    if (!stream_wait(sc))
+        return pend_add(sc, ": keep-alive\n\n", NULL, NULL);
+    bool fatal = false, ok = true, all_done = true;
+    for (int i = 0; ok && !fatal && i < sc->n; i++)
+        if (!sc->ch[i].done)
+            ok = choice_refill(sc, &sc->ch[i], &fatal);
+    for (int i = 0; i < sc->n; i++)
+        all_done = all_done && sc->ch[i].done;
+    if (!ok || (!all_done && !fatal))
+        return ok;
+    sc->ended = true;
+    if (!fatal && sc->include_usage) {
+        struct oai_usage u = job_usage(sc->ch[0].job); /* the prompt counts once */
+        for (int i = 1; i < sc->n; i++)
+            u.completion += job_usage(sc->ch[i].job).completion;
+        ok = pend_event(sc, oai_chunk_json(&sc->ch[0].meta, NULL, 0, false, NULL, &u));
     }
     return ok && pend_add(sc, "data: [DONE]\n\n", NULL, NULL);
 }
@@ -365,10 +423,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 static void stream_free(void *cls)
 {
     struct stream_ctx *sc = cls;
-    job_cancel(sc->job); /* no-op when it ended; frees the slot when the client left early */
-    job_release(sc->job);
-    tool_stream_free(&sc->ts);
-    xfree(sc->lp);
+    for (int i = 0; i < sc->n; i++) {
+        job_cancel(sc->ch[i].job); /* no-op when it ended; frees the slot when the client left */
+        job_release(sc->ch[i].job);
+        tool_stream_free(&sc->ch[i].ts);
+        xfree(sc->ch[i].lp);
+    }
     xfree(sc->pend);
     pthread_mutex_lock(&sc->srv->mu);
     sc->srv->streams--;
@@ -383,6 +443,8 @@ static void make_meta(struct server *s, enum oai_kind kind, struct oai_meta *m)
     uint64_t id = ++s->next_id;
     pthread_mutex_unlock(&s->mu);
     m->kind = kind;
+    m->index = 0;
+    m->tools = false;
     m->created = (long long)time(NULL);
     m->model = s->p.model_id;
     snprintf(m->id, sizeof(m->id), "%s-%llx%08llx", kind == OAI_CHAT ? "chatcmpl" : "cmpl",
@@ -430,8 +492,11 @@ static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c
     }
     char *json[OAI_N_MAX] = {NULL};
     bool ok = true;
-    for (int i = 0; i < n && ok; i++)
-        ok = (json[i] = job_response(rc->srv, meta, jobs[i])) != NULL;
+    for (int i = 0; i < n && ok; i++) {
+        struct oai_meta mi = *meta;
+        mi.index = i; /* tool call ids stay unique across the choices */
+        ok = (json[i] = job_response(rc->srv, &mi, jobs[i])) != NULL;
+    }
     char *all = NULL;
     if (ok && n > 1)
         all = oai_merge_choices(json, n);
@@ -452,12 +517,17 @@ static enum MHD_Result answer_stream(struct req_ctx *rc, struct MHD_Connection *
     pthread_mutex_lock(&sc->srv->mu);
     sc->srv->streams++;
     pthread_mutex_unlock(&sc->srv->mu);
-    sc->job = rc->job;
     sc->keepalive_s = rc->srv->p.timeout_s > 2 ? rc->srv->p.timeout_s / 2 : 1;
-    pthread_mutex_lock(&sc->job->mu);
-    sc->job->refs++;
-    pthread_mutex_unlock(&sc->job->mu);
-    sc->meta = *meta;
+    sc->n = 1 + rc->n_more;
+    for (int i = 0; i < sc->n; i++) {
+        struct choice_stream *cs = &sc->ch[i];
+        cs->job = i ? rc->more[i - 1] : rc->job;
+        pthread_mutex_lock(&cs->job->mu);
+        cs->job->refs++;
+        pthread_mutex_unlock(&cs->job->mu);
+        cs->meta = *meta;
+        cs->meta.index = i;
+    }
     sc->include_usage = include_usage;
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, sc, stream_free);

@@ -276,10 +276,6 @@ bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oa
         (json_is_object(so) && !get_bool(so, "include_usage", &r->include_usage, e)) ||
         !parse_sampling(root, lim, r, e) || !parse_stop(root, r, e))
         goto out;
-    if (r->n > 1 && r->stream) {
-        BAD(e, "n", "'n' > 1 is answered as one response: it needs \"stream\": false");
-        goto out;
-    }
     ok = kind == OAI_CHAT ? render_chat(root, lim, r, e) : parse_prompt(root, r, e);
 out:
     json_decref(root);
@@ -340,8 +336,11 @@ static json_t *tool_calls_json(const struct oai_meta *m, const struct tool_calls
 {
     json_t *a = json_array();
     for (int i = 0; a && i < tc->n; i++) {
-        char id[80];
-        snprintf(id, sizeof(id), "call_%s_%d", m->id, i);
+        char id[96];
+        if (m->index) /* choice k > 0 of an "n" > 1 request */
+            snprintf(id, sizeof(id), "call_%s_%d_%d", m->id, (int)m->index, i);
+        else
+            snprintf(id, sizeof(id), "call_%s_%d", m->id, i);
         json_t *c = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
                               "name", tc->v[i].name, "arguments", tc->v[i].arguments);
         if (c && chunk)
@@ -376,14 +375,14 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
     if (m->kind == OAI_CHAT && m->tools && tool_calls_parse(text, len, &tc)) {
         json_t *msg = tool_message(m, text, &tc);
         tool_calls_free(&tc);
-        choice = msg ? json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
+        choice = msg ? json_pack("{s:i,s:o,s:n,s:s}", "index", (int)m->index, "message", msg, "logprobs",
                                  "finish_reason", "tool_calls")
                      : NULL;
     } else if (m->kind == OAI_CHAT) {
-        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", 0, "message", "role", "assistant",
+        choice = json_pack("{s:i,s:{s:s,s:o},s:n,s:s}", "index", (int)m->index, "message", "role", "assistant",
                            "content", utf8_string(text, len), "logprobs", "finish_reason", finish);
     } else {
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "text", utf8_string(text, len),
+        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", (int)m->index, "text", utf8_string(text, len),
                            "logprobs", "finish_reason", finish);
     }
     if (!root || !choice) {
@@ -432,7 +431,7 @@ char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, boo
         json_object_set_new(root, "usage", usage_json(usage));
         return dump(root);
     }
-    json_t *choice = json_pack("{s:i,s:n}", "index", 0, "logprobs");
+    json_t *choice = json_pack("{s:i,s:n}", "index", (int)m->index, "logprobs");
     json_t *t = text ? utf8_string(text, len) : NULL;
     if (m->kind == OAI_CHAT) {
         json_t *delta = json_object();
@@ -452,7 +451,7 @@ char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, boo
 char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_calls *tc)
 {
     json_t *root = meta_json(m, true), *calls = tool_calls_json(m, tc, true);
-    json_t *choice = json_pack("{s:i,s:n,s:n}", "index", 0, "logprobs", "finish_reason");
+    json_t *choice = json_pack("{s:i,s:n,s:n}", "index", (int)m->index, "logprobs", "finish_reason");
     if (!root || !calls || !choice) {
         json_decref(root);
         json_decref(calls);

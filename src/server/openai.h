@@ -86,7 +86,8 @@ struct oai_meta {
     char id[48];
     long long created;
     const char *model;
-    bool tools; /* parse tool calls out of the answer */
+    bool tools;    /* parse tool calls out of the answer */
+    int32_t index; /* the choice an object is about ("n" > 1; 0 otherwise) */
 };
 
 /* A whole (non-streaming) response. finish: "stop" or "length" (with m->tools and tool calls
