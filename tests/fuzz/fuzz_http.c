@@ -120,6 +120,7 @@ static void parse_body(const uint8_t *data, size_t size)
     if (oai_parse(kind, body, size - 1, &lim, &r, &e)) {
         fuzz_check(r.prompt != NULL);
         fuzz_check(r.max_tokens >= 0 && r.max_tokens <= lim.max_tokens);
+        fuzz_check(r.n >= 1 && r.n <= OAI_N_MAX);
         oai_request_free(&r);
     } else {
         fuzz_check(e.status >= 400 && e.status < 600);
