@@ -137,6 +137,18 @@ const t1=s1.choices.map(c=>c.text), t2=s2.choices.map(c=>c.text);
 if(t1.length!==4||new Set(t1).size<2)throw "sampled choices "+JSON.stringify(t1);
 if(JSON.stringify(t1)!==JSON.stringify(t2))throw "seeded choices not repeatable";
 ' "$T/o" "$T/on" "$T/ons1" "$T/ons2" || fail "n responses: $(head -c 400 "$T/on") / $(head -c 400 "$T/ons1")"
+# the choices share one processing of the prompt: choice 0 processes it, the others wait for
+# it and restore it from the prompt cache (a new prompt longer than one prefill chunk, 256
+# tokens, so that a second slot would otherwise start on it at once: two hits, twice its
+# tokens cached)
+metric() { http GET /metrics "" "$T/m" >/dev/null; sed -n "s/^$1 //p" "$T/m"; }
+h0=$(metric qwenrt_prompt_cache_hits_total); c0=$(metric qwenrt_prompt_tokens_cached_total)
+node -e 'console.log(JSON.stringify({prompt:"Three answers share this prompt:"+" again and".repeat(300),max_tokens:4,temperature:0,n:3}))' >"$T/cmp_share.json"
+[ "$(http POST /v1/completions "$T/cmp_share.json" "$T/osh")" = 200 ] || fail "n=3 shared: $(cat "$T/osh")"
+h1=$(metric qwenrt_prompt_cache_hits_total); c1=$(metric qwenrt_prompt_tokens_cached_total)
+np=$(jget "$T/osh" 'j.usage.prompt_tokens')
+[ $((h1 - h0)) = 2 ] && [ $((c1 - c0)) = $((2 * np)) ] ||
+    fail "n=3 should process its prompt once: cache hits +$((h1 - h0)), cached tokens +$((c1 - c0)) of $np"
 # streamed: the same choices, each one's chunks carrying its index, one finish per index, one
 # usage chunk summing the completions
 printf '{"prompt":"Once upon a time","max_tokens":6,"temperature":1,"seed":5,"n":4,"stream":true,"stream_options":{"include_usage":true}}' >"$T/cmp_nst.json"

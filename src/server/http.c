@@ -597,8 +597,9 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
 }
 
 /* Choice i (> 0) of an "n" > 1 request: job 0's input with seed + i (greedy requests give n
- * equal answers, as OpenAI's do); no next-turn preparation. NULL on OOM. */
-static struct job *job_for_choice(const struct job *j0, const char *echo_text, int i)
+ * equal answers, as OpenAI's do), j0 as its leader (scheduler.h); no next-turn preparation.
+ * NULL on OOM. */
+static struct job *job_for_choice(struct job *j0, const char *echo_text, int i)
 {
     int32_t *ids = xmalloc((size_t)j0->n_ids, sizeof(int32_t));
     if (!ids)
@@ -616,6 +617,12 @@ static struct job *job_for_choice(const struct job *j0, const char *echo_text, i
     j->tp = j0->tp;
     j->fd = j0->fd;
     j->t_arrival = j0->t_arrival;
+    if (!(j0->echo && j0->logprobs)) { /* those process their prompt from scratch anyway */
+        pthread_mutex_lock(&j0->mu);
+        j0->refs++;
+        pthread_mutex_unlock(&j0->mu);
+        j->leader = j0; /* waits for j0's prompt, then restores it from the cache */
+    }
     bool ok = !j0->echo || job_echo(j, echo_text, strlen(echo_text));
     for (int k = 0; k < TEXTGEN_MAX_STOP; k++) {
         j->stops[k] = j0->stops[k] ? xstrdup(j0->stops[k]) : NULL;

@@ -90,6 +90,7 @@ void job_release(struct job *j)
     pthread_cond_destroy(&j->cv);
     for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
         xfree(j->stops[i]);
+    job_release(j->leader);
     xfree(j->ids);
     xfree(j->out);
     xfree(j->answer);
@@ -424,6 +425,7 @@ static qwenrt_status slot_prefill(struct sched *s, struct slot *sl, struct qwenr
             pcache_insert(&s->cache, sl->sess, sl->toks, sl->n_toks, NULL);
     }
     if (sl->n_toks == j->n_ids) {
+        j->prefilled = true; /* the followers of an "n" > 1 request may start (admit) */
         textgen_text_init(&sl->text, s->tok, &j->tp);
         sl->text_open = true;
         sl->phase = SLOT_GEN;
@@ -593,6 +595,19 @@ static void check_clients(struct sched *s)
 
 /* Moves queued jobs into free slots, preferring the slot whose session already holds the
  * longest prefix of the job's prompt. Cancelled queued jobs leave. Called with s->mu held. */
+/* A follower of an "n" > 1 request waits while its leader is still processing the prompt
+ * (so that it restores the prompt from the cache); a leader that ended or left lets it go. */
+static bool leader_pending(struct job *j)
+{
+    struct job *l = j->leader;
+    if (!l || l->prefilled)
+        return false;
+    pthread_mutex_lock(&l->mu);
+    bool running = l->finish == JOB_RUNNING && !l->cancel;
+    pthread_mutex_unlock(&l->mu);
+    return running;
+}
+
 static void admit(struct sched *s, struct job **gone, int *n_gone)
 {
     while (s->q_len && *n_gone < SCHED_GONE_MAX) {
@@ -603,6 +618,9 @@ static void admit(struct sched *s, struct job **gone, int *n_gone)
             gone[(*n_gone)++] = j;
             continue;
         }
+        if (leader_pending(j)) /* first come, first served: the queue waits with it (for one
+                                  prompt's processing) */
+            break;
         int best = -1;
         int32_t best_len = -1;
         for (int i = 0; i < s->p.n_parallel; i++) {
