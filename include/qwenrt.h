@@ -212,6 +212,13 @@ void qwenrt_checkpoint_free(struct qwenrt_checkpoint *cp);
 
 struct qwenrt_sampler;
 
+/* One entry of a logit bias: bias is added to token id's logit before anything else
+ * (OpenAI's logit_bias; -100 in practice bans a token, +100 forces it). */
+struct qwenrt_logit_bias {
+    int32_t id;
+    float bias;
+};
+
 struct qwenrt_sampler_params {
     float temperature;      /* <= 0: greedy (argmax) */
     int32_t top_k;          /* keep the k most likely tokens; <= 0: all */
@@ -221,13 +228,19 @@ struct qwenrt_sampler_params {
     float presence_penalty; /* subtract from logits of tokens seen recently; 0: off */
     int32_t penalty_last_n; /* how many recent tokens the penalties look at */
     uint64_t seed;          /* the sampler's own RNG state starts from this */
+    const struct qwenrt_logit_bias *logit_bias; /* [n_logit_bias] or NULL; copied by
+                                                   qwenrt_sampler_init */
+    int32_t n_logit_bias;
 };
 
-/* Greedy defaults (temperature 0), top_p 1, no penalties, penalty window 64, seed 0. */
+/* Greedy defaults (temperature 0), top_p 1, no penalties, penalty window 64, seed 0, no
+ * logit bias. */
 struct qwenrt_sampler_params qwenrt_sampler_default_params(void);
 
-/* Order: penalties, temperature, top-k, top-p, min-p, then a draw from the rest (as
- * transformers applies them). Errors: INVALID_ARG for out-of-range parameters. */
+/* Order: logit bias, penalties, temperature, top-k, top-p, min-p, then a draw from the rest
+ * (as transformers applies them; the bias first, as llama.cpp and OpenAI do; greedy takes the
+ * argmax after bias and penalties). Errors: INVALID_ARG for out-of-range parameters (a bias
+ * id outside the vocabulary, a non-finite bias). */
 qwenrt_status qwenrt_sampler_init(const struct qwenrt_sampler_params *params, int32_t n_vocab,
                                   struct qwenrt_sampler **out, struct qwenrt_error *err);
 void qwenrt_sampler_free(struct qwenrt_sampler *s);

@@ -137,6 +137,15 @@ const t1=s1.choices.map(c=>c.text), t2=s2.choices.map(c=>c.text);
 if(t1.length!==4||new Set(t1).size<2)throw "sampled choices "+JSON.stringify(t1);
 if(JSON.stringify(t1)!==JSON.stringify(t2))throw "seeded choices not repeatable";
 ' "$T/o" "$T/on" "$T/ons1" "$T/ons2" || fail "n responses: $(head -c 400 "$T/on") / $(head -c 400 "$T/ons1")"
+# logit_bias: +100 on token 15 ("0" in the Qwen tokenizer) forces it at every step, greedy or
+# sampled, in every choice; -100 bans it (the greedy answer then has no "0")
+printf '{"prompt":"Once upon a time","max_tokens":4,"temperature":0.8,"seed":3,"n":2,"logit_bias":{"15":100}}' >"$T/cmp_bias.json"
+[ "$(http POST /v1/completions "$T/cmp_bias.json" "$T/ob")" = 200 ] || fail "logit_bias: $(cat "$T/ob")"
+[ "$(jget "$T/ob" 'j.choices.map(c=>c.text).join("|")')" = "0000|0000" ] || fail "logit_bias +100: $(cat "$T/ob")"
+printf '{"prompt":"0","max_tokens":4,"temperature":0,"logit_bias":{"15":-100}}' >"$T/cmp_ban.json"
+[ "$(http POST /v1/completions "$T/cmp_ban.json" "$T/oban")" = 200 ] || fail "logit_bias ban: $(cat "$T/oban")"
+jget "$T/oban" 'j.choices[0].text.includes("0")' | grep -q false || fail "logit_bias -100: $(cat "$T/oban")"
+
 # the choices share one processing of the prompt: choice 0 processes it, the others wait for
 # it and restore it from the prompt cache (a new prompt longer than one prefill chunk, 256
 # tokens, so that a second slot would otherwise start on it at once: two hits, twice its
@@ -241,6 +250,8 @@ err 400 "$T/b" /v1/chat/completions
 [ "$(jget "$T/e" 'j.error.param')" = max_tokens ] || fail "param of a wrong type"
 printf '{"messages":[{"role":"user","content":"x"}],"temperature":7}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"messages":[{"role":"user","content":"x"}],"n":17}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"prompt":"x","logit_bias":{"999999999":1}}' >"$T/b"; err 400 "$T/b" /v1/completions
+[ "$(jget "$T/e" 'j.error.param')" = logit_bias ] || fail "logit_bias param"
 printf '{"messages":[{"role":"user","content":"x"}],"stream":"yes"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"prompt":42}' >"$T/b"; err 400 "$T/b" /v1/completions
 printf '{"model":"gpt-4o","messages":[{"role":"user","content":"x"}]}' >"$T/b"

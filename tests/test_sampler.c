@@ -235,6 +235,40 @@ static void test_no_top_k(void **st)
     check_no_top_k(0.9f, 0.05f);
 }
 
+/* Logit bias: -100 bans the argmax (greedy takes the runner-up), +100 forces a token in
+ * greedy and sampled draws, and the sampler keeps its own copy of the entries. */
+static void test_logit_bias(void **st)
+{
+    (void)st;
+    float l[V];
+    fill_logits(l, 3);
+    int32_t best = argmax_f(l, V), second = best == 0 ? 1 : 0;
+    for (int32_t i = 0; i < V; i++)
+        if (i != best && l[i] > l[second])
+            second = i;
+    struct qwenrt_logit_bias b[2] = {{best, -100.0f}, {7, 0.0f}};
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.logit_bias = b, p.n_logit_bias = 2;
+    struct qwenrt_sampler *s = make(p);
+    b[0].bias = +100.0f; /* the caller's array changes: the sampler must not see it */
+    assert_int_equal(qwenrt_sampler_sample(s, l), second);
+    qwenrt_sampler_free(s);
+    int32_t low = argmax_f(l, V) == 11 ? 12 : 11;
+    struct qwenrt_logit_bias force = {low, 100.0f};
+    p = qwenrt_sampler_default_params();
+    p.logit_bias = &force, p.n_logit_bias = 1;
+    p.temperature = 1.0f, p.seed = 9;
+    s = make(p);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(qwenrt_sampler_sample(s, l), low);
+    qwenrt_sampler_free(s);
+    p.top_k = 5; /* through the sorted path too */
+    s = make(p);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(qwenrt_sampler_sample(s, l), low);
+    qwenrt_sampler_free(s);
+}
+
 static void test_bad_params(void **st)
 {
     (void)st;
@@ -248,6 +282,13 @@ static void test_bad_params(void **st)
     assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_ERR_INVALID_ARG);
     p = qwenrt_sampler_default_params();
     assert_int_equal(qwenrt_sampler_init(&p, 0, &s, &err), QWENRT_ERR_INVALID_ARG);
+    struct qwenrt_logit_bias b = {V, 1.0f}; /* past the vocabulary */
+    p.logit_bias = &b, p.n_logit_bias = 1;
+    assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_ERR_INVALID_ARG);
+    b.id = 3, b.bias = NAN;
+    assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_ERR_INVALID_ARG);
+    p.logit_bias = NULL; /* entries announced, none given */
+    assert_int_equal(qwenrt_sampler_init(&p, V, &s, &err), QWENRT_ERR_INVALID_ARG);
     assert_null(s);
 }
 
@@ -258,6 +299,7 @@ int main(void)
         cmocka_unit_test(test_distribution),  cmocka_unit_test(test_top_p_and_min_p_filters),
         cmocka_unit_test(test_penalties),     cmocka_unit_test(test_seed_repeats),
         cmocka_unit_test(test_no_top_k),     cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

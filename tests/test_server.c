@@ -191,6 +191,28 @@ static void test_n_choices(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "index")), 2);
     json_decref(j);
     char *bad[2] = {parts[0], "{\"choices\":[]}"};
+    /* "logit_bias": token ids (strings) below the vocabulary to numbers in [-100, 100] */
+    lim.n_vocab = 100;
+    body = "{\"prompt\":\"x\",\"logit_bias\":{\"15\":100,\"99\":-100.0,\"0\":0.5}}";
+    assert_true(oai_parse(OAI_COMPLETION, body, strlen(body), &lim, &r, &e));
+    assert_int_equal(r.sp.n_logit_bias, 3);
+    assert_ptr_equal(r.sp.logit_bias, r.bias);
+    int seen = 0;
+    for (int i = 0; i < 3; i++)
+        seen |= (r.bias[i].id == 15 && r.bias[i].bias == 100.0f) << 0 |
+                (r.bias[i].id == 99 && r.bias[i].bias == -100.0f) << 1 | (r.bias[i].id == 0 && r.bias[i].bias == 0.5f) << 2;
+    assert_int_equal(seen, 7);
+    oai_request_free(&r);
+    static const char *const bad_bias[] = {"[1]", "{\"x\":1}", "{\"15\":101}", "{\"-1\":5}", "{\"100\":5}",
+                                           "{\"15\":\"a\"}", "{\"\":1}", "{\"1e1\":1}", "7"};
+    for (size_t i = 0; i < sizeof(bad_bias) / sizeof(bad_bias[0]); i++) {
+        char b2[160];
+        snprintf(b2, sizeof(b2), "{\"prompt\":\"x\",\"logit_bias\":%s}", bad_bias[i]);
+        assert_false(oai_parse(OAI_COMPLETION, b2, strlen(b2), &lim, &r, &e));
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, "logit_bias");
+        assert_null(r.bias); /* nothing left allocated */
+    }
     assert_null(oai_merge_choices(bad, 2));
     bad[1] = "not json";
     assert_null(oai_merge_choices(bad, 2));

@@ -19,6 +19,7 @@ struct qwenrt_sampler {
     struct qwenrt_sampler_params p;
     int32_t n_vocab;
     uint64_t rng;
+    struct qwenrt_logit_bias *bias; /* [p.n_logit_bias], a copy (p.logit_bias points here) */
     int32_t *recent;           /* ring of the last penalty_last_n accepted ids */
     int32_t n_recent, head;
     struct sampler_cand *cand; /* [n_vocab] */
@@ -50,6 +51,14 @@ qwenrt_status qwenrt_sampler_init(const struct qwenrt_sampler_params *params, in
         p->penalty_last_n < 0 || p->penalty_last_n > (1 << 20) || !isfinite(p->presence_penalty))
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "sampler: parameters out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty > 0)");
+    if (p->n_logit_bias < 0 || p->n_logit_bias > n_vocab || (p->n_logit_bias && !p->logit_bias))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "sampler: %d logit bias entries for a vocabulary of %d",
+                       p->n_logit_bias, n_vocab);
+    for (int32_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].id < 0 || p->logit_bias[i].id >= n_vocab || !isfinite(p->logit_bias[i].bias))
+            return err_set(err, QWENRT_ERR_INVALID_ARG,
+                           "sampler: logit bias entry %d (token %d, bias %g): the token must be below %d and the bias finite",
+                           i, p->logit_bias[i].id, (double)p->logit_bias[i].bias, n_vocab);
     struct qwenrt_sampler *s = xcalloc(1, sizeof(*s));
     if (!s)
         return err_set(err, QWENRT_ERR_NOMEM, "sampler: out of memory");
@@ -57,7 +66,11 @@ qwenrt_status qwenrt_sampler_init(const struct qwenrt_sampler_params *params, in
     s->n_vocab = n_vocab;
     s->recent = xcalloc((size_t)p->penalty_last_n + 1, sizeof(int32_t));
     s->cand = xcalloc((size_t)n_vocab, sizeof(*s->cand));
-    if (!s->recent || !s->cand) {
+    s->bias = p->n_logit_bias ? xcalloc((size_t)p->n_logit_bias, sizeof(*s->bias)) : NULL;
+    if (s->bias)
+        memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof(*s->bias));
+    s->p.logit_bias = s->bias; /* never the caller's array */
+    if (!s->recent || !s->cand || (p->n_logit_bias && !s->bias)) {
         qwenrt_sampler_free(s);
         return err_set(err, QWENRT_ERR_NOMEM, "sampler: out of memory");
     }
@@ -72,6 +85,7 @@ void qwenrt_sampler_free(struct qwenrt_sampler *s)
         return;
     xfree(s->recent);
     xfree(s->cand);
+    xfree(s->bias);
     xfree(s);
 }
 
@@ -252,13 +266,21 @@ static int32_t filter_without_top_k(struct qwenrt_sampler *s)
     return -1; /* the prefix needs the tiny candidates too: caller sorts everything */
 }
 
-int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
+/* The candidates from the logits: every token in id order, logit bias and penalties applied. */
+static void load_candidates(struct qwenrt_sampler *s, const float *logits)
 {
     for (int32_t i = 0; i < s->n_vocab; i++) {
         s->cand[i].id = i;
         s->cand[i].logit = logits[i];
     }
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++)
+        s->cand[s->bias[i].id].logit += s->bias[i].bias;
     apply_penalties(s);
+}
+
+int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
+{
+    load_candidates(s, logits);
     if (s->p.temperature <= 0.0f) {
         int32_t best = 0;
         for (int32_t i = 1; i < s->n_vocab; i++)
@@ -270,11 +292,7 @@ int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
         s->cand[i].logit /= s->p.temperature;
     int32_t n = s->p.top_k <= 0 ? filter_without_top_k(s) : -1;
     if (n < 0) {
-        for (int32_t i = 0; i < s->n_vocab; i++) { /* restore: the shortcut reordered them */
-            s->cand[i].id = i;
-            s->cand[i].logit = logits[i];
-        }
-        apply_penalties(s);
+        load_candidates(s, logits); /* again: the shortcut reordered them */
         for (int32_t i = 0; i < s->n_vocab; i++)
             s->cand[i].logit /= s->p.temperature;
         n = sampler_top_k(s->cand, s->n_vocab, s->p.top_k);

@@ -576,6 +576,8 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     j->sp = req->sp;
+    j->bias = req->bias; /* moves ownership (j->sp.logit_bias points into it) */
+    req->bias = NULL;
     j->chat_json = req->chat_json; /* moves ownership */
     req->chat_json = NULL;
     j->fmt = s->lim.fmt;
@@ -612,6 +614,16 @@ static struct job *job_for_choice(struct job *j0, const char *echo_text, int i)
     }
     j->sp = j0->sp;
     j->sp.seed = j0->sp.seed + (uint64_t)i;
+    j->sp.logit_bias = NULL, j->sp.n_logit_bias = 0;
+    if (j0->sp.n_logit_bias) {
+        j->bias = xmalloc((size_t)j0->sp.n_logit_bias, sizeof(*j->bias));
+        if (!j->bias) {
+            job_release(j);
+            return NULL;
+        }
+        memcpy(j->bias, j0->bias, (size_t)j0->sp.n_logit_bias * sizeof(*j->bias));
+        j->sp.logit_bias = j->bias, j->sp.n_logit_bias = j0->sp.n_logit_bias;
+    }
     j->fmt = j0->fmt;
     j->logprobs = j0->logprobs;
     j->tp = j0->tp;
@@ -908,10 +920,13 @@ qwenrt_status server_start(struct qwenrt_model *model, const struct server_param
     if (st)
         goto out_free;
     const char *warning = NULL;
+    struct qwenrt_model_info info;
+    qwenrt_model_get_info(model, &info);
     s->lim =
         (struct oai_limits){.model_id = p->model_id,
                             .max_tokens = p->max_tokens,
                             .top_k = p->top_k,
+                            .n_vocab = info.n_vocab,
                             .fmt = chat_format_detect(tokenizer_chat_template(s->tok), &warning)};
     if (warning)
         fprintf(stderr, "qwenrt: %s\n", warning);

@@ -6,7 +6,9 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -38,6 +40,7 @@ void oai_request_free(struct oai_request *r)
     xfree(r->chat_json);
     for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
         xfree(r->stops[i]);
+    xfree(r->bias);
     memset(r, 0, sizeof(*r));
 }
 
@@ -139,6 +142,41 @@ static bool parse_stop(json_t *root, struct oai_request *r, struct oai_error *e)
     return true;
 }
 
+/* "logit_bias": {"token id": bias in [-100, 100], ...} (OpenAI's form: ids as strings). */
+static bool parse_logit_bias(json_t *root, const struct oai_limits *lim, struct oai_request *r,
+                             struct oai_error *e)
+{
+    json_t *v = json_object_get(root, "logit_bias"), *x;
+    const char *key;
+    if (!v || json_is_null(v))
+        return true;
+    if (!json_is_object(v))
+        return BAD(e, "logit_bias", "'logit_bias' must be an object of token ids to numbers");
+    size_t n = json_object_size(v);
+    if (n > OAI_LOGIT_BIAS_MAX)
+        return BAD(e, "logit_bias", "'logit_bias' holds at most %d entries, got %zu", OAI_LOGIT_BIAS_MAX, n);
+    if (!n)
+        return true;
+    if (!(r->bias = xcalloc(n, sizeof(*r->bias))))
+        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int32_t k = 0;
+    json_object_foreach(v, key, x)
+    {
+        char *end = NULL;
+        long long id = strtoll(key, &end, 10);
+        if (!*key || *end || id < 0 || (lim->n_vocab > 0 && id >= lim->n_vocab) || id > INT32_MAX)
+            return BAD(e, "logit_bias", "'logit_bias' key '%.40s' is not a token id (0 to %d)", key,
+                       lim->n_vocab > 0 ? lim->n_vocab - 1 : INT32_MAX);
+        if (!json_is_number(x) || !(json_number_value(x) >= -100.0 && json_number_value(x) <= 100.0))
+            return BAD(e, "logit_bias", "'logit_bias' value of token %lld must be a number from -100 to 100", id);
+        r->bias[k].id = (int32_t)id;
+        r->bias[k++].bias = (float)json_number_value(x);
+    }
+    r->sp.logit_bias = r->bias;
+    r->sp.n_logit_bias = k;
+    return true;
+}
+
 static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oai_request *r,
                            struct oai_error *e)
 {
@@ -161,7 +199,8 @@ static bool parse_sampling(json_t *root, const struct oai_limits *lim, struct oa
     if (n > OAI_N_MAX)
         return BAD(e, "n", "'n' must be at most %d, got %lld", OAI_N_MAX, n);
     r->n = (int32_t)n;
-    if (!(r->kind == OAI_COMPLETION ? completion_logprobs(root, r, e) : chat_logprobs_field(root, r, e)))
+    if (!(r->kind == OAI_COMPLETION ? completion_logprobs(root, r, e) : chat_logprobs_field(root, r, e)) ||
+        !parse_logit_bias(root, lim, r, e))
         return false;
     if (max_tok == 0 && !r->echo) /* nothing to answer: only scoring an echoed prompt */
         return BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')");

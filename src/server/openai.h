@@ -44,6 +44,7 @@ struct oai_limits {
     int32_t top_k;        /* default top_k when a request gives none (0 = whole vocabulary:
                              the sampler then sorts all of it, ~10 ms a token) */
     enum chat_format fmt; /* chat template renderer */
+    int32_t n_vocab;      /* logit_bias keys must be token ids below this (0: any) */
 };
 
 struct oai_request {
@@ -59,10 +60,13 @@ struct oai_request {
     int32_t logprobs; /* 0: none; else 1 + top_logprobs */
     bool echo;        /* completions: the answer starts with the prompt (and with logprobs,
                          the prompt's tokens get theirs: the first null) */
-    int32_t n;        /* choices to generate, 1..OAI_N_MAX (n > 1: not with stream) */
+    int32_t n;        /* choices to generate, 1..OAI_N_MAX */
+    struct qwenrt_logit_bias *bias; /* "logit_bias" entries, xmalloc'd; sp.logit_bias points
+                                       here */
 };
 
 #define OAI_N_MAX 16
+#define OAI_LOGIT_BIAS_MAX 1024 /* entries of "logit_bias" (OpenAI takes 300) */
 
 /* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
 bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oai_limits *lim,

@@ -91,6 +91,7 @@ void job_release(struct job *j)
     for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
         xfree(j->stops[i]);
     job_release(j->leader);
+    xfree(j->bias);
     xfree(j->ids);
     xfree(j->out);
     xfree(j->answer);

@@ -63,6 +63,7 @@ struct job {
     bool echo;            /* the answer starts with the prompt (job_echo); with logprobs the
                              prompt's tokens get theirs too (the first NaN: no context), so
                              the prompt is processed from scratch, not from the cache */
+    struct qwenrt_logit_bias *bias; /* sp.logit_bias's entries, owned */
     struct job *leader;   /* "n" > 1: choice 0's job (a reference, owned): this job waits in
                              the queue until the leader has processed the same prompt, then
                              restores it from the prompt cache instead of processing it again */

@@ -121,6 +121,8 @@ static void parse_body(const uint8_t *data, size_t size)
         fuzz_check(r.prompt != NULL);
         fuzz_check(r.max_tokens >= 0 && r.max_tokens <= lim.max_tokens);
         fuzz_check(r.n >= 1 && r.n <= OAI_N_MAX);
+        fuzz_check(r.sp.n_logit_bias >= 0 && r.sp.n_logit_bias <= OAI_LOGIT_BIAS_MAX &&
+                   (r.sp.n_logit_bias == 0 || r.sp.logit_bias == r.bias));
         oai_request_free(&r);
     } else {
         fuzz_check(e.status >= 400 && e.status < 600);
