@@ -137,6 +137,27 @@ const t1=s1.choices.map(c=>c.text), t2=s2.choices.map(c=>c.text);
 if(t1.length!==4||new Set(t1).size<2)throw "sampled choices "+JSON.stringify(t1);
 if(JSON.stringify(t1)!==JSON.stringify(t2))throw "seeded choices not repeatable";
 ' "$T/o" "$T/on" "$T/ons1" "$T/ons2" || fail "n responses: $(head -c 400 "$T/on") / $(head -c 400 "$T/ons1")"
+# /tokenize and /detokenize (llama.cpp server's form): ids round trip to the text; pieces spell
+# it, a piece that is part of a UTF-8 character comes as its bytes
+printf '{"content":"Hello, world! h\\u00e9llo \\ud800\\udf48"}' >"$T/tk.json"
+[ "$(http POST /tokenize "$T/tk.json" "$T/tko")" = 200 ] || fail "tokenize: $(cat "$T/tko")"
+node -e 'const fs=require("fs");console.log(JSON.stringify({tokens:JSON.parse(fs.readFileSync(process.argv[1])).tokens}))' \
+    "$T/tko" >"$T/dtk.json"
+[ "$(http POST /detokenize "$T/dtk.json" "$T/dtko")" = 200 ] || fail "detokenize: $(cat "$T/dtko")"
+node -e 'const fs=require("fs"),rd=f=>JSON.parse(fs.readFileSync(f));
+if(rd(process.argv[1]).content!==rd(process.argv[2]).content)throw "differs"' "$T/dtko" "$T/tk.json" ||
+    fail "tokenize/detokenize round trip: $(cat "$T/tko") -> $(cat "$T/dtko")"
+sed 's/}$/,"with_pieces":true}/' "$T/tk.json" >"$T/tkp.json"
+[ "$(http POST /tokenize "$T/tkp.json" "$T/tkpo")" = 200 ] || fail "tokenize pieces: $(cat "$T/tkpo")"
+node -e '
+const fs=require("fs"), r=JSON.parse(fs.readFileSync(process.argv[1])), ids=JSON.parse(fs.readFileSync(process.argv[2])).tokens;
+const text=JSON.parse(fs.readFileSync(process.argv[3])).content;
+if(JSON.stringify(r.tokens.map(t=>t.id))!==JSON.stringify(ids))throw "ids differ";
+const bytes=Buffer.concat(r.tokens.map(t=>typeof t.piece==="string"?Buffer.from(t.piece,"utf8"):Buffer.from(t.piece)));
+if(bytes.toString("utf8")!==text)throw "pieces spell "+bytes.toString("utf8");
+if(!r.tokens.some(t=>Array.isArray(t.piece)))throw "no byte piece for U+10348";
+' "$T/tkpo" "$T/tko" "$T/tk.json" || fail "pieces: $(cat "$T/tkpo")"
+
 # logit_bias: +100 on token 15 ("0" in the Qwen tokenizer) forces it at every step, greedy or
 # sampled, in every choice; -100 bans it (the greedy answer then has no "0")
 printf '{"prompt":"Once upon a time","max_tokens":4,"temperature":0.8,"seed":3,"n":2,"logit_bias":{"15":100}}' >"$T/cmp_bias.json"
@@ -250,6 +271,14 @@ err 400 "$T/b" /v1/chat/completions
 [ "$(jget "$T/e" 'j.error.param')" = max_tokens ] || fail "param of a wrong type"
 printf '{"messages":[{"role":"user","content":"x"}],"temperature":7}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
 printf '{"messages":[{"role":"user","content":"x"}],"n":17}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
+printf '{"tokens":[1,-1]}' >"$T/b"; err 400 "$T/b" /detokenize
+[ "$(jget "$T/e" 'j.error.param')" = tokens ] || fail "detokenize param"
+printf '{"tokens":[999999999]}' >"$T/b"; err 400 "$T/b" /detokenize
+printf '{"tokens":"12"}' >"$T/b"; err 400 "$T/b" /detokenize
+printf '{"content":5}' >"$T/b"; err 400 "$T/b" /tokenize
+[ "$(jget "$T/e" 'j.error.param')" = content ] || fail "tokenize param"
+printf '{"content":"x","with_pieces":"yes"}' >"$T/b"; err 400 "$T/b" /tokenize
+err 405 "" /tokenize GET
 printf '{"prompt":"x","logit_bias":{"999999999":1}}' >"$T/b"; err 400 "$T/b" /v1/completions
 [ "$(jget "$T/e" 'j.error.param')" = logit_bias ] || fail "logit_bias param"
 printf '{"messages":[{"role":"user","content":"x"}],"stream":"yes"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions

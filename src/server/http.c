@@ -31,6 +31,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
+#include "server/tokens.h"
 #include "server/tool_calls.h"
 #include "tools/textgen.h"
 
@@ -154,6 +155,20 @@ static enum MHD_Result get_models(struct req_ctx *rc, struct MHD_Connection *c, 
     char *out = txt ? xstrdup(txt) : NULL;
     free(txt);
     return send_json(rc, c, 200, out);
+}
+
+/* POST /tokenize, /detokenize (tokens.h). */
+static enum MHD_Result post_tokens(struct req_ctx *rc, struct MHD_Connection *c, bool encode)
+{
+    struct oai_error e;
+    char *json = NULL;
+    if (rc->too_large)
+        return fail(rc, c, 413, "invalid_request_error", "request_too_large",
+                    "the request body is larger than the server accepts");
+    const char *body = rc->body ? rc->body : "";
+    bool ok = encode ? tokens_tokenize(rc->srv->tok, body, rc->len, &json, &e)
+                     : tokens_detokenize(rc->srv->tok, body, rc->len, &json, &e);
+    return ok ? send_json(rc, c, 200, json) : send_error(rc, c, &e);
 }
 
 static enum MHD_Result get_metrics(struct req_ctx *rc, struct MHD_Connection *c)
@@ -723,14 +738,17 @@ static enum MHD_Result route(struct req_ctx *rc, struct MHD_Connection *c, const
     }
     bool chat = !strcmp(url, "/v1/chat/completions"), compl = !strcmp(url, "/v1/completions");
     bool models = !strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11);
+    bool tokz = !strcmp(url, "/tokenize"), detokz = !strcmp(url, "/detokenize");
     rc->endpoint = chat                       ? "chat"
                    : compl                    ? "completions"
+                   : tokz                     ? "tokenize"
+                   : detokz                   ? "detokenize"
                    : models                   ? "models"
                    : !strcmp(url, "/health")  ? "health"
                    : !strcmp(url, "/metrics") ? "metrics"
                    : !strcmp(url, "/")        ? "page"
                                               : "other";
-    if ((!strncmp(url, "/v1/", 4) || !strcmp(url, "/metrics")) && !authorized(s, c))
+    if ((!strncmp(url, "/v1/", 4) || !strcmp(url, "/metrics") || tokz || detokz) && !authorized(s, c))
         return fail(rc, c, 401, "invalid_request_error", "invalid_api_key",
                     "missing or wrong API key (expected 'Authorization: Bearer KEY')");
     if (chat || compl ) {
@@ -740,6 +758,12 @@ static enum MHD_Result route(struct req_ctx *rc, struct MHD_Connection *c, const
         if (server_stopping(s))
             return fail(rc, c, 503, "server_error", "shutting_down", "the server is shutting down");
         return post_generate(rc, c, chat ? OAI_CHAT : OAI_COMPLETION);
+    }
+    if (tokz || detokz) {
+        if (!post)
+            return fail(rc, c, 405, "invalid_request_error", "method_not_allowed",
+                        "use POST for this endpoint");
+        return post_tokens(rc, c, tokz);
     }
     if (strcmp(rc->endpoint, "other") && !get)
         return fail(rc, c, 405, "invalid_request_error", "method_not_allowed",

@@ -6,8 +6,9 @@
  *
  * Accepted fields: model, messages (chat) / prompt (completions: a string or an array of one
  * string), max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop
- * (a string or up to TEXTGEN_MAX_STOP strings), n (1 only), stream, stream_options.
- * include_usage, presence_penalty, frequency_penalty (mapped to the repeat penalty window),
+ * (a string or up to TEXTGEN_MAX_STOP strings), n (1..OAI_N_MAX choices), logit_bias (token
+ * id strings to -100..100), stream, stream_options.include_usage, presence_penalty,
+ * frequency_penalty (mapped to the repeat penalty window),
  * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking,
  * logprobs + top_logprobs (chat; 0..OAI_TOP_LOGPROBS_MAX alternatives per token), logprobs
  * as the number of alternatives (completions, 0..OAI_TOP_LOGPROBS_MAX), echo (completions: the
