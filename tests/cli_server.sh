@@ -137,6 +137,30 @@ const t1=s1.choices.map(c=>c.text), t2=s2.choices.map(c=>c.text);
 if(t1.length!==4||new Set(t1).size<2)throw "sampled choices "+JSON.stringify(t1);
 if(JSON.stringify(t1)!==JSON.stringify(t2))throw "seeded choices not repeatable";
 ' "$T/o" "$T/on" "$T/ons1" "$T/ons2" || fail "n responses: $(head -c 400 "$T/on") / $(head -c 400 "$T/ons1")"
+# an array of prompts (lm-evaluation-harness batches them): choices prompt-major, each prompt's
+# greedy answers equal to its own single answer, every prompt counted once in usage; scoring
+# (echo + logprobs + max_tokens 0) gives each prompt its own text and token logprobs
+printf '{"prompt":"Hello","max_tokens":6,"temperature":0}' >"$T/cmp_b.json"
+http POST /v1/completions "$T/cmp_b.json" "$T/ob1" >/dev/null
+printf '{"prompt":["Once upon a time","Hello"],"max_tokens":6,"temperature":0,"n":2}' >"$T/cmp_mp.json"
+[ "$(http POST /v1/completions "$T/cmp_mp.json" "$T/omp")" = 200 ] || fail "prompt array: $(cat "$T/omp")"
+printf '{"prompt":["Once upon a time","Hello"],"max_tokens":0,"echo":true,"logprobs":1}' >"$T/cmp_sc.json"
+[ "$(http POST /v1/completions "$T/cmp_sc.json" "$T/osc")" = 200 ] || fail "prompt array scoring: $(cat "$T/osc")"
+node -e '
+const fs=require("fs"), rd=f=>JSON.parse(fs.readFileSync(f));
+const a=rd(process.argv[1]), b=rd(process.argv[2]), r=rd(process.argv[3]), sc=rd(process.argv[4]);
+const want=[a,a,b,b].map(x=>x.choices[0].text);
+if(JSON.stringify(r.choices.map(c=>c.text))!==JSON.stringify(want))throw "choices "+JSON.stringify(r.choices.map(c=>c.text));
+r.choices.forEach((c,i)=>{if(c.index!==i)throw "index"});
+if(r.usage.prompt_tokens!==a.usage.prompt_tokens+b.usage.prompt_tokens)throw "prompt tokens "+r.usage.prompt_tokens;
+if(r.usage.completion_tokens!==2*(a.usage.completion_tokens+b.usage.completion_tokens))throw "completion tokens";
+const prompts=["Once upon a time","Hello"];
+sc.choices.forEach((c,i)=>{
+  if(c.text!==prompts[i])throw "scored text "+c.text;
+  if(c.logprobs.tokens.join("")!==prompts[i]||c.logprobs.token_logprobs[0]!==null)throw "scored logprobs "+JSON.stringify(c.logprobs);
+});
+' "$T/o" "$T/ob1" "$T/omp" "$T/osc" || fail "prompt array: $(head -c 600 "$T/omp") / $(head -c 600 "$T/osc")"
+
 # /tokenize and /detokenize (llama.cpp server's form): ids round trip to the text; pieces spell
 # it, a piece that is part of a UTF-8 character comes as its bytes
 printf '{"content":"Hello, world! h\\u00e9llo \\ud800\\udf48"}' >"$T/tk.json"

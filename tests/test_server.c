@@ -161,7 +161,27 @@ static void test_n_choices(void **state)
     body = "{\"prompt\":\"x\"}";
     assert_true(oai_parse(OAI_COMPLETION, body, strlen(body), &lim, &r, &e));
     assert_int_equal(r.n, 1);
+    assert_int_equal(r.n_prompts, 1);
     oai_request_free(&r);
+    /* completions: an array of prompts (lm-evaluation-harness batches them) */
+    body = "{\"prompt\":[\"a\",\"b c\",\"d\"],\"n\":2}";
+    assert_true(oai_parse(OAI_COMPLETION, body, strlen(body), &lim, &r, &e));
+    assert_int_equal(r.n_prompts, 3);
+    assert_string_equal(r.prompt, "a");
+    assert_string_equal(r.more_prompts[0], "b c");
+    assert_string_equal(r.more_prompts[1], "d");
+    oai_request_free(&r);
+    static const struct {
+        const char *body, *param;
+    } bad_prompts[] = {{"{\"prompt\":[]}", "prompt"},
+                       {"{\"prompt\":[\"a\",2]}", "prompt"},
+                       {"{\"prompt\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}", "prompt"},
+                       {"{\"prompt\":[\"1\",\"2\",\"3\",\"4\",\"5\"],\"n\":16}", "n"}};
+    for (size_t i = 0; i < sizeof(bad_prompts) / sizeof(bad_prompts[0]); i++) {
+        assert_false(oai_parse(OAI_COMPLETION, bad_prompts[i].body, strlen(bad_prompts[i].body), &lim, &r, &e));
+        assert_string_equal(e.param, bad_prompts[i].param);
+        assert_null(r.prompt);
+    }
 
     struct oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-2", .created = 5, .model = "tiny"};
     struct oai_usage u[3] = {{.prompt = 10, .cached = 4, .completion = 3},
@@ -171,7 +191,7 @@ static void test_n_choices(void **state)
     char *parts[3];
     for (int i = 0; i < 3; i++)
         parts[i] = oai_response_json(&m, texts[i], strlen(texts[i]), fin[i], &u[i]);
-    json_t *j = load(oai_merge_choices(parts, 3)), *ch = json_object_get(j, "choices");
+    json_t *j = load(oai_merge_choices(parts, 3, 10)), *ch = json_object_get(j, "choices");
     assert_int_equal(json_array_size(ch), 3);
     for (int i = 0; i < 3; i++) {
         json_t *c = json_array_get(ch, (size_t)i);
@@ -213,9 +233,9 @@ static void test_n_choices(void **state)
         assert_string_equal(e.param, "logit_bias");
         assert_null(r.bias); /* nothing left allocated */
     }
-    assert_null(oai_merge_choices(bad, 2));
+    assert_null(oai_merge_choices(bad, 2, 10));
     bad[1] = "not json";
-    assert_null(oai_merge_choices(bad, 2));
+    assert_null(oai_merge_choices(bad, 2, 10));
     for (int i = 0; i < 3; i++)
         xfree(parts[i]);
 }

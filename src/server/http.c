@@ -64,8 +64,10 @@ struct req_ctx {
     char path[96];
     char client[64];
     struct job *job; /* generation requests */
-    struct job *more[OAI_N_MAX - 1]; /* "n" > 1: the other choices' jobs */
+    struct job *more[OAI_JOBS_MAX - 1]; /* the other answers' jobs: choices 1.. of prompt 0,
+                                           then every choice of prompt 1, ... */
     int n_more;
+    int per_prompt; /* choices per prompt ("n") */
     bool stream;
 };
 
@@ -210,7 +212,8 @@ struct stream_ctx {
     bool include_usage;
     bool started, ended;
     int n; /* choices */
-    struct choice_stream ch[OAI_N_MAX];
+    int per_prompt; /* choices per prompt: choice p x per_prompt starts prompt p */
+    struct choice_stream ch[OAI_JOBS_MAX];
     char *pend; /* formatted events not yet handed to MHD */
     size_t pend_len, pend_off, pend_cap;
 };
@@ -409,9 +412,13 @@ static bool stream_refill(struct stream_ctx *sc)
         return ok;
     sc->ended = true;
     if (!fatal && sc->include_usage) {
-        struct oai_usage u = job_usage(sc->ch[0].job); /* the prompt counts once */
-        for (int i = 1; i < sc->n; i++)
-            u.completion += job_usage(sc->ch[i].job).completion;
+        struct oai_usage u = job_usage(sc->ch[0].job); /* each prompt counts once */
+        for (int i = 1; i < sc->n; i++) {
+            struct oai_usage ui = job_usage(sc->ch[i].job);
+            u.completion += ui.completion;
+            if (sc->per_prompt <= 1 || i % sc->per_prompt == 0)
+                u.prompt += ui.prompt, u.cached += ui.cached;
+        }
         ok = pend_event(sc, oai_chunk_json(&sc->ch[0].meta, NULL, 0, false, NULL, &u));
     }
     return ok && pend_add(sc, "data: [DONE]\n\n", NULL, NULL);
@@ -483,7 +490,7 @@ static char *job_response(struct server *s, const struct oai_meta *meta, struct 
 static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c,
                                     const struct oai_meta *meta)
 {
-    struct job *jobs[OAI_N_MAX];
+    struct job *jobs[OAI_JOBS_MAX];
     int n = 1 + rc->n_more;
     jobs[0] = rc->job;
     memcpy(jobs + 1, rc->more, (size_t)rc->n_more * sizeof(jobs[0]));
@@ -505,7 +512,7 @@ static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c
             return fail(rc, c, st, "server_error", NULL, j->error);
         }
     }
-    char *json[OAI_N_MAX] = {NULL};
+    char *json[OAI_JOBS_MAX] = {NULL};
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         struct oai_meta mi = *meta;
@@ -513,8 +520,11 @@ static enum MHD_Result answer_whole(struct req_ctx *rc, struct MHD_Connection *c
         ok = (json[i] = job_response(rc->srv, &mi, jobs[i])) != NULL;
     }
     char *all = NULL;
+    int32_t prompt_tokens = 0; /* each prompt once */
+    for (int i = 0; i < n; i += rc->per_prompt > 0 ? rc->per_prompt : 1)
+        prompt_tokens += jobs[i]->n_prompt;
     if (ok && n > 1)
-        all = oai_merge_choices(json, n);
+        all = oai_merge_choices(json, n, prompt_tokens);
     else if (ok)
         all = json[0], json[0] = NULL;
     for (int i = 0; i < n; i++)
@@ -534,6 +544,7 @@ static enum MHD_Result answer_stream(struct req_ctx *rc, struct MHD_Connection *
     pthread_mutex_unlock(&sc->srv->mu);
     sc->keepalive_s = rc->srv->p.timeout_s > 2 ? rc->srv->p.timeout_s / 2 : 1;
     sc->n = 1 + rc->n_more;
+    sc->per_prompt = rc->per_prompt;
     for (int i = 0; i < sc->n; i++) {
         struct choice_stream *cs = &sc->ch[i];
         cs->job = i ? rc->more[i - 1] : rc->job;
@@ -568,23 +579,40 @@ static int client_fd(struct MHD_Connection *c)
 }
 
 /* Tokenizes, checks the limits, builds the job. false fills e. */
-static bool make_job(struct server *s, struct oai_request *req, struct job **out,
-                     struct oai_error *e)
+/* The ids of a prompt text, within the server's prompt limit. false fills e. */
+static bool tokenize_prompt(struct server *s, const struct oai_request *req, const char *text,
+                            int32_t **ids, size_t *n, struct oai_error *e)
 {
     struct qwenrt_error err = {0};
-    int32_t *ids = NULL;
-    size_t n = 0;
-    *out = NULL;
-    if (tokenizer_encode(s->tok, req->prompt, strlen(req->prompt), &ids, &n, &err))
+    *ids = NULL, *n = 0;
+    if (tokenizer_encode(s->tok, text, strlen(text), ids, n, &err))
         return oai_fail(e, 500, "server_error", NULL, NULL, "%s", err.message);
     int32_t max_prompt =
         s->p.max_prompt > 0 && s->p.max_prompt < s->p.n_ctx - 1 ? s->p.max_prompt : s->p.n_ctx - 1;
-    if (!n || (int64_t)n > max_prompt) {
-        xfree(ids);
-        return oai_fail(e, 400, "invalid_request_error", n ? "context_length_exceeded" : NULL,
+    if (!*n || (int64_t)*n > max_prompt) {
+        xfree(*ids);
+        *ids = NULL;
+        return oai_fail(e, 400, "invalid_request_error", *n ? "context_length_exceeded" : NULL,
                         req->kind == OAI_CHAT ? "messages" : "prompt",
-                        "the prompt has %zu tokens; this server takes 1 to %d", n, max_prompt);
+                        "the prompt has %zu tokens; this server takes 1 to %d", *n, max_prompt);
     }
+    return true;
+}
+
+/* max_tokens for a prompt of n tokens: what fits in the context. */
+static int32_t max_tokens_for(const struct server *s, int32_t want, size_t n)
+{
+    return want > s->p.n_ctx - (int32_t)n ? s->p.n_ctx - (int32_t)n : want;
+}
+
+static bool make_job(struct server *s, struct oai_request *req, struct job **out,
+                     struct oai_error *e)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    *out = NULL;
+    if (!tokenize_prompt(s, req, req->prompt, &ids, &n, e))
+        return false;
     struct job *j = job_new(ids, (int32_t)n);
     if (!j) {
         xfree(ids);
@@ -601,9 +629,7 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
         job_release(j);
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
-    j->tp.max_tokens = req->max_tokens;
-    if (j->tp.max_tokens > s->p.n_ctx - (int32_t)n)
-        j->tp.max_tokens = s->p.n_ctx - (int32_t)n;
+    j->tp.max_tokens = max_tokens_for(s, req->max_tokens, n);
     for (int i = 0; i < TEXTGEN_MAX_STOP; i++) {
         j->stops[i] = req->stops[i]; /* moves ownership */
         j->tp.stop[i] = req->stops[i];
@@ -613,22 +639,19 @@ static bool make_job(struct server *s, struct oai_request *req, struct job **out
     return true;
 }
 
-/* Choice i (> 0) of an "n" > 1 request: job 0's input with seed + i (greedy requests give n
- * equal answers, as OpenAI's do), j0 as its leader (scheduler.h); no next-turn preparation.
- * NULL on OOM. */
-static struct job *job_for_choice(struct job *j0, const char *echo_text, int i)
+/* A job with j0's settings for the prompt ids (owned; freed on failure) and echo_text: its
+ * sampling with seed + k (greedy answers stay equal, as OpenAI's do), logit bias, stops,
+ * logprobs, client; max_tokens as given; no next-turn preparation. NULL on OOM. */
+static struct job *job_like(struct job *j0, int32_t *ids, int32_t n_ids, const char *echo_text,
+                            uint64_t k, int32_t max_tokens)
 {
-    int32_t *ids = xmalloc((size_t)j0->n_ids, sizeof(int32_t));
-    if (!ids)
-        return NULL;
-    memcpy(ids, j0->ids, (size_t)j0->n_ids * sizeof(int32_t));
-    struct job *j = job_new(ids, j0->n_ids);
+    struct job *j = job_new(ids, n_ids);
     if (!j) {
         xfree(ids);
         return NULL;
     }
     j->sp = j0->sp;
-    j->sp.seed = j0->sp.seed + (uint64_t)i;
+    j->sp.seed = j0->sp.seed + k;
     j->sp.logit_bias = NULL, j->sp.n_logit_bias = 0;
     if (j0->sp.n_logit_bias) {
         j->bias = xmalloc((size_t)j0->sp.n_logit_bias, sizeof(*j->bias));
@@ -642,14 +665,9 @@ static struct job *job_for_choice(struct job *j0, const char *echo_text, int i)
     j->fmt = j0->fmt;
     j->logprobs = j0->logprobs;
     j->tp = j0->tp;
+    j->tp.max_tokens = max_tokens;
     j->fd = j0->fd;
     j->t_arrival = j0->t_arrival;
-    if (!(j0->echo && j0->logprobs)) { /* those process their prompt from scratch anyway */
-        pthread_mutex_lock(&j0->mu);
-        j0->refs++;
-        pthread_mutex_unlock(&j0->mu);
-        j->leader = j0; /* waits for j0's prompt, then restores it from the cache */
-    }
     bool ok = !j0->echo || job_echo(j, echo_text, strlen(echo_text));
     for (int k = 0; k < TEXTGEN_MAX_STOP; k++) {
         j->stops[k] = j0->stops[k] ? xstrdup(j0->stops[k]) : NULL;
@@ -661,6 +679,51 @@ static struct job *job_for_choice(struct job *j0, const char *echo_text, int i)
         return NULL;
     }
     return j;
+}
+
+/* Choice i (> 0) of prompt lead's answers: lead's input with seed + i, lead as its leader
+ * (scheduler.h: it waits for lead's prompt, then restores it from the prompt cache). NULL on
+ * OOM. */
+static struct job *job_for_choice(struct job *lead, const char *echo_text, int i)
+{
+    int32_t *ids = xmalloc((size_t)lead->n_ids, sizeof(int32_t));
+    if (!ids)
+        return NULL;
+    memcpy(ids, lead->ids, (size_t)lead->n_ids * sizeof(int32_t));
+    struct job *j = job_like(lead, ids, lead->n_ids, echo_text, (uint64_t)i, lead->tp.max_tokens);
+    if (j && !(lead->echo && lead->logprobs)) { /* those process their prompt from scratch */
+        pthread_mutex_lock(&lead->mu);
+        lead->refs++;
+        pthread_mutex_unlock(&lead->mu);
+        j->leader = lead;
+    }
+    return j;
+}
+
+/* Every answer's job after rc->job (prompt 0, choice 0): choices 1..n-1 of each prompt, and
+ * each further prompt's first choice (seed + prompt x n). false fills e. */
+static bool make_more_jobs(struct server *s, struct req_ctx *rc, const struct oai_request *req,
+                           struct oai_error *e)
+{
+    rc->per_prompt = req->n;
+    for (int p = 0; p < req->n_prompts; p++) {
+        const char *text = p ? req->more_prompts[p - 1] : req->prompt;
+        struct job *lead = rc->job;
+        if (p > 0) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (!tokenize_prompt(s, req, text, &ids, &n, e))
+                return false;
+            lead = job_like(rc->job, ids, (int32_t)n, text, (uint64_t)p * (uint64_t)req->n,
+                            max_tokens_for(s, req->max_tokens, n));
+            if (!(rc->more[rc->n_more++] = lead))
+                return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        for (int i = 1; i < req->n; i++)
+            if (!(rc->more[rc->n_more++] = job_for_choice(lead, text, i)))
+                return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    return true;
 }
 
 static enum MHD_Result post_generate(struct req_ctx *rc, struct MHD_Connection *c,
@@ -679,9 +742,7 @@ static enum MHD_Result post_generate(struct req_ctx *rc, struct MHD_Connection *
         rc->job->fd = client_fd(c);
         rc->job->t_arrival = rc->t0;
     }
-    for (int i = 1; ok && i < req.n; i++) /* "n": one job per choice */
-        if (!(rc->more[rc->n_more++] = job_for_choice(rc->job, req.prompt, i)))
-            ok = oai_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+    ok = ok && make_more_jobs(s, rc, &req, &e); /* "n" choices of each prompt */
     rc->stream = req.stream;
     bool tools = req.tools;
     bool include_usage = req.include_usage;

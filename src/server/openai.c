@@ -40,6 +40,8 @@ void oai_request_free(struct oai_request *r)
     xfree(r->chat_json);
     for (int i = 0; i < TEXTGEN_MAX_STOP; i++)
         xfree(r->stops[i]);
+    for (int i = 0; i < OAI_PROMPTS_MAX - 1; i++)
+        xfree(r->more_prompts[i]);
     xfree(r->bias);
     memset(r, 0, sizeof(*r));
 }
@@ -270,12 +272,21 @@ static bool render_chat(json_t *root, const struct oai_limits *lim, struct oai_r
 static bool parse_prompt(json_t *root, struct oai_request *r, struct oai_error *e)
 {
     json_t *p = json_object_get(root, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1)
-        p = json_array_get(p, 0);
-    if (!json_is_string(p))
-        return BAD(e, "prompt", "'prompt' must be a string (or an array of one string)");
-    if (!(r->prompt = xstrdup(json_string_value(p))))
-        return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t n = json_is_array(p) ? json_array_size(p) : 1;
+    if (json_is_array(p) && (n < 1 || n > OAI_PROMPTS_MAX))
+        return BAD(e, "prompt", "'prompt' as an array holds 1 to %d strings, got %zu", OAI_PROMPTS_MAX, n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(p) ? json_array_get(p, i) : p;
+        if (!json_is_string(x))
+            return BAD(e, "prompt", "'prompt' must be a string or an array of strings");
+        char *t = xstrdup(json_string_value(x));
+        if (!t)
+            return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        *(i ? &r->more_prompts[i - 1] : &r->prompt) = t;
+    }
+    r->n_prompts = (int32_t)n;
+    if ((long long)r->n_prompts * r->n > OAI_JOBS_MAX)
+        return BAD(e, "n", "%d prompts x 'n' %d is more than %d answers", r->n_prompts, r->n, OAI_JOBS_MAX);
     return true;
 }
 
@@ -285,6 +296,7 @@ bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oa
     json_error_t jerr;
     memset(r, 0, sizeof(*r));
     r->kind = kind;
+    r->n_prompts = 1;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     bool ok = false;
     if (!root) {
@@ -434,7 +446,7 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
     return dump(root);
 }
 
-char *oai_merge_choices(char *const *json, int n)
+char *oai_merge_choices(char *const *json, int n, int32_t prompt_tokens)
 {
     json_t *root = n > 0 && json[0] ? json_loads(json[0], 0, NULL) : NULL;
     json_t *choices = json_object_get(root, "choices"), *usage = json_object_get(root, "usage");
@@ -453,9 +465,9 @@ char *oai_merge_choices(char *const *json, int n)
         json_decref(root);
         return NULL;
     }
-    json_int_t prompt = json_integer_value(json_object_get(usage, "prompt_tokens"));
+    json_object_set_new(usage, "prompt_tokens", json_integer(prompt_tokens));
     json_object_set_new(usage, "completion_tokens", json_integer(completion));
-    json_object_set_new(usage, "total_tokens", json_integer(prompt + completion));
+    json_object_set_new(usage, "total_tokens", json_integer(prompt_tokens + completion));
     return dump(root);
 }
 

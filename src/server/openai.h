@@ -4,12 +4,12 @@
  * stream chunks and errors in OpenAI's JSON shapes. No I/O and no threads: pure functions
  * over jansson values, so tests/test_server.c can check them directly.
  *
- * Accepted fields: model, messages (chat) / prompt (completions: a string or an array of one
- * string), max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop
- * (a string or up to TEXTGEN_MAX_STOP strings), n (1..OAI_N_MAX choices), logit_bias (token
+ * Accepted fields: model, messages (chat) / prompt (completions: a string or an array of up to
+ * OAI_PROMPTS_MAX strings, answered as choices prompt-major: index = prompt x n + choice),
+ * max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop (a string
+ * or up to TEXTGEN_MAX_STOP strings), n (1..OAI_N_MAX choices per prompt), logit_bias (token
  * id strings to -100..100), stream, stream_options.include_usage, presence_penalty,
- * frequency_penalty (mapped to the repeat penalty window),
- * tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking,
+ * frequency_penalty (mapped to the repeat penalty window), tools, tool_choice ("none" keeps the answer as text), chat_template_kwargs.enable_thinking,
  * logprobs + top_logprobs (chat; 0..OAI_TOP_LOGPROBS_MAX alternatives per token), logprobs
  * as the number of alternatives (completions, 0..OAI_TOP_LOGPROBS_MAX), echo (completions: the
  * prompt starts the text; max_tokens may then be 0, to score a text).
@@ -48,6 +48,8 @@ struct oai_limits {
     int32_t n_vocab;      /* logit_bias keys must be token ids below this (0: any) */
 };
 
+#define OAI_PROMPTS_MAX 16 /* completions: prompts of one request (an array) */
+
 struct oai_request {
     enum oai_kind kind;
     char *prompt;    /* rendered prompt text, xmalloc'd */
@@ -61,12 +63,15 @@ struct oai_request {
     int32_t logprobs; /* 0: none; else 1 + top_logprobs */
     bool echo;        /* completions: the answer starts with the prompt (and with logprobs,
                          the prompt's tokens get theirs: the first null) */
-    int32_t n;        /* choices to generate, 1..OAI_N_MAX */
+    int32_t n;        /* choices to generate per prompt, 1..OAI_N_MAX */
+    char *more_prompts[OAI_PROMPTS_MAX - 1]; /* completions: prompts 1.. of an array, xmalloc'd */
+    int32_t n_prompts;                       /* 1 + those (n_prompts x n <= OAI_JOBS_MAX) */
     struct qwenrt_logit_bias *bias; /* "logit_bias" entries, xmalloc'd; sp.logit_bias points
                                        here */
 };
 
 #define OAI_N_MAX 16
+#define OAI_JOBS_MAX 64 /* prompts x choices of one request */
 #define OAI_LOGIT_BIAS_MAX 1024 /* entries of "logit_bias" (OpenAI takes 300) */
 
 /* Parses and checks a request body. false fills e (400/404) and leaves *r empty. */
@@ -101,9 +106,9 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
                         const struct oai_usage *u);
 /* n > 1: the whole responses of each choice (oai_response_json, logprobs attached) as one
  * response: json[0] with the other choices appended as index 1..n-1, completion tokens
- * summed (the prompt counts once). Frees nothing; xmalloc'd JSON, NULL on OOM or a json[i]
- * that is not such a response. */
-char *oai_merge_choices(char *const *json, int n);
+ * summed, prompt_tokens the request's (each prompt once: the caller sums them). Frees
+ * nothing; xmalloc'd JSON, NULL on OOM or a json[i] that is not such a response. */
+char *oai_merge_choices(char *const *json, int n, int32_t prompt_tokens);
 
 /* One stream chunk: text (may be NULL), finish reason (NULL while running); role=true adds
  * the chat delta's "role": "assistant". usage != NULL writes the usage-only final chunk of

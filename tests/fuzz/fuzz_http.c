@@ -120,7 +120,8 @@ static void parse_body(const uint8_t *data, size_t size)
     if (oai_parse(kind, body, size - 1, &lim, &r, &e)) {
         fuzz_check(r.prompt != NULL);
         fuzz_check(r.max_tokens >= 0 && r.max_tokens <= lim.max_tokens);
-        fuzz_check(r.n >= 1 && r.n <= OAI_N_MAX);
+        fuzz_check(r.n >= 1 && r.n <= OAI_N_MAX && r.n_prompts >= 1 && r.n_prompts <= OAI_PROMPTS_MAX &&
+                   r.n * r.n_prompts <= OAI_JOBS_MAX);
         fuzz_check(r.sp.n_logit_bias >= 0 && r.sp.n_logit_bias <= OAI_LOGIT_BIAS_MAX &&
                    (r.sp.n_logit_bias == 0 || r.sp.logit_bias == r.bias));
         oai_request_free(&r);
