@@ -293,21 +293,13 @@ static bool parse_prompt(json_t *root, struct oai_request *r, struct oai_error *
 bool oai_parse(enum oai_kind kind, const char *body, size_t len, const struct oai_limits *lim,
                struct oai_request *r, struct oai_error *e)
 {
-    json_error_t jerr;
     memset(r, 0, sizeof(*r));
     r->kind = kind;
     r->n_prompts = 1;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = oai_load_object(body, len, e);
     bool ok = false;
-    if (!root) {
-        BAD(e, NULL, "the body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-            jerr.column);
+    if (!root)
         goto out;
-    }
-    if (!json_is_object(root)) {
-        BAD(e, NULL, "the body must be a JSON object");
-        goto out;
-    }
     json_t *model = json_object_get(root, "model"), *so = json_object_get(root, "stream_options");
     if (model && !json_is_null(model) && !json_is_string(model)) {
         BAD(e, "model", "'model' must be a string");
@@ -337,7 +329,24 @@ out:
 
 /* ------------------------------------------------------------------ output */
 
-static char *dump(json_t *v)
+json_t *oai_load_object(const char *body, size_t len, struct oai_error *e)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        BAD(e, NULL, "the body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+            jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        BAD(e, NULL, "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+char *oai_dump(json_t *v)
 {
     char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
@@ -355,7 +364,7 @@ char *oai_error_json(const struct oai_error *e)
         return NULL;
     json_object_set_new(err, "param", e->param ? json_string(e->param) : json_null());
     json_object_set_new(err, "code", e->code ? json_string(e->code) : json_null());
-    return dump(json_pack("{s:o}", "error", err));
+    return oai_dump(json_pack("{s:o}", "error", err));
 }
 
 /* A JSON string of generated text (whole UTF-8 characters by construction; checked anyway so
@@ -443,7 +452,7 @@ char *oai_response_json(const struct oai_meta *m, const char *text, size_t len, 
     }
     json_object_set_new(root, "choices", json_pack("[o]", choice));
     json_object_set_new(root, "usage", usage_json(u));
-    return dump(root);
+    return oai_dump(root);
 }
 
 char *oai_merge_choices(char *const *json, int n, int32_t prompt_tokens)
@@ -468,7 +477,7 @@ char *oai_merge_choices(char *const *json, int n, int32_t prompt_tokens)
     json_object_set_new(usage, "prompt_tokens", json_integer(prompt_tokens));
     json_object_set_new(usage, "completion_tokens", json_integer(completion));
     json_object_set_new(usage, "total_tokens", json_integer(prompt_tokens + completion));
-    return dump(root);
+    return oai_dump(root);
 }
 
 char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, bool role,
@@ -480,7 +489,7 @@ char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, boo
     if (usage) {
         json_object_set_new(root, "choices", json_array());
         json_object_set_new(root, "usage", usage_json(usage));
-        return dump(root);
+        return oai_dump(root);
     }
     json_t *choice = json_pack("{s:i,s:n}", "index", (int)m->index, "logprobs");
     json_t *t = text ? utf8_string(text, len) : NULL;
@@ -496,7 +505,7 @@ char *oai_chunk_json(const struct oai_meta *m, const char *text, size_t len, boo
     }
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
     json_object_set_new(root, "choices", json_pack("[o]", choice));
-    return dump(root);
+    return oai_dump(root);
 }
 
 char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_calls *tc)
@@ -511,7 +520,7 @@ char *oai_chunk_tool_calls_json(const struct oai_meta *m, const struct tool_call
     }
     json_object_set_new(choice, "delta", json_pack("{s:o}", "tool_calls", calls));
     json_object_set_new(root, "choices", json_pack("[o]", choice));
-    return dump(root);
+    return oai_dump(root);
 }
 
 /* The bytes of token id (special tokens: their text). */
@@ -678,7 +687,7 @@ bool oai_attach_logprobs(char **json, enum oai_kind kind, const struct oai_token
                                           : chat_logprobs(v, n, tok);
     char *out = NULL;
     if (lp && !json_object_set_new(choice, "logprobs", lp))
-        out = dump(json_incref(root));
+        out = oai_dump(json_incref(root));
     json_decref(root);
     if (!out)
         return false;

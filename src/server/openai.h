@@ -20,6 +20,7 @@
 #ifndef QWENRT_SERVER_OPENAI_H
 #define QWENRT_SERVER_OPENAI_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -82,6 +83,11 @@ void oai_request_free(struct oai_request *r);
 /* Fills e and returns false (for one-line error returns). */
 bool oai_fail(struct oai_error *e, int status, const char *type, const char *code,
               const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* A request body as a JSON object (duplicate keys refused), or NULL with e filled (400). */
+json_t *oai_load_object(const char *body, size_t len, struct oai_error *e);
+/* v as compact JSON, xmalloc'd (NULL on OOM or a NULL v); drops the reference to v. */
+char *oai_dump(json_t *v);
 
 /* {"error": {...}} as compact JSON; xmalloc'd (NULL on OOM). */
 char *oai_error_json(const struct oai_error *e);

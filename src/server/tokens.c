@@ -4,7 +4,6 @@
 #include "server/tokens.h"
 
 #include <jansson.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -12,33 +11,6 @@
 static bool bad(struct oai_error *e, const char *param, const char *msg)
 {
     return oai_fail(e, 400, "invalid_request_error", NULL, param, "%s", msg);
-}
-
-/* The body as a JSON object, or NULL with e filled. */
-static json_t *load_object(const char *body, size_t len, struct oai_error *e)
-{
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        oai_fail(e, 400, "invalid_request_error", NULL, NULL, "the body is not valid JSON: %s", jerr.text);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        bad(e, NULL, "the body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
-
-/* A compact JSON text we own (NULL on OOM). */
-static char *dump_owned(json_t *v)
-{
-    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
-    json_decref(v);
-    char *out = s ? xstrdup(s) : NULL;
-    free(s);
-    return out;
 }
 
 /* {"id": id, "piece": text or [bytes]} */
@@ -64,7 +36,7 @@ bool tokens_tokenize(const struct tokenizer *tok, const char *body, size_t len, 
                      struct oai_error *e)
 {
     *json = NULL;
-    json_t *root = load_object(body, len, e);
+    json_t *root = oai_load_object(body, len, e);
     if (!root)
         return false;
     json_t *content = json_object_get(root, "content"), *wp = json_object_get(root, "with_pieces");
@@ -96,7 +68,7 @@ bool tokens_tokenize(const struct tokenizer *tok, const char *body, size_t len, 
     json_decref(root);
     if (!ok)
         return false;
-    if (!arr || !(*json = dump_owned(json_pack("{s:o}", "tokens", arr))))
+    if (!arr || !(*json = oai_dump(json_pack("{s:o}", "tokens", arr))))
         return oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     return true;
 }
@@ -105,7 +77,7 @@ bool tokens_detokenize(const struct tokenizer *tok, const char *body, size_t len
                        struct oai_error *e)
 {
     *json = NULL;
-    json_t *root = load_object(body, len, e), *v, *x;
+    json_t *root = oai_load_object(body, len, e), *v, *x;
     if (!root)
         return false;
     v = json_object_get(root, "tokens");
@@ -139,7 +111,7 @@ bool tokens_detokenize(const struct tokenizer *tok, const char *body, size_t len
     xfree(ids);
     if (ok) {
         json_t *s = json_stringn(text ? text : "", text ? tlen : 0);
-        if (!s || !(*json = dump_owned(json_pack("{s:o}", "content", s))))
+        if (!s || !(*json = oai_dump(json_pack("{s:o}", "content", s))))
             ok = oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     xfree(text);
