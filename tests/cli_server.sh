@@ -303,6 +303,13 @@ printf '{"content":5}' >"$T/b"; err 400 "$T/b" /tokenize
 [ "$(jget "$T/e" 'j.error.param')" = content ] || fail "tokenize param"
 printf '{"content":"x","with_pieces":"yes"}' >"$T/b"; err 400 "$T/b" /tokenize
 err 405 "" /tokenize GET
+printf '{"content":"ab\377"}' >"$T/b"; err 400 "$T/b" /tokenize        # invalid UTF-8
+printf '{"content":"ab' >"$T/b"; err 400 "$T/b" /tokenize                # truncated body
+printf '["ab"]' >"$T/b"; err 400 "$T/b" /tokenize                        # not an object
+printf '{"tokens":[126190]}' >"$T/b"                                     # part of a character
+[ "$(http POST /detokenize "$T/b" "$T/o")" = 200 ] || fail "detokenize a partial character: $(cat "$T/o")"
+[ "$(jget "$T/o" 'j.content===String.fromCharCode(0xfffd).repeat(j.content.length)&&j.content.length>0')" = true ] ||
+    fail "a partial character detokenizes to U+FFFD: $(cat "$T/o")"
 printf '{"prompt":"x","logit_bias":{"999999999":1}}' >"$T/b"; err 400 "$T/b" /v1/completions
 [ "$(jget "$T/e" 'j.error.param')" = logit_bias ] || fail "logit_bias param"
 printf '{"messages":[{"role":"user","content":"x"}],"stream":"yes"}' >"$T/b"; err 400 "$T/b" /v1/chat/completions
