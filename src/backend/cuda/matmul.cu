@@ -715,7 +715,8 @@ out:
     return st;
 }
 
-/* Grows a device buffer to at least bytes (contents not kept). */
+/* Grows a device buffer to at least bytes (contents not kept). p and cap are the owner's own
+ * fields: when the new allocation fails they read NULL and 0, never the freed buffer. */
 static qwenrt_status grow(void **p, int64_t *cap, int64_t bytes, struct qwenrt_error *err)
 {
     if (bytes <= *cap)
@@ -768,15 +769,20 @@ static void xb_remember(struct gemm_ctx *g, const struct gemm_call *c, int32_t t
     g->xb_src = c->x, g->xb_terms = terms, g->xb_T = c->T, g->xb_K = c->K, g->xb_ldx = c->ldx;
 }
 
+/* g->xsplit of at least bytes; a new buffer holds nothing the memo (xb_src) could name. */
+static qwenrt_status xsplit_grow(struct gemm_ctx *g, int64_t bytes, struct qwenrt_error *err)
+{
+    if (bytes > g->xsplit_cap)
+        g->xb_src = NULL;
+    return grow((void **)&g->xsplit, &g->xsplit_cap, bytes, err);
+}
+
 qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t K, int64_t ldx,
                           __nv_bfloat16 **slot, struct qwenrt_error *err)
 {
-    void *p = g->xsplit;
-    int64_t cap = g->xsplit_cap;
-    qwenrt_status st = grow(&p, &cap, T * K * 2, err);
+    qwenrt_status st = xsplit_grow(g, T * K * 2, err);
     if (st)
         return st;
-    g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
     g->xb_src = x, g->xb_terms = 1, g->xb_T = T, g->xb_K = K, g->xb_ldx = ldx;
     *slot = g->xsplit;
     return QWENRT_OK;
@@ -789,22 +795,14 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
 {
     qwenrt_status st;
     int64_t n = (int64_t)c->T * c->K;
-    void *p = g->xsplit;
-    int64_t cap = g->xsplit_cap;
-    if ((st = grow(&p, &cap, n * 2, err)))
+    if ((st = xsplit_grow(g, n * 2, err)))
         return st;
-    if (p != (void *)g->xsplit)
-        g->xb_src = NULL;
-    g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
     /* q, k and v (gate and up) read the same x: round it once */
     bool rounded = xb_current(g, c, 1);
     const void *wb = c->w;
     if (c->dtype != QR_BF16 || c->row_bytes != c->K * 2) {
-        void *q = g->wbf16;
-        int64_t qcap = g->wbf16_cap;
-        if ((st = grow(&q, &qcap, (int64_t)c->N * c->K * 2, err)))
+        if ((st = grow((void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err)))
             return st;
-        g->wbf16 = (__nv_bfloat16 *)q, g->wbf16_cap = qcap;
         dequant_bf16_kernel<<<4096, 256, 0, s>>>(g->wbf16, (const uint8_t *)c->w, c->dtype, c->N,
                                                   c->K, c->row_bytes);
         CUDA_CHECK(cudaGetLastError());
@@ -829,13 +827,8 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         return gemm_run_bf16(g, c, s, err);
     if (c->dtype == QR_BF16 && c->bf16x2 && c->row_bytes == c->K * 2 && c->K % 8 == 0) {
         int64_t n = (int64_t)c->T * c->K;
-        void *p = g->xsplit;
-        int64_t cap = g->xsplit_cap;
-        if ((st = grow(&p, &cap, 3 * n * 2, err)))
+        if ((st = xsplit_grow(g, 3 * n * 2, err)))
             return st;
-        if (p != (void *)g->xsplit)
-            g->xb_src = NULL;
-        g->xsplit = (__nv_bfloat16 *)p, g->xsplit_cap = cap;
         __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = mid + n;
         if (!xb_current(g, c, 3)) { /* the products sharing an input split it once */
             CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
@@ -844,11 +837,8 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         if (c->stack3) {
             /* one product over 3T columns (hi | mid | lo are contiguous [T][K] blocks): three
              * times the output tiles of one term, so small-N products fill the GPU */
-            void *q = g->c3;
-            int64_t qcap = g->c3_cap;
-            if ((st = grow(&q, &qcap, 3 * (int64_t)c->T * c->N * 4, err)))
+            if ((st = grow((void **)&g->c3, &g->c3_cap, 3 * (int64_t)c->T * c->N * 4, err)))
                 return st;
-            g->c3 = (float *)q, g->c3_cap = qcap;
             if ((st = lt_matmul(g, CUDA_R_16BF, c->w, c->K, hi, c->K, g->c3, c->N, c->N, c->K,
                                 3 * (int64_t)c->T, 0.0f, s, err)))
                 return st;
@@ -870,11 +860,8 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
     }
     const float *wf = (const float *)c->w;
     if (c->dtype != QR_F32 || c->row_bytes != c->K * 4) {
-        void *p = g->wf32;
-        int64_t cap = g->wf32_cap;
-        if ((st = grow(&p, &cap, (int64_t)c->N * c->K * 4, err)))
+        if ((st = grow((void **)&g->wf32, &g->wf32_cap, (int64_t)c->N * c->K * 4, err)))
             return st;
-        g->wf32 = (float *)p, g->wf32_cap = cap;
         CUDA_CHECK(launch_dequant(g->wf32, c->w, c->dtype, c->N, c->K, c->row_bytes, s));
         wf = g->wf32;
     }
