@@ -442,6 +442,10 @@ static void test_op_deltanet(void **state)
         deltanet_case(2, 6, 64, 40, true, 1, 3, par);
         deltanet_case(4, 4, 256, 64, false, 37, 1, par); /* T not a multiple of the conv chunk */
         deltanet_case(2, 2, 64, 32, false, 2, 2, par);   /* T < conv_k - 1: state rows shift */
+        /* the scan's shared-memory chunks (2048 / dk tokens): several of them, a partial last
+         * one, and value columns that do not fill the last block of 16 */
+        deltanet_case(2, 4, 128, 40, false, 53, 2, par);
+        deltanet_case(1, 3, 32, 23, true, 150, 1, par);
     }
 }
 

@@ -52,9 +52,16 @@ extern "C" {
 
 #define MK_MAX_SEG 4
 #define MK_U 4           /* 16-byte loads per lane issued before the first use (float rows) */
+/* ring shape; -D overrides for bench/cuda_variant.sh */
+#ifndef MK_STAGES
 #define MK_STAGES 4      /* weight ring stages per block */
+#endif
+#ifndef MK_STAGE_MAX
 #define MK_STAGE_MAX (48 << 10)
+#endif
+#ifndef MK_STAGE_MIN
 #define MK_STAGE_MIN (24 << 10)
+#endif
 #define MK_XPT 8 /* x values per thread staged with one batch of loads */
 #define MK_ATTN_SPLITS 32 /* attention / DeltaNet blocks per head at most */
 #define MK_GDN_R 16 /* DeltaNet state rows a thread keeps in registers */
