@@ -54,10 +54,10 @@ extern "C" {
 #define MK_U 4           /* 16-byte loads per lane issued before the first use (float rows) */
 /* ring shape; -D overrides for bench/cuda_variant.sh */
 #ifndef MK_STAGES
-#define MK_STAGES 4      /* weight ring stages per block */
+#define MK_STAGES 3      /* weight ring stages per block (3 x 64 KB: docs/perf-log.md, session 5) */
 #endif
 #ifndef MK_STAGE_MAX
-#define MK_STAGE_MAX (48 << 10)
+#define MK_STAGE_MAX (64 << 10)
 #endif
 #ifndef MK_STAGE_MIN
 #define MK_STAGE_MIN (24 << 10)
