@@ -32,6 +32,9 @@
 #endif
 #define FA_QCHUNK 8           /* query tiles per launch (bounds the partials' scratch) */
 #define FA_MERGE_U 16         /* output elements per thread per merge round */
+#ifndef FA_MINB
+#define FA_MINB 3             /* blocks per SM the registers must allow (1: 255 registers, 2 blocks) */
+#endif
 
 /* Row pitches padded by 16 bytes: the fragment loads below (lane (g, c) reads 32 bits at row
  * g, column 2c; ldmatrix reads 8 rows of 16 bytes) then hit 32 different banks. V's B
@@ -80,7 +83,9 @@ __device__ __forceinline__ uint32_t fa_pack_bf16(float lo, float hi)
 /* Rows of HD f32 values (src + r * ld; rows >= n_valid read as 0) into a shared tile of
  * ROWS x (HD + 8) halves or bf16s, scaled: float4 loads, FA_LOADS of them per thread issued before any
  * is stored (a tile is one L2/HBM round trip, not one per element). */
-#define FA_LOADS 16
+#ifndef FA_LOADS
+#define FA_LOADS 8
+#endif
 
 __device__ __forceinline__ void fa_put2(__half *d, float x, float y) { *(__half2 *)d = __floats2half2_rn(x, y); }
 
@@ -197,7 +202,7 @@ __device__ void fa_merge(const struct attn_gemm_args &a, const struct fa_split &
  * owns query rows 16w .. 16w+15; lane (g, c) holds rows 16w+g and 16w+g+8 of every fragment:
  * Q as A fragments, S and O as accumulators, the row statistics m, l. */
 template <int HD>
-__global__ void __launch_bounds__(32 * FA_WARPS) flash_attn_kernel(const __grid_constant__ struct attn_gemm_args a,
+__global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB) flash_attn_kernel(const __grid_constant__ struct attn_gemm_args a,
                                                                    const __grid_constant__ struct fa_split sp)
 {
     extern __shared__ __align__(128) unsigned char fa_raw[];
