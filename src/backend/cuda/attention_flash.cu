@@ -3,13 +3,18 @@
  * (cuda_options.prefill_bf16 on a 16-bit or quantised model; exact prefills keep the f32
  * GEMMs of attention_gemm.cu). FlashAttention-2's structure with mma.sync:
  *
- * One block of FA_WARPS warps per (tile of FA_BQ queries, query head, key split); warp w owns
- * 16 query rows and keeps everything of them in registers: Q (scaled by 1/sqrt(hd), f16) as
- * A fragments, the scores S, the output O and each row's running max m and sum l. Per tile of
- * FA_BK keys (staged in shared memory by the block, converted from the f32 KV cache):
+ * fa_convert_kernel first rounds the operands to 16 bits into head-major scratch (Q scaled by
+ * 1/sqrt(hd) as f16, the visible K rows as f16, V as bf16; rows padded with zeros to whole
+ * tiles), so that the attention kernel's tiles are contiguous 16-byte copies (cp.async) with
+ * nothing to convert. One block of FA_WARPS warps per (tile of FA_BQ queries, query head, key
+ * split); warp w owns 16 query rows and keeps everything of them in registers: Q as A
+ * fragments, the scores S, the output O and each row's running max m and sum l. The block's
+ * Q and its first two K/V tiles are copied at once; each later tile is copied into the buffer
+ * the tile two before it used, while the block computes. Per tile of FA_BK keys:
  *   S = Q K^T          f16 inputs (q and k are RMS-normalised: small range, 11-bit mantissa),
  *                      f32 accumulation (mma m16n8k16)
- *   causal mask, online softmax per row (the quad of lanes holding a row reduces m and l)
+ *   causal mask (only on tiles that reach past a query of the warp), online softmax per row
+ *                      (the quad of lanes holding a row reduces m and l)
  *   O = alpha O + P V  P straight from the S fragments (the accumulator layout of two 8-key
  *                      fragments is the A layout of one 16-key step), bf16 inputs (P in [0, 1];
  *                      V keeps bf16's range), f32 accumulation
@@ -18,7 +23,9 @@
  * each writes its unnormalised O, m and l to a scratch record and the last of them to finish
  * (an arrival counter) merges. Head h reads KV head h / (n_head / n_head_kv). Keys are rows
  * 0 .. pos0 + T - 1 of the cache (already written). Error against f32 arithmetic: ~1e-3
- * relative (tests/test_cuda_backend.c).
+ * relative (tests/test_cuda_backend.c). History (docs/perf-log.md, session 5): staging each
+ * tile from the f32 cache with the conversion in the kernel took 45 us per Qwen3-0.6B layer at
+ * T = 512 (255 registers, 2 blocks per SM, two dependent L2 round trips per tile).
  */
 #include "backend/cuda/cuda_matmul.cuh"
 
@@ -28,12 +35,12 @@
 #define FA_BQ (16 * FA_WARPS) /* queries per block: one 16-row strip per warp */
 #define FA_BK 64              /* keys per tile */
 #ifndef FA_SPLITS
-#define FA_SPLITS 4           /* blocks a query tile's keys are split over (at most) */
+#define FA_SPLITS 2           /* blocks a query tile's keys are split over (at most; 4 and 8 were slower) */
 #endif
 #define FA_QCHUNK 8           /* query tiles per launch (bounds the partials' scratch) */
-#define FA_MERGE_U 16         /* output elements per thread per merge round */
+#define FA_MERGE_U 4          /* float4 words per thread per merge round */
 #ifndef FA_MINB
-#define FA_MINB 3             /* blocks per SM the registers must allow (1: 255 registers, 2 blocks) */
+#define FA_MINB 2             /* blocks per SM the registers must allow (shared memory allows 2) */
 #endif
 
 /* Row pitches padded by 16 bytes: the fragment loads below (lane (g, c) reads 32 bits at row
@@ -43,8 +50,17 @@
 template <int HD>
 struct fa_smem {
     __half q[FA_BQ][HD + 8];
-    __half k[FA_BK][HD + 8];
-    __nv_bfloat16 v[FA_BK][HD + 8];
+    __half k[2][FA_BK][HD + 8];
+    __nv_bfloat16 v[2][FA_BK][HD + 8];
+};
+
+/* The 16-bit operands (fa_convert_kernel): q [n_head][tp][hd] f16 scaled by 1/sqrt(hd), k
+ * [n_head_kv][kp][hd] f16, v [n_head_kv][kp][hd] bf16; tp and kp are T and pos0 + T rounded
+ * up to whole tiles, the padding rows zero. */
+struct fa_ops {
+    __half *q, *k;
+    __nv_bfloat16 *v;
+    int32_t tp, kp;
 };
 
 /* d += a b on the tensor cores: m16n8k16, A row-major 16x16, B col-major 16x8, f32 d. Lane
@@ -80,42 +96,84 @@ __device__ __forceinline__ uint32_t fa_pack_bf16(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
-/* Rows of HD f32 values (src + r * ld; rows >= n_valid read as 0) into a shared tile of
- * ROWS x (HD + 8) halves or bf16s, scaled: float4 loads, FA_LOADS of them per thread issued before any
- * is stored (a tile is one L2/HBM round trip, not one per element). */
-#ifndef FA_LOADS
-#define FA_LOADS 8
-#endif
-
-__device__ __forceinline__ void fa_put2(__half *d, float x, float y) { *(__half2 *)d = __floats2half2_rn(x, y); }
-
-__device__ __forceinline__ void fa_put2(__nv_bfloat16 *d, float x, float y)
+/* Eight consecutive values rounded to 16 bits, as one 16-byte word. */
+__device__ __forceinline__ uint4 fa_pack8(const float (&v)[8], bool bf)
 {
-    *(__nv_bfloat162 *)d = __floats2bfloat162_rn(x, y);
-}
-
-template <int HD, int ROWS, typename T>
-__device__ __forceinline__ void fa_stage(T (*dst)[HD + 8], const float *src, int64_t ld, int n_valid, float scale)
-{
-    constexpr int PER_ROW = HD / 4, TOTAL = ROWS * PER_ROW, NT = 32 * FA_WARPS;
-#pragma unroll 1
-    for (int base = 0; base < TOTAL; base += NT * FA_LOADS) {
-        float4 v[FA_LOADS];
+    uint4 w;
+    uint32_t *u = &w.x;
 #pragma unroll
-        for (int u = 0; u < FA_LOADS; u++) {
-            int i = base + u * NT + threadIdx.x, r = i / PER_ROW, c = i % PER_ROW;
-            v[u] = i < TOTAL && r < n_valid ? *(const float4 *)(src + (int64_t)r * ld + 4 * c)
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int u = 0; u < FA_LOADS; u++) {
-            int i = base + u * NT + threadIdx.x, r = i / PER_ROW, c = i % PER_ROW;
-            if (i < TOTAL) {
-                fa_put2(&dst[r][4 * c], v[u].x * scale, v[u].y * scale);
-                fa_put2(&dst[r][4 * c + 2], v[u].z * scale, v[u].w * scale);
-            }
+    for (int i = 0; i < 4; i++) {
+        if (bf) {
+            __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+            u[i] = *(uint32_t *)&h;
+        } else {
+            __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+            u[i] = *(uint32_t *)&h;
         }
     }
+    return w;
+}
+
+/* One thread per 8 values of a row of Q (n_head x tp rows), then K, then V (n_head_kv x kp
+ * rows each): rows past T (Q) or pos0 + T (K, V) are zero. */
+template <int HD>
+__global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args a, const __grid_constant__ struct fa_ops op)
+{
+    constexpr int PER = HD / 8;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t nq = (int64_t)a.n_head * op.tp * PER, nk = (int64_t)a.n_head_kv * op.kp * PER;
+    if (i >= nq + 2 * nk)
+        return;
+    const float *src;
+    uint4 *dst;
+    bool valid, bf = false;
+    float scale = 1.0f;
+    int c = (int)(i % PER) * 8;
+    if (i < nq) {
+        int64_t row = i / PER; /* h * tp + r */
+        int h = (int)(row / op.tp), r = (int)(row % op.tp);
+        valid = r < a.T;
+        src = a.q + (int64_t)r * a.ldq + (int64_t)h * a.q_stride + c;
+        dst = (uint4 *)(op.q + row * HD + c);
+        scale = rsqrtf((float)HD);
+    } else {
+        int64_t j = i - nq;
+        bf = j >= nk;
+        j -= bf ? nk : 0;
+        int64_t row = j / PER; /* kvh * kp + r */
+        int kvh = (int)(row / op.kp), r = (int)(row % op.kp);
+        valid = r < a.pos0 + a.T;
+        src = (bf ? a.vc : a.kc) + (int64_t)r * a.kvw + (int64_t)kvh * HD + c;
+        dst = bf ? (uint4 *)(op.v + row * HD + c) : (uint4 *)(op.k + row * HD + c);
+    }
+    float v[8];
+    float4 x0 = valid ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 x1 = valid ? *(const float4 *)(src + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[0] = x0.x * scale, v[1] = x0.y * scale, v[2] = x0.z * scale, v[3] = x0.w * scale;
+    v[4] = x1.x * scale, v[5] = x1.y * scale, v[6] = x1.z * scale, v[7] = x1.w * scale;
+    *dst = fa_pack8(v, bf);
+}
+
+__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void fa_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* ROWS contiguous rows of HD 16-bit values into a padded shared tile (no commit). Thread t
+ * copies 16-byte word t % PER of rows t / PER, t / PER + NT / PER, ... (the offsets are
+ * computed once: the generic index arithmetic was most of the copy loop's instructions). */
+template <int HD, int ROWS, typename T>
+__device__ __forceinline__ void fa_copy_tile(T (*dst)[HD + 8], const T *src)
+{
+    constexpr int PER = HD / 8, NT = 32 * FA_WARPS, STEP = NT / PER;
+    static_assert(NT % PER == 0 && ROWS % STEP == 0, "tile shape");
+    int r = threadIdx.x / PER, c = (threadIdx.x % PER) * 8;
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(&dst[r][c]);
+    const T *g = src + r * HD + c;
+#pragma unroll
+    for (int k = 0; k < ROWS / STEP; k++)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + k * STEP * (HD + 8) * 2),
+                     "l"(g + k * STEP * HD) : "memory");
 }
 
 /* Max (or sum) over the four lanes of a quad: the lanes holding one row of a fragment. */
@@ -168,32 +226,40 @@ __device__ void fa_merge(const struct attn_gemm_args &a, const struct fa_split &
         inv_l[r] = 1.0f / L;
     }
     __syncthreads();
-    /* FA_MERGE_U elements per thread per round, every load of a round issued before the
-     * first store (a round is one L2 round trip; a loop of dependent load-store pairs was
-     * ~20 us) */
-    const int total = nq * HD, step = blockDim.x * FA_MERGE_U;
+    /* float4 words: FA_MERGE_U per thread per round, every load of a round issued before the
+     * first store (a round is one L2 round trip). Session 5's ncu: the merge by element (an
+     * index division and a 64-bit address per value) was ~40% of the kernel's samples. */
+    constexpr int C4 = HD / 4;
+    const int total = nq * C4, step = blockDim.x * FA_MERGE_U;
+    float *out = a.out + (int64_t)t0 * a.ldo + (int64_t)h * HD;
     for (int base = 0; base < total; base += step) {
-        float acc[FA_MERGE_U];
+        float4 acc[FA_MERGE_U];
 #pragma unroll
         for (int u = 0; u < FA_MERGE_U; u++)
-            acc[u] = 0.0f;
+            acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int s = 0; s < FA_SPLITS; s++) {
             if (s >= n_split)
                 break;
-            const float *rec = fa_record<HD>(sp, h, qt, s);
+            const float4 *rec = (const float4 *)fa_record<HD>(sp, h, qt, s);
 #pragma unroll
             for (int u = 0; u < FA_MERGE_U; u++) {
                 int i = base + u * blockDim.x + threadIdx.x;
-                if (i < total)
-                    acc[u] += f[s][i / HD] * __ldcg(rec + i);
+                if (i < total) {
+                    float4 v = __ldcg(rec + i);
+                    float w = f[s][i / C4];
+                    acc[u].x += w * v.x, acc[u].y += w * v.y, acc[u].z += w * v.z, acc[u].w += w * v.w;
+                }
             }
         }
 #pragma unroll
         for (int u = 0; u < FA_MERGE_U; u++) {
             int i = base + u * blockDim.x + threadIdx.x;
-            if (i < total)
-                a.out[(int64_t)(t0 + i / HD) * a.ldo + (int64_t)h * HD + i % HD] = acc[u] * inv_l[i / HD];
+            if (i < total) {
+                float iv = inv_l[i / C4];
+                *(float4 *)(out + (int64_t)(i / C4) * a.ldo + (i % C4) * 4) =
+                    make_float4(acc[u].x * iv, acc[u].y * iv, acc[u].z * iv, acc[u].w * iv);
+            }
         }
     }
 }
@@ -202,8 +268,9 @@ __device__ void fa_merge(const struct attn_gemm_args &a, const struct fa_split &
  * owns query rows 16w .. 16w+15; lane (g, c) holds rows 16w+g and 16w+g+8 of every fragment:
  * Q as A fragments, S and O as accumulators, the row statistics m, l. */
 template <int HD>
-__global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB) flash_attn_kernel(const __grid_constant__ struct attn_gemm_args a,
-                                                                   const __grid_constant__ struct fa_split sp)
+__global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
+    flash_attn_kernel(const __grid_constant__ struct attn_gemm_args a, const __grid_constant__ struct fa_split sp,
+                      const __grid_constant__ struct fa_ops op)
 {
     extern __shared__ __align__(128) unsigned char fa_raw[];
     __shared__ bool s_last;
@@ -218,47 +285,59 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB) flash_attn_kernel(cons
     if ((int)blockIdx.x >= n_split)
         return;
     int per = (n_kt + n_split - 1) / n_split, kt0 = blockIdx.x * per, kt1 = min(n_kt, kt0 + per);
-    fa_stage<HD, FA_BQ>(sm.q, a.q + (int64_t)t0 * a.ldq + (int64_t)h * a.q_stride, a.ldq, nq,
-                               rsqrtf((float)HD));
-    __syncthreads();
-    uint32_t qa[HD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const __half *q0 = &sm.q[r0 + g][kk * 16 + 2 * c];
-        qa[kk][0] = fa_u32(q0), qa[kk][1] = fa_u32(q0 + 8 * (HD + 8));
-        qa[kk][2] = fa_u32(q0 + 8), qa[kk][3] = fa_u32(q0 + 8 * (HD + 8) + 8);
+    /* Q and the first two K/V tiles in flight together (one commit group per tile) */
+    const __half *kg = op.k + (int64_t)kvh * op.kp * HD;
+    const __nv_bfloat16 *vg = op.v + (int64_t)kvh * op.kp * HD;
+    int n_t = kt1 - kt0;
+    fa_copy_tile<HD, FA_BQ>(sm.q, op.q + ((int64_t)h * op.tp + t0) * HD);
+    for (int i = 0; i < 2 && i < n_t; i++) {
+        fa_copy_tile<HD, FA_BK>(sm.k[i], kg + (int64_t)(kt0 + i) * FA_BK * HD);
+        fa_copy_tile<HD, FA_BK>(sm.v[i], vg + (int64_t)(kt0 + i) * FA_BK * HD);
+        fa_commit();
     }
+    uint32_t qa[HD / 16][4];
     float o[HD / 8][4];
 #pragma unroll
     for (int n = 0; n < HD / 8; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     int qpos[2] = {qpos0 + r0 + g, qpos0 + r0 + g + 8};
-    for (int k0 = kt0 * FA_BK; k0 < kt1 * FA_BK; k0 += FA_BK) {
-        int nk = min(FA_BK, kend - k0);
-        __syncthreads(); /* the previous tile's K and V are no longer read */
-        const int64_t kv_off = (int64_t)k0 * a.kvw + (int64_t)kvh * HD;
-        fa_stage<HD, FA_BK>(sm.k, a.kc + kv_off, a.kvw, nk, 1.0f);
-        fa_stage<HD, FA_BK>(sm.v, a.vc + kv_off, a.kvw, nk, 1.0f);
-        __syncthreads();
+    for (int it = 0; it < n_t; it++) {
+        int k0 = (kt0 + it) * FA_BK, b = it & 1;
+        if (it + 1 < n_t)
+            fa_wait<1>();
+        else
+            fa_wait<0>();
+        __syncthreads(); /* tile it (and Q) landed for every thread's copies */
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const __half *q0 = &sm.q[r0 + g][kk * 16 + 2 * c];
+                qa[kk][0] = fa_u32(q0), qa[kk][1] = fa_u32(q0 + 8 * (HD + 8));
+                qa[kk][2] = fa_u32(q0 + 8), qa[kk][3] = fa_u32(q0 + 8 * (HD + 8) + 8);
+            }
+        }
         float sc[FA_BK / 8][4]; /* S = Q K^T: 8 key columns per fragment */
 #pragma unroll
         for (int j = 0; j < FA_BK / 8; j++) {
             sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                const __half *k0p = &sm.k[j * 8 + g][kk * 16 + 2 * c];
+                const __half *k0p = &sm.k[b][j * 8 + g][kk * 16 + 2 * c];
                 fa_mma_f16(sc[j], qa[kk], fa_u32(k0p), fa_u32(k0p + 8));
             }
         }
         float mx[2] = {-INFINITY, -INFINITY};
+        /* the mask only where a key of the tile lies past one of the warp's queries (those
+         * are also the only tiles with keys past kend: kend - 1 is the block's last query) */
+        bool masked = k0 + FA_BK - 1 > qpos0 + r0;
 #pragma unroll
         for (int j = 0; j < FA_BK / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * c + (e & 1), row = e >> 1;
-                if (key >= k0 + nk || key > qpos[row])
-                    sc[j][e] = -INFINITY; /* causal mask (and keys past the tile) */
+                if (masked && (key >= kend || key > qpos[row]))
+                    sc[j][e] = -INFINITY; /* causal mask (and keys past the prompt) */
                 mx[row] = fmaxf(mx[row], sc[j][e]);
             }
         float alpha[2], sum[2] = {0.0f, 0.0f};
@@ -294,9 +373,15 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB) flash_attn_kernel(cons
 #pragma unroll
             for (int n = 0; n < HD / 8; n++) {
                 uint32_t b0, b1;
-                fa_ldmatrix_t(b0, b1, &sm.v[kk * 16 + (lane & 15)][n * 8]);
+                fa_ldmatrix_t(b0, b1, &sm.v[b][kk * 16 + (lane & 15)][n * 8]);
                 fa_mma_bf16(o[n], pa, b0, b1);
             }
+        }
+        if (it + 2 < n_t) {
+            __syncthreads(); /* every warp is done with buffer b */
+            fa_copy_tile<HD, FA_BK>(sm.k[b], kg + (int64_t)(kt0 + it + 2) * FA_BK * HD);
+            fa_copy_tile<HD, FA_BK>(sm.v[b], vg + (int64_t)(kt0 + it + 2) * FA_BK * HD);
+            fa_commit();
         }
     }
     int rows[2] = {r0 + g, r0 + g + 8};
@@ -339,18 +424,22 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB) flash_attn_kernel(cons
 
 template <int HD>
 static cudaError_t flash_launch(const struct attn_gemm_args *a, float *part, unsigned *count,
-                                cudaStream_t s)
+                                const struct fa_ops *op, cudaStream_t s)
 {
+    int64_t items = ((int64_t)a->n_head * op->tp + 2 * (int64_t)a->n_head_kv * op->kp) * (HD / 8);
+    fa_convert_kernel<HD><<<(unsigned)((items + 255) / 256), 256, 0, s>>>(*a, *op);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
     size_t smem = sizeof(fa_smem<HD>);
-    cudaError_t e = cudaFuncSetAttribute(flash_attn_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem);
+    e = cudaFuncSetAttribute(flash_attn_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
     int n_qt = (a->T + FA_BQ - 1) / FA_BQ;
     for (int qt0 = 0; qt0 < n_qt; qt0 += FA_QCHUNK) {
         struct fa_split sp = {part, count, qt0};
         dim3 grid(FA_SPLITS, n_qt - qt0 < FA_QCHUNK ? n_qt - qt0 : FA_QCHUNK, a->n_head);
-        flash_attn_kernel<HD><<<grid, 32 * FA_WARPS, smem, s>>>(*a, sp);
+        flash_attn_kernel<HD><<<grid, 32 * FA_WARPS, smem, s>>>(*a, sp, *op);
         if ((e = cudaGetLastError()) != cudaSuccess)
             return e;
     }
@@ -363,10 +452,10 @@ static bool attention_flash_supports(int32_t hd) { return hd == 64 || hd == 128;
 
 bool attention_flash_applies(const struct attn_gemm_args *a)
 {
-    /* float4 staging: every row and head offset on 16 bytes */
+    /* float4 loads and stores: every row and head offset on 16 bytes */
     return attention_flash_supports(a->hd) && a->ldq % 4 == 0 && a->q_stride % 4 == 0 &&
-           a->kvw % 4 == 0 && (uintptr_t)a->q % 16 == 0 && (uintptr_t)a->kc % 16 == 0 &&
-           (uintptr_t)a->vc % 16 == 0;
+           a->kvw % 4 == 0 && a->ldo % 4 == 0 && (uintptr_t)a->q % 16 == 0 &&
+           (uintptr_t)a->kc % 16 == 0 && (uintptr_t)a->vc % 16 == 0 && (uintptr_t)a->out % 16 == 0;
 }
 
 qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
@@ -385,9 +474,21 @@ qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a
         CUDA_CHECK(cudaMemsetAsync(g->fa_count, 0, (size_t)count_bytes, s));
         g->fa_part_cap = part_bytes, g->fa_count_cap = count_bytes;
     }
+    struct fa_ops op;
+    op.tp = (a->T + FA_BQ - 1) / FA_BQ * FA_BQ;
+    op.kp = (a->pos0 + a->T + FA_BK - 1) / FA_BK * FA_BK;
+    int64_t qe = (int64_t)a->n_head * op.tp * a->hd, ke = (int64_t)a->n_head_kv * op.kp * a->hd;
+    int64_t ops_bytes = (qe + 2 * ke) * 2;
+    if (ops_bytes > g->fa_ops_cap) {
+        cudaFree(g->fa_ops);
+        g->fa_ops = NULL, g->fa_ops_cap = 0;
+        CUDA_CHECK(cudaMalloc(&g->fa_ops, (size_t)ops_bytes));
+        g->fa_ops_cap = ops_bytes;
+    }
+    op.q = (__half *)g->fa_ops, op.k = op.q + qe, op.v = (__nv_bfloat16 *)(op.k + ke);
     switch (a->hd) {
-    case 64: CUDA_CHECK(flash_launch<64>(a, g->fa_part, g->fa_count, s)); break;
-    default: CUDA_CHECK(flash_launch<128>(a, g->fa_part, g->fa_count, s)); break;
+    case 64: CUDA_CHECK(flash_launch<64>(a, g->fa_part, g->fa_count, &op, s)); break;
+    default: CUDA_CHECK(flash_launch<128>(a, g->fa_part, g->fa_count, &op, s)); break;
     }
     return QWENRT_OK;
 }

@@ -40,6 +40,9 @@ void attention_gemm_free(struct gemm_ctx *g)
     cudaFree(g->fa_count);
     g->fa_part = NULL, g->fa_count = NULL;
     g->fa_part_cap = g->fa_count_cap = 0;
+    cudaFree(g->fa_ops);
+    g->fa_ops = NULL;
+    g->fa_ops_cap = 0;
 }
 
 /* A layout of rows x cols (col-major, ld) repeated batch times stride floats apart. */

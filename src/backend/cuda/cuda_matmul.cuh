@@ -59,6 +59,8 @@ struct gemm_ctx {
     float *fa_part;        /* attention_flash: the key splits' partial results */
     unsigned *fa_count;    /* attention_flash: arrival counters (kept zeroed) */
     int64_t fa_part_cap, fa_count_cap; /* bytes */
+    void *fa_ops;          /* attention_flash: q, k, v rounded to 16 bits, head-major */
+    int64_t fa_ops_cap;    /* bytes */
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
