@@ -18,8 +18,9 @@
  *   O = alpha O + P V  P straight from the S fragments (the accumulator layout of two 8-key
  *                      fragments is the A layout of one 16-key step), bf16 inputs (P in [0, 1];
  *                      V keeps bf16's range), f32 accumulation
- * then O / l. A query tile's key tiles are split over up to FA_SPLITS blocks (the last tile of
- * a 512-token prompt sees 8 key tiles; one block walking them all was the critical path):
+ * then O / l (f32, or bf16 into out16 when only the fast products read it). A query tile's
+ * key tiles are split over up to FA_SPLITS blocks (the last tile of a 512-token prompt sees 8
+ * key tiles; one block walking them all was the critical path):
  * each writes its unnormalised O, m and l to a scratch record and the last of them to finish
  * (an arrival counter) merges. Head h reads KV head h / (n_head / n_head_kv). Keys are rows
  * 0 .. pos0 + T - 1 of the cache (already written). Error against f32 arithmetic: ~1e-3
@@ -232,6 +233,7 @@ __device__ void fa_merge(const struct attn_gemm_args &a, const struct fa_split &
     constexpr int C4 = HD / 4;
     const int total = nq * C4, step = blockDim.x * FA_MERGE_U;
     float *out = a.out + (int64_t)t0 * a.ldo + (int64_t)h * HD;
+    __nv_bfloat16 *out16 = a.out16 ? a.out16 + (int64_t)t0 * a.ldo + (int64_t)h * HD : NULL;
     for (int base = 0; base < total; base += step) {
         float4 acc[FA_MERGE_U];
 #pragma unroll
@@ -257,8 +259,14 @@ __device__ void fa_merge(const struct attn_gemm_args &a, const struct fa_split &
             int i = base + u * blockDim.x + threadIdx.x;
             if (i < total) {
                 float iv = inv_l[i / C4];
-                *(float4 *)(out + (int64_t)(i / C4) * a.ldo + (i % C4) * 4) =
-                    make_float4(acc[u].x * iv, acc[u].y * iv, acc[u].z * iv, acc[u].w * iv);
+                int64_t at = (int64_t)(i / C4) * a.ldo + (i % C4) * 4;
+                if (out16) {
+                    __nv_bfloat162 lo = __floats2bfloat162_rn(acc[u].x * iv, acc[u].y * iv);
+                    __nv_bfloat162 hi = __floats2bfloat162_rn(acc[u].z * iv, acc[u].w * iv);
+                    *(uint2 *)(out16 + at) = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+                } else {
+                    *(float4 *)(out + at) = make_float4(acc[u].x * iv, acc[u].y * iv, acc[u].z * iv, acc[u].w * iv);
+                }
             }
         }
     }
@@ -390,11 +398,16 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
         for (int row = 0; row < 2; row++) {
             if (rows[row] >= nq)
                 continue;
-            float *op = a.out + (int64_t)(t0 + rows[row]) * a.ldo + (int64_t)h * HD + 2 * c;
+            int64_t at = (int64_t)(t0 + rows[row]) * a.ldo + (int64_t)h * HD + 2 * c;
             float inv = 1.0f / l[row];
 #pragma unroll
-            for (int n = 0; n < HD / 8; n++)
-                *(float2 *)(op + n * 8) = make_float2(o[n][2 * row] * inv, o[n][2 * row + 1] * inv);
+            for (int n = 0; n < HD / 8; n++) {
+                if (a.out16)
+                    *(__nv_bfloat162 *)(a.out16 + at + n * 8) =
+                        __floats2bfloat162_rn(o[n][2 * row] * inv, o[n][2 * row + 1] * inv);
+                else
+                    *(float2 *)(a.out + at + n * 8) = make_float2(o[n][2 * row] * inv, o[n][2 * row + 1] * inv);
+            }
         }
         return;
     }

@@ -88,6 +88,7 @@ struct attn_gemm_args {
     int32_t ldo, ldq, q_stride, kvw, n_head, n_head_kv, hd;
     int32_t pos0, T;            /* host values */
     bool tf32;                  /* products on tensor cores in TF32 (10-bit mantissa inputs) */
+    __nv_bfloat16 *out16;       /* attention_flash: write bf16 [T][ldo] here instead of out */
 };
 qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
                              struct qwenrt_error *err);

@@ -535,6 +535,44 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
 }
 
 /* Runs plan op i alone (the reference order of kernels). */
+/* The prompt's attention (op i): the cache rows written, then the flash kernel (fast
+ * prefill), the GEMM form (T >= 16) or the per-token kernel. out16: the flash kernel writes
+ * bf16 there instead of the f32 output (run_bf16_producer; the caller checked it applies). */
+static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *out16,
+                                   struct qwenrt_error *err)
+{
+    struct cuda_session *cs = r->cs;
+    const struct plan *p = r->p;
+    const struct plan_op *op = &p->ops[i];
+    float *const *b = r->b;
+    cudaStream_t s = r->stream;
+    int32_t T = r->T;
+    CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2], bw(p, op->in2),
+                               b[op->in3], bw(p, op->in3), cs->kv_width, cs->d_pos, T, s, r->pdl));
+    struct attn_args a;
+    memset(&a, 0, sizeof(a));
+    a.out = b[op->out], a.q = b[op->in], a.kc = cs->kc[op->layer], a.vc = cs->vc[op->layer];
+    a.ldo = bw(p, op->out), a.ldq = bw(p, op->in), a.q_stride = op->q_stride, a.kvw = cs->kv_width;
+    a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
+    a.pos0 = cs->d_pos, a.T = T, a.gate = false;
+    a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
+    a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
+    if (T >= 16 && cs->opt.attn_gemm) {
+        struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
+                                    a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16};
+        qwenrt_status st = gemm_ready(cs, err);
+        if (st)
+            return st;
+        if (cs->fast_prefill && cs->opt.attn_flash && attention_flash_applies(&ga))
+            return attention_flash(&cs->gemm, &ga, s, err);
+        if (out16)
+            return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bf16 attention output without the flash kernel");
+        return attention_gemm(&cs->gemm, &ga, s, err);
+    }
+    CUDA_CHECK(launch_attention(&a, s));
+    return QWENRT_OK;
+}
+
 static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err)
 {
     struct cuda_session *cs = r->cs;
@@ -570,31 +608,8 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         CUDA_CHECK(launch_qk_norm_rope(&a, s));
         break;
     }
-    case OP_ATTENTION: {
-        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2],
-                                   bw(p, op->in2), b[op->in3], bw(p, op->in3), cs->kv_width,
-                                   cs->d_pos, T, s, r->pdl));
-        struct attn_args a;
-        memset(&a, 0, sizeof(a));
-        a.out = b[op->out], a.q = b[op->in], a.kc = cs->kc[op->layer], a.vc = cs->vc[op->layer];
-        a.ldo = wo, a.ldq = wi, a.q_stride = op->q_stride, a.kvw = cs->kv_width;
-        a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
-        a.pos0 = cs->d_pos, a.T = T, a.gate = false;
-        a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
-        a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
-        if (T >= 16 && cs->opt.attn_gemm) {
-            struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
-                                        a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill};
-            qwenrt_status st = gemm_ready(cs, err);
-            if (st)
-                return st;
-            if (cs->fast_prefill && cs->opt.attn_flash && attention_flash_applies(&ga))
-                return attention_flash(&cs->gemm, &ga, s, err);
-            return attention_gemm(&cs->gemm, &ga, s, err);
-        }
-        CUDA_CHECK(launch_attention(&a, s));
-        break;
-    }
+    case OP_ATTENTION:
+        return run_attention(r, i, NULL, err);
     case OP_SIGMOID_GATE:
         CUDA_CHECK(launch_sigmoid_gate(b[op->out], wo, b[op->in], wi, op->n_head, op->head_dim,
                                        op->q_stride, T, s, r->pdl));
@@ -1173,9 +1188,24 @@ static bool fast_gemm_op(const struct run_ctx *r, int32_t i)
            !(r->T <= cs->opt.gemv_max_T && r->T <= GEMV_MAX_T) && d->dtype != QR_F32 && d->K % 8 == 0;
 }
 
+/* Whether the prompt's attention at op i runs the flash kernel (which can write bf16). */
+static bool attention_bf16_ok(const struct run_ctx *r, int32_t i)
+{
+    const struct cuda_session *cs = r->cs;
+    const struct plan_op *op = &r->p->ops[i];
+    struct attn_gemm_args ga;
+    memset(&ga, 0, sizeof(ga));
+    ga.out = r->b[op->out], ga.q = r->b[op->in], ga.kc = cs->kc[op->layer], ga.vc = cs->vc[op->layer];
+    ga.ldo = bw(r->p, op->out), ga.ldq = bw(r->p, op->in), ga.q_stride = op->q_stride;
+    ga.kvw = cs->kv_width, ga.n_head = op->n_head, ga.n_head_kv = op->n_head_kv, ga.hd = op->head_dim;
+    return r->T >= 16 && cs->opt.attn_gemm && cs->fast_prefill && cs->opt.attn_flash &&
+           attention_flash_applies(&ga);
+}
+
 /* The fast prefill's product inputs written in bf16 by their producer (one pass instead of
  * an f32 store and a rounding pass): an RMS norm of whole rows read only by the fast products
- * right after it (q, k, v; gate, up), or SwiGLU read only by the down product. Returns the
+ * right after it (q, k, v; gate, up), SwiGLU read only by the down product, or the flash
+ * attention's output read only by the o product. Returns the
  * buffer now held in bf16 (the f32 buffer is not written), or -1 when op i is not such a
  * producer (nothing is run then). */
 static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st, struct qwenrt_error *err)
@@ -1184,19 +1214,24 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
     const struct plan_op *op = &p->ops[i];
     const struct dop *d = &r->d[i];
     int32_t j = i + 1, wo = op->out >= 0 ? bw(p, op->out) : 0;
-    if (!r->cs->opt.fuse || (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU) || op->in == op->out)
+    if (!r->cs->opt.fuse || (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU && op->kind != OP_ATTENTION) ||
+        op->in == op->out)
         return -1;
     if (op->kind == OP_RMSNORM && op->group != bw(p, op->in))
+        return -1;
+    if (op->kind == OP_ATTENTION && !attention_bf16_ok(r, i))
         return -1;
     while (j < p->n_ops && p->ops[j].kind == OP_MATMUL && p->ops[j].in == op->out && fast_gemm_op(r, j) &&
            r->d[j].K == wo)
         j++;
-    if (j == i + 1 || (op->kind == OP_SWIGLU && j != i + 2) || !plan_buf_dead_after(p, op->out, j))
+    if (j == i + 1 || (op->kind != OP_RMSNORM && j != i + 2) || !plan_buf_dead_after(p, op->out, j))
         return -1;
     __nv_bfloat16 *slot = NULL;
     if ((*st = gemm_ready(r->cs, err)) ||
         (*st = gemm_x_slot(&r->cs->gemm, r->b[op->out], r->T, wo, wo, &slot, err)))
         return -1;
+    if (op->kind == OP_ATTENTION)
+        return (*st = run_attention(r, i, slot, err)) ? -1 : op->out;
     cudaError_t e = op->kind == OP_RMSNORM
                         ? launch_rmsnorm_bf16(slot, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream)
                         : launch_swiglu_bf16(slot, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
