@@ -116,7 +116,8 @@ __device__ __forceinline__ uint4 fa_pack8(const float (&v)[8], bool bf)
 }
 
 /* One thread per 8 values of a row of Q (n_head x tp rows), then K, then V (n_head_kv x kp
- * rows each): rows past T (Q) or pos0 + T (K, V) are zero. */
+ * rows each): rows past T (Q) or pos0 + T (K, V) are zero. With a.kin, the prompt's K and V
+ * rows come from kin / vin and are also stored into the cache (kv_write's job). */
 template <int HD>
 __global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args a, const __grid_constant__ struct fa_ops op)
 {
@@ -144,8 +145,16 @@ __global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args 
         int64_t row = j / PER; /* kvh * kp + r */
         int kvh = (int)(row / op.kp), r = (int)(row % op.kp);
         valid = r < a.pos0 + a.T;
-        src = (bf ? a.vc : a.kc) + (int64_t)r * a.kvw + (int64_t)kvh * HD + c;
+        int64_t at = (int64_t)r * a.kvw + (int64_t)kvh * HD + c;
+        src = (bf ? a.vc : a.kc) + at;
         dst = bf ? (uint4 *)(op.v + row * HD + c) : (uint4 *)(op.k + row * HD + c);
+        if (a.kin && valid && r >= a.pos0) { /* a prompt row: into the cache as well */
+            src = bf ? a.vin + (int64_t)(r - a.pos0) * a.ldv + (int64_t)kvh * HD + c
+                     : a.kin + (int64_t)(r - a.pos0) * a.ldk + (int64_t)kvh * HD + c;
+            float *cache = (float *)(bf ? a.vc : a.kc) + at; /* the session's cache: writable */
+            *(float4 *)cache = *(const float4 *)src;
+            *(float4 *)(cache + 4) = *(const float4 *)(src + 4);
+        }
     }
     float v[8];
     float4 x0 = valid ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -465,6 +474,8 @@ static bool attention_flash_supports(int32_t hd) { return hd == 64 || hd == 128;
 
 bool attention_flash_applies(const struct attn_gemm_args *a)
 {
+    if (a->kin && (a->ldk % 4 || a->ldv % 4 || (uintptr_t)a->kin % 16 || (uintptr_t)a->vin % 16))
+        return false;
     /* float4 loads and stores: every row and head offset on 16 bytes */
     return attention_flash_supports(a->hd) && a->ldq % 4 == 0 && a->q_stride % 4 == 0 &&
            a->kvw % 4 == 0 && a->ldo % 4 == 0 && (uintptr_t)a->q % 16 == 0 &&

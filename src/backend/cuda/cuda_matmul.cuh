@@ -89,6 +89,10 @@ struct attn_gemm_args {
     int32_t pos0, T;            /* host values */
     bool tf32;                  /* products on tensor cores in TF32 (10-bit mantissa inputs) */
     __nv_bfloat16 *out16;       /* attention_flash: write bf16 [T][ldo] here instead of out */
+    const float *kin, *vin;     /* attention_flash: the prompt's k and v ([T][ldk], [T][ldv]),
+                                 * written into the cache rows pos0.. by the kernel that rounds
+                                 * them (no kv_write launch); NULL: the cache holds them already */
+    int32_t ldk, ldv;
 };
 qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
                              struct qwenrt_error *err);

@@ -535,9 +535,10 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
 }
 
 /* Runs plan op i alone (the reference order of kernels). */
-/* The prompt's attention (op i): the cache rows written, then the flash kernel (fast
- * prefill), the GEMM form (T >= 16) or the per-token kernel. out16: the flash kernel writes
- * bf16 there instead of the f32 output (run_bf16_producer; the caller checked it applies). */
+/* The prompt's attention (op i): the flash kernel (fast prefill; its operand pass also writes
+ * the prompt's cache rows), or the cache rows written, then the GEMM form (T >= 16) or the
+ * per-token kernel. out16: the flash kernel writes bf16 there instead of the f32 output
+ * (run_bf16_producer; the caller checked it applies). */
 static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *out16,
                                    struct qwenrt_error *err)
 {
@@ -547,8 +548,6 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     float *const *b = r->b;
     cudaStream_t s = r->stream;
     int32_t T = r->T;
-    CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2], bw(p, op->in2),
-                               b[op->in3], bw(p, op->in3), cs->kv_width, cs->d_pos, T, s, r->pdl));
     struct attn_args a;
     memset(&a, 0, sizeof(a));
     a.out = b[op->out], a.q = b[op->in], a.kc = cs->kc[op->layer], a.vc = cs->vc[op->layer];
@@ -557,17 +556,23 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     a.pos0 = cs->d_pos, a.T = T, a.gate = false;
     a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
+    struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
+                                a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16,
+                                b[op->in2], b[op->in3], bw(p, op->in2), bw(p, op->in3)};
+    bool fast = T >= 16 && cs->opt.attn_gemm && cs->fast_prefill && cs->opt.attn_flash;
+    if (!fast || !attention_flash_applies(&ga)) /* k, v not on 16 bytes: kv_write below */
+        ga.kin = ga.vin = NULL;
+    bool flash = fast && attention_flash_applies(&ga);
+    if (out16 && !flash)
+        return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bf16 attention output without the flash kernel");
+    if (!ga.kin) /* else the flash kernel's operand pass writes the prompt's cache rows */
+        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2], bw(p, op->in2),
+                                   b[op->in3], bw(p, op->in3), cs->kv_width, cs->d_pos, T, s, r->pdl));
     if (T >= 16 && cs->opt.attn_gemm) {
-        struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
-                                    a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16};
         qwenrt_status st = gemm_ready(cs, err);
         if (st)
             return st;
-        if (cs->fast_prefill && cs->opt.attn_flash && attention_flash_applies(&ga))
-            return attention_flash(&cs->gemm, &ga, s, err);
-        if (out16)
-            return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bf16 attention output without the flash kernel");
-        return attention_gemm(&cs->gemm, &ga, s, err);
+        return flash ? attention_flash(&cs->gemm, &ga, s, err) : attention_gemm(&cs->gemm, &ga, s, err);
     }
     CUDA_CHECK(launch_attention(&a, s));
     return QWENRT_OK;
