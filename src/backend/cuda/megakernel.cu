@@ -23,10 +23,12 @@
  * per-row dot products (x in shared memory). The ring state is copied into registers by those
  * functions: the struct itself lives in local memory.
  *
- * Status (docs/perf-log.md, session 4): correct on every fixture and synth test, including the
- * real widths; faster than the graph program for quantised weights (Qwen3-0.6B Q8_0 833 vs
- * 499 tok/s, Q4_K_M 882 vs 470), 3-4% slower for float weights (BF16 948 vs 981, Qwen3.5 847
- * vs 881), hence CUDA_MEGA_AUTO. cuda_session_profile_decode times every phase and every
+ * Status (docs/perf-log.md, session 5): correct on every fixture and synth test, including the
+ * real widths; faster than the graph program for quantised weights (Qwen3-0.6B Q8_0 837 vs
+ * 499 tok/s, Q4_K_M 883 vs 470), level with it or 1% slower for float weights (BF16 972-977
+ * vs 976-981, Qwen3.5 881-883 vs 879-892), hence CUDA_MEGA_AUTO. Ring: 3 stages of 64 KB
+ * (4 x 48 KB, 6 x 32 KB, 8 x 24 KB were slower: every chunk costs a wait, a release and a
+ * refill). cuda_session_profile_decode times every phase and every
  * block's barrier arrival. Where a GEMV phase's ~7.3 us go (BF16): barrier ~0.9, the last block
  * ~1.4 after the median one, x staging ~0.8 (132 blocks reading the same lines from L2), rows
  * and refills the rest; warps issue once every ~14 cycles (8 per multiprocessor). Tried and
