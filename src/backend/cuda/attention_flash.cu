@@ -28,6 +28,7 @@
  * tile from the f32 cache with the conversion in the kernel took 45 us per Qwen3-0.6B layer at
  * T = 512 (255 registers, 2 blocks per SM, two dependent L2 round trips per tile).
  */
+#include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 
 #ifndef FA_WARPS /* -D overrides: bench builds of other shapes */
@@ -164,11 +165,6 @@ __global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args 
     *dst = fa_pack8(v, bf);
 }
 
-__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void fa_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 /* ROWS contiguous rows of HD 16-bit values into a padded shared tile (no commit). Thread t
  * copies 16-byte word t % PER of rows t / PER, t / PER + NT / PER, ... (the offsets are
  * computed once: the generic index arithmetic was most of the copy loop's instructions). */
@@ -178,12 +174,11 @@ __device__ __forceinline__ void fa_copy_tile(T (*dst)[HD + 8], const T *src)
     constexpr int PER = HD / 8, NT = 32 * FA_WARPS, STEP = NT / PER;
     static_assert(NT % PER == 0 && ROWS % STEP == 0, "tile shape");
     int r = threadIdx.x / PER, c = (threadIdx.x % PER) * 8;
-    uint32_t d = (uint32_t)__cvta_generic_to_shared(&dst[r][c]);
+    uint32_t d = smem_u32(&dst[r][c]);
     const T *g = src + r * HD + c;
 #pragma unroll
     for (int k = 0; k < ROWS / STEP; k++)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + k * STEP * (HD + 8) * 2),
-                     "l"(g + k * STEP * HD) : "memory");
+        cp_async16(d + k * STEP * (HD + 8) * 2, g + k * STEP * HD);
 }
 
 /* Max (or sum) over the four lanes of a quad: the lanes holding one row of a fragment. */
@@ -310,7 +305,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
     for (int i = 0; i < 2 && i < n_t; i++) {
         fa_copy_tile<HD, FA_BK>(sm.k[i], kg + (int64_t)(kt0 + i) * FA_BK * HD);
         fa_copy_tile<HD, FA_BK>(sm.v[i], vg + (int64_t)(kt0 + i) * FA_BK * HD);
-        fa_commit();
+        cp_async_commit();
     }
     uint32_t qa[HD / 16][4];
     float o[HD / 8][4];
@@ -322,9 +317,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
     for (int it = 0; it < n_t; it++) {
         int k0 = (kt0 + it) * FA_BK, b = it & 1;
         if (it + 1 < n_t)
-            fa_wait<1>();
+            cp_async_wait<1>();
         else
-            fa_wait<0>();
+            cp_async_wait<0>();
         __syncthreads(); /* tile it (and Q) landed for every thread's copies */
         if (it == 0) {
 #pragma unroll
@@ -398,7 +393,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
             __syncthreads(); /* every warp is done with buffer b */
             fa_copy_tile<HD, FA_BK>(sm.k[b], kg + (int64_t)(kt0 + it + 2) * FA_BK * HD);
             fa_copy_tile<HD, FA_BK>(sm.v[b], vg + (int64_t)(kt0 + it + 2) * FA_BK * HD);
-            fa_commit();
+            cp_async_commit();
         }
     }
     int rows[2] = {r0 + g, r0 + g + 8};

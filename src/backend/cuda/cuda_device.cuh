@@ -1,6 +1,7 @@
 /*
  * cuda_device.cuh — small device functions the CUDA kernels share (kernels.cu, matmul.cu,
- * megakernel.cu): the activations with the reference's formulas and warp / block sums.
+ * megakernel.cu, attention_flash.cu): the activations with the reference's formulas, warp /
+ * block sums and the asynchronous global -> shared copies (cp.async, sm_80 and later).
  * Every function is static inline: each .cu file compiles its own copy (no device linking).
  */
 #ifndef QWENRT_BACKEND_CUDA_DEVICE_CUH
@@ -8,6 +9,7 @@
 
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
@@ -33,6 +35,33 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
     __syncthreads();
     float t = lane < nw ? red[lane] : 0.0f;
     return warp_sum(t);
+}
+
+/* Asynchronous copies into shared memory (cp.async): 4 bytes (any aligned float) or 16 bytes
+ * (both addresses on 16 bytes, bypassing L1); a commit closes a group, cp_async_wait<N> waits
+ * until at most N of this thread's groups are still in flight. The shared address is the
+ * 32-bit one the instruction takes. */
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 #endif

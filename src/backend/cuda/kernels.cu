@@ -806,23 +806,6 @@ __global__ void __launch_bounds__(32 * GDN_PREP_WARPS) gdn_prep_kernel(const __g
 #define GDN_SCAN_COLS (4 * GDN_SCAN_WARPS) /* state columns per block: 8 lanes each */
 #define GDN_SCAN_FLOATS 2048               /* k and q floats per chunk buffer: TC x dk */
 
-__device__ __forceinline__ void cp_async4(void *dst, const void *src)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 /* One chunk of the scan's inputs in shared memory: TC tokens of the head's normalised k and
  * q, the block's value columns, beta and decay. */
 template <int DK, int TC>
@@ -841,18 +824,18 @@ __device__ void gdn_scan_stage(struct gdn_chunk<DK, TC> &c, const struct gdn_arg
     for (int i = threadIdx.x; i < n * (DK / 4); i += blockDim.x) {
         int tt = i / (DK / 4), e = (i % (DK / 4)) * 4;
         int64_t src = (int64_t)(t0 + tt) * a.Hk * DK + (int64_t)kh * DK + e;
-        cp_async16(&c.k[tt][e], kn + src);
-        cp_async16(&c.q[tt][e], qn + src);
+        cp_async16(smem_u32(&c.k[tt][e]), kn + src);
+        cp_async16(smem_u32(&c.q[tt][e]), qn + src);
     }
     const float *vsrc = a.qkv + (int64_t)2 * a.Hk * DK + (int64_t)j * a.dv;
     for (int i = threadIdx.x; i < n * GDN_SCAN_COLS; i += blockDim.x) {
         int tt = i / GDN_SCAN_COLS, cc = i % GDN_SCAN_COLS;
         if (c0 + cc < a.dv)
-            cp_async4(&c.v[tt][cc], vsrc + (int64_t)(t0 + tt) * a.ldi + c0 + cc);
+            cp_async4(smem_u32(&c.v[tt][cc]), vsrc + (int64_t)(t0 + tt) * a.ldi + c0 + cc);
     }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        cp_async4(&c.beta[i], betas + (int64_t)(t0 + i) * a.Hv + j);
-        cp_async4(&c.decay[i], decays + (int64_t)(t0 + i) * a.Hv + j);
+        cp_async4(smem_u32(&c.beta[i]), betas + (int64_t)(t0 + i) * a.Hv + j);
+        cp_async4(smem_u32(&c.decay[i]), decays + (int64_t)(t0 + i) * a.Hv + j);
     }
     cp_async_commit();
 }
