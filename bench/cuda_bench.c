@@ -337,10 +337,14 @@ int main(int argc, char **argv)
      * Qwen3.5 within 5e-2: its recurrence amplifies summation-order differences on random
      * weights (2.0e-2 after 40 prompt tokens, hidden error growing ~1.3x per layer from 6e-6;
      * docs/perf-log.md), while the fixtures hold 1e-4 against transformers
-     * (tests/test_cuda_backend.c). Default (bf16 prompt products, Qwen3 only): within 3e-2,
-     * argmax flips only where the error explains them. */
+     * (tests/test_cuda_backend.c). Default (bf16 prompt products): Qwen3 within 3e-2,
+     * Qwen3.5 (x in two bf16 terms) within the same 5e-2 as its exact path (two terms measured
+     * 0.03 on the CPU, the size of the exact path's own error); argmax flips only where the
+     * error explains them. */
     double exact_gate = m->hp.arch == ARCH_QWEN35 ? 5e-2 : 1e-3;
-    if (verr < 0 || verr > exact_gate || !argmax_ok || verr_fast < 0 || verr_fast > 3e-2 || !fast_argmax_ok) {
+    double fast_gate = m->hp.arch == ARCH_QWEN35 ? 5e-2 : 3e-2;
+    if (verr < 0 || verr > exact_gate || !argmax_ok || verr_fast < 0 || verr_fast > fast_gate ||
+        !fast_argmax_ok) {
         fprintf(stderr, "validation failed (exact: rel err %.3g, argmax %s; default: %.3g, %s): no timing\n",
                 verr, argmax_ok ? "same" : "differs", verr_fast, fast_argmax_ok ? "ok" : "differs");
         return 1;

@@ -65,8 +65,11 @@ struct cuda_options {
                           * (dequantised) in bf16, one tensor-core product per matmul, the
                           * attention products in TF32 — llama.cpp's and PyTorch-bf16's
                           * precision (~3e-3 relative). Off: f32-accurate products (bf16x3
-                          * split, f32). Models with F32 matmul weights and
-                          * Qwen3.5 (DeltaNet) models are always exact. */
+                          * split, f32). Models with F32 matmul weights are always exact. */
+    int32_t prefill_x_terms; /* the fast prefill's x: bf16 terms per element. 0: automatic —
+                          * 1, and 2 for DeltaNet (Qwen3.5) models, whose recurrence amplifies
+                          * one term's rounding (a logits error of 0.7 on random weights, 0.03
+                          * with two: docs/perf-log.md); 1 or 2 force it. */
 };
 
 struct cuda_options cuda_default_options(void);

@@ -191,7 +191,8 @@ bool gemv2_applies(const struct gemv_args *a);
 /* Dequantises W [N][K] (dtype) to f32 [N][K]. */
 cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,
                            int64_t row_bytes, cudaStream_t s);
-/* x [T][K] (ld ldx) -> hi, mid, lo bf16 [T][K] with hi + mid + lo = x to ~2^-24 relative. */
+/* x [T][K] (ld ldx) -> hi, mid, lo bf16 [T][K] with hi + mid + lo = x to ~2^-24 relative;
+ * lo NULL: two terms, hi + mid = x to ~2^-16. */
 cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat16 *lo,
                               const float *x, int32_t ldx, int32_t K, int32_t T, cudaStream_t s);
 

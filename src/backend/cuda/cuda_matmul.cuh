@@ -73,8 +73,10 @@ struct gemm_call {
     int32_t N, K, T, ldx, ldy;
     bool accumulate;  /* y += x · Wᵀ (the residual add fused) */
     bool bf16x2;      /* BF16 weights: split x into three bf16 terms, tensor cores */
-    bool stack3;      /* the three terms as one product over 3T columns, then a sum */
+    bool stack3;      /* the split terms as one product over terms x T columns, then a sum */
     bool fast;        /* non-F32 weights: x and W (dequantised) in bf16, one product */
+    int32_t x_terms;  /* the fast product's x: 1 bf16 term, or 2 (hi + mid, 16 mantissa bits:
+                       * DeltaNet models, cuda_options.prefill_x_terms) */
     bool x_reuse;     /* x is unchanged since the previous product read it: the fast path may
                        * reuse its bf16 copy (the caller knows; gemm_run checks the shape) */
 };

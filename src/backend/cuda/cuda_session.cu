@@ -104,6 +104,7 @@ struct cuda_session {
     cudaGraphExec_t g_decode, g_gen;
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
     bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
+    int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
     char mk_why[160];
 };
 
@@ -131,6 +132,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_split = true;
     o.attn_flash = true;
     o.prefill_bf16 = true;
+    o.prefill_x_terms = 0;
     return o;
 }
 
@@ -530,6 +532,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
     c.bf16x2 = cs->opt.gemm_bf16x2;
     c.stack3 = cs->opt.gemm_stack3;
     c.fast = cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL]; /* decode stays f32 */
+    c.x_terms = cs->x_terms;
     c.x_reuse = r->x_reuse;
     return gemm_run(&cs->gemm, &c, r->stream, err);
 }
@@ -1100,19 +1103,27 @@ extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, cons
 }
 
 /* Whether the prefill may use the bf16 products (opt.prefill_bf16): not when a matmul has
- * F32 weights (such a model asked for f32 products), and not for DeltaNet models: on
- * random-weight Qwen3.5 models the recurrence amplifies the bf16 rounding of the prompt's
- * products from 0.7% after the first layer to a logits error of 0.49 (vs 2e-2 exact;
- * docs/perf-log.md, 2026-11-30), so their prompts stay exact until that is understood. */
+ * F32 weights (such a model asked for f32 products). */
 static bool fast_prefill_applies(const struct plan *p)
 {
-    for (int32_t i = 0; i < p->n_ops; i++) {
+    for (int32_t i = 0; i < p->n_ops; i++)
         if (is_mm(&p->ops[i]) && p->ops[i].w && p->ops[i].w->dtype == QR_F32)
             return false;
-        if (p->ops[i].kind == OP_GDN_CORE)
-            return false;
-    }
     return true;
+}
+
+/* The fast products' bf16 terms of x: opt.prefill_x_terms, or (0) one, and two for DeltaNet
+ * models: on random-weight Qwen3.5 models the recurrence amplifies one term's rounding from
+ * 0.7% after the first layer to a logits error of 0.49-0.7; two terms give 0.03, the size of
+ * the exact path's own error against the CPU (docs/perf-log.md, 2026-11-30). */
+static int32_t fast_x_terms(const struct cuda_options *o, const struct plan *p)
+{
+    if (o->prefill_x_terms == 1 || o->prefill_x_terms == 2)
+        return o->prefill_x_terms;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_GDN_CORE)
+            return 2;
+    return 1;
 }
 
 static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
@@ -1138,6 +1149,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     if ((st = build_program(cs, err)))
         return st;
     cs->fast_prefill = cs->opt.prefill_bf16 && fast_prefill_applies(&cs->plans[PHASE_PREFILL]);
+    cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     return build_megakernel(cs, err);
 }
 
@@ -1210,8 +1222,8 @@ static bool attention_bf16_ok(const struct run_ctx *r, int32_t i)
 /* The fast prefill's product inputs written in bf16 by their producer (one pass instead of
  * an f32 store and a rounding pass): an RMS norm of whole rows read only by the fast products
  * right after it (q, k, v; gate, up), SwiGLU read only by the down product, or the flash
- * attention's output read only by the o product. Returns the
- * buffer now held in bf16 (the f32 buffer is not written), or -1 when op i is not such a
+ * attention's output read only by the o product; only where x is one bf16 term (x_terms 1).
+ * Returns the buffer now held in bf16 (the f32 buffer is not written), or -1 when op i is not such a
  * producer (nothing is run then). */
 static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st, struct qwenrt_error *err)
 {
@@ -1219,8 +1231,8 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
     const struct plan_op *op = &p->ops[i];
     const struct dop *d = &r->d[i];
     int32_t j = i + 1, wo = op->out >= 0 ? bw(p, op->out) : 0;
-    if (!r->cs->opt.fuse || (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU && op->kind != OP_ATTENTION) ||
-        op->in == op->out)
+    if (!r->cs->opt.fuse || r->cs->x_terms != 1 || op->in == op->out ||
+        (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU && op->kind != OP_ATTENTION))
         return -1;
     if (op->kind == OP_RMSNORM && op->group != bw(p, op->in))
         return -1;

@@ -588,20 +588,20 @@ __global__ void round_bf16_kernel(__nv_bfloat16 *dst, const float *x, int32_t ld
         dst[i] = __float2bfloat16_rn(x[(i / K) * ldx + i % K]);
 }
 
-/* y (=|+=) lo + mid + hi, the three products of the stacked split GEMM (c3 [3][T][N]); the
- * same order of f32 additions as three products accumulated with beta = 1. */
-__global__ void combine3_kernel(float *y, int32_t ldy, const float *c3, int32_t N, int32_t T,
-                                bool accumulate)
+/* y (=|+=) the sum of the stacked split product's terms (c [terms][T][N]: hi, mid[, lo]),
+ * smallest first: the same order of f32 additions as the products accumulated one by one
+ * with beta = 1. */
+__global__ void combine_terms_kernel(float *y, int32_t ldy, const float *c, int32_t N, int32_t T,
+                                     int32_t terms, bool accumulate)
 {
     int64_t n = (int64_t)N * T;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / N, c = i % N;
-        float *yp = y + t * ldy + c;
+        int64_t t = i / N, col = i % N;
+        float *yp = y + t * ldy + col;
         float v = accumulate ? *yp : 0.0f;
-        v += c3[2 * n + i];
-        v += c3[n + i];
-        v += c3[i];
+        for (int32_t k = terms - 1; k >= 0; k--)
+            v += c[k * n + i];
         *yp = v;
     }
 }
@@ -617,7 +617,8 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bf
         __nv_bfloat16 m = __float2bfloat16_rn(r);
         hi[i] = h;
         mid[i] = m;
-        lo[i] = __float2bfloat16_rn(r - __bfloat162float(m));
+        if (lo) /* NULL: two terms */
+            lo[i] = __float2bfloat16_rn(r - __bfloat162float(m));
     }
 }
 
@@ -788,6 +789,23 @@ qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t
     return QWENRT_OK;
 }
 
+/* W in bf16: as stored, or dequantised into g->wbf16. */
+static qwenrt_status weights_bf16(struct gemm_ctx *g, const struct gemm_call *c, const void **wb,
+                                  cudaStream_t s, struct qwenrt_error *err)
+{
+    *wb = c->w;
+    if (c->dtype == QR_BF16 && c->row_bytes == c->K * 2)
+        return QWENRT_OK;
+    qwenrt_status st = grow((void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err);
+    if (st)
+        return st;
+    dequant_bf16_kernel<<<4096, 256, 0, s>>>(g->wbf16, (const uint8_t *)c->w, c->dtype, c->N, c->K,
+                                              c->row_bytes);
+    CUDA_CHECK(cudaGetLastError());
+    *wb = g->wbf16;
+    return QWENRT_OK;
+}
+
 /* The fast product: x rounded to bf16, W in bf16 (as stored, or dequantised into a scratch
  * matrix), one tensor-core product with f32 accumulation. */
 static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
@@ -795,21 +813,12 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
 {
     qwenrt_status st;
     int64_t n = (int64_t)c->T * c->K;
-    if ((st = xsplit_grow(g, n * 2, err)))
+    const void *wb = NULL;
+    if ((st = xsplit_grow(g, n * 2, err)) || (st = weights_bf16(g, c, &wb, s, err)))
         return st;
     /* q, k and v (gate and up) read the same x: round it once */
-    bool rounded = xb_current(g, c, 1);
-    const void *wb = c->w;
-    if (c->dtype != QR_BF16 || c->row_bytes != c->K * 2) {
-        if ((st = grow((void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err)))
-            return st;
-        dequant_bf16_kernel<<<4096, 256, 0, s>>>(g->wbf16, (const uint8_t *)c->w, c->dtype, c->N,
-                                                  c->K, c->row_bytes);
-        CUDA_CHECK(cudaGetLastError());
-        wb = g->wbf16;
-    }
-    int64_t blocks = (n + 255) / 256;
-    if (!rounded) {
+    if (!xb_current(g, c, 1)) {
+        int64_t blocks = (n + 255) / 256;
         round_bf16_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(g->xsplit, c->x,
                                                                                 c->ldx, c->K, n);
         CUDA_CHECK(cudaGetLastError());
@@ -819,45 +828,57 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
                      c->accumulate ? 1.0f : 0.0f, s, err);
 }
 
+/* The split product: x as `terms` bf16 terms (hi, mid and lo carry all 24 bits of an f32
+ * mantissa, hi and mid 16), W in bf16, one tensor-core product per term (or one over the
+ * stacked terms), summed in f32. Three terms are the exact prefill of BF16 weights; two the
+ * fast prefill of DeltaNet models (gemm_call.x_terms). */
+static qwenrt_status gemm_run_split(struct gemm_ctx *g, const struct gemm_call *c, int32_t terms,
+                                    cudaStream_t s, struct qwenrt_error *err)
+{
+    qwenrt_status st;
+    int64_t n = (int64_t)c->T * c->K;
+    const void *wb = NULL;
+    if ((st = xsplit_grow(g, terms * n * 2, err)) || (st = weights_bf16(g, c, &wb, s, err)))
+        return st;
+    __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = terms == 3 ? mid + n : NULL;
+    if (!xb_current(g, c, terms)) { /* the products sharing an input split it once */
+        CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
+        xb_remember(g, c, terms);
+    }
+    if (c->stack3) {
+        /* one product over terms x T columns (the terms are contiguous [T][K] blocks): more
+         * output tiles than one term has, so small-N products fill the GPU */
+        if ((st = grow((void **)&g->c3, &g->c3_cap, terms * (int64_t)c->T * c->N * 4, err)))
+            return st;
+        if ((st = lt_matmul(g, CUDA_R_16BF, wb, c->K, hi, c->K, g->c3, c->N, c->N, c->K,
+                            terms * (int64_t)c->T, 0.0f, s, err)))
+            return st;
+        int64_t tot = (int64_t)c->T * c->N, blocks = (tot + 255) / 256;
+        combine_terms_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(
+            c->y, c->ldy, g->c3, c->N, c->T, terms, c->accumulate);
+        CUDA_CHECK(cudaGetLastError());
+        return QWENRT_OK;
+    }
+    /* smallest term first, each added onto the f32 result */
+    __nv_bfloat16 *by_size[3] = {lo, mid, hi};
+    for (int i = 3 - terms; i < 3; i++) {
+        float beta = i > 3 - terms || c->accumulate ? 1.0f : 0.0f;
+        if ((st = lt_matmul(g, CUDA_R_16BF, wb, c->K, by_size[i], c->K, c->y, c->ldy, c->N, c->K,
+                            c->T, beta, s, err)))
+            return st;
+    }
+    return QWENRT_OK;
+}
+
 qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
                        struct qwenrt_error *err)
 {
     qwenrt_status st;
     if (c->fast && c->dtype != QR_F32 && c->K % 8 == 0)
-        return gemm_run_bf16(g, c, s, err);
-    if (c->dtype == QR_BF16 && c->bf16x2 && c->row_bytes == c->K * 2 && c->K % 8 == 0) {
-        int64_t n = (int64_t)c->T * c->K;
-        if ((st = xsplit_grow(g, 3 * n * 2, err)))
-            return st;
-        __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = mid + n;
-        if (!xb_current(g, c, 3)) { /* the products sharing an input split it once */
-            CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
-            xb_remember(g, c, 3);
-        }
-        if (c->stack3) {
-            /* one product over 3T columns (hi | mid | lo are contiguous [T][K] blocks): three
-             * times the output tiles of one term, so small-N products fill the GPU */
-            if ((st = grow((void **)&g->c3, &g->c3_cap, 3 * (int64_t)c->T * c->N * 4, err)))
-                return st;
-            if ((st = lt_matmul(g, CUDA_R_16BF, c->w, c->K, hi, c->K, g->c3, c->N, c->N, c->K,
-                                3 * (int64_t)c->T, 0.0f, s, err)))
-                return st;
-            int64_t tot = (int64_t)c->T * c->N, blocks = (tot + 255) / 256;
-            combine3_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(
-                c->y, c->ldy, g->c3, c->N, c->T, c->accumulate);
-            CUDA_CHECK(cudaGetLastError());
-            return QWENRT_OK;
-        }
-        /* smallest term first, each added onto the f32 result */
-        __nv_bfloat16 *terms[3] = {lo, mid, hi};
-        for (int i = 0; i < 3; i++) {
-            float beta = i > 0 || c->accumulate ? 1.0f : 0.0f;
-            if ((st = lt_matmul(g, CUDA_R_16BF, c->w, c->K, terms[i], c->K, c->y, c->ldy, c->N,
-                                c->K, c->T, beta, s, err)))
-                return st;
-        }
-        return QWENRT_OK;
-    }
+        return c->x_terms >= 2 ? gemm_run_split(g, c, c->x_terms > 3 ? 3 : c->x_terms, s, err)
+                               : gemm_run_bf16(g, c, s, err);
+    if (c->dtype == QR_BF16 && c->bf16x2 && c->row_bytes == c->K * 2 && c->K % 8 == 0)
+        return gemm_run_split(g, c, 3, s, err);
     const float *wf = (const float *)c->w;
     if (c->dtype != QR_F32 || c->row_bytes != c->K * 4) {
         if ((st = grow((void **)&g->wf32, &g->wf32_cap, (int64_t)c->N * c->K * 4, err)))
