@@ -93,9 +93,9 @@ struct qwenrt_session;
  * prompt's matrix products round activations to bf16 and run on tensor cores (the precision
  * of llama.cpp and of PyTorch in bf16: logits within ~1e-2 relative of f32 arithmetic).
  * EXACT: f32-accurate products (activations split into three bf16 terms), ~2-3x slower
- * prompts. Decode is f32 either way; models with F32 weights and Qwen3.5 models (whose
- * recurrence amplifies the rounding on random weights) are always exact; the CPU backend
- * ignores it. */
+ * prompts. Decode is f32 either way; models with F32 weights are always exact; Qwen3.5
+ * models (whose recurrence amplifies the rounding on random weights) keep activations in two
+ * bf16 terms in DEFAULT (16 mantissa bits); the CPU backend ignores it. */
 enum qwenrt_precision { QWENRT_PRECISION_DEFAULT = 0, QWENRT_PRECISION_EXACT = 1 };
 
 struct qwenrt_session_params {
