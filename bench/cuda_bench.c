@@ -227,6 +227,7 @@ struct pvariant {
     const char *name;
     bool cache, tiled, par, stack, agemm, fast, flash;
     double tok_s;
+    bool chunked; /* gdn_chunked on: the DeltaNet core in chunks (default: the column scan) */
 };
 
 /* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
@@ -360,20 +361,21 @@ int main(int argc, char **argv)
     struct cuda_options o;
     struct cuda_session *cs = NULL;
     /* the switches below the first two are measured in exact mode (their products) */
-    struct pvariant pv[] = {{"all on (bf16 products)", true, true, true, true, true, true, true, 0},
-                            {"exact (prefill_bf16 off)", true, true, true, true, true, false, true, 0},
-                            {"attn_tiled off", true, false, true, true, false, false, true, 0},
-                            {"gdn_par off", true, true, false, true, true, false, true, 0},
-                            {"all off", false, false, false, false, false, false, false, 0},
-                            {"gemm_stack3 off", true, true, true, false, true, false, true, 0},
-                            {"attn_gemm off", true, true, true, true, false, false, true, 0},
-                            {"attn_flash off (TF32 GEMMs)", true, true, true, true, true, true, false, 0}};
+    struct pvariant pv[] = {{"all on (bf16 products)", true, true, true, true, true, true, true, 0, false},
+                            {"exact (prefill_bf16 off)", true, true, true, true, true, false, true, 0, false},
+                            {"attn_tiled off", true, false, true, true, false, false, true, 0, false},
+                            {"gdn_par off", true, true, false, true, true, false, true, 0, false},
+                            {"all off", false, false, false, false, false, false, false, 0, false},
+                            {"gemm_stack3 off", true, true, true, false, true, false, true, 0, false},
+                            {"attn_gemm off", true, true, true, true, false, false, true, 0, false},
+                            {"attn_flash off (TF32 GEMMs)", true, true, true, true, true, true, false, 0, false},
+                            {"gdn_chunked on (chunks of 64)", true, true, true, true, true, true, true, 0, true}};
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && v > 0); v++) {
         o = cuda_default_options();
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
-        o.attn_flash = pv[v].flash;
+        o.attn_flash = pv[v].flash, o.gdn_chunked = pv[v].chunked;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -477,8 +479,8 @@ int main(int argc, char **argv)
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
     printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", arch, type, pp, tg,
            vs[1].tok_s, vs[2].tok_s, api, tg * bytes / 1e9);
-    printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[1].tok_s, pv[6].tok_s,
+    printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | default, gdn_chunked on | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[8].tok_s, pv[1].tok_s, pv[6].tok_s,
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
     printf("\n| decode tg%d | megakernel (256 thr) | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl |\n|---|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_gen, arch, type, vs[0].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
@@ -496,8 +498,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f},\n",
-                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f},\n",
+                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",

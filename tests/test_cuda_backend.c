@@ -411,10 +411,11 @@ static void test_op_attention(void **state)
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
 static void deltanet_case(int32_t Hk, int32_t Hv, int32_t dk, int32_t dv, bool tiled, int32_t T,
-                          int32_t steps, bool par)
+                          int32_t steps, int par)
 {
     struct cuda_options o = cuda_default_options();
-    o.gdn_par = par;
+    o.gdn_par = par > 0;
+    o.gdn_chunked = par == 2;
     struct op_case c;
     int32_t C = 2 * Hk * dk + Hv * dv;
     int32_t widths[] = {C, Hv, Hv, Hv * dv, Hv * dv};
@@ -439,7 +440,8 @@ static void deltanet_case(int32_t Hk, int32_t Hv, int32_t dk, int32_t dv, bool t
 static void test_op_deltanet(void **state)
 {
     (void)state;
-    for (int par = 0; par < 2; par++) { /* prefill: recurrent kernel, then the parallel forms */
+    /* prefill: recurrent kernel (par 0), the column scan (1), the chunks of 64 tokens (2) */
+    for (int par = 0; par < 3; par++) {
         deltanet_case(2, 4, 32, 48, false, 11, 3, par);
         deltanet_case(16, 16, 128, 128, true, 40, 2, par);
         deltanet_case(2, 6, 64, 40, true, 1, 3, par);
@@ -449,6 +451,9 @@ static void test_op_deltanet(void **state)
          * one, and value columns that do not fill the last block of 16 */
         deltanet_case(2, 4, 128, 40, false, 53, 2, par);
         deltanet_case(1, 3, 32, 23, true, 150, 1, par);
+        /* chunks: two full ones and a 2-token tail; Qwen3.5's head shape over 3 chunks */
+        deltanet_case(2, 4, 64, 40, false, 130, 2, par);
+        deltanet_case(4, 8, 128, 128, true, 150, 1, par);
     }
 }
 

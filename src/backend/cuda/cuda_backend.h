@@ -51,6 +51,9 @@ struct cuda_options {
     bool gemm_cache;     /* prefill: cuBLASLt descriptors and algorithm made once per shape */
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
+    bool gdn_chunked;    /* prefill (with gdn_par): the DeltaNet core in chunks of 64 tokens
+                          * (gdn_chunked.cu) instead of the token-by-token column scan; off by
+                          * default: slower so far (2.71 vs 2.02 ms per Qwen3.5 pp512) */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
     bool attn_gemm;      /* prefill (T >= 16): attention as f32 GEMMs + masked softmax */
     int32_t mega;        /* decode as one persistent kernel per step (megakernel.cu) when the

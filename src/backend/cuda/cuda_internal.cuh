@@ -275,6 +275,13 @@ cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);
 bool gdn_scan_supports(int32_t dk, int32_t dv);
 int64_t gdn_scan_scratch_floats(const struct gdn_args *a);
 cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s);
+/* The scan's first kernel alone: qn, kn, beta, decay into scratch (gdn_scan_scratch_floats). */
+cudaError_t launch_gdn_prep(const struct gdn_args *a, cudaStream_t s);
+/* Chunked prefill form (gdn_chunked.cu): the prep kernel, then the state-free matrices of
+ * every chunk at once and a walk over the chunks per block of state columns. */
+bool gdn_chunked_supports(int32_t dk, int32_t dv);
+int64_t gdn_chunked_scratch_floats(const struct gdn_args *a);
+cudaError_t launch_gdn_chunked(const struct gdn_args *a, cudaStream_t s);
 /* Token-parallel causal conv for prefill: y (scratch [T][C]) from x and state, new state
  * rows into state_new ([K-1][C]); the caller copies y to x and state_new to state. */
 cudaError_t launch_gdn_conv_par(float *y, const float *x, int32_t ldx, const float *state,

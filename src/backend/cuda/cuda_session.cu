@@ -125,6 +125,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemm_cache = true;
     o.attn_tiled = true;
     o.gdn_par = true;
+    o.gdn_chunked = false; /* 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
     o.gemm_stack3 = true;
     o.attn_gemm = true;
     o.mega = CUDA_MEGA_AUTO;
@@ -651,6 +652,14 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         a.dt = d->vec2, a.ssm_a = d->vec3, a.state = cs->ssm[op->layer];
         a.Hk = op->n_k_heads, a.Hv = op->n_v_heads, a.dk = op->k_dim, a.dv = op->v_dim;
         a.T = T, a.tiled = op->v_head_tiled, a.pdl = r->pdl;
+        if (T > 1 && cs->opt.gdn_par && cs->opt.gdn_chunked && gdn_chunked_supports(a.dk, a.dv)) {
+            qwenrt_status st = scratch_grow(cs, gdn_chunked_scratch_floats(&a), err);
+            if (st)
+                return st;
+            a.scratch = cs->scratch;
+            CUDA_CHECK(launch_gdn_chunked(&a, s));
+            break;
+        }
         if (T > 1 && cs->opt.gdn_par && gdn_scan_supports(a.dk, a.dv)) {
             qwenrt_status st = scratch_grow(cs, gdn_scan_scratch_floats(&a), err);
             if (st)

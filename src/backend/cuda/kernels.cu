@@ -925,14 +925,19 @@ __global__ void __launch_bounds__(32 * GDN_SCAN_WARPS)
             S[(int64_t)((i / 4) * 32 + sub * 4 + (i & 3)) * dv + c] = s[i];
 }
 
+cudaError_t launch_gdn_prep(const struct gdn_args *a, cudaStream_t s)
+{
+    int64_t rows = (int64_t)a->T * 2 * a->Hk, pairs = (int64_t)a->T * a->Hv;
+    int64_t blocks = (rows + GDN_PREP_WARPS - 1) / GDN_PREP_WARPS, pb = (pairs + 32 * GDN_PREP_WARPS - 1) / (32 * GDN_PREP_WARPS);
+    return launch_k(a->pdl, gdn_prep_kernel, dim3((unsigned)(blocks > pb ? blocks : pb)),
+                    dim3(32 * GDN_PREP_WARPS), 0, s, *a);
+}
+
 cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
 {
     if (!gdn_scan_supports(a->dk, a->dv) || !a->scratch)
         return cudaErrorInvalidValue;
-    int64_t rows = (int64_t)a->T * 2 * a->Hk, pairs = (int64_t)a->T * a->Hv;
-    int64_t blocks = (rows + GDN_PREP_WARPS - 1) / GDN_PREP_WARPS, pb = (pairs + 32 * GDN_PREP_WARPS - 1) / (32 * GDN_PREP_WARPS);
-    cudaError_t e = launch_k(a->pdl, gdn_prep_kernel, dim3((unsigned)(blocks > pb ? blocks : pb)),
-                             dim3(32 * GDN_PREP_WARPS), 0, s, *a);
+    cudaError_t e = launch_gdn_prep(a, s);
     if (e != cudaSuccess)
         return e;
     dim3 g(a->Hv, (a->dv + GDN_SCAN_COLS - 1) / GDN_SCAN_COLS), b(32 * GDN_SCAN_WARPS);

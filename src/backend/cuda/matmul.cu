@@ -828,6 +828,13 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
                      c->accumulate ? 1.0f : 0.0f, s, err);
 }
 
+/* Two-term products stack their terms only up to this N: above it the sum of the stacked
+ * products (combine_terms_kernel, a pass over 3 T N floats) cost more than a second product
+ * accumulating onto y (ncu: 8.5 us per product at Qwen3.5's pp512). -D overrides. */
+#ifndef GEMM_STACK2_MAX_N
+#define GEMM_STACK2_MAX_N 512
+#endif
+
 /* The split product: x as `terms` bf16 terms (hi, mid and lo carry all 24 bits of an f32
  * mantissa, hi and mid 16), W in bf16, one tensor-core product per term (or one over the
  * stacked terms), summed in f32. Three terms are the exact prefill of BF16 weights; two the
@@ -845,7 +852,7 @@ static qwenrt_status gemm_run_split(struct gemm_ctx *g, const struct gemm_call *
         CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
         xb_remember(g, c, terms);
     }
-    if (c->stack3) {
+    if (c->stack3 && (terms == 3 || c->N <= GEMM_STACK2_MAX_N)) {
         /* one product over terms x T columns (the terms are contiguous [T][K] blocks): more
          * output tiles than one term has, so small-N products fill the GPU */
         if ((st = grow((void **)&g->c3, &g->c3_cap, terms * (int64_t)c->T * c->N * 4, err)))

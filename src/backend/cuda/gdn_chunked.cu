@@ -1,0 +1,391 @@
+/*
+ * gdn_chunked.cu — Gated DeltaNet prefill in chunks of GC tokens: the chunked form of the CPU's
+ * gdn_chunked.c on the GPU, so that the prompt is not walked token by token.
+ *
+ * The recurrence (gdn_core_ref): per token, S ← d S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq.
+ * Over a chunk with S0 the state before it, G_i = Σ_{l<=i} g_l (log decays, cumulated in
+ * double) and D[i][s] = exp(G_i − G_s), it unrolls to
+ *   U = Wv − Wk S0               (the chunk's deltas, [GC][dv])
+ *   O = Qg S0 + Qk U             (outputs)
+ *   S = e^{G_last} S0 + Kdᵀ U    (the state after the chunk)
+ * with A[i][s] = β_i D[i][s] (k_i·k_s) (s < i), T = (I + A)⁻¹ and the state-free matrices
+ *   Wv = T diag(β) V, Wk = T diag(β e^G) K, Qk[i][s] = D[i][s] (q_i·k_s) (s <= i),
+ *   Qg = diag(e^G) Q, Kd = diag(e^{G_last − G}) K (applied as row scales of the products).
+ * gdn_chunk_prep_kernel makes Wv, Wk, Qk and G for every (head, chunk) at once (they do not
+ * depend on the state: the parallel part, one block each); gdn_chunk_scan_kernel then walks the
+ * chunks in order for each (head, block of GC_COLS state columns) — state columns are
+ * independent — with three small matrix products per chunk instead of GC token steps.
+ * Decays are exp of differences of G (never divided by: no overflow when G is very negative).
+ * Equal to the recurrence up to f32 rounding (test_cuda_backend: deltanet cases, par 2).
+ *
+ * Scratch (after gdn_prep_kernel's qn, kn, beta, decay: gdn_scan_scratch_floats): per (head
+ * j, chunk c) Wk [GC][dk], Wv [GC][dv], Qk [GC][GC], G [GC].
+ *
+ * Status (docs/perf-log.md, session 6): correct, but slower than the column scan it would
+ * replace (Qwen3.5 pp512: 2.71 vs 2.02 ms for the 18 layers; ncu: prep 51 us, scan 90 us per
+ * layer against ~15 and ~25 us of FMA issue), so cuda_options.gdn_chunked is off by default.
+ * Both kernels run one block of 8 warps per multiprocessor and are latency-bound on shared
+ * memory and block barriers; the products here are 64 x 128 x 128 — tensor-core shapes (3xTF32
+ * or split bf16 for f32 accuracy) are the way to make this form win.
+ */
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+
+#define GC 64      /* tokens per chunk */
+#define GC_COLS 16 /* state columns per scan block */
+#define GC_THREADS 256
+
+static int64_t chunk_floats(int32_t dk, int32_t dv)
+{
+    return (int64_t)GC * (dk + dv + GC) + GC;
+}
+
+/* The chunk area starts after the prep scratch, on 16 bytes (float4 reads). */
+__host__ __device__ static inline int64_t prep_floats(int64_t T, int32_t Hk, int32_t Hv, int32_t dk)
+{
+    return (2 * T * Hk * dk + 2 * T * Hv + 3) & ~(int64_t)3;
+}
+
+int64_t gdn_chunked_scratch_floats(const struct gdn_args *a)
+{
+    int64_t nc = (a->T + GC - 1) / GC;
+    return prep_floats(a->T, a->Hk, a->Hv, a->dk) + (int64_t)a->Hv * nc * chunk_floats(a->dk, a->dv);
+}
+
+/* Shared memory of the two kernels, bytes. */
+static size_t prep_smem(int32_t dk, int32_t dv)
+{
+    return ((size_t)2 * GC * (dk + 1) + (size_t)GC * (dv + 1) + (size_t)GC * (GC + 4) + GC) * 4 +
+           (size_t)GC * 8;
+}
+
+static size_t scan_smem(int32_t dk)
+{
+    return ((size_t)4 * GC * (dk + 4) + (size_t)GC * (GC + 4) + (size_t)dk * GC_COLS +
+            3 * (size_t)GC * GC_COLS + GC) * 4;
+}
+
+bool gdn_chunked_supports(int32_t dk, int32_t dv)
+{
+    return gdn_scan_supports(dk, dv) && dk % 16 == 0 && dk <= 128 && dv <= 256 &&
+           prep_smem(dk, dv) <= 200 * 1024 && scan_smem(dk) <= 200 * 1024;
+}
+
+__device__ __forceinline__ float *chunk_area(const struct gdn_args &a, int j, int c)
+{
+    int64_t nc = (a.T + GC - 1) / GC;
+    float *base = a.scratch + prep_floats(a.T, a.Hk, a.Hv, a.dk);
+    int64_t cf = (int64_t)GC * (a.dk + a.dv + GC) + GC;
+    return base + ((int64_t)j * nc + c) * cf;
+}
+
+/* One block per (value head j, chunk c): Wv, Wk (the forward substitution of the WY form),
+ * Qk and G. Q, K, V rows padded by one float (column reads by consecutive rows: no bank
+ * conflicts). */
+__global__ void __launch_bounds__(GC_THREADS) gdn_chunk_prep_kernel(const __grid_constant__ struct gdn_args a)
+{
+    extern __shared__ __align__(16) float gsm[];
+    griddep_launch();
+    griddep_wait();
+    const int dk = a.dk, dv = a.dv, Hk = a.Hk, j = blockIdx.x, c = blockIdx.y, tid = threadIdx.x;
+    const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC, kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
+    const int lq = dk + 1, lv = dv + 1, la = GC + 4;
+    /* At: A transposed (At[s][i]), rows on 16 bytes: the substitution reads 8 rows i at once */
+    float *Q = gsm, *K = Q + GC * lq, *V = K + GC * lq, *At = V + GC * lv, *beta = At + GC * la;
+    double *G = (double *)(beta + GC + (GC & 1)); /* 8-byte aligned: GC even */
+    const float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk;
+    const float *betas = kn + (int64_t)a.T * Hk * dk;
+    /* loads in batches of 8 per thread issued together (a load-store loop waited on L2 per
+     * element: ncu measured the kernel at 61 us per layer) */
+    const float *vsrc = a.qkv + 2 * (int64_t)Hk * dk + (int64_t)j * dv;
+    for (int base = tid; base < n * dk; base += 8 * GC_THREADS) {
+        float q[8], k[8], v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = base + u * GC_THREADS, t = i / dk, r = i % dk;
+            int64_t src = ((int64_t)(t0 + t) * Hk + kh) * dk + r;
+            bool ok = i < n * dk;
+            q[u] = ok ? qn[src] : 0.0f, k[u] = ok ? kn[src] : 0.0f;
+            v[u] = i < n * dv ? vsrc[(int64_t)(t0 + i / dv) * a.ldi + i % dv] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = base + u * GC_THREADS;
+            if (i < n * dk)
+                Q[(i / dk) * lq + i % dk] = q[u], K[(i / dk) * lq + i % dk] = k[u];
+            if (i < n * dv)
+                V[(i / dv) * lv + i % dv] = v[u];
+        }
+    }
+    for (int i = n * dk + tid; i < n * dv; i += GC_THREADS) /* dv > dk */
+        V[(i / dv) * lv + i % dv] = vsrc[(int64_t)(t0 + i / dv) * a.ldi + i % dv];
+    if (tid < n) {
+        beta[tid] = betas[(int64_t)(t0 + tid) * a.Hv + j];
+        G[tid] = (double)(a.ssm_a[j] * softplus_f(a.a[(int64_t)(t0 + tid) * a.lda + j] + a.dt[j]));
+    }
+    __syncthreads();
+    if (tid == 0) /* cumulative log decay, in double as the CPU */
+        for (int i = 1; i < n; i++)
+            G[i] += G[i - 1];
+    __syncthreads();
+    float *out = chunk_area(a, j, c), *Wk = out, *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *Gf = Qk + GC * GC;
+    /* A and Qk in 4 x 4 tiles (i0.., s0..) of the lower triangle */
+    {
+        int i0 = 4 * (tid / 16), s0 = 4 * (tid % 16);
+        if (s0 <= i0 && i0 < n) {
+            float kk[4][4] = {}, qk[4][4] = {};
+            for (int r = 0; r < dk; r++) {
+                float ki[4], qi[4], ks[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    int ii = i0 + u < n ? i0 + u : n - 1, ss = s0 + u < n ? s0 + u : n - 1;
+                    ki[u] = K[ii * lq + r], qi[u] = Q[ii * lq + r], ks[u] = K[ss * lq + r];
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        kk[u][w] = fmaf(ki[u], ks[w], kk[u][w]);
+                        qk[u][w] = fmaf(qi[u], ks[w], qk[u][w]);
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    int i = i0 + u, s = s0 + w;
+                    if (i >= n || s >= n)
+                        continue;
+                    float d = s <= i ? expf((float)(G[i] - G[s])) : 0.0f;
+                    At[s * la + i] = s < i ? kk[u][w] * beta[i] * d : 0.0f;
+                    Qk[i * GC + s] = qk[u][w] * d;
+                }
+        } else if (i0 < n) { /* tiles above the diagonal: Qk is zero there */
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int w = 0; w < 4; w++)
+                    if (i0 + u < n && s0 + w < n)
+                        Qk[(i0 + u) * GC + s0 + w] = 0.0f;
+        }
+    }
+    /* the right-hand sides: diag(β) V and diag(β e^G) K */
+    for (int i = tid; i < n * dv; i += GC_THREADS)
+        V[(i / dv) * lv + i % dv] *= beta[i / dv];
+    __syncthreads(); /* A complete; K no longer read as k */
+    for (int i = tid; i < n * dk; i += GC_THREADS)
+        K[(i / dk) * lq + i % dk] *= beta[i / dk] * expf((float)G[i / dk]);
+    __syncthreads();
+    /* forward substitution, one column per thread: x_i -= Σ_{s<i} A[i][s] x_s, s ascending
+     * (the CPU's order), 8 rows at a time: first the rows before them (8 independent sums,
+     * each x_s loaded once), then the 8 x 8 triangle */
+    for (int col = tid; col < dv + dk; col += GC_THREADS) {
+        float *X = col < dv ? V + col : K + (col - dv);
+        int ld = col < dv ? lv : lq;
+        for (int i0 = 0; i0 < n; i0 += 8) {
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                x[u] = i0 + u < n ? X[(i0 + u) * ld] : 0.0f;
+            for (int s = 0; s < i0; s++) {
+                float xs = X[s * ld];
+                float4 a0 = *(const float4 *)(At + s * la + i0), a1 = *(const float4 *)(At + s * la + i0 + 4);
+                x[0] = fmaf(-a0.x, xs, x[0]), x[1] = fmaf(-a0.y, xs, x[1]);
+                x[2] = fmaf(-a0.z, xs, x[2]), x[3] = fmaf(-a0.w, xs, x[3]);
+                x[4] = fmaf(-a1.x, xs, x[4]), x[5] = fmaf(-a1.y, xs, x[5]);
+                x[6] = fmaf(-a1.z, xs, x[6]), x[7] = fmaf(-a1.w, xs, x[7]);
+            }
+#pragma unroll
+            for (int u = 1; u < 8; u++)
+#pragma unroll
+                for (int w = 0; w < u; w++)
+                    x[u] = fmaf(-At[(i0 + w) * la + i0 + u], x[w], x[u]);
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i0 + u < n)
+                    X[(i0 + u) * ld] = x[u];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < n * dk; i += GC_THREADS)
+        Wk[i] = K[(i / dk) * lq + i % dk];
+    for (int i = tid; i < n * dv; i += GC_THREADS)
+        Wv[i] = V[(i / dv) * lv + i % dv];
+    if (tid < n)
+        Gf[tid] = (float)G[tid];
+}
+
+/* Starts the copies of chunk c's Wk rows and value columns (group 1), q rows, Qk rows and G
+ * (group 2) or k rows (group 3) into shared memory; one commit per call. */
+__device__ void gdn_chunk_fetch(const struct gdn_args &a, int which, int c, int kh, int j, int c0,
+                                float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G)
+{
+    const int dk = a.dk, dv = a.dv, lk = dk + 4, lq = GC + 4, tid = threadIdx.x;
+    const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
+    const float *area = chunk_area(a, j, c);
+    const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
+    const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
+    for (int i = tid; i < n * (dk / 4); i += GC_THREADS) {
+        int t = i / (dk / 4), r = 4 * (i % (dk / 4));
+        int64_t src = ((int64_t)(t0 + t) * a.Hk + kh) * dk + r;
+        if (which == 1)
+            cp_async16(smem_u32(Wk + t * lk + r), gWk + t * dk + r);
+        else if (which == 2)
+            cp_async16(smem_u32(Qn + t * lk + r), qn + src);
+        else
+            cp_async16(smem_u32(Kn + t * lk + r), kn + src);
+    }
+    if (which == 1)
+        for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
+            if (c0 + i % GC_COLS < dv)
+                cp_async4(smem_u32(Wv + i), gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
+    if (which == 2) {
+        for (int i = tid; i < n * (GC / 4); i += GC_THREADS)
+            cp_async16(smem_u32(Qk + (i / (GC / 4)) * lq + 4 * (i % (GC / 4))), gQk + 4 * i);
+        for (int i = tid; i < n; i += GC_THREADS)
+            cp_async4(smem_u32(G + i), gG + i);
+    }
+    cp_async_commit();
+}
+
+/* One block per (value head j, state columns [c0, c0 + GC_COLS)): the chunks in order. Thread
+ * (grp = tid / 16, col = tid % 16): U and O rows grp + 16 m, state rows 8 grp + m. The decay
+ * factors are applied to the products' results (O row i by e^{G_i}, U row s by
+ * e^{G_last − G_s} into Ud for the state update), so q, k and Wk are copied as they are, with
+ * cp.async, each as soon as the previous chunk no longer reads its buffer. */
+__global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid_constant__ struct gdn_args a)
+{
+    extern __shared__ __align__(16) float gsm[];
+    griddep_launch();
+    griddep_wait();
+    const int dk = a.dk, dv = a.dv, Hk = a.Hk, j = blockIdx.x, c0 = blockIdx.y * GC_COLS, tid = threadIdx.x;
+    const int col = tid % GC_COLS, grp = tid / GC_COLS, kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
+    const int lk = dk + 4, lq = GC + 4, nc = (a.T + GC - 1) / GC;
+    /* k rows double-buffered: chunk c + 1's are copied while chunk c runs */
+    float *Wk = gsm, *Qn = Wk + GC * lk, *Kb = Qn + GC * lk, *Qk = Kb + 2 * GC * lk;
+    float *S = Qk + GC * lq, *Wv = S + dk * GC_COLS, *U = Wv + GC * GC_COLS, *Ud = U + GC * GC_COLS;
+    float *G = Ud + GC * GC_COLS;
+    float *St = a.state + (int64_t)j * dk * dv;
+    const bool col_ok = c0 + col < dv;
+    for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) /* state rows r, columns c0.. */
+        S[i] = c0 + i % GC_COLS < dv ? St[(int64_t)(i / GC_COLS) * dv + c0 + i % GC_COLS] : 0.0f;
+    for (int i = tid; i < GC * GC_COLS; i += GC_THREADS)
+        Wv[i] = 0.0f; /* columns past dv stay zero */
+    __syncthreads();
+    for (int w = 1; w <= 3; w++)
+        gdn_chunk_fetch(a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G);
+    for (int c = 0; c < nc; c++) {
+        const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
+        const bool more = c + 1 < nc;
+        float *Kn = Kb + (c & 1) * GC * lk;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (more)
+            gdn_chunk_fetch(a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G);
+        const float glast = G[n - 1];
+        /* U = Wv − Wk S (4 rows per thread share each S load) */
+        {
+            float u[4][2] = {};
+            for (int r = 0; r < dk; r += 4) {
+                float s0 = S[r * GC_COLS + col], s1 = S[(r + 1) * GC_COLS + col];
+                float s2 = S[(r + 2) * GC_COLS + col], s3 = S[(r + 3) * GC_COLS + col];
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    int i = grp + 16 * m < n ? grp + 16 * m : n - 1;
+                    float4 w = *(const float4 *)(Wk + i * lk + r);
+                    u[m][0] = fmaf(w.x, s0, u[m][0]), u[m][1] = fmaf(w.y, s1, u[m][1]);
+                    u[m][0] = fmaf(w.z, s2, u[m][0]), u[m][1] = fmaf(w.w, s3, u[m][1]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                int i = grp + 16 * m;
+                if (i < n) {
+                    float v = Wv[i * GC_COLS + col] - (u[m][0] + u[m][1]);
+                    U[i * GC_COLS + col] = v;
+                    Ud[i * GC_COLS + col] = expf(glast - G[i]) * v;
+                }
+            }
+        }
+        __syncthreads(); /* U complete; Wk and Wv free */
+        if (more)
+            gdn_chunk_fetch(a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+        /* O = diag(e^G) Q S + Qk U */
+        {
+            float o[4][2] = {};
+            for (int r = 0; r < dk; r += 4) {
+                float s0 = S[r * GC_COLS + col], s1 = S[(r + 1) * GC_COLS + col];
+                float s2 = S[(r + 2) * GC_COLS + col], s3 = S[(r + 3) * GC_COLS + col];
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    int i = grp + 16 * m < n ? grp + 16 * m : n - 1;
+                    float4 q = *(const float4 *)(Qn + i * lk + r);
+                    o[m][0] = fmaf(q.x, s0, o[m][0]), o[m][1] = fmaf(q.y, s1, o[m][1]);
+                    o[m][0] = fmaf(q.z, s2, o[m][0]), o[m][1] = fmaf(q.w, s3, o[m][1]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                int i = grp + 16 * m;
+                if (i >= n)
+                    continue;
+                float v0 = 0.0f, v1 = 0.0f;
+                int s = 0;
+                for (; s + 1 <= i; s += 2) {
+                    v0 = fmaf(Qk[i * lq + s], U[s * GC_COLS + col], v0);
+                    v1 = fmaf(Qk[i * lq + s + 1], U[(s + 1) * GC_COLS + col], v1);
+                }
+                if (s == i)
+                    v0 = fmaf(Qk[i * lq + s], U[s * GC_COLS + col], v0);
+                float v = expf(G[i]) * (o[m][0] + o[m][1]) + (v0 + v1);
+                if (col_ok)
+                    a.out[(int64_t)(t0 + i) * a.ldo + (int64_t)j * dv + c0 + col] = v;
+            }
+        }
+        __syncthreads(); /* O read the old state, q, Qk and G */
+        if (more)
+            gdn_chunk_fetch(a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+        /* S = e^{G_last} S + Kᵀ Ud */
+        const float el = expf(glast);
+        for (int r0 = 8 * grp; r0 < dk; r0 += 8 * 16) {
+            float acc[8];
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                acc[m] = el * S[(r0 + m) * GC_COLS + col];
+            for (int s = 0; s < n; s++) {
+                float4 k0 = *(const float4 *)(Kn + s * lk + r0), k1 = *(const float4 *)(Kn + s * lk + r0 + 4);
+                float u = Ud[s * GC_COLS + col];
+                acc[0] = fmaf(k0.x, u, acc[0]), acc[1] = fmaf(k0.y, u, acc[1]);
+                acc[2] = fmaf(k0.z, u, acc[2]), acc[3] = fmaf(k0.w, u, acc[3]);
+                acc[4] = fmaf(k1.x, u, acc[4]), acc[5] = fmaf(k1.y, u, acc[5]);
+                acc[6] = fmaf(k1.z, u, acc[6]), acc[7] = fmaf(k1.w, u, acc[7]);
+            }
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                S[(r0 + m) * GC_COLS + col] = acc[m];
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = tid; i < dk * GC_COLS; i += GC_THREADS)
+        if (c0 + i % GC_COLS < dv)
+            St[(int64_t)(i / GC_COLS) * dv + c0 + i % GC_COLS] = S[i];
+}
+
+cudaError_t launch_gdn_chunked(const struct gdn_args *a, cudaStream_t s)
+{
+    if (!gdn_chunked_supports(a->dk, a->dv) || !a->scratch)
+        return cudaErrorInvalidValue;
+    cudaError_t e = launch_gdn_prep(a, s);
+    if (e != cudaSuccess)
+        return e;
+    size_t ps = prep_smem(a->dk, a->dv), ss = scan_smem(a->dk);
+    if ((e = cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ps)) ||
+        (e = cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)))
+        return e;
+    unsigned nc = (unsigned)((a->T + GC - 1) / GC);
+    if ((e = launch_k(a->pdl, gdn_chunk_prep_kernel, dim3(a->Hv, nc), dim3(GC_THREADS), ps, s, *a)))
+        return e;
+    return launch_k(a->pdl, gdn_chunk_scan_kernel, dim3(a->Hv, (a->dv + GC_COLS - 1) / GC_COLS),
+                    dim3(GC_THREADS), ss, s, *a);
+}
