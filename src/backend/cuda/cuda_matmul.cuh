@@ -130,10 +130,11 @@ void gemm_free(struct gemm_ctx *g);
 qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
                        struct qwenrt_error *err);
 
-/* Where the producer of a fast product's input writes it in bf16 ([T][K]): the products that
- * then read x (with x_reuse) take it as already rounded. x only names the input (the f32
- * buffer is not written). Errors: BACKEND (no memory). */
+/* Where the producer of a fast product's input writes it in bf16 ([T][K], and with terms 2
+ * the second term [T][K] right after): the products that then read x (with x_reuse) take it
+ * as already rounded. x only names the input (the f32 buffer is not written). Errors:
+ * BACKEND (no memory). */
 qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t K, int64_t ldx,
-                          __nv_bfloat16 **slot, struct qwenrt_error *err);
+                          int32_t terms, __nv_bfloat16 **slot, struct qwenrt_error *err);
 
 #endif

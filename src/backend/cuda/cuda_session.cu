@@ -1231,7 +1231,8 @@ static bool attention_bf16_ok(const struct run_ctx *r, int32_t i)
 /* The fast prefill's product inputs written in bf16 by their producer (one pass instead of
  * an f32 store and a rounding pass): an RMS norm of whole rows read only by the fast products
  * right after it (q, k, v; gate, up), SwiGLU read only by the down product, or the flash
- * attention's output read only by the o product; only where x is one bf16 term (x_terms 1).
+ * attention's output read only by the o product (x in one bf16 term only; the norm and
+ * SwiGLU also write two terms).
  * Returns the buffer now held in bf16 (the f32 buffer is not written), or -1 when op i is not such a
  * producer (nothing is run then). */
 static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st, struct qwenrt_error *err)
@@ -1240,8 +1241,11 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
     const struct plan_op *op = &p->ops[i];
     const struct dop *d = &r->d[i];
     int32_t j = i + 1, wo = op->out >= 0 ? bw(p, op->out) : 0;
-    if (!r->cs->opt.fuse || r->cs->x_terms != 1 || op->in == op->out ||
+    int32_t terms = r->cs->x_terms;
+    if (!r->cs->opt.fuse || op->in == op->out ||
         (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU && op->kind != OP_ATTENTION))
+        return -1;
+    if (op->kind == OP_ATTENTION && terms != 1) /* the flash kernel writes one term */
         return -1;
     if (op->kind == OP_RMSNORM && op->group != bw(p, op->in))
         return -1;
@@ -1254,13 +1258,14 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
         return -1;
     __nv_bfloat16 *slot = NULL;
     if ((*st = gemm_ready(r->cs, err)) ||
-        (*st = gemm_x_slot(&r->cs->gemm, r->b[op->out], r->T, wo, wo, &slot, err)))
+        (*st = gemm_x_slot(&r->cs->gemm, r->b[op->out], r->T, wo, wo, terms, &slot, err)))
         return -1;
     if (op->kind == OP_ATTENTION)
         return (*st = run_attention(r, i, slot, err)) ? -1 : op->out;
+    __nv_bfloat16 *mid = terms == 2 ? slot + (int64_t)r->T * wo : NULL;
     cudaError_t e = op->kind == OP_RMSNORM
-                        ? launch_rmsnorm_bf16(slot, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream)
-                        : launch_swiglu_bf16(slot, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
+                        ? launch_rmsnorm_bf16(slot, mid, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream)
+                        : launch_swiglu_bf16(slot, mid, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
     if (e != cudaSuccess)
         *st = cuda_fail(err, e, __FILE__, __LINE__, "bf16 producer");
     return op->out;

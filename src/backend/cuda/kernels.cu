@@ -36,12 +36,19 @@ cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype
 /* ---- rmsnorm: one block per (token, group) ---- */
 
 /* f32 out, or bf16 rounded to nearest as round_bf16_kernel would round the f32 value (the
- * fast prefill's product input written directly: one pass instead of two) */
-__device__ __forceinline__ void put_out(float *p, float v) { *p = v; }
-__device__ __forceinline__ void put_out(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+ * fast prefill's product input written directly: one pass instead of two), with the
+ * remainder's bf16 in mid when it is not NULL (two terms, as split_bf16_kernel makes them). */
+__device__ __forceinline__ void put_out(float *p, float *, float v) { *p = v; }
+__device__ __forceinline__ void put_out(__nv_bfloat16 *p, __nv_bfloat16 *mid, float v)
+{
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    *p = h;
+    if (mid)
+        *mid = __float2bfloat16_rn(v - __bfloat162float(h));
+}
 
 template <typename OUT>
-__global__ void rmsnorm_kernel(OUT *out, int32_t ldo, const float *in, int32_t ldi,
+__global__ void rmsnorm_kernel(OUT *out, OUT *mid, int32_t ldo, const float *in, int32_t ldi,
                                const float *w, int32_t group, float eps)
 {
     griddep_launch();
@@ -50,28 +57,29 @@ __global__ void rmsnorm_kernel(OUT *out, int32_t ldo, const float *in, int32_t l
     int t = blockIdx.y, g = blockIdx.x;
     const float *x = in + (int64_t)t * ldi + (int64_t)g * group;
     OUT *y = out + (int64_t)t * ldo + (int64_t)g * group;
+    OUT *ym = mid ? mid + (int64_t)t * ldo + (int64_t)g * group : NULL;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < group; i += blockDim.x)
         ss += x[i] * x[i];
     ss = block_sum(ss, red);
     float scale = rsqrtf(ss / (float)group + eps);
     for (int i = threadIdx.x; i < group; i += blockDim.x)
-        put_out(&y[i], x[i] * scale * w[i]);
+        put_out(&y[i], ym ? &ym[i] : NULL, x[i] * scale * w[i]);
 }
 
 cudaError_t launch_rmsnorm(float *out, int32_t ldo, const float *in, int32_t ldi, const float *w,
                            int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s, bool pdl)
 {
     int threads = group >= 1024 ? 1024 : ((group + 31) / 32) * 32;
-    return launch_k(pdl, rmsnorm_kernel<float>, dim3(groups, T), dim3(threads), 0, s, out, ldo, in, ldi,
-                    w, group, eps);
+    return launch_k(pdl, rmsnorm_kernel<float>, dim3(groups, T), dim3(threads), 0, s, out, (float *)NULL,
+                    ldo, in, ldi, w, group, eps);
 }
 
-cudaError_t launch_rmsnorm_bf16(__nv_bfloat16 *out, const float *in, int32_t ldi, const float *w,
-                                int32_t width, float eps, int32_t T, cudaStream_t s)
+cudaError_t launch_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *in, int32_t ldi,
+                                const float *w, int32_t width, float eps, int32_t T, cudaStream_t s)
 {
     int threads = width >= 1024 ? 1024 : ((width + 31) / 32) * 32;
-    rmsnorm_kernel<__nv_bfloat16><<<dim3(1, T), threads, 0, s>>>(out, width, in, ldi, w, width, eps);
+    rmsnorm_kernel<__nv_bfloat16><<<dim3(1, T), threads, 0, s>>>(out, mid, width, in, ldi, w, width, eps);
     return cudaGetLastError();
 }
 
@@ -111,16 +119,18 @@ cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s, b
     return launch_k(pdl, swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, s, g, u, n);
 }
 
-__global__ void swiglu_bf16_kernel(__nv_bfloat16 *out, const float *g, const float *u, int64_t n)
+__global__ void swiglu_bf16_kernel(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, const float *u,
+                                   int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        put_out(&out[i], silu_f(g[i]) * u[i]);
+        put_out(&out[i], mid ? &mid[i] : NULL, silu_f(g[i]) * u[i]);
 }
 
-cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, const float *g, const float *u, int64_t n, cudaStream_t s)
+cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, const float *u,
+                               int64_t n, cudaStream_t s)
 {
-    swiglu_bf16_kernel<<<grid_for(n), 256, 0, s>>>(out, g, u, n);
+    swiglu_bf16_kernel<<<grid_for(n), 256, 0, s>>>(out, mid, g, u, n);
     return cudaGetLastError();
 }
 

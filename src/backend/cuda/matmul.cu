@@ -779,12 +779,12 @@ static qwenrt_status xsplit_grow(struct gemm_ctx *g, int64_t bytes, struct qwenr
 }
 
 qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t K, int64_t ldx,
-                          __nv_bfloat16 **slot, struct qwenrt_error *err)
+                          int32_t terms, __nv_bfloat16 **slot, struct qwenrt_error *err)
 {
-    qwenrt_status st = xsplit_grow(g, T * K * 2, err);
+    qwenrt_status st = xsplit_grow(g, terms * T * K * 2, err);
     if (st)
         return st;
-    g->xb_src = x, g->xb_terms = 1, g->xb_T = T, g->xb_K = K, g->xb_ldx = ldx;
+    g->xb_src = x, g->xb_terms = terms, g->xb_T = T, g->xb_K = K, g->xb_ldx = ldx;
     *slot = g->xsplit;
     return QWENRT_OK;
 }
