@@ -32,9 +32,13 @@
  * block's barrier arrival. Where a GEMV phase's ~7.3 us go (BF16): barrier ~0.9, the last block
  * ~1.4 after the median one, x staging ~0.8 (132 blocks reading the same lines from L2), rows
  * and refills the rest; warps issue once every ~14 cycles (8 per multiprocessor). Tried and
- * reverted: every warp reading and normalising x itself (731 tok/s). Next: an x broadcast
- * (cluster multicast), a producer warp for the refills, fewer phases per layer (split-K
- * down / o-proj with reductions in L2).
+ * reverted: every warp reading and normalising x itself (731 tok/s); BF16 rows on the tensor
+ * cores (session 6: per-row bulk copies serialise, 717 tok/s). Fewer phases per layer
+ * (session 6): the down product split over the blocks' rows of h inside the SwiGLU phase
+ * (mk_down, cuda_options.mega_fuse_down) removes 28 of Qwen3's 141 phases but saves only
+ * 31 us of 930 (970 -> 997 tok/s): the fused phase grows by most of what the removed one
+ * cost, so the time is in each phase's chains (x from L2, waits, shuffles), not in a fixed
+ * cost per barrier. Off by default (the additions into the residual land in varying order).
  *
  * Numerics follow the reference kernels (kernels_ref.c) as the per-op CUDA kernels do: f32
  * accumulation, RoPE angles in double (reduced to [-pi, pi], then sincosf), online softmax,
@@ -103,6 +107,11 @@ struct mk_phase {
     const float *z, *gnorm_w;
     int32_t Hk, Hv, dk, dv, conv_k, tiled, gated;
     float geps;
+    /* GEMV_SWIGLU with the down product fused (mk_down): the block's rows of h times the same
+     * rows of the transposed down matrix (dseg: N = rows of h, a row = the down outputs), one
+     * reduction per output into dseg.y (the residual) */
+    int32_t has_down, down_g; /* down_g: the transposed matrix's GEMV table entry */
+    struct mk_seg dseg;
 };
 
 struct mk_sync {
@@ -140,6 +149,7 @@ struct mk_program {
     float *d_part;
     unsigned *d_cnt;
     double *d_freq;
+    void *d_wt;               /* the transposed down matrices of the fused phases (mk_down) */
     int32_t n_ph, n_g, nb, threads, stage_bytes, scratch_floats, ph_in_smem, max_chunks;
     size_t smem;
 };
@@ -182,6 +192,16 @@ __device__ __forceinline__ unsigned long long mk_globaltimer()
 
 /* Two 16-bit floats packed in w, times x0 and x1, added to acc. No arrays and no address
  * taken: everything stays in registers (a local array here cost ~1 us per row through L1). */
+/* The two 16-bit weights of a word as floats, the low half first. */
+template <int DT>
+__device__ __forceinline__ float2 mk_unpack2(uint32_t w)
+{
+    if (DT == QR_BF16)
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    return make_float2(__half2float(__ushort_as_half((unsigned short)(w & 0xffffu))),
+                       __half2float(__ushort_as_half((unsigned short)(w >> 16))));
+}
+
 __device__ __forceinline__ float mk_fma2(uint32_t w, float x0, float x1, float acc, int32_t dt)
 {
     float lo, hi;
@@ -765,6 +785,63 @@ __device__ __noinline__ void mk_gemv_chunks(const struct mk_phase &P, struct mk_
     }
 }
 
+/* The down product fused into its SwiGLU phase: out[i] += Σ_r Wd[i][r] h[r] over this block's
+ * rows r of h (the same range as its gate/up rows: written by its own warps just before), from
+ * the transposed rows Wdᵀ[r] in the ring. Thread t owns outputs 4t.., 4t + 4 NT.., ...; each
+ * adds its partial sums to the residual with one 4-wide reduction in L2 (the order of the
+ * blocks' additions varies: f32 rounding, not a fixed order). Saves a phase (a grid barrier
+ * and an x staging) per layer. */
+template <int NT, int DT>
+__device__ __noinline__ void mk_down(const struct mk_phase &P, struct mk_ring &rg, float *hs)
+{
+    const struct mk_seg &d = P.dseg;
+    int64_t lo, hi;
+    mk_rows_of_block(d.N, &lo, &hi);
+    __syncthreads(); /* the block's h rows are in global memory (its warps wrote them) */
+    for (int i = threadIdx.x; i < hi - lo; i += NT)
+        hs[i] = __ldcg(P.seg[0].y + lo + i);
+    __syncthreads();
+    const int32_t n_out = (int32_t)(d.row_bytes / 2);
+    float acc[4][4] = {};
+    const struct mk_ring ring = rg; /* registers, as in mk_gemv_regs */
+    const uint32_t base = mk_smem_addr(ring.base), bars = mk_smem_addr(ring.bar);
+    const int32_t k0 = ring.gfirst[P.down_g], k1 = ring.gfirst[P.down_g + 1];
+    uint32_t next = ring.next;
+    for (int32_t k = k0; k < k1; k++, next++) {
+        const struct mk_chunk ch = ring.sched[k];
+        uint32_t st = next % MK_STAGES;
+        mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
+        const uint32_t b0 = base + st * (uint32_t)ring.stage_bytes;
+        for (int32_t j = 0; j < ch.n; j++) {
+            float h = hs[ch.r0 - lo + j];
+            uint32_t row = b0 + (uint32_t)j * (uint32_t)d.row_bytes;
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                int32_t c = 4 * (threadIdx.x + NT * g);
+                if (c < n_out) {
+                    uint32_t w0, w1;
+                    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w0), "=r"(w1) : "r"(row + 2 * c));
+                    float2 a = mk_unpack2<DT>(w0), b = mk_unpack2<DT>(w1);
+                    acc[g][0] = fmaf(a.x, h, acc[g][0]), acc[g][1] = fmaf(a.y, h, acc[g][1]);
+                    acc[g][2] = fmaf(b.x, h, acc[g][2]), acc[g][3] = fmaf(b.y, h, acc[g][3]);
+                }
+            }
+        }
+        mk_release(ring, next);
+    }
+    rg.next = next;
+    if (hi <= lo)
+        return;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        int32_t c = 4 * (threadIdx.x + NT * g);
+        if (c < n_out)
+            asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(d.y + c),
+                         "f"(acc[g][0]), "f"(acc[g][1]), "f"(acc[g][2]), "f"(acc[g][3])
+                         : "memory");
+    }
+}
+
 /* y = [norm](x) · Wᵀ: the block's chunks of GEMV phase P (ordinal P.gidx), in the schedule's
  * order. */
 template <int NT>
@@ -817,6 +894,8 @@ __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, s
         }
         break;
     }
+    if (P.has_down) /* hs after x (mk_table reserved K + 64 floats) */
+        P.dseg.dtype == QR_BF16 ? mk_down<NT, QR_BF16>(P, rg, xs + P.K) : mk_down<NT, QR_F16>(P, rg, xs + P.K);
     if (rg.prof)
         atomicAdd(&rg.prof[4], mk_globaltimer() - t1);
     if (P.argmax && (threadIdx.x & 31) == 0 && best)
@@ -1289,7 +1368,46 @@ struct mk_builder {
     float theta;
     int32_t max_heads;                /* counters */
     int32_t max_K, max_attn, max_gdn; /* shared memory needs, floats */
+    int32_t *fused;                   /* [n_fused] phases whose dseg.w still names the
+                                       * untransposed down matrix (mk_transpose_down) */
+    int32_t n_fused;
 };
+
+/* Whether the down product (dop d, reading in, adding onto the residual) can join the SwiGLU
+ * GEMV phase before it (mk_down): that phase wrote in, nothing else joined it yet, and the
+ * down weights are 16-bit rows (transposed exactly: quantised blocks would need requantising)
+ * of at most 4 x 4 x threads outputs. */
+static bool mk_down_fusable(const struct mk_builder *b, const struct dop *d, const float *in)
+{
+    const struct mk_phase *pv = b->n_ph > 0 ? &b->ph[b->n_ph - 1] : NULL;
+    return b->in->fuse_down && pv && pv->kind == MK_GEMV && pv->mode == GEMV_SWIGLU && !pv->has_down &&
+           pv->seg[0].y == in && d->K == pv->seg[0].N && (d->dtype == QR_BF16 || d->dtype == QR_F16) &&
+           d->row_bytes == 2 * (int64_t)d->K && d->N % 4 == 0 && d->N <= 16 * b->in->threads &&
+           2 * (int64_t)d->N <= MK_STAGE_MIN - 64;
+}
+
+/* Joins the down product to the SwiGLU phase before it: its transposed rows become the next
+ * GEMV table entry (so the ring streams them right after the gate/up rows). */
+static qwenrt_status mk_fuse_down(struct mk_builder *b, const struct dop *d, float *accum_y,
+                                  struct qwenrt_error *err)
+{
+    struct mk_phase *pv = &b->ph[b->n_ph - 1];
+    int32_t *f = (int32_t *)xrealloc(b->fused, (size_t)b->n_fused + 1, sizeof(*f));
+    if (!f)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
+    b->fused = f;
+    b->fused[b->n_fused++] = b->n_ph - 1; /* an index: b->ph moves as it grows */
+    pv->has_down = 1;
+    pv->down_g = b->n_g++;
+    pv->dseg.w = (const uint8_t *)d->w; /* replaced by the transposed copy (mk_transpose_down) */
+    pv->dseg.N = d->K;
+    pv->dseg.row_bytes = 2 * (int64_t)d->N;
+    pv->dseg.dtype = d->dtype;
+    pv->dseg.y = accum_y;
+    if (pv->K + 64 > b->max_K)
+        b->max_K = pv->K + 64;
+    return QWENRT_OK;
+}
 
 static int32_t bwid(const struct plan *p, int32_t b) { return p->bufs[b].width; }
 
@@ -1398,6 +1516,8 @@ static qwenrt_status mk_add_op(struct mk_builder *b, int32_t i, int32_t *used,
         if (op->kind == OP_MATMUL && add && add->kind == OP_ADD && add->in == op->out &&
             add->out != op->out && op->in != add->out && plan_buf_dead_after(p, op->out, i + 2)) {
             *used = 2;
+            if (mk_down_fusable(b, d, B[op->in]))
+                return mk_fuse_down(b, d, B[add->out], err);
             return mk_add_gemv(b, -1, &i, 1, GEMV_ACCUM, B[add->out], err);
         }
         return mk_add_gemv(b, -1, &i, 1, GEMV_STORE, NULL, err);
@@ -1491,6 +1611,7 @@ void mk_free(struct mk_program *mk)
     cudaFree(mk->d_freq);
     cudaFree(mk->d_cnt);
     cudaFree(mk->d_sync);
+    cudaFree(mk->d_wt);
     xfree(mk->kinds);
     xfree(mk);
 }
@@ -1517,6 +1638,12 @@ static int64_t mk_fill_table(const struct mk_builder *b, struct mk_gdesc *gt, in
                 per_row = D->swiglu ? per_row + ph->seg[k].row_bytes : ph->seg[k].row_bytes;
         }
         D->rpc = (int32_t)((stage - 64) / per_row);
+        if (ph->has_down) { /* the transposed down rows: the next entry */
+            struct mk_gdesc *T = &gt[ph->down_g];
+            T->w[0] = ph->dseg.w, T->N[0] = ph->dseg.N, T->row_bytes[0] = (int32_t)ph->dseg.row_bytes;
+            T->nseg = 1, T->swiglu = 0;
+            T->rpc = (int32_t)((stage - 64) / ph->dseg.row_bytes);
+        }
     }
     int64_t most = 0;
     for (int32_t blk = 0; blk < nb; blk++) { /* the rows of block blk as mk_rows_of_block */
@@ -1629,6 +1756,45 @@ static qwenrt_status mk_configure(struct mk_program *mk, int32_t n_sm, struct qw
     return QWENRT_OK;
 }
 
+/* dst [cols][rows] = src [rows][cols] of 16-bit values, through 32 x 32 tiles. */
+__global__ void mk_transpose16_kernel(uint16_t *dst, const uint16_t *src, int32_t rows, int32_t cols)
+{
+    __shared__ uint16_t tile[32][33];
+    int32_t c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * 32;
+    for (int32_t i = threadIdx.y; i < 32; i += blockDim.y)
+        if (r0 + i < rows && c < cols)
+            tile[i][threadIdx.x] = src[(int64_t)(r0 + i) * cols + c];
+    __syncthreads();
+    int32_t r = r0 + threadIdx.x, c0 = blockIdx.x * 32;
+    for (int32_t i = threadIdx.y; i < 32; i += blockDim.y)
+        if (c0 + i < cols && r < rows)
+            dst[(int64_t)(c0 + i) * rows + r] = tile[threadIdx.x][i];
+}
+
+/* The fused phases' down matrices, transposed into one device buffer (mk->d_wt); each phase's
+ * dseg.w then names its copy. Exact: 16-bit values moved, not converted. */
+static qwenrt_status mk_transpose_down(struct mk_builder *b, struct mk_program *mk, struct qwenrt_error *err)
+{
+    int64_t total = 0;
+    for (int32_t i = 0; i < b->n_fused; i++)
+        total += (int64_t)b->ph[b->fused[i]].dseg.N * b->ph[b->fused[i]].dseg.row_bytes;
+    if (total == 0)
+        return QWENRT_OK;
+    CUDA_CHECK(cudaMalloc(&mk->d_wt, (size_t)total));
+    uint8_t *dst = (uint8_t *)mk->d_wt;
+    for (int32_t i = 0; i < b->n_fused; i++) {
+        struct mk_seg *d = &b->ph[b->fused[i]].dseg;
+        int32_t rows = (int32_t)(d->row_bytes / 2), cols = d->N; /* the original: [outputs][K] */
+        mk_transpose16_kernel<<<dim3((cols + 31) / 32, (rows + 31) / 32), dim3(32, 8)>>>(
+            (uint16_t *)dst, (const uint16_t *)d->w, rows, cols);
+        CUDA_CHECK(cudaGetLastError());
+        d->w = dst;
+        dst += (int64_t)d->N * d->row_bytes;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return QWENRT_OK;
+}
+
 qwenrt_status mk_build(const struct mk_inputs *in, struct mk_program **out, struct qwenrt_error *err)
 {
     *out = NULL;
@@ -1653,6 +1819,8 @@ qwenrt_status mk_build(const struct mk_inputs *in, struct mk_program **out, stru
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
     struct mk_gdesc *gt = NULL;
     if (!st)
+        st = mk_transpose_down(&b, mk, err);
+    if (!st)
         st = mk_table(&b, &gt, mk, err);
     if (!st) {
         mk->n_ph = b.n_ph;
@@ -1667,6 +1835,7 @@ qwenrt_status mk_build(const struct mk_inputs *in, struct mk_program **out, stru
     if (!st)
         st = in->threads == 256 ? mk_configure<256>(mk, in->n_sm, err) : mk_configure<512>(mk, in->n_sm, err);
     xfree(b.ph);
+    xfree(b.fused);
     if (st) {
         mk_free(mk);
         return st;

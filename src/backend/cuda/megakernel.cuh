@@ -31,6 +31,7 @@ struct mk_inputs {
     float *const *kc, *const *vc, *const *conv, *const *ssm; /* [n_layer] or NULL entries */
     int32_t kv_width, conv_dim, n_sm;
     int32_t threads;       /* per block: 256 or 512 */
+    bool fuse_down;        /* the down product joins its SwiGLU phase (16-bit weights: mk_down) */
 };
 
 struct mk_program;
