@@ -284,15 +284,22 @@ cudaError_t launch_gdn_prep(const struct gdn_args *a, cudaStream_t s);
 bool gdn_chunked_supports(int32_t dk, int32_t dv);
 int64_t gdn_chunked_scratch_floats(const struct gdn_args *a);
 cudaError_t launch_gdn_chunked(const struct gdn_args *a, cudaStream_t s);
-/* Token-parallel causal conv for prefill: y (scratch [T][C]) from x and state, new state
- * rows into state_new ([K-1][C]); the caller copies y to x and state_new to state. */
-cudaError_t launch_gdn_conv_par(float *y, const float *x, int32_t ldx, const float *state,
-                                float *state_new, const float *taps, int32_t C, int32_t K,
-                                int32_t T, cudaStream_t s);
+/* Token-parallel causal conv for prefill, in place on x ([T][ldx]): the new state rows go to
+ * state_new ([K-1][C], the caller copies them to state after), halo is scratch; both within
+ * gdn_conv_par_scratch_floats() floats (state_new at the end). */
+int64_t gdn_conv_par_scratch_floats(int32_t C, int32_t K, int32_t T);
+cudaError_t launch_gdn_conv_par(float *x, int32_t ldx, const float *state, float *state_new,
+                                float *halo, const float *taps, int32_t C, int32_t K, int32_t T,
+                                cudaStream_t s);
 
 cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
                                  const float *w, int32_t Hv, int32_t dv, float eps, int32_t T,
                                  cudaStream_t s, bool pdl = false);
+/* The same writing bf16 [T][Hv dv] to out (and mid: the second term, when not NULL) instead of
+ * o in place: the fast prefill's input of the out projection. */
+cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *o,
+                                      int32_t ldo, const float *z, int32_t ldz, const float *w,
+                                      int32_t Hv, int32_t dv, float eps, int32_t T, cudaStream_t s);
 
 /* id = argmax x[0..n) (first maximum); then ids[0] = id, out_ids[*step] = id, (*step)++,
  * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). */

@@ -630,14 +630,13 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
     case OP_GDN_CONV:
         if (T > 1 && cs->opt.gdn_par && wo == cs->conv_dim) {
             int64_t C = cs->conv_dim, R = op->conv_k - 1;
-            qwenrt_status st = scratch_grow(cs, (int64_t)T * C + R * C, err);
+            int64_t n = gdn_conv_par_scratch_floats((int32_t)C, op->conv_k, T);
+            qwenrt_status st = scratch_grow(cs, n, err);
             if (st)
                 return st;
-            float *y = cs->scratch, *sn = cs->scratch + (int64_t)T * C;
-            CUDA_CHECK(launch_gdn_conv_par(y, b[op->out], wo, cs->conv[op->layer], sn, d->vec,
+            float *halo = cs->scratch, *sn = cs->scratch + n - R * C;
+            CUDA_CHECK(launch_gdn_conv_par(b[op->out], wo, cs->conv[op->layer], sn, halo, d->vec,
                                            (int32_t)C, op->conv_k, T, s));
-            CUDA_CHECK(cudaMemcpyAsync(b[op->out], y, (size_t)T * C * sizeof(float),
-                                       cudaMemcpyDeviceToDevice, s));
             CUDA_CHECK(cudaMemcpyAsync(cs->conv[op->layer], sn, (size_t)R * C * sizeof(float),
                                        cudaMemcpyDeviceToDevice, s));
             break;
@@ -1232,9 +1231,9 @@ static bool attention_bf16_ok(const struct run_ctx *r, int32_t i)
 
 /* The fast prefill's product inputs written in bf16 by their producer (one pass instead of
  * an f32 store and a rounding pass): an RMS norm of whole rows read only by the fast products
- * right after it (q, k, v; gate, up), SwiGLU read only by the down product, or the flash
- * attention's output read only by the o product (x in one bf16 term only; the norm and
- * SwiGLU also write two terms).
+ * right after it (q, k, v; gate, up), SwiGLU read only by the down product, DeltaNet's gated
+ * norm read only by the out projection, or the flash attention's output read only by the o
+ * product (x in one bf16 term only; the others also write two terms).
  * Returns the buffer now held in bf16 (the f32 buffer is not written), or -1 when op i is not such a
  * producer (nothing is run then). */
 static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st, struct qwenrt_error *err)
@@ -1245,7 +1244,8 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
     int32_t j = i + 1, wo = op->out >= 0 ? bw(p, op->out) : 0;
     int32_t terms = r->cs->x_terms;
     if (!r->cs->opt.fuse || op->in == op->out ||
-        (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU && op->kind != OP_ATTENTION))
+        (op->kind != OP_RMSNORM && op->kind != OP_SWIGLU && op->kind != OP_ATTENTION &&
+         op->kind != OP_GATED_RMSNORM))
         return -1;
     if (op->kind == OP_ATTENTION && terms != 1) /* the flash kernel writes one term */
         return -1;
@@ -1265,9 +1265,14 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
     if (op->kind == OP_ATTENTION)
         return (*st = run_attention(r, i, slot, err)) ? -1 : op->out;
     __nv_bfloat16 *mid = terms == 2 ? slot + (int64_t)r->T * wo : NULL;
-    cudaError_t e = op->kind == OP_RMSNORM
-                        ? launch_rmsnorm_bf16(slot, mid, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream)
-                        : launch_swiglu_bf16(slot, mid, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
+    cudaError_t e;
+    if (op->kind == OP_RMSNORM)
+        e = launch_rmsnorm_bf16(slot, mid, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream);
+    else if (op->kind == OP_SWIGLU)
+        e = launch_swiglu_bf16(slot, mid, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
+    else /* the gated norm, in place on out in the f32 form */
+        e = launch_gated_rmsnorm_bf16(slot, mid, r->b[op->out], wo, r->b[op->in], bw(p, op->in), d->vec,
+                                      op->n_v_heads, op->v_dim, op->eps, r->T, r->stream);
     if (e != cudaSuccess)
         *st = cuda_fail(err, e, __FILE__, __LINE__, "bf16 producer");
     return op->out;

@@ -968,18 +968,44 @@ cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
 }
 
 /* ---- causal conv, token-parallel (prefill): one thread per (channel, CONV_CT tokens) ----
- * Out of place: reads x and the old state only, so no thread overwrites another's input. */
+ * In place: gdn_conv_halo_kernel first saves, for every chunk of CONV_CT tokens, the K - 1
+ * inputs before it (the old state's rows before token 0) and the new state rows; then each
+ * thread of gdn_conv_par_kernel reads its chunk's inputs into registers before writing its
+ * outputs over them, taking the rows before the chunk from the saved copy (which the previous
+ * chunk's thread may already have overwritten in x). */
 
 #define CONV_CT 16
 
-__global__ void gdn_conv_par_kernel(float *__restrict__ y, const float *__restrict__ x,
-                                    int32_t ldx, const float *__restrict__ state,
-                                    float *__restrict__ state_new, const float *__restrict__ taps,
-                                    int32_t C, int32_t K, int32_t T)
+int64_t gdn_conv_par_scratch_floats(int32_t C, int32_t K, int32_t T)
+{
+    return ((int64_t)(T + CONV_CT - 1) / CONV_CT + 1) * (K - 1) * C;
+}
+
+__global__ void gdn_conv_halo_kernel(float *__restrict__ halo, float *__restrict__ state_new,
+                                     const float *__restrict__ x, int32_t ldx,
+                                     const float *__restrict__ state, int32_t C, int32_t K, int32_t T)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, R = K - 1;
+    int nch = (T + CONV_CT - 1) / CONV_CT;
+    if (ch >= C)
+        return;
+    for (int r = 0; r < R; r++) {
+        /* chunk c's rows before it; chunk nch: the new state (the last R inputs) */
+        int pos = c < nch ? c * CONV_CT - R + r : T - R + r;
+        float v = pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
+        if (c < nch)
+            halo[((int64_t)c * R + r) * C + ch] = v;
+        else
+            state_new[(int64_t)r * C + ch] = v;
+    }
+}
+
+__global__ void gdn_conv_par_kernel(float *x, int32_t ldx, const float *__restrict__ halo,
+                                    const float *__restrict__ taps, int32_t C, int32_t K, int32_t T)
 {
     griddep_launch();
     griddep_wait();
-    int ch = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_CT, R = K - 1;
+    int ch = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, t0 = c * CONV_CT, R = K - 1;
     if (ch >= C)
         return;
     float tap[CONV_MAX_K], win[CONV_CT + CONV_MAX_K - 1];
@@ -990,8 +1016,10 @@ __global__ void gdn_conv_par_kernel(float *__restrict__ y, const float *__restri
     for (int i = 0; i < CONV_CT + CONV_MAX_K - 1; i++) {
         int pos = t0 - R + i;
         float v = 0.0f;
-        if (i < R + CONV_CT && pos < T)
-            v = pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
+        if (i < R)
+            v = halo[((int64_t)c * R + i) * C + ch];
+        else if (i < R + CONV_CT && pos < T)
+            v = x[(int64_t)pos * ldx + ch];
         win[i] = v;
     }
 #pragma unroll
@@ -1003,44 +1031,49 @@ __global__ void gdn_conv_par_kernel(float *__restrict__ y, const float *__restri
         for (int j = 0; j < CONV_MAX_K; j++)
             if (j < K)
                 acc += tap[j] * win[tt + j];
-        y[(int64_t)(t0 + tt) * C + ch] = silu_f(acc);
+        x[(int64_t)(t0 + tt) * ldx + ch] = silu_f(acc);
     }
-    if (t0 <= T - 1 && T - 1 < t0 + CONV_CT)
-        for (int r = 0; r < R; r++) {
-            int pos = T - R + r;
-            state_new[(int64_t)r * C + ch] =
-                pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
-        }
 }
 
-cudaError_t launch_gdn_conv_par(float *y, const float *x, int32_t ldx, const float *state,
-                                float *state_new, const float *taps, int32_t C, int32_t K,
-                                int32_t T, cudaStream_t s)
+cudaError_t launch_gdn_conv_par(float *x, int32_t ldx, const float *state, float *state_new,
+                                float *halo, const float *taps, int32_t C, int32_t K, int32_t T,
+                                cudaStream_t s)
 {
     if (K < 2 || K > CONV_MAX_K)
         return cudaErrorInvalidValue;
-    return launch_k(false, gdn_conv_par_kernel, dim3((C + 127) / 128, (T + CONV_CT - 1) / CONV_CT),
-                    dim3(128), 0, s, y, x, ldx, state, state_new, taps, C, K, T);
+    unsigned nch = (unsigned)((T + CONV_CT - 1) / CONV_CT);
+    gdn_conv_halo_kernel<<<dim3((C + 127) / 128, nch + 1), dim3(128), 0, s>>>(halo, state_new, x, ldx,
+                                                                             state, C, K, T);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    return launch_k(false, gdn_conv_par_kernel, dim3((C + 127) / 128, nch), dim3(128), 0, s, x, ldx,
+                    (const float *)halo, taps, C, K, T);
 }
 
 /* ---- gated rmsnorm: one block per (value head, token) ---- */
 
-__global__ void gated_rmsnorm_kernel(float *o, int32_t ldo, const float *z, int32_t ldz,
-                                     const float *w, int32_t dv, float eps)
+/* o's head rows normalised, times w and silu(z): in place (OUT float, out = o), or written to
+ * out in bf16 (and the remainder's bf16 to mid: the fast prefill's product input). */
+template <typename OUT>
+__global__ void gated_rmsnorm_kernel(OUT *out, OUT *mid, int32_t ldout, const float *o, int32_t ldo,
+                                     const float *z, int32_t ldz, const float *w, int32_t dv, float eps)
 {
     griddep_launch();
     griddep_wait();
     __shared__ float red[32];
     int j = blockIdx.x, t = blockIdx.y;
-    float *op = o + (int64_t)t * ldo + (int64_t)j * dv;
+    const float *op = o + (int64_t)t * ldo + (int64_t)j * dv;
     const float *zp = z + (int64_t)t * ldz + (int64_t)j * dv;
+    OUT *yp = out + (int64_t)t * ldout + (int64_t)j * dv;
+    OUT *ym = mid ? mid + (int64_t)t * ldout + (int64_t)j * dv : NULL;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < dv; d += blockDim.x)
         ss += op[d] * op[d];
     ss = block_sum(ss, red);
     float scale = rsqrtf(ss / (float)dv + eps);
     for (int d = threadIdx.x; d < dv; d += blockDim.x)
-        op[d] = op[d] * scale * w[d] * silu_f(zp[d]);
+        put_out(&yp[d], ym ? &ym[d] : NULL, op[d] * scale * w[d] * silu_f(zp[d]));
 }
 
 cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
@@ -1048,8 +1081,18 @@ cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t 
                                  cudaStream_t s, bool pdl)
 {
     int threads = dv >= 1024 ? 1024 : ((dv + 31) / 32) * 32;
-    return launch_k(pdl, gated_rmsnorm_kernel, dim3(Hv, T), dim3(threads), 0, s, o, ldo, z, ldz, w,
-                    dv, eps);
+    return launch_k(pdl, gated_rmsnorm_kernel<float>, dim3(Hv, T), dim3(threads), 0, s, o,
+                    (float *)NULL, ldo, (const float *)o, ldo, z, ldz, w, dv, eps);
+}
+
+cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *o,
+                                      int32_t ldo, const float *z, int32_t ldz, const float *w,
+                                      int32_t Hv, int32_t dv, float eps, int32_t T, cudaStream_t s)
+{
+    int threads = dv >= 1024 ? 1024 : ((dv + 31) / 32) * 32;
+    gated_rmsnorm_kernel<__nv_bfloat16><<<dim3(Hv, T), threads, 0, s>>>(out, mid, Hv * dv, o, ldo, z,
+                                                                         ldz, w, dv, eps);
+    return cudaGetLastError();
 }
 
 /* ---- argmax: one block of 1024 threads; ties go to the lowest index ---- */
