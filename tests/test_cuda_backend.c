@@ -404,6 +404,7 @@ static void test_op_attention(void **state)
         attention_case(128, 6, 3, 32, true, 1, 4, tiled);
         attention_case(128, 16, 8, 128, false, 300, 1, tiled); /* several K/V tiles */
         attention_case(64, 4, 2, 64, false, 70, 2, tiled);     /* flash, head size 64 */
+        attention_case(256, 8, 2, 64, true, 300, 1, tiled);    /* Qwen3.5's shape: flash, 256 */
         if (tiled >= 2) /* the flash kernel's second launch (> 8 query tiles), reused counters */
             attention_case(128, 8, 2, 128, false, 700, 1, tiled);
     }

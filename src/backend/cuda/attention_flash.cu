@@ -1,5 +1,6 @@
 /*
- * attention_flash.cu — prefill attention as one kernel on tensor cores, for the fast prefill
+ * attention_flash.cu — prefill attention as one kernel on tensor cores (head sizes 64, 128 and
+ * 256), for the fast prefill
  * (cuda_options.prefill_bf16 on a 16-bit or quantised model; exact prefills keep the f32
  * GEMMs of attention_gemm.cu). FlashAttention-2's structure with mma.sync:
  *
@@ -278,9 +279,11 @@ __device__ void fa_merge(const struct attn_gemm_args &a, const struct fa_split &
 
 /* Block (s, qt, h): split s of the key tiles seen by query tile sp.qt0 + qt of head h. Warp w
  * owns query rows 16w .. 16w+15; lane (g, c) holds rows 16w+g and 16w+g+8 of every fragment:
- * Q as A fragments, S and O as accumulators, the row statistics m, l. */
+ * Q as A fragments (head size 256: read from shared memory at each step instead, the 128
+ * registers of O leave no room for them; one block per multiprocessor), S and O as
+ * accumulators, the row statistics m, l. */
 template <int HD>
-__global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
+__global__ void __launch_bounds__(32 * FA_WARPS, HD > 128 ? 1 : FA_MINB)
     flash_attn_kernel(const __grid_constant__ struct attn_gemm_args a, const __grid_constant__ struct fa_split sp,
                       const __grid_constant__ struct fa_ops op)
 {
@@ -307,7 +310,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
         fa_copy_tile<HD, FA_BK>(sm.v[i], vg + (int64_t)(kt0 + i) * FA_BK * HD);
         cp_async_commit();
     }
-    uint32_t qa[HD / 16][4];
+    constexpr bool QREG = HD <= 128; /* Q's fragments kept in registers */
+    uint32_t qa[QREG ? HD / 16 : 1][4];
     float o[HD / 8][4];
 #pragma unroll
     for (int n = 0; n < HD / 8; n++)
@@ -321,9 +325,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
         else
             cp_async_wait<0>();
         __syncthreads(); /* tile it (and Q) landed for every thread's copies */
-        if (it == 0) {
+        if (QREG && it == 0) {
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
+            for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) {
                 const __half *q0 = &sm.q[r0 + g][kk * 16 + 2 * c];
                 qa[kk][0] = fa_u32(q0), qa[kk][1] = fa_u32(q0 + 8 * (HD + 8));
                 qa[kk][2] = fa_u32(q0 + 8), qa[kk][3] = fa_u32(q0 + 8 * (HD + 8) + 8);
@@ -331,12 +335,27 @@ __global__ void __launch_bounds__(32 * FA_WARPS, FA_MINB)
         }
         float sc[FA_BK / 8][4]; /* S = Q K^T: 8 key columns per fragment */
 #pragma unroll
-        for (int j = 0; j < FA_BK / 8; j++) {
+        for (int j = 0; j < FA_BK / 8; j++)
             sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+        if constexpr (QREG) {
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const __half *k0p = &sm.k[b][j * 8 + g][kk * 16 + 2 * c];
-                fa_mma_f16(sc[j], qa[kk], fa_u32(k0p), fa_u32(k0p + 8));
+            for (int j = 0; j < FA_BK / 8; j++)
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    const __half *k0p = &sm.k[b][j * 8 + g][kk * 16 + 2 * c];
+                    fa_mma_f16(sc[j], qa[kk], fa_u32(k0p), fa_u32(k0p + 8));
+                }
+        } else {
+#pragma unroll 4
+            for (int kk = 0; kk < HD / 16; kk++) { /* a step of Q at a time, every key column */
+                const __half *q0 = &sm.q[r0 + g][kk * 16 + 2 * c];
+                uint32_t q4[4] = {fa_u32(q0), fa_u32(q0 + 8 * (HD + 8)), fa_u32(q0 + 8),
+                                  fa_u32(q0 + 8 * (HD + 8) + 8)};
+#pragma unroll
+                for (int j = 0; j < FA_BK / 8; j++) {
+                    const __half *k0p = &sm.k[b][j * 8 + g][kk * 16 + 2 * c];
+                    fa_mma_f16(sc[j], q4, fa_u32(k0p), fa_u32(k0p + 8));
+                }
             }
         }
         float mx[2] = {-INFINITY, -INFINITY};
@@ -463,9 +482,8 @@ static cudaError_t flash_launch(const struct attn_gemm_args *a, float *part, uns
     return cudaSuccess;
 }
 
-/* Head sizes 64 and 128: a warp keeps hd/16 x 4 registers of Q and hd/8 x 4 of O (256 would
- * spill; Qwen3.5's 256 never runs the fast prefill anyway). */
-static bool attention_flash_supports(int32_t hd) { return hd == 64 || hd == 128; }
+/* Head sizes 64 and 128 (Q's fragments in registers) and 256 (Q read from shared memory). */
+static bool attention_flash_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 
 bool attention_flash_applies(const struct attn_gemm_args *a)
 {
@@ -507,6 +525,7 @@ qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a
     op.q = (__half *)g->fa_ops, op.k = op.q + qe, op.v = (__nv_bfloat16 *)(op.k + ke);
     switch (a->hd) {
     case 64: CUDA_CHECK(flash_launch<64>(a, g->fa_part, g->fa_count, &op, s)); break;
+    case 256: CUDA_CHECK(flash_launch<256>(a, g->fa_part, g->fa_count, &op, s)); break;
     default: CUDA_CHECK(flash_launch<128>(a, g->fa_part, g->fa_count, &op, s)); break;
     }
     return QWENRT_OK;
