@@ -269,6 +269,10 @@ struct gdn_args {
     bool tiled;            /* value head j uses key head j % Hk */
     bool pdl;
     float *scratch;        /* gdn_scan: >= gdn_scan_scratch_floats() floats, else NULL */
+    /* launch_gdn_core only: the gated RMS norm of each head's output fused (decode program) */
+    const float *z, *gnorm_w; /* z [T][ldz]; w [dv]; z NULL: no norm */
+    int32_t ldz;
+    float geps;
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);

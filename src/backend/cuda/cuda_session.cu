@@ -40,7 +40,7 @@ extern "C" {
 #include "base/alloc.h"
 }
 
-enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN };
+enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN, STEP_GDN_GATED };
 
 /* One launch group of the decode program. */
 struct step {
@@ -583,6 +583,22 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     return QWENRT_OK;
 }
 
+/* The DeltaNet core's arguments for op i over T tokens (no scratch, no fused norm). */
+static struct gdn_args gdn_args_of(const struct run_ctx *r, int32_t i, int32_t T)
+{
+    const struct plan *p = r->p;
+    const struct plan_op *op = &p->ops[i];
+    const struct dop *d = &r->d[i];
+    struct gdn_args a;
+    memset(&a, 0, sizeof(a));
+    a.out = r->b[op->out], a.qkv = r->b[op->in], a.b = r->b[op->in2], a.a = r->b[op->in3];
+    a.ldo = bw(p, op->out), a.ldi = bw(p, op->in), a.ldb = bw(p, op->in2), a.lda = bw(p, op->in3);
+    a.dt = d->vec2, a.ssm_a = d->vec3, a.state = r->cs->ssm[op->layer];
+    a.Hk = op->n_k_heads, a.Hv = op->n_v_heads, a.dk = op->k_dim, a.dv = op->v_dim;
+    a.T = T, a.tiled = op->v_head_tiled, a.pdl = r->pdl;
+    return a;
+}
+
 static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err)
 {
     struct cuda_session *cs = r->cs;
@@ -645,13 +661,7 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
                                    op->conv_k, T, s, r->pdl));
         break;
     case OP_GDN_CORE: {
-        struct gdn_args a;
-        memset(&a, 0, sizeof(a));
-        a.out = b[op->out], a.qkv = b[op->in], a.b = b[op->in2], a.a = b[op->in3];
-        a.ldo = wo, a.ldi = wi, a.ldb = bw(p, op->in2), a.lda = bw(p, op->in3);
-        a.dt = d->vec2, a.ssm_a = d->vec3, a.state = cs->ssm[op->layer];
-        a.Hk = op->n_k_heads, a.Hv = op->n_v_heads, a.dk = op->k_dim, a.dv = op->v_dim;
-        a.T = T, a.tiled = op->v_head_tiled, a.pdl = r->pdl;
+        struct gdn_args a = gdn_args_of(r, i, T);
         if (T > 1 && cs->opt.gdn_par && cs->opt.gdn_chunked && gdn_chunked_supports(a.dk, a.dv)) {
             qwenrt_status st = scratch_grow(cs, gdn_chunked_scratch_floats(&a), err);
             if (st)
@@ -741,6 +751,15 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
         }
         return plan_buf_dead_after(p, at->in2, i + st->n_ops) && plan_buf_dead_after(p, at->in3, i + st->n_ops);
     }
+    /* the DeltaNet core and its gated norm (in place on the core's output): one kernel */
+    if (op->kind == OP_GDN_CORE && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_GATED_RMSNORM &&
+        p->ops[i + 1].out == op->out && p->ops[i + 1].in != op->out &&
+        p->ops[i + 1].n_v_heads == op->n_v_heads && p->ops[i + 1].v_dim == op->v_dim &&
+        gdn_supports(op->k_dim, op->v_dim)) {
+        st->kind = STEP_GDN_GATED;
+        st->n_ops = 2;
+        return true;
+    }
     return false;
 }
 
@@ -788,6 +807,13 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
             a.seg[k].y = b[m->out], a.seg[k].ldy = bw(p, m->out);
         }
         CUDA_CHECK(launch_gemv(&a, r->stream));
+        return QWENRT_OK;
+    }
+    case STEP_GDN_GATED: { /* the core, then its gated norm in the same kernel */
+        const struct plan_op *gn = &p->ops[st->op + 1];
+        struct gdn_args a = gdn_args_of(r, st->op, 1);
+        a.z = b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = r->d[st->op + 1].vec, a.geps = gn->eps;
+        CUDA_CHECK(launch_gdn_core(&a, r->stream));
         return QWENRT_OK;
     }
     case STEP_GEMV_ADD: {
@@ -960,6 +986,7 @@ static const char *step_label(const struct plan *p, const struct step *st)
         return st->swiglu ? "norm+gate|up+swiglu" : p->ops[st->mm[0]].kind == OP_LOGITS ? "norm+lm_head"
                : st->n_mm > 1 ? "norm+gemv(multi)" : "norm+gemv";
     case STEP_GEMV_ADD: return "gemv+residual";
+    case STEP_GDN_GATED: return "gdn_core+gated_norm";
     case STEP_ROPE_ATTN: return "rope+attention";
     default: return op_kind_name(p->ops[st->op].kind);
     }

@@ -671,7 +671,7 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
 {
     griddep_launch();
     griddep_wait();
-    __shared__ float qs[GDN_MAX_ROWS * 8], ks[GDN_MAX_ROWS * 8];
+    __shared__ float qs[GDN_MAX_ROWS * 8], ks[GDN_MAX_ROWS * 8], red[32];
     int j = blockIdx.x, tid = threadIdx.x, c = tid / TPC, sub = tid % TPC;
     int lane = tid & 31, warp = tid >> 5;
     int dk = a.dk, dv = a.dv, nr = dk / TPC;
@@ -719,6 +719,12 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
 #pragma unroll
         for (int o = 1; o < TPC; o <<= 1)
             opart += __shfl_xor_sync(0xffffffffu, opart, o);
+        if (a.z) { /* the gated RMS norm over the head's dv outputs (one value per column) */
+            float ss = block_sum(sub == 0 && c < dv ? opart * opart : 0.0f, red);
+            if (c < dv)
+                opart *= rsqrtf(ss / (float)dv + a.geps) * a.gnorm_w[c] *
+                         silu_f(a.z[(int64_t)t * a.ldz + (int64_t)j * dv + c]);
+        }
         if (sub == 0 && c < dv)
             a.out[(int64_t)t * a.ldo + (int64_t)j * dv + c] = opart;
         __syncthreads();
