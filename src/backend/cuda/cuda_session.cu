@@ -662,20 +662,15 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         break;
     case OP_GDN_CORE: {
         struct gdn_args a = gdn_args_of(r, i, T);
-        if (T > 1 && cs->opt.gdn_par && cs->opt.gdn_chunked && gdn_chunked_supports(a.dk, a.dv)) {
-            qwenrt_status st = scratch_grow(cs, gdn_chunked_scratch_floats(&a), err);
+        /* prefill: the chunked form (when switched on) or the column scan, with scratch */
+        bool par = T > 1 && cs->opt.gdn_par;
+        bool chunked = par && cs->opt.gdn_chunked && gdn_chunked_supports(a.dk, a.dv);
+        if (chunked || (par && gdn_scan_supports(a.dk, a.dv))) {
+            qwenrt_status st = scratch_grow(cs, chunked ? gdn_chunked_scratch_floats(&a) : gdn_scan_scratch_floats(&a), err);
             if (st)
                 return st;
             a.scratch = cs->scratch;
-            CUDA_CHECK(launch_gdn_chunked(&a, s));
-            break;
-        }
-        if (T > 1 && cs->opt.gdn_par && gdn_scan_supports(a.dk, a.dv)) {
-            qwenrt_status st = scratch_grow(cs, gdn_scan_scratch_floats(&a), err);
-            if (st)
-                return st;
-            a.scratch = cs->scratch;
-            CUDA_CHECK(launch_gdn_scan(&a, s));
+            CUDA_CHECK(chunked ? launch_gdn_chunked(&a, s) : launch_gdn_scan(&a, s));
             break;
         }
         CUDA_CHECK(launch_gdn_core(&a, s));

@@ -248,6 +248,27 @@ __device__ void gdn_chunk_fetch(const struct gdn_args &a, int which, int c, int 
     cp_async_commit();
 }
 
+/* acc[m] = rows grp + 16 m (m < 4, clamped to n - 1) of A [GC][lk] times state column col
+ * of S [dk][GC_COLS], two partial sums each: 4 rows per thread share each S load. */
+__device__ __forceinline__ void gdn_rows_times_state(const float *A, int lk, const float *S, int dk, int n,
+                                                     int grp, int col, float (&acc)[4][2])
+{
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+        acc[m][0] = acc[m][1] = 0.0f;
+    for (int r = 0; r < dk; r += 4) {
+        float s0 = S[r * GC_COLS + col], s1 = S[(r + 1) * GC_COLS + col];
+        float s2 = S[(r + 2) * GC_COLS + col], s3 = S[(r + 3) * GC_COLS + col];
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            int i = grp + 16 * m < n ? grp + 16 * m : n - 1;
+            float4 w = *(const float4 *)(A + i * lk + r);
+            acc[m][0] = fmaf(w.x, s0, acc[m][0]), acc[m][1] = fmaf(w.y, s1, acc[m][1]);
+            acc[m][0] = fmaf(w.z, s2, acc[m][0]), acc[m][1] = fmaf(w.w, s3, acc[m][1]);
+        }
+    }
+}
+
 /* One block per (value head j, state columns [c0, c0 + GC_COLS)): the chunks in order. Thread
  * (grp = tid / 16, col = tid % 16): U and O rows grp + 16 m, state rows 8 grp + m. The decay
  * factors are applied to the products' results (O row i by e^{G_i}, U row s by
@@ -283,20 +304,10 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         if (more)
             gdn_chunk_fetch(a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G);
         const float glast = G[n - 1];
-        /* U = Wv − Wk S (4 rows per thread share each S load) */
+        /* U = Wv − Wk S */
         {
-            float u[4][2] = {};
-            for (int r = 0; r < dk; r += 4) {
-                float s0 = S[r * GC_COLS + col], s1 = S[(r + 1) * GC_COLS + col];
-                float s2 = S[(r + 2) * GC_COLS + col], s3 = S[(r + 3) * GC_COLS + col];
-#pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    int i = grp + 16 * m < n ? grp + 16 * m : n - 1;
-                    float4 w = *(const float4 *)(Wk + i * lk + r);
-                    u[m][0] = fmaf(w.x, s0, u[m][0]), u[m][1] = fmaf(w.y, s1, u[m][1]);
-                    u[m][0] = fmaf(w.z, s2, u[m][0]), u[m][1] = fmaf(w.w, s3, u[m][1]);
-                }
-            }
+            float u[4][2];
+            gdn_rows_times_state(Wk, lk, S, dk, n, grp, col, u);
 #pragma unroll
             for (int m = 0; m < 4; m++) {
                 int i = grp + 16 * m;
@@ -312,18 +323,8 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
             gdn_chunk_fetch(a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
         /* O = diag(e^G) Q S + Qk U */
         {
-            float o[4][2] = {};
-            for (int r = 0; r < dk; r += 4) {
-                float s0 = S[r * GC_COLS + col], s1 = S[(r + 1) * GC_COLS + col];
-                float s2 = S[(r + 2) * GC_COLS + col], s3 = S[(r + 3) * GC_COLS + col];
-#pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    int i = grp + 16 * m < n ? grp + 16 * m : n - 1;
-                    float4 q = *(const float4 *)(Qn + i * lk + r);
-                    o[m][0] = fmaf(q.x, s0, o[m][0]), o[m][1] = fmaf(q.y, s1, o[m][1]);
-                    o[m][0] = fmaf(q.z, s2, o[m][0]), o[m][1] = fmaf(q.w, s3, o[m][1]);
-                }
-            }
+            float o[4][2];
+            gdn_rows_times_state(Qn, lk, S, dk, n, grp, col, o);
 #pragma unroll
             for (int m = 0; m < 4; m++) {
                 int i = grp + 16 * m;
