@@ -18,8 +18,13 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    struct cuda_options o = {true, true, true, 8, true, false, true, true, true, true, true,
-                             CUDA_MEGA_AUTO, 256, true, true, true};
+    /* the CUDA build's defaults (cuda_session.cu), by name: a new field cannot shift them */
+    struct cuda_options o = {.graph = true, .fuse = true, .gemm_bf16x2 = true, .gemv_max_T = 8,
+                             .gemv_v2 = true, .pdl = false, .gemm_cache = true, .attn_tiled = true,
+                             .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true,
+                             .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
+                             .mega_fuse_down = false, .attn_split = true, .attn_flash = true,
+                             .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }
 
