@@ -1,0 +1,52 @@
+#!/bin/sh
+# llama_side_by_side.sh — qwenrt (cuda_bench) and llama.cpp (llama-bench: CUDA, flash attention
+# on, every layer on the GPU) on the same synth GGUF files of the real geometry, interleaved
+# round by round, medians: the side-by-side run issue 6 asks for.
+# Runs on the GPU machine with the binaries carried gzipped in .devbin/ (the carried tree is
+# limited to 64 MiB): cuda_bench.gz (build-cudaperf, as for cuda_device_run.sh) and
+# llama-bench.gz (a llama.cpp CUDA build made outside the repository: docs/perf-log.md, session
+# 6). Usage: [CFGS="qwen3-0.6b:bf16 qwen35-0.8b:bf16"] [ROUNDS=3] sh bench/llama_side_by_side.sh
+# Logs and the table go to $OUT. Written in session 6 without a GPU left to run it: check the
+# first run's logs.
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+for f in .devbin/cuda_bench.gz .devbin/llama-bench.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+chmod +x .devbin/cuda_bench .devbin/llama-bench
+for cfg in ${CFGS:-qwen3-0.6b:bf16 qwen35-0.8b:bf16}; do
+    a=${cfg%%:*}; t=${cfg##*:}; g=/tmp/synth-$a-$t.gguf
+    # cuda_bench writes the synth model (seed 1234) to $g and leaves it there
+    timeout 300 .devbin/cuda_bench --arch "$a" --type "$t" --prefill-only --no-validate --reps 1 \
+        > "$OUT/synth-$a-$t.log" 2>&1 || { echo "$cfg: cuda_bench could not write $g"; continue; }
+    for r in $(seq "${ROUNDS:-3}"); do
+        timeout 180 .devbin/llama-bench -m "$g" -p 512 -n 128 -fa 1 -ngl 99 -r 3 -o jsonl \
+            >> "$OUT/llama-$a-$t.jsonl" 2>> "$OUT/llama-$a-$t.err"
+        for mode in --prefill-only --decode-only; do
+            timeout 180 .devbin/cuda_bench --gguf "$g" --arch "$a" --type "$t" $mode --no-validate \
+                --reps 3 >> "$OUT/qwenrt-$a-$t.log" 2>&1
+        done
+    done
+    python3 - "$OUT/llama-$a-$t.jsonl" "$OUT/qwenrt-$a-$t.log" "$a" "$t" <<'PY'
+import json, statistics, sys
+llama, qwenrt, arch, typ = sys.argv[1:5]
+lp, lg = [], []
+for line in open(llama):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    (lp if r.get("n_prompt") else lg).append(r["avg_ts"])
+qp, qg = [], []
+for line in open(qwenrt, errors="replace"):
+    cells = [c.strip() for c in line.split("|")]
+    # the first table row: | model | weights | pp tok/s | tg tok/s | ...
+    if len(cells) > 5 and cells[1] == arch and cells[2] == typ:
+        pp, tg = float(cells[3]), float(cells[4])
+        (qp if pp else qg).append(pp or tg)
+med = lambda v: "%.0f (%d)" % (statistics.median(v), len(v)) if v else "-"
+print("| model | weights | qwenrt pp512 | llama.cpp pp512 | qwenrt tg128 | llama.cpp tg128 |")
+print("|---|---|---:|---:|---:|---:|")
+print("| %s | %s | %s | %s | %s | %s |" % (arch, typ, med(qp), med(lp), med(qg), med(lg)))
+PY
+    rm -f "$g"
+done
