@@ -4,8 +4,8 @@
 # round by round, medians: the side-by-side run issue 6 asks for.
 # Runs on the GPU machine with the binaries carried gzipped in .devbin/ (the carried tree is
 # limited to 64 MiB): cuda_bench.gz (build-cudaperf, as for cuda_device_run.sh) and
-# llama-bench.gz (a llama.cpp CUDA build made outside the repository: docs/perf-log.md, session
-# 6). Usage: [CFGS="qwen3-0.6b:bf16 qwen35-0.8b:bf16"] [ROUNDS=3] sh bench/llama_side_by_side.sh
+# llama-bench.gz (a llama.cpp CUDA build for sm_90a made outside the repository, with its CUDA
+# libraries taken from the GPU machine; the session-6 note on issue 6 says where). Usage: [CFGS="qwen3-0.6b:bf16 qwen35-0.8b:bf16"] [ROUNDS=3] sh bench/llama_side_by_side.sh
 # Logs and the table go to $OUT. Written in session 6 without a GPU left to run it: check the
 # first run's logs.
 OUT=${OUT:-/tmp/out}
