@@ -22,8 +22,9 @@
  * j, chunk c) Wk [GC][dk], Wv [GC][dv], Qk [GC][GC], G [GC].
  *
  * Status (docs/perf-log.md, session 6): correct, but slower than the column scan it would
- * replace (Qwen3.5 pp512: 2.71 vs 2.02 ms for the 18 layers; ncu: prep 51 us, scan 90 us per
- * layer against ~15 and ~25 us of FMA issue), so cuda_options.gdn_chunked is off by default.
+ * replace (Qwen3.5 pp512: 2.71 vs 2.02 ms for the 18 layers, 1.93 since the scan unrolls two
+ * tokens; ncu: prep 51 us, scan 90 us per layer against ~15 and ~25 us of FMA issue), so
+ * cuda_options.gdn_chunked is off by default.
  * Both kernels run one block of 8 warps per multiprocessor and are latency-bound on shared
  * memory and block barriers; the products here are 64 x 128 x 128 — tensor-core shapes (3xTF32
  * or split bf16 for f32 accuracy) are the way to make this form win.
