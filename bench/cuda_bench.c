@@ -4,6 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only]
+ *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate]
  *
  * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
@@ -279,12 +280,13 @@ static void gemv_table(const struct model_hparams *hp)
 
 int main(int argc, char **argv)
 {
-    const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL;
+    const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
         else if (!strcmp(argv[i], "--gguf") && i + 1 < argc) gguf = argv[++i];
+        else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) tokenizer = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--n-prompt") && i + 1 < argc) n_prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--n-gen") && i + 1 < argc) n_gen = atoi(argv[++i]);
@@ -295,7 +297,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--no-validate]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -312,6 +314,7 @@ int main(int argc, char **argv)
         ep.type = et < 0 ? EXPORT_BF16 : (enum export_type)et;
         ep.name = arch;
         ep.tied = true;
+        ep.tokenizer_json = tokenizer;
         double t0 = time_now_s();
         if (synth_preset(arch, &hp, &err) || synth_write(path, &hp, 1234, &ep, &err)) {
             fprintf(stderr, "synth: %s\n", err.message);
@@ -340,11 +343,15 @@ int main(int argc, char **argv)
      * weights (2.0e-2 after 40 prompt tokens, hidden error growing ~1.3x per layer from 6e-6;
      * docs/perf-log.md), while the fixtures hold 1e-4 against transformers
      * (tests/test_cuda_backend.c). Default (bf16 prompt products): Qwen3 within 3e-2,
-     * Qwen3.5 (x in two bf16 terms) within the same 5e-2 as its exact path (two terms measured
-     * 0.03 on the CPU, the size of the exact path's own error); argmax flips only where the
-     * error explains them. */
+     * Qwen3.5 within 2e-1: its default prefill differs from the exact one by x (and W) in two
+     * bf16 terms (2^-17) and f16 Q/K in the flash attention of six layers (2^-11), which the
+     * random-weight recurrence amplifies like any other perturbation (H200: BF16 0.037, Q8_0
+     * 0.097, Q4_K_M 0.083, F16 0.18 — whose exact path, at 2^-24, already reaches 0.028 and flips
+     * an argmax; docs/perf-log.md, session 7). The products themselves are held to 3e-5 by
+     * test_cuda_backend; a wrong kernel here gives errors of order 1. Argmax flips only where
+     * the error explains them. */
     double exact_gate = m->hp.arch == ARCH_QWEN35 ? 5e-2 : 1e-3;
-    double fast_gate = m->hp.arch == ARCH_QWEN35 ? 5e-2 : 3e-2;
+    double fast_gate = m->hp.arch == ARCH_QWEN35 ? 2e-1 : 3e-2;
     if (verr < 0 || verr > exact_gate || !argmax_ok || verr_fast < 0 || verr_fast > fast_gate ||
         !fast_argmax_ok) {
         fprintf(stderr, "validation failed (exact: rel err %.3g, argmax %s; default: %.3g, %s): no timing\n",

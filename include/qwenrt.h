@@ -95,8 +95,8 @@ struct qwenrt_session;
  * EXACT: f32-accurate products (activations split into three bf16 terms), ~2-3x slower
  * prompts. Decode is f32 either way; models with F32 weights are always exact; Qwen3.5
  * models (whose recurrence amplifies the rounding on random weights) keep activations in two
- * bf16 terms in DEFAULT (16 mantissa bits) for BF16 weights and stay exact for other weights;
- * the CPU backend ignores it. */
+ * bf16 terms in DEFAULT (16 mantissa bits), and F16 or quantised weights, dequantised, two
+ * bf16 terms as well; the CPU backend ignores it. */
 enum qwenrt_precision { QWENRT_PRECISION_DEFAULT = 0, QWENRT_PRECISION_EXACT = 1 };
 
 struct qwenrt_session_params {

@@ -78,8 +78,9 @@ struct cuda_options {
     int32_t prefill_x_terms; /* the fast prefill's x: bf16 terms per element. 0: automatic —
                           * 1, and 2 for DeltaNet (Qwen3.5) models, whose recurrence amplifies
                           * one term's rounding (a logits error of 0.7 on random weights, 0.03
-                          * with two: docs/perf-log.md); 1 or 2 force it. With two terms only
-                          * BF16 weights take the fast products (others stay exact). */
+                          * with two: docs/perf-log.md); 1 or 2 force it. With two terms,
+                          * weights bf16 does not hold (F16, quantised) are dequantised into
+                          * two bf16 terms as well (three products). */
 };
 
 struct cuda_options cuda_default_options(void);

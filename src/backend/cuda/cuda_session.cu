@@ -474,15 +474,6 @@ struct run_ctx {
                           * the previous one (q, k, v; gate, up) */
 };
 
-/* Whether products of dtype weights take the fast prefill's bf16 path. With x in two terms
- * (DeltaNet models) only BF16 weights do: dequantised or F16 weights rounded to bf16 would
- * perturb the products at 2^-9, which the untrained recurrence amplifies as it does one-term
- * x (docs/perf-log.md, session 6); those products stay exact (f32), as before. */
-static bool fast_weights(const struct cuda_session *cs, int32_t dtype)
-{
-    return cs->x_terms == 1 || dtype == QR_BF16;
-}
-
 /* Grows the prefill scratch to n floats (contents not kept). */
 static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwenrt_error *err)
 {
@@ -542,8 +533,8 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
     c.N = d->N, c.K = d->K, c.T = T, c.ldx = ldx, c.ldy = ldy, c.accumulate = accumulate;
     c.bf16x2 = cs->opt.gemm_bf16x2;
     c.stack3 = cs->opt.gemm_stack3;
-    /* decode stays f32, and so do two-term prefills of weights bf16 does not hold exactly */
-    c.fast = cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL] && fast_weights(cs, d->dtype);
+    /* decode stays f32; with two x terms, weights bf16 does not hold take two terms too */
+    c.fast = cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL];
     c.x_terms = cs->x_terms;
     c.x_reuse = r->x_reuse;
     return gemm_run(&cs->gemm, &c, r->stream, err);
@@ -1244,8 +1235,7 @@ static bool fast_gemm_op(const struct run_ctx *r, int32_t i)
     const struct cuda_session *cs = r->cs;
     const struct dop *d = &r->d[i];
     return r->p->ops[i].kind == OP_MATMUL && cs->fast_prefill && r->p == &cs->plans[PHASE_PREFILL] &&
-           !(r->T <= cs->opt.gemv_max_T && r->T <= GEMV_MAX_T) && d->dtype != QR_F32 && d->K % 8 == 0 &&
-           fast_weights(cs, d->dtype);
+           !(r->T <= cs->opt.gemv_max_T && r->T <= GEMV_MAX_T) && d->dtype != QR_F32 && d->K % 8 == 0;
 }
 
 /* Whether the prompt's attention at op i runs the flash kernel (which can write bf16). */

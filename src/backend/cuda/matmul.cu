@@ -580,6 +580,22 @@ __global__ void dequant_bf16_kernel(__nv_bfloat16 *dst, const uint8_t *w, int32_
     }
 }
 
+/* W [N][K] (dtype) -> two bf16 terms hi = bf16(w), lo = bf16(w - hi), each [N][K]: 16
+ * significant bits (exact for F16, 2^-17 relative for the dequantised Q8_0 / K-quant values). */
+__global__ void dequant_bf16x2_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const uint8_t *w,
+                                      int32_t dtype, int64_t N, int64_t K, int64_t row_bytes)
+{
+    int64_t n_el = N * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_el;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / K, k = i % K;
+        float v = deq_elem(w + r * row_bytes, dtype, k);
+        __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
 /* x [T][K] (ld ldx) -> bf16 [T][K], rounded to nearest. */
 __global__ void round_bf16_kernel(__nv_bfloat16 *dst, const float *x, int32_t ldx, int32_t K, int64_t n)
 {
@@ -835,23 +851,66 @@ static qwenrt_status gemm_run_bf16(struct gemm_ctx *g, const struct gemm_call *c
 #define GEMM_STACK2_MAX_N 512
 #endif
 
+/* The two-term product of weights bf16 does not hold (F16, quantised): W dequantised into
+ * two bf16 terms w_hi + w_lo (16 bits, as x's two terms), y = w_lo·x_hi + w_hi·x_mid +
+ * w_hi·x_hi, smallest first (w_lo·x_mid, below 2^-16 of y, is left out). Stacked for small
+ * N: w_hi over [x_hi; x_mid] and w_lo·x_hi into the third slice, then one sum. */
+static qwenrt_status gemm_run_w2(struct gemm_ctx *g, const struct gemm_call *c,
+                                 __nv_bfloat16 *xhi, __nv_bfloat16 *xmid, cudaStream_t s,
+                                 struct qwenrt_error *err)
+{
+    int64_t nk = (int64_t)c->N * c->K, tn = (int64_t)c->T * c->N;
+    qwenrt_status st = grow((void **)&g->wbf16, &g->wbf16_cap, 2 * nk * 2, err);
+    if (st)
+        return st;
+    __nv_bfloat16 *whi = g->wbf16, *wlo = whi + nk;
+    dequant_bf16x2_kernel<<<4096, 256, 0, s>>>(whi, wlo, (const uint8_t *)c->w, c->dtype, c->N,
+                                                c->K, c->row_bytes);
+    CUDA_CHECK(cudaGetLastError());
+    if (c->stack3 && c->N <= GEMM_STACK2_MAX_N) {
+        if ((st = grow((void **)&g->c3, &g->c3_cap, 3 * tn * 4, err)) ||
+            (st = lt_matmul(g, CUDA_R_16BF, whi, c->K, xhi, c->K, g->c3, c->N, c->N, c->K,
+                            2 * (int64_t)c->T, 0.0f, s, err)) ||
+            (st = lt_matmul(g, CUDA_R_16BF, wlo, c->K, xhi, c->K, g->c3 + 2 * tn, c->N, c->N,
+                            c->K, c->T, 0.0f, s, err)))
+            return st;
+        int64_t blocks = (tn + 255) / 256;
+        combine_terms_kernel<<<(int)(blocks > 4096 ? 4096 : blocks), 256, 0, s>>>(
+            c->y, c->ldy, g->c3, c->N, c->T, 3, c->accumulate);
+        CUDA_CHECK(cudaGetLastError());
+        return QWENRT_OK;
+    }
+    const __nv_bfloat16 *ws[3] = {wlo, whi, whi}, *xs[3] = {xhi, xmid, xhi};
+    for (int i = 0; i < 3; i++)
+        if ((st = lt_matmul(g, CUDA_R_16BF, ws[i], c->K, xs[i], c->K, c->y, c->ldy, c->N, c->K,
+                            c->T, i > 0 || c->accumulate ? 1.0f : 0.0f, s, err)))
+            return st;
+    return QWENRT_OK;
+}
+
 /* The split product: x as `terms` bf16 terms (hi, mid and lo carry all 24 bits of an f32
  * mantissa, hi and mid 16), W in bf16, one tensor-core product per term (or one over the
  * stacked terms), summed in f32. Three terms are the exact prefill of BF16 weights; two the
- * fast prefill of DeltaNet models (gemm_call.x_terms). */
+ * fast prefill of DeltaNet models (gemm_call.x_terms), where weights bf16 does not hold
+ * exactly take two terms as well (gemm_run_w2). */
 static qwenrt_status gemm_run_split(struct gemm_ctx *g, const struct gemm_call *c, int32_t terms,
                                     cudaStream_t s, struct qwenrt_error *err)
 {
     qwenrt_status st;
     int64_t n = (int64_t)c->T * c->K;
     const void *wb = NULL;
-    if ((st = xsplit_grow(g, terms * n * 2, err)) || (st = weights_bf16(g, c, &wb, s, err)))
+    bool w_exact = c->dtype == QR_BF16 && c->row_bytes == c->K * 2;
+    if ((st = xsplit_grow(g, terms * n * 2, err)))
         return st;
     __nv_bfloat16 *hi = g->xsplit, *mid = hi + n, *lo = terms == 3 ? mid + n : NULL;
     if (!xb_current(g, c, terms)) { /* the products sharing an input split it once */
         CUDA_CHECK(launch_split_bf16(hi, mid, lo, c->x, c->ldx, c->K, c->T, s));
         xb_remember(g, c, terms);
     }
+    if (terms == 2 && !w_exact)
+        return gemm_run_w2(g, c, hi, mid, s, err);
+    if ((st = weights_bf16(g, c, &wb, s, err)))
+        return st;
     if (c->stack3 && (terms == 3 || c->N <= GEMM_STACK2_MAX_N)) {
         /* one product over terms x T columns (the terms are contiguous [T][K] blocks): more
          * output tiles than one term has, so small-N products fill the GPU */
