@@ -44,7 +44,7 @@ static int64_t chunk_floats(int32_t dk, int32_t dv)
 /* The chunk area starts after the prep scratch, on 16 bytes (float4 reads). */
 __host__ __device__ static inline int64_t prep_floats(int64_t T, int32_t Hk, int32_t Hv, int32_t dk)
 {
-    return (2 * T * Hk * dk + 2 * T * Hv + 3) & ~(int64_t)3;
+    return (2 * T * Hk * dk + 2 * T * Hv + T * Hk + 3) & ~(int64_t)3; /* qn kn beta decay kq */
 }
 
 int64_t gdn_chunked_scratch_floats(const struct gdn_args *a)

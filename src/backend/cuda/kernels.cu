@@ -760,18 +760,21 @@ cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s)
 
 /* ---- Gated DeltaNet, column-parallel prefill form ----
  * The recurrence is independent per state column: column c of head j needs only k, q (shared
- * by the head), beta, decay and v[c]. gdn_prep_kernel normalises q and k and computes beta and
- * decay for every token at once (one warp per (q or k head, token)); gdn_scan_kernel then
- * gives each column 8 lanes (NR = dk/8 rows each, in registers) and runs the tokens in order,
- * reading them from shared-memory chunks that cp.async fills one chunk ahead (a block barrier
- * per chunk, none per token). Per token the chain is one pass over the rows and three
- * shuffles (the session-4 form loaded each token's inputs from global memory one token ahead
- * and reduced s·k before computing s·q: ~1,000 cycles per token, 4.9 ms of Qwen3.5's pp512).
- * Scratch: qn, kn [T][Hk][dk], beta, decay [T][Hv]. */
+ * by the head), beta, decay and v[c]. gdn_prep_kernel normalises q and k and computes k·q,
+ * beta and decay for every token at once (one warp per (key head, token)); gdn_scan_kernel
+ * then gives each column LPC lanes (NR = dk/LPC rows each, in registers) and runs the tokens
+ * in order, reading them from shared-memory chunks that cp.async fills one chunk ahead (a
+ * block barrier per chunk, none per token). Per token the chain is one pass over the rows and
+ * log2(LPC) shuffle rounds (the session-4 form loaded each token's inputs from global memory
+ * one token ahead and reduced s·k before computing s·q: ~1,000 cycles per token, 4.9 ms of
+ * Qwen3.5's pp512). The scan is latency-bound with few warps (Qwen3.5: 16 heads x 128 columns
+ * x 8 lanes was 4 warps per SM): 16 lanes per column double the warps and halve each lane's
+ * rows (docs/perf-log.md, session 7).
+ * Scratch: qn, kn [T][Hk][dk], beta, decay [T][Hv], kq [T][Hk]. */
 
 int64_t gdn_scan_scratch_floats(const struct gdn_args *a)
 {
-    return (int64_t)a->T * (2 * (int64_t)a->Hk * a->dk + 2 * (int64_t)a->Hv);
+    return (int64_t)a->T * (2 * (int64_t)a->Hk * a->dk + 2 * (int64_t)a->Hv + a->Hk);
 }
 
 bool gdn_scan_supports(int32_t dk, int32_t dv)
@@ -781,7 +784,8 @@ bool gdn_scan_supports(int32_t dk, int32_t dv)
 
 #define GDN_PREP_WARPS 8
 
-/* One warp per (q or k head, token): the row L2-normalised (q also scaled by 1/sqrt(dk)); the
+/* One warp per (key head, token): q's and k's rows L2-normalised (q also scaled by
+ * 1/sqrt(dk)) and their dot product k·q (state-free, so the scan need not reduce it); the
  * block's threads also turn (token, value head) pairs into beta and decay. One block per
  * (head, token) with a block reduction cost ~22 us per Qwen3.5 layer at T = 512. */
 __global__ void __launch_bounds__(32 * GDN_PREP_WARPS) gdn_prep_kernel(const __grid_constant__ struct gdn_args a)
@@ -792,23 +796,33 @@ __global__ void __launch_bounds__(32 * GDN_PREP_WARPS) gdn_prep_kernel(const __g
     int64_t w = (int64_t)blockIdx.x * GDN_PREP_WARPS + (threadIdx.x >> 5);
     float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk;
     float *betas = kn + (int64_t)a.T * Hk * dk, *decays = betas + (int64_t)a.T * a.Hv;
-    if (w < (int64_t)a.T * 2 * Hk) {
-        int t = (int)(w / (2 * Hk)), hh = (int)(w % (2 * Hk));
-        bool is_q = hh < Hk;
-        int kh = is_q ? hh : hh - Hk;
-        const float *src = a.qkv + (int64_t)t * a.ldi + (int64_t)(is_q ? 0 : Hk * dk) + (int64_t)kh * dk;
-        float v[8], ss = 0.0f;
+    float *kqs = decays + (int64_t)a.T * a.Hv;
+    if (w < (int64_t)a.T * Hk) {
+        int t = (int)(w / Hk), kh = (int)(w % Hk);
+        const float *qsrc = a.qkv + (int64_t)t * a.ldi + (int64_t)kh * dk;
+        const float *ksrc = qsrc + (int64_t)Hk * dk;
+        float q[8], k[8], qq = 0.0f, kk = 0.0f, kq = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            v[i] = lane + 32 * i < dk ? src[lane + 32 * i] : 0.0f;
-            ss += v[i] * v[i];
+            bool in = lane + 32 * i < dk;
+            q[i] = in ? qsrc[lane + 32 * i] : 0.0f;
+            k[i] = in ? ksrc[lane + 32 * i] : 0.0f;
+            qq += q[i] * q[i], kk += k[i] * k[i];
         }
-        float r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), qscale = 1.0f / sqrtf((float)dk);
-        float *dst = (is_q ? qn : kn) + ((int64_t)t * Hk + kh) * dk;
+        float rq = 1.0f / sqrtf(warp_sum(qq) + 1e-6f) / sqrtf((float)dk);
+        float rk = 1.0f / sqrtf(warp_sum(kk) + 1e-6f);
+        int64_t row = ((int64_t)t * Hk + kh) * dk;
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            if (lane + 32 * i < dk)
-                dst[lane + 32 * i] = is_q ? v[i] * r * qscale : v[i] * r;
+            if (lane + 32 * i < dk) {
+                q[i] *= rq, k[i] *= rk;
+                qn[row + lane + 32 * i] = q[i];
+                kn[row + lane + 32 * i] = k[i];
+                kq = fmaf(k[i], q[i], kq);
+            }
+        kq = warp_sum(kq);
+        if (lane == 0)
+            kqs[(int64_t)t * Hk + kh] = kq;
     }
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (int64_t)a.T * a.Hv) {
@@ -825,15 +839,18 @@ __global__ void __launch_bounds__(32 * GDN_PREP_WARPS) gdn_prep_kernel(const __g
 #define GDN_SCAN_UNROLL 2
 #endif
 static constexpr int gdn_scan_unroll = GDN_SCAN_UNROLL; /* #pragma unroll expands no macro */
-#define GDN_SCAN_WARPS 4
-#define GDN_SCAN_COLS (4 * GDN_SCAN_WARPS) /* state columns per block: 8 lanes each */
-#define GDN_SCAN_FLOATS 2048               /* k and q floats per chunk buffer: TC x dk */
+/* lanes per state column (launch_scan_dk keeps 4..32 rows per lane); -D overrides */
+#ifndef GDN_SCAN_LANES
+#define GDN_SCAN_LANES 8
+#endif
+#define GDN_SCAN_COLS 16      /* state columns per block */
+#define GDN_SCAN_FLOATS 2048  /* k and q floats per chunk buffer: TC x dk */
 
 /* One chunk of the scan's inputs in shared memory: TC tokens of the head's normalised k and
- * q, the block's value columns, beta and decay. */
+ * q, the block's value columns, beta, decay and k·q. */
 template <int DK, int TC>
 struct gdn_chunk {
-    float k[TC][DK], q[TC][DK], v[TC][GDN_SCAN_COLS], beta[TC], decay[TC];
+    float k[TC][DK], q[TC][DK], v[TC][GDN_SCAN_COLS], beta[TC], decay[TC], kq[TC];
 };
 
 /* Starts the copies of tokens [t0, t0 + TC) (those below T) into c; one commit group. */
@@ -843,6 +860,7 @@ __device__ void gdn_scan_stage(struct gdn_chunk<DK, TC> &c, const struct gdn_arg
 {
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * DK;
     const float *betas = kn + (int64_t)a.T * a.Hk * DK, *decays = betas + (int64_t)a.T * a.Hv;
+    const float *kqs = decays + (int64_t)a.T * a.Hv;
     int n = a.T - t0 < TC ? a.T - t0 : TC;
     for (int i = threadIdx.x; i < n * (DK / 4); i += blockDim.x) {
         int tt = i / (DK / 4), e = (i % (DK / 4)) * 4;
@@ -859,63 +877,70 @@ __device__ void gdn_scan_stage(struct gdn_chunk<DK, TC> &c, const struct gdn_arg
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         cp_async4(smem_u32(&c.beta[i]), betas + (int64_t)(t0 + i) * a.Hv + j);
         cp_async4(smem_u32(&c.decay[i]), decays + (int64_t)(t0 + i) * a.Hv + j);
+        cp_async4(smem_u32(&c.kq[i]), kqs + (int64_t)(t0 + i) * a.Hk + kh);
     }
     cp_async_commit();
 }
 
+/* Row of state register i of a lane at position sub among its column's LPC lanes: rows
+ * (i/4)*4*LPC + sub*4 + i%4, so the LPC lanes' 16-byte reads of k and q are contiguous. */
+template <int LPC>
+__device__ __forceinline__ int gdn_scan_row(int i, int sub)
+{
+    return (i / 4) * 4 * LPC + sub * 4 + (i & 3);
+}
+
 /* One token of the recurrence for this lane's NR state rows of column c:
  *   s *= decay; mp = s·k; delta = beta (v - mp); s += k delta; o = s·q
- * computed as mp = decay (s·k) and o = decay (s·q) + delta (k·q), so that the three dot
- * products are independent and share their shuffle rounds: the chain from one token's delta
- * to the next is one pass over the rows and three shuffles. */
-template <int NR, int DK, int TC>
+ * computed as mp = decay (s·k) and o = decay (s·q) + delta (k·q), so that the two dot
+ * products are independent and share their shuffle rounds (k·q comes from the prep kernel):
+ * the chain from one token's delta to the next is one pass over the rows and log2(LPC)
+ * shuffle rounds. */
+template <int NR, int LPC, int DK, int TC>
 __device__ __forceinline__ float gdn_scan_token(float (&s)[NR], const struct gdn_chunk<DK, TC> &c, int tt,
                                                 int sub, int col)
 {
     float kr[NR], qr[NR];
 #pragma unroll
     for (int m = 0; m < NR / 4; m++) {
-        float4 k4 = *(const float4 *)&c.k[tt][m * 32 + sub * 4];
-        float4 q4 = *(const float4 *)&c.q[tt][m * 32 + sub * 4];
+        float4 k4 = *(const float4 *)&c.k[tt][m * 4 * LPC + sub * 4];
+        float4 q4 = *(const float4 *)&c.q[tt][m * 4 * LPC + sub * 4];
         kr[4 * m] = k4.x, kr[4 * m + 1] = k4.y, kr[4 * m + 2] = k4.z, kr[4 * m + 3] = k4.w;
         qr[4 * m] = q4.x, qr[4 * m + 1] = q4.y, qr[4 * m + 2] = q4.z, qr[4 * m + 3] = q4.w;
     }
-    float d = c.decay[tt], b = c.beta[tt], v = c.v[tt][col];
-    float sk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sq = 0.0f, kq = 0.0f;
+    float d = c.decay[tt], b = c.beta[tt], v = c.v[tt][col], kq = c.kq[tt];
+    float sk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sq[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NR; i++) {
         sk[i & 3] = fmaf(s[i], kr[i], sk[i & 3]);
-        sq = fmaf(s[i], qr[i], sq);
-        kq = fmaf(kr[i], qr[i], kq);
+        sq[i & 1] = fmaf(s[i], qr[i], sq[i & 1]);
     }
-    float mp = (sk[0] + sk[1]) + (sk[2] + sk[3]);
+    float mp = (sk[0] + sk[1]) + (sk[2] + sk[3]), sqs = sq[0] + sq[1];
 #pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
+    for (int o = 1; o < LPC; o <<= 1) {
         mp += __shfl_xor_sync(0xffffffffu, mp, o);
-        sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        kq += __shfl_xor_sync(0xffffffffu, kq, o);
+        sqs += __shfl_xor_sync(0xffffffffu, sqs, o);
     }
     float delta = b * (v - d * mp);
 #pragma unroll
     for (int i = 0; i < NR; i++)
         s[i] = fmaf(kr[i], delta, s[i] * d);
-    return fmaf(d, sq, delta * kq);
+    return fmaf(d, sqs, delta * kq);
 }
 
-/* Block: value head j, state columns [c0, c0 + 16), one warp per 4 columns, 8 lanes per
- * column with NR = dk/8 rows each in registers (rows m*32 + sub*4 + e: a lane's 16-byte reads
- * of k and q are contiguous across the 8 lanes). The inputs come through two shared-memory
+/* Block: value head j, state columns [c0, c0 + 16), LPC lanes per column with NR = dk/LPC
+ * rows each in registers (16 * LPC / 32 warps). The inputs come through two shared-memory
  * chunks of TC tokens filled with cp.async, the next chunk in flight while this one runs. */
-template <int NR>
-__global__ void __launch_bounds__(32 * GDN_SCAN_WARPS)
+template <int NR, int LPC>
+__global__ void __launch_bounds__(GDN_SCAN_COLS * LPC)
     gdn_scan_kernel(const __grid_constant__ struct gdn_args a)
 {
-    constexpr int DK = 8 * NR, TC = GDN_SCAN_FLOATS / DK;
+    constexpr int DK = LPC * NR, TC = GDN_SCAN_FLOATS / DK;
     __shared__ __align__(16) struct gdn_chunk<DK, TC> buf[2];
     griddep_launch();
     griddep_wait();
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane & 7, cg = lane >> 3;
-    int j = blockIdx.x, dv = a.dv, c0 = blockIdx.y * GDN_SCAN_COLS, col = warp * 4 + cg, c = c0 + col;
+    int sub = threadIdx.x % LPC, col = threadIdx.x / LPC;
+    int j = blockIdx.x, dv = a.dv, c0 = blockIdx.y * GDN_SCAN_COLS, c = c0 + col;
     bool col_ok = c < dv;
     int cc = col_ok ? c : dv - 1;
     int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
@@ -923,7 +948,7 @@ __global__ void __launch_bounds__(32 * GDN_SCAN_WARPS)
     float s[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++)
-        s[i] = S[(int64_t)((i / 4) * 32 + sub * 4 + (i & 3)) * dv + cc];
+        s[i] = S[(int64_t)gdn_scan_row<LPC>(i, sub) * dv + cc];
     gdn_scan_stage<DK, TC>(buf[0], a, 0, kh, j, c0);
     for (int t0 = 0, ch = 0; t0 < a.T; t0 += TC, ch ^= 1) {
         if (t0 + TC < a.T) {
@@ -937,7 +962,7 @@ __global__ void __launch_bounds__(32 * GDN_SCAN_WARPS)
         float *out = a.out + (int64_t)t0 * a.ldo + (int64_t)j * dv + c;
 #pragma unroll gdn_scan_unroll
         for (int tt = 0; tt < n; tt++) {
-            float o = gdn_scan_token<NR, DK, TC>(s, buf[ch], tt, sub, col);
+            float o = gdn_scan_token<NR, LPC, DK, TC>(s, buf[ch], tt, sub, col);
             if (sub == 0 && col_ok)
                 out[(int64_t)tt * a.ldo] = o;
         }
@@ -946,15 +971,25 @@ __global__ void __launch_bounds__(32 * GDN_SCAN_WARPS)
     if (col_ok)
 #pragma unroll
         for (int i = 0; i < NR; i++)
-            S[(int64_t)((i / 4) * 32 + sub * 4 + (i & 3)) * dv + c] = s[i];
+            S[(int64_t)gdn_scan_row<LPC>(i, sub) * dv + c] = s[i];
 }
 
 cudaError_t launch_gdn_prep(const struct gdn_args *a, cudaStream_t s)
 {
-    int64_t rows = (int64_t)a->T * 2 * a->Hk, pairs = (int64_t)a->T * a->Hv;
+    int64_t rows = (int64_t)a->T * a->Hk, pairs = (int64_t)a->T * a->Hv;
     int64_t blocks = (rows + GDN_PREP_WARPS - 1) / GDN_PREP_WARPS, pb = (pairs + 32 * GDN_PREP_WARPS - 1) / (32 * GDN_PREP_WARPS);
     return launch_k(a->pdl, gdn_prep_kernel, dim3((unsigned)(blocks > pb ? blocks : pb)),
                     dim3(32 * GDN_PREP_WARPS), 0, s, *a);
+}
+
+/* Lanes per column for head size DK: GDN_SCAN_LANES, within 4..32 rows per lane. */
+template <int DK>
+static cudaError_t launch_scan_dk(const struct gdn_args *a, dim3 g, cudaStream_t s)
+{
+    constexpr int L0 = GDN_SCAN_LANES;
+    static_assert(L0 == 4 || L0 == 8 || L0 == 16 || L0 == 32, "GDN_SCAN_LANES: 4, 8, 16 or 32");
+    constexpr int L = DK / L0 > 32 ? DK / 32 : (DK / L0 < 4 ? DK / 4 : L0);
+    return launch_k(a->pdl, gdn_scan_kernel<DK / L, L>, g, dim3(GDN_SCAN_COLS * L), 0, s, *a);
 }
 
 cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
@@ -964,12 +999,12 @@ cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
     cudaError_t e = launch_gdn_prep(a, s);
     if (e != cudaSuccess)
         return e;
-    dim3 g(a->Hv, (a->dv + GDN_SCAN_COLS - 1) / GDN_SCAN_COLS), b(32 * GDN_SCAN_WARPS);
+    dim3 g(a->Hv, (a->dv + GDN_SCAN_COLS - 1) / GDN_SCAN_COLS);
     switch (a->dk) {
-    case 32: return launch_k(a->pdl, gdn_scan_kernel<4>, g, b, 0, s, *a);
-    case 64: return launch_k(a->pdl, gdn_scan_kernel<8>, g, b, 0, s, *a);
-    case 128: return launch_k(a->pdl, gdn_scan_kernel<16>, g, b, 0, s, *a);
-    default: return launch_k(a->pdl, gdn_scan_kernel<32>, g, b, 0, s, *a);
+    case 32: return launch_scan_dk<32>(a, g, s);
+    case 64: return launch_scan_dk<64>(a, g, s);
+    case 128: return launch_scan_dk<128>(a, g, s);
+    default: return launch_scan_dk<256>(a, g, s);
     }
 }
 
