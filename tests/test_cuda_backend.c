@@ -261,9 +261,15 @@ static void test_op_matmul(void **state)
 {
     (void)state;
     static const int32_t Ts[] = {1, 3, 8, 9, 70};
-    for (size_t d = 0; d < sizeof(mm_dtypes) / sizeof(mm_dtypes[0]); d++) {
-        enum qr_dtype dt = mm_dtypes[d];
-        int32_t K = dt == QR_Q4_K || dt == QR_Q6_K ? 512 : (dt == QR_Q8_0 ? 96 : 100);
+    /* N = 77, and N = 16 / 5 (DeltaNet's beta and alpha: the products whose two terms stack) */
+    static const int32_t Ns[] = {77, 16, 5};
+    const size_t n_dt = sizeof(mm_dtypes) / sizeof(mm_dtypes[0]), n_n = sizeof(Ns) / sizeof(Ns[0]);
+    for (size_t dn = 0; dn < n_dt * n_n; dn++) {
+        enum qr_dtype dt = mm_dtypes[dn / n_n];
+        int32_t N = Ns[dn % n_n];
+        /* K: 100 takes the paths for rows that are not whole 16-byte chunks, 104 those that
+         * are (the tensor-core products need K % 8 == 0) */
+        int32_t K = dt == QR_Q4_K || dt == QR_Q6_K ? 512 : (dt == QR_Q8_0 ? 96 : (N <= 32 ? 104 : 100));
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
             /* split 0: f32 (dequantised W), 1: bf16x3 stacked, 2: three separate GEMMs,
              * 3: the fast product (x and W in bf16; the model has no F32 matmul), 4 and 5:
@@ -272,11 +278,11 @@ static void test_op_matmul(void **state)
                 if (split >= 3 && (dt == QR_F32 || Ts[ti] <= 8))
                     continue; /* F32 models are never fast; T <= 8 is the GEMV (always f32) */
                 struct op_case c;
-                int32_t widths[] = {K, 77};
+                int32_t widths[] = {K, N};
                 case_start(&c, widths, 2, 1);
                 c.logits_dt = split >= 3 ? QR_BF16 : QR_F32;
                 struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
-                op->out = 1, op->in = 0, op->w = add_tensor(&c, dt, K, 77, 0.5f), op->dump = "y";
+                op->out = 1, op->in = 0, op->w = add_tensor(&c, dt, K, N, 0.5f), op->dump = "y";
                 char key[32]; /* the CUDA GEMVs keep x in f32: compare with the f32-activation ref */
                 snprintf(key, sizeof(key), "matmul.%s.exact", dtype_traits(dt)->name);
                 op->kernel = dt == QR_F32 || dt == QR_F16 || dt == QR_BF16 ? NULL : strdup(key);
@@ -286,8 +292,8 @@ static void test_op_matmul(void **state)
                 o.prefill_bf16 = split >= 3;
                 o.prefill_x_terms = split >= 4 ? 2 : 1;
                 char what[64];
-                snprintf(what, sizeof(what), "matmul.%s T=%d split=%d",
-                         dtype_traits(dt)->name, Ts[ti], split);
+                snprintf(what, sizeof(what), "matmul.%s N=%d T=%d split=%d",
+                         dtype_traits(dt)->name, N, Ts[ti], split);
                 /* two terms: x in two bf16 terms, W as stored (BF16) or dequantised into two
                  * bf16 terms (matmul.cu gemm_run_w2): 16 bits each side */
                 double tol = split == 3 ? OP_GEMM_FAST_TOL

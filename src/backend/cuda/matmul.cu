@@ -568,31 +568,86 @@ cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, 
     return cudaGetLastError();
 }
 
-/* W [N][K] (dtype) -> bf16 [N][K], rounded to nearest. */
-__global__ void dequant_bf16_kernel(__nv_bfloat16 *dst, const uint8_t *w, int32_t dtype, int64_t N,
-                                    int64_t K, int64_t row_bytes)
+/* Elements k0 .. k0+7 of a row stored as dtype (k0 % 8 == 0): each block's scales decoded
+ * once for the eight (deq_elem decodes them per element). */
+__device__ __forceinline__ void deq8(const uint8_t *row, int32_t dtype, int32_t k0, float (&f)[8])
 {
-    int64_t n_el = N * K;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_el;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / K, k = i % K;
-        dst[i] = __float2bfloat16_rn(deq_elem(w + r * row_bytes, dtype, k));
+    switch (dtype) {
+    case QR_Q8_0: {
+        const uint8_t *b = row + (k0 / 32) * 34;
+        float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
+        const int8_t *q = (const int8_t *)(b + 2 + k0 % 32);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            f[e] = d * (float)q[e];
+        return;
+    }
+    case QR_Q4_K: {
+        const uint8_t *b = row + (k0 / 256) * 144;
+        int j = k0 % 256, c = j / 64, hi = (j % 64) / 32, l = j % 32, sub = 2 * c + hi;
+        float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
+        float dmin = f16_bits_to_f32((uint16_t)(b[2] | (b[3] << 8)));
+        const uint8_t *sc6 = b + 4;
+        int sc, m;
+        if (sub < 4) {
+            sc = sc6[sub] & 63;
+            m = sc6[sub + 4] & 63;
+        } else {
+            sc = (sc6[sub + 4] & 0xF) | ((sc6[sub - 4] >> 6) << 4);
+            m = (sc6[sub + 4] >> 4) | ((sc6[sub] >> 6) << 4);
+        }
+        float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *qs = b + 16 + 32 * c + l;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            f[e] = ds * (float)((qs[e] >> (4 * hi)) & 0xF) - dm;
+        return;
+    }
+    case QR_Q6_K: {
+        const uint8_t *b = row + (k0 / 256) * 210;
+        int j = k0 % 256, h = j / 128, jj = j % 128, quarter = jj / 32, l = jj % 32;
+        const uint8_t *ql = b + 64 * h + (quarter & 1) * 32 + l, *qh = b + 128 + 32 * h + l;
+        float d = f16_bits_to_f32((uint16_t)(b[208] | (b[209] << 8)));
+        float ds = d * (float)((const int8_t *)(b + 192))[8 * h + l / 16 + 2 * quarter];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            int lo = (ql[e] >> ((quarter >> 1) * 4)) & 0xF, hb = (qh[e] >> (2 * quarter)) & 3;
+            f[e] = ds * (float)((lo | (hb << 4)) - 32);
+        }
+        return;
+    }
+    default:
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            f[e] = deq_elem(row, dtype, k0 + e);
     }
 }
 
-/* W [N][K] (dtype) -> two bf16 terms hi = bf16(w), lo = bf16(w - hi), each [N][K]: 16
- * significant bits (exact for F16, 2^-17 relative for the dequantised Q8_0 / K-quant values). */
-__global__ void dequant_bf16x2_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const uint8_t *w,
-                                      int32_t dtype, int64_t N, int64_t K, int64_t row_bytes)
+/* W [N][K] (dtype, K % 8 == 0) -> TERMS bf16 terms, each [N][K]: hi = bf16(w) and, with two,
+ * lo = bf16(w - hi) (16 significant bits: exact for F16, 2^-17 relative for the dequantised
+ * Q8_0 / K-quant values). Eight elements per thread, one 16-byte store per term (a thread
+ * per element with a 64-bit division each was ~1 ms of Qwen3 Q4_K_M's pp512). */
+template <int TERMS>
+__global__ void dequant_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const uint8_t *w,
+                                    int32_t dtype, int64_t N, int32_t K, int64_t row_bytes)
 {
-    int64_t n_el = N * K;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_el;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / K, k = i % K;
-        float v = deq_elem(w + r * row_bytes, dtype, k);
-        __nv_bfloat16 h = __float2bfloat16_rn(v);
-        hi[i] = h;
-        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    int32_t units = K / 8;
+    int64_t n_units = N * units;
+    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < n_units;
+         u += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = u / units;
+        int32_t k0 = (int32_t)(u - r * units) * 8;
+        float f[8];
+        deq8(w + r * row_bytes, dtype, k0, f);
+        __align__(16) __nv_bfloat16 h[8], l[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            h[e] = __float2bfloat16_rn(f[e]);
+            l[e] = __float2bfloat16_rn(f[e] - __bfloat162float(h[e]));
+        }
+        *(uint4 *)(hi + r * K + k0) = *(const uint4 *)h;
+        if (TERMS == 2)
+            *(uint4 *)(lo + r * K + k0) = *(const uint4 *)l;
     }
 }
 
@@ -815,8 +870,8 @@ static qwenrt_status weights_bf16(struct gemm_ctx *g, const struct gemm_call *c,
     qwenrt_status st = grow((void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err);
     if (st)
         return st;
-    dequant_bf16_kernel<<<4096, 256, 0, s>>>(g->wbf16, (const uint8_t *)c->w, c->dtype, c->N, c->K,
-                                              c->row_bytes);
+    dequant_bf16_kernel<1><<<4096, 256, 0, s>>>(g->wbf16, NULL, (const uint8_t *)c->w, c->dtype,
+                                                 c->N, c->K, c->row_bytes);
     CUDA_CHECK(cudaGetLastError());
     *wb = g->wbf16;
     return QWENRT_OK;
@@ -864,8 +919,8 @@ static qwenrt_status gemm_run_w2(struct gemm_ctx *g, const struct gemm_call *c,
     if (st)
         return st;
     __nv_bfloat16 *whi = g->wbf16, *wlo = whi + nk;
-    dequant_bf16x2_kernel<<<4096, 256, 0, s>>>(whi, wlo, (const uint8_t *)c->w, c->dtype, c->N,
-                                                c->K, c->row_bytes);
+    dequant_bf16_kernel<2><<<4096, 256, 0, s>>>(whi, wlo, (const uint8_t *)c->w, c->dtype, c->N,
+                                                 c->K, c->row_bytes);
     CUDA_CHECK(cudaGetLastError());
     if (c->stack3 && c->N <= GEMM_STACK2_MAX_N) {
         if ((st = grow((void **)&g->c3, &g->c3_cap, 3 * tn * 4, err)) ||
