@@ -273,6 +273,11 @@ struct gdn_args {
     const float *z, *gnorm_w; /* z [T][ldz]; w [dv]; z NULL: no norm */
     int32_t ldz;
     float geps;
+    /* launch_gdn_core only, T = 1, Hv == Hk: the causal conv of the block's own q, k and v
+     * channels first, in place on qkv (decode program; no other block reads them) */
+    float *conv_state;        /* [conv_k - 1][conv_C]; NULL: qkv is already convolved */
+    const float *conv_taps;   /* [conv_C][conv_k] */
+    int32_t conv_C, conv_k;
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);

@@ -666,6 +666,30 @@ cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *ta
 
 #define GDN_MAX_ROWS 32
 
+/* One token of the causal conv (gdn_conv_kernel's arithmetic, in the same order) for value
+ * head j's channels: q and k of key head j and v of head j, in place on qkv, the conv state
+ * shifted. Only for Hv == Hk, where no other block reads these channels. */
+__device__ void gdn_conv_own_channels(const struct gdn_args &a, int j)
+{
+    int dk = a.dk, dv = a.dv, C = a.conv_C, R = a.conv_k - 1;
+    float *x = (float *)a.qkv;
+    for (int i = threadIdx.x; i < 2 * dk + dv; i += blockDim.x) {
+        int ch = i < dk ? j * dk + i : i < 2 * dk ? a.Hk * dk + j * dk + (i - dk)
+                                                  : 2 * a.Hk * dk + j * dv + (i - 2 * dk);
+        const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
+        float in = x[ch], acc = 0.0f;
+        for (int r = 0; r < R; r++) {
+            float w = a.conv_state[(int64_t)r * C + ch];
+            acc += tap[r] * w;
+            if (r > 0)
+                a.conv_state[(int64_t)(r - 1) * C + ch] = w;
+        }
+        acc += tap[R] * in;
+        a.conv_state[(int64_t)(R - 1) * C + ch] = in;
+        x[ch] = silu_f(acc);
+    }
+}
+
 template <int TPC>
 __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
 {
@@ -682,6 +706,10 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
     for (int i = 0; i < GDN_MAX_ROWS; i++)
         s[i] = (i < nr && c < dv) ? S[(int64_t)(sub + TPC * i) * dv + c] : 0.0f;
     float qscale = rsqrtf((float)dk), dtb = a.dt[j], sa = a.ssm_a[j];
+    if (a.conv_state) { /* T = 1, Hv == Hk: this block's channels are its own */
+        gdn_conv_own_channels(a, j);
+        __syncthreads();
+    }
     for (int t = 0; t < a.T; t++) {
         const float *row = a.qkv + (int64_t)t * a.ldi;
         if (warp < 2) {
