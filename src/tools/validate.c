@@ -35,11 +35,13 @@ static const struct validate_tolerance tolerances[] = {
      "operations differs (SIMD lanes, blocking, chunked DeltaNet vs the token-by-token "
      "recurrence); seed 004's fp32 tolerances, with logits atol 5e-3 because the worst element "
      "measured on qwen35-tiny (portable matmul + chunked DeltaNet) is 1.6e-3"},
-    {"quantized", 0.05, 0.15, 0.05, 0.1, 0.05, 0.1,
-     "quantised weights: fast kernels quantise activations to 8-bit blocks (about 0.4% per "
-     "element), the reference dequantises weights and keeps f32 activations; per-head norms "
-     "amplify it: 0.055 measured on K of a synth qwen3-tiny q8_0 (|K| about 3). Bugs such as a "
-     "wrong RoPE sign or a lost gate move values by O(1)"},
+    {"quantized", 0.05, 0.35, 0.05, 0.35, 0.05, 0.35,
+     "quantised weights: both paths round activations to 8-bit blocks, but an upstream f32 "
+     "difference of one ulp flips an activation's rounding (one 8-bit step), and every layer "
+     "adds such flips; per-head norms amplify them: 0.055 measured on K of a synth qwen3-tiny "
+     "q8_0 (3 layers, |K| about 3), and at Qwen3-0.6B's 28 layers over 160 positions logits / "
+     "KV 0.116 / 0.112 (synth q8_0), 0.165 / 0.161 and 0.173 / 0.172 (q4_k_m), 0.167 / 0.177 "
+     "(q6_k); atol 2x that. Bugs such as a wrong RoPE sign or a lost gate move values by O(1)"},
     {"kv-f16", 0.02, 0.05, 0.02, 0.02, 0.02, 0.02,
      "an f16 KV cache rounds K and V to 11 significant bits (seed 004's fp16 cache tolerance)"},
     {"fixture-float64", 1e-3, 5e-3, 1e-3, 1e-3, 1e-3, 1e-3,
@@ -406,7 +408,9 @@ static qwenrt_status run_gate(struct gate *g, struct validate_result *r, struct 
         goto out;
     r->tokens[r->n_tokens++] = cand_tok;
     for (int32_t i = 1; i < g->n_gen; i++) {
-        int32_t pos = g->T + i - 1, feed = ref_tok;
+        /* both sessions take the candidate's own token (what it generates when free-running,
+         * and what bench then times); a reference file dictates its recorded tokens */
+        int32_t pos = g->T + i - 1, feed = g->ref.file ? ref_tok : cand_tok;
         if ((st = qwenrt_session_decode(g->cs, feed, err)))
             break;
         const float *rl;
