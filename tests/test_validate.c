@@ -14,8 +14,11 @@
 
 #include "testutil.h"
 
+#include <unistd.h>
+
 #include "backend/cpu/cpu_backend.h"
 #include "runtime/session.h"
+#include "tools/synth.h"
 #include "tools/validate.h"
 
 #define PROMPT 6
@@ -191,6 +194,30 @@ static void test_rope_sign_fails_against_fixture(void **state)
     expect_failure_at(&r, 1, "position 1 (prefill)");
 }
 
+/* The "quantized" row is wide (0.35: activation-rounding flips add up over 28 layers) but a
+ * real bug still fails it: the wrong RoPE sign on a Q8_0 model (tiny synth, 4 heads of 32). */
+static void test_rope_sign_fails_quantized(void **state)
+{
+    (void)state;
+    struct qwenrt_error err = {0};
+    struct model_hparams hp;
+    char path[128];
+    snprintf(path, sizeof(path), "/tmp/qwenrt-test-validate-q8-%d.gguf", (int)getpid());
+    struct export_params ep = {.type = EXPORT_Q8_0, .name = "qwen3-tiny", .tied = true};
+    assert_int_equal(synth_preset("qwen3-tiny", &hp, &err), QWENRT_OK);
+    if (synth_write(path, &hp, 5, &ep, &err))
+        fail_msg("synth: %s", err.message);
+    struct validate_result r;
+    run_gate(path, NULL, NULL, &r);
+    json_t *tol = json_object_get(r.record, "tolerances");
+    assert_string_equal(json_string_value(json_object_get(tol, "applied")), "quantized");
+    expect_pass(&r, PROMPT + GEN - 1);
+    struct breakage b = {OP_QK_NORM_ROPE, qk_norm_rope_bad_sign, true, true, 0};
+    run_gate(path, &b, NULL, &r);
+    expect_failure_at(&r, 1, "position 1 (prefill)");
+    unlink(path);
+}
+
 static void test_kv_off_by_one_fails_at_first_decode(void **state)
 {
     (void)state;
@@ -246,6 +273,7 @@ int main(void)
         cmocka_unit_test(test_fixture_reference_passes),
         cmocka_unit_test(test_rope_sign_fails_at_position_1),
         cmocka_unit_test(test_rope_sign_fails_against_fixture),
+        cmocka_unit_test(test_rope_sign_fails_quantized),
         cmocka_unit_test(test_kv_off_by_one_fails_at_first_decode),
         cmocka_unit_test(test_lost_gate_fails),
         cmocka_unit_test(test_lost_conv_state_fails_on_state),
