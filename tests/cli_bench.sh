@@ -41,6 +41,13 @@ fi
     || fail "calibrate"
 "$Q" profile check "$T/cal.json" -m $M >/dev/null || fail "calibrated profile does not bind"
 grep -q '"kind": "calibration"' "$T/ev.json" || fail "calibrate evidence record"
+# a dense model: no candidate for the DeltaNet kernels it lacks (a profile patching gdn_core
+# was refused by the binder), and no candidate file left behind in /tmp
+before=$(ls -d /tmp/qwenrt-calibrate-* 2>/dev/null | wc -l)
+"$Q" calibrate -m tests/data/qwen3-tiny-f32 -p 6 -n 3 --warmup 0 --trials 1 --threads 2 \
+    -o "$T/cal3.json" --out "$T/ev3.json" >"$T/cal3.out" 2>&1 || fail "calibrate qwen3: $(cat "$T/cal3.out")"
+grep -q '"op": "gdn' "$T/ev3.json" && fail "qwen3 calibration tried DeltaNet kernels"
+[ "$(ls -d /tmp/qwenrt-calibrate-* 2>/dev/null | wc -l)" = "$before" ] || fail "calibrate left its directory"
 mkdir "$T/records"
 cp "$T/v.json" "$T/b.json" "$T/records/"
 echo "written by a person" > "$T/pitfalls.txt"

@@ -6,10 +6,12 @@
  *                    [--trials 3] [-o PROFILE.json] [--id ID] [--out EVIDENCE.json]
  * Exit 0 when a profile was written and passed validation, 1 otherwise, 2 for usage errors.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
@@ -39,8 +41,7 @@ int cmd_calibrate(int argc, char **argv)
                                  .warmup = 1,
                                  .trials = 3,
                                  .out_profile = "calibrated.json",
-                                 .profile_id = "profiles/calibrated",
-                                 .work_dir = "/tmp"};
+                                 .profile_id = "profiles/calibrated"};
     const char *out = NULL;
     int c;
     optind = 1;
@@ -76,9 +77,19 @@ int cmd_calibrate(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* the candidate profiles go to a directory of this run's own: two calibrations at once
+     * (or a test beside a user's run) must not overwrite or remove each other's files */
+    char work[] = "/tmp/qwenrt-calibrate-XXXXXX";
+    if (!mkdtemp(work)) {
+        fprintf(stderr, "qwenrt calibrate: cannot make a directory in /tmp: %s\n", strerror(errno));
+        return 1;
+    }
+    p.work_dir = work;
     json_t *ev = NULL;
     struct qwenrt_error err = {0};
-    if (calibrate_run(&p, &ev, &err)) {
+    qwenrt_status st = calibrate_run(&p, &ev, &err);
+    rmdir(work);
+    if (st) {
         fprintf(stderr, "qwenrt calibrate: %s\n", err.message);
         return 1;
     }

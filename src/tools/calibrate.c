@@ -44,6 +44,17 @@ static json_t *profile_doc(const char *id, const char *desc, json_t *sets, const
         "onIncompatible", "remap");
 }
 
+/* Whether either phase of the model's plan has an op of kind k (a profile that patches a kind
+ * the plan lacks is refused when it is bound: Qwen3 has no DeltaNet ops). */
+static bool model_has_kind(const struct qwenrt_model *m, enum op_kind k)
+{
+    for (int ph = 0; ph < 2; ph++)
+        for (int32_t i = 0; i < m->plans[ph].n_ops; i++)
+            if (m->plans[ph].ops[i].kind == k)
+                return true;
+    return false;
+}
+
 /* The candidates for this model and CPU. */
 static int list_candidates(const struct qwenrt_model *m, const char *dir, struct candidate *c,
                            int max)
@@ -54,7 +65,7 @@ static int list_candidates(const struct qwenrt_model *m, const char *dir, struct
         const struct cpu_op_kernel *best = cpu_op_pick((enum op_kind)k, feat, NULL);
         for (const struct cpu_op_kernel *e = cpu_op_kernels(); e->key && n < max; e++)
             if ((int)e->kind == k && e != best && (e->cpu_features & feat) == e->cpu_features &&
-                k != OP_MATMUL) {
+                k != OP_MATMUL && model_has_kind(m, (enum op_kind)k)) {
                 snprintf(c[n].op, sizeof(c[n].op), "%s", op_kind_name(e->kind));
                 snprintf(c[n].key, sizeof(c[n].key), "%s", e->key);
                 n++;
@@ -90,6 +101,8 @@ qwenrt_status calibrate_run(const struct calibrate_params *p, json_t **evidence,
                             struct qwenrt_error *err)
 {
     *evidence = NULL;
+    if (!p->work_dir)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: no directory for the candidate profiles");
     struct tool_model tm;
     struct tool_open_params op = {.model_path = p->model_path,
                                   .backend = p->backend,
@@ -128,8 +141,11 @@ qwenrt_status calibrate_run(const struct calibrate_params *p, json_t **evidence,
     json_t *rec = NULL;
     if (!st)
         st = bench_run(&bp, &rec, err);
-    if (st)
+    if (st) {
+        for (int i = 0; i < n; i++)
+            remove(cand[i].path);
         return st;
+    }
     /* winners: per op kind, the fastest candidate that beat the baseline */
     json_t *lanes = json_object_get(rec, "lanes"), *sets = json_array(), *choices = json_array();
     double base = json_number_value(

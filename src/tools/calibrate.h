@@ -24,7 +24,8 @@ struct calibrate_params {
     int warmup, trials;
     const char *out_profile; /* where the new profile goes */
     const char *profile_id;  /* its id, e.g. "profiles/calibrated-qwen3-tiny" */
-    const char *work_dir;    /* for the candidate profile files */
+    const char *work_dir;    /* for the candidate profile files: a directory of this run's own
+                              * (they are written, then removed; cmd_calibrate makes one) */
 };
 
 /* Writes out_profile; *evidence is a new reference (status "calibrated" or "failed"). */
