@@ -4,8 +4,12 @@
 # round by round, medians: the side-by-side run issue 6 asks for.
 # Runs on the GPU machine with the binaries carried gzipped in .devbin/ (the carried tree is
 # limited to 64 MiB): cuda_bench.gz (build-cudaperf, as for cuda_device_run.sh) and
-# llama-bench.gz (a llama.cpp CUDA build for sm_90a made outside the repository, with its CUDA
-# libraries taken from the GPU machine; the session-6 note on issue 6 says where) and
+# llama-bench.gz or an uncompressed .devbin/llama-bench (a llama.cpp CUDA build for sm_90a made
+# outside the repository, its CUDA libraries taken from the GPU machine; the session-6 and
+# session-7 notes on issue 6 say how it was built). At 43 MB gzipped it does not fit beside the
+# tree in one call: session 7 sent it xz-compressed in two halves, the first copied to /tmp by a
+# call of its own (it stays while the machine is warm, ~30 s idle), then joined and unpacked
+# into .devbin/llama-bench before this script ran (docs/perf-log.md, session 7). And
 # tokenizer.json.gz (the synth GGUF embeds it: llama.cpp refuses a model without a vocabulary).
 # Usage: [CFGS="qwen3-0.6b:bf16 qwen35-0.8b:bf16"] [ROUNDS=3] sh bench/llama_side_by_side.sh
 # Logs and the table go to $OUT (every round's numbers in $OUT/side-by-side.jsonl); llama-bench's
