@@ -104,6 +104,18 @@ __device__ __forceinline__ float f16_bits_to_f32(uint16_t u)
     return __half2float(__ushort_as_half(u));
 }
 
+/* Q4_K sub-block sub's 6-bit scale and min, unpacked from the super-block's 12 scale bytes. */
+static __device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int sub, int *sc, int *m)
+{
+    if (sub < 4) {
+        *sc = s[sub] & 63;
+        *m = s[sub + 4] & 63;
+    } else {
+        *sc = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 6) << 4);
+        *m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+    }
+}
+
 /* Element i of a row stored as dtype (every dtype the GEMV handles). */
 static __device__ __forceinline__ float deq_elem(const uint8_t *row, int32_t dtype, int64_t i)
 {
@@ -124,15 +136,8 @@ static __device__ __forceinline__ float deq_elem(const uint8_t *row, int32_t dty
         int j = (int)(i % 256), c = j / 64, hi = (j % 64) / 32, l = j % 32, sub = 2 * c + hi;
         float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
         float dmin = f16_bits_to_f32((uint16_t)(b[2] | (b[3] << 8)));
-        const uint8_t *s = b + 4;
         int sc, m;
-        if (sub < 4) {
-            sc = s[sub] & 63;
-            m = s[sub + 4] & 63;
-        } else {
-            sc = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 6) << 4);
-            m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
-        }
+        q4k_scale_min(b + 4, sub, &sc, &m);
         int q = (b[16 + 32 * c + l] >> (4 * hi)) & 0xF;
         return d * (float)sc * (float)q - dmin * (float)m;
     }

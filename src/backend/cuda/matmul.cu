@@ -130,15 +130,8 @@ __device__ __forceinline__ void deq_unit(const uint8_t *row, int u, float *w)
         int sub = u % 8, c = sub / 2, hi = sub % 2;
         const uint16_t *h = (const uint16_t *)b;
         float d = f16_bits_to_f32(h[0]), dmin = f16_bits_to_f32(h[1]);
-        const uint8_t *s = b + 4;
         int sc, m;
-        if (sub < 4) {
-            sc = s[sub] & 63;
-            m = s[sub + 4] & 63;
-        } else {
-            sc = (s[sub + 4] & 0xF) | ((s[sub - 4] >> 6) << 4);
-            m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
-        }
+        q4k_scale_min(b + 4, sub, &sc, &m);
         float ds = d * (float)sc, dm = dmin * (float)m;
         const uint4 *q = (const uint4 *)(b + 16 + 32 * c);
         uint4 q0 = ld_stream(q), q1 = ld_stream(q + 1);
@@ -587,15 +580,8 @@ __device__ __forceinline__ void deq8(const uint8_t *row, int32_t dtype, int32_t 
         int j = k0 % 256, c = j / 64, hi = (j % 64) / 32, l = j % 32, sub = 2 * c + hi;
         float d = f16_bits_to_f32((uint16_t)(b[0] | (b[1] << 8)));
         float dmin = f16_bits_to_f32((uint16_t)(b[2] | (b[3] << 8)));
-        const uint8_t *sc6 = b + 4;
         int sc, m;
-        if (sub < 4) {
-            sc = sc6[sub] & 63;
-            m = sc6[sub + 4] & 63;
-        } else {
-            sc = (sc6[sub + 4] & 0xF) | ((sc6[sub - 4] >> 6) << 4);
-            m = (sc6[sub + 4] >> 4) | ((sc6[sub] >> 6) << 4);
-        }
+        q4k_scale_min(b + 4, sub, &sc, &m);
         float ds = d * (float)sc, dm = dmin * (float)m;
         const uint8_t *qs = b + 16 + 32 * c + l;
 #pragma unroll
