@@ -4,8 +4,10 @@
  * Order of a run: the candidate prefills the prompt as one batch (its prefill plan, logits for
  * every position); positions 0..T-1 are checked (logits row, the K/V rows of that position in
  * every attention layer, and at T-1 the DeltaNet state). Then it decodes n_gen-1 tokens one at
- * a time (its decode plan), fed the reference's greedy token (teacher forcing keeps the two
- * aligned when a near tie is accepted), and each position is checked with the K/V rows of all
+ * a time (its decode plan), and both sessions are fed the candidate's own greedy token (so the
+ * validated tokens are what the candidate generates alone, which bench then times, and the two
+ * paths stay aligned when a near tie is accepted; a reference file dictates its recorded
+ * tokens instead), and each position is checked with the K/V rows of all
  * valid positions (a decode kernel that writes the wrong row shows up there) and the state.
  * The reference path runs the same sequence on a second load of the model bound to *.ref.
  * A fixture file carries logits for the prompt, the prompt's KV cache, and the decode logits
@@ -502,7 +504,10 @@ static void build_record(struct gate *g, struct validate_result *r)
         json_pack(
             "{s:s, s:s, s:s}", "candidate_prefill",
             "prefill plan over the whole prompt, logits for every position", "candidate_decode",
-            "decode plan, one token per step, fed the reference's greedy token", "scope",
+            g->ref.file ? "decode plan, one token per step, fed the reference file's tokens"
+                        : "decode plan, one token per step; candidate and reference both fed the "
+                          "candidate's greedy token",
+            "scope",
             "embedding, every decoder layer, final norm, full vocabulary logits, host argmax"));
     json_object_set_new(json_object_get(rec, "execution"), "state_checks",
                         json_string(g->ref.file ? "no DeltaNet state in a reference file"
