@@ -55,6 +55,8 @@ struct cuda_options {
                           * (gdn_chunked.cu) instead of the token-by-token column scan; off by
                           * default: slower so far (2.71 vs 2.02 ms per Qwen3.5 pp512) */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
+    bool gemm_merge;     /* prefill: products of one input with weights back to back (q|k|v,
+                          * gate|up, DeltaNet's qkv|z|beta|alpha) as one product */
     bool attn_gemm;      /* prefill (T >= 16): attention as f32 GEMMs + masked softmax */
     int32_t mega;        /* decode as one persistent kernel per step (megakernel.cu) when the
                           * plan allows, else the graph program: CUDA_MEGA_OFF, _ON, or _AUTO

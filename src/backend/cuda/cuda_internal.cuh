@@ -208,14 +208,16 @@ cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype
 cudaError_t launch_rmsnorm(float *out, int32_t ldo, const float *in, int32_t ldi, const float *w,
                            int32_t group, int32_t groups, float eps, int32_t T, cudaStream_t s, bool pdl = false);
 cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s, bool pdl = false);
-cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s, bool pdl = false);
+/* g[t][c] = silu(g[t][c]) u[t][c] for c < w, t < T (rows ldg and ldu floats apart) */
+cudaError_t launch_swiglu(float *g, int32_t ldg, const float *u, int32_t ldu, int32_t w, int32_t T,
+                          cudaStream_t s, bool pdl = false);
 /* The same two ops writing bf16 [T][width] (the fast prefill's product input, gemm_x_slot):
  * the values round_bf16 would make of their f32 results; with mid (not NULL) also the
  * remainder's bf16, the second term split_bf16 would make (x_terms 2). */
 cudaError_t launch_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *in, int32_t ldi,
                                 const float *w, int32_t width, float eps, int32_t T, cudaStream_t s);
-cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, const float *u,
-                               int64_t n, cudaStream_t s);
+cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, int32_t ldg,
+                               const float *u, int32_t ldu, int32_t w, int32_t T, cudaStream_t s);
 cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t ldg,
                                 int32_t n_head, int32_t hd, int32_t q_stride, int32_t T,
                                 cudaStream_t s, bool pdl = false);

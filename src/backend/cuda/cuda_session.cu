@@ -84,8 +84,16 @@ struct cuda_session {
     int32_t kv_width, conv_rows, conv_dim;
     int64_t ssm_len;
     /* activations */
-    float *pbufs[PLAN_MAX_BUFS]; /* prefill: [cap_T][width] (logits: [cap_rows][V]) */
+    float *pbufs[PLAN_MAX_BUFS]; /* prefill: [cap_T][width] (logits: [cap_rows][V]), or a view */
     int32_t cap_T, cap_rows;
+    /* merged prefill products (plan_merges): consecutive products of one input whose weights
+     * lie back to back in the arena run as one product, their outputs side by side in the
+     * first one's buffer (one wider GEMM instead of several narrow ones) */
+    int32_t pld[PLAN_MAX_BUFS];  /* prefill buffers' row strides, floats (>= width) */
+    int32_t pown[PLAN_MAX_BUFS]; /* the buffer whose allocation holds buffer i (i: its own) */
+    int32_t poff[PLAN_MAX_BUFS]; /* buffer i's first column there */
+    int32_t *pmerge;             /* [prefill n_ops]: products op i runs as one (>= 2: ops i.. of
+                                  * a merge; 0: merged into an earlier op; 1 otherwise) */
     float *dbufs[PLAN_MAX_BUFS]; /* decode: one token */
     float *bbufs[PLAN_MAX_BUFS]; /* batched decode led by this session: [cap_batch][width] */
     int32_t cap_batch;
@@ -128,6 +136,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gdn_par = true;
     o.gdn_chunked = false; /* 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
     o.gemm_stack3 = true;
+    o.gemm_merge = true;
     o.attn_gemm = true;
     o.mega = CUDA_MEGA_AUTO;
     o.mega_threads = 256;
@@ -439,22 +448,31 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
     return QWENRT_OK;
 }
 
-static void free_bufs(float **b)
+/* Frees bufs; own (NULL: every buffer owns its memory) names the views to leave alone. */
+static void free_bufs(float **b, const int32_t *own = NULL)
 {
     for (int i = 0; i < PLAN_MAX_BUFS; i++) {
-        cudaFree(b[i]);
+        if (!own || own[i] == i)
+            cudaFree(b[i]);
         b[i] = NULL;
     }
 }
 
-/* Allocates bufs for T tokens (the logits buffer for rows rows). */
+/* Allocates bufs for T tokens (the logits buffer for rows rows). With own / off / ld (merged
+ * products): buffer i is a view at column off[i] of buffer own[i], rows ld[i] floats long. */
 static qwenrt_status alloc_bufs(const struct plan *p, float **b, int32_t T, int32_t rows,
-                                struct qwenrt_error *err)
+                                struct qwenrt_error *err, const int32_t *own = NULL,
+                                const int32_t *off = NULL, const int32_t *ld = NULL)
 {
     for (int32_t i = 0; i < p->n_bufs; i++) {
-        size_t n = (size_t)(i == p->buf_logits ? rows : T) * (size_t)p->bufs[i].width;
+        if (own && own[i] != i)
+            continue;
+        size_t n = (size_t)(i == p->buf_logits ? rows : T) * (size_t)(ld ? ld[i] : p->bufs[i].width);
         CUDA_CHECK(cudaMalloc(&b[i], n * sizeof(float) + 256));
     }
+    for (int32_t i = 0; own && i < p->n_bufs; i++)
+        if (own[i] != i)
+            b[i] = b[own[i]] + off[i];
     return QWENRT_OK;
 }
 
@@ -473,7 +491,15 @@ struct run_ctx {
     int32_t pos0;        /* host copy of the first token's position */
     bool x_reuse;        /* run_plan_ops: the next product reads the same, unchanged input as
                           * the previous one (q, k, v; gate, up) */
+    const int32_t *ld;   /* the buffers' row strides (merged products), NULL: their widths */
+    const int32_t *merge; /* the prefill's merged products (cuda_session.pmerge), or NULL */
 };
+
+/* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
+static int32_t ld_of(const struct run_ctx *r, int32_t id)
+{
+    return r->ld ? r->ld[id] : r->p->bufs[id].width;
+}
 
 /* Grows the prefill scratch to n floats (contents not kept). */
 static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwenrt_error *err)
@@ -558,14 +584,14 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     struct attn_args a;
     memset(&a, 0, sizeof(a));
     a.out = b[op->out], a.q = b[op->in], a.kc = cs->kc[op->layer], a.vc = cs->vc[op->layer];
-    a.ldo = bw(p, op->out), a.ldq = bw(p, op->in), a.q_stride = op->q_stride, a.kvw = cs->kv_width;
+    a.ldo = ld_of(r, op->out), a.ldq = ld_of(r, op->in), a.q_stride = op->q_stride, a.kvw = cs->kv_width;
     a.n_head = op->n_head, a.n_head_kv = op->n_head_kv, a.hd = op->head_dim;
     a.pos0 = cs->d_pos, a.T = T, a.gate = false;
     a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
     struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
                                 a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16,
-                                b[op->in2], b[op->in3], bw(p, op->in2), bw(p, op->in3)};
+                                b[op->in2], b[op->in3], ld_of(r, op->in2), ld_of(r, op->in3)};
     bool fast = T >= 16 && cs->opt.attn_gemm && cs->fast_prefill && cs->opt.attn_flash;
     if (!fast || !attention_flash_applies(&ga)) /* k, v not on 16 bytes: kv_write below */
         ga.kin = ga.vin = NULL;
@@ -573,8 +599,8 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     if (out16 && !flash)
         return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bf16 attention output without the flash kernel");
     if (!ga.kin) /* else the flash kernel's operand pass writes the prompt's cache rows */
-        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2], bw(p, op->in2),
-                                   b[op->in3], bw(p, op->in3), cs->kv_width, cs->d_pos, T, s, r->pdl));
+        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2], ld_of(r, op->in2),
+                                   b[op->in3], ld_of(r, op->in3), cs->kv_width, cs->d_pos, T, s, r->pdl));
     if (T >= 16 && cs->opt.attn_gemm) {
         qwenrt_status st = gemm_ready(cs, err);
         if (st)
@@ -594,7 +620,7 @@ static struct gdn_args gdn_args_of(const struct run_ctx *r, int32_t i, int32_t T
     struct gdn_args a;
     memset(&a, 0, sizeof(a));
     a.out = r->b[op->out], a.qkv = r->b[op->in], a.b = r->b[op->in2], a.a = r->b[op->in3];
-    a.ldo = bw(p, op->out), a.ldi = bw(p, op->in), a.ldb = bw(p, op->in2), a.lda = bw(p, op->in3);
+    a.ldo = ld_of(r, op->out), a.ldi = ld_of(r, op->in), a.ldb = ld_of(r, op->in2), a.lda = ld_of(r, op->in3);
     a.dt = d->vec2, a.ssm_a = d->vec3, a.state = r->cs->ssm[op->layer];
     a.Hk = op->n_k_heads, a.Hv = op->n_v_heads, a.dk = op->k_dim, a.dv = op->v_dim;
     a.T = T, a.tiled = op->v_head_tiled, a.pdl = r->pdl;
@@ -611,24 +637,25 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
     int32_t T = r->T;
     cudaStream_t s = r->stream;
     int32_t wo = op->out >= 0 ? bw(p, op->out) : 0, wi = op->in >= 0 ? bw(p, op->in) : 0;
+    int32_t lo = op->out >= 0 ? ld_of(r, op->out) : 0, li = op->in >= 0 ? ld_of(r, op->in) : 0;
     switch (op->kind) {
     case OP_EMBED:
         CUDA_CHECK(launch_embed(b[op->out], wo, d->w, d->dtype, d->row_bytes, cs->d_ids, T, s,
                                 r->pdl));
         break;
     case OP_RMSNORM:
-        CUDA_CHECK(launch_rmsnorm(b[op->out], wo, b[op->in], wi, d->vec, op->group,
+        CUDA_CHECK(launch_rmsnorm(b[op->out], lo, b[op->in], li, d->vec, op->group,
                                   wi / op->group, op->eps, T, s, r->pdl));
         break;
     case OP_MATMUL:
-        return run_matmul(r, d, b[op->in], wi, b[op->out], wo, T, false, err);
+        return run_matmul(r, d, b[op->in], li, b[op->out], lo, T, false, err);
     case OP_ADD:
         CUDA_CHECK(launch_add(b[op->out], b[op->in], (int64_t)T * wo, s, r->pdl));
         break;
     case OP_QK_NORM_ROPE: {
         struct rope_args a;
         memset(&a, 0, sizeof(a));
-        a.q = b[op->out], a.k = b[op->in], a.ldq = wo, a.ldk = wi;
+        a.q = b[op->out], a.k = b[op->in], a.ldq = lo, a.ldk = li;
         a.wq = d->vec, a.wk = d->vec2, a.n_head = op->n_head, a.n_head_kv = op->n_head_kv;
         a.hd = op->head_dim, a.q_stride = op->q_stride, a.n_rot = op->n_rot;
         a.theta = op->rope_theta, a.eps = op->eps, a.pos0 = cs->d_pos, a.T = T, a.pdl = r->pdl;
@@ -639,11 +666,11 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
     case OP_ATTENTION:
         return run_attention(r, i, NULL, err);
     case OP_SIGMOID_GATE:
-        CUDA_CHECK(launch_sigmoid_gate(b[op->out], wo, b[op->in], wi, op->n_head, op->head_dim,
+        CUDA_CHECK(launch_sigmoid_gate(b[op->out], lo, b[op->in], li, op->n_head, op->head_dim,
                                        op->q_stride, T, s, r->pdl));
         break;
     case OP_SWIGLU:
-        CUDA_CHECK(launch_swiglu(b[op->out], b[op->in], (int64_t)T * wo, s, r->pdl));
+        CUDA_CHECK(launch_swiglu(b[op->out], lo, b[op->in], li, wo, T, s, r->pdl));
         break;
     case OP_GDN_CONV:
         if (T > 1 && cs->opt.gdn_par && wo == cs->conv_dim) {
@@ -653,13 +680,13 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
             if (st)
                 return st;
             float *halo = cs->scratch, *sn = cs->scratch + n - R * C;
-            CUDA_CHECK(launch_gdn_conv_par(b[op->out], wo, cs->conv[op->layer], sn, halo, d->vec,
+            CUDA_CHECK(launch_gdn_conv_par(b[op->out], lo, cs->conv[op->layer], sn, halo, d->vec,
                                            (int32_t)C, op->conv_k, T, s));
             CUDA_CHECK(cudaMemcpyAsync(cs->conv[op->layer], sn, (size_t)R * C * sizeof(float),
                                        cudaMemcpyDeviceToDevice, s));
             break;
         }
-        CUDA_CHECK(launch_gdn_conv(b[op->out], wo, cs->conv[op->layer], d->vec, cs->conv_dim,
+        CUDA_CHECK(launch_gdn_conv(b[op->out], lo, cs->conv[op->layer], d->vec, cs->conv_dim,
                                    op->conv_k, T, s, r->pdl));
         break;
     case OP_GDN_CORE: {
@@ -679,12 +706,12 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         break;
     }
     case OP_GATED_RMSNORM:
-        CUDA_CHECK(launch_gated_rmsnorm(b[op->out], wo, b[op->in], wi, d->vec, op->n_v_heads,
+        CUDA_CHECK(launch_gated_rmsnorm(b[op->out], lo, b[op->in], li, d->vec, op->n_v_heads,
                                         op->v_dim, op->eps, T, s, r->pdl));
         break;
     case OP_LOGITS: {
         int32_t rows = r->all_logits ? T : 1;
-        return run_matmul(r, d, b[op->in] + (size_t)(T - rows) * wi, wi, b[op->out], wo, rows,
+        return run_matmul(r, d, b[op->in] + (size_t)(T - rows) * li, li, b[op->out], lo, rows,
                           false, err);
     }
     default:
@@ -874,7 +901,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
-                        cs->opt.pdl, cs->stream, 0, false};
+                        cs->opt.pdl, cs->stream, 0, false, NULL, NULL};
     for (int32_t i = 0; i < cs->n_steps; i++) {
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
@@ -927,7 +954,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
     mk_free(cs->mk);
-    free_bufs(cs->pbufs);
+    free_bufs(cs->pbufs, cs->pown);
     free_bufs(cs->dbufs);
     free_bufs(cs->bbufs);
     cudaFree(cs->d_ids);
@@ -949,6 +976,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     xfree(cs->ssm);
     xfree(cs->dops[0]);
     xfree(cs->dops[1]);
+    xfree(cs->pmerge);
     xfree(cs->map);
     xfree(cs->steps);
     xfree(cs);
@@ -1034,7 +1062,8 @@ static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventCreate failed");
             break;
         }
-    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->opt.pdl, cs->stream, 0, false};
+    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->opt.pdl, cs->stream, 0, false,
+                        NULL, NULL};
     for (int32_t rep = -1; rep < reps && !st; rep++) { /* rep -1 warms up */
         if (cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
@@ -1108,15 +1137,16 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
         st = cuda_session_reset(cs, err);
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
-    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false};
+    struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false,
+                        cs->pld, NULL};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
         if (cs->opt.fuse && matmul_add_fusable(p, i)) { /* as run_plan_ops: the add in the
                                                          * product, its time under matmul */
             const struct plan_op *op = &p->ops[i], *add = &p->ops[i + 1];
-            st = run_matmul(&r, &r.d[i], r.b[op->in], bw(p, op->in), r.b[add->out],
-                            bw(p, add->out), T, true, err);
+            st = run_matmul(&r, &r.d[i], r.b[op->in], ld_of(&r, op->in), r.b[add->out],
+                            ld_of(&r, add->out), T, true, err);
             if (!st && cudaEventRecord(ev[i + 1], cs->stream) != cudaSuccess)
                 st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
             i++;
@@ -1184,6 +1214,98 @@ static int32_t fast_x_terms(const struct cuda_options *o, const struct plan *p)
     return 1;
 }
 
+/* ------------------------------------------------------------------ merged prefill products */
+
+/* Whether op kind k reads and writes its buffers with the run's row strides (ld_of), so that
+ * a buffer it touches may be a view into a merged product's output. */
+static bool strided_kind(enum op_kind k)
+{
+    return k == OP_MATMUL || k == OP_LOGITS || k == OP_RMSNORM || k == OP_QK_NORM_ROPE ||
+           k == OP_ATTENTION || k == OP_SIGMOID_GATE || k == OP_SWIGLU || k == OP_GDN_CONV ||
+           k == OP_GDN_CORE || k == OP_GATED_RMSNORM;
+}
+
+/* The prefill products ops [i, j) would merge as: same input, dtype, K and row size, each
+ * one's weights right after the previous one's in the arena, distinct output buffers as wide
+ * as their products, none of them the input. */
+static int32_t merge_run(const struct cuda_session *cs, const struct plan *p, const struct dop *d, int32_t i)
+{
+    const struct plan_op *op = &p->ops[i];
+    int32_t j = i + 1;
+    for (; j < p->n_ops; j++) {
+        const struct plan_op *o = &p->ops[j];
+        const struct dop *a = &d[j - 1], *b = &d[j];
+        bool ok = o->kind == OP_MATMUL && o->in == op->in && b->dtype == a->dtype && b->K == a->K &&
+                  b->row_bytes == a->row_bytes && b->w == (const uint8_t *)a->w + (int64_t)a->N * a->row_bytes;
+        for (int32_t k = i; ok && k < j; k++)
+            ok = p->ops[k].out != o->out;
+        if (!ok)
+            break;
+    }
+    while (j > i && matmul_add_fusable(p, j - 1)) /* its output goes into the residual */
+        j--;
+    for (int32_t k = i; k < j; k++)
+        if (p->ops[k].out == op->in || p->ops[k].out == p->buf_logits || bw(p, p->ops[k].out) != d[k].N)
+            return 0;
+    return j - i >= 2 ? j - i : 0;
+}
+
+/* Whether every op of the plan that touches a buffer in mask handles row strides. */
+static bool views_safe(const struct plan *p, const bool *mask)
+{
+    for (int32_t k = 0; k < p->n_ops; k++) {
+        const struct plan_op *o = &p->ops[k];
+        int32_t refs[4] = {o->out, o->in, o->in2, o->in3};
+        for (int m = 0; m < 4; m++)
+            if (refs[m] >= 0 && mask[refs[m]] && !strided_kind(o->kind))
+                return false;
+    }
+    return true;
+}
+
+/* Finds the prefill's mergeable products (cuda_options.gemm_merge): q|k|v, gate|up, DeltaNet's
+ * qkv|z|beta|alpha. A product of N1 + N2 + ... rows reads x once and fills the GPU better than
+ * several narrow ones; its outputs become views (pown / poff / pld) into the first one's
+ * buffer, which every op touching them reads with the row stride. A buffer keeps one layout
+ * for the whole plan (every layer's merge must agree), else that merge is left out. */
+static qwenrt_status plan_merges(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    const struct plan *p = &cs->plans[PHASE_PREFILL];
+    const struct dop *d = cs->dops[PHASE_PREFILL];
+    for (int32_t b = 0; b < PLAN_MAX_BUFS; b++)
+        cs->pown[b] = b, cs->poff[b] = 0, cs->pld[b] = b < p->n_bufs ? bw(p, b) : 0;
+    cs->pmerge = (int32_t *)xcalloc((size_t)(p->n_ops > 0 ? p->n_ops : 1), sizeof(int32_t));
+    if (!cs->pmerge)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    for (int32_t i = 0; i < p->n_ops; i++)
+        cs->pmerge[i] = 1;
+    for (int32_t i = 0; cs->opt.gemm_merge && i < p->n_ops; i++) {
+        int32_t n = p->ops[i].kind == OP_MATMUL ? merge_run(cs, p, d, i) : 0;
+        if (n < 2)
+            continue;
+        int32_t own = p->ops[i].out, ld = 0;
+        for (int32_t k = i; k < i + n; k++)
+            ld += d[k].N;
+        /* the outputs all plain so far, or all already in this layout (an earlier layer's) */
+        bool all_plain = true, all_same = true, mask[PLAN_MAX_BUFS] = {false};
+        for (int32_t k = i, off = 0; k < i + n; off += d[k].N, k++) {
+            int32_t b = p->ops[k].out;
+            all_plain = all_plain && cs->pown[b] == b && cs->pld[b] == bw(p, b);
+            all_same = all_same && cs->pown[b] == own && cs->poff[b] == off && cs->pld[b] == ld;
+            mask[b] = true;
+        }
+        if (!(all_plain || all_same) || !views_safe(p, mask))
+            continue;
+        for (int32_t k = i, off = 0; k < i + n; off += d[k].N, k++) {
+            int32_t b = p->ops[k].out;
+            cs->pown[b] = own, cs->poff[b] = off, cs->pld[b] = ld;
+            cs->pmerge[k] = k == i ? n : 0;
+        }
+        i += n - 1;
+    }
+    return QWENRT_OK;
+}
+
 static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
 {
     qwenrt_status st = collect(cs, err);
@@ -1195,7 +1317,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->n_sm, cudaDevAttrMultiProcessorCount, dev));
-    if ((st = upload(cs, err)) || (st = alloc_state(cs, err)))
+    if ((st = upload(cs, err)) || (st = alloc_state(cs, err)) || (st = plan_merges(cs, err)))
         return st;
     CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_out, (size_t)cs->n_ctx * sizeof(int32_t)));
@@ -1271,7 +1393,7 @@ static bool attention_bf16_ok(const struct run_ctx *r, int32_t i)
     struct attn_gemm_args ga;
     memset(&ga, 0, sizeof(ga));
     ga.out = r->b[op->out], ga.q = r->b[op->in], ga.kc = cs->kc[op->layer], ga.vc = cs->vc[op->layer];
-    ga.ldo = bw(r->p, op->out), ga.ldq = bw(r->p, op->in), ga.q_stride = op->q_stride;
+    ga.ldo = ld_of(r, op->out), ga.ldq = ld_of(r, op->in), ga.q_stride = op->q_stride;
     ga.kvw = cs->kv_width, ga.n_head = op->n_head, ga.n_head_kv = op->n_head_kv, ga.hd = op->head_dim;
     return r->T >= 16 && cs->opt.attn_gemm && cs->fast_prefill && cs->opt.attn_flash &&
            attention_flash_applies(&ga);
@@ -1308,22 +1430,35 @@ static int32_t run_bf16_producer(struct run_ctx *r, int32_t i, qwenrt_status *st
         return -1;
     __nv_bfloat16 *slot = NULL;
     if ((*st = gemm_ready(r->cs, err)) ||
-        (*st = gemm_x_slot(&r->cs->gemm, r->b[op->out], r->T, wo, wo, terms, &slot, err)))
+        (*st = gemm_x_slot(&r->cs->gemm, r->b[op->out], r->T, wo, ld_of(r, op->out), terms, &slot, err)))
         return -1;
     if (op->kind == OP_ATTENTION)
         return (*st = run_attention(r, i, slot, err)) ? -1 : op->out;
     __nv_bfloat16 *mid = terms == 2 ? slot + (int64_t)r->T * wo : NULL;
     cudaError_t e;
     if (op->kind == OP_RMSNORM)
-        e = launch_rmsnorm_bf16(slot, mid, r->b[op->in], bw(p, op->in), d->vec, wo, op->eps, r->T, r->stream);
+        e = launch_rmsnorm_bf16(slot, mid, r->b[op->in], ld_of(r, op->in), d->vec, wo, op->eps, r->T, r->stream);
     else if (op->kind == OP_SWIGLU)
-        e = launch_swiglu_bf16(slot, mid, r->b[op->out], r->b[op->in], (int64_t)r->T * wo, r->stream);
+        e = launch_swiglu_bf16(slot, mid, r->b[op->out], ld_of(r, op->out), r->b[op->in], ld_of(r, op->in),
+                               wo, r->T, r->stream);
     else /* the gated norm, in place on out in the f32 form */
-        e = launch_gated_rmsnorm_bf16(slot, mid, r->b[op->out], wo, r->b[op->in], bw(p, op->in), d->vec,
+        e = launch_gated_rmsnorm_bf16(slot, mid, r->b[op->out], ld_of(r, op->out), r->b[op->in], ld_of(r, op->in), d->vec,
                                       op->n_v_heads, op->v_dim, op->eps, r->T, r->stream);
     if (e != cudaSuccess)
         *st = cuda_fail(err, e, __FILE__, __LINE__, "bf16 producer");
     return op->out;
+}
+
+/* Products i .. i + merge[i] - 1 (plan_merges) as one: their weights lie back to back in the
+ * arena, their outputs are views side by side in op i's buffer. */
+static qwenrt_status run_merged(struct run_ctx *r, int32_t i, struct qwenrt_error *err)
+{
+    const struct plan_op *op = &r->p->ops[i];
+    struct dop d = r->d[i];
+    for (int32_t k = 1; k < r->merge[i]; k++)
+        d.N += r->d[i + k].N;
+    return run_matmul(r, &d, r->b[op->in], ld_of(r, op->in), r->b[op->out], ld_of(r, op->out), r->T,
+                      false, err);
 }
 
 static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *user,
@@ -1347,11 +1482,16 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
             continue;
         if (st)
             break;
+        if (!dump && r->merge && r->merge[i] >= 2) { /* products merged into one (plan_merges) */
+            st = run_merged(r, i, err);
+            i += r->merge[i] - 1;
+            continue;
+        }
         if (!dump && r->cs->opt.fuse && matmul_add_fusable(r->p, i)) { /* the residual add in
                                                                          * the product */
             const struct plan_op *add = &r->p->ops[i + 1];
-            st = run_matmul(r, &r->d[i], r->b[op->in], bw(r->p, op->in), r->b[add->out],
-                            bw(r->p, add->out), r->T, true, err);
+            st = run_matmul(r, &r->d[i], r->b[op->in], ld_of(r, op->in), r->b[add->out],
+                            ld_of(r, add->out), r->T, true, err);
             i++;
             continue;
         }
@@ -1369,8 +1509,10 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
                 break;
             }
         }
-        cudaError_t e = cudaMemcpyAsync(host, r->b[op->out], n * sizeof(float),
-                                        cudaMemcpyDeviceToHost, r->stream);
+        size_t w = (size_t)bw(r->p, op->out);
+        cudaError_t e = cudaMemcpy2DAsync(host, w * sizeof(float), r->b[op->out],
+                                          (size_t)ld_of(r, op->out) * sizeof(float), w * sizeof(float),
+                                          (size_t)rows, cudaMemcpyDeviceToHost, r->stream);
         if (e == cudaSuccess)
             e = cudaStreamSynchronize(r->stream);
         if (e != cudaSuccess) {
@@ -1404,15 +1546,16 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
             int32_t capT = T > cs->cap_T ? T : cs->cap_T;
             int32_t cap_rows = rows > cs->cap_rows ? rows : cs->cap_rows;
             CUDA_CHECK(cudaStreamSynchronize(cs->stream));
-            free_bufs(cs->pbufs);
+            free_bufs(cs->pbufs, cs->pown);
             cs->cap_T = cs->cap_rows = 0;
-            if ((st = alloc_bufs(p, cs->pbufs, capT, cap_rows, err)))
+            if ((st = alloc_bufs(p, cs->pbufs, capT, cap_rows, err, cs->pown, cs->poff, cs->pld)))
                 return st;
             cs->cap_T = capT, cs->cap_rows = cap_rows;
         }
         b = cs->pbufs;
     }
-    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false};
+    struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
+                        ph == PHASE_PREFILL ? cs->pld : NULL, ph == PHASE_PREFILL ? cs->pmerge : NULL};
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) {
             if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
@@ -1519,7 +1662,8 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         CUDA_CHECK(cudaMemcpyAsync(css[r]->d_pos, &css[r]->h_stage[1], 4, cudaMemcpyHostToDevice, c0->stream));
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
-    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false};
+    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
+                          NULL, NULL};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -1531,7 +1675,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
             struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r], false};
+                                  pos[r], false, NULL, NULL};
             if ((st = run_op(&one, i, err)))
                 return st;
         }

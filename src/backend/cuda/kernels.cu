@@ -94,13 +94,22 @@ __global__ void add_kernel(float *y, const float *x, int64_t n)
         y[i] += x[i];
 }
 
-__global__ void swiglu_kernel(float *g, const float *u, int64_t n)
+/* Element i of a [T][w] view of rows ld floats apart (g and u of a merged gate|up product
+ * share one buffer: cuda_session.cu, merged products). */
+__device__ __forceinline__ int64_t row_elem(int64_t i, int32_t w, int32_t ld)
+{
+    return w == ld ? i : i / w * ld + i % w;
+}
+
+__global__ void swiglu_kernel(float *g, const float *u, int32_t w, int32_t ldg, int32_t ldu, int64_t n)
 {
     griddep_launch();
     griddep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        g[i] = silu_f(g[i]) * u[i];
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t e = row_elem(i, w, ldg);
+        g[e] = silu_f(g[e]) * u[row_elem(i, w, ldu)];
+    }
 }
 
 static int grid_for(int64_t n)
@@ -114,23 +123,26 @@ cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s, bool
     return launch_k(pdl, add_kernel, dim3(grid_for(n)), dim3(256), 0, s, y, x, n);
 }
 
-cudaError_t launch_swiglu(float *g, const float *u, int64_t n, cudaStream_t s, bool pdl)
+cudaError_t launch_swiglu(float *g, int32_t ldg, const float *u, int32_t ldu, int32_t w, int32_t T,
+                          cudaStream_t s, bool pdl)
 {
-    return launch_k(pdl, swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, s, g, u, n);
+    int64_t n = (int64_t)T * w;
+    return launch_k(pdl, swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, s, g, u, w, ldg, ldu, n);
 }
 
 __global__ void swiglu_bf16_kernel(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, const float *u,
-                                   int64_t n)
+                                   int32_t w, int32_t ldg, int32_t ldu, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        put_out(&out[i], mid ? &mid[i] : NULL, silu_f(g[i]) * u[i]);
+        put_out(&out[i], mid ? &mid[i] : NULL, silu_f(g[row_elem(i, w, ldg)]) * u[row_elem(i, w, ldu)]);
 }
 
-cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, const float *u,
-                               int64_t n, cudaStream_t s)
+cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, int32_t ldg,
+                               const float *u, int32_t ldu, int32_t w, int32_t T, cudaStream_t s)
 {
-    swiglu_bf16_kernel<<<grid_for(n), 256, 0, s>>>(out, mid, g, u, n);
+    int64_t n = (int64_t)T * w;
+    swiglu_bf16_kernel<<<grid_for(n), 256, 0, s>>>(out, mid, g, u, w, ldg, ldu, n);
     return cudaGetLastError();
 }
 
