@@ -5,7 +5,7 @@
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only]
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
- *              [--no-validate]
+ *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *
  * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
  *    attention) and 4 greedy steps through the CPU backend (reference DeltaNet, f32-activation

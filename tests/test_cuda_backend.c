@@ -575,7 +575,8 @@ static void check_fixture(const char *dir, int mode)
         struct cuda_options o = cuda_default_options();
         if (mode == 1) {
             o.graph = o.fuse = o.gemm_bf16x2 = o.gemv_v2 = o.pdl = o.gemm_cache = o.attn_tiled =
-                o.gdn_par = o.gemm_stack3 = o.attn_gemm = o.attn_split = o.prefill_bf16 = false;
+                o.gdn_par = o.gemm_stack3 = o.attn_gemm = o.attn_split = o.prefill_bf16 =
+                    o.gemm_merge = false; /* plain buffers: modes 0 and 4 run merged products */
             o.mega = CUDA_MEGA_OFF;
         } else if (mode == 3) /* the decode graph with programmatic dependent launch */
             o.pdl = true, o.mega = CUDA_MEGA_OFF;
