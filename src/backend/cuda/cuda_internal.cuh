@@ -300,13 +300,12 @@ cudaError_t launch_gdn_prep(const struct gdn_args *a, cudaStream_t s);
 bool gdn_chunked_supports(int32_t dk, int32_t dv);
 int64_t gdn_chunked_scratch_floats(const struct gdn_args *a);
 cudaError_t launch_gdn_chunked(const struct gdn_args *a, cudaStream_t s);
-/* Token-parallel causal conv for prefill, in place on x ([T][ldx]): the new state rows go to
- * state_new ([K-1][C], the caller copies them to state after), halo is scratch; both within
- * gdn_conv_par_scratch_floats() floats (state_new at the end). */
+/* Token-parallel causal conv for prefill, in place on x ([T][ldx]) and on the conv state
+ * ([K-1][C]: its rows become the last K - 1 inputs); halo is scratch of
+ * gdn_conv_par_scratch_floats() floats. */
 int64_t gdn_conv_par_scratch_floats(int32_t C, int32_t K, int32_t T);
-cudaError_t launch_gdn_conv_par(float *x, int32_t ldx, const float *state, float *state_new,
-                                float *halo, const float *taps, int32_t C, int32_t K, int32_t T,
-                                cudaStream_t s);
+cudaError_t launch_gdn_conv_par(float *x, int32_t ldx, float *state, float *halo, const float *taps,
+                                int32_t C, int32_t K, int32_t T, cudaStream_t s);
 
 cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
                                  const float *w, int32_t Hv, int32_t dv, float eps, int32_t T,

@@ -674,16 +674,12 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
         break;
     case OP_GDN_CONV:
         if (T > 1 && cs->opt.gdn_par && wo == cs->conv_dim) {
-            int64_t C = cs->conv_dim, R = op->conv_k - 1;
-            int64_t n = gdn_conv_par_scratch_floats((int32_t)C, op->conv_k, T);
-            qwenrt_status st = scratch_grow(cs, n, err);
+            int64_t C = cs->conv_dim;
+            qwenrt_status st = scratch_grow(cs, gdn_conv_par_scratch_floats((int32_t)C, op->conv_k, T), err);
             if (st)
                 return st;
-            float *halo = cs->scratch, *sn = cs->scratch + n - R * C;
-            CUDA_CHECK(launch_gdn_conv_par(b[op->out], lo, cs->conv[op->layer], sn, halo, d->vec,
+            CUDA_CHECK(launch_gdn_conv_par(b[op->out], lo, cs->conv[op->layer], cs->scratch, d->vec,
                                            (int32_t)C, op->conv_k, T, s));
-            CUDA_CHECK(cudaMemcpyAsync(cs->conv[op->layer], sn, (size_t)R * C * sizeof(float),
-                                       cudaMemcpyDeviceToDevice, s));
             break;
         }
         CUDA_CHECK(launch_gdn_conv(b[op->out], lo, cs->conv[op->layer], d->vec, cs->conv_dim,

@@ -47,6 +47,25 @@ __device__ __forceinline__ void put_out(__nv_bfloat16 *p, __nv_bfloat16 *mid, fl
         *mid = __float2bfloat16_rn(v - __bfloat162float(h));
 }
 
+/* Four consecutive outputs (16-byte aligned in f32, 8-byte in bf16) in one store per array:
+ * a warp then writes whole contiguous lines instead of 2-byte pieces 8 bytes apart. */
+__device__ __forceinline__ void put_out4(float *p, float *, const float *v)
+{
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void put_out4(__nv_bfloat16 *p, __nv_bfloat16 *mid, const float *v)
+{
+    __nv_bfloat16 h[4], m[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        h[e] = __float2bfloat16_rn(v[e]);
+        m[e] = __float2bfloat16_rn(v[e] - __bfloat162float(h[e]));
+    }
+    *(uint2 *)p = *(const uint2 *)h;
+    if (mid)
+        *(uint2 *)mid = *(const uint2 *)m;
+}
+
 template <typename OUT>
 __global__ void rmsnorm_kernel(OUT *out, OUT *mid, int32_t ldo, const float *in, int32_t ldi,
                                const float *w, int32_t group, float eps)
@@ -94,22 +113,57 @@ __global__ void add_kernel(float *y, const float *x, int64_t n)
         y[i] += x[i];
 }
 
-/* Element i of a [T][w] view of rows ld floats apart (g and u of a merged gate|up product
- * share one buffer: cuda_session.cu, merged products). */
-__device__ __forceinline__ int64_t row_elem(int64_t i, int32_t w, int32_t ld)
-{
-    return w == ld ? i : i / w * ld + i % w;
-}
-
-__global__ void swiglu_kernel(float *g, const float *u, int32_t w, int32_t ldg, int32_t ldu, int64_t n)
+/* SwiGLU over a [T][w] view whose rows are ldg (g) and ldu (u) floats apart (g and u of a
+ * merged gate|up product share one buffer: cuda_session.cu, merged products): blockIdx.y walks
+ * the rows, x the columns, VEC columns per thread (4: 16-byte loads, w and the strides
+ * multiples of 4). */
+template <typename OUT, int VEC>
+__global__ void swiglu_rows_kernel(OUT *out, OUT *mid, float *g, const float *u, int32_t w,
+                                   int32_t ldg, int32_t ldu, int32_t T)
 {
     griddep_launch();
     griddep_wait();
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t e = row_elem(i, w, ldg);
-        g[e] = silu_f(g[e]) * u[row_elem(i, w, ldu)];
-    }
+    for (int32_t t = blockIdx.y; t < T; t += gridDim.y)
+        for (int32_t c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC; c < w; c += gridDim.x * blockDim.x * VEC) {
+            const float *gp = g + (int64_t)t * ldg + c, *up = u + (int64_t)t * ldu + c;
+            float gv[VEC], uv[VEC], y[VEC];
+            if constexpr (VEC == 4) {
+                float4 a = *(const float4 *)gp, b = *(const float4 *)up;
+                gv[0] = a.x, gv[1] = a.y, gv[2] = a.z, gv[3] = a.w;
+                uv[0] = b.x, uv[1] = b.y, uv[2] = b.z, uv[3] = b.w;
+            } else {
+                gv[0] = gp[0], uv[0] = up[0];
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                y[e] = silu_f(gv[e]) * uv[e];
+            if constexpr (sizeof(OUT) == 4) { /* f32: in place on g */
+                if constexpr (VEC == 4)
+                    put_out4(g + (int64_t)t * ldg + c, NULL, y);
+                else
+                    g[(int64_t)t * ldg + c] = y[0];
+            } else { /* bf16 terms: out (and mid) [T][w] */
+                int64_t i = (int64_t)t * w + c;
+                if constexpr (VEC == 4)
+                    put_out4(out + i, mid ? mid + i : NULL, y);
+                else
+                    put_out(out + i, mid ? mid + i : NULL, y[0]);
+            }
+        }
+}
+
+template <typename OUT>
+static cudaError_t launch_swiglu_rows(OUT *out, OUT *mid, float *g, const float *u, int32_t w,
+                                      int32_t ldg, int32_t ldu, int32_t T, cudaStream_t s, bool pdl)
+{
+    bool vec = w % 4 == 0 && ldg % 4 == 0 && ldu % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0 &&
+               (uintptr_t)out % 8 == 0 && (uintptr_t)mid % 8 == 0;
+    int per = vec ? 4 : 1;
+    int64_t bx = ((int64_t)w / per + 255) / 256;
+    dim3 grid((unsigned)(bx < 1 ? 1 : bx > 64 ? 64 : bx), (unsigned)(T < 65535 ? (T < 1 ? 1 : T) : 65535));
+    if (vec)
+        return launch_k(pdl, swiglu_rows_kernel<OUT, 4>, grid, dim3(256), 0, s, out, mid, g, u, w, ldg, ldu, T);
+    return launch_k(pdl, swiglu_rows_kernel<OUT, 1>, grid, dim3(256), 0, s, out, mid, g, u, w, ldg, ldu, T);
 }
 
 static int grid_for(int64_t n)
@@ -126,24 +180,13 @@ cudaError_t launch_add(float *y, const float *x, int64_t n, cudaStream_t s, bool
 cudaError_t launch_swiglu(float *g, int32_t ldg, const float *u, int32_t ldu, int32_t w, int32_t T,
                           cudaStream_t s, bool pdl)
 {
-    int64_t n = (int64_t)T * w;
-    return launch_k(pdl, swiglu_kernel, dim3(grid_for(n)), dim3(256), 0, s, g, u, w, ldg, ldu, n);
-}
-
-__global__ void swiglu_bf16_kernel(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, const float *u,
-                                   int32_t w, int32_t ldg, int32_t ldu, int64_t n)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        put_out(&out[i], mid ? &mid[i] : NULL, silu_f(g[row_elem(i, w, ldg)]) * u[row_elem(i, w, ldu)]);
+    return launch_swiglu_rows<float>(NULL, NULL, g, u, w, ldg, ldu, T, s, pdl);
 }
 
 cudaError_t launch_swiglu_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, const float *g, int32_t ldg,
                                const float *u, int32_t ldu, int32_t w, int32_t T, cudaStream_t s)
 {
-    int64_t n = (int64_t)T * w;
-    swiglu_bf16_kernel<<<grid_for(n), 256, 0, s>>>(out, mid, g, u, w, ldg, ldu, n);
-    return cudaGetLastError();
+    return launch_swiglu_rows<__nv_bfloat16>(out, mid, (float *)g, u, w, ldg, ldu, T, s, false);
 }
 
 /* one block per (head, token) */
@@ -1050,7 +1093,9 @@ cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
 
 /* ---- causal conv, token-parallel (prefill): one thread per (channel, CONV_CT tokens) ----
  * In place: gdn_conv_halo_kernel first saves, for every chunk of CONV_CT tokens, the K - 1
- * inputs before it (the old state's rows before token 0) and the new state rows; then each
+ * inputs before it (the old state's rows before token 0), and writes the new state rows over
+ * the old ones (the thread of chunk 0 reads a channel's old rows before it writes them: no
+ * copy of the new state through scratch); then each
  * thread of gdn_conv_par_kernel reads its chunk's inputs into registers before writing its
  * outputs over them, taking the rows before the chunk from the saved copy (which the previous
  * chunk's thread may already have overwritten in x). */
@@ -1059,25 +1104,34 @@ cudaError_t launch_gdn_scan(const struct gdn_args *a, cudaStream_t s)
 
 int64_t gdn_conv_par_scratch_floats(int32_t C, int32_t K, int32_t T)
 {
-    return ((int64_t)(T + CONV_CT - 1) / CONV_CT + 1) * (K - 1) * C;
+    return (int64_t)(T + CONV_CT - 1) / CONV_CT * (K - 1) * C;
 }
 
-__global__ void gdn_conv_halo_kernel(float *__restrict__ halo, float *__restrict__ state_new,
-                                     const float *__restrict__ x, int32_t ldx,
-                                     const float *__restrict__ state, int32_t C, int32_t K, int32_t T)
+__global__ void gdn_conv_halo_kernel(float *__restrict__ halo, const float *__restrict__ x, int32_t ldx,
+                                     float *__restrict__ state, int32_t C, int32_t K, int32_t T)
 {
+    griddep_launch();
+    griddep_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y, R = K - 1;
-    int nch = (T + CONV_CT - 1) / CONV_CT;
     if (ch >= C)
         return;
-    for (int r = 0; r < R; r++) {
-        /* chunk c's rows before it; chunk nch: the new state (the last R inputs) */
-        int pos = c < nch ? c * CONV_CT - R + r : T - R + r;
-        float v = pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
-        if (c < nch)
-            halo[((int64_t)c * R + r) * C + ch] = v;
-        else
-            state_new[(int64_t)r * C + ch] = v;
+    float old[CONV_MAX_K], neu[CONV_MAX_K]; /* chunk c's rows before it; the new state */
+#pragma unroll
+    for (int r = 0; r < CONV_MAX_K - 1; r++) {
+        if (r >= R)
+            break;
+        int pos = c * CONV_CT - R + r, pn = T - R + r;
+        old[r] = pos < 0 ? state[(int64_t)(R + pos) * C + ch] : x[(int64_t)pos * ldx + ch];
+        if (c == 0)
+            neu[r] = pn < 0 ? state[(int64_t)(R + pn) * C + ch] : x[(int64_t)pn * ldx + ch];
+    }
+#pragma unroll
+    for (int r = 0; r < CONV_MAX_K - 1; r++) {
+        if (r >= R)
+            break;
+        halo[((int64_t)c * R + r) * C + ch] = old[r];
+        if (c == 0) /* only chunk 0 reads the old state, and only this thread this channel */
+            state[(int64_t)r * C + ch] = neu[r];
     }
 }
 
@@ -1116,16 +1170,14 @@ __global__ void gdn_conv_par_kernel(float *x, int32_t ldx, const float *__restri
     }
 }
 
-cudaError_t launch_gdn_conv_par(float *x, int32_t ldx, const float *state, float *state_new,
-                                float *halo, const float *taps, int32_t C, int32_t K, int32_t T,
-                                cudaStream_t s)
+cudaError_t launch_gdn_conv_par(float *x, int32_t ldx, float *state, float *halo, const float *taps,
+                                int32_t C, int32_t K, int32_t T, cudaStream_t s)
 {
     if (K < 2 || K > CONV_MAX_K)
         return cudaErrorInvalidValue;
     unsigned nch = (unsigned)((T + CONV_CT - 1) / CONV_CT);
-    gdn_conv_halo_kernel<<<dim3((C + 127) / 128, nch + 1), dim3(128), 0, s>>>(halo, state_new, x, ldx,
-                                                                             state, C, K, T);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = launch_k(false, gdn_conv_halo_kernel, dim3((C + 127) / 128, nch), dim3(128), 0, s, halo,
+                             (const float *)x, ldx, state, C, K, T);
     if (e != cudaSuccess)
         return e;
     return launch_k(false, gdn_conv_par_kernel, dim3((C + 127) / 128, nch), dim3(128), 0, s, x, ldx,
@@ -1157,10 +1209,62 @@ __global__ void gated_rmsnorm_kernel(OUT *out, OUT *mid, int32_t ldout, const fl
         put_out(&yp[d], ym ? &ym[d] : NULL, op[d] * scale * w[d] * silu_f(zp[d]));
 }
 
+/* The same with one warp per (head, token) row, for dv a multiple of 4 up to 512 on 16-byte
+ * aligned rows: float4 loads, a warp sum instead of a block barrier (one block of dv threads
+ * per row waited on shared memory for a 128-element row). */
+#define GN_WARPS 8
+template <typename OUT>
+__global__ void __launch_bounds__(32 * GN_WARPS)
+    gated_rmsnorm_warp_kernel(OUT *out, OUT *mid, int32_t ldout, const float *o, int32_t ldo, const float *z,
+                              int32_t ldz, const float *w, int32_t Hv, int32_t dv, float eps, int32_t T)
+{
+    griddep_launch();
+    griddep_wait();
+    int lane = threadIdx.x & 31;
+    int64_t row = (int64_t)blockIdx.x * GN_WARPS + (threadIdx.x >> 5);
+    if (row >= (int64_t)Hv * T)
+        return;
+    int t = (int)(row / Hv), j = (int)(row % Hv);
+    const float *op = o + (int64_t)t * ldo + (int64_t)j * dv, *zp = z + (int64_t)t * ldz + (int64_t)j * dv;
+    float4 ov[4], zv[4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int d = 4 * (lane + 32 * u);
+        bool in = d < dv;
+        ov[u] = in ? *(const float4 *)(op + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        zv[u] = in ? *(const float4 *)(zp + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += ov[u].x * ov[u].x + ov[u].y * ov[u].y + ov[u].z * ov[u].z + ov[u].w * ov[u].w;
+    }
+    float scale = rsqrtf(warp_sum(ss) / (float)dv + eps);
+    OUT *yp = out + (int64_t)t * ldout + (int64_t)j * dv;
+    OUT *ym = mid ? mid + (int64_t)t * ldout + (int64_t)j * dv : NULL;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int d = 4 * (lane + 32 * u);
+        if (d >= dv)
+            break;
+        float4 wv = *(const float4 *)(w + d);
+        float y[4] = {ov[u].x * scale * wv.x * silu_f(zv[u].x), ov[u].y * scale * wv.y * silu_f(zv[u].y),
+                      ov[u].z * scale * wv.z * silu_f(zv[u].z), ov[u].w * scale * wv.w * silu_f(zv[u].w)};
+        put_out4(&yp[d], ym ? &ym[d] : NULL, y);
+    }
+}
+
+static bool gn_warp_applies(const float *o, int32_t ldo, const float *z, int32_t ldz, const float *w, int32_t dv)
+{
+    return dv % 4 == 0 && dv <= 512 && ldo % 4 == 0 && ldz % 4 == 0 && (uintptr_t)o % 16 == 0 &&
+           (uintptr_t)z % 16 == 0 && (uintptr_t)w % 16 == 0;
+}
+
 cudaError_t launch_gated_rmsnorm(float *o, int32_t ldo, const float *z, int32_t ldz,
                                  const float *w, int32_t Hv, int32_t dv, float eps, int32_t T,
                                  cudaStream_t s, bool pdl)
 {
+    if (gn_warp_applies(o, ldo, z, ldz, w, dv))
+        return launch_k(pdl, gated_rmsnorm_warp_kernel<float>, dim3((unsigned)(((int64_t)Hv * T + GN_WARPS - 1) / GN_WARPS)),
+                        dim3(32 * GN_WARPS), 0, s, o, (float *)NULL, ldo, (const float *)o, ldo, z, ldz, w,
+                        Hv, dv, eps, T);
     int threads = dv >= 1024 ? 1024 : ((dv + 31) / 32) * 32;
     return launch_k(pdl, gated_rmsnorm_kernel<float>, dim3(Hv, T), dim3(threads), 0, s, o,
                     (float *)NULL, ldo, (const float *)o, ldo, z, ldz, w, dv, eps);
@@ -1170,6 +1274,10 @@ cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, co
                                       int32_t ldo, const float *z, int32_t ldz, const float *w,
                                       int32_t Hv, int32_t dv, float eps, int32_t T, cudaStream_t s)
 {
+    if (gn_warp_applies(o, ldo, z, ldz, w, dv) && (uintptr_t)out % 8 == 0 && (uintptr_t)mid % 8 == 0)
+        return launch_k(false, gated_rmsnorm_warp_kernel<__nv_bfloat16>,
+                        dim3((unsigned)(((int64_t)Hv * T + GN_WARPS - 1) / GN_WARPS)), dim3(32 * GN_WARPS), 0, s,
+                        out, mid, Hv * dv, o, ldo, z, ldz, w, Hv, dv, eps, T);
     int threads = dv >= 1024 ? 1024 : ((dv + 31) / 32) * 32;
     gated_rmsnorm_kernel<__nv_bfloat16><<<dim3(Hv, T), threads, 0, s>>>(out, mid, Hv * dv, o, ldo, z,
                                                                          ldz, w, dv, eps);
