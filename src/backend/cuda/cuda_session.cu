@@ -1224,7 +1224,7 @@ static bool strided_kind(enum op_kind k)
 /* The prefill products ops [i, j) would merge as: same input, dtype, K and row size, each
  * one's weights right after the previous one's in the arena, distinct output buffers as wide
  * as their products, none of them the input. */
-static int32_t merge_run(const struct cuda_session *cs, const struct plan *p, const struct dop *d, int32_t i)
+static int32_t merge_run(const struct plan *p, const struct dop *d, int32_t i)
 {
     const struct plan_op *op = &p->ops[i];
     int32_t j = i + 1;
@@ -1276,7 +1276,7 @@ static qwenrt_status plan_merges(struct cuda_session *cs, struct qwenrt_error *e
     for (int32_t i = 0; i < p->n_ops; i++)
         cs->pmerge[i] = 1;
     for (int32_t i = 0; cs->opt.gemm_merge && i < p->n_ops; i++) {
-        int32_t n = p->ops[i].kind == OP_MATMUL ? merge_run(cs, p, d, i) : 0;
+        int32_t n = p->ops[i].kind == OP_MATMUL ? merge_run(p, d, i) : 0;
         if (n < 2)
             continue;
         int32_t own = p->ops[i].out, ld = 0;
