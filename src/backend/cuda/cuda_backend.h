@@ -14,7 +14,8 @@
  * replayed (the default for float weights). The token id and position
  * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps.
  * Prefill runs the plan op by op with tensor-core GEMMs (one bf16 product per matmul by
- * default, three for f32 accuracy with prefill_bf16 off) and a flash-attention kernel.
+ * default, three for f32 accuracy with prefill_bf16 off; products of one input whose weights
+ * lie back to back — q|k|v, gate|up — as one, gemm_merge) and a flash-attention kernel.
  *
  * When qwenrt is built without CUDA, cuda_stub.c provides these functions: they report that
  * CUDA is not compiled in, so callers never #ifdef.
