@@ -78,6 +78,14 @@ bool plan_op_reads(const struct plan_op *op, int32_t buf)
            (op->out == buf && op_is_inplace(op->kind));
 }
 
+bool plan_matmul_add_fusable(const struct plan *p, int32_t i)
+{
+    const struct plan_op *op = &p->ops[i];
+    return op->kind == OP_MATMUL && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ADD &&
+           p->ops[i + 1].in == op->out && p->ops[i + 1].out != op->out && op->in != p->ops[i + 1].out &&
+           plan_buf_dead_after(p, op->out, i + 2);
+}
+
 bool plan_buf_dead_after(const struct plan *p, int32_t buf, int32_t from)
 {
     for (int32_t i = from; i < p->n_ops; i++) {

@@ -90,5 +90,8 @@ bool plan_op_reads(const struct plan_op *op, int32_t buf);
 /* true when no op from index `from` on reads buf before something overwrites it (a fusion
  * may then skip writing buf). */
 bool plan_buf_dead_after(const struct plan *p, int32_t buf, int32_t from);
+/* true when op i is a matmul whose output only feeds the add right after it
+ * (residual += x · Wᵀ): a backend may accumulate the product into the residual. */
+bool plan_matmul_add_fusable(const struct plan *p, int32_t i);
 
 #endif

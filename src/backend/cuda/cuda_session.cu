@@ -27,6 +27,7 @@
  */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/prefill_merge.h"
 #include "backend/cuda/megakernel.cuh"
 
 #include <math.h>
@@ -86,14 +87,8 @@ struct cuda_session {
     /* activations */
     float *pbufs[PLAN_MAX_BUFS]; /* prefill: [cap_T][width] (logits: [cap_rows][V]), or a view */
     int32_t cap_T, cap_rows;
-    /* merged prefill products (plan_merges): consecutive products of one input whose weights
-     * lie back to back in the arena run as one product, their outputs side by side in the
-     * first one's buffer (one wider GEMM instead of several narrow ones) */
-    int32_t pld[PLAN_MAX_BUFS];  /* prefill buffers' row strides, floats (>= width) */
-    int32_t pown[PLAN_MAX_BUFS]; /* the buffer whose allocation holds buffer i (i: its own) */
-    int32_t poff[PLAN_MAX_BUFS]; /* buffer i's first column there */
-    int32_t *pmerge;             /* [prefill n_ops]: products op i runs as one (>= 2: ops i.. of
-                                  * a merge; 0: merged into an earlier op; 1 otherwise) */
+    struct merge_layout pm;      /* the prefill's merged products and the views of their
+                                  * outputs (prefill_merge.h) */
     float *dbufs[PLAN_MAX_BUFS]; /* decode: one token */
     float *bbufs[PLAN_MAX_BUFS]; /* batched decode led by this session: [cap_batch][width] */
     int32_t cap_batch;
@@ -492,7 +487,7 @@ struct run_ctx {
     bool x_reuse;        /* run_plan_ops: the next product reads the same, unchanged input as
                           * the previous one (q, k, v; gate, up) */
     const int32_t *ld;   /* the buffers' row strides (merged products), NULL: their widths */
-    const int32_t *merge; /* the prefill's merged products (cuda_session.pmerge), or NULL */
+    const int32_t *merge; /* the prefill's merged products (merge_layout.run), or NULL */
 };
 
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
@@ -722,10 +717,7 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
  * product accumulating into the residual (GEMV_ACCUM, or a GEMM with beta = 1). */
 static bool matmul_add_fusable(const struct plan *p, int32_t i)
 {
-    const struct plan_op *op = &p->ops[i];
-    return op->kind == OP_MATMUL && i + 1 < p->n_ops && p->ops[i + 1].kind == OP_ADD &&
-           p->ops[i + 1].in == op->out && p->ops[i + 1].out != op->out && op->in != p->ops[i + 1].out &&
-           plan_buf_dead_after(p, op->out, i + 2);
+    return plan_matmul_add_fusable(p, i);
 }
 
 /* Op i is a DeltaNet core whose gated norm follows it (in place on the core's output). */
@@ -950,7 +942,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
     mk_free(cs->mk);
-    free_bufs(cs->pbufs, cs->pown);
+    free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
     free_bufs(cs->dbufs);
     free_bufs(cs->bbufs);
     cudaFree(cs->d_ids);
@@ -972,7 +964,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     xfree(cs->ssm);
     xfree(cs->dops[0]);
     xfree(cs->dops[1]);
-    xfree(cs->pmerge);
+    merge_layout_free(&cs->pm);
     xfree(cs->map);
     xfree(cs->steps);
     xfree(cs);
@@ -1134,7 +1126,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
     struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false,
-                        cs->pld, NULL};
+                        cs->pm.ld, NULL};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -1212,94 +1204,22 @@ static int32_t fast_x_terms(const struct cuda_options *o, const struct plan *p)
 
 /* ------------------------------------------------------------------ merged prefill products */
 
-/* Whether op kind k reads and writes its buffers with the run's row strides (ld_of), so that
- * a buffer it touches may be a view into a merged product's output. */
-static bool strided_kind(enum op_kind k)
-{
-    return k == OP_MATMUL || k == OP_LOGITS || k == OP_RMSNORM || k == OP_QK_NORM_ROPE ||
-           k == OP_ATTENTION || k == OP_SIGMOID_GATE || k == OP_SWIGLU || k == OP_GDN_CONV ||
-           k == OP_GDN_CORE || k == OP_GATED_RMSNORM;
-}
-
-/* The prefill products ops [i, j) would merge as: same input, dtype, K and row size, each
- * one's weights right after the previous one's in the arena, distinct output buffers as wide
- * as their products, none of them the input. */
-static int32_t merge_run(const struct plan *p, const struct dop *d, int32_t i)
-{
-    const struct plan_op *op = &p->ops[i];
-    int32_t j = i + 1;
-    for (; j < p->n_ops; j++) {
-        const struct plan_op *o = &p->ops[j];
-        const struct dop *a = &d[j - 1], *b = &d[j];
-        bool ok = o->kind == OP_MATMUL && o->in == op->in && b->dtype == a->dtype && b->K == a->K &&
-                  b->row_bytes == a->row_bytes && b->w == (const uint8_t *)a->w + (int64_t)a->N * a->row_bytes;
-        for (int32_t k = i; ok && k < j; k++)
-            ok = p->ops[k].out != o->out;
-        if (!ok)
-            break;
-    }
-    while (j > i && matmul_add_fusable(p, j - 1)) /* its output goes into the residual */
-        j--;
-    for (int32_t k = i; k < j; k++)
-        if (p->ops[k].out == op->in || p->ops[k].out == p->buf_logits || bw(p, p->ops[k].out) != d[k].N)
-            return 0;
-    return j - i >= 2 ? j - i : 0;
-}
-
-/* Whether every op of the plan that touches a buffer in mask handles row strides. */
-static bool views_safe(const struct plan *p, const bool *mask)
-{
-    for (int32_t k = 0; k < p->n_ops; k++) {
-        const struct plan_op *o = &p->ops[k];
-        int32_t refs[4] = {o->out, o->in, o->in2, o->in3};
-        for (int m = 0; m < 4; m++)
-            if (refs[m] >= 0 && mask[refs[m]] && !strided_kind(o->kind))
-                return false;
-    }
-    return true;
-}
-
-/* Finds the prefill's mergeable products (cuda_options.gemm_merge): q|k|v, gate|up, DeltaNet's
- * qkv|z|beta|alpha. A product of N1 + N2 + ... rows reads x once and fills the GPU better than
- * several narrow ones; its outputs become views (pown / poff / pld) into the first one's
- * buffer, which every op touching them reads with the row stride. A buffer keeps one layout
- * for the whole plan (every layer's merge must agree), else that merge is left out. */
+/* The prefill's merged products (prefill_merge.h; cuda_options.gemm_merge) over the weights
+ * as uploaded: the arena is laid out in plan order, so q, k and v (gate and up, ...) lie back
+ * to back. */
 static qwenrt_status plan_merges(struct cuda_session *cs, struct qwenrt_error *err)
 {
     const struct plan *p = &cs->plans[PHASE_PREFILL];
     const struct dop *d = cs->dops[PHASE_PREFILL];
-    for (int32_t b = 0; b < PLAN_MAX_BUFS; b++)
-        cs->pown[b] = b, cs->poff[b] = 0, cs->pld[b] = b < p->n_bufs ? bw(p, b) : 0;
-    cs->pmerge = (int32_t *)xcalloc((size_t)(p->n_ops > 0 ? p->n_ops : 1), sizeof(int32_t));
-    if (!cs->pmerge)
+    struct merge_weight *wts = (struct merge_weight *)xcalloc((size_t)(p->n_ops > 0 ? p->n_ops : 1), sizeof(*wts));
+    if (!wts)
         return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
     for (int32_t i = 0; i < p->n_ops; i++)
-        cs->pmerge[i] = 1;
-    for (int32_t i = 0; cs->opt.gemm_merge && i < p->n_ops; i++) {
-        int32_t n = p->ops[i].kind == OP_MATMUL ? merge_run(p, d, i) : 0;
-        if (n < 2)
-            continue;
-        int32_t own = p->ops[i].out, ld = 0;
-        for (int32_t k = i; k < i + n; k++)
-            ld += d[k].N;
-        /* the outputs all plain so far, or all already in this layout (an earlier layer's) */
-        bool all_plain = true, all_same = true, mask[PLAN_MAX_BUFS] = {false};
-        for (int32_t k = i, off = 0; k < i + n; off += d[k].N, k++) {
-            int32_t b = p->ops[k].out;
-            all_plain = all_plain && cs->pown[b] == b && cs->pld[b] == bw(p, b);
-            all_same = all_same && cs->pown[b] == own && cs->poff[b] == off && cs->pld[b] == ld;
-            mask[b] = true;
-        }
-        if (!(all_plain || all_same) || !views_safe(p, mask))
-            continue;
-        for (int32_t k = i, off = 0; k < i + n; off += d[k].N, k++) {
-            int32_t b = p->ops[k].out;
-            cs->pown[b] = own, cs->poff[b] = off, cs->pld[b] = ld;
-            cs->pmerge[k] = k == i ? n : 0;
-        }
-        i += n - 1;
-    }
-    return QWENRT_OK;
+        wts[i].w = d[i].w, wts[i].dtype = d[i].dtype, wts[i].K = d[i].K, wts[i].N = d[i].N,
+        wts[i].row_bytes = d[i].row_bytes;
+    qwenrt_status st = merge_layout_make(p, wts, cs->opt.gemm_merge, &cs->pm, err);
+    xfree(wts);
+    return st;
 }
 
 static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
@@ -1542,16 +1462,16 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
             int32_t capT = T > cs->cap_T ? T : cs->cap_T;
             int32_t cap_rows = rows > cs->cap_rows ? rows : cs->cap_rows;
             CUDA_CHECK(cudaStreamSynchronize(cs->stream));
-            free_bufs(cs->pbufs, cs->pown);
+            free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
             cs->cap_T = cs->cap_rows = 0;
-            if ((st = alloc_bufs(p, cs->pbufs, capT, cap_rows, err, cs->pown, cs->poff, cs->pld)))
+            if ((st = alloc_bufs(p, cs->pbufs, capT, cap_rows, err, cs->pm.own, cs->pm.off, cs->pm.ld)))
                 return st;
             cs->cap_T = capT, cs->cap_rows = cap_rows;
         }
         b = cs->pbufs;
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
-                        ph == PHASE_PREFILL ? cs->pld : NULL, ph == PHASE_PREFILL ? cs->pmerge : NULL};
+                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL};
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) {
             if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
