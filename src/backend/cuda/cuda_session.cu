@@ -713,13 +713,6 @@ static qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *e
 
 /* ------------------------------------------------------------------ the fused decode program */
 
-/* Op i is a matmul whose output only feeds the add after it (y = residual + x Wᵀ): one
- * product accumulating into the residual (GEMV_ACCUM, or a GEMM with beta = 1). */
-static bool matmul_add_fusable(const struct plan *p, int32_t i)
-{
-    return plan_matmul_add_fusable(p, i);
-}
-
 /* Op i is a DeltaNet core whose gated norm follows it (in place on the core's output). */
 static bool gdn_gated_at(const struct plan *p, int32_t i)
 {
@@ -755,7 +748,7 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
         }
         return true;
     }
-    if (matmul_add_fusable(p, i)) {
+    if (plan_matmul_add_fusable(p, i)) {
         st->kind = STEP_GEMV_ADD;
         st->n_ops = 2;
         return true;
@@ -1130,7 +1123,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
-        if (cs->opt.fuse && matmul_add_fusable(p, i)) { /* as run_plan_ops: the add in the
+        if (cs->opt.fuse && plan_matmul_add_fusable(p, i)) { /* as run_plan_ops: the add in the
                                                          * product, its time under matmul */
             const struct plan_op *op = &p->ops[i], *add = &p->ops[i + 1];
             st = run_matmul(&r, &r.d[i], r.b[op->in], ld_of(&r, op->in), r.b[add->out],
@@ -1403,7 +1396,7 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
             i += r->merge[i] - 1;
             continue;
         }
-        if (!dump && r->cs->opt.fuse && matmul_add_fusable(r->p, i)) { /* the residual add in
+        if (!dump && r->cs->opt.fuse && plan_matmul_add_fusable(r->p, i)) { /* the residual add in
                                                                          * the product */
             const struct plan_op *add = &r->p->ops[i + 1];
             st = run_matmul(r, &r->d[i], r->b[op->in], ld_of(r, op->in), r->b[add->out],

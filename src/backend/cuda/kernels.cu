@@ -55,12 +55,10 @@ __device__ __forceinline__ void put_out4(float *p, float *, const float *v)
 }
 __device__ __forceinline__ void put_out4(__nv_bfloat16 *p, __nv_bfloat16 *mid, const float *v)
 {
-    __nv_bfloat16 h[4], m[4];
+    __align__(8) __nv_bfloat16 h[4], m[4];
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        h[e] = __float2bfloat16_rn(v[e]);
-        m[e] = __float2bfloat16_rn(v[e] - __bfloat162float(h[e]));
-    }
+    for (int e = 0; e < 4; e++)
+        put_out(&h[e], &m[e], v[e]);
     *(uint2 *)p = *(const uint2 *)h;
     if (mid)
         *(uint2 *)mid = *(const uint2 *)m;
