@@ -18,6 +18,7 @@ enum { B_X, B_XN, B_Q, B_K, B_V, B_ATT, B_TMP, B_GATE, B_UP, B_LOGITS, B_QKV, B_
 
 struct test_plan {
     struct plan p;
+    struct merge_layout m; /* what merge_layout_make made of p (make) */
     struct merge_weight wts[128];
     uint8_t *next; /* where the next product's weights go (plan order) */
     uint8_t arena[1 << 20];
@@ -94,11 +95,33 @@ static void tp_logits(struct test_plan *t)
     t->wts[i].N = 100, t->wts[i].K = 64;
 }
 
-static void make(struct test_plan *t, bool enabled, struct merge_layout *m)
+/* cmocka setup / teardown: every test gets a fresh plan with the buffers above */
+static int tp_setup(void **state)
+{
+    struct test_plan *t = malloc(sizeof(*t));
+    if (!t)
+        return -1;
+    tp_init(t);
+    *state = t;
+    return 0;
+}
+
+static int tp_teardown(void **state)
+{
+    struct test_plan *t = *state;
+    merge_layout_free(&t->m);
+    plan_free(&t->p);
+    free(t);
+    return 0;
+}
+
+/* The layout of the plan built so far (merges on or off); t->m. */
+static const struct merge_layout *make(struct test_plan *t, bool enabled)
 {
     assert_false(t->p.failed);
     struct qwenrt_error err = {0};
-    assert_int_equal(merge_layout_make(&t->p, t->wts, enabled, m, &err), QWENRT_OK);
+    assert_int_equal(merge_layout_make(&t->p, t->wts, enabled, &t->m, &err), QWENRT_OK);
+    return &t->m;
 }
 
 static void assert_plain(const struct merge_layout *m, int32_t b, int32_t width)
@@ -117,207 +140,163 @@ static void assert_view(const struct merge_layout *m, int32_t b, int32_t own, in
 
 static void test_qkv_and_gate_up_merge(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    int32_t q0 = tp_qwen3_layer(&t, 0), q1 = tp_qwen3_layer(&t, 0);
-    tp_logits(&t);
-    struct merge_layout m;
-    make(&t, true, &m);
+    struct test_plan *t = *state;
+    int32_t q0 = tp_qwen3_layer(t, 0), q1 = tp_qwen3_layer(t, 0);
+    tp_logits(t);
+    const struct merge_layout *m = make(t, true);
     for (int l = 0; l < 2; l++) {
         int32_t q = l ? q1 : q0;
-        assert_int_equal(m.run[q], 3); /* q | k | v */
-        assert_int_equal(m.run[q + 1], 0);
-        assert_int_equal(m.run[q + 2], 0);
-        assert_int_equal(m.run[q + 5], 1); /* o: its own input, into the residual */
-        assert_int_equal(m.run[q + 8], 2); /* gate | up */
-        assert_int_equal(m.run[q + 9], 0);
-        assert_int_equal(m.run[q + 11], 1); /* down */
+        assert_int_equal(m->run[q], 3); /* q | k | v */
+        assert_int_equal(m->run[q + 1], 0);
+        assert_int_equal(m->run[q + 2], 0);
+        assert_int_equal(m->run[q + 5], 1); /* o: its own input, into the residual */
+        assert_int_equal(m->run[q + 8], 2); /* gate | up */
+        assert_int_equal(m->run[q + 9], 0);
+        assert_int_equal(m->run[q + 11], 1); /* down */
     }
-    assert_view(&m, B_Q, B_Q, 0, 64);
-    assert_view(&m, B_K, B_Q, 32, 64);
-    assert_view(&m, B_V, B_Q, 48, 64);
-    assert_view(&m, B_GATE, B_GATE, 0, 96);
-    assert_view(&m, B_UP, B_GATE, 48, 96);
-    assert_plain(&m, B_X, 64);
-    assert_plain(&m, B_TMP, 64);
-    assert_plain(&m, B_LOGITS, 100);
-    assert_int_equal(m.run[t.p.n_ops - 1], 1);
-    merge_layout_free(&m);
-    assert_null(m.run);
-    plan_free(&t.p);
+    assert_view(m, B_Q, B_Q, 0, 64);
+    assert_view(m, B_K, B_Q, 32, 64);
+    assert_view(m, B_V, B_Q, 48, 64);
+    assert_view(m, B_GATE, B_GATE, 0, 96);
+    assert_view(m, B_UP, B_GATE, 48, 96);
+    assert_plain(m, B_X, 64);
+    assert_plain(m, B_TMP, 64);
+    assert_plain(m, B_LOGITS, 100);
+    assert_int_equal(m->run[t->p.n_ops - 1], 1);
+    merge_layout_free(&t->m); /* teardown frees it again: a second free is a no-op */
+    assert_null(t->m.run);
 }
 
 static void test_switched_off(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    tp_qwen3_layer(&t, 0);
-    struct merge_layout m;
-    make(&t, false, &m);
-    for (int32_t i = 0; i < t.p.n_ops; i++)
-        assert_int_equal(m.run[i], 1);
+    struct test_plan *t = *state;
+    tp_qwen3_layer(t, 0);
+    const struct merge_layout *m = make(t, false);
+    for (int32_t i = 0; i < t->p.n_ops; i++)
+        assert_int_equal(m->run[i], 1);
     for (int32_t b = 0; b < N_BUFS; b++)
-        assert_plain(&m, b, t.p.bufs[b].width);
-    merge_layout_free(&m);
-    plan_free(&t.p);
+        assert_plain(m, b, t->p.bufs[b].width);
 }
 
 /* v's weights 256 bytes after k's: q | k merge, v stays alone */
 static void test_weights_apart(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    int32_t q = tp_qwen3_layer(&t, 256);
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[q], 2);
-    assert_int_equal(m.run[q + 1], 0);
-    assert_int_equal(m.run[q + 2], 1);
-    assert_view(&m, B_K, B_Q, 32, 48);
-    assert_plain(&m, B_V, 16);
-    assert_int_equal(m.run[q + 8], 2); /* gate | up unaffected */
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    struct test_plan *t = *state;
+    int32_t q = tp_qwen3_layer(t, 256);
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[q], 2);
+    assert_int_equal(m->run[q + 1], 0);
+    assert_int_equal(m->run[q + 2], 1);
+    assert_view(m, B_K, B_Q, 32, 48);
+    assert_plain(m, B_V, 16);
+    assert_int_equal(m->run[q + 8], 2); /* gate | up unaffected */
 }
 
 /* another dtype or row size in the run stops it there */
 static void test_dtype_and_row_size(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    int32_t q = tp_qwen3_layer(&t, 0);
-    t.wts[q + 1].dtype = QR_F16; /* k */
-    t.wts[q + 9].row_bytes += 2; /* up: rows of another size (and its start still adjacent) */
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[q], 1);
-    assert_int_equal(m.run[q + 1], 1); /* k | v would be F16 then BF16 */
-    assert_int_equal(m.run[q + 2], 1);
-    assert_int_equal(m.run[q + 8], 1);
-    assert_plain(&m, B_Q, 32);
-    assert_plain(&m, B_GATE, 48);
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    struct test_plan *t = *state;
+    int32_t q = tp_qwen3_layer(t, 0);
+    t->wts[q + 1].dtype = QR_F16; /* k */
+    t->wts[q + 9].row_bytes += 2; /* up: rows of another size (and its start still adjacent) */
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[q], 1);
+    assert_int_equal(m->run[q + 1], 1); /* k | v would be F16 then BF16 */
+    assert_int_equal(m->run[q + 2], 1);
+    assert_int_equal(m->run[q + 8], 1);
+    assert_plain(m, B_Q, 32);
+    assert_plain(m, B_GATE, 48);
 }
 
 /* an add reading up (a flat reader) forbids views of gate and up; q | k | v still merge */
 static void test_flat_reader(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    int32_t q = tp_qwen3_layer(&t, 0);
-    tp_op(&t, OP_ADD, B_X, B_UP);
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[q], 3);
-    assert_int_equal(m.run[q + 8], 1);
-    assert_int_equal(m.run[q + 9], 1);
-    assert_plain(&m, B_GATE, 48);
-    assert_plain(&m, B_UP, 48);
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    struct test_plan *t = *state;
+    int32_t q = tp_qwen3_layer(t, 0);
+    tp_op(t, OP_ADD, B_X, B_UP);
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[q], 3);
+    assert_int_equal(m->run[q + 8], 1);
+    assert_int_equal(m->run[q + 9], 1);
+    assert_plain(m, B_GATE, 48);
+    assert_plain(m, B_UP, 48);
 }
 
 /* three products of xn where the last one goes into the residual: the first two merge */
 static void test_residual_product_left_out(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    tp_op(&t, OP_RMSNORM, B_XN, B_X);
-    tp_matmul(&t, B_GATE, B_XN, 0);
-    tp_matmul(&t, B_UP, B_XN, 0);
-    tp_matmul(&t, B_TMP, B_XN, 0);
-    tp_op(&t, OP_ADD, B_X, B_TMP);
-    tp_op(&t, OP_SWIGLU, B_GATE, B_UP);
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[1], 2);
-    assert_int_equal(m.run[3], 1);
-    assert_view(&m, B_UP, B_GATE, 48, 96);
-    assert_plain(&m, B_TMP, 64);
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    struct test_plan *t = *state;
+    tp_op(t, OP_RMSNORM, B_XN, B_X);
+    tp_matmul(t, B_GATE, B_XN, 0);
+    tp_matmul(t, B_UP, B_XN, 0);
+    tp_matmul(t, B_TMP, B_XN, 0);
+    tp_op(t, OP_ADD, B_X, B_TMP);
+    tp_op(t, OP_SWIGLU, B_GATE, B_UP);
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[1], 2);
+    assert_int_equal(m->run[3], 1);
+    assert_view(m, B_UP, B_GATE, 48, 96);
+    assert_plain(m, B_TMP, 64);
 }
 
 /* layer 1 merges q | k | v; layer 2's weights allow only q | k, a layout the buffers cannot
  * also have: layer 2 runs its products alone over layer 1's views */
 static void test_layers_disagree(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    int32_t q0 = tp_qwen3_layer(&t, 0), q1 = tp_qwen3_layer(&t, 512);
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[q0], 3);
-    assert_int_equal(m.run[q1], 1);
-    assert_int_equal(m.run[q1 + 1], 1);
-    assert_int_equal(m.run[q1 + 2], 1);
-    assert_view(&m, B_K, B_Q, 32, 64);
-    assert_int_equal(m.run[q1 + 8], 2); /* gate | up agree in both layers */
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    struct test_plan *t = *state;
+    int32_t q0 = tp_qwen3_layer(t, 0), q1 = tp_qwen3_layer(t, 512);
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[q0], 3);
+    assert_int_equal(m->run[q1], 1);
+    assert_int_equal(m->run[q1 + 1], 1);
+    assert_int_equal(m->run[q1 + 2], 1);
+    assert_view(m, B_K, B_Q, 32, 64);
+    assert_int_equal(m->run[q1 + 8], 2); /* gate | up agree in both layers */
 }
 
 /* a product narrower than its output buffer (or writing the logits) never merges */
 static void test_widths_and_logits(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    tp_op(&t, OP_RMSNORM, B_XN, B_X);
-    tp_matmul(&t, B_GATE, B_XN, 0);
-    tp_matmul(&t, B_UP, B_XN, 0);
-    tp_op(&t, OP_SWIGLU, B_GATE, B_UP);
-    t.wts[2].N = 40; /* up's rows fewer than its buffer's width (48) */
-    tp_matmul(&t, B_Z, B_XN, 0);
-    tp_matmul(&t, B_LOGITS, B_XN, 0);
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[1], 1);
-    assert_int_equal(m.run[2], 1);
-    assert_int_equal(m.run[4], 1);
-    assert_int_equal(m.run[5], 1);
-    assert_plain(&m, B_Z, 32);
-    assert_plain(&m, B_LOGITS, 100);
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    struct test_plan *t = *state;
+    tp_op(t, OP_RMSNORM, B_XN, B_X);
+    tp_matmul(t, B_GATE, B_XN, 0);
+    tp_matmul(t, B_UP, B_XN, 0);
+    tp_op(t, OP_SWIGLU, B_GATE, B_UP);
+    t->wts[2].N = 40; /* up's rows fewer than its buffer's width (48) */
+    tp_matmul(t, B_Z, B_XN, 0);
+    tp_matmul(t, B_LOGITS, B_XN, 0);
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[1], 1);
+    assert_int_equal(m->run[2], 1);
+    assert_int_equal(m->run[4], 1);
+    assert_int_equal(m->run[5], 1);
+    assert_plain(m, B_Z, 32);
+    assert_plain(m, B_LOGITS, 100);
 }
 
 /* DeltaNet: qkv | z | beta | alpha into one product, read by the conv, the core and the gated
  * norm (all take strides) */
 static void test_deltanet_in_projections(void **state)
 {
-    (void)state;
-    static struct test_plan t;
-    tp_init(&t);
-    tp_op(&t, OP_RMSNORM, B_XN, B_X);
-    tp_matmul(&t, B_QKV, B_XN, 0);
-    tp_matmul(&t, B_Z, B_XN, 0);
-    tp_matmul(&t, B_BETA, B_XN, 0);
-    tp_matmul(&t, B_ALPHA, B_XN, 0);
-    tp_op(&t, OP_GDN_CONV, B_QKV, -1);
-    struct plan_op *core = tp_op(&t, OP_GDN_CORE, B_O, B_QKV);
+    struct test_plan *t = *state;
+    tp_op(t, OP_RMSNORM, B_XN, B_X);
+    tp_matmul(t, B_QKV, B_XN, 0);
+    tp_matmul(t, B_Z, B_XN, 0);
+    tp_matmul(t, B_BETA, B_XN, 0);
+    tp_matmul(t, B_ALPHA, B_XN, 0);
+    tp_op(t, OP_GDN_CONV, B_QKV, -1);
+    struct plan_op *core = tp_op(t, OP_GDN_CORE, B_O, B_QKV);
     core->in2 = B_BETA, core->in3 = B_ALPHA;
-    tp_op(&t, OP_GATED_RMSNORM, B_O, B_Z);
-    tp_matmul(&t, B_TMP, B_O, 0);
-    tp_op(&t, OP_ADD, B_X, B_TMP);
-    struct merge_layout m;
-    make(&t, true, &m);
-    assert_int_equal(m.run[1], 4);
-    assert_view(&m, B_QKV, B_QKV, 0, 136);
-    assert_view(&m, B_Z, B_QKV, 96, 136);
-    assert_view(&m, B_BETA, B_QKV, 128, 136);
-    assert_view(&m, B_ALPHA, B_QKV, 132, 136);
-    assert_plain(&m, B_O, 32);
-    merge_layout_free(&m);
-    plan_free(&t.p);
+    tp_op(t, OP_GATED_RMSNORM, B_O, B_Z);
+    tp_matmul(t, B_TMP, B_O, 0);
+    tp_op(t, OP_ADD, B_X, B_TMP);
+    const struct merge_layout *m = make(t, true);
+    assert_int_equal(m->run[1], 4);
+    assert_view(m, B_QKV, B_QKV, 0, 136);
+    assert_view(m, B_Z, B_QKV, 96, 136);
+    assert_view(m, B_BETA, B_QKV, 128, 136);
+    assert_view(m, B_ALPHA, B_QKV, 132, 136);
+    assert_plain(m, B_O, 32);
 }
 
 static void test_strided_kinds(void **state)
@@ -333,11 +312,16 @@ static void test_strided_kinds(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qkv_and_gate_up_merge),   cmocka_unit_test(test_switched_off),
-        cmocka_unit_test(test_weights_apart),           cmocka_unit_test(test_dtype_and_row_size),
-        cmocka_unit_test(test_flat_reader),             cmocka_unit_test(test_residual_product_left_out),
-        cmocka_unit_test(test_layers_disagree),         cmocka_unit_test(test_widths_and_logits),
-        cmocka_unit_test(test_deltanet_in_projections), cmocka_unit_test(test_strided_kinds),
+        cmocka_unit_test_setup_teardown(test_qkv_and_gate_up_merge, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_switched_off, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_weights_apart, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_dtype_and_row_size, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_flat_reader, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_residual_product_left_out, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_layers_disagree, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_widths_and_logits, tp_setup, tp_teardown),
+        cmocka_unit_test_setup_teardown(test_deltanet_in_projections, tp_setup, tp_teardown),
+        cmocka_unit_test(test_strided_kinds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
