@@ -128,7 +128,8 @@ qwenrt_status qwenrt_session_decode(struct qwenrt_session *session, int32_t id,
                                     struct qwenrt_error *err);
 
 /* Logits of the last processed position, [n_vocab] floats owned by the session, valid until
- * the next call that changes the session. NULL before the first token. */
+ * the next call that changes the session. NULL before the first token (and if a CUDA
+ * session's copy from the device fails: its logits stay on the GPU until asked for). */
 const float *qwenrt_session_logits(const struct qwenrt_session *session);
 
 /* Number of tokens the session holds (the next token's position). */
@@ -253,6 +254,15 @@ void qwenrt_sampler_accept(struct qwenrt_sampler *s, int32_t id);
 void qwenrt_sampler_reset(struct qwenrt_sampler *s);
 
 /* ---------------------------------------------------------------- helpers */
+
+/* Picks the next token from the session's last logits: the token qwenrt_sampler_sample(smp,
+ * qwenrt_session_logits(session)) would give, RNG step included, but a CUDA session sends only
+ * the best few hundred logits to the host when the sampler allows (greedy, or top-k with
+ * top_k + the ids that logit bias and penalties touch <= 255) instead of the whole row. Does
+ * not accept the token (qwenrt_sampler_accept). Errors: INVALID_ARG (NULL, no logits yet),
+ * BACKEND. */
+qwenrt_status qwenrt_session_sample(struct qwenrt_session *session, struct qwenrt_sampler *smp,
+                                    int32_t *id, struct qwenrt_error *err);
 
 /* Greedy argmax over n floats (first maximum wins). */
 int32_t qwenrt_argmax(const float *logits, int32_t n);

@@ -11,7 +11,9 @@
  *   - the megakernel against the graph on quantised synth models (Q4_K_M, Q8_0, Q6_K, F16);
  *   - batched decode of several CUDA sessions (issue 8) against each decoding alone, GEMV and
  *     GEMM sizes; checkpoints of CUDA sessions (snapshot, restore across sessions and
- *     backends, reset).
+ *     backends, reset);
+ *   - sampling on the GPU: the top-m selection against its reference kernel and a host sort,
+ *     qwenrt_session_sample against the sampler on the whole row.
  * Exit code 77 (ctest: skipped) when no GPU can be used; when qwenrt is built without CUDA the
  * tests are reported as skipped by cmocka and the program exits 0.
  */
@@ -977,6 +979,147 @@ static void test_prefill_split_cuda(void **st)
     }
 }
 
+/* The m best of a host row by (logit / t, lower id first), as the sampler ranks them; a NaN
+ * last. */
+struct ranked {
+    float key;
+    int32_t id;
+};
+
+static int cmp_rank(const void *a, const void *b)
+{
+    const struct ranked *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static void host_best(const float *l, int32_t V, float t, int32_t m, int32_t *ids)
+{
+    struct ranked *r = malloc((size_t)V * sizeof(*r));
+    assert_non_null(r);
+    for (int32_t i = 0; i < V; i++)
+        r[i].key = l[i] != l[i] ? -INFINITY : l[i] / t, r[i].id = i;
+    qsort(r, (size_t)V, sizeof(*r), cmp_rank);
+    for (int32_t i = 0; i < m; i++)
+        ids[i] = r[i].id;
+    free(r);
+}
+
+/* The GPU's top-m selection (topk.cu) against its one-thread reference kernel and a host sort:
+ * awkward vocabulary sizes around the 4096-logit slices, rows full of ties (multiples of 0.5),
+ * temperatures that create ties by rounding, m from 1 to the limit, gathered ids; a NaN ranks
+ * last. Out-of-range requests are refused with UNSUPPORTED or INVALID_ARG. */
+static void test_topk_select(void **st)
+{
+    (void)st;
+    const int32_t Vs[] = {1, 7, 4095, 4097, 12289, 151936};
+    const int32_t ms[] = {1, 3, 41, 256};
+    const float ts[] = {1.0f, 0.7f, 3.3f};
+    int32_t gather[5] = {0, 0, 0, 0, 0}, ids[256], ref_ids[256], host_ids[256];
+    float vals[256], ref_vals[256], gv[5], ref_gv[5];
+    struct qwenrt_error err = {0};
+    uint32_t seed = 77;
+    for (size_t vi = 0; vi < sizeof(Vs) / sizeof(Vs[0]); vi++) {
+        int32_t V = Vs[vi];
+        float *l = malloc((size_t)V * sizeof(float));
+        for (int tied = 0; tied < 2; tied++) {
+            for (int32_t i = 0; i < V; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                l[i] = tied ? (float)((seed >> 24) & 7) * 0.5f : (float)(seed >> 8) / (float)(1u << 24) * 20.0f - 10.0f;
+            }
+            if (V > 100)
+                l[V / 3] = NAN;
+            for (int g = 0; g < 5; g++)
+                gather[g] = (int32_t)(((uint32_t)g * 2654435761u) % (uint32_t)V);
+            for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++)
+                for (size_t ti = 0; ti < sizeof(ts) / sizeof(ts[0]); ti++) {
+                    int32_t m = ms[mi];
+                    if (m > V - (V > 100)) /* the NaN never makes the list when it fits */
+                        continue;
+                    assert_int_equal(cuda_topk_host(l, V, ts[ti], m, gather, 5, false, ids, vals, gv, &err), QWENRT_OK);
+                    assert_int_equal(cuda_topk_host(l, V, ts[ti], m, gather, 5, true, ref_ids, ref_vals, ref_gv, &err),
+                                     QWENRT_OK);
+                    host_best(l, V, ts[ti], m, host_ids);
+                    for (int32_t i = 0; i < m; i++) {
+                        if (ids[i] != host_ids[i] || ref_ids[i] != host_ids[i])
+                            fail_msg("top-%d of %d (t %g, tied %d): rank %d is %d (reference kernel %d), host %d", m, V,
+                                     (double)ts[ti], tied, i, ids[i], ref_ids[i], host_ids[i]);
+                        assert_true(vals[i] == l[ids[i]]);
+                        assert_true(ref_vals[i] == vals[i]);
+                    }
+                    for (int g = 0; g < 5; g++)
+                        assert_true(gv[g] == l[gather[g]] && ref_gv[g] == gv[g]);
+                }
+        }
+        free(l);
+    }
+    float row[8] = {0};
+    assert_int_equal(cuda_topk_host(row, 8, 1.0f, 9, NULL, 0, false, ids, vals, gv, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_int_equal(cuda_topk_host(row, 8, 1.0f, 257, NULL, 0, false, ids, vals, gv, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_int_equal(cuda_topk_host(row, 8, 0.0f, 1, NULL, 0, false, ids, vals, gv, &err), QWENRT_ERR_INVALID_ARG);
+    gather[0] = 8;
+    assert_int_equal(cuda_topk_host(row, 8, 1.0f, 1, gather, 1, false, ids, vals, gv, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "outside the vocabulary"));
+}
+
+/* qwenrt_session_sample on a CUDA session (only the best tokens leave the GPU) picks what the
+ * sampler picks from the whole row, step by step, for greedy, qwenrt run's defaults, and a
+ * sampler with penalties and a logit bias; a sampler without top-k reads the whole row. The
+ * two sessions run the same tokens, so their logits are identical. */
+static void test_session_sample_cuda(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    assert_int_equal(qwenrt_model_load(fixtures[2], &mp, &m, &err), QWENRT_OK);
+    struct qwenrt_model_info info;
+    qwenrt_model_get_info(m, &info);
+    struct qwenrt_logit_bias bias[2] = {{11, -100.0f}, {12, 2.0f}};
+    struct qwenrt_sampler_params ps[4];
+    for (int k = 0; k < 4; k++)
+        ps[k] = qwenrt_sampler_default_params(), ps[k].seed = 5 + (uint64_t)k;
+    ps[1].temperature = 0.8f, ps[1].top_k = 40, ps[1].top_p = 0.95f, ps[1].min_p = 0.05f;
+    ps[2].temperature = 1.5f, ps[2].top_k = 20, ps[2].repeat_penalty = 1.3f, ps[2].presence_penalty = 0.4f;
+    ps[2].logit_bias = bias, ps[2].n_logit_bias = 2;
+    ps[3].temperature = 1.0f; /* no top-k: the whole row */
+    const int32_t prompt[5] = {1, 5, 9, 11, 12};
+    for (int k = 0; k < 4; k++) {
+        struct qwenrt_session *a = NULL, *b = NULL;
+        struct qwenrt_sampler *sa = NULL, *sb = NULL;
+        assert_int_equal(qwenrt_session_init(m, NULL, &a, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sa, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sb, &err), QWENRT_OK);
+        int32_t id = -1;
+        assert_int_equal(qwenrt_session_sample(a, sa, &id, &err), QWENRT_ERR_INVALID_ARG); /* nothing run */
+        assert_int_equal(qwenrt_session_prefill(a, prompt, 5, NULL, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(b, prompt, 5, NULL, &err), QWENRT_OK);
+        for (int i = 0; i < 5; i++)
+            qwenrt_sampler_accept(sa, prompt[i]), qwenrt_sampler_accept(sb, prompt[i]);
+        for (int step = 0; step < 24; step++) {
+            int32_t want = qwenrt_sampler_sample(sb, qwenrt_session_logits(b));
+            assert_int_equal(qwenrt_session_sample(a, sa, &id, &err), QWENRT_OK);
+            if (id != want)
+                fail_msg("sampler %d, step %d: session_sample %d, whole row %d", k, step, id, want);
+            qwenrt_sampler_accept(sa, id), qwenrt_sampler_accept(sb, id);
+            assert_int_equal(qwenrt_session_decode(a, id, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_decode(b, id, &err), QWENRT_OK);
+        }
+        /* the row is still readable after sampling from its best tokens */
+        const float *la = qwenrt_session_logits(a), *lb = qwenrt_session_logits(b);
+        assert_non_null(la);
+        assert_memory_equal(la, lb, (size_t)info.n_vocab * sizeof(float));
+        qwenrt_sampler_free(sa);
+        qwenrt_sampler_free(sb);
+        qwenrt_session_free(a);
+        qwenrt_session_free(b);
+    }
+    qwenrt_model_free(m);
+}
+
 static void test_backend_errors(void **st)
 {
     (void)st;
@@ -1020,6 +1163,8 @@ int main(void)
         cmocka_unit_test(test_batch_decode_cuda),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_prefill_split_cuda),
+        cmocka_unit_test(test_topk_select),
+        cmocka_unit_test(test_session_sample_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

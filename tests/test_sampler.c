@@ -2,7 +2,9 @@
  * test_sampler.c — each sampling filter does what it says, with fixed seeds: greedy is argmax;
  * top-k never returns a token outside the k best; top-p keeps the smallest prefix reaching p;
  * min-p drops what is below min_p x the top probability; penalties change the right logits;
- * draw frequencies match the softmax distribution (chi-square); the same seed repeats.
+ * draw frequencies match the softmax distribution (chi-square); the same seed repeats; the
+ * subset path (the m best tokens and the gathered logits, what a GPU session sends back) draws
+ * exactly the token the whole row gives.
  */
 #include <stdlib.h>
 
@@ -292,6 +294,157 @@ static void test_bad_params(void **st)
     assert_null(s);
 }
 
+/* ------------------------------------------------------------------ the subset path
+ * sampler_sample_subset must give exactly qwenrt_sampler_sample's token (same RNG step) when
+ * handed the m best tokens by (logit / temperature, lower id first) and the gathered logits:
+ * what a CUDA session sends back instead of the whole row. Here the m best come from a plain
+ * sort on the host; test_cuda_backend checks the GPU's selection against the same order. */
+
+#define NV 1037
+
+struct ranked {
+    float key;
+    int32_t id;
+};
+
+static int cmp_ranked(const void *a, const void *b)
+{
+    const struct ranked *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The m best of l[0..NV) by (l / t, lower id first): ids and raw logits. */
+static void best_m(const float *l, float t, int32_t m, int32_t *ids, float *vals)
+{
+    struct ranked *r = malloc(NV * sizeof(*r));
+    assert_non_null(r);
+    for (int32_t i = 0; i < NV; i++)
+        r[i].key = l[i] / t, r[i].id = i;
+    qsort(r, NV, sizeof(*r), cmp_ranked);
+    for (int32_t i = 0; i < m; i++)
+        ids[i] = r[i].id, vals[i] = l[r[i].id];
+    free(r);
+}
+
+/* Continuous logits in [-8, 8), or (tied) multiples of 0.25 in [0, 4): many exact ties. */
+static void fill_wide(float *l, uint32_t seed, bool tied)
+{
+    for (int32_t i = 0; i < NV; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        l[i] = tied ? (float)((seed >> 20) & 15) * 0.25f : (float)(seed >> 8) / (float)(1u << 24) * 16.0f - 8.0f;
+    }
+}
+
+static struct qwenrt_sampler *make_nv(struct qwenrt_sampler_params p)
+{
+    struct qwenrt_sampler *s = NULL;
+    struct qwenrt_error err = {0};
+    assert_int_equal(qwenrt_sampler_init(&p, NV, &s, &err), QWENRT_OK);
+    return s;
+}
+
+/* 300 draws through both paths from the same seed, every token accepted by both. */
+static void check_subset_matches(struct qwenrt_sampler_params p, bool tied)
+{
+    struct qwenrt_sampler *full = make_nv(p), *sub = make_nv(p);
+    static float l[NV];
+    int32_t gather[128], ids[256], m = 0;
+    float vals[256], gvals[128], t = 0.0f;
+    for (int32_t i = 0; i < 8; i++) { /* a prompt: recent tokens for the penalties */
+        qwenrt_sampler_accept(full, 3 * i);
+        qwenrt_sampler_accept(sub, 3 * i);
+    }
+    for (int32_t step = 0; step < 300; step++) {
+        fill_wide(l, 1000u + (uint32_t)step, tied);
+        int32_t n = sampler_subset_plan(sub, gather, 128, 256, &m, &t);
+        assert_true(n >= 0);
+        assert_true(m <= 256);
+        for (int32_t i = 0; i < n; i++)
+            gvals[i] = l[gather[i]];
+        best_m(l, t, m, ids, vals);
+        int32_t a = qwenrt_sampler_sample(full, l);
+        int32_t b = sampler_sample_subset(sub, ids, vals, m, gather, gvals, n);
+        assert_int_equal(a, b);
+        qwenrt_sampler_accept(full, a);
+        qwenrt_sampler_accept(sub, a);
+    }
+    qwenrt_sampler_free(full);
+    qwenrt_sampler_free(sub);
+}
+
+static void test_subset_equals_full_row(void **st)
+{
+    (void)st;
+    struct qwenrt_logit_bias bias[4] = {{5, -100.0f}, {900, 3.0f}, {5, 1.0f}, {17, 0.5f}};
+    for (int tied = 0; tied < 2; tied++) {
+        struct qwenrt_sampler_params p = qwenrt_sampler_default_params(); /* greedy */
+        check_subset_matches(p, tied);
+        p.repeat_penalty = 1.3f, p.presence_penalty = 0.5f, p.penalty_last_n = 16;
+        check_subset_matches(p, tied);
+        p.logit_bias = bias, p.n_logit_bias = 4; /* a ban, a boost, an id twice */
+        check_subset_matches(p, tied);
+        p = qwenrt_sampler_default_params(); /* qwenrt run's defaults */
+        p.temperature = 0.8f, p.top_k = 40, p.top_p = 0.95f, p.min_p = 0.05f, p.seed = 7;
+        check_subset_matches(p, tied);
+        p.temperature = 1.3f, p.top_k = 1;
+        check_subset_matches(p, tied);
+        p.temperature = 0.6f, p.top_k = 180, p.top_p = 1.0f, p.min_p = 0.0f;
+        p.repeat_penalty = 1.1f, p.penalty_last_n = 64, p.logit_bias = bias, p.n_logit_bias = 4;
+        check_subset_matches(p, tied);
+        p.temperature = 3.0f, p.top_k = 5, p.top_p = 0.5f, p.presence_penalty = -2.0f;
+        check_subset_matches(p, tied);
+    }
+}
+
+/* When a subset cannot give the same draw the plan says so (-1). */
+static void test_subset_plan_limits(void **st)
+{
+    (void)st;
+    int32_t gather[8], m = 0;
+    float t = 0.0f;
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    p.temperature = 1.0f; /* no top-k: the whole distribution */
+    struct qwenrt_sampler *s = make_nv(p);
+    assert_int_equal(sampler_subset_plan(s, gather, 8, 256, &m, &t), -1);
+    qwenrt_sampler_free(s);
+    p.top_k = 300; /* more than max_m */
+    s = make_nv(p);
+    assert_int_equal(sampler_subset_plan(s, gather, 8, 256, &m, &t), -1);
+    qwenrt_sampler_free(s);
+    p.top_k = 10; /* m = 10 + 0 + 1, temperature passed on */
+    s = make_nv(p);
+    assert_int_equal(sampler_subset_plan(s, gather, 8, 256, &m, &t), 0);
+    assert_int_equal(m, 11);
+    assert_true(t == 1.0f);
+    qwenrt_sampler_free(s);
+    struct qwenrt_logit_bias b[9];
+    for (int i = 0; i < 9; i++)
+        b[i].id = 100 + i, b[i].bias = 1.0f;
+    p.logit_bias = b, p.n_logit_bias = 9; /* more ids to gather than cap */
+    s = make_nv(p);
+    assert_int_equal(sampler_subset_plan(s, gather, 8, 256, &m, &t), -1);
+    qwenrt_sampler_free(s);
+    p = qwenrt_sampler_default_params(); /* greedy: m = 1 + gathered, temperature 1 */
+    p.repeat_penalty = 1.2f;
+    s = make_nv(p);
+    qwenrt_sampler_accept(s, 4);
+    qwenrt_sampler_accept(s, 4);
+    qwenrt_sampler_accept(s, 9);
+    assert_int_equal(sampler_subset_plan(s, gather, 8, 256, &m, &t), 2);
+    assert_int_equal(gather[0], 4);
+    assert_int_equal(gather[1], 9);
+    assert_int_equal(m, 3);
+    qwenrt_sampler_free(s);
+    p.temperature = 0.5f, p.top_k = 48; /* the m best and the gathered exceed a vocabulary of 50 */
+    s = make(p);
+    qwenrt_sampler_accept(s, 1);
+    qwenrt_sampler_accept(s, 2);
+    assert_int_equal(sampler_subset_plan(s, gather, 8, 256, &m, &t), -1);
+    qwenrt_sampler_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,7 +452,8 @@ int main(void)
         cmocka_unit_test(test_distribution),  cmocka_unit_test(test_top_p_and_min_p_filters),
         cmocka_unit_test(test_penalties),     cmocka_unit_test(test_seed_repeats),
         cmocka_unit_test(test_no_top_k),     cmocka_unit_test(test_bad_params),
-        cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_logit_bias),    cmocka_unit_test(test_subset_equals_full_row),
+        cmocka_unit_test(test_subset_plan_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,13 +40,18 @@ int cmd_generate(int argc, char **argv)
     struct qwenrt_model *m = cli_load_model(&o);
     struct qwenrt_session *s = m ? cli_new_session(m, &o) : NULL;
     struct qwenrt_model_info info;
+    struct qwenrt_sampler *greedy = NULL;
+    struct qwenrt_sampler_params sp = qwenrt_sampler_default_params(); /* temperature 0 */
     if (!s)
         goto out;
     qwenrt_model_get_info(m, &info);
-    if (qwenrt_session_prefill(s, ids, n, NULL, &err) != QWENRT_OK)
+    if (qwenrt_sampler_init(&sp, info.n_vocab, &greedy, &err) != QWENRT_OK ||
+        qwenrt_session_prefill(s, ids, n, NULL, &err) != QWENRT_OK)
         goto fail;
     for (long g = 0; g < n_gen; g++) {
-        int32_t next = qwenrt_argmax(qwenrt_session_logits(s), info.n_vocab);
+        int32_t next;
+        if (qwenrt_session_sample(s, greedy, &next, &err) != QWENRT_OK)
+            goto fail;
         printf(g ? ",%d" : "%d", next);
         fflush(stdout);
         if (g + 1 < n_gen && qwenrt_session_decode(s, next, &err) != QWENRT_OK)
@@ -59,6 +64,7 @@ fail:
     fprintf(stderr, "\nqwenrt: %s\n", err.message);
 out:
     free(ids);
+    qwenrt_sampler_free(greedy);
     qwenrt_session_free(s);
     qwenrt_model_free(m);
     return rc;

@@ -125,6 +125,7 @@ static void finish_step(struct qwenrt_batch *b, struct qwenrt_session *const *s,
         memcpy(s[r]->last_logits, b->bufs[p->buf_logits] + (size_t)r * V, V * sizeof(float));
         s[r]->n_past++;
         s[r]->has_logits = true;
+        s[r]->logits_on_device = false;
     }
 }
 

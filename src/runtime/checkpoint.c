@@ -220,7 +220,13 @@ qwenrt_status qwenrt_session_snapshot(const struct qwenrt_session *session,
         return err_set(err, QWENRT_ERR_NOMEM,
                        "session_snapshot: out of memory for %llu bytes of state", bytes);
     }
-    /* copy_state only reads the session when to_payload is true */
+    /* copy_state only reads the session when to_payload is true; the logits of a CUDA session
+     * may still be on the device */
+    if (session->cuda && (st = session_fetch_logits((struct qwenrt_session *)session, err))) {
+        xfree(cp->payload);
+        xfree(cp);
+        return st;
+    }
     if (session->cuda) {
         qwenrt_status rc = copy_state_cuda((struct qwenrt_session *)session, cp->payload, true,
                                            session->n_past, session->has_logits, err);
@@ -288,6 +294,7 @@ qwenrt_status qwenrt_session_restore(struct qwenrt_session *session,
     }
     session->n_past = h->n_past;
     session->has_logits = h->has_logits != 0;
+    session->logits_on_device = false;
     return QWENRT_OK;
 }
 

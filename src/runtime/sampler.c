@@ -198,23 +198,55 @@ int32_t sampler_min_p(struct sampler_cand *c, int32_t n, float min_p)
     return keep;
 }
 
-/* Repetition penalty (each distinct recent token once) and presence penalty. */
-static void apply_penalties(struct qwenrt_sampler *s)
+static bool penalties_on(const struct qwenrt_sampler *s)
 {
-    if (s->p.repeat_penalty == 1.0f && s->p.presence_penalty == 0.0f)
+    return s->p.repeat_penalty != 1.0f || s->p.presence_penalty != 0.0f;
+}
+
+/* Whether recent[i] is a valid id seen for the first time at i (penalties count it once). */
+static bool first_recent(const struct qwenrt_sampler *s, int32_t i)
+{
+    int32_t id = s->recent[i];
+    if (id < 0 || id >= s->n_vocab)
+        return false;
+    for (int32_t j = 0; j < i; j++)
+        if (s->recent[j] == id)
+            return false;
+    return true;
+}
+
+/* The candidate with this id among c[0..n) (sorted by id), or NULL. */
+static struct sampler_cand *find_cand(struct sampler_cand *c, int32_t n, int32_t id)
+{
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (c[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && c[lo].id == id ? &c[lo] : NULL;
+}
+
+/* The logit bias, then the repetition penalty (each distinct recent token once) and the
+ * presence penalty, on c[0..n) sorted by id (the whole vocabulary, or a subset holding every
+ * token they touch). */
+static void apply_bias_and_penalties(struct qwenrt_sampler *s, struct sampler_cand *c, int32_t n)
+{
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
+        struct sampler_cand *t = find_cand(c, n, s->bias[i].id);
+        if (t)
+            t->logit += s->bias[i].bias;
+    }
+    if (!penalties_on(s))
         return;
     for (int32_t i = 0; i < s->n_recent; i++) {
-        int32_t id = s->recent[i];
-        if (id < 0 || id >= s->n_vocab)
+        struct sampler_cand *t = first_recent(s, i) ? find_cand(c, n, s->recent[i]) : NULL;
+        if (!t)
             continue;
-        bool seen = false;
-        for (int32_t j = 0; j < i && !seen; j++)
-            seen = s->recent[j] == id;
-        if (seen)
-            continue;
-        float *l = &s->cand[id].logit;
-        *l = *l > 0.0f ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
-        *l -= s->p.presence_penalty;
+        t->logit = t->logit > 0.0f ? t->logit / s->p.repeat_penalty : t->logit * s->p.repeat_penalty;
+        t->logit -= s->p.presence_penalty;
     }
 }
 
@@ -273,33 +305,38 @@ static void load_candidates(struct qwenrt_sampler *s, const float *logits)
         s->cand[i].id = i;
         s->cand[i].logit = logits[i];
     }
-    for (int32_t i = 0; i < s->p.n_logit_bias; i++)
-        s->cand[s->bias[i].id].logit += s->bias[i].bias;
-    apply_penalties(s);
+    apply_bias_and_penalties(s, s->cand, s->n_vocab);
 }
 
-int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
+/* Greedy: the first candidate (lowest id) with the largest logit. */
+static int32_t argmax_cand(const struct sampler_cand *c, int32_t n)
 {
-    load_candidates(s, logits);
-    if (s->p.temperature <= 0.0f) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < s->n_vocab; i++)
-            if (s->cand[i].logit > s->cand[best].logit)
-                best = i;
-        return best;
-    }
-    for (int32_t i = 0; i < s->n_vocab; i++)
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (c[i].logit > c[best].logit)
+            best = i;
+    return c[best].id;
+}
+
+static void scale_by_temperature(struct qwenrt_sampler *s, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
         s->cand[i].logit /= s->p.temperature;
-    int32_t n = s->p.top_k <= 0 ? filter_without_top_k(s) : -1;
-    if (n < 0) {
-        load_candidates(s, logits); /* again: the shortcut reordered them */
-        for (int32_t i = 0; i < s->n_vocab; i++)
-            s->cand[i].logit /= s->p.temperature;
-        n = sampler_top_k(s->cand, s->n_vocab, s->p.top_k);
-        sampler_softmax(s->cand, n);
-        n = sampler_top_p(s->cand, n, s->p.top_p);
-        n = sampler_min_p(s->cand, n, s->p.min_p);
-    }
+}
+
+/* top-k, softmax, top-p, min-p over the first n candidates (in id order); returns the count
+ * kept. */
+static int32_t filter_with_top_k(struct qwenrt_sampler *s, int32_t n)
+{
+    n = sampler_top_k(s->cand, n, s->p.top_k);
+    sampler_softmax(s->cand, n);
+    n = sampler_top_p(s->cand, n, s->p.top_p);
+    return sampler_min_p(s->cand, n, s->p.min_p);
+}
+
+/* A draw from the n kept candidates (probabilities summing to 1). */
+static int32_t draw(struct qwenrt_sampler *s, int32_t n)
+{
     double u = next_uniform(s), cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
         cum += s->cand[i].p;
@@ -307,4 +344,95 @@ int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
             return s->cand[i].id;
     }
     return s->cand[n - 1].id;
+}
+
+int32_t qwenrt_sampler_sample(struct qwenrt_sampler *s, const float *logits)
+{
+    load_candidates(s, logits);
+    if (s->p.temperature <= 0.0f)
+        return argmax_cand(s->cand, s->n_vocab);
+    scale_by_temperature(s, s->n_vocab);
+    int32_t n = s->p.top_k <= 0 ? filter_without_top_k(s) : -1;
+    if (n < 0) {
+        load_candidates(s, logits); /* again: the shortcut reordered them */
+        scale_by_temperature(s, s->n_vocab);
+        n = filter_with_top_k(s, s->n_vocab);
+    }
+    return draw(s, n);
+}
+
+/* ------------------------------------------------------------------ sampling from a subset
+ * Why a subset is enough: the logit bias and the penalties touch only the "gathered" tokens
+ * (the bias ids and the recent ids); every other token keeps its logit, and temperature keeps
+ * the order. Rank tokens by (logit / temperature, then lower id), the order sampler_top_k and
+ * the greedy argmax pick in. Take the m best by that order, with m = k + (gathered tokens) + 1.
+ * At least m - gathered > k of them are untouched, and every untouched token outside the m
+ * ranks below all of those. So the k best after bias and penalties lie among the m best plus
+ * the gathered tokens, and the draw sees exactly the candidates and probabilities the whole
+ * row would give (same floats, same order, same RNG step). Greedy is the k = 1 case (without
+ * the + 1: the argmax does not sort). */
+
+int32_t sampler_subset_plan(const struct qwenrt_sampler *s, int32_t *gather, int32_t cap, int32_t max_m,
+                            int32_t *m, float *temperature)
+{
+    bool greedy = s->p.temperature <= 0.0f;
+    if (!greedy && s->p.top_k <= 0)
+        return -1; /* the whole distribution matters */
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
+        bool dup = false;
+        for (int32_t j = 0; j < i && !dup; j++)
+            dup = s->bias[j].id == s->bias[i].id;
+        if (dup)
+            continue;
+        if (n == cap)
+            return -1;
+        gather[n++] = s->bias[i].id;
+    }
+    for (int32_t i = 0; penalties_on(s) && i < s->n_recent; i++) {
+        if (!first_recent(s, i))
+            continue;
+        bool dup = false;
+        for (int32_t j = 0; j < n && !dup; j++)
+            dup = gather[j] == s->recent[i];
+        if (dup)
+            continue;
+        if (n == cap)
+            return -1;
+        gather[n++] = s->recent[i];
+    }
+    int64_t need = greedy ? 1 + (int64_t)n : (int64_t)s->p.top_k + n + 1;
+    if (need > max_m || need + n > s->n_vocab) /* s->cand holds the m best and the gathered */
+        return -1;
+    *m = (int32_t)need;
+    *temperature = greedy ? 1.0f : s->p.temperature;
+    return n;
+}
+
+static int cmp_cand_id(const void *a, const void *b)
+{
+    int32_t x = ((const struct sampler_cand *)a)->id, y = ((const struct sampler_cand *)b)->id;
+    return (x > y) - (x < y);
+}
+
+int32_t sampler_sample_subset(struct qwenrt_sampler *s, const int32_t *ids, const float *vals, int32_t m,
+                              const int32_t *gather, const float *gather_vals, int32_t n_gather)
+{
+    struct sampler_cand *c = s->cand;
+    int32_t n = 0;
+    for (int32_t i = 0; i < m + n_gather; i++) {
+        c[n].id = i < m ? ids[i] : gather[i - m];
+        c[n].logit = i < m ? vals[i] : gather_vals[i - m];
+        n++;
+    }
+    qsort(c, (size_t)n, sizeof(*c), cmp_cand_id);
+    int32_t u = 0; /* drop repeated ids (a gathered token that is also among the best) */
+    for (int32_t i = 0; i < n; i++)
+        if (!u || c[i].id != c[u - 1].id)
+            c[u++] = c[i];
+    apply_bias_and_penalties(s, c, u);
+    if (s->p.temperature <= 0.0f)
+        return argmax_cand(c, u);
+    scale_by_temperature(s, u);
+    return draw(s, filter_with_top_k(s, u));
 }

@@ -25,4 +25,18 @@ int32_t sampler_top_p(struct sampler_cand *c, int32_t n, float top_p);
 /* Keeps candidates with p >= min_p * p_max; renormalises. */
 int32_t sampler_min_p(struct sampler_cand *c, int32_t n, float min_p);
 
+/* Sampling when only part of the logits row is at hand (a GPU session: sampling from the
+ * whole row would copy 151,936 floats per token). sampler_subset_plan says what the next
+ * draw needs: the ids whose raw logits must be gathered (logit bias and penalty targets:
+ * returned count, written to gather, at most cap) and *m, how many best tokens by
+ * (logit / *temperature, lower id first) — *temperature is 1 for greedy. -1: a subset cannot give
+ * the same draw (no top-k with temperature > 0, m above max_m or the vocabulary, more than cap
+ * ids to gather); sample from the whole row. sampler_sample_subset then draws from those m
+ * best (ids, raw logits) and the gathered logits: the same token, RNG step and all, as
+ * qwenrt_sampler_sample on the whole row. */
+int32_t sampler_subset_plan(const struct qwenrt_sampler *s, int32_t *gather, int32_t cap, int32_t max_m,
+                            int32_t *m, float *temperature);
+int32_t sampler_sample_subset(struct qwenrt_sampler *s, const int32_t *ids, const float *vals, int32_t m,
+                              const int32_t *gather, const float *gather_vals, int32_t n_gather);
+
 #endif

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/meminfo.h"
 #include "runtime/session.h"
+#include "runtime/sampler.h"
 
 struct qwenrt_session_params qwenrt_session_default_params(void)
 {
@@ -204,21 +205,33 @@ static qwenrt_status ensure_buffers(struct qwenrt_session *s, const struct plan 
     return QWENRT_OK;
 }
 
-/* The same run on the GPU: logits come back to the host (all rows, or the last). */
+/* The same run on the GPU. Every row of logits comes back when asked for; otherwise the last
+ * row stays on the device until someone reads it (qwenrt_session_logits copies it,
+ * qwenrt_session_sample mostly needs only its best few tokens). */
 static qwenrt_status run_cuda(struct qwenrt_session *s, const int32_t *ids, int32_t n,
                               float *all_logits, struct qwenrt_error *err)
 {
     size_t V = (size_t)s->model->hp.n_vocab;
-    qwenrt_status st = cuda_session_run(s->cuda, ids, n, s->n_past, all_logits != NULL,
-                                        all_logits ? all_logits : s->last_logits, s->dump,
-                                        s->dump_user, err);
+    qwenrt_status st = cuda_session_run(s->cuda, ids, n, s->n_past, all_logits != NULL, all_logits,
+                                        s->dump, s->dump_user, err);
     if (st)
         return st;
     if (all_logits)
         memcpy(s->last_logits, all_logits + (size_t)(n - 1) * V, V * sizeof(float));
     s->n_past += n;
     s->has_logits = true;
+    s->logits_on_device = all_logits == NULL;
     return QWENRT_OK;
+}
+
+qwenrt_status session_fetch_logits(struct qwenrt_session *s, struct qwenrt_error *err)
+{
+    if (!s->logits_on_device)
+        return QWENRT_OK;
+    qwenrt_status st = cuda_session_logits(s->cuda, s->last_logits, err);
+    if (!st)
+        s->logits_on_device = false;
+    return st;
 }
 
 static qwenrt_status run(struct qwenrt_session *s, const int32_t *ids, int32_t n, float *all_logits,
@@ -278,7 +291,37 @@ qwenrt_status qwenrt_session_decode(struct qwenrt_session *s, int32_t id, struct
 
 const float *qwenrt_session_logits(const struct qwenrt_session *s)
 {
-    return s && s->has_logits ? s->last_logits : NULL;
+    if (!s || !s->has_logits)
+        return NULL;
+    /* the session is logically unchanged: the copy only moves the row off the GPU */
+    struct qwenrt_session *ms = (struct qwenrt_session *)s;
+    return session_fetch_logits(ms, NULL) ? NULL : s->last_logits;
+}
+
+qwenrt_status qwenrt_session_sample(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t *id,
+                                    struct qwenrt_error *err)
+{
+    if (!s || !smp || !id)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "session_sample: no session, sampler or output");
+    if (!s->has_logits)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "session_sample: no logits yet (nothing has run)");
+    if (s->logits_on_device) {
+        int32_t gather[CUDA_TOP_MAX_GATHER], ids[CUDA_TOP_MAX_M], m = 0;
+        float vals[CUDA_TOP_MAX_M], gvals[CUDA_TOP_MAX_GATHER], t = 1.0f;
+        int32_t n = sampler_subset_plan(smp, gather, CUDA_TOP_MAX_GATHER, CUDA_TOP_MAX_M, &m, &t);
+        qwenrt_status st = n < 0 ? QWENRT_ERR_UNSUPPORTED
+                                 : cuda_session_top(s->cuda, t, m, gather, n, ids, vals, gvals, err);
+        if (!st) {
+            *id = sampler_sample_subset(smp, ids, vals, m, gather, gvals, n);
+            return QWENRT_OK;
+        }
+        if (st != QWENRT_ERR_UNSUPPORTED) /* UNSUPPORTED: the whole row below */
+            return st;
+        if ((st = session_fetch_logits(s, err)))
+            return st;
+    }
+    *id = qwenrt_sampler_sample(smp, s->last_logits);
+    return QWENRT_OK;
 }
 
 int32_t qwenrt_session_n_past(const struct qwenrt_session *s) { return s ? s->n_past : 0; }
@@ -288,7 +331,7 @@ void qwenrt_session_reset(struct qwenrt_session *s)
     if (!s)
         return;
     s->n_past = 0;
-    s->has_logits = false;
+    s->has_logits = s->logits_on_device = false;
     if (s->cuda) { /* the state is on the device; `state` holds only its geometry */
         cuda_session_reset(s->cuda, NULL);
         return;

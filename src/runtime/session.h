@@ -27,6 +27,8 @@ struct qwenrt_session {
     int64_t scratch_len;
     float *last_logits;           /* [n_vocab] */
     bool has_logits;
+    bool logits_on_device;        /* CUDA: the last logits are still only on the GPU
+                                     (session_fetch_logits copies them into last_logits) */
     cpu_dump_fn dump;             /* optional per-op dump (tests, debugging) */
     void *dump_user;
     struct cuda_session *cuda;    /* non-NULL: the model's backend is "cuda"; the sequence state
@@ -34,5 +36,9 @@ struct qwenrt_session {
 };
 
 void session_set_dump(struct qwenrt_session *s, cpu_dump_fn fn, void *user);
+
+/* Makes last_logits hold the last logits (a CUDA session copies them from the device the
+ * first time they are asked for). Errors: BACKEND. */
+qwenrt_status session_fetch_logits(struct qwenrt_session *s, struct qwenrt_error *err);
 
 #endif

@@ -499,7 +499,11 @@ static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
 {
     struct job *j = sl->job;
     struct qwenrt_error err = {0};
-    int32_t id = qwenrt_sampler_sample(sl->smp, qwenrt_session_logits(sl->sess));
+    int32_t id;
+    if (qwenrt_session_sample(sl->sess, sl->smp, &id, &err)) {
+        slot_free_job(s, sl, JOB_ERROR, err.message);
+        return false;
+    }
     pthread_mutex_lock(&j->mu);
     int32_t n_gen = ++j->n_gen;
     bool first = !j->t_first;
@@ -513,8 +517,9 @@ static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
         return false;
     }
     qwenrt_sampler_accept(sl->smp, id);
-    if (j->logprobs && !job_add_logprob(j, qwenrt_session_logits(sl->sess), s->n_vocab, id)) {
-        slot_free_job(s, sl, JOB_ERROR, "out of memory for logprobs");
+    const float *logits = j->logprobs ? qwenrt_session_logits(sl->sess) : NULL;
+    if (j->logprobs && (!logits || !job_add_logprob(j, logits, s->n_vocab, id))) {
+        slot_free_job(s, sl, JOB_ERROR, logits ? "out of memory for logprobs" : "logprobs: the logits could not be read");
         return false;
     }
     bool stopped = false, cancelled = false;

@@ -36,6 +36,7 @@ struct lane {
     const char *profile, *backend, *cmd;
     struct tool_model tm;
     struct qwenrt_session *s;
+    struct qwenrt_sampler *greedy;  /* temperature 0: the argmax, as qwenrt run's users sample */
     int32_t *tokens;                /* validated tokens [n_gen] */
     json_t *validation;             /* summary of its gate */
     double *ttft, *pp, *tg, *total; /* [trials] */
@@ -103,18 +104,16 @@ static qwenrt_status generate(struct bench *b, struct lane *l, int32_t *tokens, 
                               double *decode, double *steps, struct qwenrt_error *err)
 {
     const struct bench_params *p = b->p;
-    int32_t V = l->tm.model->hp.n_vocab;
     double t0 = time_now_s();
     qwenrt_session_reset(l->s);
     qwenrt_status st = qwenrt_session_prefill(l->s, b->prompt, p->n_prompt, NULL, err);
-    if (st)
+    if (st || (st = qwenrt_session_sample(l->s, l->greedy, &tokens[0], err)))
         return st;
-    tokens[0] = qwenrt_argmax(qwenrt_session_logits(l->s), V);
     double t1 = time_now_s(), prev = t1;
     for (int32_t i = 1; i < p->n_gen; i++) {
-        if ((st = qwenrt_session_decode(l->s, tokens[i - 1], err)))
+        if ((st = qwenrt_session_decode(l->s, tokens[i - 1], err)) ||
+            (st = qwenrt_session_sample(l->s, l->greedy, &tokens[i], err)))
             return st;
-        tokens[i] = qwenrt_argmax(qwenrt_session_logits(l->s), V);
         double now = time_now_s();
         if (steps)
             steps[i - 1] = (now - prev) * 1e3;
@@ -239,6 +238,11 @@ static qwenrt_status open_lane(struct bench *b, struct lane *l, struct qwenrt_er
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = p->n_prompt + p->n_gen + 1;
     sp.n_threads = p->n_threads;
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    qwenrt_sampler_free(l->greedy);
+    l->greedy = NULL;
+    if ((st = qwenrt_sampler_init(&gp, l->tm.model->hp.n_vocab, &l->greedy, err)))
+        return st;
     return qwenrt_session_init(l->tm.model, &sp, &l->s, err);
 }
 
@@ -603,6 +607,7 @@ qwenrt_status bench_run(const struct bench_params *p, json_t **record, struct qw
     for (int i = 0; i < b.n_lanes; i++) {
         struct lane *l = &b.lanes[i];
         qwenrt_session_free(l->s);
+        qwenrt_sampler_free(l->greedy);
         tool_close(&l->tm);
         json_decref(l->validation);
         xfree(l->tokens);

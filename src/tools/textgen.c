@@ -88,7 +88,7 @@ qwenrt_status textgen_run(struct qwenrt_session *s, struct qwenrt_sampler *smp,
         qwenrt_sampler_accept(smp, prompt[i]);
     res->n_prompt = n_prompt;
     res->prefill_s = time_now_s() - t0;
-    if (!qwenrt_session_logits(s))
+    if (qwenrt_session_n_past(s) < 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "generate: the session holds no tokens");
     struct tokenizer_stream ts;
     struct holdback hb = {0};
@@ -100,7 +100,9 @@ qwenrt_status textgen_run(struct qwenrt_session *s, struct qwenrt_sampler *smp,
             res->finish = TEXTGEN_CANCEL;
             break;
         }
-        int32_t id = qwenrt_sampler_sample(smp, qwenrt_session_logits(s));
+        int32_t id;
+        if ((st = qwenrt_session_sample(s, smp, &id, err)))
+            break;
         res->last_token = id;
         res->n_generated++;
         if (tokenizer_is_eos(tok, id)) {

@@ -112,10 +112,36 @@ void cuda_session_free(struct cuda_session *cs);
 
 /* Runs T tokens at positions pos0.. (T == 1: decode plan, else prefill plan). Writes the
  * logits of the last position, or of every position when all_logits, to logits
- * ([rows][n_vocab] floats). dump (may be NULL) forces the op-by-op path. */
+ * ([rows][n_vocab] floats) and waits for the GPU. logits NULL (with all_logits false): the
+ * row stays on the device for cuda_session_logits / cuda_session_top, and the call returns
+ * once the work is queued (a failure inside it surfaces at the next call that waits).
+ * dump (may be NULL) forces the op-by-op path. */
 qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t *ids, int32_t T,
                                int32_t pos0, bool all_logits, float *logits, cuda_dump_fn dump,
                                void *dump_user, struct qwenrt_error *err);
+
+#define CUDA_TOP_MAX_M 256      /* candidates cuda_session_top returns at most */
+#define CUDA_TOP_MAX_GATHER 512 /* logits it gathers by id at most */
+
+/* Copies the last position's logits of the latest run or generate call to dst ([n_vocab],
+ * through a pinned staging row). Errors: INVALID_ARG (nothing has run), BACKEND. */
+qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qwenrt_error *err);
+
+/* The m best tokens of that row on the GPU, best first: ranked by logit / temperature (IEEE
+ * division; pass 1 for raw logits), ties by the lower id — the CPU sampler's order — with
+ * their raw logits in vals; gather_vals[i] = logits[gather[i]] (ids below n_vocab). Only
+ * ~8 (m + n_gather) bytes cross to the host. Errors: INVALID_ARG (nothing has run, an id
+ * outside the vocabulary, temperature <= 0), UNSUPPORTED (m > CUDA_TOP_MAX_M or > n_vocab,
+ * n_gather > CUDA_TOP_MAX_GATHER: read the whole row instead), BACKEND. */
+qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
+                               const int32_t *gather, int32_t n_gather, int32_t *ids, float *vals,
+                               float *gather_vals, struct qwenrt_error *err);
+
+/* The same selection on a host row of V logits, through the fast kernels or (reference) the
+ * one-thread reference kernel: what test_cuda_backend compares. Errors as cuda_session_top. */
+qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
+                             const int32_t *gather, int32_t n_gather, bool reference, int32_t *ids,
+                             float *vals, float *gather_vals, struct qwenrt_error *err);
 
 /* Greedy decoding on the GPU: feeds id at position pos0, then each step's argmax, n steps.
  * out_ids[i] = argmax after step i. The token stays on the GPU; the host reads ids back every

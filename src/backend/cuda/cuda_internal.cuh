@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "format/dtype.h"
 }
@@ -320,5 +321,17 @@ cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, co
  * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). */
 cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
                           int32_t *out_ids, int32_t *step, cudaStream_t s, bool pdl = false);
+
+/* topk.cu: the m best of V logits ranked by logit / temperature (ties: lower id first) into
+ * out_ids / out_vals (raw logits), best first, and gather_vals[i] = logits[gather[i]];
+ * scratch holds topk_scratch_keys(V, m) keys (-1: m or V out of range). reference: the
+ * one-thread reference kernel instead (tests). */
+#define TOPK_MAX_M CUDA_TOP_MAX_M
+#define TOPK_MAX_MERGE 16384 /* keys the merge block sorts at most (128 KB of shared memory) */
+int64_t topk_scratch_keys(int32_t V, int32_t m);
+cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
+                        const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
+                        int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
+                        cudaStream_t s);
 
 #endif

@@ -97,6 +97,14 @@ struct cuda_session {
     int32_t *d_step;          /* greedy loop: steps done */
     int32_t *d_out;           /* greedy loop: ids [n_ctx] */
     int32_t *h_stage;         /* pinned: [0] id, [1] pos, [2] step */
+    bool unsynced;            /* a run returned without waiting (h_stage may be in flight) */
+    const float *last_row;    /* device: the last position's logits of the latest run */
+    /* sampling support (made on first use): cuda_session_top's scratch keys, its device and
+     * pinned result blocks ([m ids][m vals][gather ids][gather vals], 32-bit words), and a
+     * pinned logits row for cuda_session_logits */
+    unsigned long long *d_topk;
+    int32_t *d_top, *h_top;
+    float *h_row;
     struct gemm_ctx gemm;
     bool gemm_ready;
     int32_t n_sm;             /* multiprocessors of the device */
@@ -943,6 +951,10 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->d_step);
     cudaFree(cs->d_out);
     cudaFreeHost(cs->h_stage);
+    cudaFree(cs->d_topk);
+    cudaFree(cs->d_top);
+    cudaFreeHost(cs->h_top);
+    cudaFreeHost(cs->h_row);
     cudaFree(cs->state);
     cudaFree(cs->att_part);
     cudaFree(cs->rope_freq);
@@ -1270,6 +1282,9 @@ static qwenrt_status stage_inputs(struct cuda_session *cs, const int32_t *ids, i
                                   int32_t pos0, struct qwenrt_error *err)
 {
     if (T == 1) {
+        if (cs->unsynced) /* the last run's copies from h_stage may not have happened yet */
+            CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        cs->unsynced = false;
         cs->h_stage[0] = ids[0];
         cs->h_stage[1] = pos0;
         CUDA_CHECK(cudaMemcpyAsync(cs->d_ids, &cs->h_stage[0], 4, cudaMemcpyHostToDevice, cs->stream));
@@ -1479,10 +1494,136 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
     } else if ((st = run_plan_ops(&r, dump, dump_user, err))) {
         return st;
     }
+    cs->last_row = b[p->buf_logits] + (size_t)(rows - 1) * cs->n_vocab;
+    if (!logits && !all_logits) { /* the row stays on the device (cuda_session_top) */
+        cs->unsynced = true;
+        return QWENRT_OK;
+    }
+    if (!logits)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: all_logits without a logits buffer");
     CUDA_CHECK(cudaMemcpyAsync(logits, b[p->buf_logits], (size_t)rows * cs->n_vocab * sizeof(float),
                                cudaMemcpyDeviceToHost, cs->stream));
     CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     return QWENRT_OK;
+}
+
+/* ------------------------------------------------------------------ reading the logits */
+
+extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qwenrt_error *err)
+{
+    if (!cs->last_row)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    if (!cs->h_row)
+        CUDA_CHECK(cudaMallocHost(&cs->h_row, (size_t)cs->n_vocab * sizeof(float)));
+    CUDA_CHECK(cudaMemcpyAsync(cs->h_row, cs->last_row, (size_t)cs->n_vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    cs->unsynced = false;
+    memcpy(dst, cs->h_row, (size_t)cs->n_vocab * sizeof(float));
+    return QWENRT_OK;
+}
+
+/* The arguments of a top-m selection over V logits, checked. */
+static qwenrt_status top_args(int32_t V, float temperature, int32_t m, const int32_t *gather,
+                              int32_t n_gather, struct qwenrt_error *err)
+{
+    if (!(temperature > 0.0f) || m < 1 || n_gather < 0 || (n_gather && !gather))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: temperature %g, m %d, %d gathered ids",
+                       (double)temperature, m, n_gather);
+    if (topk_scratch_keys(V, m) < 0 || n_gather > CUDA_TOP_MAX_GATHER)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                       "cuda top: %d of %d logits with %d gathered (at most %d and %d)", m, V, n_gather,
+                       CUDA_TOP_MAX_M, CUDA_TOP_MAX_GATHER);
+    for (int32_t i = 0; i < n_gather; i++)
+        if (gather[i] < 0 || gather[i] >= V)
+            return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: gathered id %d outside the vocabulary of %d",
+                           gather[i], V);
+    return QWENRT_OK;
+}
+
+/* Words of the result block: [m ids][m vals][gather ids][gather vals]. */
+#define TOP_WORDS (2 * CUDA_TOP_MAX_M + 2 * CUDA_TOP_MAX_GATHER)
+
+/* launch_topk over a device row with the result block's layout; d_top / h_top (pinned) hold
+ * TOP_WORDS words, scratch the keys. */
+static qwenrt_status top_run(const float *row, int32_t V, float temperature, int32_t m,
+                             const int32_t *gather, int32_t n_gather, bool reference,
+                             unsigned long long *scratch, int32_t *d_top, int32_t *h_top,
+                             cudaStream_t s, int32_t *ids, float *vals, float *gather_vals,
+                             struct qwenrt_error *err)
+{
+    int32_t *d_gather = d_top + 2 * CUDA_TOP_MAX_M, *h_gather = h_top + 2 * CUDA_TOP_MAX_M;
+    if (n_gather) {
+        memcpy(h_gather, gather, (size_t)n_gather * sizeof(int32_t));
+        CUDA_CHECK(cudaMemcpyAsync(d_gather, h_gather, (size_t)n_gather * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, s));
+    }
+    float *d_gvals = (float *)(d_gather + CUDA_TOP_MAX_GATHER);
+    CUDA_CHECK(launch_topk(row, V, temperature, m, d_gather, n_gather, scratch, d_top,
+                           (float *)(d_top + CUDA_TOP_MAX_M), d_gvals, reference, s));
+    CUDA_CHECK(cudaMemcpyAsync(h_top, d_top, 2 * CUDA_TOP_MAX_M * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    if (n_gather)
+        CUDA_CHECK(cudaMemcpyAsync(h_gather + CUDA_TOP_MAX_GATHER, d_gvals, (size_t)n_gather * sizeof(float),
+                                   cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    memcpy(ids, h_top, (size_t)m * sizeof(int32_t));
+    memcpy(vals, h_top + CUDA_TOP_MAX_M, (size_t)m * sizeof(float));
+    if (n_gather)
+        memcpy(gather_vals, h_gather + CUDA_TOP_MAX_GATHER, (size_t)n_gather * sizeof(float));
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
+                                          const int32_t *gather, int32_t n_gather, int32_t *ids,
+                                          float *vals, float *gather_vals, struct qwenrt_error *err)
+{
+    if (!cs->last_row)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    qwenrt_status st = top_args(cs->n_vocab, temperature, m, gather, n_gather, err);
+    if (st)
+        return st;
+    if (!cs->d_top) {
+        CUDA_CHECK(cudaMalloc(&cs->d_topk, TOPK_MAX_MERGE * sizeof(unsigned long long)));
+        CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
+        CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
+    }
+    st = top_run(cs->last_row, cs->n_vocab, temperature, m, gather, n_gather, false, cs->d_topk, cs->d_top,
+                 cs->h_top, cs->stream, ids, vals, gather_vals, err);
+    if (!st)
+        cs->unsynced = false;
+    return st;
+}
+
+extern "C" qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
+                                        const int32_t *gather, int32_t n_gather, bool reference,
+                                        int32_t *ids, float *vals, float *gather_vals,
+                                        struct qwenrt_error *err)
+{
+    qwenrt_status st = top_args(V, temperature, m, gather, n_gather, err);
+    if (st)
+        return st;
+    float *row = NULL;
+    unsigned long long *keys = NULL;
+    int32_t *d_top = NULL, *h_top = NULL;
+    cudaError_t e = cudaMalloc(&row, (size_t)V * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&keys, TOPK_MAX_MERGE * sizeof(unsigned long long));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_top, TOP_WORDS * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&h_top, TOP_WORDS * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMemcpy(row, logits, (size_t)V * sizeof(float), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "cuda_topk_host setup");
+    else
+        st = top_run(row, V, temperature, m, gather, n_gather, reference, keys, d_top, h_top, 0, ids, vals,
+                     gather_vals, err);
+    cudaFree(row);
+    cudaFree(keys);
+    cudaFree(d_top);
+    cudaFreeHost(h_top);
+    return st;
 }
 
 extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t pos0,
@@ -1524,6 +1665,7 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
             done = i + 1;
         }
     }
+    cs->last_row = cs->dbufs[p->buf_logits];
     if (last_logits) {
         CUDA_CHECK(cudaMemcpyAsync(last_logits, cs->dbufs[p->buf_logits],
                                    (size_t)cs->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,

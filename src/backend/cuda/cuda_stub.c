@@ -62,6 +62,30 @@ qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t *ids, int3
     return not_built(err);
 }
 
+qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qwenrt_error *err)
+{
+    (void)cs, (void)dst;
+    return not_built(err);
+}
+
+qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
+                               const int32_t *gather, int32_t n_gather, int32_t *ids, float *vals,
+                               float *gather_vals, struct qwenrt_error *err)
+{
+    (void)cs, (void)temperature, (void)m, (void)gather, (void)n_gather, (void)ids, (void)vals,
+        (void)gather_vals;
+    return not_built(err);
+}
+
+qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
+                             const int32_t *gather, int32_t n_gather, bool reference, int32_t *ids,
+                             float *vals, float *gather_vals, struct qwenrt_error *err)
+{
+    (void)logits, (void)V, (void)temperature, (void)m, (void)gather, (void)n_gather, (void)reference,
+        (void)ids, (void)vals, (void)gather_vals;
+    return not_built(err);
+}
+
 qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t pos0,
                                     int32_t n, int32_t readback_every, int32_t *out_ids,
                                     float *last_logits, struct qwenrt_error *err)
