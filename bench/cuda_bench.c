@@ -6,6 +6,7 @@
  *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only]
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
+ *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
  *
  * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
  *    attention) and 4 greedy steps through the CPU backend (reference DeltaNet, f32-activation
@@ -348,7 +349,7 @@ static void gemv_table(const struct model_hparams *hp)
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
-    int n_prompt = 512, n_gen = 128, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0;
+    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
@@ -357,6 +358,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--n-prompt") && i + 1 < argc) n_prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--n-gen") && i + 1 < argc) n_gen = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]); /* decode after a prompt of this many tokens */
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
         else if (!strcmp(argv[i], "--no-merge")) no_merge = 1; /* prefill products one by one */
@@ -365,7 +367,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -426,7 +428,7 @@ int main(int argc, char **argv)
                 verr, argmax_ok ? "same" : "differs", verr_fast, fast_argmax_ok ? "ok" : "differs");
         return 1;
     }
-    int32_t V = m->hp.n_vocab, n_ctx = n_prompt + n_gen + 8;
+    int32_t V = m->hp.n_vocab, n_ctx = (n_prompt > depth ? n_prompt : depth) + n_gen + 8;
     int32_t *ids = malloc((size_t)n_ctx * 4), *out = malloc((size_t)n_ctx * 4);
     float *logits = malloc((size_t)V * 4);
     for (int32_t i = 0; i < n_ctx; i++)
@@ -512,8 +514,12 @@ int main(int argc, char **argv)
         }
         for (int r = -1; r < reps; r++) {
             cuda_session_reset(cs, &err);
+            if (depth > 0 && cuda_session_run(cs, ids, depth, 0, false, logits, NULL, NULL, &err)) {
+                fprintf(stderr, "prefill of the depth: %s\n", err.message);
+                return 1;
+            }
             double t0 = time_now_s();
-            if (cuda_session_generate(cs, ids[0], 0, n_gen, 32, out, logits, &err)) {
+            if (cuda_session_generate(cs, ids[depth], depth, n_gen, 32, out, logits, &err)) {
                 fprintf(stderr, "generate: %s\n", err.message);
                 return 1;
             }
@@ -553,8 +559,8 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | default, gdn_chunked on | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[8].tok_s, pv[1].tok_s, pv[6].tok_s,
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
-    printf("\n| decode tg%d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
+    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl |\n|---|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json && !decode_only && !prefill_only) {
@@ -566,7 +572,7 @@ int main(int argc, char **argv)
             fprintf(f, "\",\n  \"device\": \"%s\",\n", dev);
             fprintf(f, "  \"logits_hash_pp\": \"%016llx\",\n  \"logits_hash_tg\": \"%016llx\",\n",
                     (unsigned long long)pp_hash, (unsigned long long)tg_hash);
-            fprintf(f, "  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", n_gen, n_prompt, reps);
+            fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
             fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f},\n",

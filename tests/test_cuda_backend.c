@@ -418,6 +418,11 @@ static void test_op_attention(void **state)
         if (tiled >= 2) /* the flash kernel's second launch (> 8 query tiles), reused counters */
             attention_case(128, 8, 2, 128, false, 700, 1, tiled);
     }
+    /* decode steps deep in the context (four query heads on one KV head at depth 2200: every
+     * split in use and merged), one query head per KV head with the output gate, a group of 8 */
+    attention_case(64, 4, 1, 64, false, 2200, 2, 1);
+    attention_case(128, 4, 4, 128, true, 150, 3, 1);
+    attention_case(128, 16, 2, 128, false, 90, 3, 1);
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
