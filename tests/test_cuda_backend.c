@@ -839,6 +839,9 @@ static void check_batch_cuda(const char *dir, int32_t n)
         assert_int_equal(qwenrt_session_prefill(rs[i], prompt, 3 + i, NULL, &err), QWENRT_OK);
     }
     double worst = 0;
+    struct qwenrt_sampler *greedy = NULL;
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    assert_int_equal(qwenrt_sampler_init(&gp, V, &greedy, &err), QWENRT_OK);
     for (int step = 0; step < 4; step++) {
         int32_t ids[9];
         for (int32_t i = 0; i < n; i++)
@@ -847,12 +850,17 @@ static void check_batch_cuda(const char *dir, int32_t n)
             fail_msg("%s: batch decode: %s", dir, err.message);
         for (int32_t i = 0; i < n; i++) {
             assert_int_equal(qwenrt_session_decode(rs[i], ids[i], &err), QWENRT_OK);
+            /* the batch left each row on the GPU: sampling reads its best token there */
+            int32_t picked = -1;
+            assert_int_equal(qwenrt_session_sample(bs[i], greedy, &picked, &err), QWENRT_OK);
             const float *a = qwenrt_session_logits(bs[i]), *b = qwenrt_session_logits(rs[i]);
+            assert_int_equal(picked, qwenrt_argmax(a, V));
             double e = rel_err(a, b, (size_t)V);
             worst = e > worst ? e : worst;
             assert_int_equal(qwenrt_argmax(a, V), qwenrt_argmax(b, V));
         }
     }
+    qwenrt_sampler_free(greedy);
     printf("%s: batch of %d on CUDA vs alone: worst logits rel err %.3g\n", dir, n, worst);
     if (!(worst <= 1e-4))
         fail_msg("%s: batched CUDA decode differs by %.3g", dir, worst);

@@ -10,8 +10,10 @@
  * gdn_core) run once per session on its row, with that session's position, KV cache, DeltaNet
  * state and bound kernel. The result is each session's decode of its token, as
  * qwenrt_session_decode gives (up to float rounding of the multi-row matmuls).
- * CUDA sessions go to cuda_batch_decode, which splits the plan the same way on the GPU; a mix
- * of CPU and CUDA sessions is refused (UNSUPPORTED).
+ * CUDA sessions go to cuda_batch_decode, which splits the plan the same way on the GPU and
+ * leaves each session's logits row on the device (qwenrt_session_sample reads its best tokens
+ * there; qwenrt_session_logits copies the row when asked); a mix of CPU and CUDA sessions is
+ * refused (UNSUPPORTED).
  */
 #include <string.h>
 
@@ -140,10 +142,12 @@ static qwenrt_status batch_decode_cuda(struct qwenrt_batch *b, struct qwenrt_ses
         st = err_set(err, QWENRT_ERR_NOMEM, "batch decode: out of memory");
     for (int32_t r = 0; r < n && !st; r++)
         css[r] = s[r]->cuda, pos[r] = s[r]->n_past;
-    if (!st)
-        st = cuda_batch_decode(css, ids, pos, n, b->bufs[b->model->plans[PHASE_DECODE].buf_logits], err);
-    if (!st)
-        finish_step(b, s, n);
+    if (!st) /* the logits stay on the GPU, one row per session (qwenrt_session_sample) */
+        st = cuda_batch_decode(css, ids, pos, n, NULL, err);
+    for (int32_t r = 0; r < n && !st; r++) {
+        s[r]->n_past++;
+        s[r]->has_logits = s[r]->logits_on_device = true;
+    }
     xfree(css);
     xfree(pos);
     return st;

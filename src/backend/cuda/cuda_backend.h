@@ -154,8 +154,9 @@ qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t
 /* One decode step for n sessions of one model together: session r decodes ids[r] at position
  * pos[r]. Ops that treat tokens independently (norms, matmuls: each weight read once for all
  * n rows) run once on css[0]'s weights and stream; attention, RoPE and the DeltaNet steps run
- * per session on its own state. logits: [n][n_vocab]. The sessions must be idle (no other
- * call in flight). Errors: INVALID_ARG (another model's session), LIMIT (position), BACKEND. */
+ * per session on its own state. logits: [n][n_vocab] on the host, or NULL: each session keeps
+ * its row on the device (cuda_session_top / cuda_session_logits). Waits for the GPU.
+ * Errors: INVALID_ARG (another model's session), LIMIT (position), BACKEND. */
 qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err);

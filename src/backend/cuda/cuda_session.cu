@@ -1705,8 +1705,13 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             return st;
         c0->cap_batch = n;
     }
-    /* every session's state is used on c0's stream: they must be idle (each call of theirs
-     * synchronises before returning) */
+    /* every session's state is used on c0's stream: they must be idle (a run that returned
+     * without waiting may still be in flight on its own stream) */
+    for (int32_t r = 0; r < n; r++)
+        if (css[r]->unsynced) {
+            CUDA_CHECK(cudaStreamSynchronize(css[r]->stream));
+            css[r]->unsynced = false;
+        }
     CUDA_CHECK(cudaStreamSynchronize(c0->stream));
     for (int32_t r = 0; r < n; r++) {
         css[r]->h_stage[1] = pos[r];
@@ -1731,8 +1736,17 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
                 return st;
         }
     }
-    CUDA_CHECK(cudaMemcpyAsync(logits, c0->bbufs[p->buf_logits], (size_t)n * c0->n_vocab * sizeof(float),
-                               cudaMemcpyDeviceToHost, c0->stream));
+    size_t row = (size_t)c0->n_vocab * sizeof(float);
+    if (logits) {
+        CUDA_CHECK(cudaMemcpyAsync(logits, c0->bbufs[p->buf_logits], n * row, cudaMemcpyDeviceToHost, c0->stream));
+    } else { /* each session's row into its own decode logits, for cuda_session_top / _logits */
+        for (int32_t r = 0; r < n; r++) {
+            float *dst = css[r]->dbufs[p->buf_logits];
+            CUDA_CHECK(cudaMemcpyAsync(dst, c0->bbufs[p->buf_logits] + (size_t)r * c0->n_vocab, row,
+                                       cudaMemcpyDeviceToDevice, c0->stream));
+            css[r]->last_row = dst;
+        }
+    }
     CUDA_CHECK(cudaStreamSynchronize(c0->stream));
     return QWENRT_OK;
 }
