@@ -774,6 +774,17 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
         cuda_session_generate(b, id, 20, 12, 5, gb, NULL, &err))
         fail_msg("%s generate: %s", arch, err.message);
     assert_memory_equal(ga, gb, sizeof(ga));
+    /* greedy sampling after a megakernel step takes the argmax its LM head phase found: the
+     * same token and logit as the top-m kernels and as the whole row */
+    int32_t top1[1], top2[2];
+    float v1[1], v2[2];
+    if (cuda_session_run(a, &ga[11], 1, 32, false, NULL, NULL, NULL, &err) ||
+        cuda_session_top(a, 1.0f, 1, NULL, 0, top1, v1, NULL, &err) ||
+        cuda_session_top(a, 1.0f, 2, NULL, 0, top2, v2, NULL, &err) || cuda_session_logits(a, la, &err))
+        fail_msg("%s top: %s", arch, err.message);
+    assert_int_equal(top1[0], top2[0]);
+    assert_int_equal(top1[0], argmax_f(la, V));
+    assert_true(v1[0] == v2[0] && v1[0] == la[top1[0]]);
     free(la);
     free(lb);
     cuda_session_free(a);

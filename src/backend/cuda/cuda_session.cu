@@ -99,6 +99,9 @@ struct cuda_session {
     int32_t *h_stage;         /* pinned: [0] id, [1] pos, [2] step */
     bool unsynced;            /* a run returned without waiting (h_stage may be in flight) */
     const float *last_row;    /* device: the last position's logits of the latest run */
+    int32_t *d_mk_top;        /* [2] the megakernel's argmax of the latest single decode step
+                               * (id, the logit's bits) */
+    bool mk_top_ready;        /* d_mk_top belongs to last_row */
     /* sampling support (made on first use): cuda_session_top's scratch keys, its device and
      * pinned result blocks ([m ids][m vals][gather ids][gather vals], 32-bit words), and a
      * pinned logits row for cuda_session_logits */
@@ -950,6 +953,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->d_pos);
     cudaFree(cs->d_step);
     cudaFree(cs->d_out);
+    cudaFree(cs->d_mk_top);
     cudaFreeHost(cs->h_stage);
     cudaFree(cs->d_topk);
     cudaFree(cs->d_top);
@@ -1242,6 +1246,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
         return st;
     CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_out, (size_t)cs->n_ctx * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&cs->d_mk_top, 2 * sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_pos, sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_step, sizeof(int32_t)));
     CUDA_CHECK(cudaMallocHost(&cs->h_stage, 4 * sizeof(int32_t)));
@@ -1480,10 +1485,12 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
                         ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL};
+    cs->mk_top_ready = false;
     if (ph == PHASE_DECODE && !dump) {
-        if (cs->mk) {
-            if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, NULL, NULL, 1, false, NULL, err)))
+        if (cs->mk) { /* the step's argmax comes along (cuda_session_top's greedy shortcut) */
+            if ((st = mk_run(cs->mk, cs->stream, cs->d_ids, cs->d_pos, cs->d_mk_top, NULL, 1, false, NULL, err)))
                 return st;
+            cs->mk_top_ready = true;
         } else if (cs->opt.graph) {
             if (!cs->g_decode && (st = capture(cs, false, &cs->g_decode, err)))
                 return st;
@@ -1587,6 +1594,16 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
         CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
         CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
     }
+    if (m == 1 && n_gather == 0 && temperature == 1.0f && cs->mk_top_ready) {
+        /* greedy after a megakernel step: its LM head phase already found the argmax in the
+         * same order (largest logit, lowest id, NaN never) */
+        CUDA_CHECK(cudaMemcpyAsync(cs->h_top, cs->d_mk_top, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, cs->stream));
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        cs->unsynced = false;
+        ids[0] = cs->h_top[0];
+        memcpy(vals, &cs->h_top[1], sizeof(float));
+        return QWENRT_OK;
+    }
     st = top_run(cs->last_row, cs->n_vocab, temperature, m, gather, n_gather, false, cs->d_topk, cs->d_top,
                  cs->h_top, cs->stream, ids, vals, gather_vals, err);
     if (!st)
@@ -1666,6 +1683,7 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
         }
     }
     cs->last_row = cs->dbufs[p->buf_logits];
+    cs->mk_top_ready = false;
     if (last_logits) {
         CUDA_CHECK(cudaMemcpyAsync(last_logits, cs->dbufs[p->buf_logits],
                                    (size_t)cs->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
@@ -1745,6 +1763,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             CUDA_CHECK(cudaMemcpyAsync(dst, c0->bbufs[p->buf_logits] + (size_t)r * c0->n_vocab, row,
                                        cudaMemcpyDeviceToDevice, c0->stream));
             css[r]->last_row = dst;
+            css[r]->mk_top_ready = false;
         }
     }
     CUDA_CHECK(cudaStreamSynchronize(c0->stream));

@@ -1342,6 +1342,11 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
         }
         unsigned long long key = __ldcg(&prm.sync->key[parity]);
         id = key ? (int32_t)(0xffffffffu - (unsigned)(key & 0xffffffffull)) : 0;
+        if (!prm.gen && prm.out_ids && blockIdx.x == 0 && threadIdx.x == 0) {
+            unsigned hi = (unsigned)(key >> 32); /* the orderable bits back to the float's */
+            prm.out_ids[0] = id;
+            prm.out_ids[1] = (int32_t)((hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi);
+        }
         if (prm.gen && blockIdx.x == 0 && threadIdx.x == 0) {
             prm.ids[0] = id;
             prm.out_ids[*prm.step] = id;

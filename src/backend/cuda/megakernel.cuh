@@ -42,7 +42,9 @@ void mk_free(struct mk_program *mk);
 
 /* Runs n_tok decode steps from the token ids[0] at position *pos. gen: after each step the
  * argmax becomes the next token (ids[0], out_ids[(*step)++], (*pos)++), as argmax_kernel does;
- * otherwise n_tok must be 1 and only the logits buffer is written. */
+ * otherwise n_tok must be 1 and the logits buffer is written, and out_ids (when not NULL)
+ * gets the argmax (lowest id among equal maxima, NaN never) and its logit's bits:
+ * out_ids[0] = id, out_ids[1] = the float's bits. */
 qwenrt_status mk_run(struct mk_program *mk, cudaStream_t s, int32_t *ids, int32_t *pos,
                      int32_t *out_ids, int32_t *step, int32_t n_tok, bool gen,
                      unsigned long long *times, struct qwenrt_error *err);

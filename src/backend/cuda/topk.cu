@@ -144,6 +144,14 @@ cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32
     size_t smem = (size_t)n_pow2 * sizeof(unsigned long long);
     cudaError_t e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)(TOPK_MAX_MERGE * sizeof(unsigned long long)));
+    /* the largest shared-memory carveout, as the decode megakernel needs: a multiprocessor
+     * switching carveouts between kernels has to drain first */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_slices_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess)
         return e;
     topk_slices_kernel<<<nb, TOPK_SLICE_THREADS, 0, s>>>(logits, V, temperature, m, scratch);
