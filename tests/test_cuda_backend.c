@@ -1003,33 +1003,6 @@ static void test_prefill_split_cuda(void **st)
     }
 }
 
-/* The m best of a host row by (logit / t, lower id first), as the sampler ranks them; a NaN
- * last. */
-struct ranked {
-    float key;
-    int32_t id;
-};
-
-static int cmp_rank(const void *a, const void *b)
-{
-    const struct ranked *x = a, *y = b;
-    if (x->key != y->key)
-        return x->key < y->key ? 1 : -1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-static void host_best(const float *l, int32_t V, float t, int32_t m, int32_t *ids)
-{
-    struct ranked *r = malloc((size_t)V * sizeof(*r));
-    assert_non_null(r);
-    for (int32_t i = 0; i < V; i++)
-        r[i].key = l[i] != l[i] ? -INFINITY : l[i] / t, r[i].id = i;
-    qsort(r, (size_t)V, sizeof(*r), cmp_rank);
-    for (int32_t i = 0; i < m; i++)
-        ids[i] = r[i].id;
-    free(r);
-}
-
 /* The GPU's top-m selection (topk.cu) against its one-thread reference kernel and a host sort:
  * awkward vocabulary sizes around the 4096-logit slices, rows full of ties (multiples of 0.5),
  * temperatures that create ties by rounding, m from 1 to the limit, gathered ids; a NaN ranks
@@ -1064,7 +1037,7 @@ static void test_topk_select(void **st)
                     assert_int_equal(cuda_topk_host(l, V, ts[ti], m, gather, 5, false, ids, vals, gv, &err), QWENRT_OK);
                     assert_int_equal(cuda_topk_host(l, V, ts[ti], m, gather, 5, true, ref_ids, ref_vals, ref_gv, &err),
                                      QWENRT_OK);
-                    host_best(l, V, ts[ti], m, host_ids);
+                    test_best_tokens(l, V, ts[ti], m, host_ids);
                     for (int32_t i = 0; i < m; i++) {
                         if (ids[i] != host_ids[i] || ref_ids[i] != host_ids[i])
                             fail_msg("top-%d of %d (t %g, tied %d): rank %d is %d (reference kernel %d), host %d", m, V,

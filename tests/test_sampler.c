@@ -302,30 +302,12 @@ static void test_bad_params(void **st)
 
 #define NV 1037
 
-struct ranked {
-    float key;
-    int32_t id;
-};
-
-static int cmp_ranked(const void *a, const void *b)
-{
-    const struct ranked *x = a, *y = b;
-    if (x->key != y->key)
-        return x->key < y->key ? 1 : -1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
 /* The m best of l[0..NV) by (l / t, lower id first): ids and raw logits. */
 static void best_m(const float *l, float t, int32_t m, int32_t *ids, float *vals)
 {
-    struct ranked *r = malloc(NV * sizeof(*r));
-    assert_non_null(r);
-    for (int32_t i = 0; i < NV; i++)
-        r[i].key = l[i] / t, r[i].id = i;
-    qsort(r, NV, sizeof(*r), cmp_ranked);
+    test_best_tokens(l, NV, t, m, ids);
     for (int32_t i = 0; i < m; i++)
-        ids[i] = r[i].id, vals[i] = l[r[i].id];
-    free(r);
+        vals[i] = l[ids[i]];
 }
 
 /* Continuous logits in [-8, 8), or (tied) multiples of 0.25 in [0, 4): many exact ties. */

@@ -1,6 +1,7 @@
 /*
- * testutil.h — helpers shared by the C tests: cmocka includes, relative error, reading
- * reference tensors from a fixture's reference.safetensors, a fixture opened with its model.
+ * testutil.h — helpers shared by the C tests: cmocka includes, relative error, the sampler's
+ * token ranking, reading reference tensors from a fixture's reference.safetensors, a fixture
+ * opened with its model.
  */
 #ifndef QWENRT_TESTUTIL_H
 #define QWENRT_TESTUTIL_H
@@ -38,6 +39,34 @@ static inline int32_t argmax_f(const float *x, int32_t n)
         if (x[i] > x[best])
             best = i;
     return best;
+}
+
+/* The sampler's ranking (sampler.c, topk.cu): tokens by logit / t, larger first, then the
+ * lower id; NaN last. */
+struct test_ranked {
+    float key;
+    int32_t id;
+};
+
+static inline int test_ranked_cmp(const void *a, const void *b)
+{
+    const struct test_ranked *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* ids[0..m): the m best of logits l[0..V) in that order, by a plain sort (the reference). */
+static inline void test_best_tokens(const float *l, int32_t V, float t, int32_t m, int32_t *ids)
+{
+    struct test_ranked *r = malloc((size_t)V * sizeof(*r));
+    assert_non_null(r);
+    for (int32_t i = 0; i < V; i++)
+        r[i].key = l[i] != l[i] ? -INFINITY : l[i] / t, r[i].id = i;
+    qsort(r, (size_t)V, sizeof(*r), test_ranked_cmp);
+    for (int32_t i = 0; i < m; i++)
+        ids[i] = r[i].id;
+    free(r);
 }
 
 /* The tensor `name` of an open safetensors file; fails the test when absent. */
