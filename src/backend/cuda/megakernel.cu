@@ -13,7 +13,8 @@
  *
  * Weights: each block streams its share of every GEMV (a contiguous row range per matrix)
  * through a ring of MK_STAGES shared-memory stages with cp.async.bulk copies completed on
- * mbarriers. Each block computes its chunk schedule once (mk_schedule); the warp that releases
+ * mbarriers. Every block's chunk schedule is made once at build (mk_schedule_kernel) and
+ * copied to shared memory with the phases when a launch starts; the warp that releases
  * a stage last refills it with the chunk MK_STAGES ahead (no block barrier per chunk), so the
  * copies of the next phases are in flight while the block waits at a barrier or runs attention.
  *
@@ -129,6 +130,8 @@ struct mk_params {
     unsigned *cnt;         /* per-head arrival counters (zero between phases) */
     int32_t n_g;
     int32_t max_chunks;    /* schedule entries per block at most (shared memory reserved) */
+    const struct mk_chunk *sched;  /* [nb][max_chunks] each block's schedule (mk_schedule_kernel) */
+    const int32_t *gfirst;         /* [nb][n_g + 1] */
     int32_t stage_bytes;   /* bytes per ring stage (multiple of 128) */
     int32_t ph_in_smem;    /* the phases are copied to shared memory at start */
     int32_t scratch_floats; /* xs / attention / DeltaNet scratch after the ring */
@@ -145,6 +148,8 @@ struct mk_program {
     int32_t *kinds;           /* [n_ph] host copy of each phase's kind (profiles) */
     struct mk_phase *d_ph;
     struct mk_gdesc *d_gt;
+    struct mk_chunk *d_sched; /* [nb][max_chunks] every block's chunk schedule, made once */
+    int32_t *d_gfirst;        /* [nb][n_g + 1] */
     struct mk_sync *d_sync;
     float *d_part;
     unsigned *d_cnt;
@@ -506,6 +511,35 @@ __device__ void mk_schedule(const struct mk_gdesc *gt, int32_t n_g, struct mk_ch
         }
     }
     gfirst[n_g] = k;
+}
+
+/* Every block's schedule, once at build (grid = the megakernel's, one thread per block:
+ * mk_rows_of_block splits by blockIdx / gridDim exactly as the megakernel will). */
+__global__ void mk_schedule_kernel(const struct mk_gdesc *gt, int32_t n_g, struct mk_chunk *sched,
+                                   int32_t *gfirst, int32_t max_chunks)
+{
+    mk_schedule(gt, n_g, sched + (int64_t)blockIdx.x * max_chunks, gfirst + (int64_t)blockIdx.x * (n_g + 1));
+}
+
+/* n 32-bit words from global memory to shared memory by the whole block, eight loads in
+ * flight per thread (a copy loop with one load per store waits a round trip per word). */
+__device__ __forceinline__ void mk_copy_words(uint32_t *dst, const uint32_t *src, int32_t n)
+{
+    const int B = 8;
+    for (int32_t i0 = threadIdx.x; i0 < n; i0 += B * blockDim.x) {
+        uint32_t v[B];
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            int32_t i = i0 + u * blockDim.x;
+            v[u] = i < n ? __ldg(src + i) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            int32_t i = i0 + u * blockDim.x;
+            if (i < n)
+                dst[i] = v[u];
+        }
+    }
 }
 
 __device__ __forceinline__ uint32_t mk_smem_addr(const void *p)
@@ -1290,16 +1324,20 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
     const struct mk_phase *ph = prm.ph_in_smem ? phs : prm.ph;
     float *sm = prm.ph_in_smem ? (float *)(((uintptr_t)(phs + prm.n_ph) + 127) & ~(uintptr_t)127)
                                : (float *)phs;
-    for (int i = threadIdx.x; i < prm.n_g * (int)(sizeof(struct mk_gdesc) / 4); i += blockDim.x)
-        ((uint32_t *)gt)[i] = ((const uint32_t *)prm.gt)[i];
-    for (int i = threadIdx.x; prm.ph_in_smem && i < prm.n_ph * (int)(sizeof(struct mk_phase) / 4); i += blockDim.x)
-        ((uint32_t *)phs)[i] = ((const uint32_t *)prm.ph)[i];
+    /* the GEMV table, this block's schedule (made at build: mk_schedule_kernel) and the
+     * phases into shared memory */
+    mk_copy_words((uint32_t *)gt, (const uint32_t *)prm.gt, prm.n_g * (int)(sizeof(struct mk_gdesc) / 4));
+    mk_copy_words((uint32_t *)sched, (const uint32_t *)(prm.sched + (int64_t)blockIdx.x * prm.max_chunks),
+                  prm.max_chunks * (int)(sizeof(struct mk_chunk) / 4));
+    mk_copy_words((uint32_t *)gfirst, (const uint32_t *)(prm.gfirst + (int64_t)blockIdx.x * (prm.n_g + 1)),
+                  prm.n_g + 1);
+    if (prm.ph_in_smem)
+        mk_copy_words((uint32_t *)phs, (const uint32_t *)prm.ph, prm.n_ph * (int)(sizeof(struct mk_phase) / 4));
     __syncthreads();
     unsigned nb = gridDim.x;
     unsigned long long target = 0;
     if (threadIdx.x == 0) {
         target = mk_ld_acquire(&prm.sync->count) / nb * nb;
-        mk_schedule(gt, prm.n_g, sched, gfirst);
         for (int i = 0; i < MK_STAGES; i++) {
             mk_mbar_init(&bars[i]);
             freed[i] = 0;
@@ -1612,6 +1650,8 @@ void mk_free(struct mk_program *mk)
         return;
     cudaFree(mk->d_ph);
     cudaFree(mk->d_gt);
+    cudaFree(mk->d_sched);
+    cudaFree(mk->d_gfirst);
     cudaFree(mk->d_part);
     cudaFree(mk->d_freq);
     cudaFree(mk->d_cnt);
@@ -1761,6 +1801,19 @@ static qwenrt_status mk_configure(struct mk_program *mk, int32_t n_sm, struct qw
     return QWENRT_OK;
 }
 
+/* Every block's chunk schedule, made once on the device for the launch grid (mk->nb). */
+static qwenrt_status mk_make_schedules(struct mk_program *mk, struct qwenrt_error *err)
+{
+    size_t n_sched = (size_t)mk->nb * (size_t)(mk->max_chunks > 0 ? mk->max_chunks : 1);
+    CUDA_CHECK(cudaMalloc(&mk->d_sched, n_sched * sizeof(struct mk_chunk)));
+    CUDA_CHECK(cudaMemset(mk->d_sched, 0, n_sched * sizeof(struct mk_chunk)));
+    CUDA_CHECK(cudaMalloc(&mk->d_gfirst, (size_t)mk->nb * (size_t)(mk->n_g + 1) * sizeof(int32_t)));
+    mk_schedule_kernel<<<mk->nb, 1>>>(mk->d_gt, mk->n_g, mk->d_sched, mk->d_gfirst, mk->max_chunks);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return QWENRT_OK;
+}
+
 /* dst [cols][rows] = src [rows][cols] of 16-bit values, through 32 x 32 tiles. */
 __global__ void mk_transpose16_kernel(uint16_t *dst, const uint16_t *src, int32_t rows, int32_t cols)
 {
@@ -1839,6 +1892,8 @@ qwenrt_status mk_build(const struct mk_inputs *in, struct mk_program **out, stru
     xfree(gt);
     if (!st)
         st = in->threads == 256 ? mk_configure<256>(mk, in->n_sm, err) : mk_configure<512>(mk, in->n_sm, err);
+    if (!st)
+        st = mk_make_schedules(mk, err);
     xfree(b.ph);
     xfree(b.fused);
     if (st) {
@@ -1968,6 +2023,7 @@ qwenrt_status mk_run(struct mk_program *mk, cudaStream_t s, int32_t *ids, int32_
     prm.stage_bytes = mk->stage_bytes, prm.scratch_floats = mk->scratch_floats;
     prm.ph_in_smem = mk->ph_in_smem;
     prm.gt = mk->d_gt, prm.n_g = mk->n_g, prm.max_chunks = mk->max_chunks, prm.part = mk->d_part, prm.cnt = mk->d_cnt;
+    prm.sched = mk->d_sched, prm.gfirst = mk->d_gfirst;
     prm.ids = ids, prm.pos = pos, prm.out_ids = out_ids, prm.step = step;
     prm.n_tok = n_tok, prm.gen = gen, prm.times = times;
     void *args[] = {&prm};
