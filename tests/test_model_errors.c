@@ -187,7 +187,20 @@ static void test_bad_ids_and_context(void **st)
     assert_int_equal(qwenrt_session_prefill(s, ok, 0, NULL, &err), QWENRT_ERR_INVALID_ARG);
     assert_int_equal(qwenrt_session_n_past(s), 0); /* refused calls change nothing */
     assert_null(qwenrt_session_logits(s));
+    struct qwenrt_sampler *greedy = NULL;
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    assert_int_equal(qwenrt_sampler_init(&gp, 1024, &greedy, &err), QWENRT_OK);
+    int32_t id = -7;
+    assert_int_equal(qwenrt_session_sample(s, greedy, &id, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "no logits yet"));
+    assert_int_equal(qwenrt_session_sample(NULL, greedy, &id, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(qwenrt_session_sample(s, NULL, &id, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(qwenrt_session_sample(s, greedy, NULL, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(id, -7);
     assert_int_equal(qwenrt_session_prefill(s, ok, 6, NULL, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_sample(s, greedy, &id, &err), QWENRT_OK);
+    assert_int_equal(id, qwenrt_argmax(qwenrt_session_logits(s), 1024));
+    qwenrt_sampler_free(greedy);
     assert_int_equal(qwenrt_session_prefill(s, ok, 3, NULL, &err), QWENRT_ERR_LIMIT);
     assert_non_null(strstr(err.message, "context full"));
     assert_int_equal(qwenrt_session_n_past(s), 6);
