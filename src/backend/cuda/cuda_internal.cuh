@@ -329,6 +329,9 @@ cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0
 #define TOPK_MAX_M CUDA_TOP_MAX_M
 #define TOPK_MAX_MERGE 16384 /* keys the merge block sorts at most (128 KB of shared memory) */
 int64_t topk_scratch_keys(int32_t V, int32_t m);
+/* The kernels' attributes (shared memory size and carveout): once before the first launch_topk
+ * (a cudaFuncSetAttribute per token cost driver time on every one). */
+cudaError_t topk_prepare(void);
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,

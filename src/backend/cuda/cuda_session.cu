@@ -1590,6 +1590,7 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
     if (st)
         return st;
     if (!cs->d_top) {
+        CUDA_CHECK(topk_prepare());
         CUDA_CHECK(cudaMalloc(&cs->d_topk, TOPK_MAX_MERGE * sizeof(unsigned long long)));
         CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
         CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
@@ -1622,7 +1623,9 @@ extern "C" qwenrt_status cuda_topk_host(const float *logits, int32_t V, float te
     float *row = NULL;
     unsigned long long *keys = NULL;
     int32_t *d_top = NULL, *h_top = NULL;
-    cudaError_t e = cudaMalloc(&row, (size_t)V * sizeof(float));
+    cudaError_t e = topk_prepare();
+    if (e == cudaSuccess)
+        e = cudaMalloc(&row, (size_t)V * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMalloc(&keys, TOPK_MAX_MERGE * sizeof(unsigned long long));
     if (e == cudaSuccess)

@@ -130,6 +130,21 @@ int64_t topk_scratch_keys(int32_t V, int32_t m)
     return V < 1 || m < 1 || m > TOPK_MAX_M || m > V || n > TOPK_MAX_MERGE ? -1 : n;
 }
 
+cudaError_t topk_prepare(void)
+{
+    cudaError_t e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)(TOPK_MAX_MERGE * sizeof(unsigned long long)));
+    /* the largest shared-memory carveout, as the decode megakernel needs: a multiprocessor
+     * switching carveouts between kernels has to drain first */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_slices_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    return e;
+}
+
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
@@ -142,18 +157,6 @@ cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32
     }
     int32_t nb = topk_slices(V), n_keys = nb * m, n_pow2 = pow2_at_least(n_keys);
     size_t smem = (size_t)n_pow2 * sizeof(unsigned long long);
-    cudaError_t e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)(TOPK_MAX_MERGE * sizeof(unsigned long long)));
-    /* the largest shared-memory carveout, as the decode megakernel needs: a multiprocessor
-     * switching carveouts between kernels has to drain first */
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(topk_slices_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    if (e != cudaSuccess)
-        return e;
     topk_slices_kernel<<<nb, TOPK_SLICE_THREADS, 0, s>>>(logits, V, temperature, m, scratch);
     topk_merge_kernel<<<1, 1024, smem, s>>>(logits, scratch, n_keys, n_pow2, m, gather, n_gather, out_ids,
                                             out_vals, gather_vals);
