@@ -13,6 +13,9 @@
  * fusions; each has a switch in struct cuda_options) captured once in a CUDA graph and
  * replayed (the default for float weights). The token id and position
  * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps.
+ * A run may leave its logits row on the device: cuda_session_top then sends back only the
+ * best tokens the sampler needs (topk.cu; after a megakernel step greedy needs no launch at
+ * all), cuda_session_logits the whole row.
  * Prefill runs the plan op by op with tensor-core GEMMs (one bf16 product per matmul by
  * default, three for f32 accuracy with prefill_bf16 off; products of one input whose weights
  * lie back to back — q|k|v, gate|up — as one, gemm_merge) and a flash-attention kernel.
