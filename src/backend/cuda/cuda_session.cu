@@ -107,6 +107,7 @@ struct cuda_session {
      * pinned logits row for cuda_session_logits */
     unsigned long long *d_topk;
     int32_t *d_top, *h_top;
+    int32_t topk_keys;        /* keys the top-m merge sorts on this device (topk_prepare) */
     float *h_row;
     struct gemm_ctx gemm;
     bool gemm_ready;
@@ -1532,12 +1533,12 @@ extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst
 
 /* The arguments of a top-m selection over V logits, checked. */
 static qwenrt_status top_args(int32_t V, float temperature, int32_t m, const int32_t *gather,
-                              int32_t n_gather, struct qwenrt_error *err)
+                              int32_t n_gather, int32_t max_keys, struct qwenrt_error *err)
 {
     if (!(temperature > 0.0f) || m < 1 || n_gather < 0 || (n_gather && !gather))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: temperature %g, m %d, %d gathered ids",
                        (double)temperature, m, n_gather);
-    if (topk_scratch_keys(V, m) < 0 || n_gather > CUDA_TOP_MAX_GATHER)
+    if (topk_scratch_keys(V, m, max_keys) < 0 || n_gather > CUDA_TOP_MAX_GATHER)
         return err_set(err, QWENRT_ERR_UNSUPPORTED,
                        "cuda top: %d of %d logits with %d gathered (at most %d and %d)", m, V, n_gather,
                        CUDA_TOP_MAX_M, CUDA_TOP_MAX_GATHER);
@@ -1586,15 +1587,18 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
 {
     if (!cs->last_row)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
-    qwenrt_status st = top_args(cs->n_vocab, temperature, m, gather, n_gather, err);
+    if (!cs->d_top) { /* each piece once, even when an earlier try failed half way */
+        if (!cs->topk_keys)
+            CUDA_CHECK(topk_prepare(&cs->topk_keys));
+        if (!cs->d_topk)
+            CUDA_CHECK(cudaMalloc(&cs->d_topk, TOPK_MAX_MERGE * sizeof(unsigned long long)));
+        if (!cs->h_top)
+            CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
+        CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
+    }
+    qwenrt_status st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err);
     if (st)
         return st;
-    if (!cs->d_top) {
-        CUDA_CHECK(topk_prepare());
-        CUDA_CHECK(cudaMalloc(&cs->d_topk, TOPK_MAX_MERGE * sizeof(unsigned long long)));
-        CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
-        CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
-    }
     if (m == 1 && n_gather == 0 && temperature == 1.0f && cs->mk_top_ready) {
         /* greedy after a megakernel step: its LM head phase already found the argmax in the
          * same order (largest logit, lowest id, NaN never) */
@@ -1617,15 +1621,17 @@ extern "C" qwenrt_status cuda_topk_host(const float *logits, int32_t V, float te
                                         int32_t *ids, float *vals, float *gather_vals,
                                         struct qwenrt_error *err)
 {
-    qwenrt_status st = top_args(V, temperature, m, gather, n_gather, err);
+    int32_t max_keys = 0;
+    cudaError_t e = topk_prepare(&max_keys);
+    if (e != cudaSuccess)
+        return cuda_fail(err, e, __FILE__, __LINE__, "topk_prepare");
+    qwenrt_status st = top_args(V, temperature, m, gather, n_gather, max_keys, err);
     if (st)
         return st;
     float *row = NULL;
     unsigned long long *keys = NULL;
     int32_t *d_top = NULL, *h_top = NULL;
-    cudaError_t e = topk_prepare();
-    if (e == cudaSuccess)
-        e = cudaMalloc(&row, (size_t)V * sizeof(float));
+    e = cudaMalloc(&row, (size_t)V * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMalloc(&keys, TOPK_MAX_MERGE * sizeof(unsigned long long));
     if (e == cudaSuccess)

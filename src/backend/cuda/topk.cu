@@ -123,26 +123,37 @@ static int32_t pow2_at_least(int32_t n)
 }
 
 /* Keys of scratch that launch_topk needs for a row of V logits and m results, or -1 when the
- * merge would not fit one block's shared memory (nb x m > TOPK_MAX_MERGE keys). */
-int64_t topk_scratch_keys(int32_t V, int32_t m)
+ * merge would not fit one block's shared memory (nb x m > max_keys, topk_prepare's limit). */
+int64_t topk_scratch_keys(int32_t V, int32_t m, int32_t max_keys)
 {
     int64_t n = (int64_t)topk_slices(V) * m;
-    return V < 1 || m < 1 || m > TOPK_MAX_M || m > V || n > TOPK_MAX_MERGE ? -1 : n;
+    return V < 1 || m < 1 || m > TOPK_MAX_M || m > V || n > max_keys ? -1 : n;
 }
 
-cudaError_t topk_prepare(void)
+cudaError_t topk_prepare(int32_t *max_keys)
 {
-    cudaError_t e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)(TOPK_MAX_MERGE * sizeof(unsigned long long)));
-    /* the largest shared-memory carveout, as the decode megakernel needs: a multiprocessor
-     * switching carveouts between kernels has to drain first */
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(topk_slices_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    return e;
+        e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess)
+        return e;
+    /* the merge sorts a power of two of 8-byte keys: as many as this device's blocks hold */
+    int32_t keys = TOPK_MAX_MERGE;
+    while (keys > 64 && (size_t)keys * sizeof(unsigned long long) > (size_t)optin)
+        keys >>= 1;
+    e = cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(keys * sizeof(unsigned long long)));
+    if (e != cudaSuccess)
+        return e;
+    /* the largest shared-memory carveout, as the decode megakernel needs (a multiprocessor
+     * switching carveouts between kernels has to drain first); a hint, so a refusal is fine */
+    cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    cudaFuncSetAttribute(topk_slices_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    *max_keys = keys;
+    return cudaSuccess;
 }
 
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
