@@ -485,9 +485,24 @@ static cudaError_t flash_launch(const struct attn_gemm_args *a, float *part, uns
 /* Head sizes 64 and 128 (Q's fragments in registers) and 256 (Q read from shared memory). */
 static bool attention_flash_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 
+/* Whether a block on this device gets the kernel's shared memory: Hopper's 227 KB holds every
+ * head size, but head size 256's tiles (169 KB) do not fit an A100 (163 KB) or the ~99 KB of
+ * most other GPUs the PTX runs on; those prompts take the TF32 GEMMs instead. */
+static bool attention_flash_fits(int32_t hd)
+{
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return false;
+    size_t need = hd == 64 ? sizeof(fa_smem<64>) : hd == 128 ? sizeof(fa_smem<128>) : sizeof(fa_smem<256>);
+    return need <= (size_t)optin;
+}
+
 bool attention_flash_applies(const struct attn_gemm_args *a)
 {
     if (a->kin && (a->ldk % 4 || a->ldv % 4 || (uintptr_t)a->kin % 16 || (uintptr_t)a->vin % 16))
+        return false;
+    if (!attention_flash_supports(a->hd) || !attention_flash_fits(a->hd))
         return false;
     /* float4 loads and stores: every row and head offset on 16 bytes */
     return attention_flash_supports(a->hd) && a->ldq % 4 == 0 && a->q_stride % 4 == 0 &&
