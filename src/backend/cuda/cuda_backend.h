@@ -94,9 +94,10 @@ struct cuda_options cuda_default_options(void);
 /* true when this build has the CUDA backend. */
 bool cuda_backend_compiled(void);
 
-/* Checks that a CUDA device can be used: a driver, a device, and (need_bytes > 0) that much
- * free device memory. Errors: BACKEND with the reason (not compiled in, no driver, driver too
- * old, no device, too little memory). */
+/* Checks that a CUDA device can be used: a driver, a device of compute capability 8.0 or
+ * newer, and (need_bytes > 0) that much free device memory. Errors: BACKEND with the reason
+ * (not compiled in, no driver, driver too old, no device, device too old, too little
+ * memory). */
 qwenrt_status cuda_probe(int64_t need_bytes, struct qwenrt_error *err);
 
 /* Device name and memory, for records ("NVIDIA H200, 139 GiB, cc 9.0"); "" when none. */

@@ -175,6 +175,18 @@ extern "C" qwenrt_status cuda_probe(int64_t need_bytes, struct qwenrt_error *err
     if (e != cudaSuccess)
         return err_set(err, QWENRT_ERR_BACKEND, "cuda: cannot use the driver: %s",
                        cudaGetErrorString(e));
+    int dev = 0, major = 0, minor = 0;
+    e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess)
+        return err_set(err, QWENRT_ERR_BACKEND, "cuda: cannot query the device: %s", cudaGetErrorString(e));
+    if (major < 8) /* the code is sm_90a machine code plus compute_80 PTX (bf16 tensor cores) */
+        return err_set(err, QWENRT_ERR_BACKEND,
+                       "cuda: the GPU has compute capability %d.%d; qwenrt's kernels need 8.0 or newer", major,
+                       minor);
     if (need_bytes > 0) {
         size_t free_b = 0, total = 0;
         e = cudaMemGetInfo(&free_b, &total);
