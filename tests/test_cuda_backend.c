@@ -1090,8 +1090,14 @@ static void test_session_sample_cuda(void **st)
         assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
         assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sa, &err), QWENRT_OK);
         assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sb, &err), QWENRT_OK);
-        int32_t id = -1;
+        int32_t id = -1, top_id[1];
+        float top_val[1], *row = malloc((size_t)info.n_vocab * sizeof(float));
         assert_int_equal(qwenrt_session_sample(a, sa, &id, &err), QWENRT_ERR_INVALID_ARG); /* nothing run */
+        assert_int_equal(cuda_session_top(a->cuda, 1.0f, 1, NULL, 0, top_id, top_val, NULL, &err),
+                         QWENRT_ERR_INVALID_ARG);
+        assert_int_equal(cuda_session_logits(a->cuda, row, &err), QWENRT_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.message, "no logits yet"));
+        free(row);
         assert_int_equal(qwenrt_session_prefill(a, prompt, 5, NULL, &err), QWENRT_OK);
         assert_int_equal(qwenrt_session_prefill(b, prompt, 5, NULL, &err), QWENRT_OK);
         for (int i = 0; i < 5; i++)
