@@ -152,6 +152,7 @@ cudaError_t topk_prepare(int32_t *max_keys)
                          cudaSharedmemCarveoutMaxShared);
     cudaFuncSetAttribute(topk_slices_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
+    cudaGetLastError(); /* a refused hint must not surface as the next launch's error */
     *max_keys = keys;
     return cudaSuccess;
 }
