@@ -259,7 +259,9 @@ struct attn_args {
     float *part;
     unsigned *count;
 };
-#define ATT_MAX_SPLITS 16
+#ifndef ATT_MAX_SPLITS
+#define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
+#endif
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
 

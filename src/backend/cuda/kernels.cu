@@ -319,9 +319,16 @@ cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, c
  * The range is computed on the device from *pos0, so one captured graph serves every
  * position. */
 
+/* -D overrides for bench/cuda_variant.sh */
+#ifndef ATT_WARPS
 #define ATT_WARPS 8
+#endif
+#ifndef ATT_U
 #define ATT_U 4
+#endif
+#ifndef ATT_SPLIT_MIN
 #define ATT_SPLIT_MIN 64 /* positions per split at least (two rounds of 8 warps x 4 positions) */
+#endif
 
 /* Merges the n partial results of head h (the last block of the head runs it; part rows are
  * stride floats apart): out = the rescaled sum of the partial outputs over the rescaled sum
