@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
- *              [--graph-only]
+ *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -350,7 +350,8 @@ static void gemv_table(const struct model_hparams *hp)
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
-    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0, graph_only = 0;
+    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
+    const char *tg_variant = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
@@ -367,10 +368,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
-        else if (!strcmp(argv[i], "--graph-only")) graph_only = decode_only = 1; /* the graph's tg alone, no JSON */
+        else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--graph-only] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -496,7 +497,7 @@ int main(int argc, char **argv)
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
-        if ((decode_only && v != 0 && v != 3 && v != 7) || prefill_only || api_only || (graph_only && v != 3))
+        if ((decode_only && v != 0 && v != 3 && v != 7) || prefill_only || api_only || (tg_variant && strcmp(tg_variant, vs[v].name)))
             continue;
         o = cuda_default_options();
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
@@ -554,6 +555,9 @@ int main(int argc, char **argv)
 
     /* the default decode path: the megakernel (quantised) or the graph with L2 prefetch */
     double tg = default_mega ? vs[0].tok_s : vs[3].tok_s;
+    for (size_t v = 0; tg_variant && v < sizeof(vs) / sizeof(vs[0]); v++)
+        if (!strcmp(tg_variant, vs[v].name))
+            printf("tg-variant %s: %.1f tok/s\n", vs[v].name, vs[v].tok_s);
     printf("\n| model | weights | pp%d tok/s | tg%d tok/s (default: %s) | graph unfused | no graph | per-token API: whole row / sample greedy / sample t0.8 k40 | GB/s (tg) |\n",
            n_prompt, n_gen, default_mega ? "megakernel" : "graph");
     printf("|---|---|---:|---:|---:|---:|---:|---:|\n");

@@ -326,16 +326,19 @@ cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0
 
 /* topk.cu: the m best of V logits ranked by logit / temperature (ties: lower id first) into
  * out_ids / out_vals (raw logits), best first, and gather_vals[i] = logits[gather[i]];
- * scratch holds topk_scratch_keys(V, m, max_keys) keys (-1: m or V out of range, or more
- * keys than the merge block holds). reference: the one-thread reference kernel instead
- * (tests). */
+ * topk_scratch_keys(V, m, max_keys) says whether it fits (-1: m or V out of range, or more
+ * keys than the last block holds). scratch comes from topk_alloc_scratch (keys and an
+ * arrival counter that each launch leaves at zero); one launch at a time per scratch.
+ * reference: the one-thread reference kernel instead (tests). */
 #define TOPK_MAX_M CUDA_TOP_MAX_M
-#define TOPK_MAX_MERGE 16384 /* keys the merge block sorts at most (128 KB of shared memory) */
+#define TOPK_MAX_MERGE 16384 /* keys the last block selects from at most (128 KB of shared memory) */
+#define TOPK_SCRATCH_WORDS (TOPK_MAX_MERGE + 1)
 int64_t topk_scratch_keys(int32_t V, int32_t m, int32_t max_keys);
-/* The kernels' attributes (shared memory size and carveout), once before the first
- * launch_topk; *max_keys = the keys the merge can sort on this device (TOPK_MAX_MERGE on
- * Hopper, fewer where a block's shared memory is smaller). */
+/* The kernel's shared-memory size, once before the first launch_topk; *max_keys = the keys
+ * the last block holds on this device (TOPK_MAX_MERGE on Hopper, fewer where a block's
+ * shared memory is smaller). */
 cudaError_t topk_prepare(int32_t *max_keys);
+cudaError_t topk_alloc_scratch(unsigned long long **scratch);
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,

@@ -1607,7 +1607,7 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
         if (!cs->topk_keys)
             CUDA_CHECK(topk_prepare(&cs->topk_keys));
         if (!cs->d_topk)
-            CUDA_CHECK(cudaMalloc(&cs->d_topk, TOPK_MAX_MERGE * sizeof(unsigned long long)));
+            CUDA_CHECK(topk_alloc_scratch(&cs->d_topk));
         if (!cs->h_top)
             CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
         CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
@@ -1649,7 +1649,7 @@ extern "C" qwenrt_status cuda_topk_host(const float *logits, int32_t V, float te
     int32_t *d_top = NULL, *h_top = NULL;
     e = cudaMalloc(&row, (size_t)V * sizeof(float));
     if (e == cudaSuccess)
-        e = cudaMalloc(&keys, TOPK_MAX_MERGE * sizeof(unsigned long long));
+        e = topk_alloc_scratch(&keys);
     if (e == cudaSuccess)
         e = cudaMalloc(&d_top, TOP_WORDS * sizeof(int32_t));
     if (e == cudaSuccess)
