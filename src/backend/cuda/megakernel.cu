@@ -71,6 +71,9 @@ extern "C" {
 #endif
 #define MK_XPT 8 /* x values per thread staged with one batch of loads */
 #define MK_ATTN_SPLITS 32 /* attention / DeltaNet blocks per head at most */
+#ifndef MK_ATT_U
+#define MK_ATT_U 8 /* K/V positions whose loads a warp issues together in the attention phase (perf-log, session 10) */
+#endif
 #define MK_GDN_R 16 /* DeltaNet state rows a thread keeps in registers */
 #define MK_PROF_SLOTS 5 /* per phase: x staging, ring waits, barrier, refills, GEMV rows */
 
@@ -1012,6 +1015,31 @@ __device__ bool mk_last_arrival(unsigned *cnt, int parts, int *flag_smem)
     return last;
 }
 
+/* A lane's EPL floats of a K or V row: from the cache in L2 (ld.global.cg, 16- or 8-byte
+ * words: the row offset and lane * EPL keep them aligned) or from shared memory (the current
+ * position, whose cache write may not be visible yet). */
+template <int EPL>
+__device__ __forceinline__ void mk_load_lane(float *dst, const float *src, bool cached)
+{
+    if (!cached) {
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            dst[e] = src[e];
+    } else if (EPL % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < EPL; e += 4) {
+            float4 t = __ldcg((const float4 *)(src + e));
+            dst[e] = t.x, dst[e + 1] = t.y, dst[e + 2] = t.z, dst[e + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < EPL; e += 2) {
+            float2 t = __ldcg((const float2 *)(src + e));
+            dst[e] = t.x, dst[e + 1] = t.y;
+        }
+    }
+}
+
 /* Split-K attention (flash decoding): query head h, positions [lo, hi) of 0..pos; q/k norm +
  * RoPE (and the cache write by split 0 of the group's first head); the block's partial
  * (max, sum, unnormalised output) goes to part, and the last split of the head merges all
@@ -1020,7 +1048,8 @@ template <int EPL>
 __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int sp, int S, int32_t pos, float *sm,
                              float *red, float *part, unsigned *cnt)
 {
-    const int hd = 32 * EPL, W = blockDim.x >> 5, U = 4; /* positions in flight per warp */
+    /* positions in flight per warp: MK_ATT_U, half that for head size 256 (registers) */
+    const int hd = 32 * EPL, W = blockDim.x >> 5, U = EPL >= 8 ? MK_ATT_U / 2 : MK_ATT_U;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int grp = P.n_head / P.n_head_kv, g = h / grp;
     float *qs = sm, *ks = sm + hd, *vs = sm + 2 * hd, *accs = sm + 3 * hd;
@@ -1070,11 +1099,8 @@ __device__ __noinline__ void mk_attn_head(const struct mk_phase &P, int h, int s
             int p = p0 + u * W;
             const float *kp = p < pos ? kb + (int64_t)p * P.kvw : ks + lane * EPL;
             const float *vp = p < pos ? vb + (int64_t)p * P.kvw : vs + lane * EPL;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                kk[u][e] = p < pos ? __ldcg(kp + e) : kp[e];
-                vv[u][e] = p < pos ? __ldcg(vp + e) : vp[e];
-            }
+            mk_load_lane<EPL>(kk[u], kp, p < pos);
+            mk_load_lane<EPL>(vv[u], vp, p < pos);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
