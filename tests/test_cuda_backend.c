@@ -709,12 +709,10 @@ static void test_fixtures_decode_graph(void **st)
         check_fixture(fixtures[i], 3);
 }
 
-/* The megakernel against the graph program on synth models of quantised weights (the
- * fixtures are f32/bf16): every decode step's logits and 12 greedy ids. Geometry: qwen3-tiny
- * widened to 256 so that the K-quants apply (Q4_K_M mixes Q4_K and Q6_K), and qwen35-tiny in
- * Q8_0 and BF16. */
-static void check_mega_synth(const char *arch, enum export_type type, int32_t width, bool fuse_down,
-                             bool own_key_heads)
+/* A synth model of arch's tiny preset in type, widened to width (0: as is; 1024 with Qwen3:
+ * Qwen3-0.6B's head geometry), loaded from a GGUF at path (the caller removes it). */
+static struct qwenrt_model *load_synth(const char *arch, enum export_type type, int32_t width, bool own_key_heads,
+                                       char *path, size_t path_size)
 {
     struct qwenrt_error err = {0};
     struct model_hparams hp;
@@ -729,8 +727,7 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
         hp.head_dim = hp.n_rot = 128;
         hp.n_head = 2 * width / 128, hp.n_head_kv = width / 128;
     }
-    char path[256];
-    snprintf(path, sizeof(path), "/tmp/qwenrt-test-mega-%s-%d-%d.gguf", arch, (int)type, (int)getpid());
+    snprintf(path, path_size, "/tmp/qwenrt-test-synth-%s-%d-%d.gguf", arch, (int)type, (int)getpid());
     struct export_params ep = {.type = type, .name = arch, .tied = true};
     if (synth_write(path, &hp, 77, &ep, &err))
         fail_msg("synth %s: %s", arch, err.message);
@@ -739,6 +736,19 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
     mp.backend = "cpu";
     if (qwenrt_model_load(path, &mp, &m, &err))
         fail_msg("load %s: %s", path, err.message);
+    return m;
+}
+
+/* The megakernel against the graph program on synth models of quantised weights (the
+ * fixtures are f32/bf16): every decode step's logits and 12 greedy ids. Geometry: qwen3-tiny
+ * widened to 256 so that the K-quants apply (Q4_K_M mixes Q4_K and Q6_K), and qwen35-tiny in
+ * Q8_0 and BF16. */
+static void check_mega_synth(const char *arch, enum export_type type, int32_t width, bool fuse_down,
+                             bool own_key_heads)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, own_key_heads, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = CUDA_MEGA_ON, off.mega = CUDA_MEGA_OFF;
     on.mega_fuse_down = fuse_down;
@@ -791,6 +801,55 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
     cuda_session_free(b);
     qwenrt_model_free(m);
     remove(path);
+}
+
+/* The decode graph's attention with the q/k norm, RoPE and cache write inside it (attn_rope,
+ * the default) against the separate rope launch: the same arithmetic, so the logits must be
+ * bit for bit the same, from position 0 (one split) and after a 150-token prompt (three
+ * splits: the current position's K and V come from shared memory in the last one). Qwen3 at
+ * Qwen3-0.6B's head geometry (128) and Qwen3.5 (its output gate, partial RoPE). */
+static void check_attention_rope(const char *arch, int32_t width)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, EXPORT_BF16, width, false, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    off.attn_rope = false;
+    struct cuda_session *a = NULL, *b = NULL;
+    if (cuda_session_init(m->plans, 256, &on, &a, &err) || cuda_session_init(m->plans, 256, &off, &b, &err))
+        fail_msg("%s: %s", arch, err.message);
+    int32_t V = m->hp.n_vocab, prompt[150];
+    for (int32_t i = 0; i < 150; i++)
+        prompt[i] = (i * 37 + 11) % V;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    for (int32_t start = 0; start <= 150; start += 150) {
+        int32_t id = 7;
+        if (start && (cuda_session_run(a, prompt, start, 0, false, la, NULL, NULL, &err) ||
+                      cuda_session_run(b, prompt, start, 0, false, lb, NULL, NULL, &err)))
+            fail_msg("%s prompt: %s", arch, err.message);
+        for (int32_t t = start; t < start + 70; t++) {
+            if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+                cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+                fail_msg("%s step %d: %s", arch, t, err.message);
+            if (memcmp(la, lb, (size_t)V * 4))
+                fail_msg("%s position %d: attn_rope on / off differ (rel err %.3g)", arch, t, rel_err(la, lb, (size_t)V));
+            id = argmax_f(la, V);
+        }
+    }
+    free(la);
+    free(lb);
+    cuda_session_free(a);
+    cuda_session_free(b);
+    qwenrt_model_free(m);
+    remove(path);
+}
+
+static void test_attention_rope_fused(void **st)
+{
+    (void)st;
+    check_attention_rope("qwen3-tiny", 1024);
+    check_attention_rope("qwen35-tiny", 0);
 }
 
 /* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
@@ -1167,6 +1226,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_prefill_split_cuda),
         cmocka_unit_test(test_topk_select),
+        cmocka_unit_test(test_attention_rope_fused),
         cmocka_unit_test(test_session_sample_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -74,6 +74,8 @@ struct cuda_options {
                           * but the blocks' additions land in varying order, so the megakernel
                           * would no longer give the same logits bit for bit on every run. */
     bool attn_split;     /* decode attention split over the positions (flash decoding) */
+    bool attn_rope;      /* decode graph: q/k norm + RoPE + cache write inside the attention
+                          * kernel (one launch per layer fewer; same results bit for bit) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W

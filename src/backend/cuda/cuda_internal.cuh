@@ -258,6 +258,14 @@ struct attn_args {
     int32_t splits;
     float *part;
     unsigned *count;
+    /* rope (T == 1): q (at q, in place of the roped q) and k / v (rk, rv: this token's rows)
+     * normalised and rotated in the kernel, as launch_qk_norm_rope would, and k / v written to
+     * the cache at *pos0 (kc / vc are then written: the session's cache) */
+    bool rope;
+    const float *rk, *rv, *wq, *wk;
+    int32_t n_rot;
+    float theta, eps;
+    const double *inv_freq;
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */

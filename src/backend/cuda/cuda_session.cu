@@ -149,6 +149,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.mega_threads = 256;
     o.mega_fuse_down = false; /* +2.5% but the residual's additions in varying order (perf-log) */
     o.attn_split = true;
+    o.attn_rope = true;
     o.attn_flash = true;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -890,7 +891,6 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         ra.inv_freq = rope_table(cs, op);
         ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
         ra.pdl = r->pdl;
-        CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
         struct attn_args a;
         memset(&a, 0, sizeof(a));
         a.out = b[at->out], a.q = b[at->in], a.kc = cs->kc[at->layer], a.vc = cs->vc[at->layer];
@@ -899,6 +899,15 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
         a.pdl = r->pdl;
         a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
+        /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
+         * the q that the rope op rotates in place */
+        a.rope = cs->opt.attn_rope && ra.q == a.q;
+        if (a.rope) {
+            a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
+            a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
+        } else {
+            CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
+        }
         CUDA_CHECK(launch_attention(&a, r->stream));
         return QWENRT_OK;
     }

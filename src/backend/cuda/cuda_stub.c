@@ -23,7 +23,7 @@ struct cuda_options cuda_default_options(void)
                              .gemv_v2 = true, .pdl = false, .gemm_cache = true, .attn_tiled = true,
                              .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true, .gemm_merge = true,
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
-                             .mega_fuse_down = false, .attn_split = true, .attn_flash = true,
+                             .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }

@@ -368,7 +368,67 @@ __device__ void attention_merge(const struct attn_args &a, const float *part, in
     }
 }
 
+/* The decode step's q/k norm + RoPE inside the attention kernel (ROPE, T = 1; a.rope): the
+ * block's query head and its KV head, normalised and rotated exactly as qk_norm_rope_kernel
+ * does (the same sums in the same order: bit-identical), into shared memory; the block whose
+ * split holds the current position reads that position's K and V from there, and the group's
+ * first head writes them to the cache. Saves the rope launch per layer. */
 template <int EPL>
+__device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
+                                        float *r_q, float *r_k, float *r_v, float *r_cs, float *r_sn)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double inv_freq = a.inv_freq ? a.inv_freq[i]
+                                     : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
+        double ang = (double)pos * inv_freq;
+        ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
+        sincosf((float)ang, &r_sn[i], &r_cs[i]);
+    }
+    if (warp < 3) { /* warp 0: q, 1: k (both normalised), 2: v */
+        const float *src = warp == 0 ? a.q + (int64_t)h * a.q_stride
+                                     : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
+        float *dst = warp == 0 ? r_q : warp == 1 ? r_k : r_v;
+        float ss = 0.0f;
+        for (int d = lane; d < hd; d += 32) {
+            float v = src[d];
+            dst[d] = v;
+            ss += v * v;
+        }
+        if (warp < 2) {
+            const float *w = warp == 0 ? a.wq : a.wk;
+            float scale = rsqrtf(warp_sum(ss) / (float)hd + a.eps);
+            for (int d = lane; d < hd; d += 32)
+                dst[d] *= scale * w[d];
+        }
+    }
+    __syncthreads();
+    if (warp < 2) {
+        float *x = warp == 0 ? r_q : r_k, y[EPL];
+#pragma unroll
+        for (int j = 0; j < EPL; j++) {
+            int d = lane + 32 * j;
+            y[j] = x[d];
+            if (d < a.n_rot) {
+                int i = d < half ? d : d - half;
+                y[j] = d < half ? x[d] * r_cs[i] - x[d + half] * r_sn[i] : x[d] * r_cs[i] + x[d - half] * r_sn[i];
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            x[lane + 32 * j] = y[j];
+    }
+    __syncthreads();
+    if (has_pos && h % (a.n_head / a.n_head_kv) == 0) /* the session's cache: writable */
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            int64_t off = (int64_t)pos * a.kvw + (int64_t)kvh * hd + d;
+            ((float *)a.kc)[off] = r_k[d];
+            ((float *)a.vc)[off] = r_v[d];
+        }
+}
+
+template <int EPL, bool ROPE>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     griddep_launch();
@@ -376,15 +436,19 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * EPL];
     __shared__ bool s_last;
+    __shared__ __align__(16) float r_q[ROPE ? 32 * EPL : 4], r_k[ROPE ? 32 * EPL : 4], r_v[ROPE ? 32 * EPL : 4];
+    __shared__ float r_cs[ROPE ? 16 * EPL : 1], r_sn[ROPE ? 16 * EPL : 1];
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), last = *a.pos0 + t;
+    int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
     /* splits in use: at least ATT_SPLIT_MIN positions each, at most gridDim.z */
     int S = min((int)gridDim.z, (last + ATT_SPLIT_MIN) / ATT_SPLIT_MIN);
     if ((int)blockIdx.z >= S)
         return; /* a short context: this split has no positions and takes no part */
     int chunk = (last + S) / S, lo = blockIdx.z * chunk;
     last = min(last, lo + chunk - 1); /* this split's positions lo..last */
-    const float *qp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
+    if (ROPE)
+        attention_rope_prologue<EPL>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_cs, r_sn);
+    const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
     float q[EPL], acc[EPL];
     float scale = rsqrtf((float)hd);
 #pragma unroll
@@ -402,10 +466,21 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
             int p = p0 + u * ATT_WARPS;
             int pc = p <= last ? p : last; /* clamp: a valid row, masked below */
             const float *kp = kbase + (int64_t)pc * a.kvw, *vp = vbase + (int64_t)pc * a.kvw;
+            if (ROPE && pc == pos) /* the current position: not in the cache yet */
+                kp = r_k + lane * EPL, vp = r_v + lane * EPL;
+            if (EPL % 4 == 0) { /* 16-byte words (8-byte below): Qwen3.5 +0.7%, perf-log session 10 */
 #pragma unroll
-            for (int e = 0; e < EPL; e += 2) {
-                float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
-                kv[u][e] = k2.x, kv[u][e + 1] = k2.y, vv[u][e] = v2.x, vv[u][e + 1] = v2.y;
+                for (int e = 0; e < EPL; e += 4) {
+                    float4 k4 = *(const float4 *)(kp + e), v4 = *(const float4 *)(vp + e);
+                    kv[u][e] = k4.x, kv[u][e + 1] = k4.y, kv[u][e + 2] = k4.z, kv[u][e + 3] = k4.w;
+                    vv[u][e] = v4.x, vv[u][e + 1] = v4.y, vv[u][e + 2] = v4.z, vv[u][e + 3] = v4.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; e += 2) {
+                    float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
+                    kv[u][e] = k2.x, kv[u][e + 1] = k2.y, vv[u][e] = v2.x, vv[u][e + 1] = v2.y;
+                }
             }
         }
 #pragma unroll
@@ -651,10 +726,20 @@ cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
         return launch_attention_tiled(a, s);
     int splits = a->T == 1 && a->splits > 1 && a->part && a->count ? a->splits : 1;
     dim3 grid(a->n_head, a->T, splits), block(32 * ATT_WARPS);
+    if (a->rope) {
+        if (a->T != 1 || a->n_rot > a->hd)
+            return cudaErrorInvalidValue;
+        switch (a->hd) {
+        case 64: return launch_k(a->pdl, attention_kernel<2, true>, grid, block, 0, s, *a);
+        case 128: return launch_k(a->pdl, attention_kernel<4, true>, grid, block, 0, s, *a);
+        case 256: return launch_k(a->pdl, attention_kernel<8, true>, grid, block, 0, s, *a);
+        default: return cudaErrorInvalidValue;
+        }
+    }
     switch (a->hd) {
-    case 64: return launch_k(a->pdl, attention_kernel<2>, grid, block, 0, s, *a);
-    case 128: return launch_k(a->pdl, attention_kernel<4>, grid, block, 0, s, *a);
-    case 256: return launch_k(a->pdl, attention_kernel<8>, grid, block, 0, s, *a);
+    case 64: return launch_k(a->pdl, attention_kernel<2, false>, grid, block, 0, s, *a);
+    case 128: return launch_k(a->pdl, attention_kernel<4, false>, grid, block, 0, s, *a);
+    case 256: return launch_k(a->pdl, attention_kernel<8, false>, grid, block, 0, s, *a);
     default: return cudaErrorInvalidValue;
     }
 }
