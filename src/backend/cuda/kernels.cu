@@ -822,14 +822,27 @@ __device__ void gdn_conv_own_channels(const struct gdn_args &a, int j)
         int ch = i < dk ? j * dk + i : i < 2 * dk ? a.Hk * dk + j * dk + (i - dk)
                                                   : 2 * a.Hk * dk + j * dv + (i - 2 * dk);
         const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
-        float in = x[ch], acc = 0.0f;
-        for (int r = 0; r < R; r++) {
-            float w = a.conv_state[(int64_t)r * C + ch];
-            acc += tap[r] * w;
-            if (r > 0)
-                a.conv_state[(int64_t)(r - 1) * C + ch] = w;
+        /* every load before the first store (the stores could alias them for all the compiler
+         * knows: one round trip, not one per row); the sum in gdn_conv_kernel's order */
+        float in = x[ch], w[CONV_MAX_K - 1], tp[CONV_MAX_K], acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CONV_MAX_K; r++) {
+            tp[r] = r <= R ? tap[r] : 0.0f;
+            if (r < CONV_MAX_K - 1)
+                w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
         }
-        acc += tap[R] * in;
+#pragma unroll
+        for (int r = 0; r < CONV_MAX_K - 1; r++)
+            if (r < R)
+                acc += tp[r] * w[r];
+#pragma unroll
+        for (int r = 0; r < CONV_MAX_K; r++)
+            if (r == R)
+                acc += tp[r] * in;
+#pragma unroll
+        for (int r = 1; r < CONV_MAX_K - 1; r++)
+            if (r < R)
+                a.conv_state[(int64_t)(r - 1) * C + ch] = w[r];
         a.conv_state[(int64_t)(R - 1) * C + ch] = in;
         x[ch] = silu_f(acc);
     }
@@ -851,6 +864,8 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
     for (int i = 0; i < GDN_MAX_ROWS; i++)
         s[i] = (i < nr && c < dv) ? S[(int64_t)(sub + TPC * i) * dv + c] : 0.0f;
     float qscale = rsqrtf((float)dk), dtb = a.dt[j], sa = a.ssm_a[j];
+    /* token 0's gate inputs and z loaded with the state, off the chain of round trips */
+    float b0 = a.b[j], a0 = a.a[j], z0 = a.z && c < dv ? a.z[(int64_t)j * dv + c] : 0.0f;
     if (a.conv_state) { /* T = 1, Hv == Hk: this block's channels are its own */
         gdn_conv_own_channels(a, j);
         __syncthreads();
@@ -869,8 +884,8 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
                 dst[i] = src[i] * r;
         }
         __syncthreads();
-        float beta = sigmoid_f(a.b[(int64_t)t * a.ldb + j]);
-        float decay = expf(sa * softplus_f(a.a[(int64_t)t * a.lda + j] + dtb));
+        float beta = sigmoid_f(t == 0 ? b0 : a.b[(int64_t)t * a.ldb + j]);
+        float decay = expf(sa * softplus_f((t == 0 ? a0 : a.a[(int64_t)t * a.lda + j]) + dtb));
         float v = c < dv ? row[(int64_t)2 * a.Hk * dk + (int64_t)j * dv + c] : 0.0f;
         float mpart = 0.0f;
 #pragma unroll
@@ -896,7 +911,7 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
             float ss = block_sum(sub == 0 && c < dv ? opart * opart : 0.0f, red);
             if (c < dv)
                 opart *= rsqrtf(ss / (float)dv + a.geps) * a.gnorm_w[c] *
-                         silu_f(a.z[(int64_t)t * a.ldz + (int64_t)j * dv + c]);
+                         silu_f(t == 0 ? z0 : a.z[(int64_t)t * a.ldz + (int64_t)j * dv + c]);
         }
         if (sub == 0 && c < dv)
             a.out[(int64_t)t * a.ldo + (int64_t)j * dv + c] = opart;
