@@ -487,14 +487,14 @@ int main(int argc, char **argv)
     double pp = pv[0].tok_s;
 
     /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false},
-                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false},
-                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false},
-                           {"graph+fused", true, true, true, false, false, 256, true, 0, false},
-                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false},
-                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false},
-                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false},
-                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true},
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false},
+                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false},
+                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false},
+                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false},
+                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false},
+                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false},
+                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false},
+                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false},
                            {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true}};
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
