@@ -739,6 +739,19 @@ static struct qwenrt_model *load_synth(const char *arch, enum export_type type, 
     return m;
 }
 
+/* Frees what check_mega_synth and check_attention_rope hold: two sessions of a synth model,
+ * the model, its file and two logits rows. */
+static void free_synth_pair(struct cuda_session *a, struct cuda_session *b, struct qwenrt_model *m,
+                            const char *path, float *la, float *lb)
+{
+    free(la);
+    free(lb);
+    cuda_session_free(a);
+    cuda_session_free(b);
+    qwenrt_model_free(m);
+    remove(path);
+}
+
 /* The megakernel against the graph program on synth models of quantised weights (the
  * fixtures are f32/bf16): every decode step's logits and 12 greedy ids. Geometry: qwen3-tiny
  * widened to 256 so that the K-quants apply (Q4_K_M mixes Q4_K and Q6_K), and qwen35-tiny in
@@ -795,12 +808,7 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
     assert_int_equal(top1[0], top2[0]);
     assert_int_equal(top1[0], argmax_f(la, V));
     assert_true(v1[0] == v2[0] && v1[0] == la[top1[0]]);
-    free(la);
-    free(lb);
-    cuda_session_free(a);
-    cuda_session_free(b);
-    qwenrt_model_free(m);
-    remove(path);
+    free_synth_pair(a, b, m, path, la, lb);
 }
 
 /* The decode graph's attention with the q/k norm, RoPE and cache write inside it (attn_rope,
@@ -837,12 +845,7 @@ static void check_attention_rope(const char *arch, int32_t width)
             id = argmax_f(la, V);
         }
     }
-    free(la);
-    free(lb);
-    cuda_session_free(a);
-    cuda_session_free(b);
-    qwenrt_model_free(m);
-    remove(path);
+    free_synth_pair(a, b, m, path, la, lb);
 }
 
 static void test_attention_rope_fused(void **st)
