@@ -138,8 +138,8 @@ qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qw
  * their raw logits in vals; gather_vals[i] = logits[gather[i]] (ids below n_vocab). Only
  * ~8 (m + n_gather) bytes cross to the host. Errors: INVALID_ARG (nothing has run, an id
  * outside the vocabulary, temperature <= 0), UNSUPPORTED (m > CUDA_TOP_MAX_M or > n_vocab,
- * n_gather > CUDA_TOP_MAX_GATHER, or more candidates than this device's merge block holds:
- * read the whole row instead), BACKEND. */
+ * n_gather > CUDA_TOP_MAX_GATHER, or more candidates than the last block of topk.cu holds
+ * on this device: read the whole row instead), BACKEND. */
 qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
                                const int32_t *gather, int32_t n_gather, int32_t *ids, float *vals,
                                float *gather_vals, struct qwenrt_error *err);

@@ -107,7 +107,7 @@ struct cuda_session {
      * pinned logits row for cuda_session_logits */
     unsigned long long *d_topk;
     int32_t *d_top, *h_top;
-    int32_t topk_keys;        /* keys the top-m merge sorts on this device (topk_prepare) */
+    int32_t topk_keys;        /* keys the top-m kernel's last block holds on this device (topk_prepare) */
     float *h_row;
     struct gemm_ctx gemm;
     bool gemm_ready;
