@@ -3,7 +3,12 @@
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
 # GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
 # cmake --build build-cudaperf --target test_cuda_backend cuda_bench; cp to .devbin/).
-# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|all] ; logs and JSON go to $OUT.
+# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|all] ; logs and JSON go to $OUT.
+# validate: issue 6's long check at the real geometry — `qwenrt validate --backend cuda` on
+# synth models (CFGS, default BF16 and Q4_K_M of both), a VP-token prompt then VN decoded
+# tokens (default 128 + 129: 256 positions checked, logits and KV against the CPU reference path,
+# greedy ids), one validation record each ($OUT/validate-cuda-A-T.json); needs .devbin/qwenrt
+# (gzipped) and .devlibs.
 # serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
@@ -33,6 +38,18 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
         echo "bench $a $t rc=$? in $(( $(date +%s) - t0 )) s"
         grep -E "^\||validate|fail|error" "$OUT/bench-$a-$t.log" | grep -v "^|---" | tail -24
         rm -f /tmp/synth-$a-$t.gguf
+    done
+fi
+if [ "$what" = validate ]; then
+    for cfg in ${CFGS:-qwen3-0.6b:bf16 qwen35-0.8b:bf16 qwen3-0.6b:q4_k_m qwen35-0.8b:q4_k_m}; do
+        a=${cfg%%:*}; t=${cfg##*:}
+        t0=$(date +%s)
+        .devbin/qwenrt synth --arch "$a" --type "$t" --no-tokenizer -o "/tmp/v-$a-$t.gguf" > /dev/null &&
+            timeout ${VALIDATE_TIMEOUT:-240} .devbin/qwenrt validate -m "/tmp/v-$a-$t.gguf" --backend cuda \
+                -p ${VP:-128} -n ${VN:-129} --out "$OUT/validate-cuda-$a-$t.json" > "$OUT/validate-$a-$t.log" 2>&1
+        echo "validate $a $t rc=$? in $(( $(date +%s) - t0 )) s"
+        grep -E "^(tolerance|positions|max error|status)" "$OUT/validate-$a-$t.log"
+        rm -f "/tmp/v-$a-$t.gguf"
     done
 fi
 if [ "$what" = serve ]; then
