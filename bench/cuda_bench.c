@@ -376,6 +376,28 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    /* decode variants */
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false},
+                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false},
+                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false},
+                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false},
+                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false},
+                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false},
+                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false},
+                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false},
+                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true}};
+    if (tg_variant) { /* a name that matches no variant would time nothing */
+        size_t v = 0;
+        while (v < sizeof(vs) / sizeof(vs[0]) && strcmp(tg_variant, vs[v].name))
+            v++;
+        if (v == sizeof(vs) / sizeof(vs[0])) {
+            fprintf(stderr, "--tg-variant \"%s\": no such decode variant; the names are:", tg_variant);
+            for (v = 0; v < sizeof(vs) / sizeof(vs[0]); v++)
+                fprintf(stderr, " \"%s\"", vs[v].name);
+            fprintf(stderr, "\n");
+            return 2;
+        }
+    }
     if (reps > 64)
         reps = 64;
     struct qwenrt_error err = {0};
@@ -486,16 +508,6 @@ int main(int argc, char **argv)
     }
     double pp = pv[0].tok_s;
 
-    /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false},
-                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false},
-                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false},
-                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false},
-                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false},
-                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false},
-                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false},
-                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false},
-                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true}};
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {

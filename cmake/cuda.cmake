@@ -26,9 +26,13 @@ else()
   target_link_libraries(qwenrt_lib PUBLIC CUDA::cudart_static CUDA::cublasLt)
 endif()
 
-# Benchmarks of the CUDA backend (run by hand, never by ctest).
+# Benchmarks of the CUDA backend (run by hand; ctest only checks that a bad argument is named
+# before any work starts, which needs no GPU).
 add_executable(cuda_bench ${CMAKE_SOURCE_DIR}/bench/cuda_bench.c)
 target_link_libraries(cuda_bench PRIVATE qwenrt_lib)
+add_test(NAME cuda_bench_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --tg-variant no-such-variant)
+set_tests_properties(cuda_bench_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--tg-variant \"no-such-variant\": no such decode variant; the names are: \"megakernel\"")
 
 # Tests are added after this file is read: set their skip code once the directory is done.
 function(qwenrt_cuda_test_props)
