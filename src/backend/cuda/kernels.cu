@@ -378,6 +378,18 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
                                         float *r_q, float *r_k, float *r_v, float *r_cs, float *r_sn)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
+    /* warp 0: q, 1: k (both normalised), 2: v. Every load of the warp (its row and its norm
+     * weights) is issued before the first use, and before the RoPE angles' loads: one L2
+     * round trip, not one per element a lane reads */
+    const float *src = warp == 0 ? a.q + (int64_t)h * a.q_stride : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
+    const float *w = warp == 0 ? a.wq : a.wk;
+    float v[EPL], g[EPL];
+    if (warp < 3)
+#pragma unroll
+        for (int j = 0; j < EPL; j++) {
+            v[j] = src[lane + 32 * j];
+            g[j] = warp < 2 ? w[lane + 32 * j] : 1.0f;
+        }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = a.inv_freq ? a.inv_freq[i]
                                      : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
@@ -385,22 +397,16 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
         ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
         sincosf((float)ang, &r_sn[i], &r_cs[i]);
     }
-    if (warp < 3) { /* warp 0: q, 1: k (both normalised), 2: v */
-        const float *src = warp == 0 ? a.q + (int64_t)h * a.q_stride
-                                     : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
+    if (warp < 3) {
         float *dst = warp == 0 ? r_q : warp == 1 ? r_k : r_v;
         float ss = 0.0f;
-        for (int d = lane; d < hd; d += 32) {
-            float v = src[d];
-            dst[d] = v;
-            ss += v * v;
-        }
-        if (warp < 2) {
-            const float *w = warp == 0 ? a.wq : a.wk;
-            float scale = rsqrtf(warp_sum(ss) / (float)hd + a.eps);
-            for (int d = lane; d < hd; d += 32)
-                dst[d] *= scale * w[d];
-        }
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            ss += v[j] * v[j];
+        float scale = warp < 2 ? rsqrtf(warp_sum(ss) / (float)hd + a.eps) : 1.0f;
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            dst[lane + 32 * j] = warp < 2 ? v[j] * (scale * g[j]) : v[j];
     }
     __syncthreads();
     if (warp < 2) {
@@ -428,6 +434,46 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
         }
 }
 
+/* Which rows attention_load_round reads: every one (the current position's from shared
+ * memory), the cached ones only, or the current position's only. */
+enum { ATT_ROWS_ALL, ATT_ROWS_CACHED, ATT_ROWS_CURRENT };
+
+/* One round of a warp's K and V rows: positions p0 + u * ATT_WARPS (u < ATT_U, clamped to
+ * last: a valid row, masked by the caller), the lane's EPL floats of each, as 16-byte words
+ * (8-byte below: Qwen3.5 +0.7%, perf-log session 10). With ROPE the current position pos is
+ * not in the cache yet: its rows come from the prologue's r_k / r_v in shared memory. */
+template <int EPL, bool ROPE>
+__device__ __forceinline__ void attention_load_round(const float *kbase, const float *vbase, int64_t kvw,
+                                                     int p0, int last, int pos, const float *rk,
+                                                     const float *rv, int rows, float (&kv)[ATT_U][EPL],
+                                                     float (&vv)[ATT_U][EPL])
+{
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < ATT_U; u++) {
+        int p = p0 + u * ATT_WARPS, pc = p <= last ? p : last;
+        bool current = ROPE && pc == pos;
+        if ((rows == ATT_ROWS_CACHED && current) || (rows == ATT_ROWS_CURRENT && !current))
+            continue;
+        const float *kp = current ? rk + lane * EPL : kbase + (int64_t)pc * kvw;
+        const float *vp = current ? rv + lane * EPL : vbase + (int64_t)pc * kvw;
+        if (EPL % 4 == 0) {
+#pragma unroll
+            for (int e = 0; e < EPL; e += 4) {
+                float4 k4 = *(const float4 *)(kp + e), v4 = *(const float4 *)(vp + e);
+                kv[u][e] = k4.x, kv[u][e + 1] = k4.y, kv[u][e + 2] = k4.z, kv[u][e + 3] = k4.w;
+                vv[u][e] = v4.x, vv[u][e + 1] = v4.y, vv[u][e + 2] = v4.z, vv[u][e + 3] = v4.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; e += 2) {
+                float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
+                kv[u][e] = k2.x, kv[u][e + 1] = k2.y, vv[u][e] = v2.x, vv[u][e + 1] = v2.y;
+            }
+        }
+    }
+}
+
 template <int EPL, bool ROPE>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
@@ -446,6 +492,12 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         return; /* a short context: this split has no positions and takes no part */
     int chunk = (last + S) / S, lo = blockIdx.z * chunk;
     last = min(last, lo + chunk - 1); /* this split's positions lo..last */
+    const float *kbase = a.kc + (int64_t)kvh * hd + lane * EPL;
+    const float *vbase = a.vc + (int64_t)kvh * hd + lane * EPL;
+    /* the first round's cached rows load before the prologue: their addresses do not depend
+     * on it, so their L2 round trip overlaps the prologue's */
+    float kv[ATT_U][EPL], vv[ATT_U][EPL], dot[ATT_U];
+    attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, r_k, r_v, ATT_ROWS_CACHED, kv, vv);
     if (ROPE)
         attention_rope_prologue<EPL>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_cs, r_sn);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
@@ -457,32 +509,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    const float *kbase = a.kc + (int64_t)kvh * hd + lane * EPL;
-    const float *vbase = a.vc + (int64_t)kvh * hd + lane * EPL;
     for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * ATT_U) {
-        float kv[ATT_U][EPL], vv[ATT_U][EPL], dot[ATT_U];
-#pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
-            int p = p0 + u * ATT_WARPS;
-            int pc = p <= last ? p : last; /* clamp: a valid row, masked below */
-            const float *kp = kbase + (int64_t)pc * a.kvw, *vp = vbase + (int64_t)pc * a.kvw;
-            if (ROPE && pc == pos) /* the current position: not in the cache yet */
-                kp = r_k + lane * EPL, vp = r_v + lane * EPL;
-            if (EPL % 4 == 0) { /* 16-byte words (8-byte below): Qwen3.5 +0.7%, perf-log session 10 */
-#pragma unroll
-                for (int e = 0; e < EPL; e += 4) {
-                    float4 k4 = *(const float4 *)(kp + e), v4 = *(const float4 *)(vp + e);
-                    kv[u][e] = k4.x, kv[u][e + 1] = k4.y, kv[u][e + 2] = k4.z, kv[u][e + 3] = k4.w;
-                    vv[u][e] = v4.x, vv[u][e + 1] = v4.y, vv[u][e + 2] = v4.z, vv[u][e + 3] = v4.w;
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < EPL; e += 2) {
-                    float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
-                    kv[u][e] = k2.x, kv[u][e + 1] = k2.y, vv[u][e] = v2.x, vv[u][e + 1] = v2.y;
-                }
-            }
-        }
+        attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, p0, last, pos, r_k, r_v,
+                                        p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, kv, vv);
 #pragma unroll
         for (int u = 0; u < ATT_U; u++) {
             float d = 0.0f;

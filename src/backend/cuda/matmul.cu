@@ -286,6 +286,7 @@ static cudaError_t gemv_dt(const struct gemv_args *a, int blocks, cudaStream_t s
 
 #define G2_WARPS 4
 #define G2_LOADS 16
+#define G2_NW 2 /* norm weights (float4) per thread loaded before griddep_wait: K <= 1024 */
 
 template <int DT, int P, int R, int CM>
 __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_constant__ struct gemv_args a)
@@ -332,10 +333,27 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
             int ch = lane + 32 * c;
             w[p][c] = ok[p] && ch < nchunk ? ld_stream(rp[p] + ch) : make_uint4(0, 0, 0, 0);
         }
-    griddep_wait();
-    /* x -> shared memory (with the fused RMSNorm) */
+    /* the first norm weights: constant, so they load with the weights, before the wait */
     const bool norm = a.norm_w != NULL;
-    int k4 = K / 4;
+    const int k4 = K / 4, nt = blockDim.x;
+    const float4 *nw = (const float4 *)a.norm_w;
+    float4 g0[G2_NW];
+#pragma unroll
+    for (int j = 0; j < G2_NW; j++) {
+        int i = threadIdx.x + j * nt;
+        g0[j] = norm && i < k4 ? __ldg(nw + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    griddep_wait();
+    /* the old values of the rows this warp adds to (GEMV_ACCUM, one token): read now, in the
+     * shadow of x's loads, not after the dot products */
+    float yold[R];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        yold[i] = a.mode == GEMV_ACCUM && T == 1 && lane == 0 && ok[P * i] ? *yp[i] : 0.0f;
+    /* x -> shared memory (with the fused RMSNorm), XB float4 per thread per batch, every load
+     * of a batch issued before its first store: a rolled loop waited one L2 round trip per
+     * 16 bytes (six for K = 3072) */
+    constexpr int XB = CM / 2 > 1 ? CM / 2 : 1;
     float ss[GEMV_MAX_T];
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_T; t++) {
@@ -343,10 +361,19 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
         if (t >= T)
             break;
         const float4 *xt = (const float4 *)(a.x + (int64_t)t * a.ldx);
-        for (int i = threadIdx.x; i < k4; i += blockDim.x) {
-            float4 v = xt[i];
-            ((float4 *)(xs + t * K))[i] = v;
-            ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        float4 *xst = (float4 *)(xs + t * K);
+        for (int i0 = threadIdx.x; i0 < k4; i0 += XB * nt) {
+            float4 v[XB];
+#pragma unroll
+            for (int j = 0; j < XB; j++)
+                v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int j = 0; j < XB; j++) {
+                if (i0 + j * nt >= k4)
+                    break;
+                xst[i0 + j * nt] = v[j];
+                ss[t] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            }
         }
     }
     if (norm) {
@@ -361,18 +388,28 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
     }
     __syncthreads();
     if (norm) {
-        const float4 *nw = (const float4 *)a.norm_w;
         for (int t = 0; t < T; t++) {
             float tot = 0.0f;
 #pragma unroll
             for (int q = 0; q < G2_WARPS; q++)
                 tot += s_part[q][t];
             float inv = rsqrtf(tot / (float)K + a.eps);
-            for (int i = threadIdx.x; i < k4; i += blockDim.x) {
-                float4 v = ((float4 *)(xs + t * K))[i], g = nw[i];
-                v.x = v.x * inv * g.x, v.y = v.y * inv * g.y;
-                v.z = v.z * inv * g.z, v.w = v.w * inv * g.w;
-                ((float4 *)(xs + t * K))[i] = v;
+            float4 *xst = (float4 *)(xs + t * K);
+            for (int i0 = threadIdx.x; i0 < k4; i0 += G2_NW * nt) {
+                float4 g[G2_NW];
+#pragma unroll
+                for (int j = 0; j < G2_NW; j++)
+                    g[j] = i0 == (int)threadIdx.x ? g0[j]
+                           : i0 + j * nt < k4 ? __ldg(nw + i0 + j * nt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int j = 0; j < G2_NW; j++) {
+                    if (i0 + j * nt >= k4)
+                        break;
+                    float4 v = xst[i0 + j * nt];
+                    v.x = v.x * inv * g[j].x, v.y = v.y * inv * g[j].y;
+                    v.z = v.z * inv * g[j].z, v.w = v.w * inv * g[j].w;
+                    xst[i0 + j * nt] = v;
+                }
             }
         }
         __syncthreads();
@@ -439,7 +476,7 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
             }
             if (lane == 0 && ok[P * i]) {
                 float *y = yp[i] + (int64_t)t * ldy[i];
-                *y = a.mode == GEMV_ACCUM ? *y + v : v;
+                *y = a.mode != GEMV_ACCUM ? v : T == 1 ? yold[i] + v : *y + v;
             }
         }
     }
