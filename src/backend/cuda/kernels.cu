@@ -535,6 +535,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
             m = m_new;
         }
     }
+    /* the output gate of this thread's first dimension (Qwen3.5), requested before the
+     * warps' merge rather than after it */
+    const float *gp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + hd;
+    float g0 = a.gate && (int)threadIdx.x < hd ? gp[threadIdx.x] : 0.0f;
     if (lane == 0) {
         s_m[warp] = m;
         s_l[warp] = l;
@@ -554,7 +558,6 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         L += s_l[w] * f[w];
     }
     float *op = a.out + (int64_t)t * a.ldo + (int64_t)h * hd;
-    const float *gp = a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + hd;
     if (S > 1) { /* this split's partial result, then the last block of the head merges */
         float *part = a.part + ((int64_t)h * gridDim.z + blockIdx.z) * (hd + 2);
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -588,7 +591,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
             o += s_acc[w][d] * f[w];
         o /= L;
         if (a.gate)
-            o *= sigmoid_f(gp[d]);
+            o *= sigmoid_f(d == (int)threadIdx.x ? g0 : gp[d]);
         op[d] = o;
     }
 }
@@ -895,22 +898,30 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
     float qscale = rsqrtf((float)dk), dtb = a.dt[j], sa = a.ssm_a[j];
     /* token 0's gate inputs and z loaded with the state, off the chain of round trips */
     float b0 = a.b[j], a0 = a.a[j], z0 = a.z && c < dv ? a.z[(int64_t)j * dv + c] : 0.0f;
+    float gw = a.z && c < dv ? a.gnorm_w[c] : 0.0f; /* the gated norm's weight, likewise */
     if (a.conv_state) { /* T = 1, Hv == Hk: this block's channels are its own */
         gdn_conv_own_channels(a, j);
         __syncthreads();
     }
     for (int t = 0; t < a.T; t++) {
         const float *row = a.qkv + (int64_t)t * a.ldi;
-        if (warp < 2) {
+        if (warp < 2) { /* the row's loads all issued before the first use (dk <= 256) */
             const float *src = row + (int64_t)warp * a.Hk * dk + (int64_t)kh * dk;
-            float ss = 0.0f;
-            for (int i = lane; i < dk; i += 32)
-                ss += src[i] * src[i];
+            float xv[GDN_MAX_ROWS / 4], ss = 0.0f;
+#pragma unroll
+            for (int u = 0; u < GDN_MAX_ROWS / 4; u++)
+                xv[u] = lane + 32 * u < dk ? src[lane + 32 * u] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < GDN_MAX_ROWS / 4; u++)
+                if (lane + 32 * u < dk)
+                    ss += xv[u] * xv[u];
             ss = warp_sum(ss);
             float r = rsqrtf(ss + 1e-6f) * (warp == 0 ? qscale : 1.0f);
             float *dst = warp == 0 ? qs : ks;
-            for (int i = lane; i < dk; i += 32)
-                dst[i] = src[i] * r;
+#pragma unroll
+            for (int u = 0; u < GDN_MAX_ROWS / 4; u++)
+                if (lane + 32 * u < dk)
+                    dst[lane + 32 * u] = xv[u] * r;
         }
         __syncthreads();
         float beta = sigmoid_f(t == 0 ? b0 : a.b[(int64_t)t * a.ldb + j]);
@@ -939,7 +950,7 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
         if (a.z) { /* the gated RMS norm over the head's dv outputs (one value per column) */
             float ss = block_sum(sub == 0 && c < dv ? opart * opart : 0.0f, red);
             if (c < dv)
-                opart *= rsqrtf(ss / (float)dv + a.geps) * a.gnorm_w[c] *
+                opart *= rsqrtf(ss / (float)dv + a.geps) * gw *
                          silu_f(t == 0 ? z0 : a.z[(int64_t)t * a.ldz + (int64_t)j * dv + c]);
         }
         if (sub == 0 && c < dv)
