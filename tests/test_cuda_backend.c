@@ -307,8 +307,10 @@ static void test_op_matmul(void **state)
     }
 }
 
-/* The GEMV kernels at the sizes of real models (aligned rows: gemv2 applies), against the
- * first kernel (v2 off) and the CPU: T = 1..8 tokens, K up to 3072 (T*K*4 > 48 KB falls back). */
+/* The GEMV kernels at the sizes of real models (aligned rows: gemv2 applies to float weights,
+ * gemvq to quantised ones at T = 1), against the first kernel (v2 off) and the CPU: T = 1..8
+ * tokens, K up to 3072 (T*K*4 > 48 KB falls back); quantised rows against the reference with
+ * f32 activations (matmul.<q>.exact), N not a multiple of the 4 rows of a gemvq block. */
 static void test_op_gemv_sizes(void **state)
 {
     (void)state;
@@ -316,7 +318,9 @@ static void test_op_gemv_sizes(void **state)
         enum qr_dtype dt;
         int32_t K, N;
     } cs[] = {{QR_BF16, 1024, 300}, {QR_BF16, 2048, 130}, {QR_BF16, 3072, 77}, {QR_F16, 1024, 70},
-              {QR_F32, 512, 90}, {QR_BF16, 4096, 33}, {QR_BF16, 8, 40}};
+              {QR_F32, 512, 90}, {QR_BF16, 4096, 33}, {QR_BF16, 8, 40}, {QR_Q8_0, 1024, 301},
+              {QR_Q8_0, 3072, 33}, {QR_Q4_K, 1024, 77}, {QR_Q4_K, 2048, 130}, {QR_Q6_K, 1024, 70},
+              {QR_Q6_K, 3072, 45}, {QR_Q4_K, 1280, 9}};
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
@@ -327,6 +331,11 @@ static void test_op_gemv_sizes(void **state)
                 struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
                 op->out = 1, op->in = 0, op->w = add_tensor(&c, cs[i].dt, cs[i].K, cs[i].N, 0.5f);
                 op->dump = "y";
+                if (!dtype_is_float(cs[i].dt)) {
+                    char key[32];
+                    snprintf(key, sizeof(key), "matmul.%s.exact", dtype_traits(cs[i].dt)->name);
+                    op->kernel = strdup(key);
+                }
                 struct cuda_options o = cuda_default_options();
                 o.gemv_v2 = v2;
                 char what[64];
@@ -855,6 +864,48 @@ static void test_attention_rope_fused(void **st)
     check_attention_rope("qwen35-tiny", 0);
 }
 
+/* The decode graph's quantised GEMV (gemvq, gemv_v2 on) against the first kernel (v2 off) on
+ * a synth model at the real widths: 20 steps' logits and greedy ids. Q4_K_M mixes Q4_K and
+ * Q6_K in q|k|v: one gemvq launch with v2, one launch per dtype without. */
+static void check_graph_gemvq(const char *arch, enum export_type type)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    off.gemv_v2 = false;
+    struct cuda_session *a = NULL, *b = NULL;
+    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
+        fail_msg("%s: %s", arch, err.message);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    double worst = 0;
+    for (int32_t t = 0; t < 20; t++) {
+        if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+            cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+            fail_msg("%s step %d: %s", arch, t, err.message);
+        double e = rel_err(la, lb, (size_t)V);
+        worst = e > worst ? e : worst;
+        assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
+        id = argmax_f(lb, V);
+    }
+    printf("graph gemvq vs first GEMV kernel, %s %s: worst logits rel err %.3g over 20 steps\n", arch,
+           export_type_name(type), worst);
+    double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
+    if (!(worst <= tol))
+        fail_msg("%s %s: gemvq logits differ by %.3g", arch, export_type_name(type), worst);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_graph_gemvq(void **st)
+{
+    (void)st;
+    check_graph_gemvq("qwen3-tiny", EXPORT_Q4_K_M);
+    check_graph_gemvq("qwen3-tiny", EXPORT_Q8_0);
+    check_graph_gemvq("qwen35-tiny", EXPORT_Q4_K_M);
+}
+
 /* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
  * with K = 1024 / 2048 / 3072) only run at the real models' widths: hidden 1024, o-proj K
  * 2048, down K 3072, on a few layers and a small vocabulary. */
@@ -1216,6 +1267,7 @@ int main(void)
         cmocka_unit_test(test_op_elementwise),
         cmocka_unit_test(test_op_matmul),
         cmocka_unit_test(test_op_gemv_sizes),
+        cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),
         cmocka_unit_test(test_fixtures_api),

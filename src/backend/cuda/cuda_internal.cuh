@@ -167,11 +167,12 @@ enum gemv_mode {
 };
 
 struct gemv_seg {
-    const void *w;    /* [N] rows of K elements, dtype of the launch */
+    const void *w;    /* [N] rows of K elements, dtype of the launch (k_mixed: this dtype) */
     int32_t N;
     int64_t row_bytes;
     float *y;         /* [T][ldy] */
     int32_t ldy;
+    int32_t dtype;    /* k_mixed launches only: Q4_K or Q6_K */
 };
 
 struct gemv_args {
@@ -184,7 +185,9 @@ struct gemv_args {
     int32_t n_seg;
     struct gemv_seg seg[GEMV_MAX_SEG];
     bool pdl;              /* launch with programmatic dependent launch */
-    bool v2;               /* float weights: the all-loads-up-front kernel (gemv2) */
+    bool v2;               /* the all-loads-up-front kernels: gemv2 (float weights), gemvq (quantised, T = 1) */
+    bool k_mixed;          /* segments of Q4_K and Q6_K mixed (Q4_K_M's q|k|v), seg[i].dtype each:
+                            * only gemvq takes them (launch_gemv refuses when it does not apply) */
     int32_t n_sm;          /* multiprocessors (gemv2 sizes its rows per warp); 0: 132 */
 };
 
@@ -193,6 +196,10 @@ bool gemv_supports(int32_t dtype);
 cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s);
 /* true when launch_gemv would use the gemv2 kernel for these arguments. */
 bool gemv2_applies(const struct gemv_args *a);
+/* The quantised one-token GEMV (gemv_quant.cu): whether it applies, and its launch
+ * (launch_gemv takes it when it applies). */
+bool gemvq_applies(const struct gemv_args *a);
+cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 
 /* Dequantises W [N][K] (dtype) to f32 [N][K]. */
 cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,

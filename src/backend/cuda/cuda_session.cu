@@ -761,8 +761,9 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
     st->gate_op = -1;
     if (op->kind == OP_RMSNORM && op->group == bw(p, op->in) && op->in != op->out) {
         int32_t j = i + 1;
-        while (j < p->n_ops && st->n_mm < GEMV_MAX_SEG && is_mm(&p->ops[j]) &&
-               p->ops[j].in == op->out && p->ops[j].w->dtype == p->ops[i + 1].w->dtype)
+        /* the matmuls may differ in dtype (Q4_K_M's v among Q4_K q and k): run_step launches
+         * them together when gemvq takes the mix, else one launch per dtype */
+        while (j < p->n_ops && st->n_mm < GEMV_MAX_SEG && is_mm(&p->ops[j]) && p->ops[j].in == op->out)
             st->mm[st->n_mm++] = j++;
         if (st->n_mm == 0 || !plan_buf_dead_after(p, op->out, j))
             return false;
@@ -770,6 +771,7 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
         st->n_ops = j - i;
         const struct plan_op *sw = j < p->n_ops ? &p->ops[j] : NULL;
         if (st->n_mm == 2 && sw && sw->kind == OP_SWIGLU && sw->out == p->ops[st->mm[0]].out &&
+            p->ops[st->mm[0]].w->dtype == p->ops[st->mm[1]].w->dtype &&
             sw->in == p->ops[st->mm[1]].out && p->ops[st->mm[0]].w->ne[1] == p->ops[st->mm[1]].w->ne[1] &&
             plan_buf_dead_after(p, sw->in, j + 1)) {
             st->swiglu = true;
@@ -834,6 +836,45 @@ static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error 
     return QWENRT_OK;
 }
 
+/* STEP_NORM_GEMV: the norm fused into the GEMV of the matmuls reading it. Matmuls of one
+ * dtype go in one launch; a mix goes in one launch when gemvq takes it (Q4_K with Q6_K),
+ * else in one launch per run of equal dtype, each with the norm fused. */
+static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
+{
+    const struct plan *p = r->p;
+    const struct plan_op *op = &p->ops[st->op];
+    struct gemv_args a;
+    memset(&a, 0, sizeof(a));
+    a.x = r->b[op->in], a.ldx = bw(p, op->in), a.K = r->d[st->mm[0]].K, a.T = 1;
+    a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
+    a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
+    a.n_seg = st->n_mm;
+    a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm;
+    for (int k = 0; k < st->n_mm; k++) {
+        const struct dop *d = &r->d[st->mm[k]];
+        const struct plan_op *m = &p->ops[st->mm[k]];
+        a.seg[k].w = d->w, a.seg[k].N = d->N, a.seg[k].row_bytes = d->row_bytes;
+        a.seg[k].y = r->b[m->out], a.seg[k].ldy = bw(p, m->out), a.seg[k].dtype = d->dtype;
+        a.k_mixed |= d->dtype != a.dtype;
+    }
+    if (!a.k_mixed || gemvq_applies(&a)) {
+        CUDA_CHECK(launch_gemv(&a, r->stream));
+        return QWENRT_OK;
+    }
+    struct gemv_args one = a; /* one launch per run of equal dtype */
+    one.k_mixed = false;
+    for (int k = 0; k < a.n_seg;) {
+        int n = 1;
+        while (k + n < a.n_seg && a.seg[k + n].dtype == a.seg[k].dtype)
+            n++;
+        one.dtype = a.seg[k].dtype, one.n_seg = n;
+        memcpy(one.seg, a.seg + k, (size_t)n * sizeof(a.seg[0]));
+        CUDA_CHECK(launch_gemv(&one, r->stream));
+        k += n;
+    }
+    return QWENRT_OK;
+}
+
 static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
 {
     struct cuda_session *cs = r->cs;
@@ -843,23 +884,8 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
     switch (st->kind) {
     case STEP_OP:
         return run_op(r, st->op, err);
-    case STEP_NORM_GEMV: {
-        struct gemv_args a;
-        memset(&a, 0, sizeof(a));
-        a.x = b[op->in], a.ldx = bw(p, op->in), a.K = r->d[st->mm[0]].K, a.T = 1;
-        a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
-        a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
-        a.n_seg = st->n_mm;
-        a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm;
-        for (int k = 0; k < st->n_mm; k++) {
-            const struct dop *d = &r->d[st->mm[k]];
-            const struct plan_op *m = &p->ops[st->mm[k]];
-            a.seg[k].w = d->w, a.seg[k].N = d->N, a.seg[k].row_bytes = d->row_bytes;
-            a.seg[k].y = b[m->out], a.seg[k].ldy = bw(p, m->out);
-        }
-        CUDA_CHECK(launch_gemv(&a, r->stream));
-        return QWENRT_OK;
-    }
+    case STEP_NORM_GEMV:
+        return run_norm_gemv(r, st, err);
     case STEP_GDN_GATED: /* the core, then its gated norm in the same kernel */
     case STEP_CONV_GDN_GATED: { /* (the conv first) */
         int32_t core = st->kind == STEP_CONV_GDN_GATED ? st->op + 1 : st->op;
@@ -1006,11 +1032,14 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
 }
 
 /* true when a matmul of the plan has block-quantised weights. */
-static bool decode_has_quantised(const struct plan *p)
+/* The decode plan has Q8_0 products: the one weight type for which the megakernel is still
+ * ahead of the graph program (H200, docs/perf-log.md session 11: Qwen3-0.6B Q8_0 863 vs 821
+ * tok/s, Qwen3.5-0.8B 760 vs 655; with Q4_K_M the graph's gemvq leads, 1,083 vs 904). */
+static bool decode_has_q8_0(const struct plan *p)
 {
     for (int32_t i = 0; i < p->n_ops; i++)
         if ((p->ops[i].kind == OP_MATMUL || p->ops[i].kind == OP_LOGITS) && p->ops[i].w &&
-            p->ops[i].w->dtype != QR_F32 && p->ops[i].w->dtype != QR_F16 && p->ops[i].w->dtype != QR_BF16)
+            p->ops[i].w->dtype == QR_Q8_0)
             return true;
     return false;
 }
@@ -1023,9 +1052,9 @@ static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_err
         snprintf(cs->mk_why, sizeof(cs->mk_why), "switched off (cuda_options.mega)");
         return QWENRT_OK;
     }
-    if (cs->opt.mega == CUDA_MEGA_AUTO && !decode_has_quantised(&cs->plans[PHASE_DECODE])) {
+    if (cs->opt.mega == CUDA_MEGA_AUTO && !decode_has_q8_0(&cs->plans[PHASE_DECODE])) {
         snprintf(cs->mk_why, sizeof(cs->mk_why),
-                 "float weights: the graph program is faster (cuda_options.mega auto)");
+                 "no Q8_0 weights: the graph program is faster (cuda_options.mega auto)");
         return QWENRT_OK;
     }
     struct mk_inputs in;

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
+#include "backend/cuda/gemv_stage.cuh"
 
 #define GEMV_WARPS 8
 
@@ -286,7 +287,6 @@ static cudaError_t gemv_dt(const struct gemv_args *a, int blocks, cudaStream_t s
 
 #define G2_WARPS 4
 #define G2_LOADS 16
-#define G2_NW 2 /* norm weights (float4) per thread loaded before griddep_wait: K <= 1024 */
 
 template <int DT, int P, int R, int CM>
 __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_constant__ struct gemv_args a)
@@ -333,16 +333,8 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
             int ch = lane + 32 * c;
             w[p][c] = ok[p] && ch < nchunk ? ld_stream(rp[p] + ch) : make_uint4(0, 0, 0, 0);
         }
-    /* the first norm weights: constant, so they load with the weights, before the wait */
-    const bool norm = a.norm_w != NULL;
-    const int k4 = K / 4, nt = blockDim.x;
-    const float4 *nw = (const float4 *)a.norm_w;
-    float4 g0[G2_NW];
-#pragma unroll
-    for (int j = 0; j < G2_NW; j++) {
-        int i = threadIdx.x + j * nt;
-        g0[j] = norm && i < k4 ? __ldg(nw + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    float4 g0[GEMV_NW];
+    gemv_load_norm_w(a, g0); /* constant: with the weights, before the wait */
     griddep_wait();
     /* the old values of the rows this warp adds to (GEMV_ACCUM, one token): read now, in the
      * shadow of x's loads, not after the dot products */
@@ -350,70 +342,8 @@ __global__ void __launch_bounds__(32 * G2_WARPS) gemv2_kernel(const __grid_const
 #pragma unroll
     for (int i = 0; i < R; i++)
         yold[i] = a.mode == GEMV_ACCUM && T == 1 && lane == 0 && ok[P * i] ? *yp[i] : 0.0f;
-    /* x -> shared memory (with the fused RMSNorm), XB float4 per thread per batch, every load
-     * of a batch issued before its first store: a rolled loop waited one L2 round trip per
-     * 16 bytes (six for K = 3072) */
-    constexpr int XB = CM / 2 > 1 ? CM / 2 : 1;
-    float ss[GEMV_MAX_T];
-#pragma unroll
-    for (int t = 0; t < GEMV_MAX_T; t++) {
-        ss[t] = 0.0f;
-        if (t >= T)
-            break;
-        const float4 *xt = (const float4 *)(a.x + (int64_t)t * a.ldx);
-        float4 *xst = (float4 *)(xs + t * K);
-        for (int i0 = threadIdx.x; i0 < k4; i0 += XB * nt) {
-            float4 v[XB];
-#pragma unroll
-            for (int j = 0; j < XB; j++)
-                v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int j = 0; j < XB; j++) {
-                if (i0 + j * nt >= k4)
-                    break;
-                xst[i0 + j * nt] = v[j];
-                ss[t] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-            }
-        }
-    }
-    if (norm) {
-#pragma unroll
-        for (int t = 0; t < GEMV_MAX_T; t++) {
-            if (t >= T)
-                break;
-            float v = warp_sum(ss[t]);
-            if (lane == 0)
-                s_part[warp][t] = v;
-        }
-    }
-    __syncthreads();
-    if (norm) {
-        for (int t = 0; t < T; t++) {
-            float tot = 0.0f;
-#pragma unroll
-            for (int q = 0; q < G2_WARPS; q++)
-                tot += s_part[q][t];
-            float inv = rsqrtf(tot / (float)K + a.eps);
-            float4 *xst = (float4 *)(xs + t * K);
-            for (int i0 = threadIdx.x; i0 < k4; i0 += G2_NW * nt) {
-                float4 g[G2_NW];
-#pragma unroll
-                for (int j = 0; j < G2_NW; j++)
-                    g[j] = i0 == (int)threadIdx.x ? g0[j]
-                           : i0 + j * nt < k4 ? __ldg(nw + i0 + j * nt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-                for (int j = 0; j < G2_NW; j++) {
-                    if (i0 + j * nt >= k4)
-                        break;
-                    float4 v = xst[i0 + j * nt];
-                    v.x = v.x * inv * g[j].x, v.y = v.y * inv * g[j].y;
-                    v.z = v.z * inv * g[j].z, v.w = v.w * inv * g[j].w;
-                    xst[i0 + j * nt] = v;
-                }
-            }
-        }
-        __syncthreads();
-    }
+    constexpr int XB = CM / 2 > 1 ? CM / 2 : 1; /* one batch covers K */
+    gemv_stage_x<XB, G2_WARPS>(a, xs, g0, s_part);
     float acc[R * P][GEMV_MAX_T];
 #pragma unroll
     for (int p = 0; p < R * P; p++)
@@ -559,6 +489,10 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
         for (int i = 0; i < a->n_seg; i++)
             rows += a->seg[i].N;
     int blocks = (int)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (gemvq_applies(a))
+        return launch_gemvq(a, s);
+    if (a->k_mixed)
+        return cudaErrorInvalidValue; /* the other kernels read every segment as a->dtype */
     int cm, rr, b2;
     if (gemv2_shape(a, &cm, &rr, &b2)) {
         switch (a->dtype) {

@@ -47,6 +47,7 @@
  */
 #include "backend/cuda/megakernel.cuh"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/quant_rows.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -281,8 +282,6 @@ __device__ __forceinline__ void mk_dot_float(const uint8_t *row0, const uint8_t 
         out[r] = warp_sum(acc[r]);
 }
 
-__device__ __forceinline__ float mk_f16(uint16_t u) { return __half2float(__ushort_as_half(u)); }
-
 /* Q8_0: 34-byte blocks of 32; lane l takes blocks l, l+32, ... (2-byte loads). */
 __device__ __noinline__ float mk_dot_q8_0(const uint8_t *row, const float *xs, int32_t K)
 {
@@ -304,27 +303,6 @@ __device__ __noinline__ float mk_dot_q8_0(const uint8_t *row, const float *xs, i
         acc = fmaf(mk_f16(q[0]), s, acc);
     }
     return warp_sum(acc);
-}
-
-/* Byte i of the 12 scale bytes held in three words. */
-__device__ __forceinline__ int mk_sbyte(uint32_t a, uint32_t b, uint32_t c, int i)
-{
-    uint32_t w = i < 4 ? a : i < 8 ? b : c;
-    return (int)((w >> (8 * (i & 3))) & 0xffu);
-}
-
-__device__ __forceinline__ void mk_q4k_scale_min(uint32_t a, uint32_t b, uint32_t c, int sub, int *sc,
-                                                 int *m)
-{
-#define s(i) mk_sbyte(a, b, c, i)
-    if (sub < 4) {
-        *sc = s(sub) & 63;
-        *m = s(sub + 4) & 63;
-    } else {
-        *sc = (s(sub + 4) & 0xF) | ((s(sub - 4) >> 6) << 4);
-        *m = (s(sub + 4) >> 4) | ((s(sub) >> 6) << 4);
-    }
-#undef s
 }
 
 /* Q4_K: 144-byte super-blocks of 256; 8 lanes per super-block, lane (c, half) takes 16 bytes
@@ -462,7 +440,6 @@ __device__ void mk_stage_x(const float *in, int32_t K, const float *norm_w, floa
     __syncthreads();
 }
 
-
 /* ---- the weight ring ----
  * Every block streams its share of every GEMV's weights (a contiguous row range per matrix:
  * rows [N b / nb, N (b+1) / nb)) through MK_STAGES shared-memory stages with 1-D bulk copies
@@ -545,11 +522,6 @@ __device__ __forceinline__ void mk_copy_words(uint32_t *dst, const uint32_t *src
     }
 }
 
-__device__ __forceinline__ uint32_t mk_smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 /* The ring needs sm_90 (bulk copies, mbarrier transaction counts); mk_build refuses older
  * devices, and the PTX built for them traps if it were ever reached. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -577,23 +549,6 @@ __device__ __forceinline__ void mk_mbar_wait_at(uint32_t a, uint32_t parity)
 __device__ __forceinline__ void mk_mbar_wait(uint64_t *bar, uint32_t parity)
 {
     mk_mbar_wait_at(mk_smem_addr(bar), parity);
-}
-
-/* 16-byte shared-memory loads by address: the stage and x pointers live in structs, so
- * the compiler cannot see they are shared and would emit generic loads (LD.E, measured in
- * the hot loop by ncu) instead of LDS. volatile: never moved above the mbarrier wait. */
-__device__ __forceinline__ uint4 mk_lds_u4(uint32_t a)
-{
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-
-__device__ __forceinline__ float4 mk_lds_f4(uint32_t a)
-{
-    float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
-    return v;
 }
 
 /* The copies of a chunk (two for SwiGLU): 16-byte aligned source ranges and where the rows

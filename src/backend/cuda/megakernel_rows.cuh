@@ -8,7 +8,8 @@
  * the block's staged x instead of once per row, without bank conflicts), read the weights with
  * ld.shared (the stage pointers live in structs, where the compiler cannot see they are
  * shared), and copy the ring's state into registers. mk_regs_kc / mk_q8_kb / mk_kq_kind say
- * which phases qualify; the rest take mk_gemv_chunks. The arithmetic order of each dot product
+ * which phases qualify; the rest take mk_gemv_chunks. The quantised row functions live in
+ * quant_rows.cuh (shared with the graph's quantised GEMV). The arithmetic order of each dot product
  * is the generic one's (mk_dot_float, mk_dot_q8_0, mk_dot_q4_k, mk_dot_q6_k), which
  * test_cuda_backend checks against the graph program at the real widths.
  */
@@ -129,42 +130,8 @@ __device__ __noinline__ void mk_gemv_regs(const struct mk_phase &P, struct mk_ri
         *best = top;
 }
 
-/* 2-byte shared-memory load by address (Q8_0 blocks are 34 bytes: 2-byte aligned). */
-__device__ __forceinline__ uint32_t mk_lds_u16(uint32_t a)
-{
-    unsigned short v;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a));
-    return v;
-}
-
-/* A GEMV phase of Q8_0 rows with K = 1024 KB (SwiGLU: gate and up both Q8_0): lane l takes
- * the 32-element blocks l + 32 u of every row and keeps their x in registers for the phase
- * (mk_dot_q8_0 read x from shared memory per element, lanes 128 bytes apart: one bank, a
- * 32-way conflict per read). Same arithmetic order as mk_dot_q8_0. */
-template <int KB>
-__device__ __forceinline__ float mk_dot_q8_regs(uint32_t row, const float *x)
-{
-    int lane = threadIdx.x & 31;
-    float acc = 0.0f;
-#pragma unroll
-    for (int u = 0; u < KB; u++) {
-        uint32_t b = row + 34u * (uint32_t)(lane + 32 * u);
-        uint32_t q[17];
-#pragma unroll
-        for (int i = 0; i < 17; i++)
-            q[i] = mk_lds_u16(b + 2 * i);
-        const float *xu = x + 32 * u;
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            s = fmaf((float)(int8_t)(q[1 + i] & 0xff), xu[2 * i], s);
-            s = fmaf((float)(int8_t)(q[1 + i] >> 8), xu[2 * i + 1], s);
-        }
-        acc = fmaf(mk_f16((uint16_t)q[0]), s, acc);
-    }
-    return acc;
-}
-
+/* A GEMV phase of Q8_0 rows with K = 1024 KB (SwiGLU: gate and up both Q8_0): x in registers
+ * for the phase (mk_gather_q8), rows by mk_dot_q8_regs (quant_rows.cuh). */
 template <int NT, int KB, bool SWIGLU>
 __device__ __noinline__ void mk_gemv_q8(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
                                         unsigned long long *best)
@@ -172,15 +139,7 @@ __device__ __noinline__ void mk_gemv_q8(const struct mk_phase &P, struct mk_ring
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = NT / 32;
     float x[32 * KB];
-    uint32_t xa = mk_smem_addr(xs);
-#pragma unroll
-    for (int u = 0; u < KB; u++)
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float4 v = mk_lds_f4(xa + 4 * (32 * (lane + 32 * u) + 4 * k));
-            x[32 * u + 4 * k] = v.x, x[32 * u + 4 * k + 1] = v.y;
-            x[32 * u + 4 * k + 2] = v.z, x[32 * u + 4 * k + 3] = v.w;
-        }
+    mk_gather_q8<KB>(mk_smem_addr(xs), x);
     const struct mk_ring ring = rg; /* registers, as in mk_gemv_regs */
     const uint32_t base = mk_smem_addr(ring.base), bars = mk_smem_addr(ring.bar);
     const uint32_t sbytes = (uint32_t)ring.stage_bytes;
@@ -240,126 +199,8 @@ __device__ __forceinline__ int mk_q8_kb(const struct mk_phase &P)
     return P.K == 1024 ? 1 : P.K == 2048 ? 2 : P.K == 3072 ? 3 : 0;
 }
 
-/* 1-byte and 16-byte shared-memory loads by address for the K-quant rows. */
-__device__ __forceinline__ uint32_t mk_lds_u8(uint32_t a)
-{
-    unsigned short v;
-    asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(a));
-    return v;
-}
-
-/* K-quant rows (Q4_K, Q6_K; Q4_K_M mixes them within a phase) with K = 1024 KB: x gathered
- * into registers once per phase in the element order each lane's dot product walks, then
- * every weight byte read with ld.shared. mk_dot_q4_k / mk_dot_q6_k read x from shared memory
- * per element with lanes 256 floats apart (16-way bank conflicts). Same arithmetic order as
- * those functions. */
-
-/* Q4_K: lane (c, half) of super-block group lane / 8 takes super-blocks lane / 8 + 4 j: x[32 j
- * + i] = element 64 c + 16 half + i (i < 16) and, + 16, element 64 c + 16 half + 32 + i. */
-template <int KB>
-__device__ __forceinline__ void mk_gather_q4k(uint32_t xa, float *x)
-{
-    int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
-#pragma unroll
-    for (int j = 0; j < KB; j++) {
-        uint32_t e = (uint32_t)(((lane >> 3) + 4 * j) * 256 + 64 * c + 16 * half);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float4 a = mk_lds_f4(xa + 4 * (e + 4 * k)), b = mk_lds_f4(xa + 4 * (e + 32 + 4 * k));
-            x[32 * j + 4 * k] = a.x, x[32 * j + 4 * k + 1] = a.y, x[32 * j + 4 * k + 2] = a.z, x[32 * j + 4 * k + 3] = a.w;
-            x[32 * j + 16 + 4 * k] = b.x, x[32 * j + 17 + 4 * k] = b.y, x[32 * j + 18 + 4 * k] = b.z, x[32 * j + 19 + 4 * k] = b.w;
-        }
-    }
-}
-
-template <int KB>
-__device__ __forceinline__ float mk_dot_q4k_regs(uint32_t row, const float *x)
-{
-    int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < KB; j++) {
-        uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
-        uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
-        float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
-        int sc0, m0, sc1, m1;
-        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
-        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
-        const float *x0 = x + 32 * j, *x1 = x0 + 16;
-        float s0 = 0.0f, s1 = 0.0f, x0s = 0.0f, x1s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            uint32_t word = i < 4 ? qv.x : i < 8 ? qv.y : i < 12 ? qv.z : qv.w;
-            uint32_t q = (word >> (8 * (i & 3))) & 0xffu;
-            s0 = fmaf((float)(q & 0xF), x0[i], s0);
-            s1 = fmaf((float)(q >> 4), x1[i], s1);
-            x0s += x0[i];
-            x1s += x1[i];
-        }
-        acc += d * ((float)sc0 * s0 + (float)sc1 * s1) - dmin * ((float)m0 * x0s + (float)m1 * x1s);
-    }
-    return acc;
-}
-
-/* Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j: x[16 j
- * + 4 qq + i] = element 128 h + 4 g + 32 qq + i (qq, i < 4). */
-template <int KB>
-__device__ __forceinline__ void mk_gather_q6k(uint32_t xa, float *x)
-{
-    int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
-#pragma unroll
-    for (int j = 0; j < 2 * KB; j++) {
-        uint32_t e = (uint32_t)(((lane >> 4) + 2 * j) * 256 + 128 * h + 4 * g);
-#pragma unroll
-        for (int qq = 0; qq < 4; qq++) {
-            float4 a = mk_lds_f4(xa + 4 * (e + 32 * qq));
-            x[16 * j + 4 * qq] = a.x, x[16 * j + 4 * qq + 1] = a.y, x[16 * j + 4 * qq + 2] = a.z, x[16 * j + 4 * qq + 3] = a.w;
-        }
-    }
-}
-
-template <int KB>
-__device__ __forceinline__ float mk_dot_q6k_regs(uint32_t row, const float *x)
-{
-    int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 2 * KB; j++) {
-        uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
-        uint32_t ql = b + 64 * h + 4 * g, qh = b + 128 + 32 * h + 4 * g, sc = b + 192 + 8 * h + g / 4;
-        float d = mk_f16((uint16_t)(mk_lds_u8(b + 208) | (mk_lds_u8(b + 209) << 8)));
-        uint32_t lo0[4], lo1[4], hb[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo0[i] = mk_lds_u8(ql + i);
-            lo1[i] = mk_lds_u8(ql + 32 + i);
-            hb[i] = mk_lds_u8(qh + i);
-        }
-#pragma unroll
-        for (int qq = 0; qq < 4; qq++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int lo = ((qq & 1) ? lo1[i] : lo0[i]) >> ((qq >> 1) * 4) & 0xF;
-                int q = (lo | (((hb[i] >> (2 * qq)) & 3) << 4)) - 32;
-                s = fmaf((float)q, x[16 * j + 4 * qq + i], s);
-            }
-            acc = fmaf(d * (float)(int8_t)mk_lds_u8(sc + 2 * qq), s, acc);
-        }
-    }
-    return acc;
-}
-
-/* One row of segment dtype dt (Q4_K or Q6_K) with the gathered x of its layout. */
-template <int KB, bool L4, bool L6>
-__device__ __forceinline__ float mk_dot_kq(int32_t dt, uint32_t row, const float *x4, const float *x6)
-{
-    if (L4 && (!L6 || dt == QR_Q4_K))
-        return mk_dot_q4k_regs<KB>(row, x4);
-    return mk_dot_q6k_regs<KB>(row, x6);
-}
-
-/* A GEMV phase of Q4_K / Q6_K rows (L4, L6: which layouts occur), K = 1024 KB. */
+/* A GEMV phase of Q4_K / Q6_K rows (L4, L6: which layouts occur), K = 1024 KB: x gathered
+ * in both layouts that occur, rows by mk_dot_kq (quant_rows.cuh). */
 template <int NT, int KB, bool L4, bool L6>
 __device__ __noinline__ void mk_gemv_kq(const struct mk_phase &P, struct mk_ring &rg, const float *xs,
                                         unsigned long long *best)

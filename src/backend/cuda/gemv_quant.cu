@@ -1,0 +1,184 @@
+/*
+ * gemv_quant.cu — the decode GEMV for quantised weights (Q8_0, Q4_K, Q6_K), one token: what
+ * gemv2 (matmul.cu) is for float weights.
+ *
+ * The first GEMV kernel (gemv_kernel) walks a quantised row 32 elements at a time, each lane
+ * reading its block's bytes and x from global memory as it goes: one round trip after another.
+ * Here each warp owns one row (the gate/up pair with SwiGLU) and copies the row's raw bytes
+ * into its slice of shared memory with cp.async before griddep_wait, all copies in flight at
+ * once; the block stages x (normalised when the norm is fused, gemv_stage.cuh) meanwhile;
+ * then each lane gathers the x of the blocks it walks into registers and forms its part of
+ * the dot product from shared memory with the megakernel's row functions (quant_rows.cuh),
+ * so the graph and the megakernel sum in the same order.
+ *
+ * Applies (gemvq_applies) for T = 1, K = 1024, 2048 or 3072 (SwiGLU: 1024), every segment of
+ * the launch's dtype with rows that are whole copy units (16 bytes; 8 for Q6_K, whose
+ * 210-byte super-blocks leave rows 8-byte aligned), and x 16-byte aligned; otherwise the
+ * first kernel runs. k_mixed launches (Q4_K_M's q|k|v: Q4_K and Q6_K segments, each warp's
+ * row of one) take gemvq alone: one launch instead of a norm and three GEMVs.
+ */
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_stage.cuh"
+#include "backend/cuda/quant_rows.cuh"
+
+#define GQ_WARPS 4 /* warps per block, one row each */
+#define GQ_KMIXED (-1) /* the DT of k_mixed launches */
+
+/* An asynchronous copy of CB bytes (8 or 16) from global into shared memory. */
+template <int CB>
+__device__ __forceinline__ void gq_copy(uint32_t dst, const void *src)
+{
+    if (CB == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+
+/* The warp's dot product of its row at shared address row with the staged x (all lanes get
+ * the sum). */
+template <int DT, int KB>
+__device__ __forceinline__ float gq_dot(uint32_t xa, uint32_t row)
+{
+    float x[32 * KB];
+    if (DT == QR_Q8_0) {
+        mk_gather_q8<KB>(xa, x);
+        return warp_sum(mk_dot_q8_regs<KB>(row, x));
+    }
+    if (DT == QR_Q4_K) {
+        mk_gather_q4k<KB>(xa, x);
+        return warp_sum(mk_dot_q4k_regs<KB>(row, x));
+    }
+    mk_gather_q6k<KB>(xa, x);
+    return warp_sum(mk_dot_q6k_regs<KB>(row, x));
+}
+
+/* P = 2: SwiGLU (seg[0] gate, seg[1] up). stride: bytes of shared memory per row copy.
+ * DT = GQ_KMIXED: each segment Q4_K or Q6_K (seg[].dtype; P = 1, CB = 8). */
+template <int DT, int P, int KB, int CB>
+__global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_constant__ struct gemv_args a,
+                                                              int32_t stride)
+{
+    extern __shared__ float4 gq_smem4[];
+    __shared__ float s_part[GQ_WARPS][GEMV_MAX_T];
+    griddep_launch();
+    float *xs = (float *)gq_smem4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t r = (int64_t)blockIdx.x * GQ_WARPS + warp;
+    int sg = 0;
+    if (P == 1)
+        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
+            r -= a.seg[sg++].N;
+    const bool ok = r < a.seg[sg].N;
+    const uint32_t rows = smem_u32(xs + a.K) + (uint32_t)(warp * P * stride);
+    if (ok)
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            const struct gemv_seg &g = a.seg[P == 2 ? p : sg];
+            const uint8_t *src = (const uint8_t *)g.w + r * g.row_bytes;
+            int n = (int)(g.row_bytes / CB);
+            for (int i = lane; i < n; i += 32)
+                gq_copy<CB>(rows + (uint32_t)(p * stride + i * CB), src + (int64_t)i * CB);
+        }
+    cp_async_commit();
+    float4 g0[GEMV_NW];
+    gemv_load_norm_w(a, g0);
+    griddep_wait();
+    float *y = a.seg[sg].y + (ok ? r : 0);
+    float yold = a.mode == GEMV_ACCUM && ok && lane == 0 ? *y : 0.0f;
+    gemv_stage_x<2 * KB, GQ_WARPS>(a, xs, g0, s_part); /* 256 KB float4 over 128 threads: one batch */
+    cp_async_wait<0>();
+    __syncwarp(); /* every lane's copies of the row are visible to the whole warp */
+    if (!ok)
+        return;
+    const uint32_t xa = smem_u32(xs);
+    float v = DT != GQ_KMIXED      ? gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, KB>(xa, rows)
+              : a.seg[sg].dtype == QR_Q4_K ? gq_dot<QR_Q4_K, KB>(xa, rows) /* warp-uniform */
+                                           : gq_dot<QR_Q6_K, KB>(xa, rows);
+    if (P == 2) {
+        float u = gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, KB>(xa, rows + (uint32_t)stride);
+        v = v / (1.0f + __expf(-v)) * u;
+    }
+    if (lane == 0)
+        *y = a.mode == GEMV_ACCUM ? yold + v : v;
+}
+
+/* The copy unit of dtype's rows. */
+static int gq_copy_bytes(int32_t dtype) { return dtype == QR_Q6_K ? 8 : 16; }
+
+/* K / 1024, the shared memory and the grid of the launch; false when gemvq does not apply. */
+static bool gemvq_shape(const struct gemv_args *a, int *kb, int32_t *stride, size_t *smem, int *blocks)
+{
+    if (!a->v2 || a->T != 1 || (a->dtype != QR_Q8_0 && a->dtype != QR_Q4_K && a->dtype != QR_Q6_K))
+        return false;
+    int k = a->K % 1024 ? 0 : a->K / 1024, P = a->mode == GEMV_SWIGLU ? 2 : 1;
+    if (k < 1 || k > 3 || (P == 2 && k != 1) || (P == 2 && a->k_mixed) || (uintptr_t)a->x % 16 ||
+        (uintptr_t)a->norm_w % 16)
+        return false;
+    int cb = a->k_mixed ? 8 : gq_copy_bytes(a->dtype), nseg = P == 2 ? 2 : a->n_seg;
+    int64_t rows = 0, rb = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (a->k_mixed && a->seg[i].dtype != QR_Q4_K && a->seg[i].dtype != QR_Q6_K)
+            return false;
+        if (a->seg[i].row_bytes % cb || (uintptr_t)a->seg[i].w % cb)
+            return false;
+        rb = a->seg[i].row_bytes > rb ? a->seg[i].row_bytes : rb;
+        rows += a->seg[i].N;
+    }
+    if (P == 2) {
+        if (a->seg[1].N != a->seg[0].N)
+            return false;
+        rows = a->seg[0].N;
+    }
+    *kb = k;
+    *stride = (int32_t)((rb + 15) / 16 * 16);
+    *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * P * *stride;
+    *blocks = (int)((rows + GQ_WARPS - 1) / GQ_WARPS);
+    return *smem <= 47 * 1024;
+}
+
+bool gemvq_applies(const struct gemv_args *a)
+{
+    int kb, blocks;
+    int32_t stride;
+    size_t smem;
+    return gemvq_shape(a, &kb, &stride, &smem, &blocks);
+}
+
+template <int DT>
+static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int32_t stride, size_t smem, int blocks,
+                            cudaStream_t s)
+{
+    constexpr int CB = DT == QR_Q6_K ? 8 : 16;
+    dim3 g(blocks), th(32 * GQ_WARPS);
+    bool p = a->pdl;
+    if (a->mode == GEMV_SWIGLU)
+        return launch_k(p, gemvq_kernel<DT, 2, 1, CB>, g, th, smem, s, *a, stride);
+    switch (kb) {
+    case 1: return launch_k(p, gemvq_kernel<DT, 1, 1, CB>, g, th, smem, s, *a, stride);
+    case 2: return launch_k(p, gemvq_kernel<DT, 1, 2, CB>, g, th, smem, s, *a, stride);
+    default: return launch_k(p, gemvq_kernel<DT, 1, 3, CB>, g, th, smem, s, *a, stride);
+    }
+}
+
+cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)
+{
+    int kb, blocks;
+    int32_t stride;
+    size_t smem;
+    if (!gemvq_shape(a, &kb, &stride, &smem, &blocks))
+        return cudaErrorInvalidValue;
+    if (a->k_mixed) {
+        dim3 g(blocks), th(32 * GQ_WARPS);
+        switch (kb) {
+        case 1: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 1, 8>, g, th, smem, s, *a, stride);
+        case 2: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 2, 8>, g, th, smem, s, *a, stride);
+        default: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 3, 8>, g, th, smem, s, *a, stride);
+        }
+    }
+    switch (a->dtype) {
+    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, kb, stride, smem, blocks, s);
+    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, kb, stride, smem, blocks, s);
+    default: return gemvq_dt<QR_Q6_K>(a, kb, stride, smem, blocks, s);
+    }
+}

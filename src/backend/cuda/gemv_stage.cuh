@@ -1,0 +1,103 @@
+/*
+ * gemv_stage.cuh — the GEMV kernels' common start (gemv2 in matmul.cu, gemvq in
+ * gemv_quant.cu): x staged in shared memory for the whole block, RMS-normalised when the
+ * launch fuses the norm.
+ *
+ * Decode is latency-bound, and a GPU issues a warp's instructions in order: a rolled loop of
+ * "load 16 bytes, store them" waits one L2 round trip per trip (six for K = 3072). Here every
+ * load of a pass is issued before its first store (XB float4 per thread per batch; the
+ * kernels pick XB so that one batch covers K), and the first norm weights are loaded before
+ * griddep_wait, with the weights (docs/perf-log.md, session 11). The sums run in the same
+ * order as the rolled loop did.
+ */
+#ifndef QWENRT_BACKEND_CUDA_GEMV_STAGE_CUH
+#define QWENRT_BACKEND_CUDA_GEMV_STAGE_CUH
+
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+
+#define GEMV_NW 2 /* norm weights (float4) per thread loaded ahead: all of them for K <= 1024 at 128 threads */
+
+/* The thread's first GEMV_NW float4 of the norm weights (zeros without a norm). */
+__device__ __forceinline__ void gemv_load_norm_w(const struct gemv_args &a, float4 (&g0)[GEMV_NW])
+{
+    const float4 *nw = (const float4 *)a.norm_w;
+#pragma unroll
+    for (int j = 0; j < GEMV_NW; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        g0[j] = nw && i < a.K / 4 ? __ldg(nw + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+/* xs [T][K] = x, times 1/rms(x) * norm_w when a.norm_w; NWARPS warps; s_part [NWARPS][GEMV_MAX_T]
+ * shared. Ends with the block barrier that makes xs visible. */
+template <int XB, int NWARPS>
+__device__ __forceinline__ void gemv_stage_x(const struct gemv_args &a, float *xs, const float4 (&g0)[GEMV_NW],
+                                             float (*s_part)[GEMV_MAX_T])
+{
+    const bool norm = a.norm_w != NULL;
+    const int K = a.K, T = a.T, k4 = K / 4, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float4 *nw = (const float4 *)a.norm_w;
+    float ss[GEMV_MAX_T];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) {
+        ss[t] = 0.0f;
+        if (t >= T)
+            break;
+        const float4 *xt = (const float4 *)(a.x + (int64_t)t * a.ldx);
+        float4 *xst = (float4 *)(xs + t * K);
+        for (int i0 = threadIdx.x; i0 < k4; i0 += XB * nt) {
+            float4 v[XB];
+#pragma unroll
+            for (int j = 0; j < XB; j++)
+                v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int j = 0; j < XB; j++) {
+                if (i0 + j * nt >= k4)
+                    break;
+                xst[i0 + j * nt] = v[j];
+                ss[t] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            }
+        }
+    }
+    if (norm) {
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++) {
+            if (t >= T)
+                break;
+            float v = warp_sum(ss[t]);
+            if (lane == 0)
+                s_part[warp][t] = v;
+        }
+    }
+    __syncthreads();
+    if (!norm)
+        return;
+    for (int t = 0; t < T; t++) {
+        float tot = 0.0f;
+#pragma unroll
+        for (int q = 0; q < NWARPS; q++)
+            tot += s_part[q][t];
+        float inv = rsqrtf(tot / (float)K + a.eps);
+        float4 *xst = (float4 *)(xs + t * K);
+        for (int i0 = threadIdx.x; i0 < k4; i0 += GEMV_NW * nt) {
+            float4 g[GEMV_NW];
+#pragma unroll
+            for (int j = 0; j < GEMV_NW; j++)
+                g[j] = i0 == (int)threadIdx.x ? g0[j]
+                       : i0 + j * nt < k4 ? __ldg(nw + i0 + j * nt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int j = 0; j < GEMV_NW; j++) {
+                if (i0 + j * nt >= k4)
+                    break;
+                float4 v = xst[i0 + j * nt];
+                v.x = v.x * inv * g[j].x, v.y = v.y * inv * g[j].y;
+                v.z = v.z * inv * g[j].z, v.w = v.w * inv * g[j].w;
+                xst[i0 + j * nt] = v;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+#endif
