@@ -11,7 +11,7 @@
  * the dot product from shared memory with the megakernel's row functions (quant_rows.cuh),
  * so the graph and the megakernel sum in the same order.
  *
- * Applies (gemvq_applies) for T = 1, K = 1024, 2048 or 3072 (SwiGLU: 1024), every segment of
+ * Applies (gemvq_applies) for T = 1, K = 1024, 2048, 3072 or 3584 (SwiGLU: 1024), every segment of
  * the launch's dtype with rows that are whole copy units (16 bytes; 8 for Q6_K, whose
  * 210-byte super-blocks leave rows 8-byte aligned), and x 16-byte aligned; otherwise the
  * first kernel runs. k_mixed launches (Q4_K_M's q|k|v: Q4_K and Q6_K segments, each warp's
@@ -35,27 +35,30 @@ __device__ __forceinline__ void gq_copy(uint32_t dst, const void *src)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
 }
 
-/* The warp's dot product of its row at shared address row with the staged x (all lanes get
- * the sum). */
-template <int DT, int KB>
+/* The warp's dot product of its row at shared address row with the staged x, K = 256 NSB
+ * (all lanes get the sum). */
+template <int DT, int NSB>
 __device__ __forceinline__ float gq_dot(uint32_t xa, uint32_t row)
 {
-    float x[32 * KB];
+    constexpr int KB = (NSB + 3) / 4; /* rounds of 1,024 elements */
     if (DT == QR_Q8_0) {
-        mk_gather_q8<KB>(xa, x);
-        return warp_sum(mk_dot_q8_regs<KB>(row, x));
+        float x[32 * KB];
+        mk_gather_q8<KB, 8 * NSB>(xa, x);
+        return warp_sum(mk_dot_q8_regs<KB, 8 * NSB>(row, x));
     }
     if (DT == QR_Q4_K) {
-        mk_gather_q4k<KB>(xa, x);
-        return warp_sum(mk_dot_q4k_regs<KB>(row, x));
+        float x[32 * KB];
+        mk_gather_q4k<KB, NSB>(xa, x);
+        return warp_sum(mk_dot_q4k_regs<KB, NSB>(row, x));
     }
-    mk_gather_q6k<KB>(xa, x);
-    return warp_sum(mk_dot_q6k_regs<KB>(row, x));
+    float x[16 * ((NSB + 1) / 2)];
+    mk_gather_q6k<KB, NSB>(xa, x);
+    return warp_sum(mk_dot_q6k_regs<KB, NSB>(row, x));
 }
 
 /* P = 2: SwiGLU (seg[0] gate, seg[1] up). stride: bytes of shared memory per row copy.
  * DT = GQ_KMIXED: each segment Q4_K or Q6_K (seg[].dtype; P = 1, CB = 8). */
-template <int DT, int P, int KB, int CB>
+template <int DT, int P, int NSB, int CB>
 __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_constant__ struct gemv_args a,
                                                               int32_t stride)
 {
@@ -86,17 +89,17 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
     griddep_wait();
     float *y = a.seg[sg].y + (ok ? r : 0);
     float yold = a.mode == GEMV_ACCUM && ok && lane == 0 ? *y : 0.0f;
-    gemv_stage_x<2 * KB, GQ_WARPS>(a, xs, g0, s_part); /* 256 KB float4 over 128 threads: one batch */
+    gemv_stage_x<(NSB + 1) / 2, GQ_WARPS>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
     cp_async_wait<0>();
     __syncwarp(); /* every lane's copies of the row are visible to the whole warp */
     if (!ok)
         return;
     const uint32_t xa = smem_u32(xs);
-    float v = DT != GQ_KMIXED      ? gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, KB>(xa, rows)
-              : a.seg[sg].dtype == QR_Q4_K ? gq_dot<QR_Q4_K, KB>(xa, rows) /* warp-uniform */
-                                           : gq_dot<QR_Q6_K, KB>(xa, rows);
+    float v = DT != GQ_KMIXED      ? gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, NSB>(xa, rows)
+              : a.seg[sg].dtype == QR_Q4_K ? gq_dot<QR_Q4_K, NSB>(xa, rows) /* warp-uniform */
+                                           : gq_dot<QR_Q6_K, NSB>(xa, rows);
     if (P == 2) {
-        float u = gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, KB>(xa, rows + (uint32_t)stride);
+        float u = gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, NSB>(xa, rows + (uint32_t)stride);
         v = v / (1.0f + __expf(-v)) * u;
     }
     if (lane == 0)
@@ -106,13 +109,16 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
 /* The copy unit of dtype's rows. */
 static int gq_copy_bytes(int32_t dtype) { return dtype == QR_Q6_K ? 8 : 16; }
 
-/* K / 1024, the shared memory and the grid of the launch; false when gemvq does not apply. */
+/* The K values gemvq is built for, as K / 256 (3,584: Qwen3.5-0.8B's down product). */
+static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K == 3584 ? K / 256 : 0; }
+
+/* K / 256, the shared memory and the grid of the launch; false when gemvq does not apply. */
 static bool gemvq_shape(const struct gemv_args *a, int *kb, int32_t *stride, size_t *smem, int *blocks)
 {
     if (!a->v2 || a->T != 1 || (a->dtype != QR_Q8_0 && a->dtype != QR_Q4_K && a->dtype != QR_Q6_K))
         return false;
-    int k = a->K % 1024 ? 0 : a->K / 1024, P = a->mode == GEMV_SWIGLU ? 2 : 1;
-    if (k < 1 || k > 3 || (P == 2 && k != 1) || (P == 2 && a->k_mixed) || (uintptr_t)a->x % 16 ||
+    int k = gq_nsb(a->K), P = a->mode == GEMV_SWIGLU ? 2 : 1;
+    if (!k || (P == 2 && k != 4) || (P == 2 && a->k_mixed) || (uintptr_t)a->x % 16 ||
         (uintptr_t)a->norm_w % 16)
         return false;
     int cb = a->k_mixed ? 8 : gq_copy_bytes(a->dtype), nseg = P == 2 ? 2 : a->n_seg;
@@ -153,11 +159,12 @@ static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int32_t stride, s
     dim3 g(blocks), th(32 * GQ_WARPS);
     bool p = a->pdl;
     if (a->mode == GEMV_SWIGLU)
-        return launch_k(p, gemvq_kernel<DT, 2, 1, CB>, g, th, smem, s, *a, stride);
+        return launch_k(p, gemvq_kernel<DT, 2, 4, CB>, g, th, smem, s, *a, stride);
     switch (kb) {
-    case 1: return launch_k(p, gemvq_kernel<DT, 1, 1, CB>, g, th, smem, s, *a, stride);
-    case 2: return launch_k(p, gemvq_kernel<DT, 1, 2, CB>, g, th, smem, s, *a, stride);
-    default: return launch_k(p, gemvq_kernel<DT, 1, 3, CB>, g, th, smem, s, *a, stride);
+    case 4: return launch_k(p, gemvq_kernel<DT, 1, 4, CB>, g, th, smem, s, *a, stride);
+    case 8: return launch_k(p, gemvq_kernel<DT, 1, 8, CB>, g, th, smem, s, *a, stride);
+    case 12: return launch_k(p, gemvq_kernel<DT, 1, 12, CB>, g, th, smem, s, *a, stride);
+    default: return launch_k(p, gemvq_kernel<DT, 1, 14, CB>, g, th, smem, s, *a, stride);
     }
 }
 
@@ -171,9 +178,10 @@ cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)
     if (a->k_mixed) {
         dim3 g(blocks), th(32 * GQ_WARPS);
         switch (kb) {
-        case 1: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 1, 8>, g, th, smem, s, *a, stride);
-        case 2: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 2, 8>, g, th, smem, s, *a, stride);
-        default: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 3, 8>, g, th, smem, s, *a, stride);
+        case 4: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 4, 8>, g, th, smem, s, *a, stride);
+        case 8: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 8, 8>, g, th, smem, s, *a, stride);
+        case 12: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 12, 8>, g, th, smem, s, *a, stride);
+        default: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 14, 8>, g, th, smem, s, *a, stride);
         }
     }
     switch (a->dtype) {

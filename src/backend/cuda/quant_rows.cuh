@@ -73,17 +73,20 @@ __device__ __forceinline__ uint32_t mk_lds_u16(uint32_t a)
     return v;
 }
 
-/* Q8_0 rows with K = 1024 KB: lane l takes the 32-element blocks l + 32 u of the row, with
+/* Q8_0 rows with K = 1024 KB (NB = K / 32 blocks; NB = 112, K = 3584, leaves lanes without
+ * a block in the last round): lane l takes the 32-element blocks l + 32 u of the row, with
  * their x in registers (mk_gather_q8; reading x from shared memory per element, lanes 128
  * bytes apart, is one bank: a 32-way conflict per read). Same arithmetic order as the
  * megakernel's generic mk_dot_q8_0. */
-template <int KB>
+template <int KB, int NB = 32 * KB>
 __device__ __forceinline__ float mk_dot_q8_regs(uint32_t row, const float *x)
 {
     int lane = threadIdx.x & 31;
     float acc = 0.0f;
 #pragma unroll
-    for (int u = 0; u < KB; u++) {
+    for (int u = 0; u < (NB + 31) / 32; u++) {
+        if (NB % 32 && lane + 32 * u >= NB)
+            break;
         uint32_t b = row + 34u * (uint32_t)(lane + 32 * u);
         uint32_t q[17];
 #pragma unroll
@@ -102,14 +105,16 @@ __device__ __forceinline__ float mk_dot_q8_regs(uint32_t row, const float *x)
 }
 
 /* Q8_0's x for mk_dot_q8_regs: lane l gets the 32 elements of blocks l + 32 u (u < KB). */
-template <int KB>
+template <int KB, int NB = 32 * KB>
 __device__ __forceinline__ void mk_gather_q8(uint32_t xa, float *x)
 {
     int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int u = 0; u < KB; u++)
+    for (int u = 0; u < (NB + 31) / 32; u++)
 #pragma unroll
         for (int k = 0; k < 8; k++) {
+            if (NB % 32 && lane + 32 * u >= NB)
+                break;
             float4 v = mk_lds_f4(xa + 4 * (32 * (lane + 32 * u) + 4 * k));
             x[32 * u + 4 * k] = v.x, x[32 * u + 4 * k + 1] = v.y;
             x[32 * u + 4 * k + 2] = v.z, x[32 * u + 4 * k + 3] = v.w;
@@ -131,13 +136,16 @@ __device__ __forceinline__ uint32_t mk_lds_u8(uint32_t a)
  * those functions. */
 
 /* Q4_K: lane (c, half) of super-block group lane / 8 takes super-blocks lane / 8 + 4 j: x[32 j
- * + i] = element 64 c + 16 half + i (i < 16) and, + 16, element 64 c + 16 half + 32 + i. */
-template <int KB>
+ * + i] = element 64 c + 16 half + i (i < 16) and, + 16, element 64 c + 16 half + 32 + i.
+ * NSB = K / 256 super-blocks (14 for K = 3584: the last round has two groups). */
+template <int KB, int NSB = 4 * KB>
 __device__ __forceinline__ void mk_gather_q4k(uint32_t xa, float *x)
 {
     int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
 #pragma unroll
-    for (int j = 0; j < KB; j++) {
+    for (int j = 0; j < (NSB + 3) / 4; j++) {
+        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
+            break;
         uint32_t e = (uint32_t)(((lane >> 3) + 4 * j) * 256 + 64 * c + 16 * half);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -148,13 +156,15 @@ __device__ __forceinline__ void mk_gather_q4k(uint32_t xa, float *x)
     }
 }
 
-template <int KB>
+template <int KB, int NSB = 4 * KB>
 __device__ __forceinline__ float mk_dot_q4k_regs(uint32_t row, const float *x)
 {
     int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
     float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < KB; j++) {
+    for (int j = 0; j < (NSB + 3) / 4; j++) {
+        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
+            break;
         uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
         uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
         float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
@@ -178,13 +188,15 @@ __device__ __forceinline__ float mk_dot_q4k_regs(uint32_t row, const float *x)
 }
 
 /* Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j: x[16 j
- * + 4 qq + i] = element 128 h + 4 g + 32 qq + i (qq, i < 4). */
-template <int KB>
+ * + 4 qq + i] = element 128 h + 4 g + 32 qq + i (qq, i < 4). NSB = K / 256 super-blocks. */
+template <int KB, int NSB = 4 * KB>
 __device__ __forceinline__ void mk_gather_q6k(uint32_t xa, float *x)
 {
     int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
 #pragma unroll
-    for (int j = 0; j < 2 * KB; j++) {
+    for (int j = 0; j < (NSB + 1) / 2; j++) {
+        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
+            break;
         uint32_t e = (uint32_t)(((lane >> 4) + 2 * j) * 256 + 128 * h + 4 * g);
 #pragma unroll
         for (int qq = 0; qq < 4; qq++) {
@@ -194,13 +206,15 @@ __device__ __forceinline__ void mk_gather_q6k(uint32_t xa, float *x)
     }
 }
 
-template <int KB>
+template <int KB, int NSB = 4 * KB>
 __device__ __forceinline__ float mk_dot_q6k_regs(uint32_t row, const float *x)
 {
     int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
     float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 2 * KB; j++) {
+    for (int j = 0; j < (NSB + 1) / 2; j++) {
+        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
+            break;
         uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
         uint32_t ql = b + 64 * h + 4 * g, qh = b + 128 + 32 * h + 4 * g, sc = b + 192 + 8 * h + g / 4;
         float d = mk_f16((uint16_t)(mk_lds_u8(b + 208) | (mk_lds_u8(b + 209) << 8)));
