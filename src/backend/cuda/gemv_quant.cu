@@ -35,30 +35,53 @@ __device__ __forceinline__ void gq_copy(uint32_t dst, const void *src)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
 }
 
-/* The warp's dot product of its row at shared address row with the staged x, K = 256 NSB
- * (all lanes get the sum). */
+/* x floats a lane holds for dtype DT's rows of K = 256 NSB (mk_gather_q8 / q4k / q6k). */
+#define GQ_XN(DT, NSB) ((DT) == QR_Q6_K ? 16 * (((NSB) + 1) / 2) : 32 * (((NSB) + 3) / 4))
+
+/* The staged x at shared address xa gathered into the lane's registers in DT's order. */
 template <int DT, int NSB>
-__device__ __forceinline__ float gq_dot(uint32_t xa, uint32_t row)
+__device__ __forceinline__ void gq_gather(uint32_t xa, float *x)
 {
     constexpr int KB = (NSB + 3) / 4; /* rounds of 1,024 elements */
-    if (DT == QR_Q8_0) {
-        float x[32 * KB];
+    if (DT == QR_Q8_0)
         mk_gather_q8<KB, 8 * NSB>(xa, x);
-        return warp_sum(mk_dot_q8_regs<KB, 8 * NSB>(row, x));
-    }
-    if (DT == QR_Q4_K) {
-        float x[32 * KB];
+    else if (DT == QR_Q4_K)
         mk_gather_q4k<KB, NSB>(xa, x);
+    else
+        mk_gather_q6k<KB, NSB>(xa, x);
+}
+
+/* The warp's dot product of the row at shared address row with the gathered x (all lanes
+ * get the sum). */
+template <int DT, int NSB>
+__device__ __forceinline__ float gq_row(uint32_t row, const float *x)
+{
+    constexpr int KB = (NSB + 3) / 4;
+    if (DT == QR_Q8_0)
+        return warp_sum(mk_dot_q8_regs<KB, 8 * NSB>(row, x));
+    if (DT == QR_Q4_K)
         return warp_sum(mk_dot_q4k_regs<KB, NSB>(row, x));
-    }
-    float x[16 * ((NSB + 1) / 2)];
-    mk_gather_q6k<KB, NSB>(xa, x);
     return warp_sum(mk_dot_q6k_regs<KB, NSB>(row, x));
 }
 
-/* P = 2: SwiGLU (seg[0] gate, seg[1] up). stride: bytes of shared memory per row copy.
- * DT = GQ_KMIXED: each segment Q4_K or Q6_K (seg[].dtype; P = 1, CB = 8). */
-template <int DT, int P, int NSB, int CB>
+/* One row of either K-quant (k_mixed launches), x gathered for it. */
+template <int NSB>
+__device__ __forceinline__ float gq_row_kq(int32_t dtype, uint32_t xa, uint32_t row)
+{
+    if (dtype == QR_Q4_K) {
+        float x[GQ_XN(QR_Q4_K, NSB)];
+        gq_gather<QR_Q4_K, NSB>(xa, x);
+        return gq_row<QR_Q4_K, NSB>(row, x);
+    }
+    float x[GQ_XN(QR_Q6_K, NSB)];
+    gq_gather<QR_Q6_K, NSB>(xa, x);
+    return gq_row<QR_Q6_K, NSB>(row, x);
+}
+
+/* P = 2: SwiGLU (seg[0] gate, seg[1] up). R rows per warp (x gathered once for them).
+ * stride: bytes of shared memory per row copy. DT = GQ_KMIXED: each segment Q4_K or Q6_K
+ * (seg[].dtype; P = 1, R = 1, CB = 8). */
+template <int DT, int P, int NSB, int CB, int R>
 __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_constant__ struct gemv_args a,
                                                               int32_t stride)
 {
@@ -67,43 +90,68 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
     griddep_launch();
     float *xs = (float *)gq_smem4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t r = (int64_t)blockIdx.x * GQ_WARPS + warp;
-    int sg = 0;
-    if (P == 1)
-        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
-            r -= a.seg[sg++].N;
-    const bool ok = r < a.seg[sg].N;
-    const uint32_t rows = smem_u32(xs + a.K) + (uint32_t)(warp * P * stride);
-    if (ok)
+    const int64_t r0 = ((int64_t)blockIdx.x * GQ_WARPS + warp) * R;
+    int64_t rr[R];
+    int sg[R];
+    bool ok[R];
 #pragma unroll
-        for (int p = 0; p < P; p++) {
-            const struct gemv_seg &g = a.seg[P == 2 ? p : sg];
-            const uint8_t *src = (const uint8_t *)g.w + r * g.row_bytes;
-            int n = (int)(g.row_bytes / CB);
-            for (int i = lane; i < n; i += 32)
-                gq_copy<CB>(rows + (uint32_t)(p * stride + i * CB), src + (int64_t)i * CB);
-        }
+    for (int i = 0; i < R; i++) {
+        int64_t r = r0 + i;
+        int s = 0;
+        if (P == 1)
+            while (s < a.n_seg - 1 && r >= a.seg[s].N)
+                r -= a.seg[s++].N;
+        rr[i] = r, sg[i] = s, ok[i] = r < a.seg[s].N;
+    }
+    const uint32_t rows = smem_u32(xs + a.K) + (uint32_t)(warp * R * P * stride);
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        if (ok[i])
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const struct gemv_seg &g = a.seg[P == 2 ? p : sg[i]];
+                const uint8_t *src = (const uint8_t *)g.w + rr[i] * g.row_bytes;
+                int n = (int)(g.row_bytes / CB);
+                uint32_t dst = rows + (uint32_t)((i * P + p) * stride);
+                for (int k = lane; k < n; k += 32)
+                    gq_copy<CB>(dst + (uint32_t)(k * CB), src + (int64_t)k * CB);
+            }
     cp_async_commit();
     float4 g0[GEMV_NW];
     gemv_load_norm_w(a, g0);
     griddep_wait();
-    float *y = a.seg[sg].y + (ok ? r : 0);
-    float yold = a.mode == GEMV_ACCUM && ok && lane == 0 ? *y : 0.0f;
+    float yold[R];
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        yold[i] = a.mode == GEMV_ACCUM && ok[i] && lane == 0 ? a.seg[sg[i]].y[rr[i]] : 0.0f;
     gemv_stage_x<(NSB + 1) / 2, GQ_WARPS>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
     cp_async_wait<0>();
-    __syncwarp(); /* every lane's copies of the row are visible to the whole warp */
-    if (!ok)
+    __syncwarp(); /* every lane's copies of the rows are visible to the whole warp */
+    if (!ok[0])
         return;
     const uint32_t xa = smem_u32(xs);
-    float v = DT != GQ_KMIXED      ? gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, NSB>(xa, rows)
-              : a.seg[sg].dtype == QR_Q4_K ? gq_dot<QR_Q4_K, NSB>(xa, rows) /* warp-uniform */
-                                           : gq_dot<QR_Q6_K, NSB>(xa, rows);
-    if (P == 2) {
-        float u = gq_dot<DT == GQ_KMIXED ? QR_Q4_K : DT, NSB>(xa, rows + (uint32_t)stride);
-        v = v / (1.0f + __expf(-v)) * u;
+    if (DT == GQ_KMIXED) { /* R = 1: the warp's row decides the layout (warp-uniform) */
+        float v = gq_row_kq<NSB>(a.seg[sg[0]].dtype, xa, rows);
+        if (lane == 0)
+            a.seg[sg[0]].y[rr[0]] = a.mode == GEMV_ACCUM ? yold[0] + v : v;
+        return;
     }
-    if (lane == 0)
-        *y = a.mode == GEMV_ACCUM ? yold + v : v;
+    constexpr int D = DT == GQ_KMIXED ? QR_Q4_K : DT;
+    float x[GQ_XN(D, NSB)];
+    gq_gather<D, NSB>(xa, x);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (!ok[i])
+            break;
+        uint32_t row = rows + (uint32_t)(i * P * stride);
+        float v = gq_row<D, NSB>(row, x);
+        if (P == 2) {
+            float u = gq_row<D, NSB>(row + (uint32_t)stride, x);
+            v = v / (1.0f + __expf(-v)) * u;
+        }
+        if (lane == 0)
+            a.seg[sg[i]].y[rr[i]] = a.mode == GEMV_ACCUM ? yold[i] + v : v;
+    }
 }
 
 /* The copy unit of dtype's rows. */
@@ -112,8 +160,19 @@ static int gq_copy_bytes(int32_t dtype) { return dtype == QR_Q6_K ? 8 : 16; }
 /* The K values gemvq is built for, as K / 256 (3,584: Qwen3.5-0.8B's down product). */
 static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K == 3584 ? K / 256 : 0; }
 
-/* K / 256, the shared memory and the grid of the launch; false when gemvq does not apply. */
-static bool gemvq_shape(const struct gemv_args *a, int *kb, int32_t *stride, size_t *smem, int *blocks)
+/* Rows per warp: more for the big products (the LM head: x staged and gathered once per four
+ * rows; H200, Qwen3-0.6B Q4_K_M 1,083 -> 1,130 tok/s), -D overrides for bench/cuda_variant.sh. */
+#ifndef GQ_R
+#define GQ_R 1
+#endif
+#ifndef GQ_R_BIG
+#define GQ_R_BIG 4
+#endif
+#define GQ_BIG_ROWS 32768 /* rows from which a product takes GQ_R_BIG */
+
+/* K / 256, rows per warp, the shared memory and the grid of the launch; false when gemvq does
+ * not apply. */
+static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *stride, size_t *smem, int *blocks)
 {
     if (!a->v2 || a->T != 1 || (a->dtype != QR_Q8_0 && a->dtype != QR_Q4_K && a->dtype != QR_Q6_K))
         return false;
@@ -138,55 +197,64 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int32_t *stride, siz
     }
     *kb = k;
     *stride = (int32_t)((rb + 15) / 16 * 16);
-    *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * P * *stride;
-    *blocks = (int)((rows + GQ_WARPS - 1) / GQ_WARPS);
+    *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS ? GQ_R_BIG : GQ_R;
+    if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > 47 * 1024)
+        *r = 1; /* the rows do not fit: one per warp */
+    *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride;
+    *blocks = (int)((rows + GQ_WARPS * *r - 1) / (GQ_WARPS * *r));
     return *smem <= 47 * 1024;
 }
 
 bool gemvq_applies(const struct gemv_args *a)
 {
-    int kb, blocks;
+    int kb, r, blocks;
     int32_t stride;
     size_t smem;
-    return gemvq_shape(a, &kb, &stride, &smem, &blocks);
+    return gemvq_shape(a, &kb, &r, &stride, &smem, &blocks);
 }
 
-template <int DT>
-static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int32_t stride, size_t smem, int blocks,
-                            cudaStream_t s)
+/* The launch of dtype DT (or GQ_KMIXED) with R rows per warp, by K / 256 and SwiGLU. */
+template <int DT, int CB, int R>
+static cudaError_t gemvq_r(const struct gemv_args *a, int kb, int32_t stride, size_t smem, int blocks,
+                           cudaStream_t s)
 {
-    constexpr int CB = DT == QR_Q6_K ? 8 : 16;
     dim3 g(blocks), th(32 * GQ_WARPS);
     bool p = a->pdl;
     if (a->mode == GEMV_SWIGLU)
-        return launch_k(p, gemvq_kernel<DT, 2, 4, CB>, g, th, smem, s, *a, stride);
+        return launch_k(p, gemvq_kernel<DT, 2, 4, CB, R>, g, th, smem, s, *a, stride);
     switch (kb) {
-    case 4: return launch_k(p, gemvq_kernel<DT, 1, 4, CB>, g, th, smem, s, *a, stride);
-    case 8: return launch_k(p, gemvq_kernel<DT, 1, 8, CB>, g, th, smem, s, *a, stride);
-    case 12: return launch_k(p, gemvq_kernel<DT, 1, 12, CB>, g, th, smem, s, *a, stride);
-    default: return launch_k(p, gemvq_kernel<DT, 1, 14, CB>, g, th, smem, s, *a, stride);
+    case 4: return launch_k(p, gemvq_kernel<DT, 1, 4, CB, R>, g, th, smem, s, *a, stride);
+    case 8: return launch_k(p, gemvq_kernel<DT, 1, 8, CB, R>, g, th, smem, s, *a, stride);
+    case 12: return launch_k(p, gemvq_kernel<DT, 1, 12, CB, R>, g, th, smem, s, *a, stride);
+    default: return launch_k(p, gemvq_kernel<DT, 1, 14, CB, R>, g, th, smem, s, *a, stride);
     }
+}
+
+template <int DT>
+static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t stride, size_t smem, int blocks,
+                            cudaStream_t s)
+{
+    constexpr int CB = DT == QR_Q6_K ? 8 : 16;
+    /* only the two row counts gemvq_shape picks are built (each is ~1.5 MB of kernels) */
+    if (r == GQ_R_BIG)
+        return gemvq_r<DT, CB, GQ_R_BIG>(a, kb, stride, smem, blocks, s);
+    if (r == GQ_R)
+        return gemvq_r<DT, CB, GQ_R>(a, kb, stride, smem, blocks, s);
+    return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
 }
 
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)
 {
-    int kb, blocks;
+    int kb, r, blocks;
     int32_t stride;
     size_t smem;
-    if (!gemvq_shape(a, &kb, &stride, &smem, &blocks))
+    if (!gemvq_shape(a, &kb, &r, &stride, &smem, &blocks))
         return cudaErrorInvalidValue;
-    if (a->k_mixed) {
-        dim3 g(blocks), th(32 * GQ_WARPS);
-        switch (kb) {
-        case 4: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 4, 8>, g, th, smem, s, *a, stride);
-        case 8: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 8, 8>, g, th, smem, s, *a, stride);
-        case 12: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 12, 8>, g, th, smem, s, *a, stride);
-        default: return launch_k(a->pdl, gemvq_kernel<GQ_KMIXED, 1, 14, 8>, g, th, smem, s, *a, stride);
-        }
-    }
+    if (a->k_mixed) /* SwiGLU never mixes (gemvq_shape) */
+        return gemvq_r<GQ_KMIXED, 8, 1>(a, kb, stride, smem, blocks, s);
     switch (a->dtype) {
-    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, kb, stride, smem, blocks, s);
-    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, kb, stride, smem, blocks, s);
-    default: return gemvq_dt<QR_Q6_K>(a, kb, stride, smem, blocks, s);
+    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, kb, r, stride, smem, blocks, s);
+    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, kb, r, stride, smem, blocks, s);
+    default: return gemvq_dt<QR_Q6_K>(a, kb, r, stride, smem, blocks, s);
     }
 }
