@@ -600,8 +600,10 @@ int main(int argc, char **argv)
                     pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
-            fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"synth seed 1234 (random, real geometry)\"\n}\n",
-                    verr, verr_fast, bytes, type);
+            /* --gguf: the file named in "command" (e.g. from qwenrt synth, seed 1) */
+            fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"%s\"\n}\n",
+                    verr, verr_fast, bytes, type,
+                    gguf ? "the --gguf file of the command" : "synth seed 1234 (random, real geometry)");
             fclose(f);
         }
     }
