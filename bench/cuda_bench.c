@@ -24,7 +24,7 @@
  *    plus the per-token public API (qwenrt_session_decode per token, as run and serve decode):
  *    the whole logits row read by the host, qwenrt_session_sample greedy (the JSON's
  *    tg_api_tok_s), and qwenrt_session_sample with qwenrt run's default sampler. The headline
- *    tg is the default path (the megakernel for Q8_0 weights, else the graph).
+ *    tg is the default path (the graph; the megakernel only when asked for).
  * 4. --gemv: first, single GEMVs of the model's BF16 shapes timed in isolation (graph of 200
  *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
  *    gemv2, with and without PDL.

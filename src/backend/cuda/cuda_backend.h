@@ -64,8 +64,8 @@ struct cuda_options {
     bool attn_gemm;      /* prefill (T >= 16): attention as f32 GEMMs + masked softmax */
     int32_t mega;        /* decode as one persistent kernel per step (megakernel.cu) when the
                           * plan allows, else the graph program: CUDA_MEGA_OFF, _ON, or _AUTO
-                          * (the default: on when the decode matmuls have Q8_0 weights, where
-                          * it measured faster than the graph; docs/perf-log.md, session 11) */
+                          * (the default, now the graph for every weight type: it measured
+                          * faster than the megakernel; docs/perf-log.md, session 11) */
     int32_t mega_threads; /* megakernel block size: 256 or 512 */
     bool mega_fuse_down; /* megakernel, 16-bit weights: the down product in the SwiGLU phase
                           * (split over the blocks' rows of h, reductions into the residual:

@@ -1032,18 +1032,6 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
 }
 
 /* true when a matmul of the plan has block-quantised weights. */
-/* The decode plan has Q8_0 products: the one weight type for which the megakernel is still
- * ahead of the graph program (H200, docs/perf-log.md session 11: Qwen3-0.6B Q8_0 863 vs 821
- * tok/s, Qwen3.5-0.8B 760 vs 655; with Q4_K_M the graph's gemvq leads, 1,083 vs 904). */
-static bool decode_has_q8_0(const struct plan *p)
-{
-    for (int32_t i = 0; i < p->n_ops; i++)
-        if ((p->ops[i].kind == OP_MATMUL || p->ops[i].kind == OP_LOGITS) && p->ops[i].w &&
-            p->ops[i].w->dtype == QR_Q8_0)
-            return true;
-    return false;
-}
-
 /* The decode megakernel when opt.mega and the plan allow it; a plan it cannot express
  * (UNSUPPORTED) keeps the graph program, with the reason kept for cuda_session_uses_megakernel. */
 static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_error *err)
@@ -1052,9 +1040,11 @@ static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_err
         snprintf(cs->mk_why, sizeof(cs->mk_why), "switched off (cuda_options.mega)");
         return QWENRT_OK;
     }
-    if (cs->opt.mega == CUDA_MEGA_AUTO && !decode_has_q8_0(&cs->plans[PHASE_DECODE])) {
-        snprintf(cs->mk_why, sizeof(cs->mk_why),
-                 "no Q8_0 weights: the graph program is faster (cuda_options.mega auto)");
+    /* auto: the graph program, which is ahead for every weight type since session 11 (H200,
+     * docs/perf-log.md: Qwen3-0.6B BF16 1,200 vs 1,013 tok/s, Q4_K_M 1,128 vs 904, Q8_0 1,040
+     * vs 863; Qwen3.5-0.8B Q8_0 887 vs 760) */
+    if (cs->opt.mega == CUDA_MEGA_AUTO) {
+        snprintf(cs->mk_why, sizeof(cs->mk_why), "the graph program is faster (cuda_options.mega auto)");
         return QWENRT_OK;
     }
     struct mk_inputs in;

@@ -161,9 +161,14 @@ static int gq_copy_bytes(int32_t dtype) { return dtype == QR_Q6_K ? 8 : 16; }
 static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K == 3584 ? K / 256 : 0; }
 
 /* Rows per warp: more for the big products (the LM head: x staged and gathered once per four
- * rows; H200, Qwen3-0.6B Q4_K_M 1,083 -> 1,130 tok/s), -D overrides for bench/cuda_variant.sh. */
+ * rows; H200, Qwen3-0.6B Q4_K_M 1,083 -> 1,130 tok/s) and two for Q8_0 everywhere (its x
+ * gather reads floats 128 bytes apart per lane, one bank: Qwen3-0.6B Q8_0 928 -> 1,040, where
+ * K-quant rows lose 1-2% with two); -D overrides for bench/cuda_variant.sh. */
 #ifndef GQ_R
 #define GQ_R 1
+#endif
+#ifndef GQ_R_Q8
+#define GQ_R_Q8 2
 #endif
 #ifndef GQ_R_BIG
 #define GQ_R_BIG 4
@@ -197,7 +202,7 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *str
     }
     *kb = k;
     *stride = (int32_t)((rb + 15) / 16 * 16);
-    *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS ? GQ_R_BIG : GQ_R;
+    *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS ? GQ_R_BIG : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
     if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > 47 * 1024)
         *r = 1; /* the rows do not fit: one per warp */
     *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride;
@@ -234,12 +239,12 @@ template <int DT>
 static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t stride, size_t smem, int blocks,
                             cudaStream_t s)
 {
-    constexpr int CB = DT == QR_Q6_K ? 8 : 16;
-    /* only the two row counts gemvq_shape picks are built (each is ~1.5 MB of kernels) */
+    constexpr int CB = DT == QR_Q6_K ? 8 : 16, RS = DT == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
+    /* only the row counts gemvq_shape picks for DT are built (each is ~1.5 MB of kernels) */
     if (r == GQ_R_BIG)
         return gemvq_r<DT, CB, GQ_R_BIG>(a, kb, stride, smem, blocks, s);
-    if (r == GQ_R)
-        return gemvq_r<DT, CB, GQ_R>(a, kb, stride, smem, blocks, s);
+    if (r == RS)
+        return gemvq_r<DT, CB, RS>(a, kb, stride, smem, blocks, s);
     return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
 }
 

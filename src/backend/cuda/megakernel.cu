@@ -27,7 +27,9 @@
  * Status (docs/perf-log.md, session 5): correct on every fixture and synth test, including the
  * real widths; faster than the graph program for quantised weights (Qwen3-0.6B Q8_0 837 vs
  * 499 tok/s, Q4_K_M 883 vs 470), level with it or 1% slower for float weights (BF16 972-977
- * vs 976-981, Qwen3.5 881-883 vs 879-892), hence CUDA_MEGA_AUTO. Ring: 3 stages of 64 KB
+ * vs 976-981, Qwen3.5 881-883 vs 879-892). Since session 11 the graph program is ahead for
+ * every weight type (its GEMVs load all they need at once, gemvq takes quantised rows), so
+ * CUDA_MEGA_AUTO no longer picks the megakernel; CUDA_MEGA_ON still does. Ring: 3 stages of 64 KB
  * (4 x 48 KB, 6 x 32 KB, 8 x 24 KB were slower: every chunk costs a wait, a release and a
  * refill). cuda_session_profile_decode times every phase and every
  * block's barrier arrival. Where a GEMV phase's ~7.3 us go (BF16): barrier ~0.9, the last block
