@@ -9,6 +9,7 @@
  *   - a lost attention output gate (Qwen3.5): position 0 fails; bound to decode only, T fails;
  *   - a DeltaNet conv that forgets to save its state, decode only: T+1 fails (the state check).
  * Correct paths must pass against both the reference path and the transformers fixture.
+ * With keep_going every position is checked and the record's counts match its checks.
  */
 #include <stdlib.h>
 
@@ -100,10 +101,11 @@ static void rebind(struct qwenrt_session *s, void *user)
     }
 }
 
-static void run_gate(const char *model, struct breakage *b, const char *reference,
-                     struct validate_result *r)
+static void run_gate_opts(const char *model, struct breakage *b, const char *reference,
+                          bool keep_going, struct validate_result *r)
 {
     struct validate_params p = {.model_path = model,
+                                .keep_going = keep_going,
                                 .n_prompt = PROMPT,
                                 .n_gen = GEN,
                                 .n_threads = 2,
@@ -117,6 +119,12 @@ static void run_gate(const char *model, struct breakage *b, const char *referenc
     if (b)
         assert_true(b->n_bound > 0);
     assert_non_null(r->record);
+}
+
+static void run_gate(const char *model, struct breakage *b, const char *reference,
+                     struct validate_result *r)
+{
+    run_gate_opts(model, b, reference, false, r);
 }
 
 static void expect_failure_at(struct validate_result *r, int32_t pos, const char *what)
@@ -249,6 +257,48 @@ static void test_lost_conv_state_fails_on_state(void **state)
     expect_failure_at(&r, PROMPT, "DeltaNet state");
 }
 
+/* --keep-going: the RoPE bug still fails at position 1 and decides the status, but every
+ * position is checked; the record's counts agree with its checks, and the relative logits
+ * error is ~0 where the path is right (position 0: no rotation) and large where it is not. */
+static void test_keep_going_checks_every_position(void **state)
+{
+    (void)state;
+    struct breakage b = {OP_QK_NORM_ROPE, qk_norm_rope_bad_sign, true, true, 0};
+    struct validate_result r;
+    run_gate_opts("tests/data/qwen3-tiny-f32", &b, NULL, true, &r);
+    assert_false(r.passed);
+    assert_int_equal(r.first_failure, 1);
+    assert_true(strstr(r.failure, "position 1 (prefill)") != NULL);
+    json_t *res = json_object_get(r.record, "result"), *checks = json_object_get(r.record, "checks");
+    assert_int_equal(json_array_size(checks), PROMPT + GEN - 1);
+    assert_true(json_is_true(json_object_get(res, "keep_going")));
+    size_t i;
+    json_t *c;
+    json_int_t passed = 0, equal = 0, ties = 0;
+    double worst = 0;
+    json_array_foreach (checks, i, c) {
+        json_t *l = json_object_get(c, "logits");
+        passed += json_is_true(json_object_get(c, "passed"));
+        equal += json_is_true(json_object_get(l, "greedy_token_equal"));
+        ties += json_is_true(json_object_get(l, "near_tie"));
+        double rel = json_real_value(json_object_get(l, "relative_error"));
+        worst = rel > worst ? rel : worst;
+        if (i == 0)
+            assert_true(rel < 1e-5);
+        if (i == 1)
+            assert_true(rel > 1e-2);
+    }
+    assert_int_equal(json_integer_value(json_object_get(res, "positions_passed")), passed);
+    assert_int_equal(json_integer_value(json_object_get(res, "greedy_token_equal")), equal);
+    assert_int_equal(json_integer_value(json_object_get(res, "near_ties")), ties);
+    assert_true(json_real_value(json_object_get(res, "max_logits_relative_error")) == worst);
+    assert_true(passed >= 1 && passed < PROMPT + GEN - 1);
+    validate_result_free(&r);
+    /* a right path with keep_going passes as without it */
+    run_gate_opts("tests/data/qwen3-tiny-f32", NULL, NULL, true, &r);
+    expect_pass(&r, PROMPT + GEN - 1);
+}
+
 static void test_tolerance_table(void **state)
 {
     (void)state;
@@ -277,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_kv_off_by_one_fails_at_first_decode),
         cmocka_unit_test(test_lost_gate_fails),
         cmocka_unit_test(test_lost_conv_state_fails_on_state),
+        cmocka_unit_test(test_keep_going_checks_every_position),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,10 +4,10 @@
  *
  *   qwenrt validate -m MODEL [--backend cpu] [--profile P] [--reference FILE]
  *                   [-p PROMPT_TOKENS] [-n OUTPUT_TOKENS] [--seed S] [--threads N]
- *                   [--out FILE] [--json]
- * Prints a readable summary (one line per failing or last position) and writes the JSON record
- * with --out (or prints it with --json). Exit 0 validated, 1 validation_failed or error,
- * 2 usage.
+ *                   [--keep-going] [--out FILE] [--json]
+ * Prints a readable summary and writes the JSON record with --out (or prints it with --json).
+ * --keep-going checks every position past the first failure (the first still decides the
+ * status). Exit 0 validated, 1 validation_failed or error, 2 usage.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -24,7 +24,7 @@ static void usage(FILE *f)
         f,
         "usage: qwenrt validate -m MODEL [--backend cpu] [--profile ID|FILE] [--reference FILE]\n"
         "         [-p PROMPT_TOKENS (8)] [-n OUTPUT_TOKENS (8)] [--seed S] [--threads N]\n"
-        "         [--profiles-dir D] [--out FILE] [--json]\n");
+        "         [--profiles-dir D] [--keep-going] [--out FILE] [--json]\n");
 }
 
 static void summary(const struct validate_result *r)
@@ -50,6 +50,11 @@ static void summary(const struct validate_result *r)
            json_real_value(json_object_get(res, "max_logits_error")),
            json_real_value(json_object_get(res, "max_cache_error")),
            json_real_value(json_object_get(res, "max_state_error")));
+    printf("greedy     %lld of %lld positions equal, %lld near ties; worst logits relative error %.3g\n",
+           (long long)json_integer_value(json_object_get(res, "greedy_token_equal")),
+           (long long)json_integer_value(json_object_get(res, "positions_checked")),
+           (long long)json_integer_value(json_object_get(res, "near_ties")),
+           json_real_value(json_object_get(res, "max_logits_relative_error")));
     if (r->passed)
         printf("status     validated\n");
     else
@@ -68,6 +73,7 @@ int cmd_validate(int argc, char **argv)
         {"out", required_argument, 0, 'o'},
         {"json", no_argument, 0, 'j'},
         {"profiles-dir", required_argument, 0, 'd'},
+        {"keep-going", no_argument, 0, 'k'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -96,6 +102,9 @@ int cmd_validate(int argc, char **argv)
             break;
         case 'j':
             as_json = true;
+            break;
+        case 'k':
+            p.keep_going = true;
             break;
         case 'h':
             usage(stdout);

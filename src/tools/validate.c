@@ -110,7 +110,8 @@ struct gate {
     int32_t T, V, n_gen;
     int32_t *prompt;
     json_t *checks;
-    double worst_logits, worst_cache, worst_state;
+    double worst_logits, worst_cache, worst_state, worst_rel;
+    int32_t n_passed, n_greedy_equal, n_near_tie; /* positions, over every check made */
     bool all_exact;
     int32_t first_failure;
     char failure[256];
@@ -137,12 +138,25 @@ static bool close_enough(const float *a, const float *b, size_t n, double rtol, 
     return ok;
 }
 
+/* ||a - b|| / ||b|| over n values (0 when both are zero; NaN propagates). */
+static double relative_error(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 static json_t *check_logits(struct gate *g, const float *cl, const float *rl, int32_t ref_tok,
                             int32_t *cand_tok, bool *passed)
 {
     double mx, mean;
     bool ok =
         close_enough(cl, rl, (size_t)g->V, g->tol->logits_rtol, g->tol->logits_atol, &mx, &mean);
+    double rel = relative_error(cl, rl, (size_t)g->V);
     *cand_tok = qwenrt_argmax(cl, g->V);
     bool equal = *cand_tok == ref_tok;
     double margin = (double)rl[ref_tok] - (double)rl[*cand_tok];
@@ -150,12 +164,15 @@ static json_t *check_logits(struct gate *g, const float *cl, const float *rl, in
         !equal && margin <= g->tol->logits_atol + g->tol->logits_rtol * fabs((double)rl[ref_tok]);
     *passed = ok && (equal || tie);
     g->worst_logits = fmax(g->worst_logits, mx);
+    g->worst_rel = rel > g->worst_rel || rel != rel ? rel : g->worst_rel;
+    g->n_greedy_equal += equal;
+    g->n_near_tie += tie;
     g->all_exact &= mx == 0;
-    return json_pack("{s:b, s:f, s:f, s:f, s:f, s:i, s:i, s:b, s:b}", "passed", *passed,
-                     "max_absolute_error", mx, "mean_absolute_error", mean, "rtol",
-                     g->tol->logits_rtol, "atol", g->tol->logits_atol, "reference_next_token",
-                     ref_tok, "candidate_next_token", *cand_tok, "greedy_token_equal", equal,
-                     "near_tie", tie);
+    return json_pack("{s:b, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:b, s:b}", "passed", *passed,
+                     "max_absolute_error", mx, "mean_absolute_error", mean, "relative_error", rel,
+                     "rtol", g->tol->logits_rtol, "atol", g->tol->logits_atol,
+                     "reference_next_token", ref_tok, "candidate_next_token", *cand_tok,
+                     "greedy_token_equal", equal, "near_tie", tie);
 }
 
 /* K and V rows from..to of every attention layer against the reference. NULL when the
@@ -265,6 +282,7 @@ static bool check_position(struct gate *g, int32_t pos, int32_t input, const cha
     json_object_set_new(c, "greedy_selection",
                         json_pack("{s:b, s:i}", "passed", lp, "token", *cand_tok));
     bool ok = lp && cp && sp;
+    g->n_passed += ok;
     json_object_set_new(c, "passed", json_boolean(ok));
     json_array_append_new(g->checks, c);
     if (!ok && g->first_failure < 0) {
@@ -403,7 +421,8 @@ static qwenrt_status run_gate(struct gate *g, struct validate_result *r, struct 
         const float *rl = g->ref.logits + (size_t)t * V;
         ref_tok = t == g->T - 1 && g->ref.generated ? g->ref.generated[0] : qwenrt_argmax(rl, g->V);
         if (!check_position(g, t, g->prompt[t], "prefill", cl + (size_t)t * V, rl, ref_tok, t,
-                            t == g->T - 1, &cand_tok))
+                            t == g->T - 1, &cand_tok) &&
+            !g->p->keep_going)
             goto out;
     }
     if (st)
@@ -426,7 +445,8 @@ static qwenrt_status run_gate(struct gate *g, struct validate_result *r, struct 
             ref_tok = qwenrt_argmax(rl, g->V);
         }
         if (!check_position(g, pos, feed, "decode", qwenrt_session_logits(g->cs), rl, ref_tok, 0,
-                            true, &cand_tok))
+                            true, &cand_tok) &&
+            !g->p->keep_going)
             break;
         r->tokens[r->n_tokens++] = cand_tok;
     }
@@ -525,6 +545,12 @@ static void build_record(struct gate *g, struct validate_result *r)
                                   (int)json_array_size(g->checks), "max_logits_error",
                                   g->worst_logits, "max_cache_error", g->worst_cache,
                                   "max_state_error", g->worst_state));
+    json_t *res = json_object_get(rec, "result");
+    json_object_set_new(res, "keep_going", json_boolean(g->p->keep_going));
+    json_object_set_new(res, "positions_passed", json_integer(g->n_passed));
+    json_object_set_new(res, "greedy_token_equal", json_integer(g->n_greedy_equal));
+    json_object_set_new(res, "near_ties", json_integer(g->n_near_tie));
+    json_object_set_new(res, "max_logits_relative_error", json_real(g->worst_rel));
     r->record = rec;
 }
 

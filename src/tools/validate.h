@@ -8,7 +8,11 @@
  * logits (max and mean absolute error, allclose with rtol/atol, argmax equality), the K and V
  * cache rows of every attention layer for all valid positions, the DeltaNet conv and recurrent
  * state of every linear-attention layer (where the reference has it), and the greedy token.
- * The first failing position stops the run: status "validated" or "validation_failed".
+ * The first failing position stops the run (status "validated" or "validation_failed"), unless
+ * keep_going: then every position is checked, the first failure still decides the status, and
+ * the record counts the positions that passed, the equal greedy ids and the near ties, with
+ * each position's relative logits error (||c - r|| / ||r||): the curve of a model whose
+ * random weights amplify rounding (Qwen3.5 at the real widths, docs/perf-log.md session 11).
  * Tolerances come from one table (validate_tolerances) and are printed in the record.
  */
 #ifndef QWENRT_TOOLS_VALIDATE_H
@@ -52,6 +56,7 @@ struct validate_params {
     uint64_t seed;              /* of the synthetic prompt */
     const char *command;        /* whose intent gates the profile: NULL = "validate" */
     unsigned intent;            /* 0 = PROFILE_INTENT_VERIFY (bench passes calibrate) */
+    bool keep_going;            /* check every position, past the first failure */
     /* Test hook: called with the candidate session right after it is created (tests rebind
      * kernels to deliberately broken ones through it). */
     void (*candidate_hook)(struct qwenrt_session *s, void *user);
