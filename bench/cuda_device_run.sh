@@ -7,7 +7,7 @@
 # validate: issue 6's long check at the real geometry — `qwenrt validate --backend cuda` on
 # synth models (CFGS, default BF16 and Q4_K_M of both), a VP-token prompt then VN decoded
 # tokens (default 128 + 129: 256 positions checked, logits and KV against the CPU reference path,
-# greedy ids), one validation record each ($OUT/validate-cuda-A-T.json); needs .devbin/qwenrt
+# greedy ids; --keep-going: every position even past a failure), one validation record each ($OUT/validate-cuda-A-T.json); needs .devbin/qwenrt
 # (gzipped) and .devlibs.
 # serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
@@ -46,7 +46,7 @@ if [ "$what" = validate ]; then
         t0=$(date +%s)
         .devbin/qwenrt synth --arch "$a" --type "$t" --no-tokenizer -o "/tmp/v-$a-$t.gguf" > /dev/null &&
             timeout ${VALIDATE_TIMEOUT:-240} .devbin/qwenrt validate -m "/tmp/v-$a-$t.gguf" --backend cuda \
-                -p ${VP:-128} -n ${VN:-129} --out "$OUT/validate-cuda-$a-$t.json" > "$OUT/validate-$a-$t.log" 2>&1
+                -p ${VP:-128} -n ${VN:-129} --keep-going --out "$OUT/validate-cuda-$a-$t.json" > "$OUT/validate-$a-$t.log" 2>&1
         echo "validate $a $t rc=$? in $(( $(date +%s) - t0 )) s"
         grep -E "^(tolerance|positions|max error|status)" "$OUT/validate-$a-$t.log"
         rm -f "/tmp/v-$a-$t.gguf"

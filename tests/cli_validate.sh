@@ -1,7 +1,7 @@
 #!/bin/sh
 # cli_validate.sh — `qwenrt validate` and `qwenrt profile` end to end: exit codes, the record
 # written with --out, intent gating (seed 000 is calibrate-only), the reference file path, and
-# `profile check` on seed 000 naming its WGSL remap. $1 = the qwenrt binary.
+# `profile check` on seed 000 naming its WGSL remap, --keep-going. $1 = the qwenrt binary.
 set -eu
 Q=$1
 T=$(mktemp -d)
@@ -13,6 +13,10 @@ M=tests/data/qwen3-tiny-f32
 grep -q "status     validated" "$T/out.txt" || fail "no validated status in: $(cat "$T/out.txt")"
 grep -q '"status": "validated"' "$T/v.json" || fail "record lacks status validated"
 grep -q '"schema_version": 1' "$T/v.json" || fail "record lacks schema_version"
+
+grep -q "greedy     9 of 9 positions equal, 0 near ties" "$T/out.txt" || fail "no greedy summary in: $(cat "$T/out.txt")"
+"$Q" validate -m $M -p 6 -n 4 --threads 2 --keep-going --out "$T/k.json" > /dev/null || fail "validate --keep-going exited $?"
+grep -q '"keep_going": true' "$T/k.json" || fail "record lacks keep_going"
 
 "$Q" validate -m $M --reference $M/reference.safetensors --threads 2 --json > "$T/f.json" || fail "fixture validate"
 grep -q '"kind": "file"' "$T/f.json" || fail "fixture reference not recorded"
