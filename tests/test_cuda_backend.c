@@ -766,6 +766,26 @@ static void free_synth_pair(struct cuda_session *a, struct cuda_session *b, stru
     remove(path);
 }
 
+/* 20 decode steps from position 0 on two sessions of one model, both fed b's greedy token:
+ * the worst relative error between their logits (la, lb: V floats each); the argmaxes must
+ * agree at every step. *id: the first token in, b's last greedy token out. */
+static double decode_pair(struct cuda_session *a, struct cuda_session *b, int32_t V, int32_t *id,
+                          float *la, float *lb, const char *what)
+{
+    struct qwenrt_error err = {0};
+    double worst = 0;
+    for (int32_t t = 0; t < 20; t++) {
+        if (cuda_session_run(a, id, 1, t, false, la, NULL, NULL, &err) ||
+            cuda_session_run(b, id, 1, t, false, lb, NULL, NULL, &err))
+            fail_msg("%s step %d: %s", what, t, err.message);
+        double e = rel_err(la, lb, (size_t)V);
+        worst = e > worst ? e : worst;
+        assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
+        *id = argmax_f(lb, V);
+    }
+    return worst;
+}
+
 /* The megakernel against the graph program on synth models of quantised weights (the
  * fixtures are f32/bf16): every decode step's logits and 12 greedy ids. Geometry: qwen3-tiny
  * widened to 256 so that the K-quants apply (Q4_K_M mixes Q4_K and Q6_K), and qwen35-tiny in
@@ -787,16 +807,7 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
         fail_msg("%s %s: the megakernel is not used: %s", arch, export_type_name(type), why);
     int32_t V = m->hp.n_vocab, id = 5;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    double worst = 0;
-    for (int32_t t = 0; t < 20; t++) {
-        if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
-            cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
-            fail_msg("%s step %d: %s", arch, t, err.message);
-        double e = rel_err(la, lb, (size_t)V);
-        worst = e > worst ? e : worst;
-        assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
-        id = argmax_f(lb, V);
-    }
+    double worst = decode_pair(a, b, V, &id, la, lb, arch);
     printf("megakernel (fuse_down %s) vs graph, %s %s width %d%s: worst logits rel err %.3g over 20 steps\n",
            fuse_down ? "on" : "off", arch, export_type_name(type), (int)width,
            own_key_heads ? " (Hv = Hk)" : "", worst);
@@ -885,16 +896,7 @@ static void check_graph_gemvq(const char *arch, enum export_type type)
         fail_msg("%s: %s", arch, err.message);
     int32_t V = m->hp.n_vocab, id = 5;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    double worst = 0;
-    for (int32_t t = 0; t < 20; t++) {
-        if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
-            cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
-            fail_msg("%s step %d: %s", arch, t, err.message);
-        double e = rel_err(la, lb, (size_t)V);
-        worst = e > worst ? e : worst;
-        assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
-        id = argmax_f(lb, V);
-    }
+    double worst = decode_pair(a, b, V, &id, la, lb, arch);
     printf("graph gemvq vs first GEMV kernel, %s %s: worst logits rel err %.3g over 20 steps\n", arch,
            export_type_name(type), worst);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
