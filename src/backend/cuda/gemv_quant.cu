@@ -4,12 +4,13 @@
  *
  * The first GEMV kernel (gemv_kernel) walks a quantised row 32 elements at a time, each lane
  * reading its block's bytes and x from global memory as it goes: one round trip after another.
- * Here each warp owns one row (the gate/up pair with SwiGLU) and copies the row's raw bytes
+ * Here each warp owns R rows (each a gate/up pair with SwiGLU; R = 1 for K-quant rows, 2 for
+ * Q8_0, 4 in products of 32,768 rows or more such as the LM head) and copies their raw bytes
  * into its slice of shared memory with cp.async before griddep_wait, all copies in flight at
  * once; the block stages x (normalised when the norm is fused, gemv_stage.cuh) meanwhile;
- * then each lane gathers the x of the blocks it walks into registers and forms its part of
- * the dot product from shared memory with the megakernel's row functions (quant_rows.cuh),
- * so the graph and the megakernel sum in the same order.
+ * then each lane gathers the x of the blocks it walks into registers, once for the warp's
+ * rows, and forms its part of each dot product from shared memory with the megakernel's row
+ * functions (quant_rows.cuh), so the graph and the megakernel sum in the same order.
  *
  * Applies (gemvq_applies) for T = 1, K = 1024, 2048, 3072 or 3584 (SwiGLU: 1024), every segment of
  * the launch's dtype with rows that are whole copy units (16 bytes; 8 for Q6_K, whose
@@ -22,7 +23,7 @@
 #include "backend/cuda/gemv_stage.cuh"
 #include "backend/cuda/quant_rows.cuh"
 
-#define GQ_WARPS 4 /* warps per block, one row each */
+#define GQ_WARPS 4 /* warps per block */
 #define GQ_KMIXED (-1) /* the DT of k_mixed launches */
 
 /* An asynchronous copy of CB bytes (8 or 16) from global into shared memory. */
