@@ -317,22 +317,8 @@ __device__ __noinline__ float mk_dot_q4_k(const uint8_t *row, const float *xs, i
         const uint8_t *b = row + (int64_t)sb * 144;
         uint4 hdr = *(const uint4 *)b;
         uint4 qv = *(const uint4 *)(b + 16 + 32 * c + 16 * half);
-        float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
-        int sc0, m0, sc1, m1;
-        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
-        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
-        const float *x0 = xs + sb * 256 + 64 * c + 16 * half, *x1 = x0 + 32;
-        float s0 = 0.0f, s1 = 0.0f, x0s = 0.0f, x1s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            uint32_t word = i < 4 ? qv.x : i < 8 ? qv.y : i < 12 ? qv.z : qv.w;
-            uint32_t q = (word >> (8 * (i & 3))) & 0xffu;
-            s0 = fmaf((float)(q & 0xF), x0[i], s0);
-            s1 = fmaf((float)(q >> 4), x1[i], s1);
-            x0s += x0[i];
-            x1s += x1[i];
-        }
-        acc += d * ((float)sc0 * s0 + (float)sc1 * s1) - dmin * ((float)m0 * x0s + (float)m1 * x1s);
+        const float *x0 = xs + sb * 256 + 64 * c + 16 * half;
+        acc += mk_q4k_lane(hdr, qv, c, x0, x0 + 32);
     }
     return warp_sum(acc);
 }

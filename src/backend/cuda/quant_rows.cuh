@@ -135,6 +135,28 @@ __device__ __forceinline__ uint32_t mk_lds_u8(uint32_t a)
  * element with lanes 256 floats apart (16-way bank conflicts). Same arithmetic order as
  * those functions. */
 
+/* One lane's part of a Q4_K super-block with header hdr: its 16 bytes qv of chunk c (low
+ * nibbles: sub-block 2c, against x0; high nibbles: sub-block 2c + 1, against x1; 16 elements
+ * each). Every Q4_K dot product here sums in this order. */
+__device__ __forceinline__ float mk_q4k_lane(uint4 hdr, uint4 qv, int c, const float *x0, const float *x1)
+{
+    float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
+    int sc0, m0, sc1, m1;
+    mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
+    mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
+    float s0 = 0.0f, s1 = 0.0f, x0s = 0.0f, x1s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        uint32_t word = i < 4 ? qv.x : i < 8 ? qv.y : i < 12 ? qv.z : qv.w;
+        uint32_t q = (word >> (8 * (i & 3))) & 0xffu;
+        s0 = fmaf((float)(q & 0xF), x0[i], s0);
+        s1 = fmaf((float)(q >> 4), x1[i], s1);
+        x0s += x0[i];
+        x1s += x1[i];
+    }
+    return d * ((float)sc0 * s0 + (float)sc1 * s1) - dmin * ((float)m0 * x0s + (float)m1 * x1s);
+}
+
 /* Q4_K: lane (c, half) of super-block group lane / 8 takes super-blocks lane / 8 + 4 j: x[32 j
  * + i] = element 64 c + 16 half + i (i < 16) and, + 16, element 64 c + 16 half + 32 + i.
  * NSB = K / 256 super-blocks (14 for K = 3584: the last round has two groups). */
@@ -167,22 +189,7 @@ __device__ __forceinline__ float mk_dot_q4k_regs(uint32_t row, const float *x)
             break;
         uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
         uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
-        float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
-        int sc0, m0, sc1, m1;
-        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
-        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
-        const float *x0 = x + 32 * j, *x1 = x0 + 16;
-        float s0 = 0.0f, s1 = 0.0f, x0s = 0.0f, x1s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            uint32_t word = i < 4 ? qv.x : i < 8 ? qv.y : i < 12 ? qv.z : qv.w;
-            uint32_t q = (word >> (8 * (i & 3))) & 0xffu;
-            s0 = fmaf((float)(q & 0xF), x0[i], s0);
-            s1 = fmaf((float)(q >> 4), x1[i], s1);
-            x0s += x0[i];
-            x1s += x1[i];
-        }
-        acc += d * ((float)sc0 * s0 + (float)sc1 * s1) - dmin * ((float)m0 * x0s + (float)m1 * x1s);
+        acc += mk_q4k_lane(hdr, qv, c, x + 32 * j, x + 32 * j + 16);
     }
     return acc;
 }
