@@ -3,6 +3,7 @@
  * src/tools/synth.c), run by hand on a GPU machine (bench/cuda_bench.sh):
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
+ *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
  *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
@@ -353,9 +354,10 @@ int main(int argc, char **argv)
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     const char *tg_variant = NULL;
+    int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i];
-        else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
+        if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i], type_given = 1;
         else if (!strcmp(argv[i], "--gguf") && i + 1 < argc) gguf = argv[++i];
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) tokenizer = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
@@ -403,6 +405,12 @@ int main(int argc, char **argv)
     struct qwenrt_error err = {0};
     char path[512];
     snprintf(path, sizeof(path), "%s", gguf ? gguf : "");
+    if (gguf && !arch_given) { /* label the rows with the file, not the default preset */
+        const char *slash = strrchr(gguf, '/');
+        arch = slash ? slash + 1 : gguf;
+    }
+    if (gguf && !type_given)
+        type = "(file)";
     if (!gguf) {
         struct model_hparams hp;
         struct export_params ep = {0};
