@@ -203,7 +203,8 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *str
     }
     *kb = k;
     *stride = (int32_t)((rb + 15) / 16 * 16);
-    *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS ? GQ_R_BIG : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
+    /* GQ_R_BIG is built for K = 1024 without SwiGLU only: the LM heads of these models */
+    *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS && k == 4 && P == 1 ? GQ_R_BIG : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
     if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > 47 * 1024)
         *r = 1; /* the rows do not fit: one per warp */
     *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride;
@@ -241,9 +242,11 @@ static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t st
                             cudaStream_t s)
 {
     constexpr int CB = DT == QR_Q6_K ? 8 : 16, RS = DT == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
-    /* only the row counts gemvq_shape picks for DT are built (each is ~1.5 MB of kernels) */
-    if (r == GQ_R_BIG)
-        return gemvq_r<DT, CB, GQ_R_BIG>(a, kb, stride, smem, blocks, s);
+    /* only the shapes gemvq_shape picks for DT are built (each row count of every shape is
+     * ~1.5 MB of kernels) */
+    if (r == GQ_R_BIG && kb == 4 && a->mode != GEMV_SWIGLU)
+        return launch_k(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, dim3(blocks), dim3(32 * GQ_WARPS), smem, s,
+                        *a, stride);
     if (r == RS)
         return gemvq_r<DT, CB, RS>(a, kb, stride, smem, blocks, s);
     return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
