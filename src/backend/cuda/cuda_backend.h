@@ -8,10 +8,10 @@
  * reads only plans (src/plan/plan.h): layer kinds, widths and weights come from the ops.
  *
  * Decode (T = 1) runs either as one persistent kernel per step (megakernel.cu: every layer,
- * the LM head and the argmax, weights streamed through a shared-memory ring; the default for
- * quantised weights, where it measured faster) or as fused kernels (cuda_session.cu lists the
- * fusions; each has a switch in struct cuda_options) captured once in a CUDA graph and
- * replayed (the default for float weights). The token id and position
+ * the LM head and the argmax, weights streamed through a shared-memory ring; only when
+ * cuda_options.mega asks for it) or as fused kernels (cuda_session.cu lists the fusions; each
+ * has a switch in struct cuda_options) captured once in a CUDA graph and replayed (the
+ * default for every weight type since session 11, where it measured faster). The token id and position
  * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps.
  * A run may leave its logits row on the device: cuda_session_top then sends back only the
  * best tokens the sampler needs (topk.cu; after a megakernel step greedy needs no launch at
