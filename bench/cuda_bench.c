@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
@@ -29,6 +29,8 @@
  * 4. --gemv: first, single GEMVs of the model's BF16 shapes timed in isolation (graph of 200
  *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
  *    gemv2, with and without PDL.
+ * 5. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
+ *    per graph, several grid shapes, without and with PDL), then exit.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
  */
 #include <math.h>
@@ -247,6 +249,7 @@ struct variant {
     double tok_s;
     bool fuse_down; /* megakernel: the down product in the SwiGLU phase (mega_fuse_down on) */
     bool rope_apart; /* graph: q/k norm + RoPE as its own launch (attn_rope off) */
+    bool mlp_on;     /* graph: the MLP in one launch (mlp_fused on; off by default) */
 };
 
 struct pvariant {
@@ -255,6 +258,25 @@ struct pvariant {
     double tok_s;
     bool chunked; /* gdn_chunked on: the DeltaNet core in chunks (default: the column scan) */
 };
+
+/* --launch-floor: microseconds per launch of an empty kernel in a graph of 140 dependent
+ * launches (a Qwen3-0.6B decode step is 142), by grid and block size, without and with PDL:
+ * what the decode graph's five launches per layer cost before any weight is read. */
+static int print_launch_floor(int reps, struct qwenrt_error *err)
+{
+    static const int32_t grids[][2] = {{1, 32}, {132, 128}, {132, 256}, {512, 128}, {1024, 128}, {264, 256}};
+    printf("| launch floor, 140 launches per graph | us / launch | with PDL |\n|---|---:|---:|\n");
+    for (size_t i = 0; i < sizeof(grids) / sizeof(grids[0]); i++) {
+        double us[2] = {0, 0};
+        for (int pdl = 0; pdl < 2; pdl++)
+            if (cuda_launch_floor_bench(140, grids[i][0], grids[i][1], pdl, reps, &us[pdl], err)) {
+                fprintf(stderr, "launch floor: %s\n", err->message);
+                return 1;
+            }
+        printf("| %d blocks x %d threads | %.2f | %.2f |\n", grids[i][0], grids[i][1], us[0], us[1]);
+    }
+    return 0;
+}
 
 /* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
 static int mega_steps(struct qwenrt_model *m, int32_t n)
@@ -352,7 +374,7 @@ static void gemv_table(const struct model_hparams *hp)
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
-    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
+    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     const char *tg_variant = NULL;
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
@@ -368,26 +390,28 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
         else if (!strcmp(argv[i], "--no-merge")) no_merge = 1; /* prefill products one by one */
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
+        else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
     /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false},
-                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false},
-                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false},
-                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false},
-                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false},
-                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false},
-                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false},
-                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false},
-                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true}};
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false, false},
+                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false, false},
+                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false, false},
+                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false, false},
+                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false, false},
+                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false, false},
+                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false, false},
+                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false, false},
+                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true, false},
+                           {"graph+fused, mlp_fused on", true, true, true, false, false, 256, true, 0, false, false, true}};
     if (tg_variant) { /* a name that matches no variant would time nothing */
         size_t v = 0;
         while (v < sizeof(vs) / sizeof(vs[0]) && strcmp(tg_variant, vs[v].name))
@@ -403,6 +427,8 @@ int main(int argc, char **argv)
     if (reps > 64)
         reps = 64;
     struct qwenrt_error err = {0};
+    if (launch_floor)
+        return print_launch_floor(reps, &err);
     char path[512];
     snprintf(path, sizeof(path), "%s", gguf ? gguf : "");
     if (gguf && !arch_given) { /* label the rows with the file, not the default preset */
@@ -519,12 +545,13 @@ int main(int argc, char **argv)
     uint64_t tg_hash = 0;
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
-        if ((decode_only && v != 0 && v != 3 && v != 7 && v != 8) || prefill_only || api_only || (tg_variant && strcmp(tg_variant, vs[v].name)))
+        if ((decode_only && !tg_variant && v != 0 && v != 3 && v != 7 && v != 8) || prefill_only || api_only || (tg_variant && strcmp(tg_variant, vs[v].name)))
             continue;
         o = cuda_default_options();
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
         o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
         o.attn_split = vs[v].split, o.mega_fuse_down = vs[v].fuse_down, o.attn_rope = !vs[v].rope_apart;
+        o.mlp_fused = vs[v].mlp_on;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -588,8 +615,8 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | default, gdn_chunked on | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[8].tok_s, pv[1].tok_s, pv[6].tok_s,
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
-    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off |\n|---|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s);
+    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json && !decode_only && !prefill_only) {
@@ -604,8 +631,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f},\n",
-                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f},\n",
+                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s, vs[9].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             /* --gguf: the file named in "command" (e.g. from qwenrt synth, seed 1) */

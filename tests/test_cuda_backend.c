@@ -913,6 +913,45 @@ static void test_graph_gemvq(void **st)
     check_graph_gemvq("qwen35-tiny", EXPORT_Q4_K_M);
 }
 
+/* The fused MLP (mlp_fused.cu: norm + gate|up + SwiGLU + down + residual in one launch)
+ * against the two launches it replaces, through the decode graph: 20 steps' logits and greedy
+ * ids (mlp_fused is off by default: this is its only check). Sizes: Qwen3-0.6B's MLP (hidden
+ * 1024, 3072 channels: 12 clusters of 8 blocks, 32 channels and 128 rows of the down product
+ * per block), Qwen3.5's at width 1024, and an awkward one (hidden 384, 1152 channels: 12 per
+ * block, 48 rows, 12 chunks per down row; F16). */
+static void check_graph_mlp(const char *arch, enum export_type type, int32_t width)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.mlp_fused = true, off.mlp_fused = false;
+    struct cuda_session *a = NULL, *b = NULL;
+    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
+        fail_msg("%s: %s", arch, err.message);
+    const char *fused = "norm+gate|up+down+residual";
+    assert_int_equal(cuda_session_count_steps(a, fused), m->hp.n_layer);
+    assert_int_equal(cuda_session_count_steps(b, fused), 0);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    double worst = decode_pair(a, b, V, &id, la, lb, arch);
+    printf("graph fused MLP vs two launches, %s %s width %d: worst logits rel err %.3g over 20 steps\n", arch,
+           export_type_name(type), (int)width, worst);
+    double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
+    if (!(worst <= tol))
+        fail_msg("%s %s width %d: fused MLP logits differ by %.3g", arch, export_type_name(type), (int)width, worst);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_graph_mlp_fused(void **st)
+{
+    (void)st;
+    check_graph_mlp("qwen3-tiny", EXPORT_BF16, 1024);
+    check_graph_mlp("qwen35-tiny", EXPORT_BF16, 1024);
+    check_graph_mlp("qwen3-tiny", EXPORT_F16, 384);
+}
+
 /* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
  * with K = 1024 / 2048 / 3072) only run at the real models' widths: hidden 1024, o-proj K
  * 2048, down K 3072, on a few layers and a small vocabulary. */
@@ -1275,6 +1314,7 @@ int main(void)
         cmocka_unit_test(test_op_matmul),
         cmocka_unit_test(test_op_gemv_sizes),
         cmocka_unit_test(test_graph_gemvq),
+        cmocka_unit_test(test_graph_mlp_fused),
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),
         cmocka_unit_test(test_fixtures_api),

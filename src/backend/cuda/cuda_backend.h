@@ -76,6 +76,10 @@ struct cuda_options {
     bool attn_split;     /* decode attention split over the positions (flash decoding) */
     bool attn_rope;      /* decode graph: q/k norm + RoPE + cache write inside the attention
                           * kernel (one launch per layer fewer; same results bit for bit) */
+    bool mlp_fused;      /* decode graph, 16-bit weights, sm_90: norm + gate|up + SwiGLU + down
+                          * + residual in one launch (mlp_fused.cu) instead of two. Off by
+                          * default: slower (Qwen3-0.6B BF16 1,080 vs 1,198 tok/s; its
+                          * clusters stream from 96 multiprocessors; docs/perf-log.md) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W
@@ -193,6 +197,12 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
                               bool pdl, int32_t reps, double *us, double *gbs,
                               struct qwenrt_error *err);
 
+/* The launch floor: a graph of n_launch dependent launches of an empty kernel (blocks x
+ * threads; with programmatic dependent launch when pdl) replayed reps times; *us: the median
+ * replay's microseconds per launch. Errors: INVALID_ARG, BACKEND. */
+qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, bool pdl,
+                                      int32_t reps, double *us, struct qwenrt_error *err);
+
 /* Runs a T-token prefill from position 0 op by op with an event after every op and writes the
  * time per op kind to report (the session's state is overwritten). Errors: INVALID_ARG,
  * BACKEND. */
@@ -202,6 +212,11 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
 
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);
+
+/* How many launches of the decode graph program carry this step label (as in the decode
+ * profile, e.g. "norm+gate|up+down+residual"). The program is built also when the
+ * megakernel runs decode. */
+int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 
 /* Times reps decode steps of token id at position pos: through the megakernel with a stamp
  * after every phase, or (no megakernel) the decode program's launches one by one with events

@@ -201,6 +201,25 @@ bool gemv2_applies(const struct gemv_args *a);
 bool gemvq_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 
+/* ---- the whole SwiGLU MLP of one token in one launch (mlp_fused.cu) ----
+ * y += W_down · (silu(W_gate · n) * (W_up · n)), n = RMSNorm(x) * norm_w; 16-bit weights,
+ * sm_90 (thread-block clusters, bulk copies). */
+struct mlp_args {
+    struct gemv_args in;   /* x, K = H, T = 1, norm_w, eps: the norm's input (gemv_stage_x) */
+    const void *w_gate, *w_up; /* [I] rows of H elements (row_bytes H * 2) */
+    const void *w_down;    /* [H] rows of I elements */
+    int64_t down_row_bytes;
+    int32_t H, I, dtype;   /* dtype: QR_BF16 or QR_F16, all three matrices */
+    float *y;              /* [H] the residual the result is added to (may be in.x) */
+    float *part;           /* scratch [MLPF_MAX_CLUSTERS][H]: each cluster's partial sums */
+    unsigned *count;       /* clusters done; zero between launches (the last one resets it) */
+};
+
+#define MLPF_MAX_CLUSTERS 16
+/* true when the fused MLP takes these arguments on this device (cc_major >= 9). */
+bool mlp_fused_applies(const struct mlp_args *a, int cc_major);
+cudaError_t launch_mlp_fused(const struct mlp_args *a, cudaStream_t s);
+
 /* Dequantises W [N][K] (dtype) to f32 [N][K]. */
 cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,
                            int64_t row_bytes, cudaStream_t s);

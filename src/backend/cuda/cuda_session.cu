@@ -42,7 +42,7 @@ extern "C" {
 }
 
 enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN, STEP_GDN_GATED,
-                 STEP_CONV_GDN_GATED };
+                 STEP_CONV_GDN_GATED, STEP_MLP };
 
 /* One launch group of the decode program. */
 struct step {
@@ -51,7 +51,8 @@ struct step {
     int32_t n_ops;       /* ops of the plan it covers */
     int32_t mm[GEMV_MAX_SEG]; /* STEP_NORM_GEMV: the matmul/logits ops (n_mm of them) */
     int32_t n_mm;
-    bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu */
+    bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu
+                          * STEP_MLP: the same, then mm[2] = down and the residual add */
     int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
 };
 
@@ -112,6 +113,9 @@ struct cuda_session {
     struct gemm_ctx gemm;
     bool gemm_ready;
     int32_t n_sm;             /* multiprocessors of the device */
+    int32_t cc_major;         /* its compute capability's major number */
+    float *mlp_part;          /* STEP_MLP's partial sums [MLPF_MAX_CLUSTERS][hidden] */
+    unsigned *mlp_count;      /* STEP_MLP's arrival counter (kept zeroed) */
     float *scratch;           /* prefill scratch (DeltaNet scan / conv), grown on demand */
     int64_t scratch_cap;      /* floats */
     /* decode program and graphs */
@@ -151,6 +155,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_split = true;
     o.attn_rope = true;
     o.attn_flash = true;
+    o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -816,6 +821,63 @@ static bool match_step(const struct plan *p, int32_t i, struct step *st)
     return false;
 }
 
+/* The fused MLP's arguments for st (STEP_NORM_GEMV with SwiGLU) followed by the down product
+ * + residual add at plan op down (b: the decode buffers); false when mlp_fused.cu does not
+ * take them (dtypes, sizes, or the intermediate read after the down product). */
+static bool mlp_args_of(const struct cuda_session *cs, float *const *b, const struct step *st, int32_t down,
+                        struct mlp_args *a)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    const struct dop *d = cs->dops[PHASE_DECODE];
+    /* st: the norm + gate|up step, or the STEP_MLP it became (two ops more) */
+    int32_t n_gu = st->kind == STEP_MLP ? st->n_ops - 2 : st->n_ops;
+    if ((st->kind != STEP_NORM_GEMV && st->kind != STEP_MLP) || !st->swiglu || !plan_matmul_add_fusable(p, down))
+        return false;
+    const struct plan_op *norm = &p->ops[st->op], *sw = &p->ops[st->op + n_gu - 1];
+    const struct plan_op *mm = &p->ops[down], *add = &p->ops[down + 1];
+    const struct dop *g = &d[st->mm[0]], *u = &d[st->mm[1]], *dn = &d[down];
+    if (down != st->op + n_gu || mm->in != sw->out || !plan_buf_dead_after(p, sw->out, down + 2) ||
+        g->dtype != u->dtype || g->dtype != dn->dtype || g->K != dn->N || g->N != dn->K ||
+        g->row_bytes != (int64_t)g->K * 2 || u->row_bytes != g->row_bytes)
+        return false;
+    memset(a, 0, sizeof(*a));
+    a->in.x = b[norm->in], a->in.ldx = bw(p, norm->in), a->in.K = g->K, a->in.T = 1;
+    a->in.norm_w = d[st->op].vec, a->in.eps = norm->eps, a->in.dtype = g->dtype;
+    a->w_gate = g->w, a->w_up = u->w, a->w_down = dn->w, a->down_row_bytes = dn->row_bytes;
+    a->H = g->K, a->I = g->N, a->dtype = g->dtype;
+    a->y = b[add->out], a->part = cs->mlp_part, a->count = cs->mlp_count;
+    return mlp_fused_applies(a, cs->cc_major);
+}
+
+/* Merges each STEP_NORM_GEMV with SwiGLU and the down product + residual after it into one
+ * STEP_MLP where the fused kernel applies; allocates its partial sums and counter. */
+static qwenrt_status merge_mlp_steps(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    int32_t n = 0, hidden = 0;
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        struct step *st = &cs->steps[i];
+        struct mlp_args a;
+        if (i + 1 < cs->n_steps && cs->steps[i + 1].kind == STEP_GEMV_ADD &&
+            mlp_args_of(cs, cs->dbufs, st, cs->steps[i + 1].op, &a)) {
+            struct step m = *st;
+            m.kind = STEP_MLP;
+            m.mm[2] = cs->steps[++i].op;
+            m.n_ops += 2;
+            cs->steps[n++] = m;
+            hidden = a.H > hidden ? a.H : hidden;
+        } else {
+            cs->steps[n++] = *st;
+        }
+    }
+    cs->n_steps = n;
+    if (!hidden)
+        return QWENRT_OK;
+    CUDA_CHECK(cudaMalloc(&cs->mlp_part, (size_t)MLPF_MAX_CLUSTERS * hidden * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&cs->mlp_count, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(cs->mlp_count, 0, sizeof(unsigned)));
+    return QWENRT_OK;
+}
+
 static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error *err)
 {
     const struct plan *p = &cs->plans[PHASE_DECODE];
@@ -833,7 +895,7 @@ static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error 
         }
         i += st->n_ops;
     }
-    return QWENRT_OK;
+    return cs->opt.fuse && cs->opt.mlp_fused ? merge_mlp_steps(cs, err) : QWENRT_OK;
 }
 
 /* STEP_NORM_GEMV: the norm fused into the GEMV of the matmuls reading it. Matmuls of one
@@ -886,6 +948,13 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         return run_op(r, st->op, err);
     case STEP_NORM_GEMV:
         return run_norm_gemv(r, st, err);
+    case STEP_MLP: {
+        struct mlp_args a;
+        if (!mlp_args_of(cs, b, st, st->mm[2], &a))
+            return err_set(err, QWENRT_ERR_INTERNAL, "cuda: the fused MLP no longer applies");
+        CUDA_CHECK(launch_mlp_fused(&a, r->stream));
+        return QWENRT_OK;
+    }
     case STEP_GDN_GATED: /* the core, then its gated norm in the same kernel */
     case STEP_CONV_GDN_GATED: { /* (the conv first) */
         int32_t core = st->kind == STEP_CONV_GDN_GATED ? st->op + 1 : st->op;
@@ -1015,6 +1084,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->att_part);
     cudaFree(cs->rope_freq);
     cudaFree(cs->att_count);
+    cudaFree(cs->mlp_part);
+    cudaFree(cs->mlp_count);
     cudaFree(cs->arena);
     cudaFree(cs->scratch);
     if (cs->stream)
@@ -1076,11 +1147,20 @@ static const char *step_label(const struct plan *p, const struct step *st)
         return st->swiglu ? "norm+gate|up+swiglu" : p->ops[st->mm[0]].kind == OP_LOGITS ? "norm+lm_head"
                : st->n_mm > 1 ? "norm+gemv(multi)" : "norm+gemv";
     case STEP_GEMV_ADD: return "gemv+residual";
+    case STEP_MLP: return "norm+gate|up+down+residual";
     case STEP_GDN_GATED: return "gdn_core+gated_norm";
     case STEP_CONV_GDN_GATED: return "conv+gdn_core+gated_norm";
     case STEP_ROPE_ATTN: return "rope+attention";
     default: return op_kind_name(p->ops[st->op].kind);
     }
+}
+
+extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < cs->n_steps; i++)
+        n += !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
+    return n;
 }
 
 #define PROFILE_LABELS 16
@@ -1287,6 +1367,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cs->cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     if ((st = upload(cs, err)) || (st = alloc_state(cs, err)) || (st = plan_merges(cs, err)))
         return st;
     CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
@@ -1879,6 +1960,66 @@ extern "C" int64_t cuda_session_device_bytes(const struct cuda_session *cs)
     return cs ? (int64_t)(cs->arena_bytes + cs->state_bytes) : 0;
 }
 
+/* ------------------------------------------------------------------ launch floor */
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The least a decode launch can cost: each block reads and writes one float the launch
+ * before it wrote, nothing else. */
+__global__ void floor_kernel(float *p)
+{
+    griddep_launch();
+    griddep_wait();
+    if (threadIdx.x == 0)
+        p[blockIdx.x] += 1.0f;
+}
+
+extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, bool pdl,
+                                                 int32_t reps, double *us, struct qwenrt_error *err)
+{
+    if (n_launch < 1 || blocks < 1 || threads < 32 || threads > 1024 || reps < 1 || reps > 64)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_launch_floor_bench: bad arguments");
+    float *p = NULL;
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float t[64];
+    cudaError_t e = cudaMalloc(&p, (size_t)blocks * sizeof(float));
+    if (!e) e = cudaMemset(p, 0, (size_t)blocks * sizeof(float));
+    if (!e) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (!e) e = cudaEventCreate(&e0);
+    if (!e) e = cudaEventCreate(&e1);
+    if (!e) e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int32_t i = 0; !e && i < n_launch; i++)
+        e = launch_k(pdl, floor_kernel, dim3(blocks), dim3(threads), 0, s, p);
+    if (s) {
+        cudaError_t e2 = cudaStreamEndCapture(s, &g);
+        e = e ? e : e2;
+    }
+    if (!e) e = cudaGraphInstantiate(&ge, g, 0);
+    for (int32_t r = -1; !e && r < reps; r++) { /* r = -1 warms up */
+        if (!(e = cudaEventRecord(e0, s)) && !(e = cudaGraphLaunch(ge, s)) && !(e = cudaEventRecord(e1, s)) &&
+            !(e = cudaEventSynchronize(e1)) && r >= 0)
+            e = cudaEventElapsedTime(&t[r], e0, e1);
+    }
+    if (!e) {
+        qsort(t, (size_t)reps, sizeof(float), cmp_f);
+        *us = 1e3 * t[reps / 2] / n_launch;
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s) cudaStreamDestroy(s);
+    cudaFree(p);
+    return e ? cuda_fail(err, e, __FILE__, __LINE__, "cuda_launch_floor_bench") : QWENRT_OK;
+}
+
 /* ------------------------------------------------------------------ GEMV microbenchmark */
 
 __global__ void bench_fill_kernel(uint16_t *p, int64_t n, uint32_t seed)
@@ -1911,12 +2052,6 @@ static void bench_bufs_free(struct bench_bufs *b)
     cudaFree(b->x);
     cudaFree(b->nw);
     cudaFree(b->y);
-}
-
-static int cmp_f(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
 }
 
 static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t N, int32_t K,

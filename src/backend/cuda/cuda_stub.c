@@ -24,6 +24,7 @@ struct cuda_options cuda_default_options(void)
                              .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true, .gemm_merge = true,
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
+                             .mlp_fused = false,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }
@@ -149,6 +150,19 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
     if (why)
         *why = "CUDA is not compiled in";
     return false;
+}
+
+qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, bool pdl,
+                                      int32_t reps, double *us, struct qwenrt_error *err)
+{
+    (void)n_launch, (void)blocks, (void)threads, (void)pdl, (void)reps, (void)us;
+    return not_built(err);
+}
+
+int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
+{
+    (void)cs, (void)label;
+    return 0;
 }
 
 int64_t cuda_session_device_bytes(const struct cuda_session *cs)
