@@ -725,14 +725,16 @@ static void test_fixtures_decode_graph(void **st)
 
 /* A synth model of arch's tiny preset in type, widened to width (0: as is; 1024 with Qwen3:
  * Qwen3-0.6B's head geometry), loaded from a GGUF at path (the caller removes it). */
-static struct qwenrt_model *load_synth(const char *arch, enum export_type type, int32_t width, bool own_key_heads,
-                                       char *path, size_t path_size)
+static struct qwenrt_model *load_synth_ssm(const char *arch, enum export_type type, int32_t width,
+                                           bool own_key_heads, int32_t ssm_dim, char *path, size_t path_size)
 {
     struct qwenrt_error err = {0};
     struct model_hparams hp;
     assert_int_equal(synth_preset(arch, &hp, &err), QWENRT_OK);
     if (own_key_heads) /* Hv == Hk, as in Qwen3.5-0.8B: the graph's conv runs inside its core */
         hp.ssm_n_v_heads = hp.ssm_n_k_heads;
+    if (ssm_dim) /* DeltaNet heads of ssm_dim x ssm_dim (Qwen3.5-0.8B: 128) */
+        hp.ssm_k_dim = hp.ssm_v_dim = ssm_dim;
     if (width) {
         hp.n_embd = width, hp.n_ff = 3 * width;
         hp.n_head = width / hp.head_dim;
@@ -751,6 +753,12 @@ static struct qwenrt_model *load_synth(const char *arch, enum export_type type, 
     if (qwenrt_model_load(path, &mp, &m, &err))
         fail_msg("load %s: %s", path, err.message);
     return m;
+}
+
+static struct qwenrt_model *load_synth(const char *arch, enum export_type type, int32_t width, bool own_key_heads,
+                                       char *path, size_t path_size)
+{
+    return load_synth_ssm(arch, type, width, own_key_heads, 0, path, path_size);
 }
 
 /* Frees what check_mega_synth and check_attention_rope hold: two sessions of a synth model,
@@ -950,6 +958,43 @@ static void test_graph_mlp_fused(void **st)
     check_graph_mlp("qwen3-tiny", EXPORT_BF16, 1024);
     check_graph_mlp("qwen35-tiny", EXPORT_BF16, 1024);
     check_graph_mlp("qwen3-tiny", EXPORT_F16, 384);
+}
+
+/* The DeltaNet decode step split over a cluster per value head (gdn_decode.cu) against one
+ * block per head (gdn_core_kernel), through the decode graph: 20 steps' logits and greedy ids.
+ * Heads: qwen35-tiny's (dk 32, dv 48: 6 columns per block, 96 threads) with the conv fused
+ * (Hv == Hk) and without (Hv = 2 Hk), and Qwen3.5-0.8B's (128 x 128: 16 columns, 256 threads). */
+static void check_graph_gdn_split(bool own_key_heads, int32_t ssm_dim)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gdn_split = true, off.gdn_split = false;
+    struct cuda_session *a = NULL, *b = NULL;
+    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
+        fail_msg("gdn split: %s", err.message);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    double worst = decode_pair(a, b, V, &id, la, lb, "gdn split");
+    printf("graph DeltaNet step split per head vs one block per head, heads %d x %d%s: worst logits rel err %.3g over 20 steps\n",
+           (int)m->hp.ssm_k_dim, (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "", worst);
+    if (!(worst <= 1e-3)) /* as check_mega_synth for Qwen3.5 */
+        fail_msg("gdn split: logits differ by %.3g", worst);
+    /* and the split kernel did run: its row sums go in another order, so 20 steps of logits
+     * are not bit for bit the one-block kernel's */
+    if (!(worst > 0))
+        fail_msg("gdn split: logits identical to the one-block kernel's: the split did not run");
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_graph_gdn_split(void **st)
+{
+    (void)st;
+    check_graph_gdn_split(true, 0);
+    check_graph_gdn_split(false, 0);
+    check_graph_gdn_split(true, 128);
 }
 
 /* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
@@ -1315,6 +1360,7 @@ int main(void)
         cmocka_unit_test(test_op_gemv_sizes),
         cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_graph_mlp_fused),
+        cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),
         cmocka_unit_test(test_fixtures_api),

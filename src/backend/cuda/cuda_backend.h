@@ -76,6 +76,8 @@ struct cuda_options {
     bool attn_split;     /* decode attention split over the positions (flash decoding) */
     bool attn_rope;      /* decode graph: q/k norm + RoPE + cache write inside the attention
                           * kernel (one launch per layer fewer; same results bit for bit) */
+    bool gdn_split;      /* decode graph, sm_90: each DeltaNet value head's step over a cluster
+                          * of blocks (gdn_decode.cu) instead of one block per head */
     bool mlp_fused;      /* decode graph, 16-bit weights, sm_90: norm + gate|up + SwiGLU + down
                           * + residual in one launch (mlp_fused.cu) instead of two. Off by
                           * default: slower (Qwen3-0.6B BF16 1,080 vs 1,198 tok/s; its

@@ -322,9 +322,14 @@ struct gdn_args {
     float *conv_state;        /* [conv_k - 1][conv_C]; NULL: qkv is already convolved */
     const float *conv_taps;   /* [conv_C][conv_k] */
     int32_t conv_C, conv_k;
+    /* launch_gdn_core only, T = 1 with the gated norm: each value head over a cluster of
+     * blocks (gdn_decode.cu) when it applies; the caller sets it only on sm_90 and later */
+    bool split;
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);
+bool gdn_split_applies(const struct gdn_args *a);
+cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s);
 /* Column-parallel prefill form (T > 1): q/k normalised, beta and decay for every token by one
  * kernel into scratch, then one warp per 4 state columns runs the recurrence. */
 bool gdn_scan_supports(int32_t dk, int32_t dv);

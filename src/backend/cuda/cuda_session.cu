@@ -155,6 +155,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_split = true;
     o.attn_rope = true;
     o.attn_flash = true;
+    o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -961,6 +962,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         const struct plan_op *gn = &p->ops[core + 1];
         struct gdn_args a = gdn_args_of(r, core, 1);
         a.z = b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = r->d[core + 1].vec, a.geps = gn->eps;
+        a.split = cs->opt.gdn_split && cs->cc_major >= 9;
         if (st->kind == STEP_CONV_GDN_GATED) {
             a.conv_state = cs->conv[op->layer], a.conv_taps = r->d[st->op].vec;
             a.conv_C = bw(p, op->out), a.conv_k = op->conv_k;

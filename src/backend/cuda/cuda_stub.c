@@ -24,7 +24,7 @@ struct cuda_options cuda_default_options(void)
                              .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true, .gemm_merge = true,
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
-                             .mlp_fused = false,
+                             .gdn_split = true, .mlp_fused = false,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }

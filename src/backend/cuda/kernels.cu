@@ -975,6 +975,8 @@ bool gdn_supports(int32_t dk, int32_t dv)
 
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s)
 {
+    if (a->split && gdn_split_applies(a))
+        return launch_gdn_split(a, s);
     int tpc = gdn_tpc(a->dk);
     int threads = ((a->dv * tpc + 63) / 64) * 64; /* >= 2 warps for the q/k norms */
     dim3 g(a->Hv), b(threads);

@@ -1,0 +1,216 @@
+/*
+ * gdn_decode.cu — the decode graph's Gated DeltaNet step for one token, each value head split
+ * over a cluster of blocks (sm_90): conv of the head's channels (when fused), q/k L2 norms,
+ * gates, the state's decay and delta-rule update, the read-out and the gated RMS norm.
+ *
+ * Why: gdn_core_kernel (kernels.cu) gives each value head one block, so Qwen3.5-0.8B's step
+ * ran on 16 of 132 multiprocessors, each streaming its head's 64 KB f32 state in and out and
+ * walking the conv, the norms and the two row sums one after another: ~10 us per layer for
+ * ~2 MB of traffic (docs/perf-log.md, session 12). The state's columns are independent (each
+ * needs the whole of q and k, and its own v), so here head j is a cluster of GS blocks, block
+ * r owning the columns [r*CB, (r+1)*CB) (CB = dv / GS): every block convolves and normalises
+ * q and k itself (2 * dk channels from L2, no exchange), and only the gated norm's sum of
+ * squares crosses blocks: each block pushes its partial into every peer's shared memory
+ * (distributed shared memory), one cluster barrier, then each sums the GS partials in rank
+ * order (the same total in every block). The conv state and the in-place conv output are
+ * written after that barrier (rank 0 for q and k, each block for its v), so no block reads a
+ * value a peer has already shifted.
+ *
+ * Thread (cc, sub), cc = tid / TPC, owns column r*CB + cc at rows sub, sub+TPC, ...; the row
+ * sums reduce over the TPC lanes of a column with shuffles, as in gdn_core_kernel. T = 1.
+ */
+#include <cooperative_groups.h>
+
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace cg = cooperative_groups;
+
+#define GDS_TPC 16      /* threads per state column */
+#define GDS_MAX_ROWS 16 /* rows per thread: dk <= 256 */
+#define GDS_MAX_DK 256
+#define GDS_MAX_GS 8    /* blocks per head (cluster size, portable) */
+#define GDS_MAX_K 8     /* conv taps */
+
+/* One token of the causal conv of channel ch (gdn_conv_kernel's order): the output, and the
+ * channel's shifted window in win[0 .. R-1] for the caller to store. */
+__device__ __forceinline__ float gds_conv(const struct gdn_args &a, int ch, float (&win)[GDS_MAX_K])
+{
+    int C = a.conv_C, R = a.conv_k - 1;
+    const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
+    float in = a.qkv[ch], w[GDS_MAX_K], tp[GDS_MAX_K], acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GDS_MAX_K; r++) {
+        tp[r] = r <= R ? tap[r] : 0.0f;
+        w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < GDS_MAX_K; r++)
+        if (r < R)
+            acc += tp[r] * w[r];
+#pragma unroll
+    for (int r = 0; r < GDS_MAX_K; r++)
+        if (r == R)
+            acc += tp[r] * in;
+#pragma unroll
+    for (int r = 0; r < GDS_MAX_K - 1; r++)
+        win[r] = r < R - 1 ? w[r + 1] : r == R - 1 ? in : 0.0f;
+    return silu_f(acc);
+}
+
+/* Stores channel ch's conv output y (in place on qkv) and its shifted window. */
+__device__ __forceinline__ void gds_conv_store(const struct gdn_args &a, int ch, float y, const float (&win)[GDS_MAX_K])
+{
+    int R = a.conv_k - 1;
+#pragma unroll
+    for (int r = 0; r < GDS_MAX_K - 1; r++)
+        if (r < R)
+            a.conv_state[(int64_t)r * a.conv_C + ch] = win[r];
+    ((float *)a.qkv)[ch] = y;
+}
+
+/* q (qs) and k (ks) of key head kh, L2-normalised (q also by 1/sqrt(dk)): warp 0 and warp 1. */
+__device__ __forceinline__ void gds_norm_qk(float *qs, float *ks, int dk)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp < 2) {
+        float *x = warp == 0 ? qs : ks, v[GDS_MAX_DK / 32], ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < GDS_MAX_DK / 32; u++) {
+            v[u] = lane + 32 * u < dk ? x[lane + 32 * u] : 0.0f;
+            ss += v[u] * v[u];
+        }
+        ss = warp_sum(ss);
+        float r = rsqrtf(ss + 1e-6f) * (warp == 0 ? rsqrtf((float)dk) : 1.0f);
+#pragma unroll
+        for (int u = 0; u < GDS_MAX_DK / 32; u++)
+            if (lane + 32 * u < dk)
+                x[lane + 32 * u] = v[u] * r;
+    }
+    __syncthreads();
+}
+
+__global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
+    griddep_launch();
+    cg::cluster_group cl = cg::this_cluster();
+    const int GS = (int)cl.num_blocks(), rank = (int)cl.block_rank(), j = (int)blockIdx.x / GS;
+    const int dk = a.dk, dv = a.dv, CB = dv / GS, nr = dk / GDS_TPC;
+    const int tid = threadIdx.x, cc = tid / GDS_TPC, sub = tid % GDS_TPC, c = rank * CB + cc;
+    const bool own = cc < CB; /* a thread of one of the block's columns */
+    const int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
+    float *S = a.state + (int64_t)j * dk * dv;
+    /* the state slice, the gates, z and the norm weight, all requested before the chain starts */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); /* waited for before the push */
+    griddep_wait();
+    float s[GDS_MAX_ROWS];
+#pragma unroll
+    for (int i = 0; i < GDS_MAX_ROWS; i++)
+        s[i] = i < nr && own ? S[(int64_t)(sub + GDS_TPC * i) * dv + c] : 0.0f;
+    float b0 = a.b[j], a0 = a.a[j], dtb = a.dt[j], sa = a.ssm_a[j];
+    float z0 = own ? a.z[(int64_t)j * dv + c] : 0.0f, gw = own ? a.gnorm_w[c] : 0.0f;
+    /* q and k (every block all of them), this block's v */
+    const int qch = kh * dk, kch = a.Hk * dk + kh * dk, vch = 2 * a.Hk * dk + j * dv + c;
+    float win_qk[GDS_MAX_K], win_v[GDS_MAX_K], y_qk = 0.0f, v = 0.0f;
+    int ch_qk = tid < 2 * dk ? (tid < dk ? qch + tid : kch + tid - dk) : -1;
+    if (a.conv_state) {
+        if (ch_qk >= 0)
+            y_qk = gds_conv(a, ch_qk, win_qk);
+        if (own && sub == 0)
+            v = gds_conv(a, vch, win_v);
+    } else {
+        if (ch_qk >= 0)
+            y_qk = a.qkv[ch_qk];
+        if (own && sub == 0)
+            v = a.qkv[vch];
+    }
+    if (ch_qk >= 0) /* blockDim >= 2 dk: one channel per thread */
+        (tid < dk ? qs : ks)[tid < dk ? tid : tid - dk] = y_qk;
+    __syncthreads();
+    gds_norm_qk(qs, ks, dk);
+    v = __shfl_sync(0xffffffffu, v, (threadIdx.x & 31) & ~(GDS_TPC - 1)); /* the column's v to its lanes */
+    float beta = sigmoid_f(b0), decay = expf(sa * softplus_f(a0 + dtb)), mpart = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GDS_MAX_ROWS; i++)
+        if (i < nr) {
+            s[i] *= decay;
+            mpart += s[i] * ks[sub + GDS_TPC * i];
+        }
+#pragma unroll
+    for (int o = 1; o < GDS_TPC; o <<= 1)
+        mpart += __shfl_xor_sync(0xffffffffu, mpart, o);
+    float delta = beta * (v - mpart), opart = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GDS_MAX_ROWS; i++)
+        if (i < nr) {
+            s[i] += ks[sub + GDS_TPC * i] * delta;
+            opart += s[i] * qs[sub + GDS_TPC * i];
+        }
+#pragma unroll
+    for (int o = 1; o < GDS_TPC; o <<= 1)
+        opart += __shfl_xor_sync(0xffffffffu, opart, o);
+    /* the gated norm's sum of squares over the head's dv columns: this block's part, pushed
+     * to every peer's slot [rank] */
+    float ss = block_sum(sub == 0 && own ? opart * opart : 0.0f, red);
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every peer has started */
+    if (tid < GS)
+        *cl.map_shared_rank(&part[rank], tid) = ss;
+    cl.sync(); /* every part in place; every block's reads of qkv and the conv state done */
+    float tot = 0.0f;
+    for (int q = 0; q < GS; q++)
+        tot += part[q];
+    if (own && sub == 0)
+        a.out[(int64_t)j * dv + c] = opart * rsqrtf(tot / (float)dv + a.geps) * gw * silu_f(z0);
+#pragma unroll
+    for (int i = 0; i < GDS_MAX_ROWS; i++)
+        if (i < nr && own)
+            S[(int64_t)(sub + GDS_TPC * i) * dv + c] = s[i];
+    if (a.conv_state) {
+        if (rank == 0 && ch_qk >= 0)
+            gds_conv_store(a, ch_qk, y_qk, win_qk);
+        if (own && sub == 0)
+            gds_conv_store(a, vch, v, win_v);
+    }
+#else
+    __trap();
+#endif
+}
+
+/* Blocks per head: the largest of 8, 4, 2 dividing dv with at least 4 columns per block. */
+static int gds_group(const struct gdn_args *a)
+{
+    for (int gs = GDS_MAX_GS; gs >= 2; gs /= 2)
+        if (a->dv % gs == 0 && a->dv / gs >= 4)
+            return gs;
+    return 0;
+}
+
+bool gdn_split_applies(const struct gdn_args *a)
+{
+    int gs = gds_group(a);
+    if (a->T != 1 || !a->z || !gs || a->dk % GDS_TPC || a->dk > GDS_MAX_DK)
+        return false;
+    int threads = a->dv / gs * GDS_TPC;
+    if (threads < 2 * a->dk || threads > 1024 || threads % 32)
+        return false; /* one conv channel of q|k per thread; whole warps (the v shuffle) */
+    return !a->conv_state || (a->Hv == a->Hk && a->conv_k >= 2 && a->conv_k <= GDS_MAX_K);
+}
+
+cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
+{
+    int gs = gds_group(a);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(a->Hv * gs));
+    cfg.blockDim = dim3((unsigned)(a->dv / gs * GDS_TPC));
+    cfg.stream = s;
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)gs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = a->pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, gds_kernel, *a);
+}
