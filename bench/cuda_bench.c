@@ -265,16 +265,22 @@ struct pvariant {
  * what the decode graph's five launches per layer cost before any weight is read. */
 static int print_launch_floor(int reps, struct qwenrt_error *err)
 {
-    static const int32_t grids[][2] = {{1, 32}, {132, 128}, {132, 256}, {512, 128}, {1024, 128}, {264, 256}};
+    /* blocks, threads, cluster size (1: none) */
+    static const int32_t grids[][3] = {{1, 32, 1},   {132, 128, 1}, {132, 256, 1}, {512, 128, 1}, {1024, 128, 1},
+                                       {264, 256, 1}, {128, 256, 2}, {128, 256, 4}, {128, 256, 8}, {96, 256, 8}};
     printf("| launch floor, 140 launches per graph | us / launch | with PDL |\n|---|---:|---:|\n");
     for (size_t i = 0; i < sizeof(grids) / sizeof(grids[0]); i++) {
         double us[2] = {0, 0};
         for (int pdl = 0; pdl < 2; pdl++)
-            if (cuda_launch_floor_bench(140, grids[i][0], grids[i][1], pdl, reps, &us[pdl], err)) {
+            if (cuda_launch_floor_bench(140, grids[i][0], grids[i][1], grids[i][2], pdl, reps, &us[pdl], err)) {
                 fprintf(stderr, "launch floor: %s\n", err->message);
                 return 1;
             }
-        printf("| %d blocks x %d threads | %.2f | %.2f |\n", grids[i][0], grids[i][1], us[0], us[1]);
+        if (grids[i][2] > 1)
+            printf("| %d blocks x %d threads, clusters of %d | %.2f | %.2f |\n", grids[i][0], grids[i][1],
+                   grids[i][2], us[0], us[1]);
+        else
+            printf("| %d blocks x %d threads | %.2f | %.2f |\n", grids[i][0], grids[i][1], us[0], us[1]);
     }
     return 0;
 }

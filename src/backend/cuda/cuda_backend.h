@@ -200,10 +200,11 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
                               struct qwenrt_error *err);
 
 /* The launch floor: a graph of n_launch dependent launches of an empty kernel (blocks x
- * threads; with programmatic dependent launch when pdl) replayed reps times; *us: the median
- * replay's microseconds per launch. Errors: INVALID_ARG, BACKEND. */
-qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, bool pdl,
-                                      int32_t reps, double *us, struct qwenrt_error *err);
+ * threads, in clusters of cluster blocks when cluster > 1; with programmatic dependent launch
+ * when pdl) replayed reps times; *us: the median replay's microseconds per launch. Errors:
+ * INVALID_ARG, BACKEND (clusters need sm_90). */
+qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, int32_t cluster,
+                                      bool pdl, int32_t reps, double *us, struct qwenrt_error *err);
 
 /* Runs a T-token prefill from position 0 op by op with an event after every op and writes the
  * time per op kind to report (the session's state is overwritten). Errors: INVALID_ARG,

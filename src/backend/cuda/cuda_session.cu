@@ -1980,10 +1980,29 @@ __global__ void floor_kernel(float *p)
         p[blockIdx.x] += 1.0f;
 }
 
-extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, bool pdl,
-                                                 int32_t reps, double *us, struct qwenrt_error *err)
+/* floor_kernel launched in clusters of cluster blocks (with PDL when pdl). */
+static cudaError_t launch_floor_cluster(int32_t blocks, int32_t threads, int32_t cluster, bool pdl, cudaStream_t s,
+                                        float *p)
 {
-    if (n_launch < 1 || blocks < 1 || threads < 32 || threads > 1024 || reps < 1 || reps > 64)
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.stream = s;
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, floor_kernel, p);
+}
+
+extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, int32_t cluster,
+                                                 bool pdl, int32_t reps, double *us, struct qwenrt_error *err)
+{
+    if (n_launch < 1 || blocks < 1 || threads < 32 || threads > 1024 || reps < 1 || reps > 64 || cluster < 0 ||
+        cluster > 8 || (cluster > 1 && blocks % cluster))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_launch_floor_bench: bad arguments");
     float *p = NULL;
     cudaStream_t s = NULL;
@@ -1998,7 +2017,8 @@ extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t block
     if (!e) e = cudaEventCreate(&e1);
     if (!e) e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     for (int32_t i = 0; !e && i < n_launch; i++)
-        e = launch_k(pdl, floor_kernel, dim3(blocks), dim3(threads), 0, s, p);
+        e = cluster > 1 ? launch_floor_cluster(blocks, threads, cluster, pdl, s, p)
+                        : launch_k(pdl, floor_kernel, dim3(blocks), dim3(threads), 0, s, p);
     if (s) {
         cudaError_t e2 = cudaStreamEndCapture(s, &g);
         e = e ? e : e2;

@@ -152,10 +152,10 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
     return false;
 }
 
-qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, bool pdl,
-                                      int32_t reps, double *us, struct qwenrt_error *err)
+qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, int32_t cluster,
+                                      bool pdl, int32_t reps, double *us, struct qwenrt_error *err)
 {
-    (void)n_launch, (void)blocks, (void)threads, (void)pdl, (void)reps, (void)us;
+    (void)n_launch, (void)blocks, (void)threads, (void)cluster, (void)pdl, (void)reps, (void)us;
     return not_built(err);
 }
 
