@@ -74,23 +74,39 @@ __device__ __forceinline__ void griddep_launch()
 #endif
 }
 
-/* Launches kernel k (with the programmatic-serialization attribute when pdl) and returns the
- * launch's error. */
+/* Launches kernel k in thread-block clusters of `cluster` blocks along x (1: no clusters; sm_90)
+ * and with the programmatic-serialization attribute when pdl; returns the launch's error. */
 template <typename... KP, typename... A>
-static inline cudaError_t launch_k(bool pdl, void (*k)(KP...), dim3 grid, dim3 block,
-                                   size_t smem, cudaStream_t s, A &&...args)
+static inline cudaError_t launch_kc(bool pdl, int cluster, void (*k)(KP...), dim3 grid, dim3 block,
+                                    size_t smem, cudaStream_t s, A &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2] = {};
+    unsigned n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cluster, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = 1;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+
+/* Launches kernel k (with the programmatic-serialization attribute when pdl) and returns the
+ * launch's error. */
+template <typename... KP, typename... A>
+static inline cudaError_t launch_k(bool pdl, void (*k)(KP...), dim3 grid, dim3 block,
+                                   size_t smem, cudaStream_t s, A &&...args)
+{
+    return launch_kc(pdl, 1, k, grid, block, smem, s, std::forward<A>(args)...);
 }
 
 /* ---- dtype helpers (device) ---- */

@@ -1980,24 +1980,6 @@ __global__ void floor_kernel(float *p)
         p[blockIdx.x] += 1.0f;
 }
 
-/* floor_kernel launched in clusters of cluster blocks (with PDL when pdl). */
-static cudaError_t launch_floor_cluster(int32_t blocks, int32_t threads, int32_t cluster, bool pdl, cudaStream_t s,
-                                        float *p)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.stream = s;
-    cudaLaunchAttribute at[2] = {};
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, floor_kernel, p);
-}
-
 extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, int32_t cluster,
                                                  bool pdl, int32_t reps, double *us, struct qwenrt_error *err)
 {
@@ -2017,8 +1999,7 @@ extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t block
     if (!e) e = cudaEventCreate(&e1);
     if (!e) e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     for (int32_t i = 0; !e && i < n_launch; i++)
-        e = cluster > 1 ? launch_floor_cluster(blocks, threads, cluster, pdl, s, p)
-                        : launch_k(pdl, floor_kernel, dim3(blocks), dim3(threads), 0, s, p);
+        e = launch_kc(pdl, cluster, floor_kernel, dim3(blocks), dim3(threads), 0, s, p);
     if (s) {
         cudaError_t e2 = cudaStreamEndCapture(s, &g);
         e = e ? e : e2;

@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gdn_step.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -30,44 +31,6 @@ namespace cg = cooperative_groups;
 #define GDS_MAX_ROWS 16 /* rows per thread: dk <= 256 */
 #define GDS_MAX_DK 256
 #define GDS_MAX_GS 8    /* blocks per head (cluster size, portable) */
-#define GDS_MAX_K 8     /* conv taps */
-
-/* One token of the causal conv of channel ch (gdn_conv_kernel's order): the output, and the
- * channel's shifted window in win[0 .. R-1] for the caller to store. */
-__device__ __forceinline__ float gds_conv(const struct gdn_args &a, int ch, float (&win)[GDS_MAX_K])
-{
-    int C = a.conv_C, R = a.conv_k - 1;
-    const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
-    float in = a.qkv[ch], w[GDS_MAX_K], tp[GDS_MAX_K], acc = 0.0f;
-#pragma unroll
-    for (int r = 0; r < GDS_MAX_K; r++) {
-        tp[r] = r <= R ? tap[r] : 0.0f;
-        w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
-    }
-#pragma unroll
-    for (int r = 0; r < GDS_MAX_K; r++)
-        if (r < R)
-            acc += tp[r] * w[r];
-#pragma unroll
-    for (int r = 0; r < GDS_MAX_K; r++)
-        if (r == R)
-            acc += tp[r] * in;
-#pragma unroll
-    for (int r = 0; r < GDS_MAX_K - 1; r++)
-        win[r] = r < R - 1 ? w[r + 1] : r == R - 1 ? in : 0.0f;
-    return silu_f(acc);
-}
-
-/* Stores channel ch's conv output y (in place on qkv) and its shifted window. */
-__device__ __forceinline__ void gds_conv_store(const struct gdn_args &a, int ch, float y, const float (&win)[GDS_MAX_K])
-{
-    int R = a.conv_k - 1;
-#pragma unroll
-    for (int r = 0; r < GDS_MAX_K - 1; r++)
-        if (r < R)
-            a.conv_state[(int64_t)r * a.conv_C + ch] = win[r];
-    ((float *)a.qkv)[ch] = y;
-}
 
 /* q (qs) and k (ks) of key head kh, L2-normalised (q also by 1/sqrt(dk)): warp 0 and warp 1. */
 __device__ __forceinline__ void gds_norm_qk(float *qs, float *ks, int dk)
@@ -113,13 +76,13 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     float z0 = own ? a.z[(int64_t)j * dv + c] : 0.0f, gw = own ? a.gnorm_w[c] : 0.0f;
     /* q and k (every block all of them), this block's v */
     const int qch = kh * dk, kch = a.Hk * dk + kh * dk, vch = 2 * a.Hk * dk + j * dv + c;
-    float win_qk[GDS_MAX_K], win_v[GDS_MAX_K], y_qk = 0.0f, v = 0.0f;
+    float win_qk[GDN_CONV_MAX_K], win_v[GDN_CONV_MAX_K], y_qk = 0.0f, v = 0.0f;
     int ch_qk = tid < 2 * dk ? (tid < dk ? qch + tid : kch + tid - dk) : -1;
     if (a.conv_state) {
         if (ch_qk >= 0)
-            y_qk = gds_conv(a, ch_qk, win_qk);
+            y_qk = gdn_conv_token(a, ch_qk, win_qk);
         if (own && sub == 0)
-            v = gds_conv(a, vch, win_v);
+            v = gdn_conv_token(a, vch, win_v);
     } else {
         if (ch_qk >= 0)
             y_qk = a.qkv[ch_qk];
@@ -131,26 +94,8 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     __syncthreads();
     gds_norm_qk(qs, ks, dk);
     v = __shfl_sync(0xffffffffu, v, (threadIdx.x & 31) & ~(GDS_TPC - 1)); /* the column's v to its lanes */
-    float beta = sigmoid_f(b0), decay = expf(sa * softplus_f(a0 + dtb)), mpart = 0.0f;
-#pragma unroll
-    for (int i = 0; i < GDS_MAX_ROWS; i++)
-        if (i < nr) {
-            s[i] *= decay;
-            mpart += s[i] * ks[sub + GDS_TPC * i];
-        }
-#pragma unroll
-    for (int o = 1; o < GDS_TPC; o <<= 1)
-        mpart += __shfl_xor_sync(0xffffffffu, mpart, o);
-    float delta = beta * (v - mpart), opart = 0.0f;
-#pragma unroll
-    for (int i = 0; i < GDS_MAX_ROWS; i++)
-        if (i < nr) {
-            s[i] += ks[sub + GDS_TPC * i] * delta;
-            opart += s[i] * qs[sub + GDS_TPC * i];
-        }
-#pragma unroll
-    for (int o = 1; o < GDS_TPC; o <<= 1)
-        opart += __shfl_xor_sync(0xffffffffu, opart, o);
+    float beta = sigmoid_f(b0), decay = expf(sa * softplus_f(a0 + dtb));
+    float opart = gdn_column_step<GDS_TPC, GDS_MAX_ROWS>(s, nr, sub, ks, qs, decay, beta, v);
     /* the gated norm's sum of squares over the head's dv columns: this block's part, pushed
      * to every peer's slot [rank] */
     float ss = block_sum(sub == 0 && own ? opart * opart : 0.0f, red);
@@ -169,9 +114,9 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
             S[(int64_t)(sub + GDS_TPC * i) * dv + c] = s[i];
     if (a.conv_state) {
         if (rank == 0 && ch_qk >= 0)
-            gds_conv_store(a, ch_qk, y_qk, win_qk);
+            gdn_conv_store(a, ch_qk, y_qk, win_qk);
         if (own && sub == 0)
-            gds_conv_store(a, vch, v, win_v);
+            gdn_conv_store(a, vch, v, win_v);
     }
 #else
     __trap();
@@ -195,22 +140,12 @@ bool gdn_split_applies(const struct gdn_args *a)
     int threads = a->dv / gs * GDS_TPC;
     if (threads < 2 * a->dk || threads > 1024 || threads % 32)
         return false; /* one conv channel of q|k per thread; whole warps (the v shuffle) */
-    return !a->conv_state || (a->Hv == a->Hk && a->conv_k >= 2 && a->conv_k <= GDS_MAX_K);
+    return !a->conv_state || (a->Hv == a->Hk && a->conv_k >= 2 && a->conv_k <= GDN_CONV_MAX_K);
 }
 
 cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
 {
     int gs = gds_group(a);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(a->Hv * gs));
-    cfg.blockDim = dim3((unsigned)(a->dv / gs * GDS_TPC));
-    cfg.stream = s;
-    cudaLaunchAttribute at[2] = {};
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)gs, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = a->pdl ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, gds_kernel, *a);
+    return launch_kc(a->pdl, gs, gds_kernel, dim3((unsigned)(a->Hv * gs)), dim3((unsigned)(a->dv / gs * GDS_TPC)), 0,
+                     s, *a);
 }

@@ -10,6 +10,7 @@
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gdn_step.cuh"
 
 #include <math.h>
 
@@ -780,7 +781,7 @@ cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
  * The thread keeps the last K-1 inputs of its channel in registers (state rows first), so the
  * in-place update of x is safe. K <= CONV_MAX_K. */
 
-#define CONV_MAX_K 8
+#define CONV_MAX_K GDN_CONV_MAX_K
 
 __global__ void gdn_conv_kernel(float *x, int32_t ldx, float *state, const float *taps,
                                 int32_t C, int32_t K, int32_t T)
@@ -848,35 +849,13 @@ cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *ta
  * shifted. Only for Hv == Hk, where no other block reads these channels. */
 __device__ void gdn_conv_own_channels(const struct gdn_args &a, int j)
 {
-    int dk = a.dk, dv = a.dv, C = a.conv_C, R = a.conv_k - 1;
-    float *x = (float *)a.qkv;
+    int dk = a.dk, dv = a.dv;
     for (int i = threadIdx.x; i < 2 * dk + dv; i += blockDim.x) {
         int ch = i < dk ? j * dk + i : i < 2 * dk ? a.Hk * dk + j * dk + (i - dk)
                                                   : 2 * a.Hk * dk + j * dv + (i - 2 * dk);
-        const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
-        /* every load before the first store (the stores could alias them for all the compiler
-         * knows: one round trip, not one per row); the sum in gdn_conv_kernel's order */
-        float in = x[ch], w[CONV_MAX_K - 1], tp[CONV_MAX_K], acc = 0.0f;
-#pragma unroll
-        for (int r = 0; r < CONV_MAX_K; r++) {
-            tp[r] = r <= R ? tap[r] : 0.0f;
-            if (r < CONV_MAX_K - 1)
-                w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < CONV_MAX_K - 1; r++)
-            if (r < R)
-                acc += tp[r] * w[r];
-#pragma unroll
-        for (int r = 0; r < CONV_MAX_K; r++)
-            if (r == R)
-                acc += tp[r] * in;
-#pragma unroll
-        for (int r = 1; r < CONV_MAX_K - 1; r++)
-            if (r < R)
-                a.conv_state[(int64_t)(r - 1) * C + ch] = w[r];
-        a.conv_state[(int64_t)(R - 1) * C + ch] = in;
-        x[ch] = silu_f(acc);
+        float win[GDN_CONV_MAX_K];
+        float y = gdn_conv_token(a, ch, win); /* every load before the first store */
+        gdn_conv_store(a, ch, y, win);
     }
 }
 
@@ -927,26 +906,7 @@ __global__ void gdn_core_kernel(const __grid_constant__ struct gdn_args a)
         float beta = sigmoid_f(t == 0 ? b0 : a.b[(int64_t)t * a.ldb + j]);
         float decay = expf(sa * softplus_f((t == 0 ? a0 : a.a[(int64_t)t * a.lda + j]) + dtb));
         float v = c < dv ? row[(int64_t)2 * a.Hk * dk + (int64_t)j * dv + c] : 0.0f;
-        float mpart = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GDN_MAX_ROWS; i++)
-            if (i < nr) {
-                s[i] *= decay;
-                mpart += s[i] * ks[sub + TPC * i];
-            }
-#pragma unroll
-        for (int o = 1; o < TPC; o <<= 1)
-            mpart += __shfl_xor_sync(0xffffffffu, mpart, o);
-        float delta = beta * (v - mpart), opart = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GDN_MAX_ROWS; i++)
-            if (i < nr) {
-                s[i] += ks[sub + TPC * i] * delta;
-                opart += s[i] * qs[sub + TPC * i];
-            }
-#pragma unroll
-        for (int o = 1; o < TPC; o <<= 1)
-            opart += __shfl_xor_sync(0xffffffffu, opart, o);
+        float opart = gdn_column_step<TPC, GDN_MAX_ROWS>(s, nr, sub, ks, qs, decay, beta, v);
         if (a.z) { /* the gated RMS norm over the head's dv outputs (one value per column) */
             float ss = block_sum(sub == 0 && c < dv ? opart * opart : 0.0f, red);
             if (c < dv)

@@ -225,15 +225,5 @@ cudaError_t launch_mlp_fused(const struct mlp_args *a, cudaStream_t s)
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(C * MLPF_CS));
-    cfg.blockDim = dim3(32 * MLPF_WARPS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = MLPF_CS, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k, *a);
+    return launch_kc(false, MLPF_CS, k, dim3((unsigned)(C * MLPF_CS)), dim3(32 * MLPF_WARPS), smem, s, *a);
 }

@@ -1,0 +1,86 @@
+/*
+ * gdn_step.cuh — one token of the Gated DeltaNet decode step, shared by the kernels that hold
+ * the state in registers (gdn_core_kernel in kernels.cu, the cluster-split gds_kernel in
+ * gdn_decode.cu): the causal conv of one channel (gdn_conv_token, gdn_conv_store) and the
+ * recurrence of one state column (gdn_column_step).
+ *
+ * gdn_column_step: a thread owns rows sub, sub + TPC, ... (nr of them, at most MAXR) of a
+ * column S[.][c] of the head's state; the TPC lanes of a column are adjacent in the warp. With
+ * q and k L2-normalised in shared memory (qs, ks):
+ *     S *= decay;  m = S^T k (column c);  delta = beta * (v - m);  S += k delta;  o = S^T q.
+ * The row sums reduce over the column's lanes with shuffles; every lane returns o.
+ */
+#ifndef QWENRT_BACKEND_CUDA_GDN_STEP_CUH
+#define QWENRT_BACKEND_CUDA_GDN_STEP_CUH
+
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+
+#define GDN_CONV_MAX_K 8 /* conv taps the kernels take */
+
+/* One token of the causal conv of channel ch on qkv (gdn_conv_kernel's order; silu after):
+ * the output, and the channel's shifted window in win[0 .. R-1] for gdn_conv_store. */
+__device__ __forceinline__ float gdn_conv_token(const struct gdn_args &a, int ch, float (&win)[GDN_CONV_MAX_K])
+{
+    int C = a.conv_C, R = a.conv_k - 1;
+    const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
+    float in = a.qkv[ch], w[GDN_CONV_MAX_K], tp[GDN_CONV_MAX_K], acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K; r++) {
+        tp[r] = r <= R ? tap[r] : 0.0f;
+        w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K; r++)
+        if (r < R)
+            acc += tp[r] * w[r];
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K; r++)
+        if (r == R)
+            acc += tp[r] * in;
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K - 1; r++)
+        win[r] = r < R - 1 ? w[r + 1] : r == R - 1 ? in : 0.0f;
+    return silu_f(acc);
+}
+
+/* Stores channel ch's conv output y (in place on qkv) and its shifted window. */
+__device__ __forceinline__ void gdn_conv_store(const struct gdn_args &a, int ch, float y, const float (&win)[GDN_CONV_MAX_K])
+{
+    int R = a.conv_k - 1;
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K - 1; r++)
+        if (r < R)
+            a.conv_state[(int64_t)r * a.conv_C + ch] = win[r];
+    ((float *)a.qkv)[ch] = y;
+}
+
+
+template <int TPC, int MAXR>
+__device__ __forceinline__ float gdn_column_step(float (&s)[MAXR], int nr, int sub, const float *ks, const float *qs,
+                                                 float decay, float beta, float v)
+{
+    float mpart = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAXR; i++)
+        if (i < nr) {
+            s[i] *= decay;
+            mpart += s[i] * ks[sub + TPC * i];
+        }
+#pragma unroll
+    for (int o = 1; o < TPC; o <<= 1)
+        mpart += __shfl_xor_sync(0xffffffffu, mpart, o);
+    float delta = beta * (v - mpart), opart = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MAXR; i++)
+        if (i < nr) {
+            s[i] += ks[sub + TPC * i] * delta;
+            opart += s[i] * qs[sub + TPC * i];
+        }
+#pragma unroll
+    for (int o = 1; o < TPC; o <<= 1)
+        opart += __shfl_xor_sync(0xffffffffu, opart, o);
+    return opart;
+}
+
+#endif
