@@ -9,6 +9,9 @@
  *     and through cuda_session with every switch off (the unfused twin) and on, token by token
  *     through the decode megakernel and through the decode graph;
  *   - the megakernel against the graph on quantised synth models (Q4_K_M, Q8_0, Q6_K, F16);
+ *   - the decode graph's alternatives against its default kernels: gemvq against the first
+ *     GEMV kernel, the fused MLP (mlp_fused.cu) against its two launches, the DeltaNet step
+ *     split over a cluster per head (gdn_decode.cu) against one block per head;
  *   - batched decode of several CUDA sessions (issue 8) against each decoding alone, GEMV and
  *     GEMM sizes; checkpoints of CUDA sessions (snapshot, restore across sessions and
  *     backends, reset);
