@@ -1340,6 +1340,13 @@ static void test_backend_errors(void **st)
     assert_int_equal(qwenrt_model_load(fixtures[0], &mp, &m, &err), QWENRT_ERR_INVALID_ARG);
     assert_null(m);
     assert_non_null(strstr(err.message, "tpu"));
+    /* the launch-floor bench refuses a bad shape before touching the device: no launches,
+     * and a grid that clusters of 8 do not divide */
+    double us = -1;
+    qwenrt_status want = cuda_backend_compiled() ? QWENRT_ERR_INVALID_ARG : QWENRT_ERR_BACKEND;
+    assert_int_equal(cuda_launch_floor_bench(0, 132, 128, 1, false, 3, &us, &err), want);
+    assert_int_equal(cuda_launch_floor_bench(140, 130, 128, 8, false, 3, &us, &err), want);
+    assert_true(us == -1);
 }
 
 int main(void)
