@@ -341,18 +341,7 @@ __device__ __noinline__ float mk_dot_q6_k(const uint8_t *row, const float *xs, i
             lo1[i] = ql[32 + i];
             hb[i] = qh[i];
         }
-        const float *x = xs + sb * 256 + 128 * h + 4 * g;
-#pragma unroll
-        for (int qq = 0; qq < 4; qq++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int lo = ((qq & 1) ? lo1[i] : lo0[i]) >> ((qq >> 1) * 4) & 0xF;
-                int q = (lo | (((hb[i] >> (2 * qq)) & 3) << 4)) - 32;
-                s = fmaf((float)q, x[32 * qq + i], s);
-            }
-            acc = fmaf(d * (float)sc[2 * qq], s, acc);
-        }
+        acc = mk_q6k_lane<32>(d, lo0, lo1, hb, q6k_sc_ptr{sc}, xs + sb * 256 + 128 * h + 4 * g, acc);
     }
     return warp_sum(acc);
 }

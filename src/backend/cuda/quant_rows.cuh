@@ -178,6 +178,38 @@ __device__ __forceinline__ void mk_gather_q4k(uint32_t xa, float *x)
     }
 }
 
+/* Where a Q6_K lane reads its quarters' 8-bit scales (quarter qq at byte 2 qq): a shared-memory
+ * address (gemvq, the megakernel's register paths) or a pointer (the generic path). */
+struct q6k_sc_smem {
+    uint32_t a;
+    __device__ __forceinline__ float operator()(int qq) const { return (float)(int8_t)mk_lds_u8(a + 2 * qq); }
+};
+struct q6k_sc_ptr {
+    const int8_t *p;
+    __device__ __forceinline__ float operator()(int qq) const { return (float)p[2 * qq]; }
+};
+
+/* One lane's part of a Q6_K super-block (scale d) added to acc: its 4 low-bit bytes of each
+ * quarter pair (lo0, lo1), its 4 high-bit bytes hb, the quarters' scales from sc; element i
+ * of quarter qq is x[XS * qq + i]. Every Q6_K dot product here sums in this order. */
+template <int XS, typename B, typename SC>
+__device__ __forceinline__ float mk_q6k_lane(float d, const B (&lo0)[4], const B (&lo1)[4], const B (&hb)[4], SC sc,
+                                             const float *x, float acc)
+{
+#pragma unroll
+    for (int qq = 0; qq < 4; qq++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int lo = ((qq & 1) ? lo1[i] : lo0[i]) >> ((qq >> 1) * 4) & 0xF;
+            int q = (lo | (((hb[i] >> (2 * qq)) & 3) << 4)) - 32;
+            s = fmaf((float)q, x[XS * qq + i], s);
+        }
+        acc = fmaf(d * sc(qq), s, acc);
+    }
+    return acc;
+}
+
 template <int KB, int NSB = 4 * KB>
 __device__ __forceinline__ float mk_dot_q4k_regs(uint32_t row, const float *x)
 {
@@ -232,17 +264,7 @@ __device__ __forceinline__ float mk_dot_q6k_regs(uint32_t row, const float *x)
             lo1[i] = mk_lds_u8(ql + 32 + i);
             hb[i] = mk_lds_u8(qh + i);
         }
-#pragma unroll
-        for (int qq = 0; qq < 4; qq++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int lo = ((qq & 1) ? lo1[i] : lo0[i]) >> ((qq >> 1) * 4) & 0xF;
-                int q = (lo | (((hb[i] >> (2 * qq)) & 3) << 4)) - 32;
-                s = fmaf((float)q, x[16 * j + 4 * qq + i], s);
-            }
-            acc = fmaf(d * (float)(int8_t)mk_lds_u8(sc + 2 * qq), s, acc);
-        }
+        acc = mk_q6k_lane<4>(d, lo0, lo1, hb, q6k_sc_smem{sc}, x + 16 * j, acc);
     }
     return acc;
 }
