@@ -777,6 +777,18 @@ static void free_synth_pair(struct cuda_session *a, struct cuda_session *b, stru
     remove(path);
 }
 
+/* Two CUDA sessions of model m (n_ctx positions) with options on and off; fails the test
+ * naming what when either cannot be made. */
+static void init_pair(const struct qwenrt_model *m, int32_t n_ctx, const struct cuda_options *on,
+                      const struct cuda_options *off, struct cuda_session **a, struct cuda_session **b,
+                      const char *what)
+{
+    struct qwenrt_error err = {0};
+    *a = *b = NULL;
+    if (cuda_session_init(m->plans, n_ctx, on, a, &err) || cuda_session_init(m->plans, n_ctx, off, b, &err))
+        fail_msg("%s: %s", what, err.message);
+}
+
 /* 20 decode steps from position 0 on two sessions of one model, both fed b's greedy token:
  * the worst relative error between their logits (la, lb: V floats each); the argmaxes must
  * agree at every step. *id: the first token in, b's last greedy token out. */
@@ -811,8 +823,7 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
     on.mega = CUDA_MEGA_ON, off.mega = CUDA_MEGA_OFF;
     on.mega_fuse_down = fuse_down;
     struct cuda_session *a = NULL, *b = NULL;
-    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
-        fail_msg("%s: %s", arch, err.message);
+    init_pair(m, 64, &on, &off, &a, &b, arch);
     const char *why = NULL;
     if (!cuda_session_uses_megakernel(a, &why))
         fail_msg("%s %s: the megakernel is not used: %s", arch, export_type_name(type), why);
@@ -861,8 +872,7 @@ static void check_attention_rope(const char *arch, int32_t width)
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.attn_rope = false;
     struct cuda_session *a = NULL, *b = NULL;
-    if (cuda_session_init(m->plans, 256, &on, &a, &err) || cuda_session_init(m->plans, 256, &off, &b, &err))
-        fail_msg("%s: %s", arch, err.message);
+    init_pair(m, 256, &on, &off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, prompt[150];
     for (int32_t i = 0; i < 150; i++)
         prompt[i] = (i * 37 + 11) % V;
@@ -896,15 +906,13 @@ static void test_attention_rope_fused(void **st)
  * Q6_K in q|k|v: one gemvq launch with v2, one launch per dtype without. */
 static void check_graph_gemvq(const char *arch, enum export_type type)
 {
-    struct qwenrt_error err = {0};
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.gemv_v2 = false;
     struct cuda_session *a = NULL, *b = NULL;
-    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
-        fail_msg("%s: %s", arch, err.message);
+    init_pair(m, 64, &on, &off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, id = 5;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     double worst = decode_pair(a, b, V, &id, la, lb, arch);
@@ -932,15 +940,13 @@ static void test_graph_gemvq(void **st)
  * block, 48 rows, 12 chunks per down row; F16). */
 static void check_graph_mlp(const char *arch, enum export_type type, int32_t width)
 {
-    struct qwenrt_error err = {0};
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.mlp_fused = true, off.mlp_fused = false;
     struct cuda_session *a = NULL, *b = NULL;
-    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
-        fail_msg("%s: %s", arch, err.message);
+    init_pair(m, 64, &on, &off, &a, &b, arch);
     const char *fused = "norm+gate|up+down+residual";
     assert_int_equal(cuda_session_count_steps(a, fused), m->hp.n_layer);
     assert_int_equal(cuda_session_count_steps(b, fused), 0);
@@ -969,15 +975,13 @@ static void test_graph_mlp_fused(void **st)
  * (Hv == Hk) and without (Hv = 2 Hk), and Qwen3.5-0.8B's (128 x 128: 16 columns, 256 threads). */
 static void check_graph_gdn_split(bool own_key_heads, int32_t ssm_dim)
 {
-    struct qwenrt_error err = {0};
     char path[256];
     struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_split = true, off.gdn_split = false;
     struct cuda_session *a = NULL, *b = NULL;
-    if (cuda_session_init(m->plans, 64, &on, &a, &err) || cuda_session_init(m->plans, 64, &off, &b, &err))
-        fail_msg("gdn split: %s", err.message);
+    init_pair(m, 64, &on, &off, &a, &b, "gdn split");
     int32_t V = m->hp.n_vocab, id = 5;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     double worst = decode_pair(a, b, V, &id, la, lb, "gdn split");
