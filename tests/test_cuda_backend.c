@@ -1351,6 +1351,7 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_launch_floor_bench(0, 132, 128, 1, false, 3, &us, &err), want);
     assert_int_equal(cuda_launch_floor_bench(140, 130, 128, 8, false, 3, &us, &err), want);
     assert_true(us == -1);
+    assert_int_equal(cuda_session_count_steps(NULL, "gemv+residual"), 0);
 }
 
 int main(void)

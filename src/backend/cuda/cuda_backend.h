@@ -218,7 +218,7 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
 
 /* How many launches of the decode graph program carry this step label (as in the decode
  * profile, e.g. "norm+gate|up+down+residual"). The program is built also when the
- * megakernel runs decode. */
+ * megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 
 /* Times reps decode steps of token id at position pos: through the megakernel with a stamp

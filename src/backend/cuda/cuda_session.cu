@@ -1160,7 +1160,7 @@ static const char *step_label(const struct plan *p, const struct step *st)
 extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
 {
     int32_t n = 0;
-    for (int32_t i = 0; i < cs->n_steps; i++)
+    for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
         n += !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
     return n;
 }
