@@ -251,6 +251,7 @@ struct variant {
     bool rope_apart; /* graph: q/k norm + RoPE as its own launch (attn_rope off) */
     bool mlp_on;     /* graph: the MLP in one launch (mlp_fused on; off by default) */
     bool gdn_apart;  /* graph: one block per DeltaNet value head (gdn_split off) */
+    bool smem;       /* graph: the GEMV with its rows in shared memory (gemv_smem on) */
 };
 
 struct pvariant {
@@ -361,21 +362,34 @@ static void gemv_table(const struct model_hparams *hp)
     } sh[] = {{"q|k|v", qd + 2 * kvd, hp->n_embd}, {"o", hp->n_embd, qd},
               {"gate", hp->n_ff, hp->n_embd},     {"down", hp->n_embd, hp->n_ff},
               {"lm_head", hp->n_vocab, hp->n_embd}};
-    printf("\n| GEMV bf16 (T=1) | N x K | MB | first kernel us / GB/s | gemv2 us / GB/s | gemv2+PDL us / GB/s | gemv2+norm+PDL GB/s |\n");
-    printf("|---|---|---:|---:|---:|---:|---:|\n");
+    printf("\n| GEMV bf16 (T=1), us / GB/s | N x K | MB | first kernel | gemv2 | gemv2+PDL | gemv_smem | gemv_smem+PDL | gemv2+norm+PDL | gemv_smem+norm+PDL |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    /* kernel (0 first, 1 gemv2, 2 gemv_smem), pdl, norm */
+    static const int cfg[7][3] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {2, 0, 0}, {2, 1, 0}, {1, 1, 1}, {2, 1, 1}};
     for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
-        double us[4] = {0}, gb[4] = {0};
+        double us[7] = {0}, gb[7] = {0};
         struct qwenrt_error err = {0};
-        bool cfg[4][3] = {{false, false, false}, {true, false, false}, {true, true, false},
-                          {true, true, true}};
-        for (int v = 0; v < 4; v++)
+        printf("| %s | %d x %d | %.1f |", sh[i].name, sh[i].N, sh[i].K, (double)sh[i].N * sh[i].K * 2 / 1e6);
+        for (int v = 0; v < 7; v++) {
             if (cuda_gemv_bench(QR_BF16, sh[i].N, sh[i].K, 1, cfg[v][2], cfg[v][0], cfg[v][1],
-                                sh[i].N > 100000 ? 20 : 200, &us[v], &gb[v], &err))
+                                sh[i].N > 100000 ? 20 : 200, &us[v], &gb[v], NULL, &err))
                 printf("gemv bench failed: %s\n", err.message);
-        printf("| %s | %d x %d | %.1f | %.2f / %.0f | %.2f / %.0f | %.2f / %.0f | %.0f |\n",
-               sh[i].name, sh[i].N, sh[i].K, (double)sh[i].N * sh[i].K * 2 / 1e6, us[0], gb[0],
-               us[1], gb[1], us[2], gb[2], gb[3]);
+            printf(" %.2f / %.0f |", us[v], gb[v]);
+        }
+        printf("\n");
     }
+    /* where a launch of the chain spends its time (gemv_smem's stamps) */
+    printf("\n| gemv_smem chain, us (medians) | pdl | us / launch | first block start after the launch before | blocks started before it ended | input wait released after it | x + weights ready after that | dots + stores | last block end after the one before's |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i + 1 < sizeof(sh) / sizeof(sh[0]); i++)
+        for (int pdl = 0; pdl < 2; pdl++) {
+            double us = 0, gb = 0, tl[6] = {0};
+            struct qwenrt_error err = {0};
+            if (cuda_gemv_bench(QR_BF16, sh[i].N, sh[i].K, 1, true, 2, pdl, 100, &us, &gb, tl, &err))
+                printf("gemv bench failed: %s\n", err.message);
+            printf("| %s | %s | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f | %.2f |\n", sh[i].name, pdl ? "on" : "off", us,
+                   tl[0], 100 * tl[1], tl[2], tl[3], tl[4], tl[5]);
+        }
 }
 
 int main(int argc, char **argv)
@@ -419,7 +433,9 @@ int main(int argc, char **argv)
                            {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false, false, false},
                            {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true, false, false},
                            {"graph+fused, mlp_fused on", true, true, true, false, false, 256, true, 0, false, false, true, false},
-                           {"graph+fused, gdn_split off", true, true, true, false, false, 256, true, 0, false, false, false, true}};
+                           {"graph+fused, gdn_split off", true, true, true, false, false, 256, true, 0, false, false, false, true},
+                           {"graph+fused, pdl, gemv_smem", true, true, true, true, false, 256, true, 0, false, false, false, false, true},
+                           {"graph+fused, gemv_smem", true, true, true, false, false, 256, true, 0, false, false, false, false, true}};
     if (tg_variant) { /* a name that matches no variant would time nothing */
         size_t v = 0;
         while (v < sizeof(vs) / sizeof(vs[0]) && strcmp(tg_variant, vs[v].name))
@@ -559,7 +575,7 @@ int main(int argc, char **argv)
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
         o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
         o.attn_split = vs[v].split, o.mega_fuse_down = vs[v].fuse_down, o.attn_rope = !vs[v].rope_apart;
-        o.mlp_fused = vs[v].mlp_on, o.gdn_split = !vs[v].gdn_apart;
+        o.mlp_fused = vs[v].mlp_on, o.gdn_split = !vs[v].gdn_apart, o.gemv_smem = vs[v].smem;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -623,8 +639,8 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | default, gdn_chunked on | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[8].tok_s, pv[1].tok_s, pv[6].tok_s,
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
-    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s);
+    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off | graph+pdl, gemv_smem | graph, gemv_smem |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json && !decode_only && !prefill_only) {
@@ -639,8 +655,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f},\n",
-                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f, \"tg_graph_fused_pdl_gemv_smem\": %.1f, \"tg_graph_fused_gemv_smem\": %.1f},\n",
+                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             /* --gguf: the file named in "command" (e.g. from qwenrt synth, seed 1) */

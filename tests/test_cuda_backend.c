@@ -11,7 +11,8 @@
  *   - the megakernel against the graph on quantised synth models (Q4_K_M, Q8_0, Q6_K, F16);
  *   - the decode graph's alternatives against its default kernels: gemvq against the first
  *     GEMV kernel, the fused MLP (mlp_fused.cu) against its two launches, the DeltaNet step
- *     split over a cluster per head (gdn_decode.cu) against one block per head;
+ *     split over a cluster per head (gdn_decode.cu) against one block per head, the GEMV with
+ *     its rows in shared memory (gemv_smem.cu) against gemv2;
  *   - batched decode of several CUDA sessions (issue 8) against each decoding alone, GEMV and
  *     GEMM sizes; checkpoints of CUDA sessions (snapshot, restore across sessions and
  *     backends, reset);
@@ -330,7 +331,7 @@ static void test_op_gemv_sizes(void **state)
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
-            for (int v2 = 0; v2 < 2; v2++) {
+            for (int v2 = 0; v2 < 3; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on */
                 if (cs[i].N > 4096 && Ts[ti] > 1)
                     continue; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
                 struct op_case c;
@@ -345,7 +346,12 @@ static void test_op_gemv_sizes(void **state)
                     op->kernel = strdup(key);
                 }
                 struct cuda_options o = cuda_default_options();
-                o.gemv_v2 = v2;
+                o.gemv_v2 = v2 > 0, o.gemv_smem = v2 == 2;
+                bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
+                if (v2 == 2 && Ts[ti] == 1 && sixteen) /* proof that the case runs gemv_smem */
+                    assert_true(cuda_gemv_smem_takes(cs[i].dt, cs[i].N, cs[i].K));
+                if (v2 == 2 && !sixteen)
+                    assert_false(cuda_gemv_smem_takes(cs[i].dt, cs[i].N, cs[i].K));
                 char what[64];
                 snprintf(what, sizeof(what), "gemv.%s K=%d N=%d T=%d v2=%d",
                          dtype_traits(cs[i].dt)->name, cs[i].K, cs[i].N, Ts[ti], v2);
@@ -961,6 +967,41 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
     free_synth_pair(a, b, m, path, la, lb);
 }
 
+/* The GEMV with its rows in shared memory (gemv_smem.cu), with PDL as the decode graph uses it,
+ * against gemv2 with PDL: 20 steps through the decode graph, logits and greedy ids. Widths: the
+ * real 1024 (q|k|v and gate|up at 8 lanes per row, o and down K = 3072 / 3584 at 16, two and
+ * one warps per block) and an awkward 384 in F16 (48 chunks per row: 6 per lane). */
+static void check_graph_gemv_smem(const char *arch, enum export_type type, int32_t width)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.pdl = off.pdl = true;
+    on.gemv_smem = true, off.gemv_smem = false;
+    assert_true(cuda_gemv_smem_takes(type == EXPORT_F16 ? QR_F16 : QR_BF16, width, width));
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, arch);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    double worst = decode_pair(a, b, V, &id, la, lb, arch);
+    printf("graph gemv_smem vs gemv2 (pdl on), %s %s width %d: worst logits rel err %.3g over 20 steps\n", arch,
+           export_type_name(type), (int)width, worst);
+    double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
+    if (!(worst <= tol) || worst == 0.0) /* 0: the other order of the sums did not run */
+        fail_msg("%s %s width %d: gemv_smem logits differ from gemv2's by %.3g", arch, export_type_name(type),
+                 (int)width, worst);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_graph_gemv_smem(void **st)
+{
+    (void)st;
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384);
+}
+
 static void test_graph_mlp_fused(void **st)
 {
     (void)st;
@@ -1375,6 +1416,7 @@ int main(void)
         cmocka_unit_test(test_op_gemv_sizes),
         cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_graph_mlp_fused),
+        cmocka_unit_test(test_graph_gemv_smem),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),

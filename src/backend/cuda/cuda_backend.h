@@ -82,6 +82,10 @@ struct cuda_options {
                           * + residual in one launch (mlp_fused.cu) instead of two. Off by
                           * default: slower (Qwen3-0.6B BF16 1,080 vs 1,198 tok/s; its
                           * clusters stream from 96 multiprocessors; docs/perf-log.md) */
+    bool gemv_smem;      /* decode, one token, 16-bit weights: the GEMV that copies its rows into
+                          * shared memory before it waits for its input (gemv_smem.cu), so that
+                          * with pdl the next GEMV's weights load while the kernel before it
+                          * runs (gemv2 keeps them in registers: no room for the next blocks) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W
@@ -192,11 +196,21 @@ qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *e
 qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool v,
                                    int32_t n_pos, float *dst, struct qwenrt_error *err);
 
+/* For the tests: whether the decode GEMV of one token of N x K weights of dtype (aligned, no
+ * norm) runs the shared-memory kernel (gemv_smem.cu) when cuda_options.gemv_smem is on. */
+bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
+
 /* Times one GEMV of N x K weights of dtype (random data, T tokens, fused norm when norm) in
- * isolation: *us = median microseconds per launch over reps launches captured in a graph,
- * *gbs = weight bytes / time. v2 and pdl as in cuda_options. Errors: BACKEND. */
-qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, bool v2,
-                              bool pdl, int32_t reps, double *us, double *gbs,
+ * isolation: *us = median microseconds per launch over reps dependent launches captured in a
+ * graph (each on another copy of the weights: not from L2), *gbs = weight bytes / time.
+ * kernel: 0 the first GEMV kernel, 1 gemv2 / gemvq (gemv_v2), 2 gemv_smem when it applies;
+ * pdl as in cuda_options. timeline (NULL: none), with gemv_smem: 6 medians over the chain, in
+ * us: the first block's start after the launch before ended (negative: early), the share of
+ * blocks started before that, a block's input-wait release after it, x and weights ready
+ * after the release, dot products and stores, the last block's end after the one before's.
+ * Errors: INVALID_ARG (bad shape or kernel), BACKEND. */
+qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, int32_t kernel,
+                              bool pdl, int32_t reps, double *us, double *gbs, double *timeline,
                               struct qwenrt_error *err);
 
 /* The launch floor: a graph of n_launch dependent launches of an empty kernel (blocks x

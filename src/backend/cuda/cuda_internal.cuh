@@ -205,6 +205,11 @@ struct gemv_args {
     bool k_mixed;          /* segments of Q4_K and Q6_K mixed (Q4_K_M's q|k|v), seg[i].dtype each:
                             * only gemvq takes them (launch_gemv refuses when it does not apply) */
     int32_t n_sm;          /* multiprocessors (gemv2 sizes its rows per warp); 0: 132 */
+    bool smem;             /* T = 1, 16-bit weights: the kernel that copies its rows into shared
+                            * memory first (gemv_smem.cu), when it applies */
+    unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
+                            * %globaltimer stamps [block][4]: start, after griddep_wait, weights
+                            * and x in shared memory, end */
 };
 
 /* true when the GEMV kernels handle this dtype. */
@@ -216,6 +221,11 @@ bool gemv2_applies(const struct gemv_args *a);
  * (launch_gemv takes it when it applies). */
 bool gemvq_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
+/* The one-token 16-bit GEMV with its rows in shared memory (gemv_smem.cu; a.smem asks for it,
+ * launch_gemv takes it when it applies). */
+bool gemv_smem_applies(const struct gemv_args *a);
+int32_t gemv_smem_blocks(const struct gemv_args *a); /* its grid (0: it does not apply) */
+cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s);
 
 /* ---- the whole SwiGLU MLP of one token in one launch (mlp_fused.cu) ----
  * y += W_down · (silu(W_gate · n) * (W_up · n)), n = RMSNorm(x) * norm_w; 16-bit weights,

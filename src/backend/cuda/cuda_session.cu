@@ -157,6 +157,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_flash = true;
     o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
+    o.gemv_smem = false; /* until measured (docs/perf-log.md, session 13) */
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -577,7 +578,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.n_seg = 1;
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
-        a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm;
+        a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm, a.smem = cs->opt.gemv_smem;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -912,7 +913,7 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
     a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
     a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
     a.n_seg = st->n_mm;
-    a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm;
+    a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm, a.smem = r->cs->opt.gemv_smem;
     for (int k = 0; k < st->n_mm; k++) {
         const struct dop *d = &r->d[st->mm[k]];
         const struct plan_op *m = &p->ops[st->mm[k]];
@@ -2040,6 +2041,7 @@ __global__ void bench_fill_kernel(uint16_t *p, int64_t n, uint32_t seed)
 struct bench_bufs {
     uint8_t *w;
     float *x, *nw, *y;
+    unsigned long long *stamps; /* gemv_smem's per-block stamps, [reps][blocks][4] */
     cudaGraph_t g;
     cudaGraphExec_t ge;
     cudaEvent_t e0, e1;
@@ -2055,15 +2057,67 @@ static void bench_bufs_free(struct bench_bufs *b)
     cudaFree(b->x);
     cudaFree(b->nw);
     cudaFree(b->y);
+    cudaFree(b->stamps);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_d(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_d);
+    return n ? v[n / 2] : 0;
+}
+
+/* The timeline of a chain of gemv_smem launches from their stamps (us), medians over launches
+ * 1..reps-1 of: [0] the first block's start after the launch before ended (its last block),
+ * [1] the share of blocks that started before it ended, [2] a block's griddep_wait release after
+ * it ended (median block), [3] x staged and weights in shared memory after the release, [4]
+ * the dot products and stores, [5] the last block's end after the launch before's. */
+static void gemv_timeline(const unsigned long long *h, int reps, int nb, double *tl)
+{
+    double *col[6], *tmp = (double *)malloc(sizeof(double) * (size_t)nb * 3);
+    for (int j = 0; j < 6; j++)
+        col[j] = (double *)calloc((size_t)reps, sizeof(double));
+    for (int k = 1; k < reps && tmp && col[5]; k++) {
+        const unsigned long long *p = h + (size_t)(k - 1) * nb * 4, *c = h + (size_t)k * nb * 4;
+        unsigned long long prev_end = 0, first = ~0ull, last = 0;
+        int early = 0;
+        for (int b = 0; b < nb; b++) {
+            prev_end = p[4 * b + 3] > prev_end ? p[4 * b + 3] : prev_end;
+            last = c[4 * b + 3] > last ? c[4 * b + 3] : last;
+            first = c[4 * b] < first ? c[4 * b] : first;
+        }
+        for (int b = 0; b < nb; b++) {
+            early += c[4 * b] < prev_end;
+            tmp[b] = ((double)c[4 * b + 1] - (double)prev_end) / 1e3;
+            tmp[nb + b] = ((double)c[4 * b + 2] - (double)c[4 * b + 1]) / 1e3;
+            tmp[2 * nb + b] = ((double)c[4 * b + 3] - (double)c[4 * b + 2]) / 1e3;
+        }
+        col[0][k - 1] = ((double)first - (double)prev_end) / 1e3;
+        col[1][k - 1] = (double)early / nb;
+        col[2][k - 1] = median_d(tmp, nb);
+        col[3][k - 1] = median_d(tmp + nb, nb);
+        col[4][k - 1] = median_d(tmp + 2 * nb, nb);
+        col[5][k - 1] = ((double)last - (double)prev_end) / 1e3;
+    }
+    for (int j = 0; j < 6; j++) {
+        tl[j] = col[j] && tmp ? median_d(col[j], reps - 1) : 0;
+        free(col[j]);
+    }
+    free(tmp);
 }
 
 static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t N, int32_t K,
-                                    int32_t T, bool norm, bool v2, bool pdl, int32_t reps,
-                                    double *us, double *gbs, struct qwenrt_error *err)
+                                    int32_t T, bool norm, int32_t kernel, bool pdl, int32_t reps,
+                                    double *us, double *gbs, double *timeline, struct qwenrt_error *err)
 {
     size_t rb = 0;
     if (!gemv_supports(dtype) || !dtype_row_bytes((enum qr_dtype)dtype, K, &rb) || T < 1 ||
-        T > GEMV_MAX_T || N < 1 || reps < 1)
+        T > GEMV_MAX_T || N < 1 || reps < 1 || kernel < 0 || kernel > 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_bench: bad arguments");
     size_t mat = rb * (size_t)N;
     int copies = (int)((256u << 20) / mat) + 1; /* rotate through > 256 MB: not the L2 */
@@ -2086,11 +2140,17 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     struct gemv_args a;
     memset(&a, 0, sizeof(a));
     a.x = b->x, a.ldx = K, a.K = K, a.T = T, a.norm_w = norm ? b->nw : NULL, a.eps = 1e-6f;
-    a.dtype = dtype, a.mode = GEMV_STORE, a.n_seg = 1, a.pdl = pdl, a.v2 = v2, a.n_sm = n_sm;
+    a.dtype = dtype, a.mode = GEMV_STORE, a.n_seg = 1, a.pdl = pdl, a.v2 = kernel > 0, a.n_sm = n_sm;
+    a.smem = kernel == 2;
     a.seg[0].N = N, a.seg[0].row_bytes = (int64_t)rb, a.seg[0].y = b->y, a.seg[0].ldy = N;
+    a.seg[0].w = b->w;
+    int32_t nb = timeline ? gemv_smem_blocks(&a) : 0;
+    if (nb > 0)
+        CUDA_CHECK(cudaMalloc(&b->stamps, sizeof(unsigned long long) * 4 * (size_t)nb * reps));
     cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     for (int32_t i = 0; i < reps && e == cudaSuccess; i++) {
         a.seg[0].w = b->w + stride * (size_t)(i % copies);
+        a.stamps = nb > 0 ? b->stamps + 4 * (size_t)nb * i : NULL;
         e = launch_gemv(&a, s);
     }
     cudaError_t e2 = cudaStreamEndCapture(s, &b->g);
@@ -2120,17 +2180,29 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     qsort(t, 7, sizeof(float), cmp_f);
     *us = (double)t[3] * 1e3 / reps;
     *gbs = (double)mat / (*us * 1e-6) / 1e9;
+    if (nb > 0 && reps > 1) { /* the last replay's stamps */
+        size_t n = 4 * (size_t)nb * reps;
+        unsigned long long *h = (unsigned long long *)malloc(n * sizeof(*h));
+        if (!h)
+            return err_set(err, QWENRT_ERR_NOMEM, "gemv bench: out of memory");
+        e = cudaMemcpy(h, b->stamps, n * sizeof(*h), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            gemv_timeline(h, reps, nb, timeline);
+        free(h);
+        if (e != cudaSuccess)
+            return cuda_fail(err, e, __FILE__, __LINE__, "gemv bench stamps");
+    }
     return QWENRT_OK;
 }
 
 extern "C" qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T,
-                                         bool norm, bool v2, bool pdl, int32_t reps, double *us,
-                                         double *gbs, struct qwenrt_error *err)
+                                         bool norm, int32_t kernel, bool pdl, int32_t reps, double *us,
+                                         double *gbs, double *timeline, struct qwenrt_error *err)
 {
     struct bench_bufs b;
     memset(&b, 0, sizeof(b));
     *us = *gbs = 0;
-    qwenrt_status st = gemv_bench_run(&b, dtype, N, K, T, norm, v2, pdl, reps, us, gbs, err);
+    qwenrt_status st = gemv_bench_run(&b, dtype, N, K, T, norm, kernel, pdl, reps, us, gbs, timeline, err);
     bench_bufs_free(&b);
     return st;
 }

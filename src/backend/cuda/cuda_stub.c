@@ -171,11 +171,17 @@ int64_t cuda_session_device_bytes(const struct cuda_session *cs)
     return 0;
 }
 
-qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, bool v2,
-                              bool pdl, int32_t reps, double *us, double *gbs,
+bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
+{
+    (void)dtype, (void)N, (void)K;
+    return false;
+}
+
+qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, int32_t kernel,
+                              bool pdl, int32_t reps, double *us, double *gbs, double *timeline,
                               struct qwenrt_error *err)
 {
-    (void)dtype, (void)N, (void)K, (void)T, (void)norm, (void)v2, (void)pdl, (void)reps;
+    (void)dtype, (void)N, (void)K, (void)T, (void)norm, (void)kernel, (void)pdl, (void)reps, (void)timeline;
     *us = *gbs = 0;
     return not_built(err);
 }

@@ -100,4 +100,29 @@ __device__ __forceinline__ void gemv_stage_x(const struct gemv_args &a, float *x
     __syncthreads();
 }
 
+/* Σ_e w[e] * x[e] over one 16-byte chunk of 16-bit weights (8 of them; x0 holds x[0..3], x1
+ * x[4..7]), summed in gemv2's order. */
+template <int DT>
+__device__ __forceinline__ float gemv_dot8x(uint4 raw, float4 x0, float4 x1)
+{
+    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+    float d = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        uint16_t lo = (uint16_t)(u[e] & 0xffff), hi = (uint16_t)(u[e] >> 16);
+        d += (DT == QR_BF16 ? bf16_bits_to_f32(lo) : f16_bits_to_f32(lo)) * xv[2 * e];
+        d += (DT == QR_BF16 ? bf16_bits_to_f32(hi) : f16_bits_to_f32(hi)) * xv[2 * e + 1];
+    }
+    return d;
+}
+
+/* The same with x[0..7] contiguous and 16-byte aligned in memory: the kernels that use it
+ * give gemv2's results bit for bit. */
+template <int DT>
+__device__ __forceinline__ float gemv_dot8(uint4 raw, const float *x)
+{
+    return gemv_dot8x<DT>(raw, *(const float4 *)x, *(const float4 *)(x + 4));
+}
+
 #endif

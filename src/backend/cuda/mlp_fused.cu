@@ -45,23 +45,6 @@ namespace cg = cooperative_groups;
 #define MLPF_WARPS 8 /* warps per block */
 #define MLPF_SMEM_MAX (227 * 1024)
 
-/* Σ_e w[e] * x[e] over one 16-byte chunk of 16-bit weights, in gemv2's order. */
-template <int DT>
-__device__ __forceinline__ float mlpf_dot8(uint4 raw, const float *x)
-{
-    float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
-    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
-    float d = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        uint16_t lo = (uint16_t)(u[e] & 0xffff), hi = (uint16_t)(u[e] >> 16);
-        d += (DT == QR_BF16 ? bf16_bits_to_f32(lo) : f16_bits_to_f32(lo)) * xv[2 * e];
-        d += (DT == QR_BF16 ? bf16_bits_to_f32(hi) : f16_bits_to_f32(hi)) * xv[2 * e + 1];
-    }
-    return d;
-}
-
 /* Shared-memory layout of one block (bytes from the dynamic base; every part 16-aligned). */
 struct mlpf_layout {
     uint32_t gu, dn, xs, inter, mine, total;
@@ -110,8 +93,8 @@ __device__ __forceinline__ void mlpf_gate_up(const uint8_t *gu, const float *xs,
         const uint4 *gr = (const uint4 *)(gu + (size_t)i * H * 2), *ur = (const uint4 *)(gu + (size_t)(IB + i) * H * 2);
         float ag = 0.0f, au = 0.0f;
         for (int ch = lane; ch < nch; ch += 32) {
-            ag += mlpf_dot8<DT>(gr[ch], xs + ch * 8);
-            au += mlpf_dot8<DT>(ur[ch], xs + ch * 8);
+            ag += gemv_dot8<DT>(gr[ch], xs + ch * 8);
+            au += gemv_dot8<DT>(ur[ch], xs + ch * 8);
         }
         ag = warp_sum(ag);
         au = warp_sum(au);
@@ -131,7 +114,7 @@ __device__ __forceinline__ void mlpf_down(const uint8_t *dn, const float *inter,
 #pragma unroll
             for (int q = 0; q < 4; q++)
                 if (r + q < RB)
-                    acc[q] += mlpf_dot8<DT>(((const uint4 *)(dn + (size_t)(r + q) * IC * 2))[ch], inter + ch * 8);
+                    acc[q] += gemv_dot8<DT>(((const uint4 *)(dn + (size_t)(r + q) * IC * 2))[ch], inter + ch * 8);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             float v = warp_sum(acc[q]);

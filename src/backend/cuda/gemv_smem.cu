@@ -1,0 +1,276 @@
+/*
+ * gemv_smem.cu — the one-token GEMV for 16-bit weights with the block's rows copied into
+ * shared memory at its start, made for programmatic dependent launch (cuda_options.gemv_smem,
+ * used with pdl in the decode graph).
+ *
+ * Why: a decode step is a chain of launches, and each GEMV of 4-13 MB costs ~2-3 us more than
+ * its bytes: the launch, then one DRAM round trip before the first weight arrives, because
+ * nobody asked for the weights until the kernel started. PDL lets the next kernel start while
+ * the one before it finishes, so its weight loads can be in flight by then. With gemv2 that
+ * never happened: gemv2 holds its weights in registers (64 per thread) and its blocks fill
+ * the register file, so the next kernel's blocks cannot become resident early
+ * (docs/perf-log.md, sessions 1 and 3). Here the weights wait in shared memory (the largest
+ * matrix of a layer is ~95 KB per multiprocessor, 228 KB exist) and a thread needs few
+ * registers, so the next GEMV's blocks fit beside the running kernel's (session 13's
+ * timeline: every block of the next launch starts 4-20 us early).
+ *
+ * Once the weights are in shared memory, shared-memory bandwidth bounds the dot products
+ * (128 bytes per cycle per multiprocessor): the copy in, the weights out, and x. Reading x
+ * once per 16-byte chunk of weights, as gemv2's lane-per-chunk order does, costs 2-4 times the
+ * weights' own traffic (measured: 1.5-2.3 us for a 64 KB share). So here a row belongs to a
+ * group of L lanes (L = 8 or 16; 32 / L rows per warp): in one instruction the 32 / L rows
+ * read the same L chunks of x, 16 bytes apart (x is staged as two arrays, elements 0-3 and
+ * 4-7 of each chunk), and each group's L weight chunks are 128 or 256 contiguous bytes: no
+ * bank conflicts, and x costs a quarter to a half of the weights' traffic.
+ *
+ * A block: W warps (4, 2 or 1: the largest whose rows fit in 47 KB with x). In order:
+ *   1. each lane copies its 16-byte chunks (q, q + L, ...) of its group's row(s) (P = 2:
+ *      gate and up) into shared memory with cp.async; nothing reads activations yet;
+ *   2. griddep_launch (the next kernel may start), the first norm weights, griddep_wait;
+ *   3. x staged and RMS-normalised in shared memory;
+ *   4. each lane waits for its own copies (a thread's cp.async are visible to itself after
+ *      its wait_group: no barrier), sums its chunks, and the group adds its L partial sums
+ *      (butterfly), lane q = 0 stores.
+ * The order of the sums differs from gemv2's (per group, then the butterfly), so the results
+ * differ from gemv2's by rounding; test_cuda_backend compares both with the CPU reference.
+ */
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_stage.cuh"
+
+#include <string.h>
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+}
+
+#ifndef GS_MAX_ROWS
+#define GS_MAX_ROWS 65536 /* more rows (an LM head: 311 MB streams best as gemv2) go to gemv2 */
+#endif
+#ifndef GS_L_SMALL
+#define GS_L_SMALL 8 /* lanes per row for K <= 1024 */
+#endif
+#ifndef GS_L_BIG
+#define GS_L_BIG 16 /* lanes per row for larger K */
+#endif
+#define GS_WARPS_MAX 4
+#define GS_SMEM_MAX (47 * 1024) /* dynamic shared memory: with the static part under the 48 KB default */
+#define GS_XB 8                 /* x float4 per thread per staging batch */
+
+__device__ __forceinline__ unsigned long long gs_globaltimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* x (K floats) into shared memory as xlo[c] = x[8c .. 8c+3], xhi[c] = x[8c+4 .. 8c+7], times
+ * 1/rms(x) * norm_w when a.norm_w. Each thread rescales the float4 it stored itself; the one
+ * block barrier is the sum of squares' (and makes x visible). */
+__device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xlo, float4 *xhi,
+                                           const float4 (&g0)[GEMV_NW], float *s_red)
+{
+    const int k4 = a.K / 4, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float4 *xt = (const float4 *)a.x, *nw = (const float4 *)a.norm_w;
+    float ss = 0.0f;
+    for (int i0 = threadIdx.x; i0 < k4; i0 += GS_XB * nt) {
+        float4 v[GS_XB];
+#pragma unroll
+        for (int j = 0; j < GS_XB; j++)
+            v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < GS_XB; j++) {
+            int i = i0 + j * nt;
+            if (i >= k4)
+                break;
+            ((i & 1) ? xhi : xlo)[i >> 1] = v[j];
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+    }
+    if (nw) {
+        ss = warp_sum(ss);
+        if (lane == 0)
+            s_red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int w = 0; w < nt / 32; w++)
+            tot += s_red[w];
+        float inv = rsqrtf(tot / (float)a.K + a.eps);
+        int m = 0;
+        for (int i = threadIdx.x; i < k4; i += nt, m++) {
+            float4 g = m == 0 ? g0[0] : m == 1 ? g0[1] : __ldg(nw + i);
+            float4 *p = ((i & 1) ? xhi : xlo) + (i >> 1);
+            float4 v = *p;
+            v.x = v.x * inv * g.x, v.y = v.y * inv * g.y, v.z = v.z * inv * g.z, v.w = v.w * inv * g.w;
+            *p = v;
+        }
+    }
+    __syncthreads();
+}
+
+/* L lanes per row, P physical rows per row (2: the SwiGLU gate/up pair); wstride: bytes
+ * between rows in shared memory (K * 2). */
+template <int DT, int P, int L>
+__global__ void __launch_bounds__(32 * GS_WARPS_MAX) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
+                                                                       int32_t wstride)
+{
+    extern __shared__ float4 gs_smem4[];
+    __shared__ float s_red[GS_WARPS_MAX];
+    unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + 4 * (size_t)blockIdx.x : NULL;
+    if (st)
+        st[0] = gs_globaltimer();
+    constexpr int RPW = 32 / L; /* rows per warp */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int g = lane / L, q = lane % L, nchunk = a.K / 8;
+    float4 *xlo = gs_smem4, *xhi = gs_smem4 + nchunk;
+    const uint32_t wrow = smem_u32(gs_smem4 + 2 * nchunk) + (uint32_t)((warp * RPW + g) * P * wstride);
+    const int64_t lr = ((int64_t)blockIdx.x * nw + warp) * RPW + g;
+    const uint4 *rp[P];
+    bool ok;
+    float *yp;
+    if (P == 2) {
+        ok = lr < a.seg[0].N;
+        rp[0] = (const uint4 *)((const uint8_t *)a.seg[0].w + (ok ? lr : 0) * a.seg[0].row_bytes);
+        rp[P - 1] = (const uint4 *)((const uint8_t *)a.seg[1].w + (ok ? lr : 0) * a.seg[1].row_bytes);
+        yp = a.seg[0].y + (ok ? lr : 0);
+    } else {
+        int sg = 0;
+        int64_t r = lr;
+        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
+            r -= a.seg[sg++].N;
+        ok = r < a.seg[sg].N;
+        rp[0] = (const uint4 *)((const uint8_t *)a.seg[sg].w + (ok ? r : 0) * a.seg[sg].row_bytes);
+        yp = a.seg[sg].y + (ok ? r : 0);
+    }
+    if (ok)
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            for (int ch = q; ch < nchunk; ch += L)
+                cp_async16(wrow + (uint32_t)(p * wstride + ch * 16), rp[p] + ch);
+    cp_async_commit();
+    griddep_launch();
+    float4 g0[GEMV_NW];
+    gemv_load_norm_w(a, g0); /* constant: before the wait */
+    griddep_wait();
+    if (st)
+        st[1] = gs_globaltimer();
+    float yold = a.mode == GEMV_ACCUM && q == 0 && ok ? *yp : 0.0f;
+    gs_stage_x(a, xlo, xhi, g0, s_red);
+    cp_async_wait<0>();
+    if (st)
+        st[2] = gs_globaltimer();
+    float acc[P];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        acc[p] = 0.0f;
+#pragma unroll 4
+    for (int ch = q; ch < nchunk; ch += L) {
+        float4 x0 = xlo[ch], x1 = xhi[ch];
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            uint4 raw;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                         : "r"(wrow + (uint32_t)(p * wstride + ch * 16)));
+            acc[p] += gemv_dot8x<DT>(raw, x0, x1);
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1)
+            acc[p] += __shfl_xor_sync(0xffffffffu, acc[p], o);
+    float v = acc[0];
+    if (P == 2)
+        v = v / (1.0f + __expf(-v)) * acc[P - 1];
+    if (q == 0 && ok)
+        *yp = a.mode == GEMV_ACCUM ? yold + v : v;
+    if (st)
+        st[3] = gs_globaltimer();
+}
+
+/* Lanes per row, warps per block, the bytes between rows in shared memory, the block's
+ * dynamic shared memory and the grid; false when the kernel does not take these arguments. */
+static bool gemv_smem_shape(const struct gemv_args *a, int *L, int *W, int32_t *wstride, size_t *smem, int *blocks)
+{
+    if (!a->smem || a->T != 1 || a->k_mixed || (a->dtype != QR_BF16 && a->dtype != QR_F16))
+        return false;
+    if (a->K < 8 || a->K % 8 || a->ldx % 4 || (uintptr_t)a->x % 16 || (uintptr_t)a->norm_w % 16)
+        return false;
+    int nseg = a->mode == GEMV_SWIGLU ? 2 : a->n_seg, P = a->mode == GEMV_SWIGLU ? 2 : 1;
+    if (a->mode == GEMV_SWIGLU && a->seg[1].N != a->seg[0].N)
+        return false;
+    int64_t rows = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (a->seg[i].row_bytes % 16 || ((uintptr_t)a->seg[i].w) % 16 || a->seg[i].row_bytes < (int64_t)a->K * 2)
+            return false;
+        if (a->mode != GEMV_SWIGLU)
+            rows += a->seg[i].N;
+    }
+    if (a->mode == GEMV_SWIGLU)
+        rows = a->seg[0].N;
+    if (rows > GS_MAX_ROWS)
+        return false;
+    int l = a->K <= 1024 ? GS_L_SMALL : GS_L_BIG, w = GS_WARPS_MAX;
+    /* a row's weights (row_bytes may pad beyond them); fewer than 8 lanes per row put two rows
+     * in one quarter warp: 64 bytes more per row keep them off each other's banks */
+    int32_t ws = a->K * 2 + (l < 8 ? 64 : 0);
+    size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * 4;
+    while (w > 1 && x + w * per_warp > GS_SMEM_MAX)
+        w /= 2;
+    if (x + w * per_warp > GS_SMEM_MAX)
+        return false;
+    *L = l, *W = w, *wstride = ws, *smem = x + w * per_warp;
+    *blocks = (int)((rows + (int64_t)w * (32 / l) - 1) / ((int64_t)w * (32 / l)));
+    return true;
+}
+
+int32_t gemv_smem_blocks(const struct gemv_args *a)
+{
+    int l, w, b;
+    int32_t ws;
+    size_t sm;
+    return gemv_smem_shape(a, &l, &w, &ws, &sm, &b) ? b : 0;
+}
+
+bool gemv_smem_applies(const struct gemv_args *a)
+{
+    return gemv_smem_blocks(a) > 0;
+}
+
+template <int DT, int L>
+static cudaError_t gemv_smem_dt(const struct gemv_args *a, int W, int32_t ws, size_t sm, int blocks, cudaStream_t s)
+{
+    dim3 g(blocks), th(32 * W);
+    if (a->mode == GEMV_SWIGLU)
+        return launch_k(a->pdl, gemv_smem_kernel<DT, 2, L>, g, th, sm, s, *a, ws);
+    return launch_k(a->pdl, gemv_smem_kernel<DT, 1, L>, g, th, sm, s, *a, ws);
+}
+
+cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s)
+{
+    int L, W, blocks;
+    int32_t ws;
+    size_t sm;
+    if (!gemv_smem_shape(a, &L, &W, &ws, &sm, &blocks))
+        return cudaErrorInvalidValue;
+    bool f16 = a->dtype == QR_F16;
+    if (L == GS_L_SMALL)
+        return f16 ? gemv_smem_dt<QR_F16, GS_L_SMALL>(a, W, ws, sm, blocks, s)
+                   : gemv_smem_dt<QR_BF16, GS_L_SMALL>(a, W, ws, sm, blocks, s);
+    return f16 ? gemv_smem_dt<QR_F16, GS_L_BIG>(a, W, ws, sm, blocks, s)
+               : gemv_smem_dt<QR_BF16, GS_L_BIG>(a, W, ws, sm, blocks, s);
+}
+
+/* For the tests: whether launch_gemv takes this kernel for one token of N x K weights of
+ * dtype (aligned buffers, no norm, y = result) when cuda_options.gemv_smem is on. */
+extern "C" bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
+{
+    struct gemv_args a;
+    memset(&a, 0, sizeof(a));
+    a.x = (const float *)(uintptr_t)256, a.ldx = K, a.K = K, a.T = 1, a.dtype = dtype;
+    a.mode = GEMV_STORE, a.n_seg = 1, a.v2 = true, a.smem = true;
+    a.seg[0].w = (const void *)(uintptr_t)4096, a.seg[0].N = N;
+    a.seg[0].row_bytes = (int64_t)K * (dtype == QR_F32 ? 4 : 2), a.seg[0].ldy = N;
+    return !gemvq_applies(&a) && gemv_smem_applies(&a);
+}
