@@ -251,7 +251,7 @@ struct variant {
     bool rope_apart; /* graph: q/k norm + RoPE as its own launch (attn_rope off) */
     bool mlp_on;     /* graph: the MLP in one launch (mlp_fused on; off by default) */
     bool gdn_apart;  /* graph: one block per DeltaNet value head (gdn_split off) */
-    bool smem;       /* graph: the GEMV with its rows in shared memory (gemv_smem on) */
+    bool smem_off;   /* graph: gemv2 for 16-bit weights and no PDL (gemv_smem off) */
 };
 
 struct pvariant {
@@ -434,8 +434,8 @@ int main(int argc, char **argv)
                            {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true, false, false},
                            {"graph+fused, mlp_fused on", true, true, true, false, false, 256, true, 0, false, false, true, false},
                            {"graph+fused, gdn_split off", true, true, true, false, false, 256, true, 0, false, false, false, true},
-                           {"graph+fused, pdl, gemv_smem", true, true, true, true, false, 256, true, 0, false, false, false, false, true},
-                           {"graph+fused, gemv_smem", true, true, true, false, false, 256, true, 0, false, false, false, false, true}};
+                           {"graph+fused, gemv_smem off", true, true, true, false, false, 256, true, 0, false, false, false, false, true},
+                           {"graph+fused, gemv_smem off, pdl", true, true, true, true, false, 256, true, 0, false, false, false, false, true}};
     if (tg_variant) { /* a name that matches no variant would time nothing */
         size_t v = 0;
         while (v < sizeof(vs) / sizeof(vs[0]) && strcmp(tg_variant, vs[v].name))
@@ -575,7 +575,7 @@ int main(int argc, char **argv)
         o.graph = vs[v].graph, o.fuse = vs[v].fuse, o.gemv_v2 = vs[v].v2, o.pdl = vs[v].pdl;
         o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
         o.attn_split = vs[v].split, o.mega_fuse_down = vs[v].fuse_down, o.attn_rope = !vs[v].rope_apart;
-        o.mlp_fused = vs[v].mlp_on, o.gdn_split = !vs[v].gdn_apart, o.gemv_smem = vs[v].smem;
+        o.mlp_fused = vs[v].mlp_on, o.gdn_split = !vs[v].gdn_apart, o.gemv_smem = !vs[v].smem_off;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -639,7 +639,7 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | default, gdn_chunked on | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[8].tok_s, pv[1].tok_s, pv[6].tok_s,
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
-    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off | graph+pdl, gemv_smem | graph, gemv_smem |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off | graph, gemv_smem off | graph, gemv_smem off, pdl |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
@@ -655,7 +655,7 @@ int main(int argc, char **argv)
             fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f, \"tg_graph_fused_pdl_gemv_smem\": %.1f, \"tg_graph_fused_gemv_smem\": %.1f},\n",
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f, \"tg_graph_fused_gemv_smem_off\": %.1f, \"tg_graph_fused_gemv_smem_off_pdl\": %.1f},\n",
                     pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");

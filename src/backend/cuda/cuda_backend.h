@@ -51,7 +51,9 @@ struct cuda_options {
     int32_t gemv_max_T;  /* up to this many tokens use the GEMV kernels instead of a GEMM */
     bool gemv_v2;        /* float weights: GEMV with every load issued up front (gemv2) */
     bool pdl;            /* decode: programmatic dependent launch (next kernel's prologue and
-                          * weight loads overlap the previous kernel) */
+                          * weight loads overlap the previous kernel). Off by default: with
+                          * gemv2 / gemvq it measured slower; gemv_smem turns it on by itself
+                          * when the layers' weights are 16-bit */
     bool gemm_cache;     /* prefill: cuBLASLt descriptors and algorithm made once per shape */
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
@@ -83,9 +85,12 @@ struct cuda_options {
                           * default: slower (Qwen3-0.6B BF16 1,080 vs 1,198 tok/s; its
                           * clusters stream from 96 multiprocessors; docs/perf-log.md) */
     bool gemv_smem;      /* decode, one token, 16-bit weights: the GEMV that copies its rows into
-                          * shared memory before it waits for its input (gemv_smem.cu), so that
-                          * with pdl the next GEMV's weights load while the kernel before it
-                          * runs (gemv2 keeps them in registers: no room for the next blocks) */
+                          * shared memory before it waits for its input (gemv_smem.cu), with
+                          * PDL, so that the next GEMV's weights load while the kernel before it
+                          * runs (gemv2 keeps them in registers: no room for the next blocks).
+                          * On by default: Qwen3-0.6B BF16 decode +9%, Qwen3.5-0.8B +14%
+                          * (docs/perf-log.md, session 13). Quantised weights keep gemvq and
+                          * no PDL */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W

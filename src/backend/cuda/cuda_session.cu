@@ -124,6 +124,8 @@ struct cuda_session {
     cudaGraphExec_t g_decode, g_gen;
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
     bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
+    bool decode_pdl;          /* the decode steps launch with PDL: opt.pdl, or opt.gemv_smem with
+                               * 16-bit layer weights (decode_pdl_applies) */
     int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
     char mk_why[160];
 };
@@ -157,7 +159,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_flash = true;
     o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
-    o.gemv_smem = false; /* until measured (docs/perf-log.md, session 13) */
+    o.gemv_smem = true; /* with PDL: +9% / +14% decode (docs/perf-log.md, session 13) */
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -1017,7 +1019,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
-                        cs->opt.pdl, cs->stream, 0, false, NULL, NULL};
+                        cs->decode_pdl, cs->stream, 0, false, NULL, NULL};
     for (int32_t i = 0; i < cs->n_steps; i++) {
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
@@ -1036,7 +1038,7 @@ static qwenrt_status capture(struct cuda_session *cs, bool gen, cudaGraphExec_t 
     if (!st && gen) {
         const struct plan *p = &cs->plans[PHASE_DECODE];
         cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids,
-                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->opt.pdl);
+                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->decode_pdl);
         if (e != cudaSuccess)
             st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
     }
@@ -1187,7 +1189,7 @@ static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventCreate failed");
             break;
         }
-    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->opt.pdl, cs->stream, 0, false,
+    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream, 0, false,
                         NULL, NULL};
     for (int32_t rep = -1; rep < reps && !st; rep++) { /* rep -1 warms up */
         if (cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
@@ -1325,6 +1327,23 @@ static bool fast_prefill_applies(const struct plan *p)
     return true;
 }
 
+/* Whether the decode GEMVs of the layers take gemv_smem (16-bit weights; the LM head does not
+ * count: it stays gemv2 or gemvq): then PDL pays (their weights load while the kernel before
+ * runs), while with gemv2 / gemvq it costs 4-18% (docs/perf-log.md, sessions 12 and 13). */
+static bool decode_pdl_applies(const struct plan *p)
+{
+    bool any = false;
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        if (op->kind != OP_MATMUL || !op->w)
+            continue;
+        if (op->w->dtype != QR_BF16 && op->w->dtype != QR_F16)
+            return false;
+        any = true;
+    }
+    return any;
+}
+
 /* The fast products' bf16 terms of x: opt.prefill_x_terms, or (0) one, and two for DeltaNet
  * models: on random-weight Qwen3.5 models the recurrence amplifies one term's rounding from
  * 0.7% after the first layer to a logits error of 0.49-0.7; two terms give 0.03, the size of
@@ -1384,6 +1403,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     if ((st = build_program(cs, err)))
         return st;
     cs->fast_prefill = cs->opt.prefill_bf16 && fast_prefill_applies(&cs->plans[PHASE_PREFILL]);
+    cs->decode_pdl = cs->opt.pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     return build_megakernel(cs, err);
 }

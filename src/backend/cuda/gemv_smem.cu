@@ -23,7 +23,9 @@
  * 4-7 of each chunk), and each group's L weight chunks are 128 or 256 contiguous bytes: no
  * bank conflicts, and x costs a quarter to a half of the weights' traffic.
  *
- * A block: W warps (4, 2 or 1: the largest whose rows fit in 47 KB with x). In order:
+ * A block: W warps (GS_WARPS_MAX = 8, halved until its rows and x fit in GS_SMEM_MAX = 120 KB;
+ * the dynamic shared-memory attribute is raised at launch when it needs more than 48 KB). In
+ * order:
  *   1. each lane copies its 16-byte chunks (q, q + L, ...) of its group's row(s) (P = 2:
  *      gate and up) into shared memory with cp.async; nothing reads activations yet;
  *   2. griddep_launch (the next kernel may start), the first norm weights, griddep_wait;
@@ -51,10 +53,21 @@ extern "C" {
 #define GS_L_SMALL 8 /* lanes per row for K <= 1024 */
 #endif
 #ifndef GS_L_BIG
-#define GS_L_BIG 16 /* lanes per row for larger K */
+#define GS_L_BIG 16 /* lanes per row for 1024 < K <= 2048 */
 #endif
-#define GS_WARPS_MAX 4
-#define GS_SMEM_MAX (47 * 1024) /* dynamic shared memory: with the static part under the 48 KB default */
+#ifndef GS_L_HUGE
+#define GS_L_HUGE GS_L_BIG /* lanes per row for K > 2048 */
+#endif
+#ifndef GS_WARPS_MAX
+#define GS_WARPS_MAX 8 /* warps per block (fewer only when their rows would not fit) */
+#endif
+#ifndef GS_SMEM_MAX
+#define GS_SMEM_MAX (120 * 1024) /* dynamic shared memory per block (a multiprocessor has 228 KB) */
+#endif
+#define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
+#ifndef GS_MIN_BLOCKS
+#define GS_MIN_BLOCKS 0 /* > 0: fewer warps per block while the grid would be smaller than this */
+#endif
 #define GS_XB 8                 /* x float4 per thread per staging batch */
 
 __device__ __forceinline__ unsigned long long gs_globaltimer()
@@ -211,12 +224,13 @@ static bool gemv_smem_shape(const struct gemv_args *a, int *L, int *W, int32_t *
         rows = a->seg[0].N;
     if (rows > GS_MAX_ROWS)
         return false;
-    int l = a->K <= 1024 ? GS_L_SMALL : GS_L_BIG, w = GS_WARPS_MAX;
+    int l = a->K <= 1024 ? GS_L_SMALL : a->K <= 2048 ? GS_L_BIG : GS_L_HUGE, w = GS_WARPS_MAX;
     /* a row's weights (row_bytes may pad beyond them); fewer than 8 lanes per row put two rows
      * in one quarter warp: 64 bytes more per row keep them off each other's banks */
     int32_t ws = a->K * 2 + (l < 8 ? 64 : 0);
     size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * 4;
-    while (w > 1 && x + w * per_warp > GS_SMEM_MAX)
+    while (w > 1 && (x + w * per_warp > GS_SMEM_MAX ||
+                     (GS_MIN_BLOCKS > 0 && (rows + (int64_t)w * (32 / l) - 1) / ((int64_t)w * (32 / l)) < GS_MIN_BLOCKS)))
         w /= 2;
     if (x + w * per_warp > GS_SMEM_MAX)
         return false;
@@ -238,13 +252,23 @@ bool gemv_smem_applies(const struct gemv_args *a)
     return gemv_smem_blocks(a) > 0;
 }
 
+template <int DT, int P, int L>
+static cudaError_t gemv_smem_go(const struct gemv_args *a, int W, int32_t ws, size_t sm, int blocks, cudaStream_t s)
+{
+    if (sm > GS_SMEM_DEFAULT) { /* idempotent, and a host call: captured graphs do not repeat it */
+        cudaError_t e = cudaFuncSetAttribute(gemv_smem_kernel<DT, P, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             GS_SMEM_MAX);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L>, dim3(blocks), dim3(32 * W), sm, s, *a, ws);
+}
+
 template <int DT, int L>
 static cudaError_t gemv_smem_dt(const struct gemv_args *a, int W, int32_t ws, size_t sm, int blocks, cudaStream_t s)
 {
-    dim3 g(blocks), th(32 * W);
-    if (a->mode == GEMV_SWIGLU)
-        return launch_k(a->pdl, gemv_smem_kernel<DT, 2, L>, g, th, sm, s, *a, ws);
-    return launch_k(a->pdl, gemv_smem_kernel<DT, 1, L>, g, th, sm, s, *a, ws);
+    return a->mode == GEMV_SWIGLU ? gemv_smem_go<DT, 2, L>(a, W, ws, sm, blocks, s)
+                                  : gemv_smem_go<DT, 1, L>(a, W, ws, sm, blocks, s);
 }
 
 cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s)
@@ -255,11 +279,12 @@ cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s)
     if (!gemv_smem_shape(a, &L, &W, &ws, &sm, &blocks))
         return cudaErrorInvalidValue;
     bool f16 = a->dtype == QR_F16;
-    if (L == GS_L_SMALL)
-        return f16 ? gemv_smem_dt<QR_F16, GS_L_SMALL>(a, W, ws, sm, blocks, s)
-                   : gemv_smem_dt<QR_BF16, GS_L_SMALL>(a, W, ws, sm, blocks, s);
-    return f16 ? gemv_smem_dt<QR_F16, GS_L_BIG>(a, W, ws, sm, blocks, s)
-               : gemv_smem_dt<QR_BF16, GS_L_BIG>(a, W, ws, sm, blocks, s);
+    switch (L) {
+    case 4: return f16 ? gemv_smem_dt<QR_F16, 4>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 4>(a, W, ws, sm, blocks, s);
+    case 8: return f16 ? gemv_smem_dt<QR_F16, 8>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 8>(a, W, ws, sm, blocks, s);
+    case 16: return f16 ? gemv_smem_dt<QR_F16, 16>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 16>(a, W, ws, sm, blocks, s);
+    default: return f16 ? gemv_smem_dt<QR_F16, 32>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 32>(a, W, ws, sm, blocks, s);
+    }
 }
 
 /* For the tests: whether launch_gemv takes this kernel for one token of N x K weights of
