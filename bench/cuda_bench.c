@@ -423,17 +423,17 @@ int main(int argc, char **argv)
         }
     }
     /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false, false, false},
-                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false, false, false},
-                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false, false, false},
-                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false, false, false},
-                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false, false, false},
-                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false, false, false},
-                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false, false, false},
-                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false, false, false},
-                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true, false, false},
-                           {"graph+fused, mlp_fused on", true, true, true, false, false, 256, true, 0, false, false, true, false},
-                           {"graph+fused, gdn_split off", true, true, true, false, false, 256, true, 0, false, false, false, true},
+    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false, false, false, false},
+                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false, false, false, false},
+                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false, false, false, false},
+                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false, false, false, false},
+                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false, false, false, false},
+                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false, false, false, false},
+                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false, false, false, false},
+                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false, false, false, false},
+                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true, false, false, false},
+                           {"graph+fused, mlp_fused on", true, true, true, false, false, 256, true, 0, false, false, true, false, false},
+                           {"graph+fused, gdn_split off", true, true, true, false, false, 256, true, 0, false, false, false, true, false},
                            {"graph+fused, gemv_smem off", true, true, true, false, false, 256, true, 0, false, false, false, false, true},
                            {"graph+fused, gemv_smem off, pdl", true, true, true, true, false, 256, true, 0, false, false, false, false, true}};
     if (tg_variant) { /* a name that matches no variant would time nothing */

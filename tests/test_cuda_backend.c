@@ -815,6 +815,21 @@ static double decode_pair(struct cuda_session *a, struct cuda_session *b, int32_
     return worst;
 }
 
+/* decode_pair from token 5 on a and b (sessions of m, a synth file at path), printed as "what:
+ * worst ...", then everything freed (free_synth_pair): the worst relative error. */
+static double decode_pair_once(struct cuda_session *a, struct cuda_session *b, struct qwenrt_model *m,
+                               const char *path, const char *what)
+{
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    double worst = decode_pair(a, b, V, &id, la, lb, what);
+    printf("%s: worst logits rel err %.3g over 20 steps\n", what, worst);
+    free_synth_pair(a, b, m, path, la, lb);
+    return worst;
+}
+
 /* The megakernel against the graph program on synth models of quantised weights (the
  * fixtures are f32/bf16): every decode step's logits and 12 greedy ids. Geometry: qwen3-tiny
  * widened to 256 so that the K-quants apply (Q4_K_M mixes Q4_K and Q6_K), and qwen35-tiny in
@@ -923,15 +938,12 @@ static void check_graph_gemvq(const char *arch, enum export_type type)
     off.gemv_v2 = false;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
-    int32_t V = m->hp.n_vocab, id = 5;
-    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    double worst = decode_pair(a, b, V, &id, la, lb, arch);
-    printf("graph gemvq vs first GEMV kernel, %s %s: worst logits rel err %.3g over 20 steps\n", arch,
-           export_type_name(type), worst);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
+    char what[128];
+    snprintf(what, sizeof(what), "graph gemvq vs first GEMV kernel, %s %s", arch, export_type_name(type));
+    double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
-        fail_msg("%s %s: gemvq logits differ by %.3g", arch, export_type_name(type), worst);
-    free_synth_pair(a, b, m, path, la, lb);
+        fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
 static void test_graph_gemvq(void **st)
@@ -960,15 +972,13 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
     const char *fused = "norm+gate|up+down+residual";
     assert_int_equal(cuda_session_count_steps(a, fused), m->hp.n_layer);
     assert_int_equal(cuda_session_count_steps(b, fused), 0);
-    int32_t V = m->hp.n_vocab, id = 5;
-    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    double worst = decode_pair(a, b, V, &id, la, lb, arch);
-    printf("graph fused MLP vs two launches, %s %s width %d: worst logits rel err %.3g over 20 steps\n", arch,
-           export_type_name(type), (int)width, worst);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
+    char what[128];
+    snprintf(what, sizeof(what), "graph fused MLP vs two launches, %s %s width %d", arch, export_type_name(type),
+             (int)width);
+    double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
-        fail_msg("%s %s width %d: fused MLP logits differ by %.3g", arch, export_type_name(type), (int)width, worst);
-    free_synth_pair(a, b, m, path, la, lb);
+        fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
 /* The GEMV with its rows in shared memory (gemv_smem.cu), with PDL as the decode graph uses it,
@@ -986,16 +996,13 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
     assert_true(cuda_gemv_smem_takes(type == EXPORT_F16 ? QR_F16 : QR_BF16, width, width));
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
-    int32_t V = m->hp.n_vocab, id = 5;
-    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    double worst = decode_pair(a, b, V, &id, la, lb, arch);
-    printf("graph gemv_smem vs gemv2 (pdl on), %s %s width %d: worst logits rel err %.3g over 20 steps\n", arch,
-           export_type_name(type), (int)width, worst);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
+    char what[128];
+    snprintf(what, sizeof(what), "graph gemv_smem vs gemv2 (pdl on), %s %s width %d", arch, export_type_name(type),
+             (int)width);
+    double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol) || worst == 0.0) /* 0: the other order of the sums did not run */
-        fail_msg("%s %s width %d: gemv_smem logits differ from gemv2's by %.3g", arch, export_type_name(type),
-                 (int)width, worst);
-    free_synth_pair(a, b, m, path, la, lb);
+        fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
 static void test_graph_gemv_smem(void **st)
@@ -1027,18 +1034,16 @@ static void check_graph_gdn_split(bool own_key_heads, int32_t ssm_dim)
     on.gdn_split = true, off.gdn_split = false;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, "gdn split");
-    int32_t V = m->hp.n_vocab, id = 5;
-    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    double worst = decode_pair(a, b, V, &id, la, lb, "gdn split");
-    printf("graph DeltaNet step split per head vs one block per head, heads %d x %d%s: worst logits rel err %.3g over 20 steps\n",
-           (int)m->hp.ssm_k_dim, (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "", worst);
+    char what[128];
+    snprintf(what, sizeof(what), "graph DeltaNet step split per head vs one block per head, heads %d x %d%s",
+             (int)m->hp.ssm_k_dim, (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "");
+    double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= 1e-3)) /* as check_mega_synth for Qwen3.5 */
         fail_msg("gdn split: logits differ by %.3g", worst);
     /* and the split kernel did run: its row sums go in another order, so 20 steps of logits
      * are not bit for bit the one-block kernel's */
     if (!(worst > 0))
         fail_msg("gdn split: logits identical to the one-block kernel's: the split did not run");
-    free_synth_pair(a, b, m, path, la, lb);
 }
 
 static void test_graph_gdn_split(void **st)

@@ -88,16 +88,14 @@ __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xl
     float ss = 0.0f;
     for (int i0 = threadIdx.x; i0 < k4; i0 += GS_XB * nt) {
         float4 v[GS_XB];
-#pragma unroll
-        for (int j = 0; j < GS_XB; j++)
-            v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        gemv_load_x<GS_XB>(xt, i0, nt, k4, v);
 #pragma unroll
         for (int j = 0; j < GS_XB; j++) {
             int i = i0 + j * nt;
             if (i >= k4)
                 break;
             ((i & 1) ? xhi : xlo)[i >> 1] = v[j];
-            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            ss += gemv_sumsq4(v[j]);
         }
     }
     if (nw) {

@@ -29,6 +29,21 @@ __device__ __forceinline__ void gemv_load_norm_w(const struct gemv_args &a, floa
     }
 }
 
+/* One thread-stride batch of x: v[j] = xt[i0 + j nt] below k4, zeros past it; every load
+ * issued before the first use. */
+template <int XB>
+__device__ __forceinline__ void gemv_load_x(const float4 *xt, int i0, int nt, int k4, float4 (&v)[XB])
+{
+#pragma unroll
+    for (int j = 0; j < XB; j++)
+        v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+__device__ __forceinline__ float gemv_sumsq4(float4 v)
+{
+    return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+}
+
 /* xs [T][K] = x, times 1/rms(x) * norm_w when a.norm_w; NWARPS warps; s_part [NWARPS][GEMV_MAX_T]
  * shared. Ends with the block barrier that makes xs visible. */
 template <int XB, int NWARPS>
@@ -48,15 +63,13 @@ __device__ __forceinline__ void gemv_stage_x(const struct gemv_args &a, float *x
         float4 *xst = (float4 *)(xs + t * K);
         for (int i0 = threadIdx.x; i0 < k4; i0 += XB * nt) {
             float4 v[XB];
-#pragma unroll
-            for (int j = 0; j < XB; j++)
-                v[j] = i0 + j * nt < k4 ? xt[i0 + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            gemv_load_x<XB>(xt, i0, nt, k4, v);
 #pragma unroll
             for (int j = 0; j < XB; j++) {
                 if (i0 + j * nt >= k4)
                     break;
                 xst[i0 + j * nt] = v[j];
-                ss[t] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+                ss[t] += gemv_sumsq4(v[j]);
             }
         }
     }
