@@ -6,6 +6,8 @@
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
  *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
+ *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
+ *              runs: cuda_options.gemv_smem_warps / _kb; one binary sweeps the block shapes)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -28,7 +30,9 @@
  *    tg is the default path (the graph; the megakernel only when asked for).
  * 4. --gemv: first, single GEMVs of the model's BF16 shapes timed in isolation (graph of 200
  *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
- *    gemv2, with and without PDL.
+ *    gemv2 vs gemv_smem, with and without PDL; then the timeline of a chain of gemv_smem
+ *    launches from its per-block stamps (when blocks start, when their input wait ends, when
+ *    x and the weights are ready, how long the dot products take).
  * 5. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
  *    per graph, several grid shapes, without and with PDL), then exit.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
@@ -397,6 +401,7 @@ int main(int argc, char **argv)
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     const char *tg_variant = NULL;
+    int smem_warps = 0, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
@@ -411,6 +416,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
         else if (!strcmp(argv[i], "--no-merge")) no_merge = 1; /* prefill products one by one */
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
+        else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -418,7 +424,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -576,6 +582,8 @@ int main(int argc, char **argv)
         o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
         o.attn_split = vs[v].split, o.mega_fuse_down = vs[v].fuse_down, o.attn_rope = !vs[v].rope_apart;
         o.mlp_fused = vs[v].mlp_on, o.gdn_split = !vs[v].gdn_apart, o.gemv_smem = !vs[v].smem_off;
+        if (smem_warps > 0) /* --gemv-smem W:KB */
+            o.gemv_smem_warps = smem_warps, o.gemv_smem_kb = smem_kb;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;

@@ -1402,6 +1402,19 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_launch_floor_bench(140, 130, 128, 8, false, 3, &us, &err), want);
     assert_true(us == -1);
     assert_int_equal(cuda_session_count_steps(NULL, "gemv+residual"), 0);
+    /* gemv_smem block shapes the kernel is not built for are refused before any device work */
+    struct cuda_options o = cuda_default_options();
+    struct cuda_session *cs = NULL;
+    o.gemv_smem_warps = 3;
+    assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
+    assert_null(cs);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "gemv_smem_warps 3"));
+    o = cuda_default_options();
+    o.gemv_smem_kb = 300;
+    assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "gemv_smem_kb 300"));
 }
 
 int main(void)

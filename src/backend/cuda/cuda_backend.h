@@ -91,6 +91,11 @@ struct cuda_options {
                           * On by default: Qwen3-0.6B BF16 decode +9%, Qwen3.5-0.8B +14%
                           * (docs/perf-log.md, session 13). Quantised weights keep gemvq and
                           * no PDL */
+    int32_t gemv_smem_warps; /* its warps per block at most: 1, 2, 4, 8 (default) or 16; fewer
+                          * when the rows would not fit under gemv_smem_kb */
+    int32_t gemv_smem_kb; /* its shared memory per block at most, KB (16-226; default 120).
+                          * Which shape is fastest depends on the model: PDL overlaps a launch
+                          * only when its blocks fit beside the one before (perf-log) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W

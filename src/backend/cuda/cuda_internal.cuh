@@ -207,6 +207,8 @@ struct gemv_args {
     int32_t n_sm;          /* multiprocessors (gemv2 sizes its rows per warp); 0: 132 */
     bool smem;             /* T = 1, 16-bit weights: the kernel that copies its rows into shared
                             * memory first (gemv_smem.cu), when it applies */
+    int32_t smem_warps, smem_kb; /* its warps per block and shared memory per block (KB) at
+                            * most: cuda_options.gemv_smem_warps / _kb (0: its defaults) */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
                             * %globaltimer stamps [block][4]: start, after griddep_wait, weights
                             * and x in shared memory, end */

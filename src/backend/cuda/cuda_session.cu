@@ -159,7 +159,9 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_flash = true;
     o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
-    o.gemv_smem = true; /* with PDL: +9% / +14% decode (docs/perf-log.md, session 13) */
+    o.gemv_smem = true; /* with PDL: +15% / +20% decode (docs/perf-log.md, session 13) */
+    o.gemv_smem_warps = 8; /* measured best for Qwen3-0.6B; Qwen3.5-0.8B preferred 16 (session 13) */
+    o.gemv_smem_kb = 120;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -581,6 +583,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
         a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm, a.smem = cs->opt.gemv_smem;
+        a.smem_warps = cs->opt.gemv_smem_warps, a.smem_kb = cs->opt.gemv_smem_kb;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -916,6 +919,7 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
     a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
     a.n_seg = st->n_mm;
     a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm, a.smem = r->cs->opt.gemv_smem;
+    a.smem_warps = r->cs->opt.gemv_smem_warps, a.smem_kb = r->cs->opt.gemv_smem_kb;
     for (int k = 0; k < st->n_mm; k++) {
         const struct dop *d = &r->d[st->mm[k]];
         const struct plan_op *m = &p->ops[st->mm[k]];
@@ -1408,13 +1412,25 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     return build_megakernel(cs, err);
 }
 
+/* The options that take a number: values outside what the kernels are built for are refused
+ * (before any device work). */
+static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *err)
+{
+    int w = o->gemv_smem_warps;
+    if (w != 1 && w != 2 && w != 4 && w != 8 && w != 16)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_warps %d (1, 2, 4, 8 or 16)", w);
+    if (o->gemv_smem_kb < 16 || o->gemv_smem_kb > 226)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_kb %d (16 to 226)", o->gemv_smem_kb);
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_ctx,
                                            const struct cuda_options *opt,
                                            struct cuda_session **out, struct qwenrt_error *err)
 {
     *out = NULL;
-    qwenrt_status st = cuda_probe(0, err);
-    if (st)
+    qwenrt_status st = opt ? check_options(opt, err) : QWENRT_OK;
+    if (st || (st = cuda_probe(0, err)))
         return st;
     struct cuda_session *cs = (struct cuda_session *)xcalloc(1, sizeof(*cs));
     if (!cs)

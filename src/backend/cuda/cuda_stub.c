@@ -24,7 +24,8 @@ struct cuda_options cuda_default_options(void)
                              .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true, .gemm_merge = true,
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
-                             .gdn_split = true, .mlp_fused = false,
+                             .gdn_split = true, .mlp_fused = false, .gemv_smem = true,
+                             .gemv_smem_warps = 8, .gemv_smem_kb = 120,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }

@@ -58,13 +58,16 @@ extern "C" {
 #ifndef GS_L_HUGE
 #define GS_L_HUGE GS_L_BIG /* lanes per row for K > 2048 */
 #endif
+#define GS_WARPS_LIMIT 16 /* the most warps per block cuda_options.gemv_smem_warps may ask for */
 #ifndef GS_WARPS_MAX
-#define GS_WARPS_MAX 8 /* warps per block (fewer only when their rows would not fit) */
+#define GS_WARPS_MAX 8 /* default warps per block (fewer only when their rows would not fit) */
 #endif
 #ifndef GS_SMEM_MAX
-#define GS_SMEM_MAX (120 * 1024) /* dynamic shared memory per block (a multiprocessor has 228 KB) */
+#define GS_SMEM_MAX (120 * 1024) /* default dynamic shared memory per block (a multiprocessor has 228 KB) */
 #endif
 #define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
+#define GS_KB_LIMIT 226             /* dynamic shared memory per block at most, KB: sm_90 allows
+                                     * 227 KB with the static part */
 #ifndef GS_MIN_BLOCKS
 #define GS_MIN_BLOCKS 0 /* > 0: fewer warps per block while the grid would be smaller than this */
 #endif
@@ -122,11 +125,11 @@ __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xl
 /* L lanes per row, P physical rows per row (2: the SwiGLU gate/up pair); wstride: bytes
  * between rows in shared memory (K * 2). */
 template <int DT, int P, int L>
-__global__ void __launch_bounds__(32 * GS_WARPS_MAX) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
+__global__ void __launch_bounds__(32 * GS_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t wstride)
 {
     extern __shared__ float4 gs_smem4[];
-    __shared__ float s_red[GS_WARPS_MAX];
+    __shared__ float s_red[GS_WARPS_LIMIT];
     unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + 4 * (size_t)blockIdx.x : NULL;
     if (st)
         st[0] = gs_globaltimer();
@@ -200,9 +203,16 @@ __global__ void __launch_bounds__(32 * GS_WARPS_MAX) gemv_smem_kernel(const __gr
         st[3] = gs_globaltimer();
 }
 
-/* Lanes per row, warps per block, the bytes between rows in shared memory, the block's
- * dynamic shared memory and the grid; false when the kernel does not take these arguments. */
-static bool gemv_smem_shape(const struct gemv_args *a, int *L, int *W, int32_t *wstride, size_t *smem, int *blocks)
+/* How a launch runs: lanes per row, warps per block, blocks, the bytes between rows in shared
+ * memory, the block's dynamic shared memory and the cap it was fitted under. */
+struct gs_shape {
+    int L, W, blocks;
+    int32_t wstride;
+    size_t smem, cap;
+};
+
+/* The shape of this launch; false when the kernel does not take these arguments. */
+static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
 {
     if (!a->smem || a->T != 1 || a->k_mixed || (a->dtype != QR_BF16 && a->dtype != QR_F16))
         return false;
@@ -222,27 +232,27 @@ static bool gemv_smem_shape(const struct gemv_args *a, int *L, int *W, int32_t *
         rows = a->seg[0].N;
     if (rows > GS_MAX_ROWS)
         return false;
-    int l = a->K <= 1024 ? GS_L_SMALL : a->K <= 2048 ? GS_L_BIG : GS_L_HUGE, w = GS_WARPS_MAX;
+    int l = a->K <= 1024 ? GS_L_SMALL : a->K <= 2048 ? GS_L_BIG : GS_L_HUGE;
+    int w = a->smem_warps > 0 && a->smem_warps <= GS_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
+    size_t cap = a->smem_kb > 0 && a->smem_kb <= GS_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
     /* a row's weights (row_bytes may pad beyond them); fewer than 8 lanes per row put two rows
      * in one quarter warp: 64 bytes more per row keep them off each other's banks */
     int32_t ws = a->K * 2 + (l < 8 ? 64 : 0);
     size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * 4;
-    while (w > 1 && (x + w * per_warp > GS_SMEM_MAX ||
-                     (GS_MIN_BLOCKS > 0 && (rows + (int64_t)w * (32 / l) - 1) / ((int64_t)w * (32 / l)) < GS_MIN_BLOCKS)))
+    const int64_t rpw = 32 / l; /* rows per warp */
+    while (w > 1 && (x + w * per_warp > cap || (GS_MIN_BLOCKS > 0 && (rows + w * rpw - 1) / (w * rpw) < GS_MIN_BLOCKS)))
         w /= 2;
-    if (x + w * per_warp > GS_SMEM_MAX)
+    if (x + w * per_warp > cap)
         return false;
-    *L = l, *W = w, *wstride = ws, *smem = x + w * per_warp;
-    *blocks = (int)((rows + (int64_t)w * (32 / l) - 1) / ((int64_t)w * (32 / l)));
+    sh->L = l, sh->W = w, sh->wstride = ws, sh->smem = x + w * per_warp, sh->cap = cap;
+    sh->blocks = (int)((rows + w * rpw - 1) / (w * rpw));
     return true;
 }
 
 int32_t gemv_smem_blocks(const struct gemv_args *a)
 {
-    int l, w, b;
-    int32_t ws;
-    size_t sm;
-    return gemv_smem_shape(a, &l, &w, &ws, &sm, &b) ? b : 0;
+    struct gs_shape sh;
+    return gemv_smem_shape(a, &sh) ? sh.blocks : 0;
 }
 
 bool gemv_smem_applies(const struct gemv_args *a)
@@ -251,37 +261,40 @@ bool gemv_smem_applies(const struct gemv_args *a)
 }
 
 template <int DT, int P, int L>
-static cudaError_t gemv_smem_go(const struct gemv_args *a, int W, int32_t ws, size_t sm, int blocks, cudaStream_t s)
+static cudaError_t gemv_smem_go(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s)
 {
-    if (sm > GS_SMEM_DEFAULT) { /* idempotent, and a host call: captured graphs do not repeat it */
-        cudaError_t e = cudaFuncSetAttribute(gemv_smem_kernel<DT, P, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             GS_SMEM_MAX);
+    if (sh.smem > GS_SMEM_DEFAULT) {
+        /* the kernel's limit raised to the cap, never lowered: a launch captured earlier with
+         * a larger cap stays valid (a host call: replayed graphs do not repeat it) */
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaFuncGetAttributes(&fa, gemv_smem_kernel<DT, P, L>);
+        if (e == cudaSuccess && (size_t)fa.maxDynamicSharedSizeBytes < sh.cap)
+            e = cudaFuncSetAttribute(gemv_smem_kernel<DT, P, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sh.cap);
         if (e != cudaSuccess)
             return e;
     }
-    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L>, dim3(blocks), dim3(32 * W), sm, s, *a, ws);
+    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L>, dim3(sh.blocks), dim3(32 * sh.W), sh.smem, s, *a,
+                    sh.wstride);
 }
 
 template <int DT, int L>
-static cudaError_t gemv_smem_dt(const struct gemv_args *a, int W, int32_t ws, size_t sm, int blocks, cudaStream_t s)
+static cudaError_t gemv_smem_dt(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s)
 {
-    return a->mode == GEMV_SWIGLU ? gemv_smem_go<DT, 2, L>(a, W, ws, sm, blocks, s)
-                                  : gemv_smem_go<DT, 1, L>(a, W, ws, sm, blocks, s);
+    return a->mode == GEMV_SWIGLU ? gemv_smem_go<DT, 2, L>(a, sh, s) : gemv_smem_go<DT, 1, L>(a, sh, s);
 }
 
 cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s)
 {
-    int L, W, blocks;
-    int32_t ws;
-    size_t sm;
-    if (!gemv_smem_shape(a, &L, &W, &ws, &sm, &blocks))
+    struct gs_shape sh;
+    if (!gemv_smem_shape(a, &sh))
         return cudaErrorInvalidValue;
     bool f16 = a->dtype == QR_F16;
-    switch (L) {
-    case 4: return f16 ? gemv_smem_dt<QR_F16, 4>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 4>(a, W, ws, sm, blocks, s);
-    case 8: return f16 ? gemv_smem_dt<QR_F16, 8>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 8>(a, W, ws, sm, blocks, s);
-    case 16: return f16 ? gemv_smem_dt<QR_F16, 16>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 16>(a, W, ws, sm, blocks, s);
-    default: return f16 ? gemv_smem_dt<QR_F16, 32>(a, W, ws, sm, blocks, s) : gemv_smem_dt<QR_BF16, 32>(a, W, ws, sm, blocks, s);
+    switch (sh.L) {
+    case 4: return f16 ? gemv_smem_dt<QR_F16, 4>(a, sh, s) : gemv_smem_dt<QR_BF16, 4>(a, sh, s);
+    case 8: return f16 ? gemv_smem_dt<QR_F16, 8>(a, sh, s) : gemv_smem_dt<QR_BF16, 8>(a, sh, s);
+    case 16: return f16 ? gemv_smem_dt<QR_F16, 16>(a, sh, s) : gemv_smem_dt<QR_BF16, 16>(a, sh, s);
+    default: return f16 ? gemv_smem_dt<QR_F16, 32>(a, sh, s) : gemv_smem_dt<QR_BF16, 32>(a, sh, s);
     }
 }
 
