@@ -428,20 +428,20 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    /* decode variants */
-    struct variant vs[] = {{"megakernel", true, true, true, false, true, 256, true, 0, false, false, false, false, false},
-                           {"graph,unfused", true, false, true, false, false, 256, true, 0, false, false, false, false, false},
-                           {"nograph,fused", false, true, true, false, false, 256, true, 0, false, false, false, false, false},
-                           {"graph+fused", true, true, true, false, false, 256, true, 0, false, false, false, false, false},
-                           {"mega 512 thr", true, true, true, false, true, 512, true, 0, false, false, false, false, false},
-                           {"graph+fused, pdl", true, true, true, true, false, 256, true, 0, false, false, false, false, false},
-                           {"graph+fused, attn_split off", true, true, true, false, false, 256, false, 0, false, false, false, false, false},
-                           {"megakernel, fuse_down on", true, true, true, false, true, 256, true, 0, true, false, false, false, false},
-                           {"graph+fused, attn_rope off", true, true, true, false, false, 256, true, 0, false, true, false, false, false},
-                           {"graph+fused, mlp_fused on", true, true, true, false, false, 256, true, 0, false, false, true, false, false},
-                           {"graph+fused, gdn_split off", true, true, true, false, false, 256, true, 0, false, false, false, true, false},
-                           {"graph+fused, gemv_smem off", true, true, true, false, false, 256, true, 0, false, false, false, false, true},
-                           {"graph+fused, gemv_smem off, pdl", true, true, true, true, false, 256, true, 0, false, false, false, false, true}};
+    /* decode variants (unnamed switches: off) */
+    struct variant vs[] = {{.name = "megakernel", .graph = true, .fuse = true, .v2 = true, .mega = true, .threads = 256, .split = true},
+                           {.name = "graph,unfused", .graph = true, .v2 = true, .threads = 256, .split = true},
+                           {.name = "nograph,fused", .fuse = true, .v2 = true, .threads = 256, .split = true},
+                           {.name = "graph+fused", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true},
+                           {.name = "mega 512 thr", .graph = true, .fuse = true, .v2 = true, .mega = true, .threads = 512, .split = true},
+                           {.name = "graph+fused, pdl", .graph = true, .fuse = true, .v2 = true, .pdl = true, .threads = 256, .split = true},
+                           {.name = "graph+fused, attn_split off", .graph = true, .fuse = true, .v2 = true, .threads = 256},
+                           {.name = "megakernel, fuse_down on", .graph = true, .fuse = true, .v2 = true, .mega = true, .threads = 256, .split = true, .fuse_down = true},
+                           {.name = "graph+fused, attn_rope off", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .rope_apart = true},
+                           {.name = "graph+fused, mlp_fused on", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .mlp_on = true},
+                           {.name = "graph+fused, gdn_split off", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .gdn_apart = true},
+                           {.name = "graph+fused, gemv_smem off", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .smem_off = true},
+                           {.name = "graph+fused, gemv_smem off, pdl", .graph = true, .fuse = true, .v2 = true, .pdl = true, .threads = 256, .split = true, .smem_off = true}};
     if (tg_variant) { /* a name that matches no variant would time nothing */
         size_t v = 0;
         while (v < sizeof(vs) / sizeof(vs[0]) && strcmp(tg_variant, vs[v].name))
@@ -530,15 +530,15 @@ int main(int argc, char **argv)
     struct cuda_options o;
     struct cuda_session *cs = NULL;
     /* the switches below the first two are measured in exact mode (their products) */
-    struct pvariant pv[] = {{"all on (bf16 products)", true, true, true, true, true, true, true, 0, false},
-                            {"exact (prefill_bf16 off)", true, true, true, true, true, false, true, 0, false},
-                            {"attn_tiled off", true, false, true, true, false, false, true, 0, false},
-                            {"gdn_par off", true, true, false, true, true, false, true, 0, false},
-                            {"all off", false, false, false, false, false, false, false, 0, false},
-                            {"gemm_stack3 off", true, true, true, false, true, false, true, 0, false},
-                            {"attn_gemm off", true, true, true, true, false, false, true, 0, false},
-                            {"attn_flash off (TF32 GEMMs)", true, true, true, true, true, true, false, 0, false},
-                            {"gdn_chunked on (chunks of 64)", true, true, true, true, true, true, true, 0, true}};
+    struct pvariant pv[] = {{.name = "all on (bf16 products)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true},
+                            {.name = "exact (prefill_bf16 off)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .flash = true},
+                            {.name = "attn_tiled off", .cache = true, .par = true, .stack = true, .flash = true},
+                            {.name = "gdn_par off", .cache = true, .tiled = true, .stack = true, .agemm = true, .flash = true},
+                            {.name = "all off"},
+                            {.name = "gemm_stack3 off", .cache = true, .tiled = true, .par = true, .agemm = true, .flash = true},
+                            {.name = "attn_gemm off", .cache = true, .tiled = true, .par = true, .stack = true, .flash = true},
+                            {.name = "attn_flash off (TF32 GEMMs)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true},
+                            {.name = "gdn_chunked on (chunks of 64)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = true}};
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && v > 0); v++) {
         o = cuda_default_options();
