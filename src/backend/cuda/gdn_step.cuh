@@ -18,26 +18,37 @@
 
 #define GDN_CONV_MAX_K 8 /* conv taps the kernels take */
 
+/* One conv output before its SiLU: the R = K - 1 window values times their taps, then the
+ * new input times the last tap, in that order (the prefill's token loop and the decode step
+ * sum alike). */
+__device__ __forceinline__ float gdn_conv_dot(const float (&tap)[GDN_CONV_MAX_K], const float (&win)[GDN_CONV_MAX_K],
+                                              float in, int R)
+{
+    float acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K; r++)
+        if (r < R)
+            acc += tap[r] * win[r];
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K; r++)
+        if (r == R)
+            acc += tap[r] * in;
+    return acc;
+}
+
 /* One token of the causal conv of channel ch on qkv (gdn_conv_kernel's order; silu after):
  * the output, and the channel's shifted window in win[0 .. R-1] for gdn_conv_store. */
 __device__ __forceinline__ float gdn_conv_token(const struct gdn_args &a, int ch, float (&win)[GDN_CONV_MAX_K])
 {
     int C = a.conv_C, R = a.conv_k - 1;
     const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
-    float in = a.qkv[ch], w[GDN_CONV_MAX_K], tp[GDN_CONV_MAX_K], acc = 0.0f;
+    float in = a.qkv[ch], w[GDN_CONV_MAX_K], tp[GDN_CONV_MAX_K];
 #pragma unroll
     for (int r = 0; r < GDN_CONV_MAX_K; r++) {
         tp[r] = r <= R ? tap[r] : 0.0f;
         w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
     }
-#pragma unroll
-    for (int r = 0; r < GDN_CONV_MAX_K; r++)
-        if (r < R)
-            acc += tp[r] * w[r];
-#pragma unroll
-    for (int r = 0; r < GDN_CONV_MAX_K; r++)
-        if (r == R)
-            acc += tp[r] * in;
+    float acc = gdn_conv_dot(tp, w, in, R);
 #pragma unroll
     for (int r = 0; r < GDN_CONV_MAX_K - 1; r++)
         win[r] = r < R - 1 ? w[r + 1] : r == R - 1 ? in : 0.0f;

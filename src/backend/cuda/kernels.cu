@@ -800,15 +800,7 @@ __global__ void gdn_conv_kernel(float *x, int32_t ldx, float *state, const float
     }
     for (int t = 0; t < T; t++) {
         float in = x[(int64_t)t * ldx + ch];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K; j++)
-            if (j < R)
-                acc += tap[j] * win[j];
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K; j++)
-            if (j == R)
-                acc += tap[j] * in;
+        float acc = gdn_conv_dot(tap, win, in, R);
 #pragma unroll
         for (int j = 0; j < CONV_MAX_K - 1; j++)
             if (j < R - 1)
