@@ -1,8 +1,9 @@
 /*
  * gdn_step.cuh — one token of the Gated DeltaNet decode step, shared by the kernels that hold
  * the state in registers (gdn_core_kernel in kernels.cu, the cluster-split gds_kernel in
- * gdn_decode.cu): the causal conv of one channel (gdn_conv_token, gdn_conv_store) and the
- * recurrence of one state column (gdn_column_step).
+ * gdn_decode.cu): the causal conv of one channel (gdn_conv_token, gdn_conv_store; its sum,
+ * gdn_conv_dot, also serves the prefill conv's token loop) and the recurrence of one state
+ * column (gdn_column_step).
  *
  * gdn_column_step: a thread owns rows sub, sub + TPC, ... (nr of them, at most MAXR) of a
  * column S[.][c] of the head's state; the TPC lanes of a column are adjacent in the warp. With
