@@ -37,6 +37,15 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
     return warp_sum(t);
 }
 
+/* The GPU's nanosecond clock (%globaltimer; it advances in steps of ~0.26 us on the H200):
+ * the stamps of the profiles and timelines. */
+static __device__ __forceinline__ unsigned long long globaltimer_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 /* Asynchronous copies into shared memory (cp.async): 4 bytes (any aligned float) or 16 bytes
  * (both addresses on 16 bytes, bypassing L1); a commit closes a group, cp_async_wait<N> waits
  * until at most N of this thread's groups are still in flight. The shared address is the

@@ -190,13 +190,6 @@ __device__ __forceinline__ void mk_grid_sync(struct mk_sync *s, unsigned nb, uns
     __syncthreads();
 }
 
-__device__ __forceinline__ unsigned long long mk_globaltimer()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 /* ------------------------------------------------------------------ row dot products
  * Each returns the warp's dot product of one or two weight rows with xs (shared memory, f32)
  * in every lane. */
@@ -607,10 +600,10 @@ __device__ __forceinline__ void mk_refill(const struct mk_ring &rg, uint32_t c)
 __device__ __forceinline__ const uint8_t *mk_acquire(const struct mk_ring &rg, uint32_t c)
 {
     uint32_t st = c % MK_STAGES;
-    unsigned long long t1 = rg.prof ? mk_globaltimer() : 0;
+    unsigned long long t1 = rg.prof ? globaltimer_ns() : 0;
     mk_mbar_wait(&rg.bar[st], (c / MK_STAGES) & 1);
     if (rg.prof)
-        atomicAdd(&rg.prof[1], mk_globaltimer() - t1);
+        atomicAdd(&rg.prof[1], globaltimer_ns() - t1);
     return rg.base + st * rg.stage_bytes;
 }
 
@@ -626,10 +619,10 @@ __device__ __forceinline__ void mk_release(const struct mk_ring &rg, uint32_t c)
         unsigned nw = blockDim.x >> 5;
         unsigned old = atomicAdd(&rg.freed[c % MK_STAGES], 1u);
         if ((old + 1) % nw == 0) {
-            unsigned long long t2 = rg.prof ? mk_globaltimer() : 0;
+            unsigned long long t2 = rg.prof ? globaltimer_ns() : 0;
             mk_refill(rg, c + MK_STAGES);
             if (rg.prof)
-                atomicAdd(&rg.prof[3], mk_globaltimer() - t2);
+                atomicAdd(&rg.prof[3], globaltimer_ns() - t2);
         }
     }
 }
@@ -818,9 +811,9 @@ __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, s
                         float *xs, float *red, int parity)
 {
     int kc = mk_regs_kc(P);
-    unsigned long long t0 = rg.prof ? mk_globaltimer() : 0;
+    unsigned long long t0 = rg.prof ? globaltimer_ns() : 0;
     mk_stage_x(P.in, P.K, P.vec, P.eps, xs, red);
-    unsigned long long t1 = rg.prof ? mk_globaltimer() : 0;
+    unsigned long long t1 = rg.prof ? globaltimer_ns() : 0;
     if (rg.prof && threadIdx.x == 0)
         rg.prof[0] += t1 - t0;
     unsigned long long best = 0;
@@ -866,7 +859,7 @@ __device__ void mk_gemv(const struct mk_params &prm, const struct mk_phase &P, s
     if (P.has_down) /* hs after x (mk_table reserved K + 64 floats) */
         P.dseg.dtype == QR_BF16 ? mk_down<NT, QR_BF16>(P, rg, xs + P.K) : mk_down<NT, QR_F16>(P, rg, xs + P.K);
     if (rg.prof)
-        atomicAdd(&rg.prof[4], mk_globaltimer() - t1);
+        atomicAdd(&rg.prof[4], globaltimer_ns() - t1);
     if (P.argmax && (threadIdx.x & 31) == 0 && best)
         atomicMax(&prm.sync->key[parity], best);
 }
@@ -1308,7 +1301,7 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
     int32_t id = __ldcg(prm.ids), pos = __ldcg(prm.pos);
     bool stamp = prm.times && blockIdx.x == 0 && threadIdx.x == 0;
     if (stamp)
-        prm.times[0] = mk_globaltimer();
+        prm.times[0] = globaltimer_ns();
     for (int32_t tok = 0; tok < prm.n_tok; tok++) {
         int parity = tok & 1;
         for (int32_t pi = 0; pi < prm.n_ph; pi++) {
@@ -1325,12 +1318,12 @@ __global__ void __launch_bounds__(NT, 1) mk_kernel(const __grid_constant__ struc
             case MK_GDN_CORE: mk_gdn_core(P, sm, red, prm.cnt); break;
             default: mk_elementwise(P); break;
             }
-            unsigned long long tb = rg.prof ? mk_globaltimer() : 0;
+            unsigned long long tb = rg.prof ? globaltimer_ns() : 0;
             if (prm.times && tok == 0 && threadIdx.x == 0) /* every block's arrival */
-                prm.times[1 + (1 + MK_PROF_SLOTS) * prm.n_ph + (int64_t)pi * nb + blockIdx.x] = mk_globaltimer();
+                prm.times[1 + (1 + MK_PROF_SLOTS) * prm.n_ph + (int64_t)pi * nb + blockIdx.x] = globaltimer_ns();
             mk_grid_sync(prm.sync, nb, &target);
             if (stamp && tok == 0) {
-                prm.times[1 + pi] = mk_globaltimer();
+                prm.times[1 + pi] = globaltimer_ns();
                 rg.prof[2] = prm.times[1 + pi] - tb;
             }
             if (pi == 0 && blockIdx.x == 0 && threadIdx.x == 0)

@@ -79,10 +79,10 @@ __device__ __noinline__ void mk_gemv_regs(const struct mk_phase &P, struct mk_ri
     for (int32_t k = k0; k < k1; k++, next++) {
         const struct mk_chunk ch = ring.sched[k];
         uint32_t st = next % MK_STAGES;
-        unsigned long long t1 = prof ? mk_globaltimer() : 0;
+        unsigned long long t1 = prof ? globaltimer_ns() : 0;
         mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
         if (prof)
-            atomicAdd(&prof[1], mk_globaltimer() - t1);
+            atomicAdd(&prof[1], globaltimer_ns() - t1);
         /* rows 16-byte aligned (mk_regs_kc): the copy starts at the stage, the up rows right
          * after the gate rows */
         const uint32_t rb0 = (uint32_t)D.row_bytes[ch.seg];
@@ -152,10 +152,10 @@ __device__ __noinline__ void mk_gemv_q8(const struct mk_phase &P, struct mk_ring
     for (int32_t k = k0; k < k1; k++, next++) {
         const struct mk_chunk ch = ring.sched[k];
         uint32_t st = next % MK_STAGES;
-        unsigned long long t1 = prof ? mk_globaltimer() : 0;
+        unsigned long long t1 = prof ? globaltimer_ns() : 0;
         mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
         if (prof)
-            atomicAdd(&prof[1], mk_globaltimer() - t1);
+            atomicAdd(&prof[1], globaltimer_ns() - t1);
         struct mk_copy cp;
         mk_chunk_copy(D, ch, cp);
         const uint32_t b0 = base + st * sbytes + cp.off[0], b1 = base + st * sbytes + cp.off[1];
@@ -226,10 +226,10 @@ __device__ __noinline__ void mk_gemv_kq(const struct mk_phase &P, struct mk_ring
     for (int32_t k = k0; k < k1; k++, next++) {
         const struct mk_chunk ch = ring.sched[k];
         uint32_t st = next % MK_STAGES;
-        unsigned long long t1 = prof ? mk_globaltimer() : 0;
+        unsigned long long t1 = prof ? globaltimer_ns() : 0;
         mk_mbar_wait_at(bars + 8 * st, (next / MK_STAGES) & 1);
         if (prof)
-            atomicAdd(&prof[1], mk_globaltimer() - t1);
+            atomicAdd(&prof[1], globaltimer_ns() - t1);
         struct mk_copy cp;
         mk_chunk_copy(D, ch, cp);
         const uint32_t b0 = base + st * sbytes + cp.off[0], b1 = base + st * sbytes + cp.off[1];
