@@ -225,6 +225,9 @@ bool gemvq_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 /* The one-token 16-bit GEMV with its rows in shared memory (gemv_smem.cu; a.smem asks for it,
  * launch_gemv takes it when it applies). */
+#define GEMV_SMEM_WARPS_LIMIT 16 /* gemv_smem's warps per block at most (its launch bound) */
+#define GEMV_SMEM_KB_LIMIT 226   /* its dynamic shared memory per block at most, KB: sm_90 allows
+                                  * 227 KB with the static part */
 bool gemv_smem_applies(const struct gemv_args *a);
 int32_t gemv_smem_blocks(const struct gemv_args *a); /* its grid (0: it does not apply) */
 cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s);

@@ -1417,10 +1417,12 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
 static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *err)
 {
     int w = o->gemv_smem_warps;
-    if (w != 1 && w != 2 && w != 4 && w != 8 && w != 16)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_warps %d (1, 2, 4, 8 or 16)", w);
-    if (o->gemv_smem_kb < 16 || o->gemv_smem_kb > 226)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_kb %d (16 to 226)", o->gemv_smem_kb);
+    if (w < 1 || w > GEMV_SMEM_WARPS_LIMIT || (w & (w - 1)))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_warps %d (a power of two, 1 to %d)", w,
+                       GEMV_SMEM_WARPS_LIMIT);
+    if (o->gemv_smem_kb < 16 || o->gemv_smem_kb > GEMV_SMEM_KB_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_kb %d (16 to %d)", o->gemv_smem_kb,
+                       GEMV_SMEM_KB_LIMIT);
     return QWENRT_OK;
 }
 

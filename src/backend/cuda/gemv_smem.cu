@@ -12,7 +12,7 @@
  * (docs/perf-log.md, sessions 1 and 3). Here the weights wait in shared memory (the largest
  * matrix of a layer is ~95 KB per multiprocessor, 228 KB exist) and a thread needs few
  * registers, so the next GEMV's blocks fit beside the running kernel's (session 13's
- * timeline: every block of the next launch starts 4-20 us early).
+ * timeline, `cuda_bench --gemv`: every block of the next launch starts 4-30 us early).
  *
  * Once the weights are in shared memory, shared-memory bandwidth bounds the dot products
  * (128 bytes per cycle per multiprocessor): the copy in, the weights out, and x. Reading x
@@ -23,9 +23,9 @@
  * 4-7 of each chunk), and each group's L weight chunks are 128 or 256 contiguous bytes: no
  * bank conflicts, and x costs a quarter to a half of the weights' traffic.
  *
- * A block: W warps (GS_WARPS_MAX = 8, halved until its rows and x fit in GS_SMEM_MAX = 120 KB;
- * the dynamic shared-memory attribute is raised at launch when it needs more than 48 KB). In
- * order:
+ * A block: W warps (cuda_options.gemv_smem_warps, default 8, halved until its rows and x fit
+ * in gemv_smem_kb, default 120 KB; the kernel's dynamic shared-memory limit is raised at launch
+ * when a block needs more than 48 KB). In order:
  *   1. each lane copies its 16-byte chunks (q, q + L, ...) of its group's row(s) (P = 2:
  *      gate and up) into shared memory with cp.async; nothing reads activations yet;
  *   2. griddep_launch (the next kernel may start), the first norm weights, griddep_wait;
@@ -58,7 +58,6 @@ extern "C" {
 #ifndef GS_L_HUGE
 #define GS_L_HUGE GS_L_BIG /* lanes per row for K > 2048 */
 #endif
-#define GS_WARPS_LIMIT 16 /* the most warps per block cuda_options.gemv_smem_warps may ask for */
 #ifndef GS_WARPS_MAX
 #define GS_WARPS_MAX 8 /* default warps per block (fewer only when their rows would not fit) */
 #endif
@@ -66,19 +65,10 @@ extern "C" {
 #define GS_SMEM_MAX (120 * 1024) /* default dynamic shared memory per block (a multiprocessor has 228 KB) */
 #endif
 #define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
-#define GS_KB_LIMIT 226             /* dynamic shared memory per block at most, KB: sm_90 allows
-                                     * 227 KB with the static part */
 #ifndef GS_MIN_BLOCKS
 #define GS_MIN_BLOCKS 0 /* > 0: fewer warps per block while the grid would be smaller than this */
 #endif
 #define GS_XB 8                 /* x float4 per thread per staging batch */
-
-__device__ __forceinline__ unsigned long long gs_globaltimer()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 /* x (K floats) into shared memory as xlo[c] = x[8c .. 8c+3], xhi[c] = x[8c+4 .. 8c+7], times
  * 1/rms(x) * norm_w when a.norm_w. Each thread rescales the float4 it stored itself; the one
@@ -125,14 +115,14 @@ __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xl
 /* L lanes per row, P physical rows per row (2: the SwiGLU gate/up pair); wstride: bytes
  * between rows in shared memory (K * 2). */
 template <int DT, int P, int L>
-__global__ void __launch_bounds__(32 * GS_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
+__global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t wstride)
 {
     extern __shared__ float4 gs_smem4[];
-    __shared__ float s_red[GS_WARPS_LIMIT];
+    __shared__ float s_red[GEMV_SMEM_WARPS_LIMIT];
     unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + 4 * (size_t)blockIdx.x : NULL;
     if (st)
-        st[0] = gs_globaltimer();
+        st[0] = globaltimer_ns();
     constexpr int RPW = 32 / L; /* rows per warp */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane / L, q = lane % L, nchunk = a.K / 8;
@@ -167,12 +157,12 @@ __global__ void __launch_bounds__(32 * GS_WARPS_LIMIT) gemv_smem_kernel(const __
     gemv_load_norm_w(a, g0); /* constant: before the wait */
     griddep_wait();
     if (st)
-        st[1] = gs_globaltimer();
+        st[1] = globaltimer_ns();
     float yold = a.mode == GEMV_ACCUM && q == 0 && ok ? *yp : 0.0f;
     gs_stage_x(a, xlo, xhi, g0, s_red);
     cp_async_wait<0>();
     if (st)
-        st[2] = gs_globaltimer();
+        st[2] = globaltimer_ns();
     float acc[P];
 #pragma unroll
     for (int p = 0; p < P; p++)
@@ -200,7 +190,7 @@ __global__ void __launch_bounds__(32 * GS_WARPS_LIMIT) gemv_smem_kernel(const __
     if (q == 0 && ok)
         *yp = a.mode == GEMV_ACCUM ? yold + v : v;
     if (st)
-        st[3] = gs_globaltimer();
+        st[3] = globaltimer_ns();
 }
 
 /* How a launch runs: lanes per row, warps per block, blocks, the bytes between rows in shared
@@ -233,8 +223,8 @@ static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
     if (rows > GS_MAX_ROWS)
         return false;
     int l = a->K <= 1024 ? GS_L_SMALL : a->K <= 2048 ? GS_L_BIG : GS_L_HUGE;
-    int w = a->smem_warps > 0 && a->smem_warps <= GS_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
-    size_t cap = a->smem_kb > 0 && a->smem_kb <= GS_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
+    int w = a->smem_warps > 0 && a->smem_warps <= GEMV_SMEM_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
+    size_t cap = a->smem_kb > 0 && a->smem_kb <= GEMV_SMEM_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
     /* a row's weights (row_bytes may pad beyond them); fewer than 8 lanes per row put two rows
      * in one quarter warp: 64 bytes more per row keep them off each other's banks */
     int32_t ws = a->K * 2 + (l < 8 ? 64 : 0);
