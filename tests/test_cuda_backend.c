@@ -1402,6 +1402,13 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_launch_floor_bench(140, 130, 128, 8, false, 3, &us, &err), want);
     assert_true(us == -1);
     assert_int_equal(cuda_session_count_steps(NULL, "gemv+residual"), 0);
+    /* the GEMV bench refuses a kernel it does not have (0 first, 1 gemv2, 2 gemv_smem) */
+    double gbs = -1;
+    us = -1;
+    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 1, false, 3, false, 2, &us, &gbs, NULL, &err), want);
+    assert_true(us == 0 && gbs == 0);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "cuda_gemv_bench"));
     /* gemv_smem block shapes the kernel is not built for are refused before any device work */
     struct cuda_options o = cuda_default_options();
     struct cuda_session *cs = NULL;
