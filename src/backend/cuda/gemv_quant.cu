@@ -23,7 +23,12 @@
 #include "backend/cuda/gemv_stage.cuh"
 #include "backend/cuda/quant_rows.cuh"
 
+#ifndef GQ_WARPS
 #define GQ_WARPS 4 /* warps per block */
+#endif
+#ifndef GQ_SMEM_MAX
+#define GQ_SMEM_MAX (47 * 1024) /* dynamic shared memory per block at most (more: the attribute raised) */
+#endif
 #define GQ_KMIXED (-1) /* the DT of k_mixed launches */
 
 /* An asynchronous copy of CB bytes (8 or 16) from global into shared memory. */
@@ -205,11 +210,11 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *str
     *stride = (int32_t)((rb + 15) / 16 * 16);
     /* GQ_R_BIG is built for K = 1024 without SwiGLU only: the LM heads of these models */
     *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS && k == 4 && P == 1 ? GQ_R_BIG : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
-    if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > 47 * 1024)
+    if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > GQ_SMEM_MAX)
         *r = 1; /* the rows do not fit: one per warp */
     *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride;
     *blocks = (int)((rows + GQ_WARPS * *r - 1) / (GQ_WARPS * *r));
-    return *smem <= 47 * 1024;
+    return *smem <= GQ_SMEM_MAX;
 }
 
 bool gemvq_applies(const struct gemv_args *a)
@@ -220,20 +225,34 @@ bool gemvq_applies(const struct gemv_args *a)
     return gemvq_shape(a, &kb, &r, &stride, &smem, &blocks);
 }
 
+/* launch_k for a gemvq kernel, its dynamic shared-memory limit raised first when the launch
+ * needs more than the default 48 KB (GQ_SMEM_MAX above 47 KB; a host call: replayed graphs do
+ * not repeat it). */
+template <typename... KP>
+static cudaError_t gq_launch(bool pdl, void (*k)(KP...), int blocks, size_t smem, cudaStream_t s,
+                             const struct gemv_args *a, int32_t stride)
+{
+    if (smem > 47 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GQ_SMEM_MAX);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return launch_k(pdl, k, dim3(blocks), dim3(32 * GQ_WARPS), smem, s, *a, stride);
+}
+
 /* The launch of dtype DT (or GQ_KMIXED) with R rows per warp, by K / 256 and SwiGLU. */
 template <int DT, int CB, int R>
 static cudaError_t gemvq_r(const struct gemv_args *a, int kb, int32_t stride, size_t smem, int blocks,
                            cudaStream_t s)
 {
-    dim3 g(blocks), th(32 * GQ_WARPS);
     bool p = a->pdl;
     if (a->mode == GEMV_SWIGLU)
-        return launch_k(p, gemvq_kernel<DT, 2, 4, CB, R>, g, th, smem, s, *a, stride);
+        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R>, blocks, smem, s, a, stride);
     switch (kb) {
-    case 4: return launch_k(p, gemvq_kernel<DT, 1, 4, CB, R>, g, th, smem, s, *a, stride);
-    case 8: return launch_k(p, gemvq_kernel<DT, 1, 8, CB, R>, g, th, smem, s, *a, stride);
-    case 12: return launch_k(p, gemvq_kernel<DT, 1, 12, CB, R>, g, th, smem, s, *a, stride);
-    default: return launch_k(p, gemvq_kernel<DT, 1, 14, CB, R>, g, th, smem, s, *a, stride);
+    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R>, blocks, smem, s, a, stride);
+    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R>, blocks, smem, s, a, stride);
+    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R>, blocks, smem, s, a, stride);
+    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R>, blocks, smem, s, a, stride);
     }
 }
 
@@ -245,8 +264,7 @@ static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t st
     /* only the shapes gemvq_shape picks for DT are built (each row count of every shape is
      * ~1.5 MB of kernels) */
     if (r == GQ_R_BIG && kb == 4 && a->mode != GEMV_SWIGLU)
-        return launch_k(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, dim3(blocks), dim3(32 * GQ_WARPS), smem, s,
-                        *a, stride);
+        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, blocks, smem, s, a, stride);
     if (r == RS)
         return gemvq_r<DT, CB, RS>(a, kb, stride, smem, blocks, s);
     return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
