@@ -7,7 +7,7 @@
  *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
- *              runs: cuda_options.gemv_smem_warps / _kb; one binary sweeps the block shapes)
+ *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -256,6 +256,7 @@ struct variant {
     bool mlp_on;     /* graph: the MLP in one launch (mlp_fused on; off by default) */
     bool gdn_apart;  /* graph: one block per DeltaNet value head (gdn_split off) */
     bool smem_off;   /* graph: gemv2 for 16-bit weights and no PDL (gemv_smem off) */
+    int32_t smem_warps, smem_kb; /* graph: gemv_smem's block shape (0: the session's pick) */
 };
 
 struct pvariant {
@@ -401,7 +402,7 @@ int main(int argc, char **argv)
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     const char *tg_variant = NULL;
-    int smem_warps = 0, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
+    int smem_warps = -1, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
@@ -441,7 +442,9 @@ int main(int argc, char **argv)
                            {.name = "graph+fused, mlp_fused on", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .mlp_on = true},
                            {.name = "graph+fused, gdn_split off", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .gdn_apart = true},
                            {.name = "graph+fused, gemv_smem off", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .smem_off = true},
-                           {.name = "graph+fused, gemv_smem off, pdl", .graph = true, .fuse = true, .v2 = true, .pdl = true, .threads = 256, .split = true, .smem_off = true}};
+                           {.name = "graph+fused, gemv_smem off, pdl", .graph = true, .fuse = true, .v2 = true, .pdl = true, .threads = 256, .split = true, .smem_off = true},
+                           {.name = "graph+fused, gemv_smem 8:120", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .smem_warps = 8, .smem_kb = 120},
+                           {.name = "graph+fused, gemv_smem 16:160", .graph = true, .fuse = true, .v2 = true, .threads = 256, .split = true, .smem_warps = 16, .smem_kb = 160}};
     if (tg_variant) { /* a name that matches no variant would time nothing */
         size_t v = 0;
         while (v < sizeof(vs) / sizeof(vs[0]) && strcmp(tg_variant, vs[v].name))
@@ -582,11 +585,18 @@ int main(int argc, char **argv)
         o.mega = vs[v].mega ? CUDA_MEGA_ON : CUDA_MEGA_OFF, o.mega_threads = vs[v].threads;
         o.attn_split = vs[v].split, o.mega_fuse_down = vs[v].fuse_down, o.attn_rope = !vs[v].rope_apart;
         o.mlp_fused = vs[v].mlp_on, o.gdn_split = !vs[v].gdn_apart, o.gemv_smem = !vs[v].smem_off;
-        if (smem_warps > 0) /* --gemv-smem W:KB */
+        if (vs[v].smem_kb > 0) /* a fixed shape instead of the session's pick */
+            o.gemv_smem_warps = vs[v].smem_warps, o.gemv_smem_kb = vs[v].smem_kb;
+        if (smem_warps >= 0) /* --gemv-smem W:KB */
             o.gemv_smem_warps = smem_warps, o.gemv_smem_kb = smem_kb;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
+        }
+        if (v == 3) { /* the default graph: which gemv_smem shape the session picked */
+            int32_t gw = 0, gkb = 0;
+            cuda_session_gemv_smem_shape(cs, &gw, &gkb);
+            printf("%s: gemv_smem %d warps, %d KB per block at most\n", vs[v].name, (int)gw, (int)gkb);
         }
         const char *why = NULL;
         if (vs[v].mega && !cuda_session_uses_megakernel(cs, &why))
@@ -647,8 +657,8 @@ int main(int argc, char **argv)
     printf("\n| prefill pp%d | default (bf16 products) | default, attn_flash off | default, gdn_chunked on | exact | exact, attn_gemm off | attn_tiled+gemm off | gdn_par off | gemm_stack3 off | all off |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_prompt, arch, type, pv[0].tok_s, pv[7].tok_s, pv[8].tok_s, pv[1].tok_s, pv[6].tok_s,
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
-    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off | graph, gemv_smem off | graph, gemv_smem off, pdl |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
-           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s);
+    printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off | graph, gemv_smem off | graph, gemv_smem off, pdl | graph, gemv_smem 8:120 | graph, gemv_smem 16:160 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
+           n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s, vs[13].tok_s, vs[14].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json && !decode_only && !prefill_only) {
@@ -663,8 +673,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
-            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f, \"tg_graph_fused_gemv_smem_off\": %.1f, \"tg_graph_fused_gemv_smem_off_pdl\": %.1f},\n",
-                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s);
+            fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f, \"tg_graph_fused_gemv_smem_off\": %.1f, \"tg_graph_fused_gemv_smem_off_pdl\": %.1f, \"tg_graph_fused_gemv_smem_8_120\": %.1f, \"tg_graph_fused_gemv_smem_16_160\": %.1f},\n",
+                    pv[2].tok_s, pv[3].tok_s, pv[4].tok_s, pv[5].tok_s, pv[6].tok_s, pv[7].tok_s, pv[8].tok_s, vs[4].tok_s, vs[5].tok_s, vs[6].tok_s, vs[7].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s, vs[13].tok_s, vs[14].tok_s);
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             /* --gguf: the file named in "command" (e.g. from qwenrt synth, seed 1) */

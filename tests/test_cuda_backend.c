@@ -316,7 +316,9 @@ static void test_op_matmul(void **state)
  * tokens, K up to 3072 (T*K*4 > 48 KB falls back); quantised rows against the reference with
  * f32 activations (matmul.<q>.exact), N not a multiple of the 4 rows of a gemvq block; K =
  * 3584 (Qwen3.5-0.8B's down) leaves lanes idle in gemvq's last round; N >= 32768 (an LM
- * head) takes four rows per warp. */
+ * head) takes four rows per warp. gemv_smem (v2 = 2: the session's shape for one product,
+ * 8 warps and 120 KB; v2 = 3: 16 warps and 160 KB, Qwen3.5's) over grids of one to 282
+ * blocks (N = 5000 and 9000 at K = 1024), halving its warps where the rows would not fit. */
 static void test_op_gemv_sizes(void **state)
 {
     (void)state;
@@ -327,11 +329,13 @@ static void test_op_gemv_sizes(void **state)
               {QR_F32, 512, 90}, {QR_BF16, 4096, 33}, {QR_BF16, 8, 40}, {QR_Q8_0, 1024, 301},
               {QR_Q8_0, 3072, 33}, {QR_Q4_K, 1024, 77}, {QR_Q4_K, 2048, 130}, {QR_Q6_K, 1024, 70},
               {QR_Q6_K, 3072, 45}, {QR_Q4_K, 1280, 9}, {QR_Q4_K, 3584, 37}, {QR_Q6_K, 3584, 19},
-              {QR_Q8_0, 3584, 50}, {QR_Q6_K, 1024, 40001}, {QR_Q8_0, 1024, 32771}};
+              {QR_Q8_0, 3584, 50}, {QR_Q6_K, 1024, 40001}, {QR_Q8_0, 1024, 32771}, {QR_BF16, 1024, 5000},
+              {QR_BF16, 1024, 9000}};
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
-            for (int v2 = 0; v2 < 3; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on */
+            for (int v2 = 0; v2 < 4; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
+                                               * 3: gemv_smem with 16 warps and 160 KB */
                 if (cs[i].N > 4096 && Ts[ti] > 1)
                     continue; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
                 struct op_case c;
@@ -346,8 +350,12 @@ static void test_op_gemv_sizes(void **state)
                     op->kernel = strdup(key);
                 }
                 struct cuda_options o = cuda_default_options();
-                o.gemv_v2 = v2 > 0, o.gemv_smem = v2 == 2;
+                o.gemv_v2 = v2 > 0, o.gemv_smem = v2 >= 2;
+                if (v2 == 3)
+                    o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
                 bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
+                if (v2 == 3 && !sixteen)
+                    continue;
                 if (v2 == 2 && Ts[ti] == 1 && sixteen) /* proof that the case runs gemv_smem */
                     assert_true(cuda_gemv_smem_takes(cs[i].dt, cs[i].N, cs[i].K));
                 if (v2 == 2 && !sixteen)
@@ -984,8 +992,9 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
 /* The GEMV with its rows in shared memory (gemv_smem.cu), with PDL as the decode graph uses it,
  * against gemv2 with PDL: 20 steps through the decode graph, logits and greedy ids. Widths: the
  * real 1024 (q|k|v and gate|up at 8 lanes per row, o and down K = 3072 / 3584 at 16, two and
- * one warps per block) and an awkward 384 in F16 (48 chunks per row: 6 per lane). */
-static void check_graph_gemv_smem(const char *arch, enum export_type type, int32_t width)
+ * one warps per block) and an awkward 384 in F16 (48 chunks per row: 6 per lane). warps / kb:
+ * the block shape asked for (0, 0: the session's pick, 8 and 120 for these narrow models). */
+static void check_graph_gemv_smem(const char *arch, enum export_type type, int32_t width, int32_t warps, int32_t kb)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
@@ -993,9 +1002,14 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.pdl = off.pdl = true;
     on.gemv_smem = true, off.gemv_smem = false;
+    on.gemv_smem_warps = warps, on.gemv_smem_kb = kb;
     assert_true(cuda_gemv_smem_takes(type == EXPORT_F16 ? QR_F16 : QR_BF16, width, width));
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
+    int32_t got_w = -1, got_kb = -1;
+    cuda_session_gemv_smem_shape(a, &got_w, &got_kb);
+    assert_int_equal(got_w, warps ? warps : 8);
+    assert_int_equal(got_kb, kb ? kb : 120);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
     char what[128];
     snprintf(what, sizeof(what), "graph gemv_smem vs gemv2 (pdl on), %s %s width %d", arch, export_type_name(type),
@@ -1008,9 +1022,10 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
 static void test_graph_gemv_smem(void **st)
 {
     (void)st;
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024);
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 0, 0);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160); /* Qwen3.5-0.8B's pick */
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0);
 }
 
 static void test_graph_mlp_fused(void **st)
@@ -1412,16 +1427,28 @@ static void test_backend_errors(void **st)
     /* gemv_smem block shapes the kernel is not built for are refused before any device work */
     struct cuda_options o = cuda_default_options();
     struct cuda_session *cs = NULL;
-    o.gemv_smem_warps = 3;
-    assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
-    assert_null(cs);
-    if (cuda_backend_compiled())
-        assert_non_null(strstr(err.message, "gemv_smem_warps 3"));
+    for (int32_t bad = -1; bad <= 3; bad += 4) { /* 0 (spread), 1, 2, 4, 8 and 16 are its shapes */
+        o.gemv_smem_warps = bad;
+        assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
+        assert_null(cs);
+        char want_msg[32];
+        snprintf(want_msg, sizeof(want_msg), "gemv_smem_warps %d ", bad);
+        if (cuda_backend_compiled())
+            assert_non_null(strstr(err.message, want_msg));
+    }
     o = cuda_default_options();
-    o.gemv_smem_kb = 300;
-    assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
-    if (cuda_backend_compiled())
-        assert_non_null(strstr(err.message, "gemv_smem_kb 300"));
+    for (int32_t bad = 8; bad <= 300; bad += 292) { /* 0 (the session picks) or 16 to 226 */
+        o.gemv_smem_kb = bad;
+        assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
+        assert_null(cs);
+        char want_msg[32];
+        snprintf(want_msg, sizeof(want_msg), "gemv_smem_kb %d ", bad);
+        if (cuda_backend_compiled())
+            assert_non_null(strstr(err.message, want_msg));
+    }
+    int32_t w = -1, kb = -1;
+    cuda_session_gemv_smem_shape(NULL, &w, &kb);
+    assert_true(w == 0 && kb == 0);
 }
 
 int main(void)

@@ -91,11 +91,14 @@ struct cuda_options {
                           * On by default: Qwen3-0.6B BF16 decode +15%, Qwen3.5-0.8B +20%
                           * (docs/perf-log.md, session 13). Quantised weights keep gemvq and
                           * no PDL */
-    int32_t gemv_smem_warps; /* its warps per block at most: 1, 2, 4, 8 (default) or 16; fewer
-                          * when the rows would not fit under gemv_smem_kb */
-    int32_t gemv_smem_kb; /* its shared memory per block at most, KB (16-226; default 120).
-                          * Which shape is fastest depends on the model: PDL overlaps a launch
-                          * only when its blocks fit beside the one before (perf-log) */
+    int32_t gemv_smem_warps; /* its warps per block at most: 1, 2, 4, 8 or 16, fewer when the
+                          * rows would not fit under gemv_smem_kb; 0 (default): the session
+                          * picks 8, or 16 for a model whose widest layer product needs more
+                          * than one block of 8 warps per multiprocessor (Qwen3.5-0.8B) */
+    int32_t gemv_smem_kb; /* its shared memory per block at most, KB (16-226); 0 (default): the
+                          * session picks 120, or 160 with 16 warps. PDL overlaps a launch
+                          * only when its blocks fit beside the one before; which shape is
+                          * fastest depends on the model (docs/perf-log.md, sessions 13-14) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W
@@ -236,6 +239,10 @@ qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t 
 qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_t *ids, int32_t T,
                                            char *report, size_t report_len,
                                            struct qwenrt_error *err);
+
+/* gemv_smem's block shape in this session: warps and KB per block at most (the options', or
+ * the session's pick when they are 0); 0, 0 for a NULL session. */
+void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb);
 
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);

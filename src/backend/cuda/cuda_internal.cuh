@@ -208,7 +208,7 @@ struct gemv_args {
     bool smem;             /* T = 1, 16-bit weights: the kernel that copies its rows into shared
                             * memory first (gemv_smem.cu), when it applies */
     int32_t smem_warps, smem_kb; /* its warps per block and shared memory per block (KB) at
-                            * most: cuda_options.gemv_smem_warps / _kb (0: its defaults) */
+                            * most (0: 8 and 120); the session's choice (pick_gemv_smem_shape) */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
                             * %globaltimer stamps [block][4]: start, after griddep_wait, weights
                             * and x in shared memory, end */
@@ -230,6 +230,9 @@ cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
                                   * 227 KB with the static part */
 bool gemv_smem_applies(const struct gemv_args *a);
 int32_t gemv_smem_blocks(const struct gemv_args *a); /* its grid (0: it does not apply) */
+/* Whether a one-token product of rows x K (not an LM head: those stay gemv2) needs more than
+ * one gemv_smem block of 8 warps per multiprocessor (the session's choice of block shape). */
+bool gemv_smem_wide(int64_t rows, int32_t K, int32_t n_sm);
 cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s);
 
 /* ---- the whole SwiGLU MLP of one token in one launch (mlp_fused.cu) ----

@@ -127,6 +127,7 @@ struct cuda_session {
     bool decode_pdl;          /* the decode steps launch with PDL: opt.pdl, or opt.gemv_smem with
                                * 16-bit layer weights (decode_pdl_applies) */
     int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
+    int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
     char mk_why[160];
 };
 
@@ -160,8 +161,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
     o.gemv_smem = true; /* with PDL: +15% / +20% decode (docs/perf-log.md, session 13) */
-    o.gemv_smem_warps = 8; /* measured best for Qwen3-0.6B; Qwen3.5-0.8B preferred 16 (session 13) */
-    o.gemv_smem_kb = 120;
+    o.gemv_smem_warps = 0; /* 0, 0: the session picks (pick_gemv_smem_shape) */
+    o.gemv_smem_kb = 0;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -583,7 +584,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
         a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm, a.smem = cs->opt.gemv_smem;
-        a.smem_warps = cs->opt.gemv_smem_warps, a.smem_kb = cs->opt.gemv_smem_kb;
+        a.smem_warps = cs->gs_warps, a.smem_kb = cs->gs_kb;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -919,7 +920,7 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
     a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
     a.n_seg = st->n_mm;
     a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm, a.smem = r->cs->opt.gemv_smem;
-    a.smem_warps = r->cs->opt.gemv_smem_warps, a.smem_kb = r->cs->opt.gemv_smem_kb;
+    a.smem_warps = r->cs->gs_warps, a.smem_kb = r->cs->gs_kb;
     for (int k = 0; k < st->n_mm; k++) {
         const struct dop *d = &r->d[st->mm[k]];
         const struct plan_op *m = &p->ops[st->mm[k]];
@@ -1314,6 +1315,12 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     return st;
 }
 
+extern "C" void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb)
+{
+    *warps = cs ? cs->gs_warps : 0;
+    *kb = cs ? cs->gs_kb : 0;
+}
+
 extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
 {
     if (why)
@@ -1329,6 +1336,30 @@ static bool fast_prefill_applies(const struct plan *p)
         if (is_mm(&p->ops[i]) && p->ops[i].w && p->ops[i].w->dtype == QR_F32)
             return false;
     return true;
+}
+
+/* gemv_smem's block shape, where the options leave it to the session (0): 16 warps and up to
+ * 160 KB per block when a layer's widest 16-bit one-token product would need more than one
+ * block of 8 warps per multiprocessor (Qwen3.5-0.8B: its DeltaNet input, 8,224 rows), else 8
+ * warps and 120 KB. Measured on the H200 (docs/perf-log.md, session 14): Qwen3.5-0.8B BF16
+ * 1,259 tok/s with 16 / 160 against 1,166 with 8 / 120; Qwen3-0.6B 1,400 with 8 / 120 against
+ * 1,352; no single shape was best for both, nor was one block per multiprocessor for every
+ * product ("spread": 1,302 / 1,236). */
+static void pick_gemv_smem_shape(struct cuda_session *cs)
+{
+    bool wide = false;
+    const struct dop *d = cs->dops[PHASE_DECODE];
+    for (int32_t i = 0; i < cs->n_steps && !wide; i++) {
+        const struct step *st = &cs->steps[i];
+        if (st->kind != STEP_NORM_GEMV || (d[st->mm[0]].dtype != QR_BF16 && d[st->mm[0]].dtype != QR_F16))
+            continue;
+        int64_t rows = 0;
+        for (int k = 0; k < (st->swiglu ? 1 : st->n_mm); k++)
+            rows += d[st->mm[k]].N;
+        wide = gemv_smem_wide(rows, d[st->mm[0]].K, cs->n_sm);
+    }
+    cs->gs_warps = cs->opt.gemv_smem_warps ? cs->opt.gemv_smem_warps : wide ? 16 : 8;
+    cs->gs_kb = cs->opt.gemv_smem_kb ? cs->opt.gemv_smem_kb : wide ? 160 : 120;
 }
 
 /* Whether the decode GEMVs of the layers take gemv_smem (16-bit weights; the LM head does not
@@ -1406,6 +1437,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
         return st;
     if ((st = build_program(cs, err)))
         return st;
+    pick_gemv_smem_shape(cs);
     cs->fast_prefill = cs->opt.prefill_bf16 && fast_prefill_applies(&cs->plans[PHASE_PREFILL]);
     cs->decode_pdl = cs->opt.pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
@@ -1417,11 +1449,13 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
 static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *err)
 {
     int w = o->gemv_smem_warps;
-    if (w < 1 || w > GEMV_SMEM_WARPS_LIMIT || (w & (w - 1)))
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_warps %d (a power of two, 1 to %d)", w,
+    if (w < 0 || w > GEMV_SMEM_WARPS_LIMIT || (w & (w - 1)))
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemv_smem_warps %d (0: the session picks, or a power of two, 1 to %d)", w,
                        GEMV_SMEM_WARPS_LIMIT);
-    if (o->gemv_smem_kb < 16 || o->gemv_smem_kb > GEMV_SMEM_KB_LIMIT)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_kb %d (16 to %d)", o->gemv_smem_kb,
+    int kb = o->gemv_smem_kb;
+    if (kb != 0 && (kb < 16 || kb > GEMV_SMEM_KB_LIMIT))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_kb %d (0: the session picks, or 16 to %d)", kb,
                        GEMV_SMEM_KB_LIMIT);
     return QWENRT_OK;
 }

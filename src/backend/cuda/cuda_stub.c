@@ -25,7 +25,7 @@ struct cuda_options cuda_default_options(void)
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
                              .gdn_split = true, .mlp_fused = false, .gemv_smem = true,
-                             .gemv_smem_warps = 8, .gemv_smem_kb = 120,
+                             .gemv_smem_warps = 0, .gemv_smem_kb = 0,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }
@@ -143,6 +143,12 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
     if (report_len)
         report[0] = 0;
     return not_built(err);
+}
+
+void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb)
+{
+    (void)cs;
+    *warps = *kb = 0;
 }
 
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)

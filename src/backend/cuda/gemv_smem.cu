@@ -23,9 +23,11 @@
  * 4-7 of each chunk), and each group's L weight chunks are 128 or 256 contiguous bytes: no
  * bank conflicts, and x costs a quarter to a half of the weights' traffic.
  *
- * A block: W warps (cuda_options.gemv_smem_warps, default 8, halved until its rows and x fit
- * in gemv_smem_kb, default 120 KB; the kernel's dynamic shared-memory limit is raised at launch
- * when a block needs more than 48 KB). In order:
+ * A block: W warps (cuda_options.gemv_smem_warps; by default the session picks 8, or 16 for
+ * a model whose widest product would need more than one block of 8 warps per multiprocessor),
+ * halved until its rows and x fit in gemv_smem_kb (picked with W: 120 KB, or 160); the
+ * kernel's dynamic shared-memory limit is raised at launch when a block needs more than 48 KB.
+ * In order:
  *   1. each lane copies its 16-byte chunks (q, q + L, ...) of its group's row(s) (P = 2:
  *      gate and up) into shared memory with cp.async; nothing reads activations yet;
  *   2. griddep_launch (the next kernel may start), the first norm weights, griddep_wait;
@@ -237,6 +239,12 @@ static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
     sh->L = l, sh->W = w, sh->wstride = ws, sh->smem = x + w * per_warp, sh->cap = cap;
     sh->blocks = (int)((rows + w * rpw - 1) / (w * rpw));
     return true;
+}
+
+bool gemv_smem_wide(int64_t rows, int32_t K, int32_t n_sm)
+{
+    int64_t per_block = 8 * (32 / (K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE));
+    return rows <= GS_MAX_ROWS && (rows + per_block - 1) / per_block > (n_sm > 0 ? n_sm : 132);
 }
 
 int32_t gemv_smem_blocks(const struct gemv_args *a)
