@@ -88,8 +88,8 @@ struct cuda_options {
                           * shared memory before it waits for its input (gemv_smem.cu), with
                           * PDL, so that the next GEMV's weights load while the kernel before it
                           * runs (gemv2 keeps them in registers: no room for the next blocks).
-                          * On by default: Qwen3-0.6B BF16 decode +15%, Qwen3.5-0.8B +20%
-                          * (docs/perf-log.md, session 13). Quantised weights keep gemvq and
+                          * On by default: Qwen3-0.6B BF16 decode +19%, Qwen3.5-0.8B +31%
+                          * (docs/perf-log.md, sessions 13-14). Quantised weights keep gemvq and
                           * no PDL */
     int32_t gemv_smem_warps; /* its warps per block at most: 1, 2, 4, 8 or 16, fewer when the
                           * rows would not fit under gemv_smem_kb; 0 (default): the session

@@ -160,7 +160,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_flash = true;
     o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
-    o.gemv_smem = true; /* with PDL: +15% / +20% decode (docs/perf-log.md, session 13) */
+    o.gemv_smem = true; /* with PDL: +19% / +31% decode (docs/perf-log.md, sessions 13-14) */
     o.gemv_smem_warps = 0; /* 0, 0: the session picks (pick_gemv_smem_shape) */
     o.gemv_smem_kb = 0;
     o.prefill_bf16 = true;
