@@ -21,6 +21,7 @@
  * Exit code 77 (ctest: skipped) when no GPU can be used; when qwenrt is built without CUDA the
  * tests are reported as skipped by cmocka and the program exits 0.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -1279,6 +1280,60 @@ static void test_prefill_split_cuda(void **st)
     }
 }
 
+/* The greedy loop's argmax against its contract (the largest value that is not NaN, the first
+ * of equals, 0 when every value is NaN): awkward sizes around its float4 passes and both
+ * vocabularies, the maximum planted twice (the first wins), in the scalar tail and at 0, NaNs
+ * everywhere, rows of -inf or NaN only, through the float4 path and the unaligned one. */
+static int32_t argmax_contract(const float *x, int32_t n)
+{
+    int32_t b = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (b < 0 || x[i] > x[b]))
+            b = i;
+    return b < 0 ? 0 : b;
+}
+
+static void check_argmax_case(const float *x, int32_t n, const char *what)
+{
+    for (int mis = 0; mis < 2; mis++) {
+        struct qwenrt_error err = {0};
+        int32_t id = -1;
+        assert_int_equal(cuda_argmax(x, n, mis, &id, &err), QWENRT_OK);
+        if (id != argmax_contract(x, n))
+            fail_msg("argmax %s, n %d, misaligned %d: %d, want %d", what, (int)n, mis, (int)id,
+                     (int)argmax_contract(x, n));
+    }
+}
+
+static void test_op_argmax(void **st)
+{
+    (void)st;
+    static const int32_t ns[] = {1, 3, 5, 1023, 4100, 32771, 151936, 248323};
+    float *x = (float *)malloc(248323 * sizeof(float));
+    assert_non_null(x);
+    for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+        int32_t n = ns[k];
+        for (int32_t i = 0; i < n; i++)
+            x[i] = frand();
+        check_argmax_case(x, n, "random");
+        x[n / 3] = x[n - 1] = 2.0f; /* a tie: the first wins; then the last alone */
+        check_argmax_case(x, n, "tie");
+        x[n / 3] = 1.5f;
+        check_argmax_case(x, n, "in the tail");
+        for (int32_t i = 0; i < n; i += 7)
+            x[i] = NAN;
+        x[0] = 3.0f;
+        check_argmax_case(x, n, "NaNs, at 0");
+        for (int32_t i = 0; i < n; i++)
+            x[i] = -INFINITY;
+        check_argmax_case(x, n, "all -inf");
+        for (int32_t i = 0; i < n; i++)
+            x[i] = NAN;
+        check_argmax_case(x, n, "all NaN");
+    }
+    free(x);
+}
+
 /* The GPU's top-m selection (topk.cu) against its one-thread reference kernel and a host sort:
  * awkward vocabulary sizes around the 4096-logit slices, rows full of ties (multiples of 0.5),
  * temperatures that create ties by rounding, m from 1 to the limit, gathered ids; a NaN ranks
@@ -1424,10 +1479,15 @@ static void test_backend_errors(void **st)
     assert_true(us == 0 && gbs == 0);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "cuda_gemv_bench"));
+    /* the argmax hook refuses an empty row */
+    float one = 1.0f;
+    int32_t id = -1;
+    assert_int_equal(cuda_argmax(&one, 0, false, &id, &err), want);
+    assert_int_equal(id, 0);
     /* gemv_smem block shapes the kernel is not built for are refused before any device work */
     struct cuda_options o = cuda_default_options();
     struct cuda_session *cs = NULL;
-    for (int32_t bad = -1; bad <= 3; bad += 4) { /* 0 (spread), 1, 2, 4, 8 and 16 are its shapes */
+    for (int32_t bad = -1; bad <= 3; bad += 4) { /* 0 (the session picks), 1, 2, 4, 8 and 16 */
         o.gemv_smem_warps = bad;
         assert_int_equal(cuda_session_init(NULL, 16, &o, &cs, &err), want);
         assert_null(cs);
@@ -1487,6 +1547,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_prefill_split_cuda),
         cmocka_unit_test(test_topk_select),
+        cmocka_unit_test(test_op_argmax),
         cmocka_unit_test(test_attention_rope_fused),
         cmocka_unit_test(test_session_sample_cuda),
     };

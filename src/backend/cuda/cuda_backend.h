@@ -226,6 +226,12 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
                               bool pdl, int32_t reps, double *us, double *gbs, double *timeline,
                               struct qwenrt_error *err);
 
+/* For the tests: the greedy loop's argmax kernel over n host floats (copied to the device 4
+ * bytes past a 16-byte boundary when misalign: the kernel's scalar path). *id: the largest
+ * value that is not NaN, ties to the lowest index, 0 when every value is NaN. Errors:
+ * INVALID_ARG (n < 1), BACKEND. */
+qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t *id, struct qwenrt_error *err);
+
 /* The launch floor: a graph of n_launch dependent launches of an empty kernel (blocks x
  * threads, in clusters of cluster blocks when cluster > 1; with programmatic dependent launch
  * when pdl) replayed reps times; *us: the median replay's microseconds per launch. Errors:

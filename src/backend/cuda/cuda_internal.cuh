@@ -392,7 +392,8 @@ cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, co
                                       int32_t ldo, const float *z, int32_t ldz, const float *w,
                                       int32_t Hv, int32_t dv, float eps, int32_t T, cudaStream_t s);
 
-/* id = argmax x[0..n) (first maximum); then ids[0] = id, out_ids[*step] = id, (*step)++,
+/* id = argmax x[0..n) (the largest value that is not NaN, the first of equals; 0 when all are
+ * NaN); then ids[0] = id, out_ids[*step] = id, (*step)++,
  * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). */
 cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
                           int32_t *out_ids, int32_t *step, cudaStream_t s, bool pdl = false);

@@ -2267,6 +2267,35 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     return QWENRT_OK;
 }
 
+/* cuda_argmax's device part: x copied in, one argmax launch, the id copied back. */
+static qwenrt_status argmax_run(const float *x, int32_t n, bool misalign, float *d_x, int32_t *d_id, int32_t *id,
+                                struct qwenrt_error *err)
+{
+    float *dx = d_x + (misalign ? 1 : 0);
+    CUDA_CHECK(cudaMemcpy(dx, x, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(launch_argmax(dx, n, d_id, NULL, NULL, NULL, 0));
+    CUDA_CHECK(cudaMemcpy(id, d_id, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t *id, struct qwenrt_error *err)
+{
+    *id = 0;
+    if (!x || n < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_argmax: %d values", (int)n);
+    float *d_x = NULL;
+    int32_t *d_id = NULL;
+    qwenrt_status st = QWENRT_OK;
+    cudaError_t e = cudaMalloc(&d_x, ((size_t)n + 4) * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_id, sizeof(int32_t));
+    st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc")
+                          : argmax_run(x, n, misalign, d_x, d_id, id, err);
+    cudaFree(d_x);
+    cudaFree(d_id);
+    return st;
+}
+
 extern "C" qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T,
                                          bool norm, int32_t kernel, bool pdl, int32_t reps, double *us,
                                          double *gbs, double *timeline, struct qwenrt_error *err)

@@ -1383,10 +1383,25 @@ cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, co
     return cudaGetLastError();
 }
 
-/* ---- argmax: one block of 1024 threads; ties go to the lowest index ---- */
+/* ---- argmax: one block of 1024 threads; the largest value that is not NaN, ties to the
+ * lowest index (0 when every value is NaN) ----
+ * Each thread walks float4s i, i + 1024, ... with AM_U loads in flight per pass. The rolled
+ * loop it replaces (one float per trip) waited one L2 round trip per trip: ~30 us of a
+ * Qwen3.5-0.8B greedy step for its 248,320 logits, the difference between cuda_bench's tg and
+ * the per-token API's greedy (which selects with topk.cu) (docs/perf-log.md, session 14).
+ * The order of the visits does not change the result: (value, -index) is a total order. */
+#ifndef AM_U
+#define AM_U 8 /* float4 loads per thread per pass (1024 threads: at most 64 registers each) */
+#endif
 
-__global__ void argmax_kernel(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
-                              int32_t *out_ids, int32_t *step)
+__device__ __forceinline__ void argmax_take(float v, int i, float &best, int &bi)
+{
+    if (v > best || (v == best && i < bi))
+        best = v, bi = i;
+}
+
+__global__ void __launch_bounds__(1024) argmax_kernel(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
+                                                      int32_t *out_ids, int32_t *step)
 {
     griddep_launch();
     griddep_wait();
@@ -1394,11 +1409,24 @@ __global__ void argmax_kernel(const float *x, int32_t n, int32_t *ids, int32_t *
     __shared__ int si[32];
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = x[i];
-        if (v > best || (v == best && i < bi))
-            best = v, bi = i;
+    const int nt = blockDim.x, n4 = (uintptr_t)x % 16 == 0 ? n / 4 : 0;
+    const float4 *x4 = (const float4 *)x;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += AM_U * nt) {
+        float4 v[AM_U];
+#pragma unroll
+        for (int u = 0; u < AM_U; u++)
+            v[u] = i0 + u * nt < n4 ? x4[i0 + u * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int u = 0; u < AM_U; u++) {
+            int i = 4 * (i0 + u * nt);
+            if (i0 + u * nt >= n4)
+                break;
+            argmax_take(v[u].x, i, best, bi), argmax_take(v[u].y, i + 1, best, bi);
+            argmax_take(v[u].z, i + 2, best, bi), argmax_take(v[u].w, i + 3, best, bi);
+        }
     }
+    for (int i = 4 * n4 + threadIdx.x; i < n; i += nt) /* the tail (all of x when unaligned) */
+        argmax_take(x[i], i, best, bi);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
