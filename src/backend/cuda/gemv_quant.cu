@@ -26,6 +26,12 @@
 #ifndef GQ_WARPS
 #define GQ_WARPS 4 /* warps per block */
 #endif
+#ifndef GQ_LAUNCH_AFTER_WAIT
+/* 1: griddep_launch after griddep_wait instead of first, so that at most the next launch
+ * prefetches while this one runs (an experiment for PDL with quantised weights, where it
+ * loses 6-24%: docs/perf-log.md, session 14; not yet measured) */
+#define GQ_LAUNCH_AFTER_WAIT 0
+#endif
 #ifndef GQ_SMEM_MAX
 #define GQ_SMEM_MAX (47 * 1024) /* dynamic shared memory per block at most (more: the attribute raised) */
 #endif
@@ -93,7 +99,8 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
 {
     extern __shared__ float4 gq_smem4[];
     __shared__ float s_part[GQ_WARPS][GEMV_MAX_T];
-    griddep_launch();
+    if (!GQ_LAUNCH_AFTER_WAIT)
+        griddep_launch();
     float *xs = (float *)gq_smem4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t r0 = ((int64_t)blockIdx.x * GQ_WARPS + warp) * R;
@@ -126,6 +133,8 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
     float4 g0[GEMV_NW];
     gemv_load_norm_w(a, g0);
     griddep_wait();
+    if (GQ_LAUNCH_AFTER_WAIT)
+        griddep_launch();
     float yold[R];
 #pragma unroll
     for (int i = 0; i < R; i++)

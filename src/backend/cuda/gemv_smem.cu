@@ -71,6 +71,9 @@ extern "C" {
 #define GS_MIN_BLOCKS 0 /* > 0: fewer warps per block while the grid would be smaller than this */
 #endif
 #define GS_XB 8                 /* x float4 per thread per staging batch */
+#ifndef GS_LAUNCH_AFTER_WAIT
+#define GS_LAUNCH_AFTER_WAIT 0 /* 1: griddep_launch after griddep_wait (see gemv_quant.cu's GQ_ switch) */
+#endif
 
 /* x (K floats) into shared memory as xlo[c] = x[8c .. 8c+3], xhi[c] = x[8c+4 .. 8c+7], times
  * 1/rms(x) * norm_w when a.norm_w. Each thread rescales the float4 it stored itself; the one
@@ -154,10 +157,13 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
             for (int ch = q; ch < nchunk; ch += L)
                 cp_async16(wrow + (uint32_t)(p * wstride + ch * 16), rp[p] + ch);
     cp_async_commit();
-    griddep_launch();
+    if (!GS_LAUNCH_AFTER_WAIT)
+        griddep_launch();
     float4 g0[GEMV_NW];
     gemv_load_norm_w(a, g0); /* constant: before the wait */
     griddep_wait();
+    if (GS_LAUNCH_AFTER_WAIT)
+        griddep_launch();
     if (st)
         st[1] = globaltimer_ns();
     float yold = a.mode == GEMV_ACCUM && q == 0 && ok ? *yp : 0.0f;
