@@ -32,6 +32,12 @@
  * loses 6-24%: docs/perf-log.md, session 14; not yet measured) */
 #define GQ_LAUNCH_AFTER_WAIT 0
 #endif
+#ifndef GQ_SMEM_MIN
+/* > 0: each block reserves at least this much dynamic shared memory, so that fewer launches'
+ * blocks fit on a multiprocessor at once (the other arm of the GQ_LAUNCH_AFTER_WAIT
+ * experiment; not yet measured) */
+#define GQ_SMEM_MIN 0
+#endif
 #ifndef GQ_SMEM_MAX
 #define GQ_SMEM_MAX (47 * 1024) /* dynamic shared memory per block at most (more: the attribute raised) */
 #endif
@@ -190,6 +196,8 @@ static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K =
 #endif
 #define GQ_BIG_ROWS 32768 /* rows from which a product takes GQ_R_BIG */
 
+static size_t gq_at_least(size_t v, size_t floor) { return v < floor ? floor : v; }
+
 /* K / 256, rows per warp, the shared memory and the grid of the launch; false when gemvq does
  * not apply. */
 static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *stride, size_t *smem, int *blocks)
@@ -221,7 +229,7 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *str
     *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS && k == 4 && P == 1 ? GQ_R_BIG : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
     if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > GQ_SMEM_MAX)
         *r = 1; /* the rows do not fit: one per warp */
-    *smem = (size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride;
+    *smem = gq_at_least((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride, GQ_SMEM_MIN);
     *blocks = (int)((rows + GQ_WARPS * *r - 1) / (GQ_WARPS * *r));
     return *smem <= GQ_SMEM_MAX;
 }
