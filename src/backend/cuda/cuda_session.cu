@@ -2285,12 +2285,11 @@ extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, i
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_argmax: %d values", (int)n);
     float *d_x = NULL;
     int32_t *d_id = NULL;
-    qwenrt_status st = QWENRT_OK;
     cudaError_t e = cudaMalloc(&d_x, ((size_t)n + 4) * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMalloc(&d_id, sizeof(int32_t));
-    st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc")
-                          : argmax_run(x, n, misalign, d_x, d_id, id, err);
+    qwenrt_status st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc")
+                                        : argmax_run(x, n, misalign, d_x, d_id, id, err);
     cudaFree(d_x);
     cudaFree(d_id);
     return st;

@@ -209,6 +209,12 @@ struct gs_shape {
     size_t smem, cap;
 };
 
+/* Lanes per row at this K (the kernel is built for 4, 8, 16 and 32). */
+static int gs_lanes(int32_t K)
+{
+    return K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE;
+}
+
 /* The shape of this launch; false when the kernel does not take these arguments. */
 static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
 {
@@ -230,7 +236,7 @@ static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
         rows = a->seg[0].N;
     if (rows > GS_MAX_ROWS)
         return false;
-    int l = a->K <= 1024 ? GS_L_SMALL : a->K <= 2048 ? GS_L_BIG : GS_L_HUGE;
+    int l = gs_lanes(a->K);
     int w = a->smem_warps > 0 && a->smem_warps <= GEMV_SMEM_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
     size_t cap = a->smem_kb > 0 && a->smem_kb <= GEMV_SMEM_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
     /* a row's weights (row_bytes may pad beyond them); fewer than 8 lanes per row put two rows
@@ -249,7 +255,7 @@ static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
 
 bool gemv_smem_wide(int64_t rows, int32_t K, int32_t n_sm)
 {
-    int64_t per_block = 8 * (32 / (K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE));
+    int64_t per_block = 8 * (32 / gs_lanes(K));
     return rows <= GS_MAX_ROWS && (rows + per_block - 1) / per_block > (n_sm > 0 ? n_sm : 132);
 }
 
