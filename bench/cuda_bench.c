@@ -8,6 +8,9 @@
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
+ *              [--gemv-smem-launch N]  (cuda_options.gemv_smem_launch in the decode runs: 0 the
+ *              session's pick, 1 griddep_launch before the wait, 2 after it)
+ *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -403,6 +406,8 @@ int main(int argc, char **argv)
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     const char *tg_variant = NULL;
     int smem_warps = -1, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
+    int smem_launch = 0; /* --gemv-smem-launch N: when its blocks let the next launch start */
+    int gemv_mma = -1;   /* --gemv-mma 0|1: the tensor cores for gemv_smem's sums (-1: the default) */
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
@@ -418,6 +423,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-merge")) no_merge = 1; /* prefill products one by one */
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
+        else if (!strcmp(argv[i], "--gemv-smem-launch") && i + 1 < argc) smem_launch = atoi(argv[++i]); /* cuda_options.gemv_smem_launch */
+        else if (!strcmp(argv[i], "--gemv-mma") && i + 1 < argc) gemv_mma = atoi(argv[++i]); /* cuda_options.gemv_mma */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -425,7 +432,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -589,14 +596,18 @@ int main(int argc, char **argv)
             o.gemv_smem_warps = vs[v].smem_warps, o.gemv_smem_kb = vs[v].smem_kb;
         if (smem_warps >= 0) /* --gemv-smem W:KB */
             o.gemv_smem_warps = smem_warps, o.gemv_smem_kb = smem_kb;
+        o.gemv_smem_launch = smem_launch;
+        if (gemv_mma >= 0)
+            o.gemv_mma = gemv_mma != 0;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
         }
         if (v == 3) { /* the default graph: which gemv_smem shape the session picked */
-            int32_t gw = 0, gkb = 0;
-            cuda_session_gemv_smem_shape(cs, &gw, &gkb);
-            printf("%s: gemv_smem %d warps, %d KB per block at most\n", vs[v].name, (int)gw, (int)gkb);
+            int32_t gw = 0, gkb = 0, gl = 0;
+            cuda_session_gemv_smem_shape(cs, &gw, &gkb, &gl);
+            printf("%s: gemv_smem %d warps, %d KB per block at most, next launch %s the wait\n", vs[v].name, (int)gw,
+                   (int)gkb, gl == 2 ? "after" : "before");
         }
         const char *why = NULL;
         if (vs[v].mega && !cuda_session_uses_megakernel(cs, &why))

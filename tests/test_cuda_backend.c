@@ -331,14 +331,17 @@ static void test_op_gemv_sizes(void **state)
               {QR_Q8_0, 3072, 33}, {QR_Q4_K, 1024, 77}, {QR_Q4_K, 2048, 130}, {QR_Q6_K, 1024, 70},
               {QR_Q6_K, 3072, 45}, {QR_Q4_K, 1280, 9}, {QR_Q4_K, 3584, 37}, {QR_Q6_K, 3584, 19},
               {QR_Q8_0, 3584, 50}, {QR_Q6_K, 1024, 40001}, {QR_Q8_0, 1024, 32771}, {QR_BF16, 1024, 5000},
-              {QR_BF16, 1024, 9000}};
+              {QR_BF16, 1024, 9000}, {QR_BF16, 768, 13}, {QR_BF16, 1280, 50}, {QR_BF16, 3584, 21}};
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
-            for (int v2 = 0; v2 < 4; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
-                                               * 3: gemv_smem with 16 warps and 160 KB */
+            for (int v2 = 0; v2 < 6; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
+                                               * 3: gemv_smem with 16 warps and 160 KB, 4 and 5:
+                                               * 2 and 3 with gemv_mma (BF16, T = 1) */
                 if (cs[i].N > 4096 && Ts[ti] > 1)
                     continue; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
+                if (v2 >= 4 && (cs[i].dt != QR_BF16 || Ts[ti] > 1))
+                    continue;
                 struct op_case c;
                 int32_t widths[] = {cs[i].K, cs[i].N};
                 case_start(&c, widths, 2, 1);
@@ -351,9 +354,15 @@ static void test_op_gemv_sizes(void **state)
                     op->kernel = strdup(key);
                 }
                 struct cuda_options o = cuda_default_options();
-                o.gemv_v2 = v2 > 0, o.gemv_smem = v2 >= 2;
-                if (v2 == 3)
+                o.gemv_v2 = v2 > 0, o.gemv_smem = v2 >= 2, o.gemv_mma = v2 >= 4;
+                if (v2 == 3 || v2 == 5)
                     o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
+                if (v2 == 4) { /* proof of which sums run: the tensor cores where K splits
+                                * over the warps of a tile in steps of 64 (K % 128 up to 1024,
+                                * K % 256 above) */
+                    bool splits = cs[i].K % (cs[i].K <= 1024 ? 128 : 256) == 0;
+                    assert_int_equal(cuda_gemv_mma_takes(cs[i].N, cs[i].K), splits);
+                }
                 bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
                 if (v2 == 3 && !sixteen)
                     continue;
@@ -994,8 +1003,11 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
  * against gemv2 with PDL: 20 steps through the decode graph, logits and greedy ids. Widths: the
  * real 1024 (q|k|v and gate|up at 8 lanes per row, o and down K = 3072 / 3584 at 16, two and
  * one warps per block) and an awkward 384 in F16 (48 chunks per row: 6 per lane). warps / kb:
- * the block shape asked for (0, 0: the session's pick, 8 and 120 for these narrow models). */
-static void check_graph_gemv_smem(const char *arch, enum export_type type, int32_t width, int32_t warps, int32_t kb)
+ * the block shape asked for (0, 0: the session's pick, 8 and 120 for these narrow models);
+ * launch: cuda_options.gemv_smem_launch (when the blocks let the next launch start); mma:
+ * cuda_options.gemv_mma (the sums on the tensor cores, BF16). */
+static void check_graph_gemv_smem(const char *arch, enum export_type type, int32_t width, int32_t warps, int32_t kb,
+                                  int32_t launch, bool mma)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
@@ -1003,18 +1015,22 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.pdl = off.pdl = true;
     on.gemv_smem = true, off.gemv_smem = false;
-    on.gemv_smem_warps = warps, on.gemv_smem_kb = kb;
+    on.gemv_smem_warps = warps, on.gemv_smem_kb = kb, on.gemv_smem_launch = launch, on.gemv_mma = mma;
     assert_true(cuda_gemv_smem_takes(type == EXPORT_F16 ? QR_F16 : QR_BF16, width, width));
+    if (mma)
+        assert_true(cuda_gemv_mma_takes(width, width));
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
-    int32_t got_w = -1, got_kb = -1;
-    cuda_session_gemv_smem_shape(a, &got_w, &got_kb);
+    int32_t got_w = -1, got_kb = -1, got_launch = -1;
+    cuda_session_gemv_smem_shape(a, &got_w, &got_kb, &got_launch);
     assert_int_equal(got_w, warps ? warps : 8);
     assert_int_equal(got_kb, kb ? kb : 120);
+    /* the session's pick: after the wait with blocks of up to 8 warps, before it with 16 */
+    assert_int_equal(got_launch, launch ? launch : got_w < 16 ? 2 : 1);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
     char what[128];
-    snprintf(what, sizeof(what), "graph gemv_smem vs gemv2 (pdl on), %s %s width %d", arch, export_type_name(type),
-             (int)width);
+    snprintf(what, sizeof(what), "graph gemv_smem (launch %d%s) vs gemv2 (pdl on), %s %s width %d", (int)launch,
+             mma ? ", mma" : "", arch, export_type_name(type), (int)width);
     double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol) || worst == 0.0) /* 0: the other order of the sums did not run */
         fail_msg("%s: logits differ by %.3g", what, worst);
@@ -1023,10 +1039,16 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
 static void test_graph_gemv_smem(void **st)
 {
     (void)st;
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 0, 0);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160); /* Qwen3.5-0.8B's pick */
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 0, 0, 0, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, false); /* Qwen3.5-0.8B's pick */
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0, 0, false);
+    /* every block launching its successor early, and every one after the wait */
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 1, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 2, false);
+    /* the sums on the tensor cores: norms fused, the SwiGLU pair, the residual added */
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, true);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, true);
 }
 
 static void test_graph_mlp_fused(void **st)
@@ -1510,9 +1532,15 @@ static void test_backend_errors(void **st)
         o.gemv_smem_kb = bad_kb[i];
         check_options_refused(&o, "gemv_smem_kb", bad_kb[i], want);
     }
-    int32_t w = -1, kb = -1;
-    cuda_session_gemv_smem_shape(NULL, &w, &kb);
-    assert_true(w == 0 && kb == 0);
+    static const int32_t bad_launch[] = {-1, 3}; /* 0 the session picks, 1 early, 2 after the wait */
+    for (int i = 0; i < 2; i++) {
+        struct cuda_options o = cuda_default_options();
+        o.gemv_smem_launch = bad_launch[i];
+        check_options_refused(&o, "gemv_smem_launch", bad_launch[i], want);
+    }
+    int32_t w = -1, kb = -1, launch = -1;
+    cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch);
+    assert_true(w == 0 && kb == 0 && launch == 0);
 }
 
 int main(void)
@@ -1555,5 +1583,9 @@ int main(void)
         cmocka_unit_test(test_attention_rope_fused),
         cmocka_unit_test(test_session_sample_cuda),
     };
+    /* QWENRT_TEST_FILTER=test_graph_gemv_smem (cmocka's wildcards * and ?): one test of the
+     * list, for a GPU call that checks one kernel */
+    if (getenv("QWENRT_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("QWENRT_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

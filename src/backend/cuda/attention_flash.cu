@@ -78,9 +78,7 @@ __device__ __forceinline__ void fa_mma_f16(float (&d)[4], const uint32_t (&a)[4]
 
 __device__ __forceinline__ void fa_mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_bf16_16816(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 __device__ __forceinline__ uint32_t fa_u32(const void *p) { return *(const uint32_t *)p; }

@@ -99,6 +99,15 @@ struct cuda_options {
                           * session picks 120, or 160 with 16 warps. PDL overlaps a launch
                           * only when its blocks fit beside the one before; which shape is
                           * fastest depends on the model (docs/perf-log.md, sessions 13-14) */
+    bool gemv_mma;       /* gemv_smem with BF16 rows: the dot products on the tensor cores
+                          * (gemv_mma.cu; x as three bf16 terms, f32 accuracy) where K splits
+                          * evenly (K % 128 == 0 up to 1024, % 256 above); off: CUDA cores */
+    int32_t gemv_smem_launch; /* when a gemv_smem block lets the next launch start (PDL): 1
+                          * early, before it waits for its input (the next launch may start
+                          * its own successor in turn: several launches copy weights at once
+                          * when their blocks are small); 2 after the wait (one launch ahead
+                          * at most); 0 (default): the session picks 2 with blocks of up to 8
+                          * warps, 1 with 16 (docs/perf-log.md, session 15) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W
@@ -212,6 +221,8 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 /* For the tests: whether the decode GEMV of one token of N x K weights of dtype (aligned, no
  * norm) runs the shared-memory kernel (gemv_smem.cu) when cuda_options.gemv_smem is on. */
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
+/* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
+bool cuda_gemv_mma_takes(int32_t N, int32_t K);
 
 /* Times one GEMV of N x K weights of dtype (random data, T tokens, fused norm when norm) in
  * isolation: *us = median microseconds per launch over reps dependent launches captured in a
@@ -247,8 +258,10 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
                                            struct qwenrt_error *err);
 
 /* gemv_smem's block shape in this session: warps and KB per block at most (the options', or
- * the session's pick when they are 0); 0, 0 for a NULL session. */
-void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb);
+ * the session's pick when they are 0), and when its blocks let the next launch start (1
+ * before their wait, 2 after it: the option's, or the session's pick); zeros for a NULL
+ * session. */
+void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch);
 
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);

@@ -73,4 +73,27 @@ static __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* d += a b on the tensor cores: m16n8k16, bf16 inputs, f32 d; A row-major 16x16, B col-major
+ * 16x8. Lane (g = lane / 4, c = lane % 4) holds a0 = A(g, 2c..2c+1), a1 = A(g+8, 2c..),
+ * a2 = A(g, 2c+8..), a3 = A(g+8, 2c+8..); b0 = B(2c..2c+1, g), b1 = B(2c+8.., g);
+ * d = {D(g, 2c), D(g, 2c+1), D(g+8, 2c), D(g+8, 2c+1)}. Each u32 holds two elements, the
+ * lower column (k) in its low half. */
+static __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                      uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 matrices of 16-bit elements from shared memory: lanes 8j..8j+7 give the addresses
+ * of matrix j's rows (16 bytes each); lane l receives r[j] = matrix j's row l / 4, elements
+ * 2 (l % 4) and 2 (l % 4) + 1 — for rows of W, the B fragments of mma_bf16_16816. */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t row_of_lane)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row_of_lane));
+}
+
 #endif

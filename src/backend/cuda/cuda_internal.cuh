@@ -209,6 +209,10 @@ struct gemv_args {
                             * memory first (gemv_smem.cu), when it applies */
     int32_t smem_warps, smem_kb; /* its warps per block and shared memory per block (KB) at
                             * most (0: 8 and 120); the session's choice (pick_gemv_smem_shape) */
+    bool smem_after_wait;  /* its blocks call griddep_launch after griddep_wait, not before
+                            * (the session's pick, cuda_options.gemv_smem_launch) */
+    bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
+                            * cuda_options.gemv_mma) where the shape allows */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
                             * %globaltimer stamps [block][4]: start, after griddep_wait, weights
                             * and x in shared memory, end */

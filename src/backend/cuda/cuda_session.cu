@@ -128,6 +128,7 @@ struct cuda_session {
                                * 16-bit layer weights (decode_pdl_applies) */
     int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
     int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
+    bool gs_after_wait;       /* its blocks start the next launch after their wait (same) */
     char mk_why[160];
 };
 
@@ -163,6 +164,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem = true; /* with PDL: +19% / +31% decode (docs/perf-log.md, sessions 13-14) */
     o.gemv_smem_warps = 0; /* 0, 0: the session picks (pick_gemv_smem_shape) */
     o.gemv_smem_kb = 0;
+    o.gemv_smem_launch = 0; /* the session picks (pick_gemv_smem_shape) */
+    o.gemv_mma = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -584,7 +587,8 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
         a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm, a.smem = cs->opt.gemv_smem;
-        a.smem_warps = cs->gs_warps, a.smem_kb = cs->gs_kb;
+        a.smem_warps = cs->gs_warps, a.smem_kb = cs->gs_kb, a.smem_after_wait = cs->gs_after_wait;
+        a.mma = cs->opt.gemv_mma;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -920,7 +924,8 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
     a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
     a.n_seg = st->n_mm;
     a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm, a.smem = r->cs->opt.gemv_smem;
-    a.smem_warps = r->cs->gs_warps, a.smem_kb = r->cs->gs_kb;
+    a.smem_warps = r->cs->gs_warps, a.smem_kb = r->cs->gs_kb, a.smem_after_wait = r->cs->gs_after_wait;
+    a.mma = r->cs->opt.gemv_mma;
     for (int k = 0; k < st->n_mm; k++) {
         const struct dop *d = &r->d[st->mm[k]];
         const struct plan_op *m = &p->ops[st->mm[k]];
@@ -1315,10 +1320,12 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     return st;
 }
 
-extern "C" void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb)
+extern "C" void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb,
+                                             int32_t *launch)
 {
     *warps = cs ? cs->gs_warps : 0;
     *kb = cs ? cs->gs_kb : 0;
+    *launch = cs ? (cs->gs_after_wait ? 2 : 1) : 0;
 }
 
 extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
@@ -1344,7 +1351,15 @@ static bool fast_prefill_applies(const struct plan *p)
  * warps and 120 KB. Measured on the H200 (docs/perf-log.md, session 14): Qwen3.5-0.8B BF16
  * 1,259 tok/s with 16 / 160 against 1,166 with 8 / 120; Qwen3-0.6B 1,400 with 8 / 120 against
  * 1,352; no single shape was best for both, nor was one block per multiprocessor for every
- * product ("spread": 1,302 / 1,236). */
+ * product ("spread": 1,302 / 1,236).
+ * And when its blocks let the next launch start: after their wait with blocks of up to 8
+ * warps (68-108 KB and 256 threads: two or three fit on a multiprocessor, so launches that
+ * started early would start their own successors, and several would copy weights at once
+ * beside the kernel on the critical path), before it with 16 (one such block per
+ * multiprocessor: one successor at most, and it gets the longer head start). Measured on the
+ * H200 (session 15): Qwen3-0.6B BF16 1,451 -> 1,537 tok/s after the wait; Qwen3.5-0.8B 1,330
+ * before, 1,305 after; the same rule by each launch's own block size (mixed within a layer)
+ * lost (1,409). */
 static void pick_gemv_smem_shape(struct cuda_session *cs)
 {
     bool wide = false;
@@ -1360,6 +1375,7 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
     }
     cs->gs_warps = cs->opt.gemv_smem_warps ? cs->opt.gemv_smem_warps : wide ? 16 : 8;
     cs->gs_kb = cs->opt.gemv_smem_kb ? cs->opt.gemv_smem_kb : wide ? 160 : 120;
+    cs->gs_after_wait = cs->opt.gemv_smem_launch ? cs->opt.gemv_smem_launch == 2 : cs->gs_warps < 16;
 }
 
 /* Whether the decode GEMVs of the layers take gemv_smem (16-bit weights; the LM head does not
@@ -1457,6 +1473,10 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (kb != 0 && (kb < 16 || kb > GEMV_SMEM_KB_LIMIT))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_kb %d (0: the session picks, or 16 to %d)", kb,
                        GEMV_SMEM_KB_LIMIT);
+    if (o->gemv_smem_launch < 0 || o->gemv_smem_launch > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemv_smem_launch %d (0: the session picks, 1: before the wait, 2: after it)",
+                       (int)o->gemv_smem_launch);
     return QWENRT_OK;
 }
 

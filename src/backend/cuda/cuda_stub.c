@@ -25,7 +25,7 @@ struct cuda_options cuda_default_options(void)
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
                              .gdn_split = true, .mlp_fused = false, .gemv_smem = true,
-                             .gemv_smem_warps = 0, .gemv_smem_kb = 0,
+                             .gemv_smem_warps = 0, .gemv_smem_kb = 0, .gemv_smem_launch = 0, .gemv_mma = false,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }
@@ -145,10 +145,10 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
     return not_built(err);
 }
 
-void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb)
+void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch)
 {
     (void)cs;
-    *warps = *kb = 0;
+    *warps = *kb = *launch = 0;
 }
 
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
@@ -181,6 +181,12 @@ int64_t cuda_session_device_bytes(const struct cuda_session *cs)
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
 {
     (void)dtype, (void)N, (void)K;
+    return false;
+}
+
+bool cuda_gemv_mma_takes(int32_t N, int32_t K)
+{
+    (void)N, (void)K;
     return false;
 }
 

@@ -30,7 +30,8 @@
  * In order:
  *   1. each lane copies its 16-byte chunks (q, q + L, ...) of its group's row(s) (P = 2:
  *      gate and up) into shared memory with cp.async; nothing reads activations yet;
- *   2. griddep_launch (the next kernel may start), the first norm weights, griddep_wait;
+ *   2. griddep_launch (the next kernel may start; after the wait instead when the session
+ *      says so: pick_gemv_smem_shape), the first norm weights, griddep_wait;
  *   3. x staged and RMS-normalised in shared memory;
  *   4. each lane waits for its own copies (a thread's cp.async are visible to itself after
  *      its wait_group: no barrier), sums its chunks, and the group adds its L partial sums
@@ -40,6 +41,7 @@
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_smem.cuh"
 #include "backend/cuda/gemv_stage.cuh"
 
 #include <string.h>
@@ -66,14 +68,10 @@ extern "C" {
 #ifndef GS_SMEM_MAX
 #define GS_SMEM_MAX (120 * 1024) /* default dynamic shared memory per block (a multiprocessor has 228 KB) */
 #endif
-#define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
 #ifndef GS_MIN_BLOCKS
 #define GS_MIN_BLOCKS 0 /* > 0: fewer warps per block while the grid would be smaller than this */
 #endif
 #define GS_XB 8                 /* x float4 per thread per staging batch */
-#ifndef GS_LAUNCH_AFTER_WAIT
-#define GS_LAUNCH_AFTER_WAIT 0 /* 1: griddep_launch after griddep_wait (see gemv_quant.cu's GQ_ switch) */
-#endif
 
 /* x (K floats) into shared memory as xlo[c] = x[8c .. 8c+3], xhi[c] = x[8c+4 .. 8c+7], times
  * 1/rms(x) * norm_w when a.norm_w. Each thread rescales the float4 it stored itself; the one
@@ -121,7 +119,7 @@ __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xl
  * between rows in shared memory (K * 2). */
 template <int DT, int P, int L>
 __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
-                                                                       int32_t wstride)
+                                                                       int32_t wstride, bool launch_early)
 {
     extern __shared__ float4 gs_smem4[];
     __shared__ float s_red[GEMV_SMEM_WARPS_LIMIT];
@@ -157,12 +155,12 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
             for (int ch = q; ch < nchunk; ch += L)
                 cp_async16(wrow + (uint32_t)(p * wstride + ch * 16), rp[p] + ch);
     cp_async_commit();
-    if (!GS_LAUNCH_AFTER_WAIT)
+    if (launch_early)
         griddep_launch();
     float4 g0[GEMV_NW];
     gemv_load_norm_w(a, g0); /* constant: before the wait */
     griddep_wait();
-    if (GS_LAUNCH_AFTER_WAIT)
+    if (!launch_early)
         griddep_launch();
     if (st)
         st[1] = globaltimer_ns();
@@ -201,18 +199,34 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
         st[3] = globaltimer_ns();
 }
 
-/* How a launch runs: lanes per row, warps per block, blocks, the bytes between rows in shared
- * memory, the block's dynamic shared memory and the cap it was fitted under. */
-struct gs_shape {
-    int L, W, blocks;
-    int32_t wstride;
-    size_t smem, cap;
-};
-
 /* Lanes per row at this K (the kernel is built for 4, 8, 16 and 32). */
 static int gs_lanes(int32_t K)
 {
     return K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE;
+}
+
+/* The block for rows of K at l lanes per row (P physical rows each): warps from the options,
+ * halved until the rows and x fit under the cap; false when not even one warp's fit, or when
+ * mma and the block would hold fewer than 8 rows (one tile). Layouts in shared memory:
+ *   CUDA cores: x as K floats, rows of K * 2 bytes (64 more below 8 lanes per row: two rows
+ *     in one quarter warp stay off each other's banks);
+ *   tensor cores: x as three bf16 terms (K * 6 bytes), rows of K * 2 + 16 bytes: ldmatrix's
+ *     eight row addresses then fall on eight different 16-byte bank groups. */
+static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool mma, struct gs_shape *sh)
+{
+    int w = a->smem_warps > 0 && a->smem_warps <= GEMV_SMEM_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
+    size_t cap = a->smem_kb > 0 && a->smem_kb <= GEMV_SMEM_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
+    int32_t ws = mma ? a->K * 2 + 16 : a->K * 2 + (l < 8 ? 64 : 0);
+    size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * (mma ? 6 : 4);
+    const int64_t rpw = 32 / l; /* rows per warp */
+    while (w > 1 && (x + w * per_warp > cap || (GS_MIN_BLOCKS > 0 && (rows + w * rpw - 1) / (w * rpw) < GS_MIN_BLOCKS)))
+        w /= 2;
+    if (x + w * per_warp > cap || (mma && (w * rpw) % 8))
+        return false;
+    sh->L = l, sh->W = w, sh->wstride = ws, sh->smem = x + w * per_warp, sh->cap = cap, sh->mma = mma;
+    sh->blocks = (int)((rows + w * rpw - 1) / (w * rpw));
+    sh->launch_early = !a->smem_after_wait;
+    return true;
 }
 
 /* The shape of this launch; false when the kernel does not take these arguments. */
@@ -236,21 +250,13 @@ static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
         rows = a->seg[0].N;
     if (rows > GS_MAX_ROWS)
         return false;
+    /* the tensor cores take BF16 rows whose K splits evenly over the L / 4 warps of an 8-row
+     * tile in steps of 32 (gemv_mma.cu); the other launches, and blocks of fewer than 8 rows,
+     * sum on the CUDA cores */
     int l = gs_lanes(a->K);
-    int w = a->smem_warps > 0 && a->smem_warps <= GEMV_SMEM_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
-    size_t cap = a->smem_kb > 0 && a->smem_kb <= GEMV_SMEM_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
-    /* a row's weights (row_bytes may pad beyond them); fewer than 8 lanes per row put two rows
-     * in one quarter warp: 64 bytes more per row keep them off each other's banks */
-    int32_t ws = a->K * 2 + (l < 8 ? 64 : 0);
-    size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * 4;
-    const int64_t rpw = 32 / l; /* rows per warp */
-    while (w > 1 && (x + w * per_warp > cap || (GS_MIN_BLOCKS > 0 && (rows + w * rpw - 1) / (w * rpw) < GS_MIN_BLOCKS)))
-        w /= 2;
-    if (x + w * per_warp > cap)
-        return false;
-    sh->L = l, sh->W = w, sh->wstride = ws, sh->smem = x + w * per_warp, sh->cap = cap;
-    sh->blocks = (int)((rows + w * rpw - 1) / (w * rpw));
-    return true;
+    if (a->mma && a->dtype == QR_BF16 && a->K % (64 * (l / 4)) == 0 && gs_fit(a, rows, l, P, true, sh))
+        return true;
+    return gs_fit(a, rows, l, P, false, sh);
 }
 
 bool gemv_smem_wide(int64_t rows, int32_t K, int32_t n_sm)
@@ -273,19 +279,11 @@ bool gemv_smem_applies(const struct gemv_args *a)
 template <int DT, int P, int L>
 static cudaError_t gemv_smem_go(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s)
 {
-    if (sh.smem > GS_SMEM_DEFAULT) {
-        /* the kernel's limit raised to the cap, never lowered: a launch captured earlier with
-         * a larger cap stays valid (a host call: replayed graphs do not repeat it) */
-        cudaFuncAttributes fa;
-        cudaError_t e = cudaFuncGetAttributes(&fa, gemv_smem_kernel<DT, P, L>);
-        if (e == cudaSuccess && (size_t)fa.maxDynamicSharedSizeBytes < sh.cap)
-            e = cudaFuncSetAttribute(gemv_smem_kernel<DT, P, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)sh.cap);
-        if (e != cudaSuccess)
-            return e;
-    }
+    cudaError_t e = gs_raise_smem_limit(gemv_smem_kernel<DT, P, L>, sh);
+    if (e != cudaSuccess)
+        return e;
     return launch_k(a->pdl, gemv_smem_kernel<DT, P, L>, dim3(sh.blocks), dim3(32 * sh.W), sh.smem, s, *a,
-                    sh.wstride);
+                    sh.wstride, sh.launch_early);
 }
 
 template <int DT, int L>
@@ -299,6 +297,8 @@ cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s)
     struct gs_shape sh;
     if (!gemv_smem_shape(a, &sh))
         return cudaErrorInvalidValue;
+    if (sh.mma)
+        return launch_gemv_mma(a, sh, s);
     bool f16 = a->dtype == QR_F16;
     switch (sh.L) {
     case 4: return f16 ? gemv_smem_dt<QR_F16, 4>(a, sh, s) : gemv_smem_dt<QR_BF16, 4>(a, sh, s);
@@ -310,13 +310,26 @@ cudaError_t launch_gemv_smem(const struct gemv_args *a, cudaStream_t s)
 
 /* For the tests: whether launch_gemv takes this kernel for one token of N x K weights of
  * dtype (aligned buffers, no norm, y = result) when cuda_options.gemv_smem is on. */
+static void takes_args(struct gemv_args *a, int32_t dtype, int32_t N, int32_t K, bool mma)
+{
+    memset(a, 0, sizeof(*a));
+    a->x = (const float *)(uintptr_t)256, a->ldx = K, a->K = K, a->T = 1, a->dtype = dtype;
+    a->mode = GEMV_STORE, a->n_seg = 1, a->v2 = true, a->smem = true, a->mma = mma;
+    a->seg[0].w = (const void *)(uintptr_t)4096, a->seg[0].N = N;
+    a->seg[0].row_bytes = (int64_t)K * (dtype == QR_F32 ? 4 : 2), a->seg[0].ldy = N;
+}
+
 extern "C" bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
 {
     struct gemv_args a;
-    memset(&a, 0, sizeof(a));
-    a.x = (const float *)(uintptr_t)256, a.ldx = K, a.K = K, a.T = 1, a.dtype = dtype;
-    a.mode = GEMV_STORE, a.n_seg = 1, a.v2 = true, a.smem = true;
-    a.seg[0].w = (const void *)(uintptr_t)4096, a.seg[0].N = N;
-    a.seg[0].row_bytes = (int64_t)K * (dtype == QR_F32 ? 4 : 2), a.seg[0].ldy = N;
+    takes_args(&a, dtype, N, K, false);
     return !gemvq_applies(&a) && gemv_smem_applies(&a);
+}
+
+extern "C" bool cuda_gemv_mma_takes(int32_t N, int32_t K)
+{
+    struct gemv_args a;
+    takes_args(&a, QR_BF16, N, K, true);
+    struct gs_shape sh;
+    return !gemvq_applies(&a) && gemv_smem_shape(&a, &sh) && sh.mma;
 }
