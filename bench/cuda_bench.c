@@ -11,6 +11,7 @@
  *              [--gemv-smem-launch N]  (cuda_options.gemv_smem_launch in the decode runs: 0 the
  *              session's pick, 1 griddep_launch before the wait, 2 after it)
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
+ *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -408,6 +409,7 @@ int main(int argc, char **argv)
     int smem_warps = -1, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
     int smem_launch = 0; /* --gemv-smem-launch N: when its blocks let the next launch start */
     int gemv_mma = -1;   /* --gemv-mma 0|1: the tensor cores for gemv_smem's sums (-1: the default) */
+    int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
@@ -425,6 +427,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
         else if (!strcmp(argv[i], "--gemv-smem-launch") && i + 1 < argc) smem_launch = atoi(argv[++i]); /* cuda_options.gemv_smem_launch */
         else if (!strcmp(argv[i], "--gemv-mma") && i + 1 < argc) gemv_mma = atoi(argv[++i]); /* cuda_options.gemv_mma */
+        else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -432,7 +435,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -556,6 +559,7 @@ int main(int argc, char **argv)
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
         o.attn_flash = pv[v].flash, o.gdn_chunked = pv[v].chunked;
         o.gemm_merge = !no_merge;
+        o.kv_f16 = kv_f16;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {
             fprintf(stderr, "cuda_session_init: %s\n", err.message);
             return 1;
@@ -597,6 +601,7 @@ int main(int argc, char **argv)
         if (smem_warps >= 0) /* --gemv-smem W:KB */
             o.gemv_smem_warps = smem_warps, o.gemv_smem_kb = smem_kb;
         o.gemv_smem_launch = smem_launch;
+        o.kv_f16 = kv_f16;
         if (gemv_mma >= 0)
             o.gemv_mma = gemv_mma != 0;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {

@@ -43,6 +43,7 @@
 #define OP_GEMM_BF16_TOL 3e-5 /* bf16 weights, x split in two bf16 terms (~2^-17 each) */
 #define OP_ATTN_TF32_TOL 5e-3 /* attention products in TF32 (inputs rounded to 2^-11) */
 #define OP_ATTN_FLASH_TOL 5e-3 /* flash kernel: f16 q, k (2^-11), bf16 p, v (2^-8) */
+#define OP_ATTN_KV16_TOL 3e-3  /* the KV cache in f16: k and v rounded to 2^-11 */
 #define OP_GEMM_FAST_TOL 5e-3 /* x (and dequantised W) rounded to bf16: 2^-9 per element */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -413,9 +414,10 @@ static void test_op_elementwise(void **state)
 
 /* q/k norm + RoPE, attention, sigmoid gate: one attention layer, prefill then decode steps. */
 static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_rot, bool gated,
-                           int32_t T, int32_t steps, int tiled)
+                           int32_t T, int32_t steps, int tiled, bool kv16)
 {
     struct cuda_options o = cuda_default_options();
+    o.kv_f16 = kv16;
     o.attn_tiled = tiled == 1;
     o.prefill_bf16 = tiled >= 2;
     o.attn_flash = tiled == 2;
@@ -438,9 +440,10 @@ static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_r
         op->dump = "gated";
     }
     char what[96];
-    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d", hd,
-             n_head, n_kv, n_rot, gated, tiled);
-    run_case(&c, what, T, steps, tiled == 2 ? OP_ATTN_FLASH_TOL : tiled == 3 ? OP_ATTN_TF32_TOL : OP_REL_TOL, &o);
+    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d%s", hd,
+             n_head, n_kv, n_rot, gated, tiled, kv16 ? " kv f16" : "");
+    double tol = tiled == 2 ? OP_ATTN_FLASH_TOL : tiled == 3 ? OP_ATTN_TF32_TOL : OP_REL_TOL;
+    run_case(&c, what, T, steps, kv16 && tol < OP_ATTN_KV16_TOL ? OP_ATTN_KV16_TOL : tol, &o);
 }
 
 static void test_op_attention(void **state)
@@ -449,21 +452,29 @@ static void test_op_attention(void **state)
     /* prefill: per-token kernel, query tiles (exact models: T >= 16 takes the f32 GEMMs),
      * then a 16-bit model's fast prefill: the flash kernel (2) and the TF32 GEMMs (3) */
     for (int tiled = 0; tiled < 4; tiled++) {
-        attention_case(64, 4, 2, 64, false, 13, 3, tiled);
-        attention_case(128, 16, 8, 128, false, 70, 2, tiled);
-        attention_case(256, 8, 2, 64, true, 33, 3, tiled);
-        attention_case(128, 6, 3, 32, true, 1, 4, tiled);
-        attention_case(128, 16, 8, 128, false, 300, 1, tiled); /* several K/V tiles */
-        attention_case(64, 4, 2, 64, false, 70, 2, tiled);     /* flash, head size 64 */
-        attention_case(256, 8, 2, 64, true, 300, 1, tiled);    /* Qwen3.5's shape: flash, 256 */
+        attention_case(64, 4, 2, 64, false, 13, 3, tiled, false);
+        attention_case(128, 16, 8, 128, false, 70, 2, tiled, false);
+        attention_case(256, 8, 2, 64, true, 33, 3, tiled, false);
+        attention_case(128, 6, 3, 32, true, 1, 4, tiled, false);
+        attention_case(128, 16, 8, 128, false, 300, 1, tiled, false); /* several K/V tiles */
+        attention_case(64, 4, 2, 64, false, 70, 2, tiled, false);     /* flash, head size 64 */
+        attention_case(256, 8, 2, 64, true, 300, 1, tiled, false);    /* Qwen3.5's shape: flash, 256 */
         if (tiled >= 2) /* the flash kernel's second launch (> 8 query tiles), reused counters */
-            attention_case(128, 8, 2, 128, false, 700, 1, tiled);
+            attention_case(128, 8, 2, 128, false, 700, 1, tiled, false);
     }
     /* decode steps deep in the context (four query heads on one KV head at depth 2200: every
      * split in use and merged), one query head per KV head with the output gate, a group of 8 */
-    attention_case(64, 4, 1, 64, false, 2200, 2, 1);
-    attention_case(128, 4, 4, 128, true, 150, 3, 1);
-    attention_case(128, 16, 2, 128, false, 90, 3, 1);
+    attention_case(64, 4, 1, 64, false, 2200, 2, 1, false);
+    attention_case(128, 4, 4, 128, true, 150, 3, 1, false);
+    attention_case(128, 16, 2, 128, false, 90, 3, 1, false);
+    /* the KV cache in f16 (cuda_options.kv_f16): every prefill form (the f32 GEMMs hand over
+     * to the tiled kernel), decode with RoPE in the attention kernel, deep splits */
+    for (int tiled = 0; tiled < 4; tiled++) {
+        attention_case(128, 16, 8, 128, false, 70, 3, tiled, true);
+        attention_case(256, 8, 2, 64, true, 33, 3, tiled, true);
+        attention_case(64, 4, 2, 64, false, 13, 2, tiled, true);
+    }
+    attention_case(64, 4, 1, 64, false, 2200, 2, 1, true);
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
@@ -551,6 +562,7 @@ static void on_dump(void *user, const char *name, int32_t layer, const float *da
 #define FAST_ARGMAX_MARGIN 0.1 /* argmax must agree where the reference's top two differ by more */
 /* Qwen3.5's fast prefill keeps x in two bf16 terms (16 mantissa bits, cuda_options.prefill_x_terms) */
 #define FAST2_LOGITS_REL_TOL 2e-3
+#define KV16_LOGITS_REL_TOL 1e-3 /* exact products, K and V rounded to f16 (2^-11) in the cache: 1.6-3.0e-4 measured */
 
 /* The default precision's logits tolerance for a fixture, or 0 where its default is exact
  * (f32 weights never take the fast products). */
@@ -598,19 +610,24 @@ static void check_fixture(const char *dir, int mode)
 
     struct qwenrt_model *m = NULL;
     struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = mode == 0 || mode == 4 ? "cuda" : "cpu";
-    bool fast = mode == 4 && fast_fixture_tol(dir) > 0;
-    double tol = fast ? fast_fixture_tol(dir) : LOGITS_REL_TOL;
+    mp.backend = mode == 0 || mode == 4 || mode == 5 ? "cuda" : "cpu";
+    /* mode 5: exact products, the KV cache in f16 (QWENRT_CUDA_KV=f16) */
+    bool fast = (mode == 4 && fast_fixture_tol(dir) > 0) || mode == 5;
+    double tol = mode == 5 ? KV16_LOGITS_REL_TOL : fast ? fast_fixture_tol(dir) : LOGITS_REL_TOL;
     if (qwenrt_model_load(dir, &mp, &m, &err) != QWENRT_OK)
         fail_msg("load %s: %s", dir, err.message);
     float *out = malloc((size_t)T * V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
     struct qwenrt_session *s = NULL;
     struct cuda_session *cs = NULL;
     struct dump_check cap = {.ref = ref_tensor(&ref, "hidden_states"), .T = T, .H = m->hp.n_embd};
-    if (mode == 0 || mode == 4) {
+    if (mode == 0 || mode == 4 || mode == 5) {
         struct qwenrt_session_params sp = qwenrt_session_default_params();
-        sp.precision = mode == 0 ? QWENRT_PRECISION_EXACT : QWENRT_PRECISION_DEFAULT;
-        assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
+        sp.precision = mode == 4 ? QWENRT_PRECISION_DEFAULT : QWENRT_PRECISION_EXACT;
+        if (mode == 5)
+            setenv("QWENRT_CUDA_KV", "f16", 1);
+        qwenrt_status st = qwenrt_session_init(m, &sp, &s, &err);
+        unsetenv("QWENRT_CUDA_KV");
+        assert_int_equal(st, QWENRT_OK);
         assert_non_null(s->cuda);
         if (!fast)
             session_set_dump(s, on_dump, &cap);
@@ -727,6 +744,28 @@ static void test_fixtures_default_precision(void **st)
     (void)st;
     for (int i = 0; i < 4; i++)
         check_fixture(fixtures[i], 4);
+}
+
+/* The KV cache in f16 through the API (QWENRT_CUDA_KV=f16): every fixture against the
+ * reference within 1e-3, and a value the variable does not take refused by name. */
+static void test_fixtures_kv_f16(void **st)
+{
+    (void)st;
+    for (int i = 0; i < 4; i++)
+        check_fixture(fixtures[i], 5);
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    assert_int_equal(qwenrt_model_load(fixtures[0], &mp, &m, &err), QWENRT_OK);
+    struct qwenrt_session *s = NULL;
+    setenv("QWENRT_CUDA_KV", "q8", 1);
+    qwenrt_status st2 = qwenrt_session_init(m, NULL, &s, &err);
+    unsetenv("QWENRT_CUDA_KV");
+    assert_int_equal(st2, QWENRT_ERR_INVALID_ARG);
+    assert_null(s);
+    assert_non_null(strstr(err.message, "QWENRT_CUDA_KV=q8"));
+    qwenrt_model_free(m);
 }
 
 static void test_fixtures_unfused(void **st)
@@ -1049,6 +1088,50 @@ static void test_graph_gemv_smem(void **st)
     /* the sums on the tensor cores: norms fused, the SwiGLU pair, the residual added */
     check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, true);
     check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, true);
+}
+
+/* The KV cache in f16 (cuda_options.kv_f16) against f32 through the decode graph: 20 steps'
+ * logits within 1e-2 and the same greedy ids, half the cache's device bytes; a session that
+ * asks for the megakernel with it gets the graph and a reason. */
+static void check_graph_kv_f16(const char *arch, enum export_type type, int32_t width)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.kv_f16 = true;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, arch);
+    int64_t bytes16 = cuda_session_device_bytes(a), bytes32 = cuda_session_device_bytes(b);
+    /* the cache: n_ctx 64 x kv width x 2 (K, V) x layers with attention, 2 bytes less each */
+    int64_t kv_w = (int64_t)m->hp.n_head_kv * m->hp.head_dim, n_attn = 0;
+    for (int32_t i = 0; i < m->plans[1].n_ops; i++) /* the decode plan: one attention op per layer */
+        n_attn += m->plans[1].ops[i].kind == OP_ATTENTION;
+    assert_true(n_attn > 0);
+    if (bytes32 - bytes16 < n_attn * 2 * 64 * kv_w * 2)
+        fail_msg("kv f16 %s: device bytes %lld vs %lld with f32", arch, (long long)bytes16, (long long)bytes32);
+    struct qwenrt_error err = {0};
+    struct cuda_options mk = on;
+    mk.mega = CUDA_MEGA_ON;
+    struct cuda_session *c = NULL;
+    if (cuda_session_init(m->plans, 64, &mk, &c, &err))
+        fail_msg("kv f16 with the megakernel asked for: %s", err.message);
+    const char *why = NULL;
+    assert_false(cuda_session_uses_megakernel(c, &why));
+    assert_non_null(strstr(why, "kv_f16"));
+    cuda_session_free(c);
+    char what[96];
+    snprintf(what, sizeof(what), "graph kv cache f16 vs f32, %s %s width %d", arch, export_type_name(type), (int)width);
+    double worst = decode_pair_once(a, b, m, path, what);
+    if (!(worst <= 1e-2) || worst == 0.0) /* 0: the f16 cache was not used */
+        fail_msg("%s: logits differ by %.3g", what, worst);
+}
+
+static void test_graph_kv_f16(void **st)
+{
+    (void)st;
+    check_graph_kv_f16("qwen3-tiny", EXPORT_BF16, 1024);
+    check_graph_kv_f16("qwen35-tiny", EXPORT_BF16, 1024);
 }
 
 static void test_graph_mlp_fused(void **st)
@@ -1565,11 +1648,13 @@ int main(void)
         cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_graph_mlp_fused),
         cmocka_unit_test(test_graph_gemv_smem),
+        cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),
         cmocka_unit_test(test_op_deltanet),
         cmocka_unit_test(test_fixtures_api),
         cmocka_unit_test(test_fixtures_default_precision),
+        cmocka_unit_test(test_fixtures_kv_f16),
         cmocka_unit_test(test_fixtures_unfused),
         cmocka_unit_test(test_fixtures_decode_only),
         cmocka_unit_test(test_fixtures_decode_graph),

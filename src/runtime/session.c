@@ -91,6 +91,11 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision,
         opt.mega = CUDA_MEGA_OFF;
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
+    /* QWENRT_CUDA_KV=f16|f32: the KV cache's element type (default f32) */
+    const char *kv = getenv("QWENRT_CUDA_KV");
+    if (kv && strcmp(kv, "f16") && strcmp(kv, "f32"))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "QWENRT_CUDA_KV=%.32s: expected f16 or f32", kv);
+    opt.kv_f16 = kv && !strcmp(kv, "f16");
     opt.prefill_bf16 = precision != QWENRT_PRECISION_EXACT;
     return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
 }

@@ -118,7 +118,7 @@ __device__ __forceinline__ uint4 fa_pack8(const float (&v)[8], bool bf)
 /* One thread per 8 values of a row of Q (n_head x tp rows), then K, then V (n_head_kv x kp
  * rows each): rows past T (Q) or pos0 + T (K, V) are zero. With a.kin, the prompt's K and V
  * rows come from kin / vin and are also stored into the cache (kv_write's job). */
-template <int HD>
+template <int HD, typename KV>
 __global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args a, const __grid_constant__ struct fa_ops op)
 {
     constexpr int PER = HD / 8;
@@ -127,6 +127,7 @@ __global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args 
     if (i >= nq + 2 * nk)
         return;
     const float *src;
+    const KV *cached = NULL; /* a K or V row read from the cache (else src) */
     uint4 *dst;
     bool valid, bf = false;
     float scale = 1.0f;
@@ -146,21 +147,34 @@ __global__ void fa_convert_kernel(const __grid_constant__ struct attn_gemm_args 
         int kvh = (int)(row / op.kp), r = (int)(row % op.kp);
         valid = r < a.pos0 + a.T;
         int64_t at = (int64_t)r * a.kvw + (int64_t)kvh * HD + c;
-        src = (bf ? a.vc : a.kc) + at;
+        cached = (const KV *)(bf ? a.vc : a.kc) + at;
         dst = bf ? (uint4 *)(op.v + row * HD + c) : (uint4 *)(op.k + row * HD + c);
         if (a.kin && valid && r >= a.pos0) { /* a prompt row: into the cache as well */
             src = bf ? a.vin + (int64_t)(r - a.pos0) * a.ldv + (int64_t)kvh * HD + c
                      : a.kin + (int64_t)(r - a.pos0) * a.ldk + (int64_t)kvh * HD + c;
-            float *cache = (float *)(bf ? a.vc : a.kc) + at; /* the session's cache: writable */
-            *(float4 *)cache = *(const float4 *)src;
-            *(float4 *)(cache + 4) = *(const float4 *)(src + 4);
+            KV *cache = (KV *)cached; /* the session's cache: writable */
+            cached = NULL;
+            float4 x0 = *(const float4 *)src, x1 = *(const float4 *)(src + 4);
+            if constexpr (sizeof(KV) == 4) {
+                *(float4 *)cache = x0;
+                *(float4 *)(cache + 4) = x1;
+            } else {
+                const float w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                *(uint4 *)cache = fa_pack8(w, false);
+            }
         }
     }
     float v[8];
-    float4 x0 = valid ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4 x1 = valid ? *(const float4 *)(src + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    v[0] = x0.x * scale, v[1] = x0.y * scale, v[2] = x0.z * scale, v[3] = x0.w * scale;
-    v[4] = x1.x * scale, v[5] = x1.y * scale, v[6] = x1.z * scale, v[7] = x1.w * scale;
+    if (valid && cached) {
+        kv_get<8>(cached, v);
+    } else {
+        float4 x0 = valid ? *(const float4 *)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 x1 = valid ? *(const float4 *)(src + 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        v[e] *= scale;
     *dst = fa_pack8(v, bf);
 }
 
@@ -461,7 +475,10 @@ static cudaError_t flash_launch(const struct attn_gemm_args *a, float *part, uns
                                 const struct fa_ops *op, cudaStream_t s)
 {
     int64_t items = ((int64_t)a->n_head * op->tp + 2 * (int64_t)a->n_head_kv * op->kp) * (HD / 8);
-    fa_convert_kernel<HD><<<(unsigned)((items + 255) / 256), 256, 0, s>>>(*a, *op);
+    if (a->kv_f16)
+        fa_convert_kernel<HD, __half><<<(unsigned)((items + 255) / 256), 256, 0, s>>>(*a, *op);
+    else
+        fa_convert_kernel<HD, float><<<(unsigned)((items + 255) / 256), 256, 0, s>>>(*a, *op);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;

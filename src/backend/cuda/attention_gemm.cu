@@ -170,6 +170,8 @@ __global__ void masked_softmax_kernel(float *S, int32_t tc, int32_t Tk, int32_t 
 qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
                              struct qwenrt_error *err)
 {
+    if (a->kv_f16) /* the session routes an f16 cache to the flash or tiled kernels */
+        return err_set(err, QWENRT_ERR_INTERNAL, "cuda: attention through f32 GEMMs over an f16 KV cache");
     int32_t grp = a->n_head / a->n_head_kv, Tk_all = a->pos0 + a->T;
     int64_t tc = ATT_SCORE_FLOATS / ((int64_t)a->n_head * Tk_all);
     tc = tc > a->T ? a->T : tc < 1 ? 1 : tc;
@@ -187,7 +189,7 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
         const float *q = a->q + (int64_t)t0 * a->ldq;
         for (int32_t r = 0; r < grp; r++) {
             /* S_h (col-major Tk x n) = K_g^T-view: A = K_g (hd x Tk, ld kvw), op T; B = Q_h */
-            qwenrt_status st = bgemm(g, true, a->tf32, a->kc, a->kvw, a->hd, q + (int64_t)r * a->q_stride,
+            qwenrt_status st = bgemm(g, true, a->tf32, (const float *)a->kc, a->kvw, a->hd, q + (int64_t)r * a->q_stride,
                                      a->ldq, (int64_t)grp * a->q_stride, g->scores + r * hs, Tk,
                                      (int64_t)grp * hs, Tk, n, a->hd, a->n_head_kv, s, err);
             if (st)
@@ -199,7 +201,7 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
         float *o = a->out + (int64_t)t0 * a->ldo;
         for (int32_t r = 0; r < grp; r++) {
             /* O_h (col-major hd x n, ld ldo) = V_g (hd x Tk, ld kvw) P_h (Tk x n, ld Tk) */
-            qwenrt_status st = bgemm(g, false, a->tf32, a->vc, a->kvw, a->hd, g->scores + r * hs, Tk,
+            qwenrt_status st = bgemm(g, false, a->tf32, (const float *)a->vc, a->kvw, a->hd, g->scores + r * hs, Tk,
                                      (int64_t)grp * hs, o + (int64_t)r * a->hd, a->ldo,
                                      (int64_t)grp * a->hd, a->hd, n, Tk, a->n_head_kv, s, err);
             if (st)

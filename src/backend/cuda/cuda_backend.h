@@ -99,6 +99,11 @@ struct cuda_options {
                           * session picks 120, or 160 with 16 warps. PDL overlaps a launch
                           * only when its blocks fit beside the one before; which shape is
                           * fastest depends on the model (docs/perf-log.md, sessions 13-14) */
+    bool kv_f16;         /* the KV cache in f16 instead of f32: half the bytes a decode step
+                          * reads at depth (and half the memory). K and V rounded to 11
+                          * significant bits when written; prefill attention takes the flash
+                          * or tiled kernel (the f32 GEMMs refuse it), and decode the graph
+                          * (the megakernel refuses it). Off by default */
     bool gemv_mma;       /* gemv_smem with BF16 rows: the dot products on the tensor cores
                           * (gemv_mma.cu; x as three bf16 terms, f32 accuracy) where K splits
                           * evenly (K % 128 == 0 up to 1024, % 256 above); off: CUDA cores */

@@ -7,9 +7,11 @@
 #ifndef QWENRT_BACKEND_CUDA_DEVICE_CUH
 #define QWENRT_BACKEND_CUDA_DEVICE_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
@@ -94,6 +96,65 @@ static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t ro
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(row_of_lane));
+}
+
+/* The KV cache's elements: f32, or f16 (cuda_options.kv_f16; written rounded to nearest).
+ * Kernels that read or write the cache are templated on KV = float or __half and read n
+ * consecutive elements with kv_get (n = 2, 4 or 8, the address aligned to n elements). */
+static __device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void kv_put(__half *p, float v) { *p = __float2half_rn(v); }
+
+template <int N>
+static __device__ __forceinline__ void kv_get(const float *p, float *out)
+{
+    static_assert(N == 2 || N % 4 == 0, "kv_get: 2, 4 or 8 elements");
+    if constexpr (N == 2) {
+        float2 v = *(const float2 *)p;
+        out[0] = v.x, out[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i += 4) {
+            float4 v = *(const float4 *)(p + i);
+            out[i] = v.x, out[i + 1] = v.y, out[i + 2] = v.z, out[i + 3] = v.w;
+        }
+    }
+}
+
+/* An f16 cache in two halves: the raw words first (issue every row's load before converting
+ * any: a conversion right after its load makes the next load wait for it), then floats. */
+template <int N>
+static __device__ __forceinline__ void kv_load_raw(const __half *p, uint32_t (&w)[N / 2])
+{
+    static_assert(N == 2 || N == 4 || N == 8, "kv_load_raw: 2, 4 or 8 elements");
+    if constexpr (N == 2) {
+        w[0] = *(const uint32_t *)p;
+    } else if constexpr (N == 4) {
+        uint2 u = *(const uint2 *)p;
+        w[0] = u.x, w[1] = u.y;
+    } else {
+        uint4 u = *(const uint4 *)p;
+        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    }
+}
+
+template <int N>
+static __device__ __forceinline__ void kv_from_raw(const uint32_t (&w)[N / 2], float *out)
+{
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        __half2 h;
+        memcpy(&h, &w[i], sizeof(h));
+        float2 f = __half22float2(h);
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+}
+
+template <int N>
+static __device__ __forceinline__ void kv_get(const __half *p, float *out)
+{
+    uint32_t w[N / 2];
+    kv_load_raw<N>(p, w);
+    kv_from_raw<N>(w, out);
 }
 
 #endif

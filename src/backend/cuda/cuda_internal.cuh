@@ -297,20 +297,21 @@ struct rope_args {
     float theta, eps;
     const int32_t *pos0; /* device: position of token 0 */
     int32_t T;
-    float *kc, *vc;      /* non-NULL: write normed+roped k and v at pos0+t (fused cache write) */
+    void *kc, *vc;       /* non-NULL: write normed+roped k and v at pos0+t (fused cache write) */
     int32_t kvw;
     const double *inv_freq; /* theta^(-2i/n_rot), i < n_rot/2 (device), or NULL: computed */
     bool pdl;
+    bool kv_f16;         /* the cache's elements are f16 (else f32) */
 };
 cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s);
-cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
+cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int32_t ldk, const float *v,
                             int32_t ldv, int32_t kvw, const int32_t *pos0, int32_t T,
                             cudaStream_t s, bool pdl = false);
 
 struct attn_args {
     float *out;           /* [T][ldo] */
     const float *q;       /* [T][ldq], heads q_stride apart */
-    const float *kc, *vc; /* [n_ctx][kvw] */
+    const void *kc, *vc;  /* [n_ctx][kvw], f32 or f16 (kv_f16, at the end) */
     int32_t ldo, ldq, q_stride, kvw, n_head, n_head_kv, hd;
     const int32_t *pos0;  /* device */
     int32_t T;
@@ -330,6 +331,7 @@ struct attn_args {
     int32_t n_rot;
     float theta, eps;
     const double *inv_freq;
+    bool kv_f16;          /* the cache's elements are f16 (else f32) */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */

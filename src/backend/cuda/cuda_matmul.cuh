@@ -86,7 +86,7 @@ struct gemm_call {
 struct attn_gemm_args {
     float *out;                 /* [T][ldo] */
     const float *q;             /* [T][ldq], head h at h * q_stride */
-    const float *kc, *vc;       /* [n_ctx][kvw] */
+    const void *kc, *vc;        /* [n_ctx][kvw] */
     int32_t ldo, ldq, q_stride, kvw, n_head, n_head_kv, hd;
     int32_t pos0, T;            /* host values */
     bool tf32;                  /* products on tensor cores in TF32 (10-bit mantissa inputs) */
@@ -95,6 +95,8 @@ struct attn_gemm_args {
                                  * written into the cache rows pos0.. by the kernel that rounds
                                  * them (no kv_write launch); NULL: the cache holds them already */
     int32_t ldk, ldv;
+    bool kv_f16;                /* the cache's elements are f16 (attention_flash only: the f32
+                                 * GEMMs refuse it) */
 };
 qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a, cudaStream_t s,
                              struct qwenrt_error *err);

@@ -39,6 +39,7 @@
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
+#include "base/half.h"
 }
 
 enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN, STEP_GDN_GATED,
@@ -75,7 +76,9 @@ struct cuda_session {
     /* state */
     float *state;             /* one allocation: KV, conv, ssm */
     size_t state_bytes;
-    float **kc, **vc, **conv, **ssm; /* [n_layer] device pointers into state, or NULL */
+    void **kc, **vc;          /* [n_layer] device KV caches in state (f32, or f16 with
+                               * opt.kv_f16: kv_elem_bytes), or NULL */
+    float **conv, **ssm;      /* [n_layer] device pointers into state, or NULL */
     double *rope_freq;        /* theta^(-2i/n_rot) of the session's RoPE ops (one theta and
                                * n_rot for all: rope_theta / rope_n_rot), or NULL */
     float rope_theta;
@@ -166,6 +169,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_kb = 0;
     o.gemv_smem_launch = 0; /* the session picks (pick_gemv_smem_shape) */
     o.gemv_mma = false;
+    o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
     return o;
@@ -370,13 +374,19 @@ static qwenrt_status upload(struct cuda_session *cs, struct qwenrt_error *err)
 
 /* ------------------------------------------------------------------ state and buffers */
 
+/* Bytes of one KV cache element: 2 with cuda_options.kv_f16, else 4. */
+static size_t kv_elem_bytes(const struct cuda_session *cs)
+{
+    return cs->opt.kv_f16 ? 2 : 4;
+}
+
 static size_t state_bytes_needed(const struct cuda_session *cs, const bool *has_kv,
                                  const bool *has_ssm)
 {
     size_t n = 0;
     for (int32_t l = 0; l < cs->n_layer; l++) {
         if (has_kv[l])
-            n += 2 * align256((size_t)cs->n_ctx * cs->kv_width * sizeof(float));
+            n += 2 * align256((size_t)cs->n_ctx * cs->kv_width * kv_elem_bytes(cs));
         if (has_ssm[l])
             n += align256((size_t)cs->conv_rows * cs->conv_dim * sizeof(float)) +
                  align256((size_t)cs->ssm_len * sizeof(float));
@@ -458,8 +468,8 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
         if (p->ops[i].kind == OP_GDN_CONV)
             has_ssm[p->ops[i].layer] = true;
     }
-    cs->kc = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
-    cs->vc = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
+    cs->kc = (void **)xcalloc((size_t)cs->n_layer + 1, sizeof(void *));
+    cs->vc = (void **)xcalloc((size_t)cs->n_layer + 1, sizeof(void *));
     cs->conv = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
     cs->ssm = (float **)xcalloc((size_t)cs->n_layer + 1, sizeof(float *));
     if (!cs->kc || !cs->vc || !cs->conv || !cs->ssm)
@@ -475,9 +485,9 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
     uint8_t *q = (uint8_t *)cs->state;
     for (int32_t l = 0; l < cs->n_layer; l++) {
         if (has_kv[l]) {
-            size_t b = align256((size_t)cs->n_ctx * cs->kv_width * sizeof(float));
-            cs->kc[l] = (float *)q, q += b;
-            cs->vc[l] = (float *)q, q += b;
+            size_t b = align256((size_t)cs->n_ctx * cs->kv_width * kv_elem_bytes(cs));
+            cs->kc[l] = q, q += b;
+            cs->vc[l] = q, q += b;
         }
         if (has_ssm[l]) {
             cs->conv[l] = (float *)q, q += align256((size_t)cs->conv_rows * cs->conv_dim * 4);
@@ -632,7 +642,8 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
     struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
                                 a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16,
-                                b[op->in2], b[op->in3], ld_of(r, op->in2), ld_of(r, op->in3)};
+                                b[op->in2], b[op->in3], ld_of(r, op->in2), ld_of(r, op->in3), cs->opt.kv_f16};
+    a.kv_f16 = cs->opt.kv_f16;
     bool fast = T >= 16 && cs->opt.attn_gemm && cs->fast_prefill && cs->opt.attn_flash;
     if (!fast || !attention_flash_applies(&ga)) /* k, v not on 16 bytes: kv_write below */
         ga.kin = ga.vin = NULL;
@@ -640,9 +651,11 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     if (out16 && !flash)
         return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bf16 attention output without the flash kernel");
     if (!ga.kin) /* else the flash kernel's operand pass writes the prompt's cache rows */
-        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], b[op->in2], ld_of(r, op->in2),
-                                   b[op->in3], ld_of(r, op->in3), cs->kv_width, cs->d_pos, T, s, r->pdl));
-    if (T >= 16 && cs->opt.attn_gemm) {
+        CUDA_CHECK(launch_kv_write(cs->kc[op->layer], cs->vc[op->layer], cs->opt.kv_f16, b[op->in2],
+                                   ld_of(r, op->in2), b[op->in3], ld_of(r, op->in3), cs->kv_width, cs->d_pos, T,
+                                   s, r->pdl));
+    /* the f32 GEMMs read an f32 cache only: an f16 one takes the tiled kernel instead */
+    if (T >= 16 && cs->opt.attn_gemm && (flash || !cs->opt.kv_f16)) {
         qwenrt_status st = gemm_ready(cs, err);
         if (st)
             return st;
@@ -1000,6 +1013,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
         ra.inv_freq = rope_table(cs, op);
         ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
+        ra.kv_f16 = cs->opt.kv_f16;
         ra.pdl = r->pdl;
         struct attn_args a;
         memset(&a, 0, sizeof(a));
@@ -1007,7 +1021,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.ldo = bw(p, at->out), a.ldq = bw(p, at->in), a.q_stride = at->q_stride;
         a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
         a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
-        a.pdl = r->pdl;
+        a.pdl = r->pdl, a.kv_f16 = cs->opt.kv_f16;
         a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
         /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
          * the q that the rope op rotates in place */
@@ -1133,12 +1147,17 @@ static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_err
         snprintf(cs->mk_why, sizeof(cs->mk_why), "the graph program is faster (cuda_options.mega auto)");
         return QWENRT_OK;
     }
+    if (cs->opt.kv_f16) {
+        snprintf(cs->mk_why, sizeof(cs->mk_why), "the megakernel reads an f32 KV cache (cuda_options.kv_f16 is on)");
+        return QWENRT_OK;
+    }
     struct mk_inputs in;
     memset(&in, 0, sizeof(in));
     in.p = &cs->plans[PHASE_DECODE];
     in.d = cs->dops[PHASE_DECODE];
     in.bufs = cs->dbufs;
-    in.kc = cs->kc, in.vc = cs->vc, in.conv = cs->conv, in.ssm = cs->ssm;
+    in.kc = (float *const *)cs->kc, in.vc = (float *const *)cs->vc; /* f32 (kv_f16 refused above) */
+    in.conv = cs->conv, in.ssm = cs->ssm;
     in.kv_width = cs->kv_width, in.conv_dim = cs->conv_dim, in.n_sm = cs->n_sm;
     in.threads = cs->opt.mega_threads;
     in.fuse_down = cs->opt.mega_fuse_down;
@@ -2011,24 +2030,49 @@ extern "C" qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwen
     return QWENRT_OK;
 }
 
+/* n floats between a KV cache (f32, or f16 with opt.kv_f16) and host f32, either way; an f16
+ * cache goes through a host buffer, converted to / rounded from f32 on the host. */
+static qwenrt_status kv_copy(struct cuda_session *cs, void *dev, int64_t n, float *host, bool to_host,
+                             struct qwenrt_error *err)
+{
+    if (!cs->opt.kv_f16) {
+        CUDA_CHECK(cudaMemcpyAsync(to_host ? (void *)host : dev, to_host ? (const void *)dev : (const void *)host,
+                                   (size_t)n * sizeof(float), to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                                   cs->stream));
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        return QWENRT_OK;
+    }
+    uint16_t *h = (uint16_t *)xmalloc((size_t)n, sizeof(uint16_t));
+    if (!h)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory for a KV cache copy of %lld values", (long long)n);
+    for (int64_t i = 0; !to_host && i < n; i++)
+        h[i] = f32_to_f16(host[i]);
+    cudaError_t e = cudaMemcpyAsync(to_host ? (void *)h : dev, to_host ? (const void *)dev : (const void *)h,
+                                    (size_t)n * sizeof(uint16_t),
+                                    to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cs->stream);
+    for (int64_t i = 0; e == cudaSuccess && to_host && i < n; i++)
+        host[i] = f16_to_f32(h[i]);
+    xfree(h);
+    CUDA_CHECK(e);
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool v,
                                               int32_t n_pos, float *dst, struct qwenrt_error *err)
 {
     if (layer < 0 || layer >= cs->n_layer || !cs->kc[layer] || n_pos < 0 || n_pos > cs->n_ctx)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: layer %d has no KV cache of %d rows",
                        layer, n_pos);
-    CUDA_CHECK(cudaMemcpyAsync(dst, v ? cs->vc[layer] : cs->kc[layer],
-                               (size_t)n_pos * cs->kv_width * sizeof(float),
-                               cudaMemcpyDeviceToHost, cs->stream));
-    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
-    return QWENRT_OK;
+    return kv_copy(cs, v ? cs->vc[layer] : cs->kc[layer], (int64_t)n_pos * cs->kv_width, dst, true, err);
 }
 
 extern "C" qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t layer,
                                               enum cuda_state_part part, int64_t n_floats,
                                               float *host, bool to_host, struct qwenrt_error *err)
 {
-    float *dev = NULL;
+    void *dev = NULL;
     int64_t cap = 0;
     if (layer >= 0 && layer < cs->n_layer) {
         switch (part) {
@@ -2043,6 +2087,8 @@ extern "C" qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t 
                        layer, (int)part, (long long)n_floats);
     if (n_floats == 0)
         return QWENRT_OK;
+    if (part == CUDA_STATE_K || part == CUDA_STATE_V)
+        return kv_copy(cs, dev, n_floats, host, to_host, err);
     size_t bytes = (size_t)n_floats * sizeof(float);
     CUDA_CHECK(cudaMemcpyAsync(to_host ? (void *)host : (void *)dev, to_host ? (const void *)dev : (const void *)host,
                                bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs->stream));

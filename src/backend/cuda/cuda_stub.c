@@ -25,7 +25,7 @@ struct cuda_options cuda_default_options(void)
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
                              .gdn_split = true, .mlp_fused = false, .gemv_smem = true,
-                             .gemv_smem_warps = 0, .gemv_smem_kb = 0, .gemv_smem_launch = 0, .gemv_mma = false,
+                             .gemv_smem_warps = 0, .gemv_smem_kb = 0, .gemv_smem_launch = 0, .gemv_mma = false, .kv_f16 = false,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }

@@ -222,6 +222,7 @@ cudaError_t launch_sigmoid_gate(float *o, int32_t ldo, const float *g, int32_t l
 #define ROPE_HPB 4 /* heads (warps) per block at most: prompts; decode uses one per block
                     * (more blocks in flight: 4 per block cost ~1 us per layer there) */
 
+template <typename KV>
 __global__ void __launch_bounds__(32 * ROPE_HPB) qk_norm_rope_kernel(const __grid_constant__ struct rope_args a)
 {
     griddep_launch();
@@ -269,8 +270,8 @@ __global__ void __launch_bounds__(32 * ROPE_HPB) qk_norm_rope_kernel(const __gri
         x[d] = y;
         if (!is_q && a.kc) {
             int64_t off = (int64_t)pos * a.kvw + (int64_t)h * hd + d;
-            a.kc[off] = y;
-            a.vc[off] = a.v[(int64_t)t * a.ldv + (int64_t)h * hd + d];
+            kv_put((KV *)a.kc + off, y);
+            kv_put((KV *)a.vc + off, a.v[(int64_t)t * a.ldv + (int64_t)h * hd + d]);
         }
     }
 }
@@ -280,11 +281,12 @@ cudaError_t launch_qk_norm_rope(const struct rope_args *a, cudaStream_t s)
     if (a->hd > 256 || a->n_rot > 256 || a->n_rot > a->hd)
         return cudaErrorInvalidValue;
     int heads = a->n_head + a->n_head_kv, hpb = a->T >= 16 ? ROPE_HPB : 1;
-    return launch_k(a->pdl, qk_norm_rope_kernel, dim3((heads + hpb - 1) / hpb, a->T),
-                    dim3(32 * hpb), 0, s, *a);
+    return launch_k(a->pdl, a->kv_f16 ? qk_norm_rope_kernel<__half> : qk_norm_rope_kernel<float>,
+                    dim3((heads + hpb - 1) / hpb, a->T), dim3(32 * hpb), 0, s, *a);
 }
 
-__global__ void kv_write_kernel(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
+template <typename KV>
+__global__ void kv_write_kernel(KV *kc, KV *vc, const float *k, int32_t ldk, const float *v,
                                 int32_t ldv, int32_t kvw, const int32_t *pos0)
 {
     griddep_launch();
@@ -292,17 +294,20 @@ __global__ void kv_write_kernel(float *kc, float *vc, const float *k, int32_t ld
     int t = blockIdx.x;
     int64_t row = (int64_t)(*pos0 + t) * kvw;
     for (int i = threadIdx.x; i < kvw; i += blockDim.x) {
-        kc[row + i] = k[(int64_t)t * ldk + i];
-        vc[row + i] = v[(int64_t)t * ldv + i];
+        kv_put(kc + row + i, k[(int64_t)t * ldk + i]);
+        kv_put(vc + row + i, v[(int64_t)t * ldv + i]);
     }
 }
 
-cudaError_t launch_kv_write(float *kc, float *vc, const float *k, int32_t ldk, const float *v,
+cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int32_t ldk, const float *v,
                             int32_t ldv, int32_t kvw, const int32_t *pos0, int32_t T,
                             cudaStream_t s, bool pdl)
 {
-    return launch_k(pdl, kv_write_kernel, dim3(T), dim3(256), 0, s, kc, vc, k, ldk, v, ldv, kvw,
-                    pos0);
+    if (kv_f16)
+        return launch_k(pdl, kv_write_kernel<__half>, dim3(T), dim3(256), 0, s, (__half *)kc, (__half *)vc, k, ldk,
+                        v, ldv, kvw, pos0);
+    return launch_k(pdl, kv_write_kernel<float>, dim3(T), dim3(256), 0, s, (float *)kc, (float *)vc, k, ldk, v,
+                    ldv, kvw, pos0);
 }
 
 /* ---- attention: one block of ATT_WARPS warps per (query head, token, split) ----
@@ -374,9 +379,10 @@ __device__ void attention_merge(const struct attn_args &a, const float *part, in
  * does (the same sums in the same order: bit-identical), into shared memory; the block whose
  * split holds the current position reads that position's K and V from there, and the group's
  * first head writes them to the cache. Saves the rope launch per layer. */
-template <int EPL>
+template <int EPL, typename KV>
 __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
-                                        float *r_q, float *r_k, float *r_v, float *r_cs, float *r_sn)
+                                        float *r_q, float *r_k, float *r_v, KV *r_k16, KV *r_v16, float *r_cs,
+                                        float *r_sn)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
     /* warp 0: q, 1: k (both normalised), 2: v. Every load of the warp (its row and its norm
@@ -426,12 +432,19 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
         for (int j = 0; j < EPL; j++)
             x[lane + 32 * j] = y[j];
     }
+    if (sizeof(KV) == 2 && warp >= 1 && warp < 3) { /* the current row as the cache holds it */
+        const float *x = warp == 1 ? r_k : r_v;
+        KV *xh = warp == 1 ? r_k16 : r_v16;
+#pragma unroll
+        for (int j = 0; j < EPL; j++)
+            kv_put(xh + lane + 32 * j, x[lane + 32 * j]);
+    }
     __syncthreads();
     if (has_pos && h % (a.n_head / a.n_head_kv) == 0) /* the session's cache: writable */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             int64_t off = (int64_t)pos * a.kvw + (int64_t)kvh * hd + d;
-            ((float *)a.kc)[off] = r_k[d];
-            ((float *)a.vc)[off] = r_v[d];
+            kv_put((KV *)a.kc + off, r_k[d]);
+            kv_put((KV *)a.vc + off, r_v[d]);
         }
 }
 
@@ -443,39 +456,43 @@ enum { ATT_ROWS_ALL, ATT_ROWS_CACHED, ATT_ROWS_CURRENT };
  * last: a valid row, masked by the caller), the lane's EPL floats of each, as 16-byte words
  * (8-byte below: Qwen3.5 +0.7%, perf-log session 10). With ROPE the current position pos is
  * not in the cache yet: its rows come from the prologue's r_k / r_v in shared memory. */
-template <int EPL, bool ROPE>
-__device__ __forceinline__ void attention_load_round(const float *kbase, const float *vbase, int64_t kvw,
-                                                     int p0, int last, int pos, const float *rk,
-                                                     const float *rv, int rows, float (&kv)[ATT_U][EPL],
+template <int EPL, bool ROPE, typename KV>
+__device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *vbase, int64_t kvw,
+                                                     int p0, int last, int pos, const KV *rk,
+                                                     const KV *rv, int rows, float (&kv)[ATT_U][EPL],
                                                      float (&vv)[ATT_U][EPL])
 {
     int lane = threadIdx.x & 31;
+    constexpr int W = sizeof(KV) == 2 ? EPL / 2 : 1; /* an f16 row's raw words per lane */
+    uint32_t rawk[ATT_U][W], rawv[ATT_U][W];
+    bool got[ATT_U];
 #pragma unroll
     for (int u = 0; u < ATT_U; u++) {
         int p = p0 + u * ATT_WARPS, pc = p <= last ? p : last;
         bool current = ROPE && pc == pos;
-        if ((rows == ATT_ROWS_CACHED && current) || (rows == ATT_ROWS_CURRENT && !current))
+        got[u] = !((rows == ATT_ROWS_CACHED && current) || (rows == ATT_ROWS_CURRENT && !current));
+        if (!got[u])
             continue;
-        const float *kp = current ? rk + lane * EPL : kbase + (int64_t)pc * kvw;
-        const float *vp = current ? rv + lane * EPL : vbase + (int64_t)pc * kvw;
-        if (EPL % 4 == 0) {
-#pragma unroll
-            for (int e = 0; e < EPL; e += 4) {
-                float4 k4 = *(const float4 *)(kp + e), v4 = *(const float4 *)(vp + e);
-                kv[u][e] = k4.x, kv[u][e + 1] = k4.y, kv[u][e + 2] = k4.z, kv[u][e + 3] = k4.w;
-                vv[u][e] = v4.x, vv[u][e + 1] = v4.y, vv[u][e + 2] = v4.z, vv[u][e + 3] = v4.w;
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < EPL; e += 2) {
-                float2 k2 = *(const float2 *)(kp + e), v2 = *(const float2 *)(vp + e);
-                kv[u][e] = k2.x, kv[u][e + 1] = k2.y, vv[u][e] = v2.x, vv[u][e + 1] = v2.y;
-            }
+        const KV *kp = current ? rk + lane * EPL : kbase + (int64_t)pc * kvw;
+        const KV *vp = current ? rv + lane * EPL : vbase + (int64_t)pc * kvw;
+        if constexpr (sizeof(KV) == 4) {
+            kv_get<EPL>((const float *)kp, kv[u]);
+            kv_get<EPL>((const float *)vp, vv[u]);
+        } else { /* converted below, once every row's load is issued */
+            kv_load_raw<EPL>((const __half *)kp, rawk[u]);
+            kv_load_raw<EPL>((const __half *)vp, rawv[u]);
         }
     }
+    if constexpr (sizeof(KV) == 2)
+#pragma unroll
+        for (int u = 0; u < ATT_U; u++)
+            if (got[u]) {
+                kv_from_raw<EPL>(rawk[u], kv[u]);
+                kv_from_raw<EPL>(rawv[u], vv[u]);
+            }
 }
 
-template <int EPL, bool ROPE>
+template <int EPL, bool ROPE, typename KV>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     griddep_launch();
@@ -485,6 +502,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     __shared__ bool s_last;
     __shared__ __align__(16) float r_q[ROPE ? 32 * EPL : 4], r_k[ROPE ? 32 * EPL : 4], r_v[ROPE ? 32 * EPL : 4];
     __shared__ float r_cs[ROPE ? 16 * EPL : 1], r_sn[ROPE ? 16 * EPL : 1];
+    /* the current row in the cache's type (an f16 cache: rounded copies; f32: r_k, r_v) */
+    __shared__ __align__(16) KV r_k16[ROPE && sizeof(KV) == 2 ? 32 * EPL : 8], r_v16[ROPE && sizeof(KV) == 2 ? 32 * EPL : 8];
+    const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
     /* splits in use: at least ATT_SPLIT_MIN positions each, at most gridDim.z */
@@ -493,14 +513,14 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         return; /* a short context: this split has no positions and takes no part */
     int chunk = (last + S) / S, lo = blockIdx.z * chunk;
     last = min(last, lo + chunk - 1); /* this split's positions lo..last */
-    const float *kbase = a.kc + (int64_t)kvh * hd + lane * EPL;
-    const float *vbase = a.vc + (int64_t)kvh * hd + lane * EPL;
+    const KV *kbase = (const KV *)a.kc + (int64_t)kvh * hd + lane * EPL;
+    const KV *vbase = (const KV *)a.vc + (int64_t)kvh * hd + lane * EPL;
     /* the first round's cached rows load before the prologue: their addresses do not depend
      * on it, so their L2 round trip overlaps the prologue's */
     float kv[ATT_U][EPL], vv[ATT_U][EPL], dot[ATT_U];
-    attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, r_k, r_v, ATT_ROWS_CACHED, kv, vv);
+    attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, kv, vv);
     if (ROPE)
-        attention_rope_prologue<EPL>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_cs, r_sn);
+        attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
     float q[EPL], acc[EPL];
     float scale = rsqrtf((float)hd);
@@ -511,7 +531,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     }
     float m = -INFINITY, l = 0.0f;
     for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * ATT_U) {
-        attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, p0, last, pos, r_k, r_v,
+        attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, p0, last, pos, cur_k, cur_v,
                                         p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, kv, vv);
 #pragma unroll
         for (int u = 0; u < ATT_U; u++) {
@@ -619,7 +639,7 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
-template <int EPL>
+template <int EPL, typename KV>
 __global__ void __launch_bounds__(32 * ATT_TW)
     attention_tiled_kernel(const __grid_constant__ struct attn_args a)
 {
@@ -653,8 +673,11 @@ __global__ void __launch_bounds__(32 * ATT_TW)
         for (int i = threadIdx.x; i < nrow * (HD / 4); i += blockDim.x) {
             int r = i / (HD / 4), c = (i % (HD / 4)) * 4;
             int64_t off = (int64_t)(kt + r) * a.kvw + (int64_t)kvh * HD + c;
-            *(float4 *)(ks + r * HD + c) = *(const float4 *)(a.kc + off);
-            *(float4 *)(vs + r * HD + c) = *(const float4 *)(a.vc + off);
+            float4 k4, v4;
+            kv_get<4>((const KV *)a.kc + off, &k4.x);
+            kv_get<4>((const KV *)a.vc + off, &v4.x);
+            *(float4 *)(ks + r * HD + c) = k4;
+            *(float4 *)(vs + r * HD + c) = v4;
         }
         __syncthreads();
         if (kt > last_warp || tw >= a.T)
@@ -730,6 +753,7 @@ __global__ void __launch_bounds__(32 * ATT_TW)
     }
 }
 
+template <typename KV>
 static cudaError_t launch_attention_tiled(const struct attn_args *a, cudaStream_t s)
 {
     dim3 grid(a->n_head, (a->T + ATT_TW * ATT_QPW - 1) / (ATT_TW * ATT_QPW)), block(32 * ATT_TW);
@@ -737,15 +761,15 @@ static cudaError_t launch_attention_tiled(const struct attn_args *a, cudaStream_
     cudaError_t e;
     switch (a->hd) {
     case 64:
-        return launch_k(a->pdl, attention_tiled_kernel<2>, grid, block, smem, s, *a);
+        return launch_k(a->pdl, attention_tiled_kernel<2, KV>, grid, block, smem, s, *a);
     case 128:
-        return launch_k(a->pdl, attention_tiled_kernel<4>, grid, block, smem, s, *a);
+        return launch_k(a->pdl, attention_tiled_kernel<4, KV>, grid, block, smem, s, *a);
     case 256:
-        e = cudaFuncSetAttribute(attention_tiled_kernel<8>,
+        e = cudaFuncSetAttribute(attention_tiled_kernel<8, KV>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
-        return launch_k(a->pdl, attention_tiled_kernel<8>, grid, block, smem, s, *a);
+        return launch_k(a->pdl, attention_tiled_kernel<8, KV>, grid, block, smem, s, *a);
     default:
         return cudaErrorInvalidValue;
     }
@@ -753,28 +777,34 @@ static cudaError_t launch_attention_tiled(const struct attn_args *a, cudaStream_
 
 bool attention_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 
-cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
+template <typename KV>
+static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s)
 {
     if (a->T > 1 && a->tiled)
-        return launch_attention_tiled(a, s);
+        return launch_attention_tiled<KV>(a, s);
     int splits = a->T == 1 && a->splits > 1 && a->part && a->count ? a->splits : 1;
     dim3 grid(a->n_head, a->T, splits), block(32 * ATT_WARPS);
     if (a->rope) {
         if (a->T != 1 || a->n_rot > a->hd)
             return cudaErrorInvalidValue;
         switch (a->hd) {
-        case 64: return launch_k(a->pdl, attention_kernel<2, true>, grid, block, 0, s, *a);
-        case 128: return launch_k(a->pdl, attention_kernel<4, true>, grid, block, 0, s, *a);
-        case 256: return launch_k(a->pdl, attention_kernel<8, true>, grid, block, 0, s, *a);
+        case 64: return launch_k(a->pdl, attention_kernel<2, true, KV>, grid, block, 0, s, *a);
+        case 128: return launch_k(a->pdl, attention_kernel<4, true, KV>, grid, block, 0, s, *a);
+        case 256: return launch_k(a->pdl, attention_kernel<8, true, KV>, grid, block, 0, s, *a);
         default: return cudaErrorInvalidValue;
         }
     }
     switch (a->hd) {
-    case 64: return launch_k(a->pdl, attention_kernel<2, false>, grid, block, 0, s, *a);
-    case 128: return launch_k(a->pdl, attention_kernel<4, false>, grid, block, 0, s, *a);
-    case 256: return launch_k(a->pdl, attention_kernel<8, false>, grid, block, 0, s, *a);
+    case 64: return launch_k(a->pdl, attention_kernel<2, false, KV>, grid, block, 0, s, *a);
+    case 128: return launch_k(a->pdl, attention_kernel<4, false, KV>, grid, block, 0, s, *a);
+    case 256: return launch_k(a->pdl, attention_kernel<8, false, KV>, grid, block, 0, s, *a);
     default: return cudaErrorInvalidValue;
     }
+}
+
+cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
+{
+    return a->kv_f16 ? launch_attention_kv<__half>(a, s) : launch_attention_kv<float>(a, s);
 }
 
 /* ---- Gated DeltaNet causal conv: one thread per channel, tokens in order ----
