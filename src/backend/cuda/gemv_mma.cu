@@ -166,14 +166,8 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_mma_kernel(co
                 cp_async16(rows + p * pstride + (uint32_t)((tile * 8 + i) * wstride + (k0 / 8 + c) * 16),
                            src[p] + k0 / 8 + c);
     }
-    cp_async_commit();
-    if (launch_early)
-        griddep_launch();
     float4 g0[GEMV_NW];
-    gemv_load_norm_w(a, g0); /* constant: before the wait */
-    griddep_wait();
-    if (!launch_early)
-        griddep_launch();
+    gs_commit_and_wait(a, launch_early, g0);
     if (st)
         st[1] = globaltimer_ns();
     /* the lane that stores row row0 + lane (part 0, lanes 0-7) */

@@ -154,14 +154,8 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
         for (int p = 0; p < P; p++)
             for (int ch = q; ch < nchunk; ch += L)
                 cp_async16(wrow + (uint32_t)(p * wstride + ch * 16), rp[p] + ch);
-    cp_async_commit();
-    if (launch_early)
-        griddep_launch();
     float4 g0[GEMV_NW];
-    gemv_load_norm_w(a, g0); /* constant: before the wait */
-    griddep_wait();
-    if (!launch_early)
-        griddep_launch();
+    gs_commit_and_wait(a, launch_early, g0);
     if (st)
         st[1] = globaltimer_ns();
     float yold = a.mode == GEMV_ACCUM && q == 0 && ok ? *yp : 0.0f;

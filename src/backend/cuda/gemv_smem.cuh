@@ -8,6 +8,7 @@
 #define QWENRT_BACKEND_CUDA_GEMV_SMEM_CUH
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_stage.cuh"
 
 #define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
 
@@ -36,6 +37,21 @@ static cudaError_t gs_raise_smem_limit(K kernel, const struct gs_shape &sh)
     if (e == cudaSuccess && (size_t)fa.maxDynamicSharedSizeBytes < sh.cap)
         e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh.cap);
     return e;
+}
+
+/* The middle of both kernels, once a block's row copies are issued: close them as one group,
+ * let the next launch start (before the wait, or after it: gs_shape.launch_early), load the
+ * first norm weights (constant: before the wait), wait for the input. */
+__device__ __forceinline__ void gs_commit_and_wait(const struct gemv_args &a, bool launch_early,
+                                                   float4 (&g0)[GEMV_NW])
+{
+    cp_async_commit();
+    if (launch_early)
+        griddep_launch();
+    gemv_load_norm_w(a, g0);
+    griddep_wait();
+    if (!launch_early)
+        griddep_launch();
 }
 
 /* gemv_mma.cu: the launch of a shape gemv_smem_shape made with sh.mma (BF16 weights). */
