@@ -610,9 +610,10 @@ static void check_fixture(const char *dir, int mode)
 
     struct qwenrt_model *m = NULL;
     struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = mode == 0 || mode == 4 || mode == 5 ? "cuda" : "cpu";
-    /* mode 5: exact products, the KV cache in f16 (QWENRT_CUDA_KV=f16) */
-    bool fast = (mode == 4 && fast_fixture_tol(dir) > 0) || mode == 5;
+    mp.backend = mode == 0 || mode >= 4 ? "cuda" : "cpu";
+    /* mode 5: exact products, the KV cache in f16 (QWENRT_CUDA_KV=f16); 6: the default
+     * precision with it (16-bit fixtures) */
+    bool fast = ((mode == 4 || mode == 6) && fast_fixture_tol(dir) > 0) || mode == 5;
     double tol = mode == 5 ? KV16_LOGITS_REL_TOL : fast ? fast_fixture_tol(dir) : LOGITS_REL_TOL;
     if (qwenrt_model_load(dir, &mp, &m, &err) != QWENRT_OK)
         fail_msg("load %s: %s", dir, err.message);
@@ -620,10 +621,10 @@ static void check_fixture(const char *dir, int mode)
     struct qwenrt_session *s = NULL;
     struct cuda_session *cs = NULL;
     struct dump_check cap = {.ref = ref_tensor(&ref, "hidden_states"), .T = T, .H = m->hp.n_embd};
-    if (mode == 0 || mode == 4 || mode == 5) {
+    if (mode == 0 || mode >= 4) {
         struct qwenrt_session_params sp = qwenrt_session_default_params();
-        sp.precision = mode == 4 ? QWENRT_PRECISION_DEFAULT : QWENRT_PRECISION_EXACT;
-        if (mode == 5)
+        sp.precision = mode == 4 || mode == 6 ? QWENRT_PRECISION_DEFAULT : QWENRT_PRECISION_EXACT;
+        if (mode >= 5)
             setenv("QWENRT_CUDA_KV", "f16", 1);
         qwenrt_status st = qwenrt_session_init(m, &sp, &s, &err);
         unsetenv("QWENRT_CUDA_KV");
@@ -747,12 +748,15 @@ static void test_fixtures_default_precision(void **st)
 }
 
 /* The KV cache in f16 through the API (QWENRT_CUDA_KV=f16): every fixture against the
- * reference within 1e-3, and a value the variable does not take refused by name. */
+ * reference within 1e-3 with exact products, the 16-bit ones within the default precision's
+ * tolerance with its fast products, and a value the variable does not take refused by name. */
 static void test_fixtures_kv_f16(void **st)
 {
     (void)st;
     for (int i = 0; i < 4; i++)
         check_fixture(fixtures[i], 5);
+    check_fixture(fixtures[1], 6); /* the 16-bit fixtures in the default precision as well */
+    check_fixture(fixtures[3], 6);
     struct qwenrt_error err = {0};
     struct qwenrt_model *m = NULL;
     struct qwenrt_model_params mp = qwenrt_model_default_params();

@@ -452,44 +452,68 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
  * memory), the cached ones only, or the current position's only. */
 enum { ATT_ROWS_ALL, ATT_ROWS_CACHED, ATT_ROWS_CURRENT };
 
-/* One round of a warp's K and V rows: positions p0 + u * ATT_WARPS (u < ATT_U, clamped to
- * last: a valid row, masked by the caller), the lane's EPL floats of each, as 16-byte words
- * (8-byte below: Qwen3.5 +0.7%, perf-log session 10). With ROPE the current position pos is
- * not in the cache yet: its rows come from the prologue's r_k / r_v in shared memory. */
-template <int EPL, bool ROPE, typename KV>
+/* A lane's K and V elements of a round's U rows: f32 as loaded, or an f16 cache's raw words,
+ * each converted where it is used (half the registers of floats, and every row's load issued
+ * before the first conversion: a conversion right after its load made the next row's load wait,
+ * perf-log session 15). */
+template <typename KV, int U, int EPL>
+struct att_rows {
+    float k[U][EPL], v[U][EPL];
+    __device__ __forceinline__ void load(int u, const float *kp, const float *vp)
+    {
+        kv_get<EPL>(kp, k[u]);
+        kv_get<EPL>(vp, v[u]);
+    }
+    __device__ __forceinline__ float K(int u, int e) const { return k[u][e]; }
+    __device__ __forceinline__ float V(int u, int e) const { return v[u][e]; }
+};
+
+template <int U, int EPL>
+struct att_rows<__half, U, EPL> {
+    uint32_t k[U][EPL / 2], v[U][EPL / 2];
+    __device__ __forceinline__ void load(int u, const __half *kp, const __half *vp)
+    {
+        kv_load_raw<EPL>(kp, k[u]);
+        kv_load_raw<EPL>(vp, v[u]);
+    }
+    static __device__ __forceinline__ float half_of(uint32_t w, int e)
+    {
+        return __half2float(__ushort_as_half((unsigned short)(e & 1 ? w >> 16 : w & 0xffffu)));
+    }
+    __device__ __forceinline__ float K(int u, int e) const { return half_of(k[u][e / 2], e); }
+    __device__ __forceinline__ float V(int u, int e) const { return half_of(v[u][e / 2], e); }
+};
+
+/* Rows per warp in flight per round: ATT_U for an f32 cache, ATT_U16 for f16 (its rows take
+ * half the registers). H200, Qwen3-0.6B BF16 with the f16 cache, 4 / 8 rows: depth 0 1,439 /
+ * 1,546 tok/s, depth 4,096 990 / 936, depth 16,000 568 / 577 (f32 cache: 1,533, 868, 485);
+ * Qwen3.5-0.8B level (perf-log session 15). ATT_U = 8 for f32 lost at depth. */
+#ifndef ATT_U16
+#define ATT_U16 8
+#endif
+template <typename KV>
+__host__ __device__ constexpr int att_u() { return sizeof(KV) == 2 ? ATT_U16 : ATT_U; }
+
+/* One round of a warp's K and V rows: positions p0 + u * ATT_WARPS (u < U, clamped to last: a
+ * valid row, masked by the caller), the lane's EPL elements of each, as 16-byte words (8-byte
+ * below: Qwen3.5 +0.7%, perf-log session 10). With ROPE the current position pos is not in the
+ * cache yet: its rows come from the prologue's copy in shared memory (in the cache's type). */
+template <int EPL, bool ROPE, typename KV, int U>
 __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *vbase, int64_t kvw,
                                                      int p0, int last, int pos, const KV *rk,
-                                                     const KV *rv, int rows, float (&kv)[ATT_U][EPL],
-                                                     float (&vv)[ATT_U][EPL])
+                                                     const KV *rv, int rows, att_rows<KV, U, EPL> &r)
 {
     int lane = threadIdx.x & 31;
-    constexpr int W = sizeof(KV) == 2 ? EPL / 2 : 1; /* an f16 row's raw words per lane */
-    uint32_t rawk[ATT_U][W], rawv[ATT_U][W];
-    bool got[ATT_U];
 #pragma unroll
-    for (int u = 0; u < ATT_U; u++) {
+    for (int u = 0; u < U; u++) {
         int p = p0 + u * ATT_WARPS, pc = p <= last ? p : last;
         bool current = ROPE && pc == pos;
-        got[u] = !((rows == ATT_ROWS_CACHED && current) || (rows == ATT_ROWS_CURRENT && !current));
-        if (!got[u])
+        if ((rows == ATT_ROWS_CACHED && current) || (rows == ATT_ROWS_CURRENT && !current))
             continue;
-        const KV *kp = current ? rk + lane * EPL : kbase + (int64_t)pc * kvw;
-        const KV *vp = current ? rv + lane * EPL : vbase + (int64_t)pc * kvw;
-        if constexpr (sizeof(KV) == 4) {
-            kv_get<EPL>((const float *)kp, kv[u]);
-            kv_get<EPL>((const float *)vp, vv[u]);
-        } else { /* converted below, once every row's load is issued */
-            kv_load_raw<EPL>((const __half *)kp, rawk[u]);
-            kv_load_raw<EPL>((const __half *)vp, rawv[u]);
-        }
+        /* one load through either address */
+        r.load(u, current ? rk + lane * EPL : kbase + (int64_t)pc * kvw,
+               current ? rv + lane * EPL : vbase + (int64_t)pc * kvw);
     }
-    if constexpr (sizeof(KV) == 2)
-#pragma unroll
-        for (int u = 0; u < ATT_U; u++)
-            if (got[u]) {
-                kv_from_raw<EPL>(rawk[u], kv[u]);
-                kv_from_raw<EPL>(rawv[u], vv[u]);
-            }
 }
 
 template <int EPL, bool ROPE, typename KV>
@@ -517,8 +541,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     const KV *vbase = (const KV *)a.vc + (int64_t)kvh * hd + lane * EPL;
     /* the first round's cached rows load before the prologue: their addresses do not depend
      * on it, so their L2 round trip overlaps the prologue's */
-    float kv[ATT_U][EPL], vv[ATT_U][EPL], dot[ATT_U];
-    attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, kv, vv);
+    constexpr int U = att_u<KV>();
+    att_rows<KV, U, EPL> rw;
+    float dot[U];
+    attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
     if (ROPE)
         attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
@@ -530,29 +556,29 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * ATT_U) {
+    for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * U) {
         attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, p0, last, pos, cur_k, cur_v,
-                                        p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, kv, vv);
+                                        p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, rw);
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
+        for (int u = 0; u < U; u++) {
             float d = 0.0f;
 #pragma unroll
             for (int e = 0; e < EPL; e++)
-                d += q[e] * kv[u][e];
+                d += q[e] * rw.K(u, e);
             dot[u] = d;
         }
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++)
+        for (int u = 0; u < U; u++)
             dot[u] = warp_sum(dot[u]);
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
+        for (int u = 0; u < U; u++) {
             if (p0 + u * ATT_WARPS > last)
                 break;
             float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
             l = l * corr + pw;
 #pragma unroll
             for (int e = 0; e < EPL; e++)
-                acc[e] = acc[e] * corr + pw * vv[u][e];
+                acc[e] = acc[e] * corr + pw * rw.V(u, e);
             m = m_new;
         }
     }
