@@ -86,6 +86,14 @@ int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
             return -1;
         }
         o->precision = strcmp(v, "exact") ? QWENRT_PRECISION_DEFAULT : QWENRT_PRECISION_EXACT;
+    } else if (!strcmp(a, "--kv-type")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "f32") && strcmp(v, "f16")) {
+            fprintf(stderr, "qwenrt: --kv-type must be f32 or f16, got '%s'\n", v);
+            return -1;
+        }
+        o->kv_type = strcmp(v, "f16") ? QWENRT_KV_F32 : QWENRT_KV_F16;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
             return -1;
@@ -166,6 +174,7 @@ struct qwenrt_session *cli_new_session(struct qwenrt_model *m, const struct cli_
     p.n_threads = o->threads;
     p.n_ctx = o->ctx;
     p.precision = o->precision;
+    p.kv_type = o->kv_type;
     struct qwenrt_session *s = NULL;
     struct qwenrt_error err = {0};
     if (qwenrt_session_init(m, &p, &s, &err) != QWENRT_OK) {

@@ -22,7 +22,7 @@ static int usage(void)
             "                    [--parallel N] [--ctx-size N] [--cache-mb N] [--queue N]\n"
             "                    [--max-tokens N] [--max-prompt N] [--max-body-kb N]\n"
             "                    [--timeout S] [--top-k K] [--alias NAME] [--threads N]\n"
-            "                    [--backend cpu|cuda] [--precision default|exact]\n"
+            "                    [--backend cpu|cuda] [--precision default|exact] [--kv-type f32|f16]\n"
             "                    [--no-log]\n"
             "  --host ADDR      address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N         port (default 8080; 0 = any free port, printed at start)\n"
@@ -38,6 +38,7 @@ static int usage(void)
             "  --top-k K        top_k of requests that set none (default 40; 0 = off)\n"
             "  --alias NAME     model name in /v1/models (default: the model file's name)\n"
             "  --precision P    GPU prompt products: default (bf16, as llama.cpp) or exact (f32)\n"
+            "  --kv-type T      the KV cache: f32 (default) or f16 (GPU: half the memory)\n"
             "  --no-log         no request log lines on stderr\n");
     return 2;
 }
@@ -151,6 +152,7 @@ int cmd_serve(int argc, char **argv)
         p.n_ctx = mo.ctx;
     p.n_threads = mo.threads;
     p.precision = mo.precision;
+    p.kv_type = mo.kv_type;
     if (!p.model_id) {
         default_id(mo.model, id, sizeof(id));
         p.model_id = id;

@@ -71,7 +71,7 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
 }
 
 /* The CUDA backend keeps the whole sequence state on the device (backend/cuda). */
-static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision,
+static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int32_t kv_type,
                                struct qwenrt_error *err)
 {
     const struct model_hparams *hp = &s->model->hp;
@@ -91,11 +91,11 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision,
         opt.mega = CUDA_MEGA_OFF;
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
-    /* QWENRT_CUDA_KV=f16|f32: the KV cache's element type (default f32) */
+    /* the KV cache's element type: the session's, or QWENRT_CUDA_KV=f16|f32 for A/B runs */
     const char *kv = getenv("QWENRT_CUDA_KV");
     if (kv && strcmp(kv, "f16") && strcmp(kv, "f32"))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "QWENRT_CUDA_KV=%.32s: expected f16 or f32", kv);
-    opt.kv_f16 = kv && !strcmp(kv, "f16");
+    opt.kv_f16 = kv ? !strcmp(kv, "f16") : kv_type == QWENRT_KV_F16;
     opt.prefill_bf16 = precision != QWENRT_PRECISION_EXACT;
     return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
 }
@@ -118,6 +118,13 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
     if (params->precision != QWENRT_PRECISION_DEFAULT && params->precision != QWENRT_PRECISION_EXACT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "session_init: unknown precision %d",
                        (int)params->precision);
+    if (params->kv_type != QWENRT_KV_F32 && params->kv_type != QWENRT_KV_F16)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "session_init: unknown KV cache type %d",
+                       (int)params->kv_type);
+    bool cuda = strcmp(model->backend, "cuda") == 0;
+    if (params->kv_type == QWENRT_KV_F16 && !cuda)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED,
+                       "session_init: a KV cache in f16 is the CUDA backend's (the CPU's is f32)");
     struct qwenrt_session *s = xcalloc(1, sizeof(*s));
     if (!s)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory for a session");
@@ -126,8 +133,7 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
     int nt = params->n_threads > 0 ? params->n_threads : model->n_threads;
     s->n_threads = nt > 0 ? (nt > 256 ? 256 : nt) : omp_get_num_procs();
     s->cpu_features = cpu_features_detect();
-    qwenrt_status st = strcmp(model->backend, "cuda") == 0 ? init_cuda(s, params->precision, err)
-                                                           : alloc_state(s, err);
+    qwenrt_status st = cuda ? init_cuda(s, params->precision, params->kv_type, err) : alloc_state(s, err);
     for (int ph = 0; ph < 2 && !st; ph++) {
         s->fns[ph] = xcalloc((size_t)model->plans[ph].n_ops, sizeof(cpu_op_fn));
         st = s->fns[ph] ? cpu_bind_plan(&model->plans[ph], s->cpu_features, s->fns[ph], err)

@@ -752,7 +752,8 @@ qwenrt_status server_start(struct qwenrt_model *model, const struct server_param
                               .n_threads = p->n_threads,
                               .queue_max = p->queue_max,
                               .cache_bytes = p->cache_bytes,
-                              .precision = p->precision};
+                              .precision = p->precision,
+                              .kv_type = p->kv_type};
     if ((st = sched_init(model, s->tok, &sp, &s->metrics, &s->sched, err)))
         goto out_free;
     if ((st = start_daemon(s, err)))

@@ -793,6 +793,7 @@ qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = p->n_ctx;
     sp.precision = p->precision;
+    sp.kv_type = p->kv_type;
     sp.n_threads = p->n_threads;
     for (int i = 0; i < p->n_parallel; i++) {
         if ((st = qwenrt_session_init(model, &sp, &s->slots[i].sess, err)))

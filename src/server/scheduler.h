@@ -106,6 +106,7 @@ struct sched_params {
     int queue_max;      /* jobs waiting for a slot before sched_submit refuses */
     size_t cache_bytes; /* prompt cache budget, 0 = off */
     int32_t precision;  /* enum qwenrt_precision of the slots' sessions */
+    int32_t kv_type;    /* enum qwenrt_kv_type of the slots' sessions */
 };
 
 struct sched;

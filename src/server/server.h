@@ -28,6 +28,7 @@ struct server_params {
     int32_t n_ctx;        /* context per slot */
     int n_threads;        /* kernel threads per session, 0 = the model's */
     int32_t precision;    /* enum qwenrt_precision of every slot's session */
+    int32_t kv_type;      /* enum qwenrt_kv_type of every slot's session */
     int queue_max;        /* requests waiting for a slot before 429 */
     size_t cache_bytes;   /* prompt cache budget, 0 = off */
     int32_t max_tokens;   /* default and cap of generated tokens per request */
