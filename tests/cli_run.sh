@@ -58,6 +58,8 @@ if "$Q" run -m "$T/m.gguf" -p x --kv-type f16 2>"$T/err"; then fail "--kv-type f
 grep -q "KV cache in f16 is the CUDA backend's" "$T/err" || fail "kv f16 error: $(cat "$T/err")"
 if "$Q" run -m "$T/m.gguf" -p x --kv-type q8 2>"$T/err"; then fail "--kv-type q8 accepted"; fi
 grep -q "kv-type must be f32 or f16, got 'q8'" "$T/err" || fail "kv-type error: $(cat "$T/err")"
+if "$Q" compare -m "$T/m.gguf" --ref "$T/m.gguf" -n 4 --kv-type f16 2>"$T/err"; then fail "compare --kv-type f16 accepted"; fi
+grep -q "compare: --kv-type f16 is not taken here" "$T/err" || fail "compare kv-type error: $(cat "$T/err")"
 "$Q" compare -m "$T/m.gguf" --ref "$T/m.gguf" -n 16 --precision exact --out "$T/cmp.json" >/dev/null \
     || fail "compare --precision exact"
 grep -q '"precision": "exact"' "$T/cmp.json" || fail "compare record lacks the precision: $(cat "$T/cmp.json")"
