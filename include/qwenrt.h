@@ -99,11 +99,11 @@ struct qwenrt_session;
  * bf16 terms as well; the CPU backend ignores it. */
 enum qwenrt_precision { QWENRT_PRECISION_DEFAULT = 0, QWENRT_PRECISION_EXACT = 1 };
 
-/* The KV cache's element type. F32 (the default) holds K and V as computed. F16 (the CUDA
- * backend: llama.cpp's -ctk/-ctv f16) rounds them to 11 significant bits: half the memory, and
- * decode as fast or faster (faster deep in a context), logits within ~3e-4 of f32 on the
- * fixtures. The CPU backend's cache is f32 only: it refuses F16 (UNSUPPORTED). The
- * environment variable QWENRT_CUDA_KV=f16|f32 overrides it for CUDA sessions. */
+/* The KV cache's element type. F32 (the default) holds K and V as computed. F16 (llama.cpp's
+ * -ctk/-ctv f16) rounds them to 11 significant bits: half the memory; logits within ~3e-4 of
+ * f32 on the fixtures (CPU and CUDA alike); on the GPU decode as fast or faster (faster deep
+ * in a context). Checkpoints hold f32 either way. The environment variable
+ * QWENRT_CUDA_KV=f16|f32 overrides it for CUDA sessions. */
 enum qwenrt_kv_type { QWENRT_KV_F32 = 0, QWENRT_KV_F16 = 1 };
 
 struct qwenrt_session_params {

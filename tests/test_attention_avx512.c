@@ -5,6 +5,8 @@
  * the cache (pos0 = 0 and 23); 1 and 3 threads. Only the summation order of q·k and of the
  * softmax-weighted V differs, so outputs agree to f32 rounding relative to Σ|w·v|, and the KV
  * cache rows written are bit-identical. The result must not depend on the thread count.
+ * The same with the cache in f16 (seq_state.kv_f16): both kernels read the same rounded rows,
+ * and the f16 result stays within f16 rounding of the f32 one (and is not it).
  */
 #include <stdlib.h>
 
@@ -32,9 +34,10 @@ struct attn_case {
     int32_t n_head, n_head_kv, head_dim, T, pos0;
 };
 
-/* Runs fn on a fresh copy of the inputs; returns out [T][n_head*hd] and the KV cache. */
+/* Runs fn on a fresh copy of the inputs; returns out [T][n_head*hd] and the KV cache (f32 rows,
+ * or with f16 the rows as f16 bits in kcache16 / vcache16). */
 static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t seed, float *out,
-                float *kcache, float *vcache)
+                float *kcache, float *vcache, bool f16, uint16_t *kcache16, uint16_t *vcache16)
 {
     struct rng r = {seed};
     int32_t hd = c->head_dim, kvw = c->n_head_kv * hd, qw = c->n_head * hd;
@@ -67,10 +70,19 @@ static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t s
     for (int64_t i = 0; i < (int64_t)n_ctx * kvw; i++) { /* the prefix already cached */
         kcache[i] = i < (int64_t)c->pos0 * kvw ? urand(&r, -2.0f, 2.0f) : 0.0f;
         vcache[i] = i < (int64_t)c->pos0 * kvw ? urand(&r, -1.0f, 1.0f) : 0.0f;
+        if (f16)
+            kcache16[i] = f32_to_f16(kcache[i]), vcache16[i] = f32_to_f16(vcache[i]);
     }
-    float *kp[1] = {kcache}, *vp[1] = {vcache};
-    struct seq_state st = {
-        .n_layer = 1, .n_ctx = n_ctx, .k_cache = kp, .v_cache = vp, .kv_width = kvw};
+    float *kp[1] = {f16 ? NULL : kcache}, *vp[1] = {f16 ? NULL : vcache};
+    uint16_t *kp16[1] = {kcache16}, *vp16[1] = {vcache16};
+    struct seq_state st = {.n_layer = 1,
+                           .n_ctx = n_ctx,
+                           .k_cache = kp,
+                           .v_cache = vp,
+                           .kv_f16 = f16,
+                           .k_cache16 = kp16,
+                           .v_cache16 = vp16,
+                           .kv_width = kvw};
     float *scratch = malloc((size_t)(n_ctx + 1) * 256 * sizeof(float));
     struct cpu_exec ex = {.plan = &plan,
                           .T = c->T,
@@ -102,9 +114,9 @@ static void test_vs_ref(void **state)
         float *got1 = calloc(nout, sizeof(float));
         float *kw = malloc(ncache * sizeof(float)), *vw = malloc(ncache * sizeof(float));
         float *kg = malloc(ncache * sizeof(float)), *vg = malloc(ncache * sizeof(float));
-        run(attention_ref, c, 1, 1000 + i, want, kw, vw);
-        run(attention_avx512, c, 3, 1000 + i, got, kg, vg);
-        run(attention_avx512, c, 1, 1000 + i, got1, kg, vg);
+        run(attention_ref, c, 1, 1000 + i, want, kw, vw, false, NULL, NULL);
+        run(attention_avx512, c, 3, 1000 + i, got, kg, vg, false, NULL, NULL);
+        run(attention_avx512, c, 1, 1000 + i, got1, kg, vg, false, NULL, NULL);
         assert_memory_equal(kw, kg, ncache * sizeof(float));
         assert_memory_equal(vw, vg, ncache * sizeof(float));
         assert_memory_equal(got, got1, nout * sizeof(float)); /* thread count is invisible */
@@ -115,6 +127,42 @@ static void test_vs_ref(void **state)
                          c->n_head, c->n_head_kv, c->head_dim, c->T, c->pos0, j, got[j], want[j]);
         }
         free(want), free(got), free(got1), free(kw), free(vw), free(kg), free(vg);
+    }
+}
+
+/* The f16 cache: the two kernels on the same rounded rows agree as closely as on f32 rows, the
+ * cache rows they write are the same bits, and the result is the f32 one to f16 rounding. */
+static void test_f16_cache(void **state)
+{
+    (void)state;
+    if (!(cpu_features_detect() & CPU_AVX512F))
+        skip();
+    static const struct attn_case cases[] = {
+        {16, 8, 128, 1, 23}, {16, 8, 128, 5, 0}, {6, 2, 80, 37, 23}, {4, 4, 8, 5, 23}, {3, 1, 256, 1, 40},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const struct attn_case *c = &cases[i];
+        size_t nout = (size_t)c->T * c->n_head * c->head_dim;
+        size_t ncache = (size_t)(c->pos0 + c->T) * c->n_head_kv * c->head_dim;
+        float *want = calloc(nout, sizeof(float)), *got = calloc(nout, sizeof(float));
+        float *f32 = calloc(nout, sizeof(float));
+        float *kf = malloc(ncache * sizeof(float)), *vf = malloc(ncache * sizeof(float));
+        uint16_t *kw = calloc(ncache, 2), *vw = calloc(ncache, 2), *kg = calloc(ncache, 2), *vg = calloc(ncache, 2);
+        run(attention_ref, c, 1, 2000 + i, want, kf, vf, true, kw, vw);
+        run(attention_avx512, c, 3, 2000 + i, got, kf, vf, true, kg, vg);
+        assert_memory_equal(kw, kg, ncache * 2);
+        assert_memory_equal(vw, vg, ncache * 2);
+        run(attention_ref, c, 1, 2000 + i, f32, kf, vf, false, NULL, NULL);
+        double worst16 = 0;
+        for (size_t j = 0; j < nout; j++) {
+            if (!(fabsf(got[j] - want[j]) <= REL_TOL))
+                fail_msg("f16 case %zu: out[%zu] = %.8g, want %.8g", i, j, got[j], want[j]);
+            worst16 = fmax(worst16, fabsf(want[j] - f32[j]));
+        }
+        /* k rounded to 2^-11 of |k| <= 2 moves the scores by ~1e-2 at most */
+        if (!(worst16 <= 2e-2) || worst16 == 0.0)
+            fail_msg("f16 case %zu: %.3g from the f32 cache's result", i, worst16);
+        free(want), free(got), free(f32), free(kf), free(vf), free(kw), free(vw), free(kg), free(vg);
     }
 }
 
@@ -134,6 +182,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_ref),
+        cmocka_unit_test(test_f16_cache),
         cmocka_unit_test(test_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -19,14 +19,16 @@
 #include "qwenrt.h"
 
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
+#define KV16_REL_TOL 1e-3   /* the same with the KV cache in f16 */
 
 
 
 
-static struct qwenrt_session *new_session(struct qwenrt_model *m, int32_t n_ctx)
+static struct qwenrt_session *new_session(struct qwenrt_model *m, int32_t n_ctx, bool kv16)
 {
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = n_ctx;
+    sp.kv_type = kv16 ? QWENRT_KV_F16 : QWENRT_KV_F32;
     struct qwenrt_session *s = NULL;
     struct qwenrt_error err = {0};
     assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
@@ -56,7 +58,9 @@ static void make_tmpdir(char *dir, size_t n)
     assert_non_null(mkdtemp(dir));
 }
 
-static void round_trip(const char *fixture_dir, int32_t cut)
+/* kv16: every session with its KV cache in f16 (the checkpoint holds f32 either way; f16 values
+ * go through f32 and back unchanged, so the continuations stay bit-identical) */
+static void round_trip(const char *fixture_dir, int32_t cut, bool kv16)
 {
     struct ref_fixture f;
     ref_fixture_open(&f, fixture_dir, 2);
@@ -65,7 +69,7 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     float *orig = malloc(n_out * sizeof(float)), *again = malloc(n_out * sizeof(float));
     float *at_cut = malloc((size_t)f.V * sizeof(float));
 
-    struct qwenrt_session *a = new_session(f.m, 0);
+    struct qwenrt_session *a = new_session(f.m, 0, kv16);
     assert_int_equal(qwenrt_session_prefill(a, f.prompt, cut, NULL, &err), QWENRT_OK);
     memcpy(at_cut, qwenrt_session_logits(a), (size_t)f.V * sizeof(float));
     struct qwenrt_checkpoint *cp = NULL;
@@ -74,13 +78,13 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     continue_chat(&f, a, cut, orig);
     for (int32_t g = 0; g < f.G; g++) { /* the oracle: transformers */
         double e = rel_err(orig + (size_t)g * f.V, f.dlog + (size_t)g * f.V, (size_t)f.V);
-        if (e > LOGITS_REL_TOL)
+        if (e > (kv16 ? KV16_REL_TOL : LOGITS_REL_TOL))
             fail_msg("%s: step %d after the checkpoint: rel err %.3g vs transformers", fixture_dir,
                      g, e);
     }
 
     /* restore into a fresh session with another context size */
-    struct qwenrt_session *b = new_session(f.m, f.T + f.G + 7);
+    struct qwenrt_session *b = new_session(f.m, f.T + f.G + 7, kv16);
     assert_null(qwenrt_session_logits(b));
     assert_int_equal(qwenrt_session_restore(b, cp, &err), QWENRT_OK);
     assert_memory_equal(qwenrt_session_logits(b), at_cut, (size_t)f.V * sizeof(float));
@@ -101,7 +105,7 @@ static void round_trip(const char *fixture_dir, int32_t cut)
     if (qwenrt_checkpoint_load(f.m, path, &loaded, &err) != QWENRT_OK)
         fail_msg("load %s: %s", path, err.message);
     assert_int_equal(qwenrt_checkpoint_bytes(loaded), qwenrt_checkpoint_bytes(cp));
-    struct qwenrt_session *c = new_session(f.m, 0);
+    struct qwenrt_session *c = new_session(f.m, 0, kv16);
     assert_int_equal(qwenrt_session_restore(c, loaded, &err), QWENRT_OK);
     continue_chat(&f, c, cut, again);
     assert_memory_equal(again, orig, n_out * sizeof(float));
@@ -122,17 +126,23 @@ static void round_trip(const char *fixture_dir, int32_t cut)
 static void test_qwen35_round_trip(void **st)
 {
     (void)st;
-    round_trip("tests/data/qwen35-tiny-f32", 40);
+    round_trip("tests/data/qwen35-tiny-f32", 40, false);
 }
 static void test_qwen35_round_trip_odd(void **st)
 {
     (void)st;
-    round_trip("tests/data/qwen35-tiny-bf16", 3);
+    round_trip("tests/data/qwen35-tiny-bf16", 3, false);
 }
 static void test_qwen3_round_trip(void **st)
 {
     (void)st;
-    round_trip("tests/data/qwen3-tiny-f32", 17);
+    round_trip("tests/data/qwen3-tiny-f32", 17, false);
+}
+static void test_round_trip_kv_f16(void **st)
+{
+    (void)st;
+    round_trip("tests/data/qwen3-tiny-bf16", 11, true);
+    round_trip("tests/data/qwen35-tiny-bf16", 5, true);
 }
 
 static void write_bytes(const char *path, const uint8_t *data, size_t n)
@@ -177,7 +187,7 @@ static void test_refusals(void **st)
     ref_fixture_open(&g, "tests/data/qwen35-tiny-bf16", 2); /* same geometry, other weights */
     ref_fixture_open(&q3, "tests/data/qwen3-tiny-f32", 2);
     struct qwenrt_error err = {0};
-    struct qwenrt_session *a = new_session(f.m, 0);
+    struct qwenrt_session *a = new_session(f.m, 0, false);
     assert_int_equal(qwenrt_session_prefill(a, f.prompt, 40, NULL, &err), QWENRT_OK);
     struct qwenrt_checkpoint *cp = NULL;
     assert_int_equal(qwenrt_session_snapshot(a, &cp, &err), QWENRT_OK);
@@ -190,7 +200,7 @@ static void test_refusals(void **st)
     /* another model */
     expect_refused(g.m, path, QWENRT_ERR_INVALID_ARG, "another model");
     expect_refused(q3.m, path, QWENRT_ERR_INVALID_ARG, "another model");
-    struct qwenrt_session *other = new_session(g.m, 0);
+    struct qwenrt_session *other = new_session(g.m, 0, false);
     assert_int_equal(qwenrt_session_restore(other, cp, &err), QWENRT_ERR_INVALID_ARG);
     assert_non_null(strstr(err.message, "another model"));
     assert_int_equal(qwenrt_session_n_past(other), 0);
@@ -224,7 +234,7 @@ static void test_refusals(void **st)
     expect_refused(f.m, bad, QWENRT_ERR_IO, "cannot open");
 
     /* a context too small; the session stays as it was */
-    struct qwenrt_session *small = new_session(f.m, 16);
+    struct qwenrt_session *small = new_session(f.m, 16, false);
     assert_int_equal(qwenrt_session_prefill(small, f.prompt, 5, NULL, &err), QWENRT_OK);
     assert_int_equal(qwenrt_session_restore(small, cp, &err), QWENRT_ERR_LIMIT);
     assert_non_null(strstr(err.message, "context"));
@@ -273,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_qwen35_round_trip),
         cmocka_unit_test(test_qwen35_round_trip_odd),
         cmocka_unit_test(test_qwen3_round_trip),
+        cmocka_unit_test(test_round_trip_kv_f16),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

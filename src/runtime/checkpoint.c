@@ -7,7 +7,8 @@
  *   header (struct ckpt_header, 384 bytes, little-endian): magic, version, model identity
  *     (arch, geometry, sha256 of the hyper-parameters and a sample of the weights), n_ctx of
  *     the session it came from, n_past, payload size, sha256 of the payload and of the header.
- *   payload, per layer in order: attention layers K then V rows [0, n_past) of [kv_width] f32;
+ *   payload, per layer in order: attention layers K then V rows [0, n_past) of [kv_width] f32
+ *     (a session with its cache in f16 converts them both ways: f16 -> f32 -> f16 is exact);
  *     DeltaNet layers conv state [conv_rows][conv_dim] then recurrent state [ssm_len] f32;
  *     then the last position's logits [n_vocab] f32 when the session had them.
  * Loading checks, in this order, size >= header, magic, version, header hash, model identity,
@@ -188,6 +189,18 @@ static void copy_state(struct qwenrt_session *s, uint8_t *payload, bool to_paylo
         if (st->ssm_state[l]) {
             COPY(st->conv_state[l], (size_t)st->conv_rows * st->conv_dim);
             COPY(st->ssm_state[l], (size_t)st->ssm_len);
+        } else if (st->kv_f16) { /* the payload holds f32 either way */
+            for (int v = 0; v < 2; v++) {
+                uint16_t *c = v ? st->v_cache16[l] : st->k_cache16[l];
+                float *f = (float *)(void *)p;
+                for (size_t i = 0; i < (size_t)n_past * st->kv_width; i++) {
+                    if (to_payload)
+                        f[i] = f16_to_f32(c[i]);
+                    else
+                        c[i] = f32_to_f16(f[i]);
+                }
+                p += (size_t)n_past * st->kv_width * sizeof(float);
+            }
         } else {
             COPY(st->k_cache[l], (size_t)n_past * st->kv_width);
             COPY(st->v_cache[l], (size_t)n_past * st->kv_width);

@@ -31,10 +31,13 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
     st->kv_width = hp->n_head_kv * hp->head_dim;
     st->k_cache = xcalloc((size_t)hp->n_layer, sizeof(float *));
     st->v_cache = xcalloc((size_t)hp->n_layer, sizeof(float *));
+    st->k_cache16 = xcalloc((size_t)hp->n_layer, sizeof(uint16_t *));
+    st->v_cache16 = xcalloc((size_t)hp->n_layer, sizeof(uint16_t *));
     st->conv_state = xcalloc((size_t)hp->n_layer, sizeof(float *));
     st->ssm_state = xcalloc((size_t)hp->n_layer, sizeof(float *));
-    if (!st->k_cache || !st->v_cache || !st->conv_state || !st->ssm_state)
+    if (!st->k_cache || !st->v_cache || !st->k_cache16 || !st->v_cache16 || !st->conv_state || !st->ssm_state)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory for the session state");
+    size_t kv_elem = st->kv_f16 ? sizeof(uint16_t) : sizeof(float);
     if (hp->arch == ARCH_QWEN35) {
         st->conv_rows = hp->ssm_conv - 1;
         st->conv_dim = hparams_ssm_conv_dim(hp);
@@ -45,7 +48,7 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
     for (int32_t l = 0; l < hp->n_layer; l++)
         need += hp->arch == ARCH_QWEN35 && hp->is_recurrent[l]
                     ? ((uint64_t)st->conv_rows * st->conv_dim + 1 + (uint64_t)st->ssm_len) * 4
-                    : 2 * (uint64_t)st->n_ctx * (uint64_t)st->kv_width * 4;
+                    : 2 * (uint64_t)st->n_ctx * (uint64_t)st->kv_width * kv_elem;
     char what[96];
     snprintf(what, sizeof(what), "session: the state of a %d-token context", st->n_ctx);
     qwenrt_status ms = mem_check_available(need, what, " (use a smaller context)", err);
@@ -58,9 +61,16 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
             st->ssm_state[l] = xalloc_aligned((size_t)st->ssm_len, sizeof(float));
             if (!st->conv_state[l] || !st->ssm_state[l])
                 return err_set(err, QWENRT_ERR_NOMEM, "out of memory for the DeltaNet state");
+        } else if (st->kv_f16) {
+            st->k_cache16[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
+            st->v_cache16[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
+            if (!st->k_cache16[l] || !st->v_cache16[l])
+                return err_set(err, QWENRT_ERR_NOMEM,
+                               "out of memory for a KV cache of %d positions (try a smaller context)",
+                               st->n_ctx);
         } else {
-            st->k_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, sizeof(float));
-            st->v_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, sizeof(float));
+            st->k_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
+            st->v_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
             if (!st->k_cache[l] || !st->v_cache[l])
                 return err_set(err, QWENRT_ERR_NOMEM,
                                "out of memory for a KV cache of %d positions (try a smaller context)",
@@ -122,14 +132,12 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
         return err_set(err, QWENRT_ERR_INVALID_ARG, "session_init: unknown KV cache type %d",
                        (int)params->kv_type);
     bool cuda = strcmp(model->backend, "cuda") == 0;
-    if (params->kv_type == QWENRT_KV_F16 && !cuda)
-        return err_set(err, QWENRT_ERR_UNSUPPORTED,
-                       "session_init: a KV cache in f16 is the CUDA backend's (the CPU's is f32)");
     struct qwenrt_session *s = xcalloc(1, sizeof(*s));
     if (!s)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory for a session");
     s->model = model;
     s->state.n_ctx = n_ctx;
+    s->state.kv_f16 = params->kv_type == QWENRT_KV_F16 && !cuda; /* CUDA: its own cache (init_cuda) */
     int nt = params->n_threads > 0 ? params->n_threads : model->n_threads;
     s->n_threads = nt > 0 ? (nt > 256 ? 256 : nt) : omp_get_num_procs();
     s->cpu_features = cpu_features_detect();
@@ -172,11 +180,15 @@ void qwenrt_session_free(struct qwenrt_session *s)
     for (int32_t l = 0; l < s->state.n_layer; l++) {
         if (s->state.k_cache) xfree(s->state.k_cache[l]);
         if (s->state.v_cache) xfree(s->state.v_cache[l]);
+        if (s->state.k_cache16) xfree(s->state.k_cache16[l]);
+        if (s->state.v_cache16) xfree(s->state.v_cache16[l]);
         if (s->state.conv_state) xfree(s->state.conv_state[l]);
         if (s->state.ssm_state) xfree(s->state.ssm_state[l]);
     }
     xfree(s->state.k_cache);
     xfree(s->state.v_cache);
+    xfree(s->state.k_cache16);
+    xfree(s->state.v_cache16);
     xfree(s->state.conv_state);
     xfree(s->state.ssm_state);
     xfree(s->fns[0]);

@@ -3,7 +3,9 @@
  *
  * A run processes T tokens at positions pos0..pos0+T-1 of one sequence. Activation buffers
  * are [T][width] f32 (the plan says the widths); the sequence state lives in struct seq_state:
- *   k_cache[l], v_cache[l]: [n_ctx][n_head_kv*head_dim] f32, position-major (attention layers)
+ *   k_cache[l], v_cache[l]: [n_ctx][n_head_kv*head_dim] f32, position-major (attention layers);
+ *     with kv_f16 the rows live in k_cache16 / v_cache16 as f16 bits instead (k_cache[l] NULL):
+ *     write them with kv_store_row, read them with kv_load
  *   conv_state[l]: [conv_k-1][conv_dim] f32, oldest row first (DeltaNet layers)
  *   ssm_state[l]:  [n_v_heads][k_dim][v_dim] f32 (DeltaNet layers)
  * Entries are NULL for layers of the other kind.
@@ -17,6 +19,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <string.h>
+
+#include "base/half.h"
 #include "plan/plan.h"
 #include "qwenrt.h"
 
@@ -25,12 +30,45 @@ struct seq_state {
     int32_t n_ctx;        /* positions the KV cache holds */
     float **k_cache;      /* [n_layer] -> [n_ctx][kv_width] or NULL */
     float **v_cache;      /* [n_layer] -> [n_ctx][kv_width] or NULL */
+    bool kv_f16;          /* the cache in f16 (qwenrt_session_params.kv_type): the rows below */
+    uint16_t **k_cache16; /* kv_f16: [n_layer] -> [n_ctx][kv_width] f16 bits or NULL; else NULL */
+    uint16_t **v_cache16;
     int32_t kv_width;     /* n_head_kv * head_dim */
     float **conv_state;   /* [n_layer] -> [conv_k-1][conv_dim] or NULL */
     float **ssm_state;    /* [n_layer] -> [Hv][k_dim][v_dim] or NULL */
     int32_t conv_rows, conv_dim;
     int64_t ssm_len;      /* floats per layer of ssm_state */
 };
+
+#define QR_KV_ROW_MAX 1024 /* head_dim at most (hparams refuse more): one head's row on the stack */
+
+/* Position p's row (kv_width floats) into layer l's K (v false) or V cache, rounded to f16
+ * with kv_f16. */
+static inline void kv_store_row(struct seq_state *s, int32_t l, bool v, int32_t p, const float *row)
+{
+    size_t at = (size_t)p * (size_t)s->kv_width;
+    if (!s->kv_f16) {
+        memcpy((v ? s->v_cache[l] : s->k_cache[l]) + at, row, (size_t)s->kv_width * sizeof(float));
+        return;
+    }
+    uint16_t *dst = (v ? s->v_cache16[l] : s->k_cache16[l]) + at;
+    for (int32_t i = 0; i < s->kv_width; i++)
+        dst[i] = f32_to_f16(row[i]);
+}
+
+/* n floats of position p's row of layer l's K or V cache from element off, into out. */
+static inline void kv_load(const struct seq_state *s, int32_t l, bool v, int32_t p, int32_t off, int32_t n,
+                           float *out)
+{
+    size_t at = (size_t)p * (size_t)s->kv_width + (size_t)off;
+    if (!s->kv_f16) {
+        memcpy(out, (v ? s->v_cache[l] : s->k_cache[l]) + at, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *src = (v ? s->v_cache16[l] : s->k_cache16[l]) + at;
+    for (int32_t i = 0; i < n; i++)
+        out[i] = f16_to_f32(src[i]);
+}
 
 /* Called after ops that have a dump name: data is [T][width]. */
 typedef void (*cpu_dump_fn)(void *user, const char *name, int32_t layer, const float *data,

@@ -125,17 +125,15 @@ void qk_norm_rope_ref(const struct plan_op *op, struct cpu_exec *ex)
 
 /* Attention: out = attn output [T][n_head*hd], in = q (heads q_stride apart), in2 = k, in3 = v.
  * Appends k, v to the layer's cache at pos0.., then for each token t and query head h:
- * softmax(q·Kᵀ/sqrt(hd)) over positions 0..pos0+t of kv head h / (n_head/n_head_kv), times V. */
+ * softmax(q·Kᵀ/sqrt(hd)) over positions 0..pos0+t of kv head h / (n_head/n_head_kv), times V.
+ * An f16 cache (kv_f16) is read one head row at a time through kv_load. */
 void attention_ref(const struct plan_op *op, struct cpu_exec *ex)
 {
     struct seq_state *s = ex->state;
-    int32_t hd = op->head_dim, kvw = s->kv_width, group = op->n_head / op->n_head_kv;
-    float *kc = s->k_cache[op->layer], *vc = s->v_cache[op->layer];
+    int32_t hd = op->head_dim, kvw = s->kv_width, group = op->n_head / op->n_head_kv, l = op->layer;
     for (int32_t t = 0; t < ex->T; t++) {
-        memcpy(kc + (size_t)(ex->pos0 + t) * kvw, BUF(ex, op->in2) + (size_t)t * WIDTH(ex, op->in2),
-               (size_t)kvw * sizeof(float));
-        memcpy(vc + (size_t)(ex->pos0 + t) * kvw, BUF(ex, op->in3) + (size_t)t * WIDTH(ex, op->in3),
-               (size_t)kvw * sizeof(float));
+        kv_store_row(s, l, false, ex->pos0 + t, BUF(ex, op->in2) + (size_t)t * WIDTH(ex, op->in2));
+        kv_store_row(s, l, true, ex->pos0 + t, BUF(ex, op->in3) + (size_t)t * WIDTH(ex, op->in3));
     }
     float scale = 1.0f / sqrtf((float)hd);
     int32_t n_pos = ex->pos0 + ex->T, wq = WIDTH(ex, op->in), wo = WIDTH(ex, op->out);
@@ -148,9 +146,13 @@ void attention_ref(const struct plan_op *op, struct cpu_exec *ex)
                 const float *q = BUF(ex, op->in) + (size_t)t * wq + (size_t)h * op->q_stride;
                 float *o = BUF(ex, op->out) + (size_t)t * wo + (size_t)h * hd;
                 int32_t kvh = h / group, last = ex->pos0 + t;
-                float mx = -INFINITY, sum = 0.0f;
+                float mx = -INFINITY, sum = 0.0f, row[QR_KV_ROW_MAX];
                 for (int32_t p = 0; p <= last; p++) {
-                    const float *k = kc + (size_t)p * kvw + (size_t)kvh * hd;
+                    const float *k = row;
+                    if (s->kv_f16)
+                        kv_load(s, l, false, p, kvh * hd, hd, row);
+                    else
+                        k = s->k_cache[l] + (size_t)p * kvw + (size_t)kvh * hd;
                     float dot = 0.0f;
                     for (int32_t d = 0; d < hd; d++)
                         dot += q[d] * k[d];
@@ -163,7 +165,11 @@ void attention_ref(const struct plan_op *op, struct cpu_exec *ex)
                 }
                 memset(o, 0, (size_t)hd * sizeof(float));
                 for (int32_t p = 0; p <= last; p++) {
-                    const float *v = vc + (size_t)p * kvw + (size_t)kvh * hd;
+                    const float *v = row;
+                    if (s->kv_f16)
+                        kv_load(s, l, true, p, kvh * hd, hd, row);
+                    else
+                        v = s->v_cache[l] + (size_t)p * kvw + (size_t)kvh * hd;
                     float w = scores[p] / sum;
                     for (int32_t d = 0; d < hd; d++)
                         o[d] += w * v[d];
