@@ -99,12 +99,14 @@ struct qwenrt_session;
  * bf16 terms as well; the CPU backend ignores it. */
 enum qwenrt_precision { QWENRT_PRECISION_DEFAULT = 0, QWENRT_PRECISION_EXACT = 1 };
 
-/* The KV cache's element type. F32 (the default) holds K and V as computed. F16 (llama.cpp's
- * -ctk/-ctv f16) rounds them to 11 significant bits: half the memory; logits within ~3e-4 of
- * f32 on the fixtures (CPU and CUDA alike); on the GPU decode as fast or faster (faster deep
- * in a context). Checkpoints hold f32 either way. The environment variable
+/* The KV cache's element type. F32 holds K and V as computed. F16 (llama.cpp's -ctk/-ctv
+ * f16, its default) rounds them to 11 significant bits: half the memory; logits within ~3e-4
+ * of f32 on the fixtures (CPU and CUDA alike); on the GPU decode as fast or faster (faster deep
+ * in a context). DEFAULT: the library's choice, F32 today (F16 is meant to become CUDA's
+ * default in the default precision with 16-bit or quantised weights, where the flash prefill
+ * rounds K and V to 16 bits anyway). Checkpoints hold f32 either way. The environment variable
  * QWENRT_CUDA_KV=f16|f32 overrides it for CUDA sessions. */
-enum qwenrt_kv_type { QWENRT_KV_F32 = 0, QWENRT_KV_F16 = 1 };
+enum qwenrt_kv_type { QWENRT_KV_DEFAULT = 0, QWENRT_KV_F32 = 1, QWENRT_KV_F16 = 2 };
 
 struct qwenrt_session_params {
     int32_t n_ctx;     /* maximum tokens the session holds; 0 = min(4096, n_ctx_train) */
@@ -142,6 +144,9 @@ const float *qwenrt_session_logits(const struct qwenrt_session *session);
 
 /* Number of tokens the session holds (the next token's position). */
 int32_t qwenrt_session_n_past(const struct qwenrt_session *session);
+/* The KV cache's element type the session runs with: QWENRT_KV_F32 or QWENRT_KV_F16
+ * (QWENRT_KV_DEFAULT and QWENRT_CUDA_KV resolved). */
+int32_t qwenrt_session_kv_type(const struct qwenrt_session *session);
 
 /* Forgets every token: the session is as new. */
 void qwenrt_session_reset(struct qwenrt_session *session);

@@ -54,11 +54,13 @@ grep -q "precision must be default or exact, got 'fast'" "$T/err" || fail "preci
 # its numbers), anything else refused by name
 e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --kv-type f32)
 [ "$e" = "$a" ] || fail "--kv-type f32 changed the CPU's output: '$e' vs '$a'"
+e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --kv-type default)
+[ "$e" = "$a" ] || fail "--kv-type default is not f32 on the CPU: '$e' vs '$a'"
 e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --kv-type f16) ||
     fail "--kv-type f16 failed"
 [ -n "$e" ] || fail "--kv-type f16 generated nothing"
 if "$Q" run -m "$T/m.gguf" -p x --kv-type q8 2>"$T/err"; then fail "--kv-type q8 accepted"; fi
-grep -q "kv-type must be f32 or f16, got 'q8'" "$T/err" || fail "kv-type error: $(cat "$T/err")"
+grep -q "kv-type must be default, f32 or f16, got 'q8'" "$T/err" || fail "kv-type error: $(cat "$T/err")"
 if "$Q" compare -m "$T/m.gguf" --ref "$T/m.gguf" -n 4 --kv-type f16 2>"$T/err"; then fail "compare --kv-type f16 accepted"; fi
 grep -q "compare: --kv-type f16 is not taken here" "$T/err" || fail "compare kv-type error: $(cat "$T/err")"
 "$Q" compare -m "$T/m.gguf" --ref "$T/m.gguf" -n 16 --precision exact --out "$T/cmp.json" >/dev/null \

@@ -184,8 +184,14 @@ static void test_bad_ids_and_context(void **st)
     assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_ERR_INVALID_ARG);
     assert_null(s);
     assert_non_null(strstr(err.message, "unknown KV cache type 5"));
-    sp.kv_type = QWENRT_KV_F32;
+    sp.kv_type = QWENRT_KV_F16; /* on the CPU as asked */
     assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_kv_type(s), QWENRT_KV_F16);
+    qwenrt_session_free(s);
+    sp.kv_type = QWENRT_KV_DEFAULT; /* the CPU's default cache is f32 */
+    sp.precision = QWENRT_PRECISION_DEFAULT;
+    assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_kv_type(s), QWENRT_KV_F32);
     int32_t bad[3] = {5, 1024, 7}, neg = -1, ok[6] = {1, 2, 3, 4, 5, 6};
     assert_int_equal(qwenrt_session_prefill(s, bad, 3, NULL, &err), QWENRT_ERR_INVALID_ARG);
     assert_non_null(strstr(err.message, "1024"));

@@ -89,11 +89,11 @@ int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
     } else if (!strcmp(a, "--kv-type")) {
         if (!(v = cli_value(argc, argv, i)))
             return -1;
-        if (strcmp(v, "f32") && strcmp(v, "f16")) {
-            fprintf(stderr, "qwenrt: --kv-type must be f32 or f16, got '%s'\n", v);
+        if (strcmp(v, "default") && strcmp(v, "f32") && strcmp(v, "f16")) {
+            fprintf(stderr, "qwenrt: --kv-type must be default, f32 or f16, got '%s'\n", v);
             return -1;
         }
-        o->kv_type = strcmp(v, "f16") ? QWENRT_KV_F32 : QWENRT_KV_F16;
+        o->kv_type = !strcmp(v, "f16") ? QWENRT_KV_F16 : !strcmp(v, "f32") ? QWENRT_KV_F32 : QWENRT_KV_DEFAULT;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
             return -1;

@@ -17,7 +17,7 @@ struct cli_model_opts {
     int32_t ctx;         /* --ctx-size */
     const char *profile; /* --profile ID|FILE: kernels bound by a runtime profile */
     int32_t precision;   /* --precision default|exact: enum qwenrt_precision */
-    int32_t kv_type;     /* --kv-type f32|f16: enum qwenrt_kv_type */
+    int32_t kv_type;     /* --kv-type default|f32|f16: enum qwenrt_kv_type */
     const char *command; /* the command's name, for intent errors ("run", "serve", ...) */
 };
 

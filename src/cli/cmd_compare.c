@@ -73,7 +73,7 @@ int cmd_compare(int argc, char **argv)
     }
     if (!o.model || !ro.model)
         return usage();
-    if (o.kv_type != QWENRT_KV_F32) { /* compare_models runs both sessions with the f32 cache */
+    if (o.kv_type == QWENRT_KV_F16) { /* compare_models runs both sessions with the f32 cache */
         fprintf(stderr, "qwenrt: compare: --kv-type f16 is not taken here (both models run with an f32 cache)\n");
         return 2;
     }

@@ -42,7 +42,7 @@ static int usage(void)
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty X] [--seed S] [--stop TEXT]... [--think|--no-think]\n"
             "                  [--threads N] [--ctx-size N] [--backend cpu|cuda]\n"
-            "                  [--precision default|exact] [--kv-type f32|f16]\n"
+            "                  [--precision default|exact] [--kv-type default|f32|f16]\n"
             "                  [--profile ID|FILE] [--no-stats]\n");
     return 2;
 }

@@ -22,7 +22,7 @@ static int usage(void)
             "                    [--parallel N] [--ctx-size N] [--cache-mb N] [--queue N]\n"
             "                    [--max-tokens N] [--max-prompt N] [--max-body-kb N]\n"
             "                    [--timeout S] [--top-k K] [--alias NAME] [--threads N]\n"
-            "                    [--backend cpu|cuda] [--precision default|exact] [--kv-type f32|f16]\n"
+            "                    [--backend cpu|cuda] [--precision default|exact] [--kv-type default|f32|f16]\n"
             "                    [--no-log]\n"
             "  --host ADDR      address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N         port (default 8080; 0 = any free port, printed at start)\n"
@@ -38,7 +38,8 @@ static int usage(void)
             "  --top-k K        top_k of requests that set none (default 40; 0 = off)\n"
             "  --alias NAME     model name in /v1/models (default: the model file's name)\n"
             "  --precision P    GPU prompt products: default (bf16, as llama.cpp) or exact (f32)\n"
-            "  --kv-type T      the KV cache: f32 (default) or f16 (GPU: half the memory)\n"
+            "  --kv-type T      the KV cache: default (f32 for now), f32 or f16 (half the memory;\n"
+            "                   on the GPU as fast or faster)\n"
             "  --no-log         no request log lines on stderr\n");
     return 2;
 }

@@ -17,6 +17,7 @@ struct qwenrt_session {
     struct qwenrt_model *model;
     struct seq_state state;
     int32_t n_past;               /* tokens processed */
+    int32_t kv_type;              /* the KV cache's element type as resolved: QWENRT_KV_F32 or _F16 */
     int n_threads;
     uint32_t cpu_features;
     cpu_op_fn *fns[2];            /* bound kernels of each plan ([n_ops] per phase) */
