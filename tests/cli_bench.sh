@@ -48,6 +48,25 @@ before=$(ls -d /tmp/qwenrt-calibrate-* 2>/dev/null | wc -l)
     -o "$T/cal3.json" --out "$T/ev3.json" >"$T/cal3.out" 2>&1 || fail "calibrate qwen3: $(cat "$T/cal3.out")"
 grep -q '"op": "gdn' "$T/ev3.json" && fail "qwen3 calibration tried DeltaNet kernels"
 [ "$(ls -d /tmp/qwenrt-calibrate-* 2>/dev/null | wc -l)" = "$before" ] || fail "calibrate left its directory"
+# a profile with CUDA decode shapes binds on the CPU (which ignores them) and says so; calibrate
+# --backend cuda either runs (a GPU) or says why CUDA cannot run here
+cat > "$T/cudatune.json" <<'JSON'
+{"id": "cudatune", "name": "cudatune", "owner": "t", "intent": "calibrate",
+ "compatibleIntents": ["calibrate", "investigate", "verify"], "stability": "experimental",
+ "createdAtUtc": "2026-12-01T00:00:00Z", "extends": "profiles/default",
+ "runtime": {"inference": {"cudaTuning": {"gemvSmemWarps": 16, "gemvSmemLaunch": "before-wait"}}}}
+JSON
+"$Q" profile check "$T/cudatune.json" -m $M >/dev/null || fail "a cudaTuning profile does not bind"
+"$Q" profile show "$T/cudatune.json" | grep -q "cudaTuning" || fail "profile show lacks cudaTuning"
+"$Q" bench -m $M --profile "$T/cudatune.json" -p 4 -n 2 --warmup 0 --trials 1 --threads 2 >/dev/null \
+    || fail "bench with a cudaTuning profile on the CPU"
+if "$Q" calibrate -m $M --backend cuda -p 6 -n 8 --warmup 0 --trials 1 -o "$T/calc.json" --out "$T/evc.json" \
+    >"$T/calc.out" 2>&1; then
+    grep -q '"backend": "cuda"' "$T/evc.json" || fail "cuda calibration record"
+    grep -q '"cudaTuning"' "$T/calc.json" || fail "cuda calibration profile"
+else
+    grep -qi "cuda" "$T/calc.out" || fail "calibrate --backend cuda failed without naming CUDA: $(cat "$T/calc.out")"
+fi
 mkdir "$T/records"
 cp "$T/v.json" "$T/b.json" "$T/records/"
 echo "written by a person" > "$T/pitfalls.txt"

@@ -33,7 +33,9 @@
 #include "qwenrt.h"
 #include "quant/quant.h"
 #include "runtime/session.h"
+#include "tools/calibrate.h"
 #include "tools/gguf_export.h"
+#include "tools/tool_setup.h"
 #include "tools/synth.h"
 
 #define LOGITS_REL_TOL 1e-4 /* issue 2/4/6: the CPU's tolerance for f32-computed logits */
@@ -773,6 +775,77 @@ static void test_fixtures_kv_f16(void **st)
     assert_null(s);
     assert_non_null(strstr(err.message, "QWENRT_CUDA_KV=q8"));
     qwenrt_model_free(m);
+}
+
+/* Overwrites path with a profile whose cudaTuning is 16 warps and splits of 32 positions. */
+static void put_tuning_profile(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"id\": \"t\", \"name\": \"t\", \"owner\": \"t\", \"intent\": \"calibrate\", "
+          "\"compatibleIntents\": [\"calibrate\"], \"stability\": \"experimental\", "
+          "\"createdAtUtc\": \"2026-12-01T00:00:00Z\", \"extends\": \"profiles/default\", "
+          "\"runtime\": {\"inference\": {\"cudaTuning\": {\"gemvSmemWarps\": 16, \"attnSplitMin\": 32}}}}\n",
+          f);
+    fclose(f);
+}
+
+/* calibrate --backend cuda (calibrate_cuda.c) on the bf16 fixtures: every candidate passes the
+ * gate against the session's picks (the shapes move rows between warps, not the order of their
+ * sums), the evidence names each lane, and the profile it writes loads and reaches the model
+ * that tool_open binds under it (a session starts and prefills with that shape). */
+static void test_calibrate_cuda(void **st)
+{
+    (void)st;
+    for (int f = 1; f < 4; f += 2) {
+        char path[] = "/tmp/qwenrt-calcuda-XXXXXX.json";
+        int fd = mkstemps(path, 5);
+        assert_true(fd >= 0);
+        close(fd);
+        struct calibrate_params p = {.model_path = fixtures[f], .backend = "cuda", .n_prompt = 8, .n_gen = 12,
+                                     .warmup = 0, .trials = 1, .out_profile = path,
+                                     .profile_id = "profiles/calibrated-test"};
+        json_t *ev = NULL;
+        struct qwenrt_error err = {0};
+        if (calibrate_run(&p, &ev, &err))
+            fail_msg("%s: calibrate: %s", fixtures[f], err.message);
+        assert_string_equal(json_string_value(json_object_get(ev, "status")), "calibrated");
+        json_t *lanes = json_object_get(ev, "lanes");
+        assert_true(json_array_size(lanes) >= 4);
+        size_t i;
+        json_t *l;
+        json_array_foreach (lanes, i, l) {
+            printf("%s: %-36s gate %s, err %.3g, %.0f tok/s\n", fixtures[f],
+                   json_string_value(json_object_get(l, "label")), json_string_value(json_object_get(l, "gate")),
+                   json_real_value(json_object_get(l, "max_logits_rel_err_vs_baseline")),
+                   json_real_value(json_object_get(l, "median_decode_tok_s")));
+            if (strcmp(json_string_value(json_object_get(l, "gate")), "passed"))
+                fail_msg("%s: lane %s: %s", fixtures[f], json_string_value(json_object_get(l, "label")),
+                         json_string_value(json_object_get(l, "gate_failure")));
+        }
+        json_decref(ev);
+        struct profile *pf = NULL; /* what calibrate wrote loads */
+        if (profile_load(path, NULL, &pf, &err))
+            fail_msg("%s: the calibrated profile: %s", fixtures[f], err.message);
+        assert_true(pf->cuda_given);
+        profile_free(pf);
+        /* a profile through tool_open: the model carries its choice to the sessions */
+        put_tuning_profile(path);
+        struct tool_open_params op = {.model_path = fixtures[f], .backend = "cuda", .profile = path,
+                                      .command = "test", .intent = PROFILE_INTENT_CALIBRATE};
+        struct tool_model tm;
+        if (tool_open(&op, &tm, &err))
+            fail_msg("%s: tool_open: %s", fixtures[f], err.message);
+        assert_int_equal(tm.model->cuda_tuning.gemv_smem_warps, 16);
+        assert_int_equal(tm.model->cuda_tuning.attn_split_min, 32);
+        struct qwenrt_session *s = NULL;
+        assert_int_equal(qwenrt_session_init(tm.model, NULL, &s, &err), QWENRT_OK);
+        int32_t prompt[3] = {5, 9, 11};
+        assert_int_equal(qwenrt_session_prefill(s, prompt, 3, NULL, &err), QWENRT_OK);
+        qwenrt_session_free(s);
+        tool_close(&tm);
+        remove(path);
+    }
 }
 
 static void test_fixtures_unfused(void **st)
@@ -1662,6 +1735,7 @@ int main(void)
         cmocka_unit_test(test_fixtures_api),
         cmocka_unit_test(test_fixtures_default_precision),
         cmocka_unit_test(test_fixtures_kv_f16),
+        cmocka_unit_test(test_calibrate_cuda),
         cmocka_unit_test(test_fixtures_unfused),
         cmocka_unit_test(test_fixtures_decode_only),
         cmocka_unit_test(test_fixtures_decode_graph),

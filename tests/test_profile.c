@@ -2,7 +2,8 @@
  * test_profile.c — runtime profiles (src/runtime/profile*.c, issue 7): extends chains and
  * cycles, merge rules (objects deep-merge, null resets, arrays and scalars replace), every
  * validation error with its message, intent gating, executionPatch binding (unknown key, set
- * matching nothing, kernel of another op, locked vs capability-aware remap), and seed 000 (the
+ * matching nothing, kernel of another op, locked vs capability-aware remap), cudaTuning (the CUDA
+ * decode's shapes: parsed, merged, every bad value refused by name), and seed 000 (the
  * Doppler profile, copied from ../shared/seeds into tests/data/seeds) bound to a Qwen3.5 model.
  */
 #include <stdlib.h>
@@ -220,7 +221,50 @@ static void test_runtime_errors(void **state)
         "sourceScope and allowSources differ");
     load_fails("r12", RT("r12", "{\"batching\": {\"stopCheckMode\": \"never\"}}"),
                "stopCheckMode 'never'");
+    load_fails("r13", RT("r13", "{\"cudaTuning\": [8]}"), "cudaTuning must be an object");
+    load_fails("r14", RT("r14", "{\"cudaTuning\": {\"gemvSmemWarp\": 8}}"),
+               "cudaTuning.gemvSmemWarp is not a CUDA tuning key");
+    load_fails("r15", RT("r15", "{\"cudaTuning\": {\"gemvSmemWarps\": 12}}"),
+               "cudaTuning.gemvSmemWarps must be one of 0, 1, 2, 4, 8, 16");
+    load_fails("r16", RT("r16", "{\"cudaTuning\": {\"gemvSmemKb\": 300}}"),
+               "cudaTuning.gemvSmemKb must be one of 0 or 16 to 226");
+    load_fails("r17", RT("r17", "{\"cudaTuning\": {\"gemvqRows\": \"2\"}}"),
+               "cudaTuning.gemvqRows must be one of 0, 1, 2, 4");
+    load_fails("r18", RT("r18", "{\"cudaTuning\": {\"gemvSmemLaunch\": \"early\"}}"),
+               "cudaTuning.gemvSmemLaunch must be one of auto, before-wait, after-wait");
+    load_fails("r19", RT("r19", "{\"cudaTuning\": {\"pdl\": 1}}"), "cudaTuning.pdl must be true or false");
+    load_fails("r20", RT("r20", "{\"cudaTuning\": {\"attnSplitMin\": 8}}"),
+               "cudaTuning.attnSplitMin must be one of 0 or 16 to 4096");
 #undef RT
+}
+
+/* runtime.inference.cudaTuning: parsed into struct model_cuda_tuning, merged through extends
+ * like any object (the child's keys over the base's), absent keys left at 0 (the session's
+ * own picks). */
+static void test_cuda_tuning(void **state)
+{
+    (void)state;
+    put("cuda_base", "{" META("cuda_base", "calibrate", "[\"calibrate\", \"investigate\"]") ", "
+                     "\"runtime\": {\"inference\": {\"cudaTuning\": {\"gemvSmemWarps\": 16, "
+                     "\"gemvSmemKb\": 200, \"gemvSmemLaunch\": \"before-wait\", \"attnSplitMin\": 128}}}}");
+    put("cuda_child", "{" META("cuda_child", "calibrate", "[\"calibrate\"]") ", \"extends\": \"cuda_base\", "
+                      "\"runtime\": {\"inference\": {\"cudaTuning\": {\"gemvSmemKb\": 160, "
+                      "\"gemvqRows\": 4, \"gemvqLaunch\": \"after-wait\", \"pdl\": true}}}}");
+    struct profile *p = load_ok("cuda_child");
+    assert_true(p->cuda_given);
+    assert_int_equal(p->cuda.gemv_smem_warps, 16);
+    assert_int_equal(p->cuda.gemv_smem_kb, 160);
+    assert_int_equal(p->cuda.gemv_smem_launch, 1);
+    assert_int_equal(p->cuda.gemvq_rows, 4);
+    assert_int_equal(p->cuda.gemvq_launch, 2);
+    assert_true(p->cuda.pdl);
+    assert_int_equal(p->cuda.attn_split_min, 128);
+    profile_free(p);
+    p = load_ok("default"); /* none: every choice the session's */
+    assert_false(p->cuda_given);
+    assert_int_equal(p->cuda.gemv_smem_warps + p->cuda.gemv_smem_kb + p->cuda.gemvq_rows + p->cuda.attn_split_min, 0);
+    assert_false(p->cuda.pdl);
+    profile_free(p);
 }
 
 static void test_intent_gating(void **state)
@@ -418,6 +462,7 @@ int main(void)
         cmocka_unit_test(test_cycle_refused),
         cmocka_unit_test(test_metadata_errors),
         cmocka_unit_test(test_runtime_errors),
+        cmocka_unit_test(test_cuda_tuning),
         cmocka_unit_test(test_intent_gating),
         cmocka_unit_test(test_binding_errors_and_remap),
         cmocka_unit_test(test_seed_000),

@@ -2,8 +2,10 @@
  * cmd_calibrate.c — `qwenrt calibrate`: find the fastest valid kernel binding for a model on
  * this machine and write it as a new profile (see src/tools/calibrate.h).
  *
- *   qwenrt calibrate -m MODEL [--backend cpu] [--threads N] [-p 32] [-n 16] [--warmup 1]
+ *   qwenrt calibrate -m MODEL [--backend cpu|cuda] [--threads N] [-p 32] [-n 16] [--warmup 1]
  *                    [--trials 3] [-o PROFILE.json] [--id ID] [--out EVIDENCE.json]
+ * With --backend cuda the defaults are -p 64 -n 256 --trials 5 (a GPU decodes 16 tokens in
+ * ~10 ms: too short to time) and the choices are the CUDA decode's shapes.
  * Exit 0 when a profile was written and passed validation, 1 otherwise, 2 for usage errors.
  */
 #include <errno.h>
@@ -22,9 +24,10 @@ static void usage(FILE *f)
 {
     fprintf(
         f,
-        "usage: qwenrt calibrate -m MODEL [--backend cpu] [--threads N] [-p 32] [-n 16] [--warmup 1]\n"
+        "usage: qwenrt calibrate -m MODEL [--backend cpu|cuda] [--threads N] [-p 32] [-n 16] [--warmup 1]\n"
         "         [--trials 3] [-o PROFILE.json (calibrated.json)] [--id ID] [--out EVIDENCE.json]\n"
-        "         [--profiles-dir D]\n");
+        "         [--profiles-dir D]\n"
+        "  cuda: the decode's GEMV shapes, PDL and attention splits; defaults -p 64 -n 256 --trials 5\n");
 }
 
 int cmd_calibrate(int argc, char **argv)
@@ -36,10 +39,10 @@ int cmd_calibrate(int argc, char **argv)
         {"out", required_argument, 0, 'O'},     {"profiles-dir", required_argument, 0, 'd'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
-    struct calibrate_params p = {.n_prompt = 32,
-                                 .n_gen = 16,
+    struct calibrate_params p = {.n_prompt = 0, /* 0: the backend's default, below */
+                                 .n_gen = 0,
                                  .warmup = 1,
-                                 .trials = 3,
+                                 .trials = 0,
                                  .out_profile = "calibrated.json",
                                  .profile_id = "profiles/calibrated"};
     const char *out = NULL;
@@ -77,6 +80,10 @@ int cmd_calibrate(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    bool gpu = p.backend && !strcmp(p.backend, "cuda");
+    p.n_prompt = p.n_prompt ? p.n_prompt : gpu ? 64 : 32;
+    p.n_gen = p.n_gen ? p.n_gen : gpu ? 256 : 16;
+    p.trials = p.trials ? p.trials : gpu ? 5 : 3;
     /* the candidate profiles go to a directory of this run's own: two calibrations at once
      * (or a test beside a user's run) must not overwrite or remove each other's files */
     char work[] = "/tmp/qwenrt-calibrate-XXXXXX";

@@ -55,6 +55,16 @@ struct model_weights {
 
 enum model_format { MODEL_FORMAT_GGUF, MODEL_FORMAT_HF };
 
+/* Shape choices for the CUDA decode that a runtime profile made (runtime.inference.cudaTuning,
+ * written by `qwenrt calibrate --backend cuda`); 0 everywhere: the session's own picks. CUDA
+ * sessions copy them into their cuda_options (cuda_backend.h has each field's meaning). */
+struct model_cuda_tuning {
+    int32_t gemv_smem_warps, gemv_smem_kb, gemv_smem_launch;
+    int32_t gemvq_rows, gemvq_launch;
+    bool pdl; /* every decode launch with PDL (16-bit weights have it anyway) */
+    int32_t attn_split_min;
+};
+
 struct qwenrt_model {
     struct model_hparams hp;
     enum model_format format;
@@ -66,6 +76,7 @@ struct qwenrt_model {
     bool v_head_tiled;                /* DeltaNet value heads in GGUF (tiled) order */
     struct owned_chunk *owned;        /* small f32 vectors converted at load (a list) */
     struct plan plans[2];             /* [PHASE_PREFILL], [PHASE_DECODE] */
+    struct model_cuda_tuning cuda_tuning; /* from the profile the model was bound under */
     int n_threads;
     char backend[16];
     int64_t n_params, weight_bytes;

@@ -433,6 +433,87 @@ static qwenrt_status parse_cadence(struct profile *p, json_t *o, const char *whe
     return QWENRT_OK;
 }
 
+/* An integer key of cudaTuning: absent leaves *out; else one of `allowed` (n_allowed > 0) or
+ * in [lo, hi]. */
+static qwenrt_status cuda_int(struct profile *p, json_t *o, const char *key, const int *allowed,
+                              int n_allowed, int lo, int hi, int32_t *out, struct qwenrt_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v)
+        return QWENRT_OK;
+    json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+    bool ok = false;
+    for (int i = 0; i < n_allowed; i++)
+        ok = ok || x == allowed[i];
+    if (!n_allowed)
+        ok = x == 0 || (x >= lo && x <= hi);
+    if (!ok) {
+        char list[96] = "";
+        for (int i = 0; i < n_allowed; i++)
+            snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%d", i ? ", " : "", allowed[i]);
+        if (!n_allowed)
+            snprintf(list, sizeof(list), "0 or %d to %d", lo, hi);
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: cudaTuning.%s must be one of %s", p->path, key, list);
+    }
+    *out = (int32_t)x;
+    return QWENRT_OK;
+}
+
+/* A launch-order key of cudaTuning: "auto" 0, "before-wait" 1, "after-wait" 2. */
+static qwenrt_status cuda_launch(struct profile *p, json_t *o, const char *key, int32_t *out,
+                                 struct qwenrt_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v)
+        return QWENRT_OK;
+    const char *s = json_string_value(v);
+    static const char *const names[] = {"auto", "before-wait", "after-wait"};
+    for (int i = 0; s && i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *out = i;
+            return QWENRT_OK;
+        }
+    return err_set(err, QWENRT_ERR_FORMAT,
+                   "%s: cudaTuning.%s must be one of auto, before-wait, after-wait", p->path, key);
+}
+
+/* runtime.inference.cudaTuning: the CUDA decode's shape choices (struct model_cuda_tuning;
+ * the limits are cuda_options' own, checked again when a CUDA session starts). Unknown keys
+ * are refused so that a misspelt choice cannot pass silently. */
+static qwenrt_status parse_cuda_tuning(struct profile *p, json_t *o, struct qwenrt_error *err)
+{
+    if (!o)
+        return QWENRT_OK;
+    if (!json_is_object(o))
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: runtime.inference.cudaTuning must be an object", p->path);
+    static const char *const keys[] = {"gemvSmemWarps", "gemvSmemKb", "gemvSmemLaunch", "gemvqRows",
+                                       "gemvqLaunch",   "pdl",        "attnSplitMin"};
+    const char *k;
+    json_t *v;
+    json_object_foreach (o, k, v) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            known = known || !strcmp(k, keys[i]);
+        if (!known)
+            return err_set(err, QWENRT_ERR_FORMAT, "%s: cudaTuning.%s is not a CUDA tuning key", p->path, k);
+    }
+    static const int warps[] = {0, 1, 2, 4, 8, 16}, rows[] = {0, 1, 2, 4};
+    struct model_cuda_tuning *t = &p->cuda;
+    json_t *pdl = json_object_get(o, "pdl");
+    if (pdl && !json_is_boolean(pdl))
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: cudaTuning.pdl must be true or false", p->path);
+    t->pdl = pdl ? json_is_true(pdl) : t->pdl;
+    p->cuda_given = true;
+    if (cuda_int(p, o, "gemvSmemWarps", warps, 6, 0, 0, &t->gemv_smem_warps, err) ||
+        cuda_int(p, o, "gemvSmemKb", NULL, 0, 16, 226, &t->gemv_smem_kb, err) ||
+        cuda_launch(p, o, "gemvSmemLaunch", &t->gemv_smem_launch, err) ||
+        cuda_int(p, o, "gemvqRows", rows, 4, 0, 0, &t->gemvq_rows, err) ||
+        cuda_launch(p, o, "gemvqLaunch", &t->gemvq_launch, err) ||
+        cuda_int(p, o, "attnSplitMin", NULL, 0, 16, 4096, &t->attn_split_min, err))
+        return err->status;
+    return QWENRT_OK;
+}
+
 static qwenrt_status parse_policy(struct profile *p, json_t *o, struct qwenrt_error *err)
 {
     if (!o)
@@ -504,6 +585,8 @@ static qwenrt_status parse_runtime(struct profile *p, struct qwenrt_error *err)
         st = parse_cadence(p, json_object_get(session, "decodeLoop"), "session.decodeLoop", err);
     if (!st)
         st = parse_policy(p, json_object_get(inf, "kernelPathPolicy"), err);
+    if (!st)
+        st = parse_cuda_tuning(p, json_object_get(inf, "cudaTuning"), err);
     return st;
 }
 

@@ -7,7 +7,8 @@
  * validates each file's metadata, and merges bases in order with the child last: objects
  * deep-merge, null resets (the key is removed), arrays and scalars replace. The runtime part of
  * the resolved profile is then validated (executionPatch, batching, session.decodeLoop, fusion
- * flags, kernelPathPolicy). Ids resolve as <dir>/<id minus a leading "profiles/">.json.
+ * flags, kernelPathPolicy, and qwenrt's own cudaTuning: the CUDA decode's shapes, which
+ * `qwenrt calibrate --backend cuda` measures and writes). Ids resolve as <dir>/<id minus a leading "profiles/">.json.
  *
  * Binding (profile_bind.c): each op of each phase gets a registry key; executionPatch.set
  * entries rewrite the ops they match (matching nothing is an error); kernels that cannot run
@@ -22,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/model.h"
 #include "plan/plan.h"
 #include "qwenrt.h"
 
@@ -80,6 +82,9 @@ struct profile {
     struct profile_set *sets; /* [n_sets] */
     int n_sets;
     struct profile_decode_loop decode;
+    struct model_cuda_tuning cuda;  /* runtime.inference.cudaTuning (zeros: none); tool_open
+                                     * puts it into the model for CUDA sessions */
+    bool cuda_given;
     bool capability_aware; /* kernelPathPolicy.mode */
     bool remap;            /* kernelPathPolicy.onIncompatible == "remap" */
     bool remap_in_scope;   /* sourceScope allows remapping the execution graph */

@@ -26,6 +26,9 @@ static const struct field_rule rules[] = {
      "rebinds ops to kernels; see bindings and remaps"},
     {"runtime.inference.kernelPathPolicy", "applies",
      "decides whether kernels that cannot run here fail or are remapped"},
+    {"runtime.inference.cudaTuning", "applies",
+     "the CUDA decode's GEMV shapes, PDL launch order and attention splits (CUDA sessions; "
+     "written by qwenrt calibrate --backend cuda); the CPU backend ignores it"},
     {"runtime.inference.batching.maxTokens", "ignored",
      "Doppler's mirror of the batch cap; qwenrt reads maxBatchDecodeTokens"},
     {"runtime.inference.batching", "recorded", cadence_note},

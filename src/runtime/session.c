@@ -104,6 +104,12 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
         st->ssm_len = (int64_t)hp->ssm_n_v_heads * hp->ssm_k_dim * hp->ssm_v_dim;
     }
     struct cuda_options opt = cuda_default_options();
+    const struct model_cuda_tuning *t = &s->model->cuda_tuning; /* a profile's choices */
+    opt.gemv_smem_warps = t->gemv_smem_warps, opt.gemv_smem_kb = t->gemv_smem_kb;
+    opt.gemv_smem_launch = t->gemv_smem_launch;
+    opt.gemvq_rows = t->gemvq_rows, opt.gemvq_launch = t->gemvq_launch;
+    opt.pdl = opt.pdl || t->pdl;
+    opt.attn_split_min = t->attn_split_min;
     /* QWENRT_CUDA_MEGA=off|on|auto: the decode megakernel's switch (default auto: on for
      * quantised weights), for A/B runs and as a way out */
     const char *mega = getenv("QWENRT_CUDA_MEGA");

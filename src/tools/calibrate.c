@@ -101,6 +101,8 @@ qwenrt_status calibrate_run(const struct calibrate_params *p, json_t **evidence,
                             struct qwenrt_error *err)
 {
     *evidence = NULL;
+    if (p->backend && !strcmp(p->backend, "cuda"))
+        return calibrate_cuda_run(p, evidence, err);
     if (!p->work_dir)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: no directory for the candidate profiles");
     struct tool_model tm;

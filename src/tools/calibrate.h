@@ -6,7 +6,9 @@
  * combined profile, and write it as a new profile (stability experimental) plus an evidence
  * record (the bench record of all candidates, the choices, the final validation).
  * Fusion flags and decode cadence are listed in the evidence as not tunable here: the CPU
- * backend has no fused kernels yet and decodes synchronously.
+ * backend has no fused kernels yet and decodes synchronously. With backend "cuda" the
+ * candidates are the CUDA decode's shapes instead (calibrate_cuda.c) and the profile gets a
+ * runtime.inference.cudaTuning section.
  */
 #ifndef QWENRT_TOOLS_CALIBRATE_H
 #define QWENRT_TOOLS_CALIBRATE_H
@@ -31,5 +33,10 @@ struct calibrate_params {
 /* Writes out_profile; *evidence is a new reference (status "calibrated" or "failed"). */
 qwenrt_status calibrate_run(const struct calibrate_params *p, json_t **evidence,
                             struct qwenrt_error *err);
+
+/* The same for backend "cuda" (calibrate_cuda.c; calibrate_run hands it over): the CUDA
+ * decode's shapes instead of kernels, gated against the session's own picks. */
+qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **evidence,
+                                 struct qwenrt_error *err);
 
 #endif

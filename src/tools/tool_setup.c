@@ -63,6 +63,8 @@ qwenrt_status tool_open(const struct tool_open_params *pr, struct tool_model *t,
     if (st)
         goto out_fail;
     profile_apply(&t->binding, t->model->plans);
+    if (!pr->reference)
+        t->model->cuda_tuning = t->profile->cuda; /* CUDA sessions read it (session.c) */
     return QWENRT_OK;
 out_fail:
     tool_close(t);

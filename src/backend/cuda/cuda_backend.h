@@ -113,6 +113,15 @@ struct cuda_options {
                           * when their blocks are small); 2 after the wait (one launch ahead
                           * at most); 0 (default): the session picks 2 with blocks of up to 8
                           * warps, 1 with 16 (docs/perf-log.md, session 15) */
+    int32_t gemvq_rows;  /* rows per warp of gemvq (quantised one-token GEMVs) below the LM
+                          * head: 1, 2 or 4; 0 (default): 1, and 2 for Q8_0. Which is fastest
+                          * depends on the model (docs/perf-log.md, session 15): calibrate */
+    int32_t gemvq_launch; /* when a gemvq block lets the next launch start under PDL: 1 before
+                          * its wait (and 0, the default), 2 after it (gemv_smem_launch's
+                          * choice for quantised rows) */
+    int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
+                          * 0: 64); fewer splits save the merge in short contexts and lose
+                          * parallelism in long ones (docs/perf-log.md, session 15) */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W

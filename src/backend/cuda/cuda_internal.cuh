@@ -211,6 +211,9 @@ struct gemv_args {
                             * most (0: 8 and 120); the session's choice (pick_gemv_smem_shape) */
     bool smem_after_wait;  /* its blocks call griddep_launch after griddep_wait, not before
                             * (the session's pick, cuda_options.gemv_smem_launch) */
+    int32_t q_rows;        /* gemvq: rows per warp below the LM head (0: 1, Q8_0 2;
+                            * cuda_options.gemvq_rows) */
+    bool q_after_wait;     /* gemvq: griddep_launch after griddep_wait (cuda_options.gemvq_launch) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
@@ -321,6 +324,7 @@ struct attn_args {
     /* T == 1, splits > 1: split-K over the positions (flash decoding). part holds
      * [n_head][splits][hd + 2] floats, count [n_head] zeroed counters (left zeroed). */
     int32_t splits;
+    int32_t split_min; /* positions per split at least (0: ATT_SPLIT_MIN, kernels.cu) */
     float *part;
     unsigned *count;
     /* rope (T == 1): q (at q, in place of the roped q) and k / v (rk, rv: this token's rows)

@@ -169,6 +169,9 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_kb = 0;
     o.gemv_smem_launch = 0; /* the session picks (pick_gemv_smem_shape) */
     o.gemv_mma = false;
+    o.gemvq_rows = 0; /* 1, Q8_0 2 (gemv_quant.cu) */
+    o.gemvq_launch = 0;
+    o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -583,6 +586,15 @@ static bool is_mm(const struct plan_op *op)
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
+/* The session's choices of GEMV kernel and shape (options and picks) into a launch's args. */
+static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct gemv_args *a)
+{
+    a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
+    a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
+    a->q_rows = cs->opt.gemvq_rows, a->q_after_wait = cs->opt.gemvq_launch == 2;
+    a->mma = cs->opt.gemv_mma;
+}
+
 static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const float *x,
                                 int32_t ldx, float *y, int32_t ldy, int32_t T, bool accumulate,
                                 struct qwenrt_error *err)
@@ -596,9 +608,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.n_seg = 1;
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
-        a.pdl = r->pdl, a.v2 = cs->opt.gemv_v2, a.n_sm = cs->n_sm, a.smem = cs->opt.gemv_smem;
-        a.smem_warps = cs->gs_warps, a.smem_kb = cs->gs_kb, a.smem_after_wait = cs->gs_after_wait;
-        a.mma = cs->opt.gemv_mma;
+        gemv_session_args(cs, r->pdl, &a);
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -640,6 +650,7 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     a.pos0 = cs->d_pos, a.T = T, a.gate = false;
     a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
+    a.split_min = cs->opt.attn_split_min;
     struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
                                 a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16,
                                 b[op->in2], b[op->in3], ld_of(r, op->in2), ld_of(r, op->in3), cs->opt.kv_f16};
@@ -936,9 +947,7 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
     a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
     a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
     a.n_seg = st->n_mm;
-    a.pdl = r->pdl, a.v2 = r->cs->opt.gemv_v2, a.n_sm = r->cs->n_sm, a.smem = r->cs->opt.gemv_smem;
-    a.smem_warps = r->cs->gs_warps, a.smem_kb = r->cs->gs_kb, a.smem_after_wait = r->cs->gs_after_wait;
-    a.mma = r->cs->opt.gemv_mma;
+    gemv_session_args(r->cs, r->pdl, &a);
     for (int k = 0; k < st->n_mm; k++) {
         const struct dop *d = &r->d[st->mm[k]];
         const struct plan_op *m = &p->ops[st->mm[k]];
@@ -1023,6 +1032,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
         a.pdl = r->pdl, a.kv_f16 = cs->opt.kv_f16;
         a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
+        a.split_min = cs->opt.attn_split_min;
         /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
          * the q that the rope op rotates in place */
         a.rope = cs->opt.attn_rope && ra.q == a.q;
@@ -1496,6 +1506,16 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: gemv_smem_launch %d (0: the session picks, 1: before the wait, 2: after it)",
                        (int)o->gemv_smem_launch);
+    int r = o->gemvq_rows;
+    if (r != 0 && r != 1 && r != 2 && r != 4)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_rows %d (0: the default, or 1, 2 or 4)", r);
+    if (o->gemvq_launch < 0 || o->gemvq_launch > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemvq_launch %d (0: the default, 1: before the wait, 2: after it)",
+                       (int)o->gemvq_launch);
+    int m = o->attn_split_min;
+    if (m != 0 && (m < 16 || m > 4096))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
     return QWENRT_OK;
 }
 

@@ -26,12 +26,6 @@
 #ifndef GQ_WARPS
 #define GQ_WARPS 4 /* warps per block */
 #endif
-#ifndef GQ_LAUNCH_AFTER_WAIT
-/* 1: griddep_launch after griddep_wait instead of first, so that at most the next launch
- * prefetches while this one runs (an experiment for PDL with quantised weights, where it
- * loses 6-24%: docs/perf-log.md, session 14; not yet measured) */
-#define GQ_LAUNCH_AFTER_WAIT 0
-#endif
 #ifndef GQ_SMEM_MIN
 /* > 0: each block reserves at least this much dynamic shared memory, so that fewer launches'
  * blocks fit on a multiprocessor at once (the other arm of the GQ_LAUNCH_AFTER_WAIT
@@ -105,7 +99,7 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
 {
     extern __shared__ float4 gq_smem4[];
     __shared__ float s_part[GQ_WARPS][GEMV_MAX_T];
-    if (!GQ_LAUNCH_AFTER_WAIT)
+    if (!a.q_after_wait) /* a.q_after_wait: at most the next launch prefetches while this one runs */
         griddep_launch();
     float *xs = (float *)gq_smem4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -139,7 +133,7 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
     float4 g0[GEMV_NW];
     gemv_load_norm_w(a, g0);
     griddep_wait();
-    if (GQ_LAUNCH_AFTER_WAIT)
+    if (a.q_after_wait)
         griddep_launch();
     float yold[R];
 #pragma unroll
@@ -184,7 +178,9 @@ static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K =
 /* Rows per warp: more for the big products (the LM head: x staged and gathered once per four
  * rows; H200, Qwen3-0.6B Q4_K_M 1,083 -> 1,130 tok/s) and two for Q8_0 everywhere (its x
  * gather reads floats 128 bytes apart per lane, one bank: Qwen3-0.6B Q8_0 928 -> 1,040, where
- * K-quant rows lose 1-2% with two); -D overrides for bench/cuda_variant.sh. */
+ * K-quant rows lose 1-2% with two); gemv_args.q_rows (cuda_options.gemvq_rows: 1, 2 or 4)
+ * overrides the rows below the LM head, since the best count depends on the model (session
+ * 15: Qwen3.5-0.8B Q4_K_M +6% with two). */
 #ifndef GQ_R
 #define GQ_R 1
 #endif
@@ -226,7 +222,11 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *str
     *kb = k;
     *stride = (int32_t)((rb + 15) / 16 * 16);
     /* GQ_R_BIG is built for K = 1024 without SwiGLU only: the LM heads of these models */
-    *r = a->k_mixed ? 1 : rows >= GQ_BIG_ROWS && k == 4 && P == 1 ? GQ_R_BIG : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
+    *r = a->k_mixed                                  ? 1
+         : rows >= GQ_BIG_ROWS && k == 4 && P == 1 ? GQ_R_BIG
+         : a->q_rows                               ? a->q_rows
+         : a->dtype == QR_Q8_0                     ? GQ_R_Q8
+                                                   : GQ_R;
     if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > GQ_SMEM_MAX)
         *r = 1; /* the rows do not fit: one per warp */
     *smem = gq_at_least((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride, GQ_SMEM_MIN);
@@ -277,14 +277,16 @@ template <int DT>
 static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t stride, size_t smem, int blocks,
                             cudaStream_t s)
 {
-    constexpr int CB = DT == QR_Q6_K ? 8 : 16, RS = DT == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
-    /* only the shapes gemvq_shape picks for DT are built (each row count of every shape is
-     * ~1.5 MB of kernels) */
+    constexpr int CB = DT == QR_Q6_K ? 8 : 16;
+    /* the row counts gemvq_shape picks: 1, 2 or 4 (each row count of every shape is ~1.5 MB
+     * of kernels), and GQ_R_BIG for the LM head */
     if (r == GQ_R_BIG && kb == 4 && a->mode != GEMV_SWIGLU)
         return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, blocks, smem, s, a, stride);
-    if (r == RS)
-        return gemvq_r<DT, CB, RS>(a, kb, stride, smem, blocks, s);
-    return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
+    switch (r) {
+    case 4: return gemvq_r<DT, CB, 4>(a, kb, stride, smem, blocks, s);
+    case 2: return gemvq_r<DT, CB, 2>(a, kb, stride, smem, blocks, s);
+    default: return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
+    }
 }
 
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)

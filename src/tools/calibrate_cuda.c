@@ -1,0 +1,422 @@
+/*
+ * calibrate_cuda.c — `qwenrt calibrate --backend cuda`: the CUDA decode's shape choices
+ * measured for one model on this GPU (see calibrate.h; the CPU calibration picks kernels).
+ *
+ * What is tuned: the knobs whose best value the H200 measurements showed to depend on the
+ * model, the weight type and the machine (docs/perf-log.md, sessions 13-15): gemv_smem's warps
+ * and shared memory per block and where its blocks release the next launch (16-bit weights),
+ * gemvq's rows per warp, PDL and its launch order (quantised weights), and the decode
+ * attention's positions per split. Each candidate is one struct model_cuda_tuning; the
+ * baseline is the session's own picks (all zeros).
+ *
+ * The gate: every lane (one CUDA session each, the same model) decodes the same greedy
+ * continuation of the same prompt; a candidate must give the baseline's token ids at every
+ * step and logits within CAL_LOGITS_RTOL of the baseline's (the shapes change which thread
+ * sums a row, not the order of its sum: equal to the bit but for the attention's split
+ * merge). The baseline itself is what `qwenrt validate` and the test suite prove against the
+ * reference; comparing against it instead of the reference path keeps random-weight Qwen3.5
+ * models (which leave the float tolerance at position 7 on every backend: perf-log session 11)
+ * calibratable.
+ *
+ * Timing: warm-ups, then trials in which every lane runs once, the lane order rotating per
+ * trial (so drift is shared): reset, prefill (timed), n_gen greedy steps through
+ * qwenrt_session_sample + qwenrt_session_decode (timed: what `run` and `serve` do), each
+ * token checked against the gate's. A candidate is chosen when its median decode rate beats
+ * the baseline's by CAL_MIN_GAIN and no other candidate's is higher; otherwise the profile
+ * keeps the session's picks (an empty cudaTuning).
+ */
+#include "tools/calibrate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "base/timer.h"
+#include "model/model.h"
+#include "tools/records.h"
+#include "tools/tool_setup.h"
+
+#define CAL_MAX_LANES 8
+#define CAL_LOGITS_RTOL 1e-4 /* candidate vs baseline, ||c - b|| / ||b|| per step */
+#define CAL_MIN_GAIN 1.01    /* a candidate must decode at least 1% faster than the baseline */
+#define CAL_MAX_TRIALS 50
+
+struct cal_lane {
+    char label[64];
+    struct model_cuda_tuning t;
+    struct qwenrt_session *s;
+    bool passed;
+    char why[160]; /* the gate's failure, or "" */
+    double max_err;
+    double pp[CAL_MAX_TRIALS], tg[CAL_MAX_TRIALS]; /* tokens/s per trial */
+    double pp_med, tg_med;
+};
+
+enum weight_class { WEIGHTS_F32, WEIGHTS_16BIT, WEIGHTS_QUANT };
+
+/* The layers' matrices decide the GEMV kernels: 16-bit take gemv_smem, quantised gemvq. */
+static enum weight_class weight_class_of(const struct qwenrt_model *m)
+{
+    const struct plan *p = &m->plans[PHASE_DECODE];
+    bool w16 = false;
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        if (op->kind != OP_MATMUL || !op->w || op->layer < 0)
+            continue;
+        if (op->w->dtype != QR_F32 && op->w->dtype != QR_F16 && op->w->dtype != QR_BF16)
+            return WEIGHTS_QUANT;
+        w16 = w16 || op->w->dtype != QR_F32;
+    }
+    return w16 ? WEIGHTS_16BIT : WEIGHTS_F32;
+}
+
+/* Whether any layer matrix is Q8_0 (gemvq's default rows per warp there is 2, else 1). */
+static bool has_q8_0(const struct qwenrt_model *m)
+{
+    const struct plan *p = &m->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_MATMUL && p->ops[i].w && p->ops[i].layer >= 0 &&
+            p->ops[i].w->dtype == QR_Q8_0)
+            return true;
+    return false;
+}
+
+static void add_lane(struct cal_lane *L, int *n, const char *label, struct model_cuda_tuning t)
+{
+    if (*n >= CAL_MAX_LANES)
+        return;
+    memset(&L[*n], 0, sizeof(L[*n]));
+    snprintf(L[*n].label, sizeof(L[*n].label), "%s", label);
+    L[*n].t = t;
+    (*n)++;
+}
+
+/* The baseline (lane 0) and the candidates for this model's weights. */
+static int list_lanes(const struct qwenrt_model *m, struct cal_lane *L)
+{
+    int n = 0;
+    struct model_cuda_tuning z = {0}, t;
+    add_lane(L, &n, "session picks (default)", z);
+    enum weight_class wc = weight_class_of(m);
+    if (wc == WEIGHTS_16BIT) {
+        static const int32_t shapes[][3] = {{8, 120, 2}, {8, 120, 1}, {16, 160, 1},
+                                            {16, 160, 2}, {16, 200, 1}, {4, 100, 2}};
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            char label[64];
+            t = z;
+            t.gemv_smem_warps = shapes[i][0], t.gemv_smem_kb = shapes[i][1];
+            t.gemv_smem_launch = shapes[i][2];
+            snprintf(label, sizeof(label), "gemv_smem %d warps %d KB %s", shapes[i][0], shapes[i][1],
+                     shapes[i][2] == 2 ? "after-wait" : "before-wait");
+            add_lane(L, &n, label, t);
+        }
+    } else if (wc == WEIGHTS_QUANT) {
+        int32_t def = has_q8_0(m) ? 2 : 1;
+        static const int32_t rows[] = {1, 2, 4};
+        for (int i = 0; i < 3; i++) {
+            char label[64];
+            t = z;
+            t.gemvq_rows = rows[i];
+            if (rows[i] != def) {
+                snprintf(label, sizeof(label), "gemvq %d rows", rows[i]);
+                add_lane(L, &n, label, t);
+            }
+            t.pdl = true, t.gemvq_launch = 2;
+            snprintf(label, sizeof(label), "gemvq %d rows, pdl after-wait", rows[i]);
+            add_lane(L, &n, label, t);
+        }
+    } else {
+        t = z;
+        t.pdl = true;
+        add_lane(L, &n, "pdl", t);
+        t = z;
+        t.attn_split_min = 32;
+        add_lane(L, &n, "attention splits of 32+", t);
+    }
+    t = z;
+    t.attn_split_min = 128;
+    add_lane(L, &n, "attention splits of 128+", t);
+    return n;
+}
+
+static double rel_err(const float *a, const float *b, int32_t n)
+{
+    double num = 0, den = 0;
+    for (int32_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d, den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* One greedy run of a lane: reset, prefill, n_gen steps. ids_out (when given) gets the
+ * tokens; logits_ref / logits_out (either may be NULL) compare or keep the logits rows of
+ * every step; expect (when given) must match every token. Times go to *pp_s and *tg_s. */
+struct cal_run {
+    const int32_t *prompt;
+    int32_t n_prompt, n_gen, V;
+    struct qwenrt_sampler *greedy;
+    const int32_t *expect;  /* [n_gen] or NULL */
+    int32_t *ids_out;       /* [n_gen] or NULL */
+    float *logits_keep;     /* [n_gen][V]: written (baseline's gate run) or NULL */
+    const float *logits_ref; /* [n_gen][V]: compared (candidates' gate runs) or NULL */
+};
+
+static qwenrt_status run_lane(const struct cal_run *r, struct cal_lane *l, double *pp_s, double *tg_s,
+                              struct qwenrt_error *err)
+{
+    qwenrt_session_reset(l->s);
+    double t0 = time_now_s();
+    qwenrt_status st = qwenrt_session_prefill(l->s, r->prompt, r->n_prompt, NULL, err);
+    if (st)
+        return st;
+    double t1 = time_now_s();
+    for (int32_t g = 0; g < r->n_gen; g++) {
+        if (r->logits_keep || r->logits_ref) {
+            const float *row = qwenrt_session_logits(l->s);
+            if (!row)
+                return err_set(err, QWENRT_ERR_BACKEND, "calibrate: no logits at step %d", g);
+            if (r->logits_keep)
+                memcpy(r->logits_keep + (size_t)g * r->V, row, (size_t)r->V * sizeof(float));
+            if (r->logits_ref) {
+                double e = rel_err(row, r->logits_ref + (size_t)g * r->V, r->V);
+                l->max_err = e > l->max_err ? e : l->max_err;
+                if (!(e <= CAL_LOGITS_RTOL) && l->passed) {
+                    l->passed = false;
+                    snprintf(l->why, sizeof(l->why), "logits at step %d differ from the baseline's by %.3g (rtol %g)",
+                             g, e, CAL_LOGITS_RTOL);
+                }
+            }
+        }
+        int32_t id;
+        if ((st = qwenrt_session_sample(l->s, r->greedy, &id, err)))
+            return st;
+        if (r->ids_out)
+            r->ids_out[g] = id;
+        if (r->expect && id != r->expect[g] && l->passed) {
+            l->passed = false;
+            snprintf(l->why, sizeof(l->why), "greedy token %d at step %d, the baseline's is %d", id, g,
+                     r->expect[g]);
+        }
+        if ((st = qwenrt_session_decode(l->s, id, err)))
+            return st;
+    }
+    double t2 = time_now_s();
+    *pp_s = t1 - t0, *tg_s = t2 - t1;
+    return QWENRT_OK;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+    double s[CAL_MAX_TRIALS];
+    memcpy(s, v, (size_t)n * sizeof(double));
+    qsort(s, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+static const char *launch_name(int32_t v) { return v == 2 ? "after-wait" : v == 1 ? "before-wait" : "auto"; }
+
+/* The profile's cudaTuning object: only the fields the choice sets. */
+static json_t *tuning_json(const struct model_cuda_tuning *t)
+{
+    json_t *o = json_object();
+    if (t->gemv_smem_warps)
+        json_object_set_new(o, "gemvSmemWarps", json_integer(t->gemv_smem_warps));
+    if (t->gemv_smem_kb)
+        json_object_set_new(o, "gemvSmemKb", json_integer(t->gemv_smem_kb));
+    if (t->gemv_smem_launch)
+        json_object_set_new(o, "gemvSmemLaunch", json_string(launch_name(t->gemv_smem_launch)));
+    if (t->gemvq_rows)
+        json_object_set_new(o, "gemvqRows", json_integer(t->gemvq_rows));
+    if (t->gemvq_launch)
+        json_object_set_new(o, "gemvqLaunch", json_string(launch_name(t->gemvq_launch)));
+    if (t->pdl)
+        json_object_set_new(o, "pdl", json_true());
+    if (t->attn_split_min)
+        json_object_set_new(o, "attnSplitMin", json_integer(t->attn_split_min));
+    return o;
+}
+
+static json_t *profile_json(const char *id, const char *desc, const struct model_cuda_tuning *t)
+{
+    char now[40];
+    records_now(now);
+    now[19] = 0;
+    strcat(now, "Z");
+    return json_pack("{s:s, s:s, s:s, s:s, s:[s,s,s], s:s, s:s, s:s, s:s, s:{s:{s:o}}}", "id", id,
+                     "name", id, "description", desc, "intent", "calibrate", "compatibleIntents",
+                     "calibrate", "verify", "investigate", "stability", "experimental", "owner",
+                     "qwenrt calibrate", "createdAtUtc", now, "extends", "profiles/default",
+                     "runtime", "inference", "cudaTuning", tuning_json(t));
+}
+
+/* Sessions for every lane; the gate run (baseline first). */
+static qwenrt_status open_and_gate(struct qwenrt_model *m, struct cal_lane *L, int n, struct cal_run *r,
+                                   int32_t *base_ids, struct qwenrt_error *err)
+{
+    struct qwenrt_session_params sp = qwenrt_session_default_params();
+    sp.n_ctx = r->n_prompt + r->n_gen + 8;
+    float *keep = xalloc_aligned((size_t)r->n_gen * r->V, sizeof(float));
+    if (!keep)
+        return err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory for %d logits rows", r->n_gen);
+    qwenrt_status st = QWENRT_OK;
+    for (int i = 0; i < n && !st; i++) {
+        m->cuda_tuning = L[i].t; /* read by qwenrt_session_init */
+        st = qwenrt_session_init(m, &sp, &L[i].s, err);
+        if (st) {
+            char msg[sizeof(err->message)];
+            snprintf(msg, sizeof(msg), "%s", err->message);
+            st = err_set(err, st, "calibrate: lane '%s': %s", L[i].label, msg);
+            break;
+        }
+        L[i].passed = true;
+        struct cal_run g = *r;
+        g.ids_out = i == 0 ? base_ids : NULL;
+        g.expect = i == 0 ? NULL : base_ids;
+        g.logits_keep = i == 0 ? keep : NULL;
+        g.logits_ref = i == 0 ? NULL : keep;
+        double a, b;
+        st = run_lane(&g, &L[i], &a, &b, err);
+    }
+    memset(&m->cuda_tuning, 0, sizeof(m->cuda_tuning));
+    xfree(keep);
+    return st;
+}
+
+static qwenrt_status time_lanes(struct cal_lane *L, int n, const struct cal_run *r, int warmup, int trials,
+                                struct qwenrt_error *err)
+{
+    for (int k = -warmup; k < trials; k++)
+        for (int j = 0; j < n; j++) {
+            struct cal_lane *l = &L[(j + (k < 0 ? 0 : k)) % n]; /* rotate the order per trial */
+            if (!l->passed)
+                continue;
+            double pp, tg;
+            qwenrt_status st = run_lane(r, l, &pp, &tg, err);
+            if (st)
+                return st;
+            if (k >= 0) {
+                l->pp[k] = r->n_prompt / pp;
+                l->tg[k] = r->n_gen / tg;
+            }
+        }
+    for (int i = 0; i < n; i++)
+        if (L[i].passed)
+            L[i].pp_med = median(L[i].pp, trials), L[i].tg_med = median(L[i].tg, trials);
+    return QWENRT_OK;
+}
+
+/* The evidence record; *chosen gets the winning lane (0: the baseline). */
+static json_t *evidence(const struct calibrate_params *p, const struct cal_lane *L, int n, int *chosen)
+{
+    *chosen = 0;
+    for (int i = 1; i < n; i++)
+        if (L[i].passed && L[i].tg_med >= L[0].tg_med * CAL_MIN_GAIN && L[i].tg_med > L[*chosen].tg_med)
+            *chosen = i;
+    json_t *choices = json_array(), *lanes = json_array();
+    double base_s = L[0].tg_med > 0 ? p->n_gen / L[0].tg_med : 0;
+    for (int i = 0; i < n; i++) {
+        json_t *pp = json_array(), *tg = json_array();
+        for (int k = 0; L[i].passed && k < p->trials; k++) {
+            json_array_append_new(pp, json_real(L[i].pp[k]));
+            json_array_append_new(tg, json_real(L[i].tg[k]));
+        }
+        json_array_append_new(
+            lanes, json_pack("{s:s, s:o, s:s, s:s, s:f, s:o, s:o, s:f, s:f}", "label", L[i].label, "cudaTuning",
+                             tuning_json(&L[i].t), "gate", L[i].passed ? "passed" : "failed", "gate_failure",
+                             L[i].why, "max_logits_rel_err_vs_baseline", L[i].max_err, "prefill_tok_s", pp,
+                             "decode_tok_s", tg, "median_prefill_tok_s", L[i].pp_med, "median_decode_tok_s",
+                             L[i].tg_med));
+        if (i > 0)
+            json_array_append_new(
+                choices, json_pack("{s:s, s:s, s:f, s:f, s:b}", "op", "cudaTuning", "key", L[i].label,
+                                   "median_total_s", L[i].passed && L[i].tg_med > 0 ? p->n_gen / L[i].tg_med : 0.0,
+                                   "baseline_total_s", base_s, "chosen", i == *chosen));
+    }
+    return json_pack("{s:i, s:s, s:s, s:s, s:o, s:o, s:{s:i, s:i, s:i, s:i, s:s, s:f, s:f}}", "schema_version",
+                     RECORDS_SCHEMA_VERSION, "kind", "calibration", "backend", "cuda", "status", "calibrated",
+                     "choices", choices, "lanes", lanes, "method", "n_prompt", p->n_prompt, "n_gen", p->n_gen,
+                     "warmup", p->warmup, "trials", p->trials, "gate",
+                     "greedy ids equal to the baseline's (the session's own picks) at every step, logits "
+                     "within the relative tolerance; the baseline is what qwenrt validate and the tests "
+                     "prove against the reference",
+                     "logits_rtol", CAL_LOGITS_RTOL, "min_gain", CAL_MIN_GAIN);
+}
+
+qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    if (p->trials < 1 || p->trials > CAL_MAX_TRIALS || p->warmup < 0 || p->n_prompt < 1 || p->n_gen < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: trials 1 to %d, warm-ups >= 0, -p and -n >= 1",
+                       CAL_MAX_TRIALS);
+    struct tool_model tm;
+    struct tool_open_params op = {.model_path = p->model_path, .backend = "cuda", .n_threads = p->n_threads,
+                                  .profiles_dir = p->profiles_dir, .command = "calibrate",
+                                  .intent = PROFILE_INTENT_CALIBRATE};
+    qwenrt_status st = tool_open(&op, &tm, err);
+    if (st)
+        return st;
+    struct cal_lane L[CAL_MAX_LANES];
+    int n = list_lanes(tm.model, L);
+    struct qwenrt_model_info info;
+    qwenrt_model_get_info(tm.model, &info);
+    int32_t *prompt = xcalloc((size_t)p->n_prompt, sizeof(int32_t));
+    int32_t *base_ids = xcalloc((size_t)p->n_gen, sizeof(int32_t));
+    struct qwenrt_sampler *greedy = NULL;
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    if (!prompt || !base_ids)
+        st = err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory");
+    if (!st)
+        st = qwenrt_sampler_init(&gp, info.n_vocab, &greedy, err);
+    uint64_t x = 0x9E3779B97F4A7C15ull; /* the prompt: random ids, fixed */
+    for (int32_t i = 0; !st && i < p->n_prompt; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        prompt[i] = (int32_t)(x % (uint64_t)info.n_vocab);
+    }
+    struct cal_run r = {.prompt = prompt, .n_prompt = p->n_prompt, .n_gen = p->n_gen, .V = info.n_vocab,
+                        .greedy = greedy};
+    if (!st)
+        st = open_and_gate(tm.model, L, n, &r, base_ids, err);
+    r.expect = base_ids; /* every timed run must reproduce the gate's tokens */
+    if (!st)
+        st = time_lanes(L, n, &r, p->warmup, p->trials, err);
+    int chosen = 0;
+    json_t *ev = NULL;
+    if (!st && !L[0].passed) /* its timed runs left its own gate tokens: not deterministic */
+        st = err_set(err, QWENRT_ERR_BACKEND, "calibrate: the baseline lane failed: %s", L[0].why);
+    if (!st) { /* a candidate whose timed tokens left the gate's is out (passed cleared) */
+        ev = evidence(p, L, n, &chosen);
+        char desc[512];
+        snprintf(desc, sizeof(desc),
+                 "written by qwenrt calibrate --backend cuda for %.200s on this GPU: %s (decode %.0f tokens/s "
+                 "against %.0f with the session's own picks; prompt %d, output %d tokens, %d trials)",
+                 p->model_path, chosen ? L[chosen].label : "the session's own picks", L[chosen].tg_med,
+                 L[0].tg_med, p->n_prompt, p->n_gen, p->trials);
+        json_t *doc = profile_json(p->profile_id, desc, &L[chosen].t);
+        records_add_environment(ev);
+        records_add_gpu(ev);
+        json_object_set_new(ev, "profile", doc);
+        st = records_write(doc, p->out_profile, err);
+    }
+    for (int i = 0; i < n; i++)
+        qwenrt_session_free(L[i].s);
+    qwenrt_sampler_free(greedy);
+    xfree(prompt);
+    xfree(base_ids);
+    tool_close(&tm);
+    if (st) {
+        json_decref(ev);
+        return st;
+    }
+    *out = ev;
+    return QWENRT_OK;
+}
