@@ -28,6 +28,10 @@ struct calibrate_params {
     const char *profile_id;  /* its id, e.g. "profiles/calibrated-qwen3-tiny" */
     const char *work_dir;    /* for the candidate profile files: a directory of this run's own
                               * (they are written, then removed; cmd_calibrate makes one) */
+    /* Test hook (CUDA calibration): called with each lane's session after it is created, lane
+     * 0 being the baseline (tests break a candidate's kernels through it). */
+    void (*lane_hook)(struct qwenrt_session *s, int lane, void *user);
+    void *hook_user;
 };
 
 /* Writes out_profile; *evidence is a new reference (status "calibrated" or "failed"). */
@@ -35,7 +39,9 @@ qwenrt_status calibrate_run(const struct calibrate_params *p, json_t **evidence,
                             struct qwenrt_error *err);
 
 /* The same for backend "cuda" (calibrate_cuda.c; calibrate_run hands it over): the CUDA
- * decode's shapes instead of kernels, gated against the session's own picks. */
+ * decode's shapes instead of kernels, gated against the session's own picks. It runs on the
+ * backend p->backend names: the tests run its gate, timing and records on the CPU, whose
+ * sessions ignore the shapes. */
 qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **evidence,
                                  struct qwenrt_error *err);
 

@@ -17,6 +17,8 @@
  * reference; comparing against it instead of the reference path keeps random-weight Qwen3.5
  * models (which leave the float tolerance at position 7 on every backend: perf-log session 11)
  * calibratable.
+ * The machinery runs on whichever backend the parameters name: the tests run it on the CPU,
+ * whose sessions ignore the shapes (every lane then computes the same thing).
  *
  * Timing: warm-ups, then trials in which every lane runs once, the lane order rotating per
  * trial (so drift is shared): reset, prefill (timed), n_gen greedy steps through
@@ -260,8 +262,8 @@ static json_t *profile_json(const char *id, const char *desc, const struct model
 }
 
 /* Sessions for every lane; the gate run (baseline first). */
-static qwenrt_status open_and_gate(struct qwenrt_model *m, struct cal_lane *L, int n, struct cal_run *r,
-                                   int32_t *base_ids, struct qwenrt_error *err)
+static qwenrt_status open_and_gate(const struct calibrate_params *p, struct qwenrt_model *m, struct cal_lane *L,
+                                   int n, struct cal_run *r, int32_t *base_ids, struct qwenrt_error *err)
 {
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = r->n_prompt + r->n_gen + 8;
@@ -278,6 +280,8 @@ static qwenrt_status open_and_gate(struct qwenrt_model *m, struct cal_lane *L, i
             st = err_set(err, st, "calibrate: lane '%s': %s", L[i].label, msg);
             break;
         }
+        if (p->lane_hook)
+            p->lane_hook(L[i].s, i, p->hook_user);
         L[i].passed = true;
         struct cal_run g = *r;
         g.ids_out = i == 0 ? base_ids : NULL;
@@ -343,7 +347,7 @@ static json_t *evidence(const struct calibrate_params *p, const struct cal_lane 
                                    "baseline_total_s", base_s, "chosen", i == *chosen));
     }
     return json_pack("{s:i, s:s, s:s, s:s, s:o, s:o, s:{s:i, s:i, s:i, s:i, s:s, s:f, s:f}}", "schema_version",
-                     RECORDS_SCHEMA_VERSION, "kind", "calibration", "backend", "cuda", "status", "calibrated",
+                     RECORDS_SCHEMA_VERSION, "kind", "calibration", "backend", p->backend, "status", "calibrated",
                      "choices", choices, "lanes", lanes, "method", "n_prompt", p->n_prompt, "n_gen", p->n_gen,
                      "warmup", p->warmup, "trials", p->trials, "gate",
                      "greedy ids equal to the baseline's (the session's own picks) at every step, logits "
@@ -359,7 +363,7 @@ qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **out,
         return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: trials 1 to %d, warm-ups >= 0, -p and -n >= 1",
                        CAL_MAX_TRIALS);
     struct tool_model tm;
-    struct tool_open_params op = {.model_path = p->model_path, .backend = "cuda", .n_threads = p->n_threads,
+    struct tool_open_params op = {.model_path = p->model_path, .backend = p->backend, .n_threads = p->n_threads,
                                   .profiles_dir = p->profiles_dir, .command = "calibrate",
                                   .intent = PROFILE_INTENT_CALIBRATE};
     qwenrt_status st = tool_open(&op, &tm, err);
@@ -385,7 +389,7 @@ qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **out,
     struct cal_run r = {.prompt = prompt, .n_prompt = p->n_prompt, .n_gen = p->n_gen, .V = info.n_vocab,
                         .greedy = greedy};
     if (!st)
-        st = open_and_gate(tm.model, L, n, &r, base_ids, err);
+        st = open_and_gate(p, tm.model, L, n, &r, base_ids, err);
     r.expect = base_ids; /* every timed run must reproduce the gate's tokens */
     if (!st)
         st = time_lanes(L, n, &r, p->warmup, p->trials, err);
