@@ -3,12 +3,15 @@
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
 # GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
 # cmake --build build-cudaperf --target test_cuda_backend cuda_bench; cp to .devbin/).
-# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|all] ; logs and JSON go to $OUT.
+# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|all] ; logs and JSON go to $OUT.
 # validate: issue 6's long check at the real geometry — `qwenrt validate --backend cuda` on
 # synth models (CFGS, default BF16 and Q4_K_M of both), a VP-token prompt then VN decoded
 # tokens (default 128 + 129: 256 positions checked, logits and KV against the CPU reference path,
 # greedy ids; --keep-going: every position even past a failure), one validation record each ($OUT/validate-cuda-A-T.json); needs .devbin/qwenrt
 # (gzipped) and .devlibs.
+# calibrate: `qwenrt calibrate --backend cuda` on synth models of the real geometry (CFGS,
+# default BF16, Q4_K_M and Q8_0 of Qwen3-0.6B, BF16 and Q4_K_M of Qwen3.5-0.8B): each lane's
+# gate and median decode tokens/s, the evidence in $OUT/calibrate-A-T.json; needs .devbin/qwenrt.
 # serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
@@ -50,6 +53,25 @@ if [ "$what" = validate ]; then
         echo "validate $a $t rc=$? in $(( $(date +%s) - t0 )) s"
         grep -E "^(tolerance|positions|max error|status)" "$OUT/validate-$a-$t.log"
         rm -f "/tmp/v-$a-$t.gguf"
+    done
+fi
+if [ "$what" = calibrate ]; then
+    for cfg in ${CFGS:-qwen3-0.6b:bf16 qwen35-0.8b:bf16 qwen3-0.6b:q4_k_m qwen3-0.6b:q8_0 qwen35-0.8b:q4_k_m}; do
+        a=${cfg%%:*}; t=${cfg##*:}
+        t0=$(date +%s)
+        .devbin/qwenrt synth --arch "$a" --type "$t" --no-tokenizer -o "/tmp/c-$a-$t.gguf" > /dev/null &&
+            timeout ${CALIBRATE_TIMEOUT:-150} .devbin/qwenrt calibrate -m "/tmp/c-$a-$t.gguf" --backend cuda \
+                -o "$OUT/calibrated-$a-$t.json" --out "$OUT/calibrate-$a-$t.json" > "$OUT/calibrate-$a-$t.log" 2>&1
+        echo "calibrate $a $t rc=$? in $(( $(date +%s) - t0 )) s"
+        python3 - "$OUT/calibrate-$a-$t.json" <<'PY' || tail -5 "$OUT/calibrate-$a-$t.log"
+import json, sys
+e = json.load(open(sys.argv[1]))
+for l in e["lanes"]:
+    print("  %-38s %-6s err %.2g  tg %7.1f  %s" % (l["label"], l["gate"], l["max_logits_rel_err_vs_baseline"],
+          l["median_decode_tok_s"], [round(x) for x in l["decode_tok_s"]]))
+print("  chosen:", [c["key"] for c in e["choices"] if c["chosen"]] or "the session's own picks")
+PY
+        rm -f "/tmp/c-$a-$t.gguf"
     done
 fi
 if [ "$what" = serve ]; then

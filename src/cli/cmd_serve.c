@@ -23,7 +23,7 @@ static int usage(void)
             "                    [--max-tokens N] [--max-prompt N] [--max-body-kb N]\n"
             "                    [--timeout S] [--top-k K] [--alias NAME] [--threads N]\n"
             "                    [--backend cpu|cuda] [--precision default|exact] [--kv-type default|f32|f16]\n"
-            "                    [--no-log]\n"
+            "                    [--profile ID|FILE] [--no-log]\n"
             "  --host ADDR      address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N         port (default 8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY    require 'Authorization: Bearer KEY' on /v1/* and /metrics\n"
@@ -40,6 +40,8 @@ static int usage(void)
             "  --precision P    GPU prompt products: default (bf16, as llama.cpp) or exact (f32)\n"
             "  --kv-type T      the KV cache: default (f32 for now), f32 or f16 (half the memory;\n"
             "                   on the GPU as fast or faster)\n"
+            "  --profile P      a runtime profile: kernels, or a CUDA calibration's decode shapes\n"
+            "                   (qwenrt calibrate --backend cuda -o P)\n"
             "  --no-log         no request log lines on stderr\n");
     return 2;
 }
