@@ -6,7 +6,8 @@
  * softmax-weighted V differs, so outputs agree to f32 rounding relative to Σ|w·v|, and the KV
  * cache rows written are bit-identical. The result must not depend on the thread count.
  * The same with the cache in f16 (seq_state.kv_f16): both kernels read the same rounded rows,
- * and the f16 result stays within f16 rounding of the f32 one (and is not it).
+ * and the f16 result stays within f16 rounding of the f32 one (and is not it); the rows they
+ * write from values at the edges of f16 rounding are the same bits.
  */
 #include <stdlib.h>
 
@@ -32,7 +33,16 @@ static float urand(struct rng *r, float lo, float hi)
 
 struct attn_case {
     int32_t n_head, n_head_kv, head_dim, T, pos0;
+    bool specials; /* K and V rows start with the values f16 rounding must get right */
 };
+
+/* f32 values at the edges of f16 rounding (NaN aside: its payload is not specified): ties to
+ * even among the subnormals and normals, the largest finite and the first to overflow, zeros
+ * of both signs, infinities, an f32 subnormal. */
+static const float f16_edges[] = {
+    0x1p-25f, 0x3p-25f, 0x1p-24f, 0x1p-14f, 0x1p-14f - 0x1p-25f, 6.1e-5f, 1e-7f, -3e-8f,
+    65504.0f, 65519.0f, 65520.0f, 1e6f, -1e6f, -0.0f, 0.0f, 1.0f + 0x1p-11f, 1.0f + 0x3p-11f,
+    -(1.0f + 0x3p-11f), INFINITY, -INFINITY, 1e-40f, 0.333333343f, -2.71828175f};
 
 /* Runs fn on a fresh copy of the inputs; returns out [T][n_head*hd] and the KV cache (f32 rows,
  * or with f16 the rows as f16 bits in kcache16 / vcache16). */
@@ -67,6 +77,9 @@ static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t s
         k[i] = urand(&r, -2.0f, 2.0f);
         v[i] = urand(&r, -1.0f, 1.0f);
     }
+    size_t n_edges = sizeof(f16_edges) / sizeof(f16_edges[0]);
+    for (size_t i = 0; c->specials && i < n_edges && i < (size_t)c->T * kvw; i++)
+        k[i] = f16_edges[i], v[(size_t)c->T * kvw - 1 - i] = f16_edges[i];
     for (int64_t i = 0; i < (int64_t)n_ctx * kvw; i++) { /* the prefix already cached */
         kcache[i] = i < (int64_t)c->pos0 * kvw ? urand(&r, -2.0f, 2.0f) : 0.0f;
         vcache[i] = i < (int64_t)c->pos0 * kvw ? urand(&r, -1.0f, 1.0f) : 0.0f;
@@ -103,8 +116,8 @@ static void test_vs_ref(void **state)
     if (!(cpu_features_detect() & CPU_AVX512F))
         skip();
     static const struct attn_case cases[] = {
-        {16, 8, 128, 1, 0}, {16, 8, 128, 1, 23}, {16, 8, 128, 37, 0}, {16, 8, 128, 5, 23},
-        {6, 2, 80, 1, 23},  {6, 2, 80, 37, 23},  {4, 4, 8, 5, 23},    {3, 1, 128, 37, 0},
+        {16, 8, 128, 1, 0, false}, {16, 8, 128, 1, 23, false}, {16, 8, 128, 37, 0, false}, {16, 8, 128, 5, 23, false},
+        {6, 2, 80, 1, 23, false},  {6, 2, 80, 37, 23, false},  {4, 4, 8, 5, 23, false},    {3, 1, 128, 37, 0, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
@@ -138,7 +151,7 @@ static void test_f16_cache(void **state)
     if (!(cpu_features_detect() & CPU_AVX512F))
         skip();
     static const struct attn_case cases[] = {
-        {16, 8, 128, 1, 23}, {16, 8, 128, 5, 0}, {6, 2, 80, 37, 23}, {4, 4, 8, 5, 23}, {3, 1, 256, 1, 40},
+        {16, 8, 128, 1, 23, false}, {16, 8, 128, 5, 0, false}, {6, 2, 80, 37, 23, false}, {4, 4, 8, 5, 23, false}, {3, 1, 256, 1, 40, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
@@ -166,6 +179,36 @@ static void test_f16_cache(void **state)
     }
 }
 
+/* The f16 rows each kernel writes, from values at the edges of f16 rounding (the fast kernel
+ * converts 16 at a time with vcvtps2ph, the reference one by one): the same bits. */
+static void test_f16_store_edges(void **state)
+{
+    (void)state;
+    if (!(cpu_features_detect() & CPU_AVX512F))
+        skip();
+    static const struct attn_case cases[] = {{2, 1, 24, 2, 0, true}, {4, 2, 128, 1, 3, true}, {6, 2, 80, 3, 1, true}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const struct attn_case *c = &cases[i];
+        size_t nout = (size_t)c->T * c->n_head * c->head_dim;
+        size_t ncache = (size_t)(c->pos0 + c->T) * c->n_head_kv * c->head_dim;
+        float *out = calloc(nout, sizeof(float));
+        float *kf = malloc(ncache * sizeof(float)), *vf = malloc(ncache * sizeof(float));
+        uint16_t *kw = calloc(ncache, 2), *vw = calloc(ncache, 2), *kg = calloc(ncache, 2), *vg = calloc(ncache, 2);
+        run(attention_ref, c, 1, 3000 + i, out, kf, vf, true, kw, vw);
+        run(attention_avx512, c, 1, 3000 + i, out, kf, vf, true, kg, vg);
+        for (size_t j = 0; j < ncache; j++)
+            if (kw[j] != kg[j] || vw[j] != vg[j])
+                fail_msg("case %zu: cache element %zu: K %04x vs %04x, V %04x vs %04x", i, j, kw[j], kg[j], vw[j],
+                         vg[j]);
+        size_t at = (size_t)c->pos0 * c->n_head_kv * c->head_dim; /* the first written K row */
+        assert_int_equal(kw[at + 0], 0x0000);  /* 2^-25: a tie, to the even 0 */
+        assert_int_equal(kw[at + 1], 0x0002);  /* 3 x 2^-25: a tie, to the even 2 x 2^-24 */
+        assert_int_equal(kw[at + 10], 0x7c00); /* 65520: overflows to infinity */
+        assert_int_equal(kw[at + 13], 0x8000); /* -0 */
+        free(out), free(kf), free(vf), free(kw), free(vw), free(kg), free(vg);
+    }
+}
+
 /* The registry picks it on this CPU; a forced key finds it. */
 static void test_pick(void **state)
 {
@@ -183,6 +226,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_ref),
         cmocka_unit_test(test_f16_cache),
+        cmocka_unit_test(test_f16_store_edges),
         cmocka_unit_test(test_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

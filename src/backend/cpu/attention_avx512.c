@@ -10,8 +10,9 @@
  * sum of V are vectorised the same way. Decode (T = 1) with a short context runs on the
  * calling thread: 16 heads x a few hundred positions is ~10 µs of work, less than what an
  * OpenMP fork/join costs on this shared machine.
- * An f16 cache (seq_state.kv_f16) is read 16 elements at a time through vcvtph2ps (AVX-512F);
- * the sums run in the same order as for f32.
+ * An f16 cache (seq_state.kv_f16) is read 16 elements at a time through vcvtph2ps (AVX-512F)
+ * and written through vcvtps2ph (the same bits as kv_store_row's rounding); the sums run in the
+ * same order as for f32.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -85,6 +86,32 @@ static TARGET void axpy16h(float *o, float w, const uint16_t *v, int32_t n)
         o[d] += w * f16_to_f32(v[d]);
 }
 
+/* n floats into f16 bits, 16 at a time with vcvtps2ph (round to nearest even, as
+ * f32_to_f16; NaN payloads aside), the tail one by one. kv_store_row converts one value at a
+ * time: ~10% of a short prompt's time at Qwen3-0.6B's widths (docs/perf-log.md, session 16). */
+static TARGET void store16h(uint16_t *dst, const float *src, int32_t n)
+{
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        dst[i] = f32_to_f16(src[i]);
+}
+
+/* Position p's K and V rows into layer l's cache (f32, or f16 bits with kv_f16). */
+static TARGET void store_kv(struct seq_state *s, int32_t l, int32_t p, const float *k, const float *v)
+{
+    if (!s->kv_f16) {
+        kv_store_row(s, l, false, p, k);
+        kv_store_row(s, l, true, p, v);
+        return;
+    }
+    size_t at = (size_t)p * (size_t)s->kv_width;
+    store16h(s->k_cache16[l] + at, k, s->kv_width);
+    store16h(s->v_cache16[l] + at, v, s->kv_width);
+}
+
 /* One (token, head): scores over positions 0..last, softmax, weighted sum of V; the cache's
  * rows are f32 (kc, vc) or f16 (kh, vh: the others NULL). */
 static TARGET void head(const float *q, float *o, const float *kc, const float *vc, const uint16_t *kh,
@@ -120,10 +147,8 @@ void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
     const uint16_t *kh = s->kv_f16 ? s->k_cache16[l] : NULL, *vh = s->kv_f16 ? s->v_cache16[l] : NULL;
     const float *kin = ex->bufs[op->in2], *vin = ex->bufs[op->in3];
     int32_t wk = ex->plan->bufs[op->in2].width, wv = ex->plan->bufs[op->in3].width;
-    for (int32_t t = 0; t < ex->T; t++) {
-        kv_store_row(s, l, false, ex->pos0 + t, kin + (size_t)t * wk);
-        kv_store_row(s, l, true, ex->pos0 + t, vin + (size_t)t * wv);
-    }
+    for (int32_t t = 0; t < ex->T; t++)
+        store_kv(s, l, ex->pos0 + t, kin + (size_t)t * wk, vin + (size_t)t * wv);
     float scale = 1.0f / sqrtf((float)hd);
     int32_t n_pos = ex->pos0 + ex->T;
     int32_t wq = ex->plan->bufs[op->in].width, wo = ex->plan->bufs[op->out].width;
