@@ -46,6 +46,15 @@ static void break_decode_attention(struct qwenrt_session *s, int lane, void *use
         }
 }
 
+/* A new empty file /tmp/qwenrt-calshapes-XXXXXX.json for the profile (out: 64 bytes). */
+static void temp_json(char *out)
+{
+    snprintf(out, 64, "/tmp/qwenrt-calshapes-XXXXXX.json");
+    int fd = mkstemps(out, 5);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
 static json_t *run(const char *out, void (*hook)(struct qwenrt_session *, int, void *), void *user,
                    int trials)
 {
@@ -63,10 +72,8 @@ static json_t *run(const char *out, void (*hook)(struct qwenrt_session *, int, v
 static void test_lanes_gate_and_records(void **state)
 {
     (void)state;
-    char out[] = "/tmp/qwenrt-calshapes-XXXXXX.json";
-    int fd = mkstemps(out, 5);
-    assert_true(fd >= 0);
-    close(fd);
+    char out[64];
+    temp_json(out);
     json_t *ev = run(out, NULL, NULL, 3);
     assert_string_equal(json_string_value(json_object_get(ev, "status")), "calibrated");
     assert_string_equal(json_string_value(json_object_get(ev, "backend")), "cpu");
@@ -105,10 +112,8 @@ static void test_lanes_gate_and_records(void **state)
 static void test_broken_lane_refused(void **state)
 {
     (void)state;
-    char out[] = "/tmp/qwenrt-calshapes-XXXXXX.json";
-    int fd = mkstemps(out, 5);
-    assert_true(fd >= 0);
-    close(fd);
+    char out[64];
+    temp_json(out);
     struct break_lane b = {.lane = 2};
     json_t *ev = run(out, break_decode_attention, &b, 1);
     assert_true(b.n_bound > 0);
