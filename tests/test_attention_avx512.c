@@ -1,8 +1,9 @@
 /*
  * test_attention_avx512.c — attention.avx512 against attention.ref (kernels_ref.c) on random
  * q/k/v of awkward sizes: head_dim 128, 80 (a 16-lane tail) and 8; GQA groups 1, 2 and 3;
- * T = 1 (decode, serial path) and 5, 37 (prefill, threaded path) after a prefix already in
- * the cache (pos0 = 0 and 23); 1 and 3 threads. Only the summation order of q·k and of the
+ * T = 1 (decode: serial path, and threaded over 300 cached positions) and 5, 37 (prefill,
+ * threaded path) after a prefix already in the cache (pos0 = 0, 23, 300); 1 and 3 threads; a
+ * peaky softmax (q scaled by 40: most weights underflow to 0). Only the summation order of q·k and of the
  * softmax-weighted V differs, so outputs agree to f32 rounding relative to Σ|w·v|, and the KV
  * cache rows written are bit-identical. The result must not depend on the thread count.
  * The same with the cache in f16 (seq_state.kv_f16): both kernels read the same rounded rows,
@@ -34,6 +35,8 @@ static float urand(struct rng *r, float lo, float hi)
 struct attn_case {
     int32_t n_head, n_head_kv, head_dim, T, pos0;
     bool specials; /* K and V rows start with the values f16 rounding must get right */
+    float q_amp;   /* q in [-2 q_amp, 2 q_amp]: large values make the softmax peaky (scores far
+                    * below their maximum, e^x underflowing) */
 };
 
 /* f32 values at the edges of f16 rounding (NaN aside: its payload is not specified): ties to
@@ -72,7 +75,7 @@ static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t s
     float *k = malloc((size_t)c->T * kvw * sizeof(float));
     float *v = malloc((size_t)c->T * kvw * sizeof(float));
     for (int64_t i = 0; i < (int64_t)c->T * qw; i++)
-        q[i] = urand(&r, -2.0f, 2.0f);
+        q[i] = urand(&r, -2.0f, 2.0f) * c->q_amp;
     for (int64_t i = 0; i < (int64_t)c->T * kvw; i++) {
         k[i] = urand(&r, -2.0f, 2.0f);
         v[i] = urand(&r, -1.0f, 1.0f);
@@ -116,8 +119,10 @@ static void test_vs_ref(void **state)
     if (!(cpu_features_detect() & CPU_AVX512F))
         skip();
     static const struct attn_case cases[] = {
-        {16, 8, 128, 1, 0, false}, {16, 8, 128, 1, 23, false}, {16, 8, 128, 37, 0, false}, {16, 8, 128, 5, 23, false},
-        {6, 2, 80, 1, 23, false},  {6, 2, 80, 37, 23, false},  {4, 4, 8, 5, 23, false},    {3, 1, 128, 37, 0, false},
+        {16, 8, 128, 1, 0, false, 1.0f}, {16, 8, 128, 1, 23, false, 1.0f}, {16, 8, 128, 37, 0, false, 1.0f}, {16, 8, 128, 5, 23, false, 1.0f},
+        {6, 2, 80, 1, 23, false, 1.0f},  {6, 2, 80, 37, 23, false, 1.0f},  {4, 4, 8, 5, 23, false, 1.0f},    {3, 1, 128, 37, 0, false, 1.0f},
+        {16, 8, 128, 1, 300, false, 1.0f}, /* decode over 1.2 MB of cache: the threaded path */
+        {4, 2, 256, 3, 40, false, 40.0f},  /* scores spread over ~+-100: exp's underflow and clamp */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
@@ -151,7 +156,7 @@ static void test_f16_cache(void **state)
     if (!(cpu_features_detect() & CPU_AVX512F))
         skip();
     static const struct attn_case cases[] = {
-        {16, 8, 128, 1, 23, false}, {16, 8, 128, 5, 0, false}, {6, 2, 80, 37, 23, false}, {4, 4, 8, 5, 23, false}, {3, 1, 256, 1, 40, false},
+        {16, 8, 128, 1, 23, false, 1.0f}, {16, 8, 128, 5, 0, false, 1.0f}, {6, 2, 80, 37, 23, false, 1.0f}, {4, 4, 8, 5, 23, false, 1.0f}, {3, 1, 256, 1, 40, false, 1.0f},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
@@ -186,7 +191,7 @@ static void test_f16_store_edges(void **state)
     (void)state;
     if (!(cpu_features_detect() & CPU_AVX512F))
         skip();
-    static const struct attn_case cases[] = {{2, 1, 24, 2, 0, true}, {4, 2, 128, 1, 3, true}, {6, 2, 80, 3, 1, true}};
+    static const struct attn_case cases[] = {{2, 1, 24, 2, 0, true, 1.0f}, {4, 2, 128, 1, 3, true, 1.0f}, {6, 2, 80, 3, 1, true, 1.0f}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
         size_t nout = (size_t)c->T * c->n_head * c->head_dim;
@@ -209,6 +214,37 @@ static void test_f16_store_edges(void **state)
     }
 }
 
+/* The softmax's vector e^x against expf over [-110, 0]: within 3e-7 relative where the result
+ * is normal, 0 or tiny beyond; e^0 = 1 exactly. */
+static void test_exp(void **state)
+{
+    (void)state;
+    if (!(cpu_features_detect() & CPU_AVX512F))
+        skip();
+    enum { N = 20011 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    struct rng r = {77};
+    for (int i = 0; i < N; i++)
+        x[i] = i < 11001 ? -110.0f * (float)i / 11000.0f : urand(&r, -20.0f, 0.0f);
+    x[5] = 0.0f, x[6] = -0.0f;
+    attention_avx512_exp(x, y, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double want = exp((double)x[i]);
+        if (want < 1.2e-38) { /* past the normal range: zero or a subnormal as small */
+            if (!(y[i] >= 0 && y[i] < 1.2e-38))
+                fail_msg("e^%g = %g, want ~%g", x[i], y[i], want);
+            continue;
+        }
+        double e = fabs(y[i] - want) / want;
+        worst = e > worst ? e : worst;
+    }
+    printf("exp16 worst relative error %.3g\n", worst);
+    assert_true(worst <= 3e-7);
+    assert_true(y[5] == 1.0f && y[6] == 1.0f);
+    free(x), free(y);
+}
+
 /* The registry picks it on this CPU; a forced key finds it. */
 static void test_pick(void **state)
 {
@@ -227,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_vs_ref),
         cmocka_unit_test(test_f16_cache),
         cmocka_unit_test(test_f16_store_edges),
+        cmocka_unit_test(test_exp),
         cmocka_unit_test(test_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

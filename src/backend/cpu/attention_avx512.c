@@ -8,8 +8,10 @@
  * Here q·k uses 16-lane partial sums (a fixed order per (token, head), independent of the
  * thread split, so results are deterministic across thread counts); softmax and the weighted
  * sum of V are vectorised the same way. Decode (T = 1) with a short context runs on the
- * calling thread: 16 heads x a few hundred positions is ~10 µs of work, less than what an
- * OpenMP fork/join costs on this shared machine.
+ * calling thread: 16 heads x a few dozen positions is ~10 µs of work, less than what an
+ * OpenMP fork/join costs on this shared machine; once the rows it reads pass 512 KB (Qwen3-0.6B:
+ * ~64 positions) the heads are shared out, since one core streams the cache at a fraction of
+ * the machine's bandwidth (at 1,024 positions, 8 MB per layer).
  * An f16 cache (seq_state.kv_f16) is read 16 elements at a time through vcvtph2ps (AVX-512F)
  * and written through vcvtps2ph (the same bits as kv_store_row's rounding); the sums run in the
  * same order as for f32.
@@ -22,7 +24,9 @@
 #include "backend/cpu/cpu_backend.h"
 
 #define TARGET __attribute__((target("avx512f,avx2,fma")))
-#define SERIAL_MAX_WORK 65536 /* T x positions x heads below which one thread does it all */
+#define SERIAL_MAX_WORK 65536 /* T x positions x heads below which one thread does it all... */
+#define SERIAL_MAX_BYTES (512 * 1024) /* ...unless it reads more of the cache than this: at ~10 GB/s
+                                       * one core needs ~50 us for it, more than a fork/join */
 
 static TARGET float dot16(const float *a, const float *b, int32_t n)
 {
@@ -112,29 +116,119 @@ static TARGET void store_kv(struct seq_state *s, int32_t l, int32_t p, const flo
     store16h(s->v_cache16[l] + at, v, s->kv_width);
 }
 
+/* e^x for 16 lanes, x <= 0 (a softmax's scores minus their maximum): x = n ln2 + r with
+ * |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial (error < 2e-7 relative, against
+ * expf's 1 ulp), times 2^n through vscalefps (0 once x < -104). */
+static TARGET __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x); /* ln2, high part */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);      /* ln2, the rest */
+    __m512 pl = _mm512_set1_ps(1.0f / 720.0f);
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 120.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 24.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 6.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(0.5f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(pl, n);
+}
+
+/* scores[0..n) = e^(scores - mx), 16 at a time; returns their sum (16-lane partial sums). */
+static TARGET float softmax_exp(float *scores, int32_t n, float mx)
+{
+    __m512 m = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    for (int32_t p = 0; p < n; p += 16) {
+        __mmask16 k = n - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - p)) - 1);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + p), m));
+        e = _mm512_maskz_mov_ps(k, e);
+        _mm512_mask_storeu_ps(scores + p, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+TARGET void attention_avx512_exp(const float *x, float *y, int32_t n)
+{
+    for (int32_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i)));
+    }
+}
+
+#define ACC_DIMS 128 /* o's dimensions held in registers at once: 8 zmm */
+
+/* o[d0 .. d0 + 128) = inv x sum over p of w[p] v_p[d0 ..], in 8 registers (no load or store
+ * of o per position). */
+static TARGET void wsum128(float *o, const float *w, int32_t n, float inv, const float *vc, const uint16_t *vh,
+                           int32_t kvw, int32_t off)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int32_t p = 0; p < n; p++) {
+        size_t at = (size_t)p * kvw + off;
+        __m512 wv = _mm512_set1_ps(w[p]);
+        if (vh) {
+            const uint16_t *v = vh + at;
+            a0 = _mm512_fmadd_ps(wv, load16h(v, 16), a0);
+            a1 = _mm512_fmadd_ps(wv, load16h(v + 16, 16), a1);
+            a2 = _mm512_fmadd_ps(wv, load16h(v + 32, 16), a2);
+            a3 = _mm512_fmadd_ps(wv, load16h(v + 48, 16), a3);
+            a4 = _mm512_fmadd_ps(wv, load16h(v + 64, 16), a4);
+            a5 = _mm512_fmadd_ps(wv, load16h(v + 80, 16), a5);
+            a6 = _mm512_fmadd_ps(wv, load16h(v + 96, 16), a6);
+            a7 = _mm512_fmadd_ps(wv, load16h(v + 112, 16), a7);
+        } else {
+            const float *v = vc + at;
+            a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v), a0);
+            a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 16), a1);
+            a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 32), a2);
+            a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 48), a3);
+            a4 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 64), a4);
+            a5 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 80), a5);
+            a6 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 96), a6);
+            a7 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(v + 112), a7);
+        }
+    }
+    __m512 s = _mm512_set1_ps(inv);
+    _mm512_storeu_ps(o, _mm512_mul_ps(a0, s));
+    _mm512_storeu_ps(o + 16, _mm512_mul_ps(a1, s));
+    _mm512_storeu_ps(o + 32, _mm512_mul_ps(a2, s));
+    _mm512_storeu_ps(o + 48, _mm512_mul_ps(a3, s));
+    _mm512_storeu_ps(o + 64, _mm512_mul_ps(a4, s));
+    _mm512_storeu_ps(o + 80, _mm512_mul_ps(a5, s));
+    _mm512_storeu_ps(o + 96, _mm512_mul_ps(a6, s));
+    _mm512_storeu_ps(o + 112, _mm512_mul_ps(a7, s));
+}
+
 /* One (token, head): scores over positions 0..last, softmax, weighted sum of V; the cache's
- * rows are f32 (kc, vc) or f16 (kh, vh: the others NULL). */
+ * rows are f32 (kc, vc) or f16 (kh, vh: the others NULL). The weighted sum runs 128
+ * dimensions at a time in registers (head sizes 128 and 256); other widths (and the rest
+ * after whole 128s) add into o position by position. */
 static TARGET void head(const float *q, float *o, const float *kc, const float *vc, const uint16_t *kh,
                         const uint16_t *vh, int32_t kvw, int32_t off, int32_t hd, int32_t last, float scale,
                         float *scores)
 {
-    float mx = -INFINITY, sum = 0.0f;
+    float mx = -INFINITY;
     for (int32_t p = 0; p <= last; p++) {
         size_t at = (size_t)p * kvw + off;
         scores[p] = (kh ? dot16h(q, kh + at, hd) : dot16(q, kc + at, hd)) * scale;
         mx = scores[p] > mx ? scores[p] : mx;
     }
+    float inv = 1.0f / softmax_exp(scores, last + 1, mx);
+    int32_t d0 = 0;
+    for (; d0 + ACC_DIMS <= hd; d0 += ACC_DIMS)
+        wsum128(o + d0, scores, last + 1, inv, vc, vh, kvw, off + d0);
+    if (d0 == hd)
+        return;
+    memset(o + d0, 0, (size_t)(hd - d0) * sizeof(float));
     for (int32_t p = 0; p <= last; p++) {
-        scores[p] = expf(scores[p] - mx);
-        sum += scores[p];
-    }
-    memset(o, 0, (size_t)hd * sizeof(float));
-    for (int32_t p = 0; p <= last; p++) {
-        size_t at = (size_t)p * kvw + off;
+        size_t at = (size_t)p * kvw + off + d0;
         if (vh)
-            axpy16h(o, scores[p] / sum, vh + at, hd);
+            axpy16h(o + d0, scores[p] * inv, vh + at, hd - d0);
         else
-            axpy16(o, scores[p] / sum, vc + at, hd);
+            axpy16(o + d0, scores[p] * inv, vc + at, hd - d0);
     }
 }
 
@@ -155,7 +249,8 @@ void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
     const float *qb = ex->bufs[op->in];
     float *ob = ex->bufs[op->out];
     int64_t work = (int64_t)ex->T * n_pos * op->n_head;
-#pragma omp parallel num_threads(ex->n_threads) if (work > SERIAL_MAX_WORK)
+    int64_t bytes = (int64_t)n_pos * kvw * 2 * (s->kv_f16 ? 2 : 4); /* K and V rows read */
+#pragma omp parallel num_threads(ex->n_threads) if (work > SERIAL_MAX_WORK || bytes > SERIAL_MAX_BYTES)
     {
         float *scores = ex->scratch + (size_t)n_pos * (size_t)omp_get_thread_num();
 #pragma omp for collapse(2) schedule(dynamic, 1)

@@ -131,6 +131,8 @@ void logits_op(const struct plan_op *op, struct cpu_exec *ex);
 
 /* attention_ref with AVX-512 dot products (attention_avx512.c); f32 rounding vs the ref. */
 void attention_avx512(const struct plan_op *op, struct cpu_exec *ex);
+/* Its softmax's e^x (x <= 0) over n values, for the tests against expf (AVX-512F only). */
+void attention_avx512_exp(const float *x, float *y, int32_t n);
 
 /* Gated DeltaNet core in chunks (gdn_chunked.c): exact to f32 rounding vs gdn_core_ref. */
 void gdn_core_chunked(const struct plan_op *op, struct cpu_exec *ex);
