@@ -155,7 +155,7 @@ static double rel_err(const float *a, const float *b, int32_t n)
 }
 
 /* One greedy run of a lane: reset, prefill, n_gen steps. ids_out (when given) gets the
- * tokens; logits_ref / logits_out (either may be NULL) compare or keep the logits rows of
+ * tokens; logits_keep / logits_ref (either may be NULL) keep or compare the logits rows of
  * every step; expect (when given) must match every token. Times go to *pp_s and *tg_s. */
 struct cal_run {
     const int32_t *prompt;
@@ -175,6 +175,8 @@ static qwenrt_status run_lane(const struct cal_run *r, struct cal_lane *l, doubl
     qwenrt_status st = qwenrt_session_prefill(l->s, r->prompt, r->n_prompt, NULL, err);
     if (st)
         return st;
+    if (!qwenrt_session_logits(l->s)) /* waits for the GPU: the prompt's time is all its own */
+        return err_set(err, QWENRT_ERR_BACKEND, "calibrate: no logits after the prompt");
     double t1 = time_now_s();
     for (int32_t g = 0; g < r->n_gen; g++) {
         if (r->logits_keep || r->logits_ref) {
