@@ -30,6 +30,25 @@ static void usage(FILE *f)
         "  cuda: the decode's GEMV shapes, PDL and attention splits; defaults -p 64 -n 256 --trials 5\n");
 }
 
+/* The CUDA calibration's lanes: gate, logits error against the baseline, median rates. */
+static void print_cuda_lanes(json_t *ev)
+{
+    const char *chosen = "the session's own picks";
+    size_t i;
+    json_t *l;
+    json_array_foreach (json_object_get(ev, "choices"), i, l)
+        if (json_is_true(json_object_get(l, "chosen")))
+            chosen = json_string_value(json_object_get(l, "key"));
+    printf("%-40s %-7s %10s %12s %12s\n", "lane", "gate", "logits err", "prompt t/s", "decode t/s");
+    json_array_foreach (json_object_get(ev, "lanes"), i, l)
+        printf("%-40s %-7s %10.2g %12.1f %12.1f\n", json_string_value(json_object_get(l, "label")),
+               json_string_value(json_object_get(l, "gate")),
+               json_real_value(json_object_get(l, "max_logits_rel_err_vs_baseline")),
+               json_real_value(json_object_get(l, "median_prefill_tok_s")),
+               json_real_value(json_object_get(l, "median_decode_tok_s")));
+    printf("chosen: %s\n", chosen);
+}
+
 int cmd_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -102,8 +121,11 @@ int cmd_calibrate(int argc, char **argv)
     }
     size_t i;
     json_t *ch;
-    printf("%-16s %-28s %14s %14s %s\n", "op", "kernel", "total ms", "default ms", "chosen");
-    json_array_foreach (json_object_get(ev, "choices"), i, ch)
+    if (json_object_get(ev, "lanes")) /* the CUDA calibration: one line per lane */
+        print_cuda_lanes(ev);
+    else
+        printf("%-16s %-28s %14s %14s %s\n", "op", "kernel", "total ms", "default ms", "chosen");
+    json_array_foreach (json_object_get(ev, "lanes") ? NULL : json_object_get(ev, "choices"), i, ch)
         printf("%-16s %-28s %14.3f %14.3f %s\n", json_string_value(json_object_get(ch, "op")),
                json_string_value(json_object_get(ch, "key")),
                json_real_value(json_object_get(ch, "median_total_s")) * 1e3,
