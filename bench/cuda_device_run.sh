@@ -15,8 +15,10 @@
 # serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
-# binaries may come gzipped (the carried tree is limited to 64 MiB)
+# binaries may come gzipped or xz-compressed (the carried tree is limited to 64 MiB)
 for f in .devbin/cuda_bench.gz .devbin/test_cuda_backend.gz .devbin/qwenrt.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+for f in .devbin/cuda_bench.xz .devbin/test_cuda_backend.xz .devbin/qwenrt.xz; do [ -e "$f" ] && xz -d -f "$f"; done
+chmod +x .devbin/cuda_bench .devbin/test_cuda_backend .devbin/qwenrt 2>/dev/null
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
