@@ -585,7 +585,6 @@ static bool is_mm(const struct plan_op *op)
     return op->kind == OP_MATMUL || op->kind == OP_LOGITS;
 }
 
-/* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
 /* The session's choices of GEMV kernel and shape (options and picks) into a launch's args. */
 static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct gemv_args *a)
 {
@@ -595,6 +594,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->mma = cs->opt.gemv_mma;
 }
 
+/* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
 static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const float *x,
                                 int32_t ldx, float *y, int32_t ldy, int32_t T, bool accumulate,
                                 struct qwenrt_error *err)

@@ -28,8 +28,8 @@
 #endif
 #ifndef GQ_SMEM_MIN
 /* > 0: each block reserves at least this much dynamic shared memory, so that fewer launches'
- * blocks fit on a multiprocessor at once (the other arm of the GQ_LAUNCH_AFTER_WAIT
- * experiment; not yet measured) */
+ * blocks fit on a multiprocessor at once (with PDL: measured slower in session 15, as was the
+ * launch after the wait, cuda_options.gemvq_launch) */
 #define GQ_SMEM_MIN 0
 #endif
 #ifndef GQ_SMEM_MAX
