@@ -61,17 +61,14 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
             st->ssm_state[l] = xalloc_aligned((size_t)st->ssm_len, sizeof(float));
             if (!st->conv_state[l] || !st->ssm_state[l])
                 return err_set(err, QWENRT_ERR_NOMEM, "out of memory for the DeltaNet state");
-        } else if (st->kv_f16) {
-            st->k_cache16[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
-            st->v_cache16[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
-            if (!st->k_cache16[l] || !st->v_cache16[l])
-                return err_set(err, QWENRT_ERR_NOMEM,
-                               "out of memory for a KV cache of %d positions (try a smaller context)",
-                               st->n_ctx);
         } else {
-            st->k_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
-            st->v_cache[l] = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
-            if (!st->k_cache[l] || !st->v_cache[l])
+            void *k = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
+            void *v = xalloc_aligned((size_t)st->n_ctx * st->kv_width, kv_elem);
+            if (st->kv_f16)
+                st->k_cache16[l] = k, st->v_cache16[l] = v;
+            else
+                st->k_cache[l] = k, st->v_cache[l] = v;
+            if (!k || !v) /* freed with the session, like the rest */
                 return err_set(err, QWENRT_ERR_NOMEM,
                                "out of memory for a KV cache of %d positions (try a smaller context)",
                                st->n_ctx);
