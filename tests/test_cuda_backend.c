@@ -632,8 +632,9 @@ static void check_fixture(const char *dir, int mode)
         unsetenv("QWENRT_CUDA_KV");
         assert_int_equal(st, QWENRT_OK);
         assert_non_null(s->cuda);
-        /* QWENRT_KV_DEFAULT is f32 (session.c: resolve_kv_type) */
-        bool kv16 = mode >= 5;
+        /* QWENRT_KV_DEFAULT: f16 in the default precision with 16-bit weights (the bf16
+         * fixtures), f32 with F32 weights or the exact precision (session.c: resolve_kv_type) */
+        bool kv16 = mode >= 5 || (mode == 4 && fast);
         assert_int_equal(qwenrt_session_kv_type(s), kv16 ? QWENRT_KV_F16 : QWENRT_KV_F32);
         if (!fast)
             session_set_dump(s, on_dump, &cap);

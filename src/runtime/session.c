@@ -77,14 +77,30 @@ static qwenrt_status alloc_state(struct qwenrt_session *s, struct qwenrt_error *
     return QWENRT_OK;
 }
 
-/* QWENRT_KV_DEFAULT made concrete (qwenrt.h): f32 on every backend for now. The CUDA f16
- * cache is as fast or faster at every depth measured and changes no default-precision fixture
- * logit (docs/perf-log.md, session 15), so it is meant to become the default of CUDA sessions in
- * the default precision with 16-bit or quantised weights; that waits for a run of the whole
- * CUDA suite with it (test_cuda_backend's sessions through the API would all take it). */
-static int32_t resolve_kv_type(int32_t kv_type)
+/* Whether any matrix product of the model has F32 weights: such a model asked for f32 all
+ * the way (the fast products never apply to it either). */
+static bool has_f32_products(const struct qwenrt_model *model)
 {
-    return kv_type == QWENRT_KV_DEFAULT ? QWENRT_KV_F32 : kv_type;
+    const struct plan *p = &model->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const struct plan_op *op = &p->ops[i];
+        if ((op->kind == OP_MATMUL || op->kind == OP_LOGITS) && op->w && op->w->dtype == QR_F32)
+            return true;
+    }
+    return false;
+}
+
+/* QWENRT_KV_DEFAULT: f16 for CUDA sessions in the default precision with 16-bit or quantised
+ * weights (as fast or faster at every depth on the H200, half the memory; the flash prefill
+ * rounds K and V to 16 bits there anyway), f32 everywhere else (the CPU, the exact precision,
+ * F32 models). docs/perf-log.md, sessions 15 and 17. */
+static int32_t resolve_kv_type(int32_t kv_type, const struct qwenrt_model *model, bool cuda,
+                               int32_t precision)
+{
+    if (kv_type != QWENRT_KV_DEFAULT)
+        return kv_type;
+    bool f16 = cuda && precision == QWENRT_PRECISION_DEFAULT && !has_f32_products(model);
+    return f16 ? QWENRT_KV_F16 : QWENRT_KV_F32;
 }
 
 /* The CUDA backend keeps the whole sequence state on the device (backend/cuda). */
@@ -147,7 +163,7 @@ qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
         return err_set(err, QWENRT_ERR_INVALID_ARG, "session_init: unknown KV cache type %d",
                        (int)params->kv_type);
     bool cuda = strcmp(model->backend, "cuda") == 0;
-    int32_t kv_type = resolve_kv_type(params->kv_type);
+    int32_t kv_type = resolve_kv_type(params->kv_type, model, cuda, params->precision);
     struct qwenrt_session *s = xcalloc(1, sizeof(*s));
     if (!s)
         return err_set(err, QWENRT_ERR_NOMEM, "out of memory for a session");
