@@ -12,6 +12,8 @@
  *              session's pick, 1 griddep_launch before the wait, 2 after it)
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
+ *              [--sweep P:W:R:L:KB,...]  (only decode, one session per shape of the quantised
+ *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb; rounds interleaved)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -295,6 +297,69 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
     return 0;
 }
 
+/* --sweep "P:W:R:L:KB,...": decode shapes of the quantised GEMV, each a cuda_session of the
+ * default options with pdl P (0/1), gemvq_warps W, gemvq_rows R, gemvq_launch L and
+ * gemvq_smem_kb KB (0 = the default of each); rounds interleaved (every shape once per round,
+ * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
+ * ids and the last logits compared with the first shape's. */
+#define SWEEP_MAX 32
+static int decode_sweep(struct qwenrt_model *m, const char *spec, int32_t n, int reps)
+{
+    struct cuda_options os[SWEEP_MAX];
+    char names[SWEEP_MAX][32];
+    int ns = 0;
+    for (const char *p = spec; *p && ns < SWEEP_MAX;) {
+        int pdl, w, r, l, kb, used = 0;
+        if (sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
+            fprintf(stderr, "--sweep: expected P:W:R:L:KB[,...] at \"%s\"\n", p);
+            return 2;
+        }
+        os[ns] = cuda_default_options();
+        os[ns].mega = CUDA_MEGA_OFF, os[ns].pdl = pdl != 0;
+        os[ns].gemvq_warps = w, os[ns].gemvq_rows = r, os[ns].gemvq_launch = l, os[ns].gemvq_smem_kb = kb;
+        snprintf(names[ns++], sizeof(names[0]), "%.*s", used, p);
+        p += used;
+        p += *p == ',';
+    }
+    int32_t V = m->hp.n_vocab, ids[SWEEP_MAX][4], out[512];
+    float *logits = malloc((size_t)V * 4), *first = malloc((size_t)V * 4);
+    double t[SWEEP_MAX][64], worst[SWEEP_MAX] = {0};
+    struct qwenrt_error err = {0};
+    if (n > 500)
+        n = 500;
+    for (int round = 0; round < reps; round++)
+        for (int k = 0; k < ns; k++) {
+            int i = (k + round) % ns;
+            struct cuda_session *cs = NULL;
+            if (cuda_session_init(m->plans, n + 8, &os[i], &cs, &err)) {
+                fprintf(stderr, "--sweep %s: %s\n", names[i], err.message);
+                return 1;
+            }
+            for (int w = 0; w < 2; w++) { /* a warm-up, then the timed run */
+                cuda_session_reset(cs, &err);
+                double t0 = time_now_s();
+                if (cuda_session_generate(cs, 17, 0, n, 32, out, logits, &err)) {
+                    fprintf(stderr, "--sweep %s: %s\n", names[i], err.message);
+                    return 1;
+                }
+                t[i][round] = time_now_s() - t0;
+            }
+            cuda_session_free(cs);
+            if (round == 0 && i == 0)
+                memcpy(first, logits, (size_t)V * 4), memcpy(ids[0], out, sizeof(ids[0]));
+            if (round == 0 && i > 0)
+                memcpy(ids[i], out, sizeof(ids[0]));
+            if (i > 0 && round == reps - 1)
+                worst[i] = rel_err(logits, first, (size_t)V);
+        }
+    printf("| sweep P:W:R:L:KB | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
+    for (int i = 0; i < ns; i++)
+        printf("| %s | %.1f | %.2g | %s |\n", names[i], n / median(t[i], reps), worst[i],
+               memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");
+    free(logits), free(first);
+    return 0;
+}
+
 /* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
 static int mega_steps(struct qwenrt_model *m, int32_t n)
 {
@@ -410,6 +475,7 @@ int main(int argc, char **argv)
     int smem_launch = 0; /* --gemv-smem-launch N: when its blocks let the next launch start */
     int gemv_mma = -1;   /* --gemv-mma 0|1: the tensor cores for gemv_smem's sums (-1: the default) */
     int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
+    const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
@@ -428,6 +494,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gemv-smem-launch") && i + 1 < argc) smem_launch = atoi(argv[++i]); /* cuda_options.gemv_smem_launch */
         else if (!strcmp(argv[i], "--gemv-mma") && i + 1 < argc) gemv_mma = atoi(argv[++i]); /* cuda_options.gemv_mma */
         else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
+        else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -435,7 +502,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB,...] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -509,6 +576,8 @@ int main(int argc, char **argv)
         gemv_table(&m->hp);
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
+    if (sweep)
+        return decode_sweep(m, sweep, n_gen, reps);
     int argmax_ok = 1, fast_argmax_ok = 1;
     double verr = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_EXACT, &argmax_ok);
     double verr_fast = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_DEFAULT, &fast_argmax_ok);

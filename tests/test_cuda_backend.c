@@ -338,12 +338,16 @@ static void test_op_gemv_sizes(void **state)
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
-            for (int v2 = 0; v2 < 6; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
+            for (int v2 = 0; v2 < 9; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
                                                * 3: gemv_smem with 16 warps and 160 KB, 4 and 5:
-                                               * 2 and 3 with gemv_mma (BF16, T = 1) */
+                                               * 2 and 3 with gemv_mma (BF16, T = 1); quantised,
+                                               * T = 1: gemvq blocks of 6: 8 warps, 2 rows each,
+                                               * 100 KB reserved, 7: 8 warps, 8: 8 warps of 4 rows */
                 if (cs[i].N > 4096 && Ts[ti] > 1)
                     continue; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
-                if (v2 >= 4 && (cs[i].dt != QR_BF16 || Ts[ti] > 1))
+                if (v2 >= 4 && v2 < 6 && (cs[i].dt != QR_BF16 || Ts[ti] > 1))
+                    continue;
+                if (v2 >= 6 && (dtype_is_float(cs[i].dt) || Ts[ti] > 1))
                     continue;
                 struct op_case c;
                 int32_t widths[] = {cs[i].K, cs[i].N};
@@ -360,11 +364,30 @@ static void test_op_gemv_sizes(void **state)
                 o.gemv_v2 = v2 > 0, o.gemv_smem = v2 >= 2, o.gemv_mma = v2 >= 4;
                 if (v2 == 3 || v2 == 5)
                     o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
+                if (v2 >= 6) { /* gemvq's other block shapes (cuda_options.gemvq_warps, _rows,
+                                * _smem_kb): the same rows, so the same results */
+                    o.gemv_smem = false;
+                    o.gemvq_warps = 8, o.gemvq_rows = v2 == 6 ? 2 : v2 == 7 ? 1 : 4;
+                    o.gemvq_smem_kb = v2 == 6 ? 100 : 0;
+                }
                 if (v2 == 4) { /* proof of which sums run: the tensor cores where K splits
                                 * over the warps of a tile in steps of 64 (K % 128 up to 1024,
                                 * K % 256 above) */
                     bool splits = cs[i].K % (cs[i].K <= 1024 ? 128 : 256) == 0;
                     assert_int_equal(cuda_gemv_mma_takes(cs[i].N, cs[i].K), splits);
+                }
+                if (v2 >= 6) { /* proof that these shapes take every case the default gemvq takes
+                                * (K = 1024, 2048, 3072, 3584 in whole copy units: not Q6_K at
+                                * 3584, whose 2,940-byte rows are not 8-byte multiples) */
+                    int32_t K = cs[i].K;
+                    bool takes = cuda_gemvq_blocks(cs[i].dt, cs[i].N, K, 0, 0, 0) > 0;
+                    assert_int_equal(takes, (K == 1024 || K == 2048 || K == 3072 || K == 3584) &&
+                                                !(cs[i].dt == QR_Q6_K && K == 3584));
+                    int32_t blocks = cuda_gemvq_blocks(cs[i].dt, cs[i].N, K, o.gemvq_warps, o.gemvq_rows,
+                                                       o.gemvq_smem_kb);
+                    if (takes != (blocks > 0))
+                        fail_msg("gemvq %s K=%d N=%d v2=%d: grid of %d", dtype_traits(cs[i].dt)->name, K,
+                                 cs[i].N, v2, (int)blocks);
                 }
                 bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
                 if (v2 == 3 && !sixteen)
@@ -1066,19 +1089,23 @@ static void test_attention_rope_fused(void **st)
 
 /* The decode graph's quantised GEMV (gemvq, gemv_v2 on) against the first kernel (v2 off) on
  * a synth model at the real widths: 20 steps' logits and greedy ids. Q4_K_M mixes Q4_K and
- * Q6_K in q|k|v: one gemvq launch with v2, one launch per dtype without. */
-static void check_graph_gemvq(const char *arch, enum export_type type)
+ * Q6_K in q|k|v: one gemvq launch with v2, one launch per dtype without. big: gemvq's other
+ * block shape (8 warps of 2 rows, 100 KB reserved, PDL one launch ahead). */
+static void check_graph_gemvq(const char *arch, enum export_type type, bool big)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.gemv_v2 = false;
+    if (big)
+        on.gemvq_warps = 8, on.gemvq_rows = 2, on.gemvq_smem_kb = 100, on.pdl = true, on.gemvq_launch = 2;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
     char what[128];
-    snprintf(what, sizeof(what), "graph gemvq vs first GEMV kernel, %s %s", arch, export_type_name(type));
+    snprintf(what, sizeof(what), "graph gemvq%s vs first GEMV kernel, %s %s", big ? " (8 warps, 100 KB, pdl)" : "",
+             arch, export_type_name(type));
     double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
         fail_msg("%s: logits differ by %.3g", what, worst);
@@ -1087,9 +1114,11 @@ static void check_graph_gemvq(const char *arch, enum export_type type)
 static void test_graph_gemvq(void **st)
 {
     (void)st;
-    check_graph_gemvq("qwen3-tiny", EXPORT_Q4_K_M);
-    check_graph_gemvq("qwen3-tiny", EXPORT_Q8_0);
-    check_graph_gemvq("qwen35-tiny", EXPORT_Q4_K_M);
+    check_graph_gemvq("qwen3-tiny", EXPORT_Q4_K_M, false);
+    check_graph_gemvq("qwen3-tiny", EXPORT_Q8_0, false);
+    check_graph_gemvq("qwen35-tiny", EXPORT_Q4_K_M, false);
+    check_graph_gemvq("qwen3-tiny", EXPORT_Q4_K_M, true);
+    check_graph_gemvq("qwen35-tiny", EXPORT_Q8_0, true);
 }
 
 /* The fused MLP (mlp_fused.cu: norm + gate|up + SwiGLU + down + residual in one launch)
@@ -1716,6 +1745,16 @@ static void test_backend_errors(void **st)
         o.attn_split_min = bad_split[i];
         check_options_refused(&o, "attn_split_min", bad_split[i], want);
     }
+    /* gemvq's block: 4 or 8 warps (0: 4), up to 200 KB reserved */
+    static const int32_t bad_qwarps[] = {2, 16}, bad_qkb[] = {-1, 201};
+    for (int i = 0; i < 2; i++) {
+        struct cuda_options o = cuda_default_options();
+        o.gemvq_warps = bad_qwarps[i];
+        check_options_refused(&o, "gemvq_warps", bad_qwarps[i], want);
+        o = cuda_default_options();
+        o.gemvq_smem_kb = bad_qkb[i];
+        check_options_refused(&o, "gemvq_smem_kb", bad_qkb[i], want);
+    }
     int32_t w = -1, kb = -1, launch = -1;
     cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch);
     assert_true(w == 0 && kb == 0 && launch == 0);
@@ -1766,5 +1805,10 @@ int main(void)
      * list, for a GPU call that checks one kernel */
     if (getenv("QWENRT_TEST_FILTER"))
         cmocka_set_test_filter(getenv("QWENRT_TEST_FILTER"));
+    /* QWENRT_TEST_FILTER=pattern (cmocka's: * and ? wildcards) runs only the matching tests:
+     * GPU time is scarce, a device call may check one change */
+    const char *filter = getenv("QWENRT_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

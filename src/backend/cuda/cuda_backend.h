@@ -119,6 +119,11 @@ struct cuda_options {
     int32_t gemvq_launch; /* when a gemvq block lets the next launch start under PDL: 1 before
                           * its wait (and 0, the default), 2 after it (gemv_smem_launch's
                           * choice for quantised rows) */
+    int32_t gemvq_warps; /* warps per gemvq block: 4 (and 0, the default) or 8: fewer,
+                          * larger blocks, so that fewer launches' blocks are resident at once
+                          * under PDL (a calibration candidate, docs/perf-log.md, session 17) */
+    int32_t gemvq_smem_kb; /* dynamic shared memory a gemvq block reserves at least (KB, 0: only
+                          * what its rows and x need, up to 200): the same lever by memory */
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */
@@ -237,6 +242,9 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
 bool cuda_gemv_mma_takes(int32_t N, int32_t K);
+/* The same for gemvq (quantised rows) with a block of warps (0: 4) of rows each (0: its pick)
+ * reserving smem_kb: its grid, 0 when it does not take them. */
+int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb);
 
 /* Times one GEMV of N x K weights of dtype (random data, T tokens, fused norm when norm) in
  * isolation: *us = median microseconds per launch over reps dependent launches captured in a

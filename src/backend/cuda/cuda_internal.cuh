@@ -214,6 +214,8 @@ struct gemv_args {
     int32_t q_rows;        /* gemvq: rows per warp below the LM head (0: 1, Q8_0 2;
                             * cuda_options.gemvq_rows) */
     bool q_after_wait;     /* gemvq: griddep_launch after griddep_wait (cuda_options.gemvq_launch) */
+    int32_t q_warps;       /* gemvq: warps per block (0: 4, or 8; cuda_options.gemvq_warps) */
+    int32_t q_smem_kb;     /* gemvq: KB of shared memory a block reserves at least (cuda_options.gemvq_smem_kb) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
@@ -228,6 +230,9 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s);
 bool gemv2_applies(const struct gemv_args *a);
 /* The quantised one-token GEMV (gemv_quant.cu): whether it applies, and its launch
  * (launch_gemv takes it when it applies). */
+#define GEMVQ_WARPS_LIMIT 8     /* gemvq's warps per block at most (its launch bound: 256 threads
+                                 * leave it the 255 registers of 128; 512 would cap them at 128: spills) */
+#define GEMVQ_SMEM_KB_LIMIT 200 /* the shared memory a gemvq block may reserve at most, KB */
 bool gemvq_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 /* The one-token 16-bit GEMV with its rows in shared memory (gemv_smem.cu; a.smem asks for it,

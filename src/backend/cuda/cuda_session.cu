@@ -171,6 +171,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_mma = false;
     o.gemvq_rows = 0; /* 1, Q8_0 2 (gemv_quant.cu) */
     o.gemvq_launch = 0;
+    o.gemvq_warps = 0;   /* 4 (gemv_quant.cu) */
+    o.gemvq_smem_kb = 0; /* what the block needs */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
@@ -591,6 +593,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->q_rows = cs->opt.gemvq_rows, a->q_after_wait = cs->opt.gemvq_launch == 2;
+    a->q_warps = cs->opt.gemvq_warps, a->q_smem_kb = cs->opt.gemvq_smem_kb;
     a->mma = cs->opt.gemv_mma;
 }
 
@@ -1513,6 +1516,13 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: gemvq_launch %d (0: the default, 1: before the wait, 2: after it)",
                        (int)o->gemvq_launch);
+    int qw = o->gemvq_warps;
+    if (qw != 0 && qw != 4 && qw != GEMVQ_WARPS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_warps %d (0: the default, or 4 or %d)", qw,
+                       GEMVQ_WARPS_LIMIT);
+    if (o->gemvq_smem_kb < 0 || o->gemvq_smem_kb > GEMVQ_SMEM_KB_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_smem_kb %d (0: what the block needs, or up to %d)",
+                       (int)o->gemvq_smem_kb, GEMVQ_SMEM_KB_LIMIT);
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);

@@ -25,7 +25,8 @@ struct cuda_options cuda_default_options(void)
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
                              .gdn_split = true, .mlp_fused = false, .gemv_smem = true,
-                             .gemv_smem_warps = 0, .gemv_smem_kb = 0, .gemv_smem_launch = 0, .gemv_mma = false, .kv_f16 = false,
+                             .gemv_smem_warps = 0, .gemv_smem_kb = 0, .gemv_smem_launch = 0, .gemv_mma = false,
+                             .gemvq_rows = 0, .gemvq_launch = 0, .gemvq_warps = 0, .gemvq_smem_kb = 0, .kv_f16 = false,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }
@@ -188,6 +189,12 @@ bool cuda_gemv_mma_takes(int32_t N, int32_t K)
 {
     (void)N, (void)K;
     return false;
+}
+
+int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb)
+{
+    (void)dtype, (void)N, (void)K, (void)warps, (void)rows, (void)smem_kb;
+    return 0;
 }
 
 qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bool norm, int32_t kernel,

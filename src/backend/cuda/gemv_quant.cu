@@ -23,8 +23,14 @@
 #include "backend/cuda/gemv_stage.cuh"
 #include "backend/cuda/quant_rows.cuh"
 
+#include <string.h>
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+}
+
 #ifndef GQ_WARPS
-#define GQ_WARPS 4 /* warps per block */
+#define GQ_WARPS 4 /* warps per block by default (gemv_args.q_warps: 8) */
 #endif
 #ifndef GQ_SMEM_MIN
 /* > 0: each block reserves at least this much dynamic shared memory, so that fewer launches'
@@ -94,16 +100,16 @@ __device__ __forceinline__ float gq_row_kq(int32_t dtype, uint32_t xa, uint32_t 
  * stride: bytes of shared memory per row copy. DT = GQ_KMIXED: each segment Q4_K or Q6_K
  * (seg[].dtype; P = 1, R = 1, CB = 8). */
 template <int DT, int P, int NSB, int CB, int R>
-__global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_constant__ struct gemv_args a,
-                                                              int32_t stride)
+__global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __grid_constant__ struct gemv_args a,
+                                                                       int32_t stride)
 {
     extern __shared__ float4 gq_smem4[];
-    __shared__ float s_part[GQ_WARPS][GEMV_MAX_T];
+    __shared__ float s_part[GEMVQ_WARPS_LIMIT][GEMV_MAX_T];
     if (!a.q_after_wait) /* a.q_after_wait: at most the next launch prefetches while this one runs */
         griddep_launch();
     float *xs = (float *)gq_smem4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t r0 = ((int64_t)blockIdx.x * GQ_WARPS + warp) * R;
+    const int64_t r0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + warp) * R;
     int64_t rr[R];
     int sg[R];
     bool ok[R];
@@ -139,7 +145,7 @@ __global__ void __launch_bounds__(32 * GQ_WARPS) gemvq_kernel(const __grid_const
 #pragma unroll
     for (int i = 0; i < R; i++)
         yold[i] = a.mode == GEMV_ACCUM && ok[i] && lane == 0 ? a.seg[sg[i]].y[rr[i]] : 0.0f;
-    gemv_stage_x<(NSB + 1) / 2, GQ_WARPS>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
+    gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
     cp_async_wait<0>();
     __syncwarp(); /* every lane's copies of the rows are visible to the whole warp */
     if (!ok[0])
@@ -194,9 +200,12 @@ static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K =
 
 static size_t gq_at_least(size_t v, size_t floor) { return v < floor ? floor : v; }
 
-/* K / 256, rows per warp, the shared memory and the grid of the launch; false when gemvq does
- * not apply. */
-static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *stride, size_t *smem, int *blocks)
+/* K / 256, rows per warp, warps per block, the shared memory and the grid of the launch; false
+ * when gemvq does not apply. Blocks of GQ_WARPS warps that reserve nothing extra stay under
+ * 48 KB (GQ_SMEM_MAX); other shapes (gemv_args.q_warps, q_smem_kb) may take up to
+ * GEMVQ_SMEM_KB_LIMIT. */
+static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int *warps, int32_t *stride, size_t *smem,
+                        int *blocks)
 {
     if (!a->v2 || a->T != 1 || (a->dtype != QR_Q8_0 && a->dtype != QR_Q4_K && a->dtype != QR_Q6_K))
         return false;
@@ -227,80 +236,108 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int32_t *str
          : a->q_rows                               ? a->q_rows
          : a->dtype == QR_Q8_0                     ? GQ_R_Q8
                                                    : GQ_R;
-    if ((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride > GQ_SMEM_MAX)
+    const int W = a->q_warps > 0 ? a->q_warps : GQ_WARPS;
+    const size_t reserve = (size_t)a->q_smem_kb * 1024;
+    const size_t cap = W == GQ_WARPS && !reserve ? GQ_SMEM_MAX : (size_t)GEMVQ_SMEM_KB_LIMIT * 1024;
+    if ((size_t)a->K * 4 + (size_t)W * *r * P * *stride > cap)
         *r = 1; /* the rows do not fit: one per warp */
-    *smem = gq_at_least((size_t)a->K * 4 + (size_t)GQ_WARPS * *r * P * *stride, GQ_SMEM_MIN);
-    *blocks = (int)((rows + GQ_WARPS * *r - 1) / (GQ_WARPS * *r));
-    return *smem <= GQ_SMEM_MAX;
+    *smem = gq_at_least(gq_at_least((size_t)a->K * 4 + (size_t)W * *r * P * *stride, GQ_SMEM_MIN), reserve);
+    *warps = W;
+    *blocks = (int)((rows + W * *r - 1) / (W * *r));
+    return *smem <= cap;
 }
 
 bool gemvq_applies(const struct gemv_args *a)
 {
-    int kb, r, blocks;
+    int kb, r, w, blocks;
     int32_t stride;
     size_t smem;
-    return gemvq_shape(a, &kb, &r, &stride, &smem, &blocks);
+    return gemvq_shape(a, &kb, &r, &w, &stride, &smem, &blocks);
 }
 
-/* launch_k for a gemvq kernel, its dynamic shared-memory limit raised first when the launch
- * needs more than the default 48 KB (GQ_SMEM_MAX above 47 KB; a host call: replayed graphs do
- * not repeat it). */
+/* Where a launch stands: its grid, threads and shared memory. */
+struct gq_grid {
+    int blocks, warps;
+    size_t smem;
+};
+
+/* launch_k for a gemvq kernel, its dynamic shared-memory limit raised first (to the most any
+ * shape takes, never lowered) when the launch needs more than the default 48 KB (a host call:
+ * replayed graphs do not repeat it). */
 template <typename... KP>
-static cudaError_t gq_launch(bool pdl, void (*k)(KP...), int blocks, size_t smem, cudaStream_t s,
+static cudaError_t gq_launch(bool pdl, void (*k)(KP...), const struct gq_grid &g, cudaStream_t s,
                              const struct gemv_args *a, int32_t stride)
 {
-    if (smem > 47 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GQ_SMEM_MAX);
+    if (g.smem > 47 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             GEMVQ_SMEM_KB_LIMIT * 1024);
         if (e != cudaSuccess)
             return e;
     }
-    return launch_k(pdl, k, dim3(blocks), dim3(32 * GQ_WARPS), smem, s, *a, stride);
+    return launch_k(pdl, k, dim3(g.blocks), dim3(32 * g.warps), g.smem, s, *a, stride);
 }
 
 /* The launch of dtype DT (or GQ_KMIXED) with R rows per warp, by K / 256 and SwiGLU. */
 template <int DT, int CB, int R>
-static cudaError_t gemvq_r(const struct gemv_args *a, int kb, int32_t stride, size_t smem, int blocks,
+static cudaError_t gemvq_r(const struct gemv_args *a, int kb, int32_t stride, const struct gq_grid &g,
                            cudaStream_t s)
 {
     bool p = a->pdl;
     if (a->mode == GEMV_SWIGLU)
-        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R>, blocks, smem, s, a, stride);
+        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R>, g, s, a, stride);
     switch (kb) {
-    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R>, blocks, smem, s, a, stride);
-    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R>, blocks, smem, s, a, stride);
-    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R>, blocks, smem, s, a, stride);
-    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R>, blocks, smem, s, a, stride);
+    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R>, g, s, a, stride);
+    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R>, g, s, a, stride);
+    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R>, g, s, a, stride);
+    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R>, g, s, a, stride);
     }
 }
 
 template <int DT>
-static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t stride, size_t smem, int blocks,
+static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t stride, const struct gq_grid &g,
                             cudaStream_t s)
 {
     constexpr int CB = DT == QR_Q6_K ? 8 : 16;
     /* the row counts gemvq_shape picks: 1, 2 or 4 (each row count of every shape is ~1.5 MB
      * of kernels), and GQ_R_BIG for the LM head */
     if (r == GQ_R_BIG && kb == 4 && a->mode != GEMV_SWIGLU)
-        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, blocks, smem, s, a, stride);
+        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, g, s, a, stride);
     switch (r) {
-    case 4: return gemvq_r<DT, CB, 4>(a, kb, stride, smem, blocks, s);
-    case 2: return gemvq_r<DT, CB, 2>(a, kb, stride, smem, blocks, s);
-    default: return gemvq_r<DT, CB, 1>(a, kb, stride, smem, blocks, s);
+    case 4: return gemvq_r<DT, CB, 4>(a, kb, stride, g, s);
+    case 2: return gemvq_r<DT, CB, 2>(a, kb, stride, g, s);
+    default: return gemvq_r<DT, CB, 1>(a, kb, stride, g, s);
     }
 }
 
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)
 {
-    int kb, r, blocks;
+    int kb, r;
     int32_t stride;
-    size_t smem;
-    if (!gemvq_shape(a, &kb, &r, &stride, &smem, &blocks))
+    struct gq_grid g;
+    if (!gemvq_shape(a, &kb, &r, &g.warps, &stride, &g.smem, &g.blocks))
         return cudaErrorInvalidValue;
     if (a->k_mixed) /* SwiGLU never mixes (gemvq_shape) */
-        return gemvq_r<GQ_KMIXED, 8, 1>(a, kb, stride, smem, blocks, s);
+        return gemvq_r<GQ_KMIXED, 8, 1>(a, kb, stride, g, s);
     switch (a->dtype) {
-    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, kb, r, stride, smem, blocks, s);
-    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, kb, r, stride, smem, blocks, s);
-    default: return gemvq_dt<QR_Q6_K>(a, kb, r, stride, smem, blocks, s);
+    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, kb, r, stride, g, s);
+    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, kb, r, stride, g, s);
+    default: return gemvq_dt<QR_Q6_K>(a, kb, r, stride, g, s);
     }
+}
+
+extern "C" int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows,
+                                     int32_t smem_kb)
+{
+    struct gemv_args a;
+    memset(&a, 0, sizeof(a));
+    a.x = (const float *)(uintptr_t)256, a.ldx = K, a.K = K, a.T = 1, a.dtype = dtype;
+    a.mode = GEMV_STORE, a.n_seg = 1, a.v2 = true;
+    a.q_warps = warps, a.q_rows = rows, a.q_smem_kb = smem_kb;
+    const struct qr_dtype_traits *t = dtype_traits((enum qr_dtype)dtype);
+    a.seg[0].w = (const void *)(uintptr_t)4096, a.seg[0].N = N, a.seg[0].ldy = N;
+    a.seg[0].row_bytes = (int64_t)K / t->block_size * t->type_size;
+    int kb, r, w, blocks;
+    int32_t stride;
+    size_t smem;
+    return gemvq_shape(&a, &kb, &r, &w, &stride, &smem, &blocks) ? blocks : 0;
 }

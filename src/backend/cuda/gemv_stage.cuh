@@ -44,8 +44,8 @@ __device__ __forceinline__ float gemv_sumsq4(float4 v)
     return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
 }
 
-/* xs [T][K] = x, times 1/rms(x) * norm_w when a.norm_w; NWARPS warps; s_part [NWARPS][GEMV_MAX_T]
- * shared. Ends with the block barrier that makes xs visible. */
+/* xs [T][K] = x, times 1/rms(x) * norm_w when a.norm_w; NWARPS warps (0: blockDim.x / 32, at
+ * run time); s_part [warps][GEMV_MAX_T] shared. Ends with the block barrier that makes xs visible. */
 template <int XB, int NWARPS>
 __device__ __forceinline__ void gemv_stage_x(const struct gemv_args &a, float *xs, const float4 (&g0)[GEMV_NW],
                                              float (*s_part)[GEMV_MAX_T])
@@ -88,9 +88,14 @@ __device__ __forceinline__ void gemv_stage_x(const struct gemv_args &a, float *x
         return;
     for (int t = 0; t < T; t++) {
         float tot = 0.0f;
+        if (NWARPS > 0) {
 #pragma unroll
-        for (int q = 0; q < NWARPS; q++)
-            tot += s_part[q][t];
+            for (int q = 0; q < NWARPS; q++)
+                tot += s_part[q][t];
+        } else { /* the block's warps, counted at run time (the same order) */
+            for (int q = 0; q < nt / 32; q++)
+                tot += s_part[q][t];
+        }
         float inv = rsqrtf(tot / (float)K + a.eps);
         float4 *xst = (float4 *)(xs + t * K);
         for (int i0 = threadIdx.x; i0 < k4; i0 += GEMV_NW * nt) {
