@@ -235,6 +235,10 @@ static void test_runtime_errors(void **state)
     load_fails("r19", RT("r19", "{\"cudaTuning\": {\"pdl\": 1}}"), "cudaTuning.pdl must be true or false");
     load_fails("r20", RT("r20", "{\"cudaTuning\": {\"attnSplitMin\": 8}}"),
                "cudaTuning.attnSplitMin must be one of 0 or 16 to 4096");
+    load_fails("r21", RT("r21", "{\"cudaTuning\": {\"gemvqWarps\": 16}}"),
+               "cudaTuning.gemvqWarps must be one of 0, 4, 8");
+    load_fails("r22", RT("r22", "{\"cudaTuning\": {\"gemvqSmemKb\": 201}}"),
+               "cudaTuning.gemvqSmemKb must be one of 0 or 1 to 200");
 #undef RT
 }
 
@@ -249,7 +253,8 @@ static void test_cuda_tuning(void **state)
                      "\"gemvSmemKb\": 200, \"gemvSmemLaunch\": \"before-wait\", \"attnSplitMin\": 128}}}}");
     put("cuda_child", "{" META("cuda_child", "calibrate", "[\"calibrate\"]") ", \"extends\": \"cuda_base\", "
                       "\"runtime\": {\"inference\": {\"cudaTuning\": {\"gemvSmemKb\": 160, "
-                      "\"gemvqRows\": 4, \"gemvqLaunch\": \"after-wait\", \"pdl\": true}}}}");
+                      "\"gemvqRows\": 4, \"gemvqLaunch\": \"after-wait\", \"gemvqWarps\": 8, "
+                      "\"gemvqSmemKb\": 100, \"pdl\": true}}}}");
     struct profile *p = load_ok("cuda_child");
     assert_true(p->cuda_given);
     assert_int_equal(p->cuda.gemv_smem_warps, 16);
@@ -257,6 +262,8 @@ static void test_cuda_tuning(void **state)
     assert_int_equal(p->cuda.gemv_smem_launch, 1);
     assert_int_equal(p->cuda.gemvq_rows, 4);
     assert_int_equal(p->cuda.gemvq_launch, 2);
+    assert_int_equal(p->cuda.gemvq_warps, 8);
+    assert_int_equal(p->cuda.gemvq_smem_kb, 100);
     assert_true(p->cuda.pdl);
     assert_int_equal(p->cuda.attn_split_min, 128);
     profile_free(p);

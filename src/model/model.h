@@ -60,7 +60,7 @@ enum model_format { MODEL_FORMAT_GGUF, MODEL_FORMAT_HF };
  * sessions copy them into their cuda_options (cuda_backend.h has each field's meaning). */
 struct model_cuda_tuning {
     int32_t gemv_smem_warps, gemv_smem_kb, gemv_smem_launch;
-    int32_t gemvq_rows, gemvq_launch;
+    int32_t gemvq_rows, gemvq_launch, gemvq_warps, gemvq_smem_kb;
     bool pdl; /* every decode launch with PDL (16-bit weights have it anyway) */
     int32_t attn_split_min;
 };

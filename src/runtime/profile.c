@@ -487,7 +487,8 @@ static qwenrt_status parse_cuda_tuning(struct profile *p, json_t *o, struct qwen
     if (!json_is_object(o))
         return err_set(err, QWENRT_ERR_FORMAT, "%s: runtime.inference.cudaTuning must be an object", p->path);
     static const char *const keys[] = {"gemvSmemWarps", "gemvSmemKb", "gemvSmemLaunch", "gemvqRows",
-                                       "gemvqLaunch",   "pdl",        "attnSplitMin"};
+                                       "gemvqLaunch",   "gemvqWarps", "gemvqSmemKb",    "pdl",
+                                       "attnSplitMin"};
     const char *k;
     json_t *v;
     json_object_foreach (o, k, v) {
@@ -497,7 +498,7 @@ static qwenrt_status parse_cuda_tuning(struct profile *p, json_t *o, struct qwen
         if (!known)
             return err_set(err, QWENRT_ERR_FORMAT, "%s: cudaTuning.%s is not a CUDA tuning key", p->path, k);
     }
-    static const int warps[] = {0, 1, 2, 4, 8, 16}, rows[] = {0, 1, 2, 4};
+    static const int warps[] = {0, 1, 2, 4, 8, 16}, rows[] = {0, 1, 2, 4}, qwarps[] = {0, 4, 8};
     struct model_cuda_tuning *t = &p->cuda;
     json_t *pdl = json_object_get(o, "pdl");
     if (pdl && !json_is_boolean(pdl))
@@ -509,6 +510,8 @@ static qwenrt_status parse_cuda_tuning(struct profile *p, json_t *o, struct qwen
         cuda_launch(p, o, "gemvSmemLaunch", &t->gemv_smem_launch, err) ||
         cuda_int(p, o, "gemvqRows", rows, 4, 0, 0, &t->gemvq_rows, err) ||
         cuda_launch(p, o, "gemvqLaunch", &t->gemvq_launch, err) ||
+        cuda_int(p, o, "gemvqWarps", qwarps, 3, 0, 0, &t->gemvq_warps, err) ||
+        cuda_int(p, o, "gemvqSmemKb", NULL, 0, 1, 200, &t->gemvq_smem_kb, err) ||
         cuda_int(p, o, "attnSplitMin", NULL, 0, 16, 4096, &t->attn_split_min, err))
         return err->status;
     return QWENRT_OK;

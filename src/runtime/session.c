@@ -121,6 +121,7 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
     opt.gemv_smem_warps = t->gemv_smem_warps, opt.gemv_smem_kb = t->gemv_smem_kb;
     opt.gemv_smem_launch = t->gemv_smem_launch;
     opt.gemvq_rows = t->gemvq_rows, opt.gemvq_launch = t->gemvq_launch;
+    opt.gemvq_warps = t->gemvq_warps, opt.gemvq_smem_kb = t->gemvq_smem_kb;
     opt.pdl = opt.pdl || t->pdl;
     opt.attn_split_min = t->attn_split_min;
     /* QWENRT_CUDA_MEGA=off|on|auto: the decode megakernel's switch (default auto: on for

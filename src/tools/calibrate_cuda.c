@@ -132,6 +132,11 @@ static int list_lanes(const struct qwenrt_model *m, struct cal_lane *L)
             snprintf(label, sizeof(label), "gemvq %d rows, pdl after-wait", rows[i]);
             add_lane(L, &n, label, t);
         }
+        /* blocks of 8 warps reserving 100 KB (two per multiprocessor): with PDL one launch
+         * ahead, Qwen3-0.6B Q8_0's best shape (H200, +3.9%; docs/perf-log.md, session 17) */
+        t = z;
+        t.gemvq_rows = 2, t.gemvq_warps = 8, t.gemvq_smem_kb = 100, t.pdl = true, t.gemvq_launch = 2;
+        add_lane(L, &n, "gemvq 8 warps x 2 rows, 100 KB, pdl after-wait", t);
     } else {
         t = z;
         t.pdl = true;
@@ -245,6 +250,10 @@ static json_t *tuning_json(const struct model_cuda_tuning *t)
         json_object_set_new(o, "gemvqRows", json_integer(t->gemvq_rows));
     if (t->gemvq_launch)
         json_object_set_new(o, "gemvqLaunch", json_string(launch_name(t->gemvq_launch)));
+    if (t->gemvq_warps)
+        json_object_set_new(o, "gemvqWarps", json_integer(t->gemvq_warps));
+    if (t->gemvq_smem_kb)
+        json_object_set_new(o, "gemvqSmemKb", json_integer(t->gemvq_smem_kb));
     if (t->pdl)
         json_object_set_new(o, "pdl", json_true());
     if (t->attn_split_min)
