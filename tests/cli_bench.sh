@@ -19,6 +19,7 @@ assert r["status"] == "timed", r["status"]
 assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
 assert len(r["lanes"]) == 2 and "ratio_candidate_over_this" in r["lanes"][1]
 assert r["per_token_ms"]["p50"] > 0
+assert r["lanes"][0]["kv_cache"] == "f32", r["lanes"][0].get("kv_cache")  # the CPU's default
 PY
 [ -s "$T/b.json" ] || fail "--out wrote nothing"
 grep -q "<svg" "$T/b.svg" || fail "--plot wrote no svg"

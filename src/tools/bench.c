@@ -447,6 +447,8 @@ static json_t *lane_json(struct bench *b, struct lane *l, struct lane *cand, boo
             json_pack("{s:s, s:s}", "id", l->tm.profile->id, "sha256", l->tm.profile->sha256));
     json_object_set_new(j, "backend", json_string(l->backend ? l->backend : "cpu"));
     if (l->kind == LANE_QWENRT) {
+        if (l->s) /* the KV cache as the session resolved it (CUDA's default is f16) */
+            json_object_set_new(j, "kv_cache", json_string(qwenrt_session_kv_type(l->s) == QWENRT_KV_F16 ? "f16" : "f32"));
         json_object_set_new(j, "tokens_match_validation", json_boolean(l->tokens_ok));
         json_object_set_new(j, "validated_token_ids", tokens_json(l->tokens, p->n_gen));
     }

@@ -60,6 +60,7 @@ qwenrt_status compare_models(struct qwenrt_model *cand, struct qwenrt_model *ref
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = n;
     sp.n_threads = n_threads;
+    sp.kv_type = QWENRT_KV_F32; /* both sessions alike: the weights are what is compared */
     struct qwenrt_session *sc = NULL, *sr = NULL;
     float *lc = xmalloc((size_t)CHUNK * V, sizeof(float)), *lr = xmalloc((size_t)CHUNK * V, sizeof(float));
     double *kls = xmalloc((size_t)n, sizeof(double)), num = 0.0, den = 0.0;
