@@ -12,8 +12,8 @@
  *              session's pick, 1 griddep_launch before the wait, 2 after it)
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
- *              [--sweep P:W:R:L:KB,...]  (only decode, one session per shape of the quantised
- *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb; rounds interleaved)
+ *              [--sweep P:W:R:L:KB[:H],...]  (only decode, one session per shape of the quantised
+ *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks; rounds interleaved)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -297,9 +297,9 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
     return 0;
 }
 
-/* --sweep "P:W:R:L:KB,...": decode shapes of the quantised GEMV, each a cuda_session of the
- * default options with pdl P (0/1), gemvq_warps W, gemvq_rows R, gemvq_launch L and
- * gemvq_smem_kb KB (0 = the default of each); rounds interleaved (every shape once per round,
+/* --sweep "P:W:R:L:KB[:H],...": decode shapes of the quantised GEMV, each a cuda_session of the
+ * default options with pdl P (0/1), gemvq_warps W, gemvq_rows R, gemvq_launch L,
+ * gemvq_smem_kb KB (0 = the default of each) and gemvq_head_blocks H (absent: the default); rounds interleaved (every shape once per round,
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
 #define SWEEP_MAX 32
@@ -309,14 +309,18 @@ static int decode_sweep(struct qwenrt_model *m, const char *spec, int32_t n, int
     char names[SWEEP_MAX][32];
     int ns = 0;
     for (const char *p = spec; *p && ns < SWEEP_MAX;) {
-        int pdl, w, r, l, kb, used = 0;
+        int pdl, w, r, l, kb, head = -1, used = 0, more = 0;
         if (sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
-            fprintf(stderr, "--sweep: expected P:W:R:L:KB[,...] at \"%s\"\n", p);
+            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H][,...] at \"%s\"\n", p);
             return 2;
         }
+        if (p[used] == ':' && sscanf(p + used, ":%d%n", &head, &more) == 1)
+            used += more;
         os[ns] = cuda_default_options();
         os[ns].mega = CUDA_MEGA_OFF, os[ns].pdl = pdl != 0;
         os[ns].gemvq_warps = w, os[ns].gemvq_rows = r, os[ns].gemvq_launch = l, os[ns].gemvq_smem_kb = kb;
+        if (head >= 0) /* H: gemvq_head_blocks (absent: the default) */
+            os[ns].gemvq_head_blocks = head;
         snprintf(names[ns++], sizeof(names[0]), "%.*s", used, p);
         p += used;
         p += *p == ',';
@@ -352,7 +356,7 @@ static int decode_sweep(struct qwenrt_model *m, const char *spec, int32_t n, int
             if (i > 0 && round == reps - 1)
                 worst[i] = rel_err(logits, first, (size_t)V);
         }
-    printf("| sweep P:W:R:L:KB | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
+    printf("| sweep P:W:R:L:KB[:H] | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
     for (int i = 0; i < ns; i++)
         printf("| %s | %.1f | %.2g | %s |\n", names[i], n / median(t[i], reps), worst[i],
                memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");

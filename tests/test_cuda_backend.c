@@ -333,21 +333,27 @@ static void test_op_gemv_sizes(void **state)
               {QR_F32, 512, 90}, {QR_BF16, 4096, 33}, {QR_BF16, 8, 40}, {QR_Q8_0, 1024, 301},
               {QR_Q8_0, 3072, 33}, {QR_Q4_K, 1024, 77}, {QR_Q4_K, 2048, 130}, {QR_Q6_K, 1024, 70},
               {QR_Q6_K, 3072, 45}, {QR_Q4_K, 1280, 9}, {QR_Q4_K, 3584, 37}, {QR_Q6_K, 3584, 19},
-              {QR_Q8_0, 3584, 50}, {QR_Q6_K, 1024, 40001}, {QR_Q8_0, 1024, 32771}, {QR_BF16, 1024, 5000},
+              {QR_Q8_0, 3584, 50}, {QR_Q6_K, 1024, 40001}, {QR_Q8_0, 1024, 32771}, {QR_Q4_K, 1024, 33001},
+              {QR_BF16, 1024, 5000},
               {QR_BF16, 1024, 9000}, {QR_BF16, 768, 13}, {QR_BF16, 1280, 50}, {QR_BF16, 3584, 21}};
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
-            for (int v2 = 0; v2 < 9; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
+            for (int v2 = 0; v2 < 11; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
                                                * 3: gemv_smem with 16 warps and 160 KB, 4 and 5:
                                                * 2 and 3 with gemv_mma (BF16, T = 1); quantised,
                                                * T = 1: gemvq blocks of 6: 8 warps, 2 rows each,
-                                               * 100 KB reserved, 7: 8 warps, 8: 8 warps of 4 rows */
+                                               * 100 KB reserved, 7: 8 warps, 8: 8 warps of 4 rows;
+                                               * the LM heads (N >= 32768) 9: one tile per block
+                                               * (gemvq_head_blocks 0), 10: a loop in one block per
+                                               * multiprocessor (1; 1 the default's 4) */
                 if (cs[i].N > 4096 && Ts[ti] > 1)
                     continue; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
                 if (v2 >= 4 && v2 < 6 && (cs[i].dt != QR_BF16 || Ts[ti] > 1))
                     continue;
                 if (v2 >= 6 && (dtype_is_float(cs[i].dt) || Ts[ti] > 1))
+                    continue;
+                if (v2 >= 9 && cs[i].N < 32768)
                     continue;
                 struct op_case c;
                 int32_t widths[] = {cs[i].K, cs[i].N};
@@ -364,7 +370,9 @@ static void test_op_gemv_sizes(void **state)
                 o.gemv_v2 = v2 > 0, o.gemv_smem = v2 >= 2, o.gemv_mma = v2 >= 4;
                 if (v2 == 3 || v2 == 5)
                     o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
-                if (v2 >= 6) { /* gemvq's other block shapes (cuda_options.gemvq_warps, _rows,
+                if (v2 >= 9) /* the LM head's loop off, or in one block per multiprocessor */
+                    o.gemvq_head_blocks = v2 == 9 ? 0 : 1;
+                if (v2 >= 6 && v2 < 9) { /* gemvq's other block shapes (cuda_options.gemvq_warps, _rows,
                                 * _smem_kb): the same rows, so the same results */
                     o.gemv_smem = false;
                     o.gemvq_warps = 8, o.gemvq_rows = v2 == 6 ? 2 : v2 == 7 ? 1 : 4;
@@ -1745,8 +1753,9 @@ static void test_backend_errors(void **st)
         o.attn_split_min = bad_split[i];
         check_options_refused(&o, "attn_split_min", bad_split[i], want);
     }
-    /* gemvq's block: 4 or 8 warps (0: 4), up to 200 KB reserved */
-    static const int32_t bad_qwarps[] = {2, 16}, bad_qkb[] = {-1, 201};
+    /* gemvq's block: 4 or 8 warps (0: 4), up to 200 KB reserved; its LM head loop: 0 to 8 blocks
+     * per multiprocessor */
+    static const int32_t bad_qwarps[] = {2, 16}, bad_qkb[] = {-1, 201}, bad_head[] = {-1, 9};
     for (int i = 0; i < 2; i++) {
         struct cuda_options o = cuda_default_options();
         o.gemvq_warps = bad_qwarps[i];
@@ -1754,6 +1763,9 @@ static void test_backend_errors(void **st)
         o = cuda_default_options();
         o.gemvq_smem_kb = bad_qkb[i];
         check_options_refused(&o, "gemvq_smem_kb", bad_qkb[i], want);
+        o = cuda_default_options();
+        o.gemvq_head_blocks = bad_head[i];
+        check_options_refused(&o, "gemvq_head_blocks", bad_head[i], want);
     }
     int32_t w = -1, kb = -1, launch = -1;
     cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch);

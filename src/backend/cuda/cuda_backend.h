@@ -124,6 +124,9 @@ struct cuda_options {
                           * under PDL (a calibration candidate, docs/perf-log.md, session 17) */
     int32_t gemvq_smem_kb; /* dynamic shared memory a gemvq block reserves at least (KB, 0: only
                           * what its rows and x need, up to 200): the same lever by memory */
+    int32_t gemvq_head_blocks; /* a quantised LM head (32,768 rows or more) as a loop over its
+                          * row tiles in this many blocks per multiprocessor (1 to 8), x staged
+                          * once per block; 0: one tile per block (docs/perf-log.md, session 17) */
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */

@@ -216,6 +216,8 @@ struct gemv_args {
     bool q_after_wait;     /* gemvq: griddep_launch after griddep_wait (cuda_options.gemvq_launch) */
     int32_t q_warps;       /* gemvq: warps per block (0: 4, or 8; cuda_options.gemvq_warps) */
     int32_t q_smem_kb;     /* gemvq: KB of shared memory a block reserves at least (cuda_options.gemvq_smem_kb) */
+    int32_t q_head_blocks; /* gemvq: an LM head loops over its tiles in this many blocks per
+                            * multiprocessor (0: one tile per block; cuda_options.gemvq_head_blocks) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
@@ -233,6 +235,9 @@ bool gemv2_applies(const struct gemv_args *a);
 #define GEMVQ_WARPS_LIMIT 8     /* gemvq's warps per block at most (its launch bound: 256 threads
                                  * leave it the 255 registers of 128; 512 would cap them at 128: spills) */
 #define GEMVQ_SMEM_KB_LIMIT 200 /* the shared memory a gemvq block may reserve at most, KB */
+#ifndef GEMVQ_HEAD_BLOCKS_DEFAULT
+#define GEMVQ_HEAD_BLOCKS_DEFAULT 4 /* cuda_options.gemvq_head_blocks by default */
+#endif
 bool gemvq_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 /* The one-token 16-bit GEMV with its rows in shared memory (gemv_smem.cu; a.smem asks for it,

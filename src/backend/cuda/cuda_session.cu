@@ -173,6 +173,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_launch = 0;
     o.gemvq_warps = 0;   /* 4 (gemv_quant.cu) */
     o.gemvq_smem_kb = 0; /* what the block needs */
+    o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
@@ -594,6 +595,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->q_rows = cs->opt.gemvq_rows, a->q_after_wait = cs->opt.gemvq_launch == 2;
     a->q_warps = cs->opt.gemvq_warps, a->q_smem_kb = cs->opt.gemvq_smem_kb;
+    a->q_head_blocks = cs->opt.gemvq_head_blocks;
     a->mma = cs->opt.gemv_mma;
 }
 
@@ -1523,6 +1525,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemvq_smem_kb < 0 || o->gemvq_smem_kb > GEMVQ_SMEM_KB_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_smem_kb %d (0: what the block needs, or up to %d)",
                        (int)o->gemvq_smem_kb, GEMVQ_SMEM_KB_LIMIT);
+    if (o->gemvq_head_blocks < 0 || o->gemvq_head_blocks > 8)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_head_blocks %d (0: off, or 1 to 8 per multiprocessor)",
+                       (int)o->gemvq_head_blocks);
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);

@@ -175,6 +175,79 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
     }
 }
 
+/* The warp's R rows from r0 (those below n) into shared memory at dst, stride bytes apart,
+ * in copy units of CB bytes (one cp.async group is committed by the caller). */
+template <int CB, int R>
+__device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r0, uint32_t dst, int32_t stride,
+                                             int lane)
+{
+    const int n = (int)(g.row_bytes / CB);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (r0 + i >= g.N)
+            break;
+        const uint8_t *src = (const uint8_t *)g.w + (r0 + i) * g.row_bytes;
+        for (int k = lane; k < n; k += 32)
+            gq_copy<CB>(dst + (uint32_t)(i * stride + k * CB), src + (int64_t)k * CB);
+    }
+}
+
+/* The LM head's gemvq (gemv_args.q_head_blocks > 0): blocks loop over tiles of W R rows
+ * instead of one tile per block, so x is staged, normalised and gathered once per block
+ * rather than once per 16 rows (9,496 blocks of 4 warps each staged the 4 KB x and its norm
+ * weights: ~78 MB of L2 reads beside the 128 MB of Qwen3-0.6B Q4_K_M's Q6_K head, which ran at
+ * 1.3 TB/s: ncu, docs/perf-log.md session 17). Each warp copies its rows of the next tile into
+ * the other half of its shared-memory slice while it sums the current one (cp.async groups:
+ * two in flight). The rows, x and every sum are the gemvq kernel's, so the logits are the
+ * same bit for bit. One segment, GEMV_STORE. */
+template <int DT, int NSB, int CB, int R>
+__global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(const __grid_constant__ struct gemv_args a,
+                                                                            int32_t stride)
+{
+    extern __shared__ float4 gq_smem4[];
+    __shared__ float s_part[GEMVQ_WARPS_LIMIT][GEMV_MAX_T];
+    if (!a.q_after_wait)
+        griddep_launch();
+    float *xs = (float *)gq_smem4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    const struct gemv_seg &g = a.seg[0];
+    const int64_t tiles = (g.N + (int64_t)W * R - 1) / ((int64_t)W * R);
+    const uint32_t half = (uint32_t)(W * R * stride); /* bytes of one tile's rows */
+    const uint32_t slice = smem_u32(xs + a.K) + (uint32_t)(warp * R * stride);
+    int64_t t = blockIdx.x;
+    gq_copy_rows<CB, R>(g, (t * W + warp) * R, slice, stride, lane);
+    cp_async_commit();
+    float4 g0[GEMV_NW];
+    gemv_load_norm_w(a, g0);
+    griddep_wait();
+    if (a.q_after_wait)
+        griddep_launch();
+    gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part);
+    float x[GQ_XN(DT, NSB)];
+    gq_gather<DT, NSB>(smem_u32(xs), x);
+    for (int b = 0; t < tiles; t += gridDim.x, b ^= 1) {
+        const int64_t next = t + gridDim.x;
+        if (next < tiles) { /* the next tile's rows into the other half, then wait for this one's */
+            gq_copy_rows<CB, R>(g, (next * W + warp) * R, slice + (b ^ 1) * half, stride, lane);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp(); /* every lane's copies of this tile are visible to the whole warp */
+        const int64_t r0 = (t * W + warp) * R;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            if (r0 + i >= g.N)
+                break;
+            float v = gq_row<DT, NSB>(slice + b * half + (uint32_t)(i * stride), x);
+            if (lane == 0)
+                g.y[r0 + i] = v;
+        }
+        __syncwarp(); /* read before the copies of the tile after next overwrite this half */
+    }
+}
+
 /* The copy unit of dtype's rows. */
 static int gq_copy_bytes(int32_t dtype) { return dtype == QR_Q6_K ? 8 : 16; }
 
@@ -200,12 +273,20 @@ static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K =
 
 static size_t gq_at_least(size_t v, size_t floor) { return v < floor ? floor : v; }
 
-/* K / 256, rows per warp, warps per block, the shared memory and the grid of the launch; false
- * when gemvq does not apply. Blocks of GQ_WARPS warps that reserve nothing extra stay under
- * 48 KB (GQ_SMEM_MAX); other shapes (gemv_args.q_warps, q_smem_kb) may take up to
- * GEMVQ_SMEM_KB_LIMIT. */
-static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int *warps, int32_t *stride, size_t *smem,
-                        int *blocks)
+/* How a gemvq launch runs: K / 256, rows per warp, bytes of shared memory per row copy, its
+ * grid, and whether it is the LM head's loop (gemvq_loop_kernel). */
+struct gq_shape {
+    int kb, r;
+    int32_t stride;
+    int blocks, warps;
+    size_t smem;
+    bool loop;
+};
+
+/* The shape of the launch; false when gemvq does not apply. Blocks of GQ_WARPS warps that
+ * reserve nothing extra stay under 48 KB (GQ_SMEM_MAX); other shapes (gemv_args.q_warps,
+ * q_smem_kb) may take up to GEMVQ_SMEM_KB_LIMIT. */
+static bool gemvq_shape(const struct gemv_args *a, struct gq_shape *sh)
 {
     if (!a->v2 || a->T != 1 || (a->dtype != QR_Q8_0 && a->dtype != QR_Q4_K && a->dtype != QR_Q6_K))
         return false;
@@ -228,100 +309,94 @@ static bool gemvq_shape(const struct gemv_args *a, int *kb, int *r, int *warps, 
             return false;
         rows = a->seg[0].N;
     }
-    *kb = k;
-    *stride = (int32_t)((rb + 15) / 16 * 16);
+    sh->kb = k;
+    sh->stride = (int32_t)((rb + 15) / 16 * 16);
     /* GQ_R_BIG is built for K = 1024 without SwiGLU only: the LM heads of these models */
-    *r = a->k_mixed                                  ? 1
-         : rows >= GQ_BIG_ROWS && k == 4 && P == 1 ? GQ_R_BIG
-         : a->q_rows                               ? a->q_rows
-         : a->dtype == QR_Q8_0                     ? GQ_R_Q8
-                                                   : GQ_R;
+    const bool big = rows >= GQ_BIG_ROWS && k == 4 && P == 1 && !a->k_mixed;
+    sh->r = a->k_mixed ? 1 : big ? GQ_R_BIG : a->q_rows ? a->q_rows : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
     const int W = a->q_warps > 0 ? a->q_warps : GQ_WARPS;
     const size_t reserve = (size_t)a->q_smem_kb * 1024;
     const size_t cap = W == GQ_WARPS && !reserve ? GQ_SMEM_MAX : (size_t)GEMVQ_SMEM_KB_LIMIT * 1024;
-    if ((size_t)a->K * 4 + (size_t)W * *r * P * *stride > cap)
-        *r = 1; /* the rows do not fit: one per warp */
-    *smem = gq_at_least(gq_at_least((size_t)a->K * 4 + (size_t)W * *r * P * *stride, GQ_SMEM_MIN), reserve);
-    *warps = W;
-    *blocks = (int)((rows + W * *r - 1) / (W * *r));
-    return *smem <= cap;
+    sh->loop = big && a->q_head_blocks > 0 && a->n_seg == 1 && a->mode == GEMV_STORE;
+    const size_t tile = (size_t)W * sh->r * P * sh->stride; /* one tile's rows */
+    if (!sh->loop && (size_t)a->K * 4 + tile > cap)
+        sh->r = 1; /* the rows do not fit: one per warp */
+    const size_t need = (size_t)a->K * 4 + (size_t)W * sh->r * P * sh->stride * (sh->loop ? 2 : 1);
+    sh->smem = gq_at_least(gq_at_least(need, GQ_SMEM_MIN), reserve);
+    sh->warps = W;
+    sh->blocks = (int)((rows + W * sh->r - 1) / (W * sh->r));
+    if (sh->loop) { /* a few blocks per multiprocessor, each looping over the tiles */
+        int64_t most = (int64_t)(a->n_sm > 0 ? a->n_sm : 132) * a->q_head_blocks;
+        sh->blocks = sh->blocks < most ? sh->blocks : (int)most;
+    }
+    return sh->smem <= cap;
 }
 
 bool gemvq_applies(const struct gemv_args *a)
 {
-    int kb, r, w, blocks;
-    int32_t stride;
-    size_t smem;
-    return gemvq_shape(a, &kb, &r, &w, &stride, &smem, &blocks);
+    struct gq_shape sh;
+    return gemvq_shape(a, &sh);
 }
-
-/* Where a launch stands: its grid, threads and shared memory. */
-struct gq_grid {
-    int blocks, warps;
-    size_t smem;
-};
 
 /* launch_k for a gemvq kernel, its dynamic shared-memory limit raised first (to the most any
  * shape takes, never lowered) when the launch needs more than the default 48 KB (a host call:
  * replayed graphs do not repeat it). */
 template <typename... KP>
-static cudaError_t gq_launch(bool pdl, void (*k)(KP...), const struct gq_grid &g, cudaStream_t s,
-                             const struct gemv_args *a, int32_t stride)
+static cudaError_t gq_launch(bool pdl, void (*k)(KP...), const struct gq_shape &sh, cudaStream_t s,
+                             const struct gemv_args *a)
 {
-    if (g.smem > 47 * 1024) {
+    if (sh.smem > 47 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              GEMVQ_SMEM_KB_LIMIT * 1024);
         if (e != cudaSuccess)
             return e;
     }
-    return launch_k(pdl, k, dim3(g.blocks), dim3(32 * g.warps), g.smem, s, *a, stride);
+    return launch_k(pdl, k, dim3(sh.blocks), dim3(32 * sh.warps), sh.smem, s, *a, sh.stride);
 }
 
 /* The launch of dtype DT (or GQ_KMIXED) with R rows per warp, by K / 256 and SwiGLU. */
 template <int DT, int CB, int R>
-static cudaError_t gemvq_r(const struct gemv_args *a, int kb, int32_t stride, const struct gq_grid &g,
-                           cudaStream_t s)
+static cudaError_t gemvq_r(const struct gemv_args *a, const struct gq_shape &sh, cudaStream_t s)
 {
     bool p = a->pdl;
     if (a->mode == GEMV_SWIGLU)
-        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R>, g, s, a, stride);
-    switch (kb) {
-    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R>, g, s, a, stride);
-    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R>, g, s, a, stride);
-    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R>, g, s, a, stride);
-    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R>, g, s, a, stride);
+        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R>, sh, s, a);
+    switch (sh.kb) {
+    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R>, sh, s, a);
+    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R>, sh, s, a);
+    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R>, sh, s, a);
+    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R>, sh, s, a);
     }
 }
 
 template <int DT>
-static cudaError_t gemvq_dt(const struct gemv_args *a, int kb, int r, int32_t stride, const struct gq_grid &g,
-                            cudaStream_t s)
+static cudaError_t gemvq_dt(const struct gemv_args *a, const struct gq_shape &sh, cudaStream_t s)
 {
     constexpr int CB = DT == QR_Q6_K ? 8 : 16;
     /* the row counts gemvq_shape picks: 1, 2 or 4 (each row count of every shape is ~1.5 MB
-     * of kernels), and GQ_R_BIG for the LM head */
-    if (r == GQ_R_BIG && kb == 4 && a->mode != GEMV_SWIGLU)
-        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, g, s, a, stride);
-    switch (r) {
-    case 4: return gemvq_r<DT, CB, 4>(a, kb, stride, g, s);
-    case 2: return gemvq_r<DT, CB, 2>(a, kb, stride, g, s);
-    default: return gemvq_r<DT, CB, 1>(a, kb, stride, g, s);
+     * of kernels), and GQ_R_BIG for the LM head (looping or not) */
+    if (sh.loop)
+        return gq_launch(a->pdl, gemvq_loop_kernel<DT, 4, CB, GQ_R_BIG>, sh, s, a);
+    if (sh.r == GQ_R_BIG && sh.kb == 4 && a->mode != GEMV_SWIGLU)
+        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, sh, s, a);
+    switch (sh.r) {
+    case 4: return gemvq_r<DT, CB, 4>(a, sh, s);
+    case 2: return gemvq_r<DT, CB, 2>(a, sh, s);
+    default: return gemvq_r<DT, CB, 1>(a, sh, s);
     }
 }
 
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)
 {
-    int kb, r;
-    int32_t stride;
-    struct gq_grid g;
-    if (!gemvq_shape(a, &kb, &r, &g.warps, &stride, &g.smem, &g.blocks))
+    struct gq_shape sh;
+    if (!gemvq_shape(a, &sh))
         return cudaErrorInvalidValue;
     if (a->k_mixed) /* SwiGLU never mixes (gemvq_shape) */
-        return gemvq_r<GQ_KMIXED, 8, 1>(a, kb, stride, g, s);
+        return gemvq_r<GQ_KMIXED, 8, 1>(a, sh, s);
     switch (a->dtype) {
-    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, kb, r, stride, g, s);
-    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, kb, r, stride, g, s);
-    default: return gemvq_dt<QR_Q6_K>(a, kb, r, stride, g, s);
+    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, sh, s);
+    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, sh, s);
+    default: return gemvq_dt<QR_Q6_K>(a, sh, s);
     }
 }
 
@@ -336,8 +411,6 @@ extern "C" int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_
     const struct qr_dtype_traits *t = dtype_traits((enum qr_dtype)dtype);
     a.seg[0].w = (const void *)(uintptr_t)4096, a.seg[0].N = N, a.seg[0].ldy = N;
     a.seg[0].row_bytes = (int64_t)K / t->block_size * t->type_size;
-    int kb, r, w, blocks;
-    int32_t stride;
-    size_t smem;
-    return gemvq_shape(&a, &kb, &r, &w, &stride, &smem, &blocks) ? blocks : 0;
+    struct gq_shape sh;
+    return gemvq_shape(&a, &sh) ? sh.blocks : 0;
 }
