@@ -22,6 +22,7 @@
  * refusals that happen before any device work (bad cuda_options, bad bench shapes).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -1722,51 +1723,30 @@ static void test_backend_errors(void **st)
     int32_t id = -1;
     assert_int_equal(cuda_argmax(&one, 0, false, &id, &err), want);
     assert_int_equal(id, 0);
-    /* gemv_smem block shapes the kernel is not built for are refused before any device work:
-     * warps 0 (the session picks), 1, 2, 4, 8 or 16; KB 0 or 16 to 226 */
-    static const int32_t bad_warps[] = {-1, 3}, bad_kb[] = {8, 300};
-    for (int i = 0; i < 2; i++) {
-        struct cuda_options o = cuda_default_options();
-        o.gemv_smem_warps = bad_warps[i];
-        check_options_refused(&o, "gemv_smem_warps", bad_warps[i], want);
-        o = cuda_default_options();
-        o.gemv_smem_kb = bad_kb[i];
-        check_options_refused(&o, "gemv_smem_kb", bad_kb[i], want);
-    }
-    static const int32_t bad_launch[] = {-1, 3}; /* 0 the session picks, 1 early, 2 after the wait */
-    for (int i = 0; i < 2; i++) {
-        struct cuda_options o = cuda_default_options();
-        o.gemv_smem_launch = bad_launch[i];
-        check_options_refused(&o, "gemv_smem_launch", bad_launch[i], want);
-    }
-    /* gemvq rows per warp (0, 1, 2, 4), its launch order (0, 1, 2), the attention's minimum
-     * positions per split (0 or 16 to 4096): the calibration's choices, refused the same way */
-    static const int32_t bad_rows[] = {3, 8}, bad_split[] = {8, 5000};
-    for (int i = 0; i < 2; i++) {
-        struct cuda_options o = cuda_default_options();
-        o.gemvq_rows = bad_rows[i];
-        check_options_refused(&o, "gemvq_rows", bad_rows[i], want);
-        o = cuda_default_options();
-        o.gemvq_launch = bad_launch[i];
-        check_options_refused(&o, "gemvq_launch", bad_launch[i], want);
-        o = cuda_default_options();
-        o.attn_split_min = bad_split[i];
-        check_options_refused(&o, "attn_split_min", bad_split[i], want);
-    }
-    /* gemvq's block: 4 or 8 warps (0: 4), up to 200 KB reserved; its LM head loop: 0 to 8 blocks
-     * per multiprocessor */
-    static const int32_t bad_qwarps[] = {2, 16}, bad_qkb[] = {-1, 201}, bad_head[] = {-1, 9};
-    for (int i = 0; i < 2; i++) {
-        struct cuda_options o = cuda_default_options();
-        o.gemvq_warps = bad_qwarps[i];
-        check_options_refused(&o, "gemvq_warps", bad_qwarps[i], want);
-        o = cuda_default_options();
-        o.gemvq_smem_kb = bad_qkb[i];
-        check_options_refused(&o, "gemvq_smem_kb", bad_qkb[i], want);
-        o = cuda_default_options();
-        o.gemvq_head_blocks = bad_head[i];
-        check_options_refused(&o, "gemvq_head_blocks", bad_head[i], want);
-    }
+    /* the decode's shape options out of range are refused by name before any device work:
+     * gemv_smem warps 0 (the session picks), 1, 2, 4, 8 or 16, KB 0 or 16 to 226, launch 0 (the
+     * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
+     * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; the attention's minimum
+     * positions per split 0 or 16 to 4096 */
+    static const struct {
+        const char *name;
+        size_t offset; /* of an int32_t in struct cuda_options */
+        int32_t bad[2];
+    } refused[] = {{"gemv_smem_warps", offsetof(struct cuda_options, gemv_smem_warps), {-1, 3}},
+                   {"gemv_smem_kb", offsetof(struct cuda_options, gemv_smem_kb), {8, 300}},
+                   {"gemv_smem_launch", offsetof(struct cuda_options, gemv_smem_launch), {-1, 3}},
+                   {"gemvq_rows", offsetof(struct cuda_options, gemvq_rows), {3, 8}},
+                   {"gemvq_launch", offsetof(struct cuda_options, gemvq_launch), {-1, 3}},
+                   {"gemvq_warps", offsetof(struct cuda_options, gemvq_warps), {2, 16}},
+                   {"gemvq_smem_kb", offsetof(struct cuda_options, gemvq_smem_kb), {-1, 201}},
+                   {"gemvq_head_blocks", offsetof(struct cuda_options, gemvq_head_blocks), {-1, 9}},
+                   {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
+    for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
+        for (int i = 0; i < 2; i++) {
+            struct cuda_options o = cuda_default_options();
+            *(int32_t *)((char *)&o + refused[r].offset) = refused[r].bad[i];
+            check_options_refused(&o, refused[r].name, refused[r].bad[i], want);
+        }
     int32_t w = -1, kb = -1, launch = -1;
     cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch);
     assert_true(w == 0 && kb == 0 && launch == 0);

@@ -96,6 +96,19 @@ __device__ __forceinline__ float gq_row_kq(int32_t dtype, uint32_t xa, uint32_t 
     return gq_row<QR_Q6_K, NSB>(row, x);
 }
 
+/* The middle of both gemvq kernels, once a warp's row copies are issued: close them as one
+ * group, load the first norm weights (constant: before the wait), wait for the input, and let
+ * the next launch start now when it should wait for this one's input (gemv_args.q_after_wait;
+ * else the kernel let it start first thing). */
+__device__ __forceinline__ void gq_commit_and_wait(const struct gemv_args &a, float4 (&g0)[GEMV_NW])
+{
+    cp_async_commit();
+    gemv_load_norm_w(a, g0);
+    griddep_wait();
+    if (a.q_after_wait)
+        griddep_launch();
+}
+
 /* P = 2: SwiGLU (seg[0] gate, seg[1] up). R rows per warp (x gathered once for them).
  * stride: bytes of shared memory per row copy. DT = GQ_KMIXED: each segment Q4_K or Q6_K
  * (seg[].dtype; P = 1, R = 1, CB = 8). */
@@ -135,12 +148,8 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
                 for (int k = lane; k < n; k += 32)
                     gq_copy<CB>(dst + (uint32_t)(k * CB), src + (int64_t)k * CB);
             }
-    cp_async_commit();
     float4 g0[GEMV_NW];
-    gemv_load_norm_w(a, g0);
-    griddep_wait();
-    if (a.q_after_wait)
-        griddep_launch();
+    gq_commit_and_wait(a, g0);
     float yold[R];
 #pragma unroll
     for (int i = 0; i < R; i++)
@@ -216,12 +225,8 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
     const uint32_t slice = smem_u32(xs + a.K) + (uint32_t)(warp * R * stride);
     int64_t t = blockIdx.x;
     gq_copy_rows<CB, R>(g, (t * W + warp) * R, slice, stride, lane);
-    cp_async_commit();
     float4 g0[GEMV_NW];
-    gemv_load_norm_w(a, g0);
-    griddep_wait();
-    if (a.q_after_wait)
-        griddep_launch();
+    gq_commit_and_wait(a, g0);
     gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part);
     float x[GQ_XN(DT, NSB)];
     gq_gather<DT, NSB>(smem_u32(xs), x);
