@@ -69,8 +69,10 @@ struct op_case {
     enum qr_dtype logits_dt; /* the tail's logits weights (QR_F32 = 0: an exact model) */
 };
 
-static const struct qr_tensor *add_tensor(struct op_case *c, enum qr_dtype dt, int64_t K, int64_t N,
-                                          float scale)
+/* N random rows of K weights (uniform, times scale) stored as dt: *nbytes bytes, malloc'd.
+ * Quantising is the slow part of a case (a 40,001-row Q6_K matrix takes seconds): cases that
+ * run one matrix under several options make it once (test_op_gemv_sizes). */
+static uint8_t *random_weights(enum qr_dtype dt, int64_t K, int64_t N, float scale, size_t *nbytes)
 {
     float *f = malloc((size_t)K * N * sizeof(float));
     for (int64_t i = 0; i < K * N; i++)
@@ -81,12 +83,28 @@ static const struct qr_tensor *add_tensor(struct op_case *c, enum qr_dtype dt, i
     for (int64_t r = 0; r < N; r++)
         assert_true(quant_quantize_row(dt, f + r * K, q + r * row_bytes, K));
     free(f);
+    *nbytes = row_bytes * (size_t)N;
+    return q;
+}
+
+/* The case's next tensor: K x N weights of dtype dt in q (nbytes; the case owns q now). */
+static const struct qr_tensor *add_tensor_data(struct op_case *c, enum qr_dtype dt, int64_t K, int64_t N,
+                                               uint8_t *q, size_t nbytes)
+{
     struct qr_tensor *t = &c->tensors[c->n_tensors];
     c->data[c->n_tensors++] = q;
     memset(t, 0, sizeof(*t));
     t->name = "random", t->dtype = dt, t->n_dims = 2, t->ne[0] = K, t->ne[1] = N;
-    t->ne[2] = t->ne[3] = 1, t->data = q, t->nbytes = row_bytes * (size_t)N;
+    t->ne[2] = t->ne[3] = 1, t->data = q, t->nbytes = nbytes;
     return t;
+}
+
+static const struct qr_tensor *add_tensor(struct op_case *c, enum qr_dtype dt, int64_t K, int64_t N,
+                                          float scale)
+{
+    size_t nbytes;
+    uint8_t *q = random_weights(dt, K, N, scale, &nbytes);
+    return add_tensor_data(c, dt, K, N, q, nbytes);
 }
 
 static const float *add_vec(struct op_case *c, int64_t n, float base, float scale)
@@ -338,7 +356,9 @@ static void test_op_gemv_sizes(void **state)
               {QR_BF16, 1024, 5000},
               {QR_BF16, 1024, 9000}, {QR_BF16, 768, 13}, {QR_BF16, 1280, 50}, {QR_BF16, 3584, 21}};
     static const int32_t Ts[] = {1, 3, 8};
-    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++)
+    for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+        size_t nbytes; /* one matrix per case, copied into every run of it */
+        uint8_t *w = random_weights(cs[i].dt, cs[i].K, cs[i].N, 0.5f, &nbytes);
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
             for (int v2 = 0; v2 < 11; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
                                                * 3: gemv_smem with 16 warps and 160 KB, 4 and 5:
@@ -356,11 +376,17 @@ static void test_op_gemv_sizes(void **state)
                     continue;
                 if (v2 >= 9 && cs[i].N < 32768)
                     continue;
+                bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
+                if (v2 == 3 && !sixteen)
+                    continue;
                 struct op_case c;
                 int32_t widths[] = {cs[i].K, cs[i].N};
                 case_start(&c, widths, 2, 1);
                 struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
-                op->out = 1, op->in = 0, op->w = add_tensor(&c, cs[i].dt, cs[i].K, cs[i].N, 0.5f);
+                uint8_t *copy = malloc(nbytes);
+                assert_non_null(copy);
+                memcpy(copy, w, nbytes);
+                op->out = 1, op->in = 0, op->w = add_tensor_data(&c, cs[i].dt, cs[i].K, cs[i].N, copy, nbytes);
                 op->dump = "y";
                 if (!dtype_is_float(cs[i].dt)) {
                     char key[32];
@@ -398,9 +424,6 @@ static void test_op_gemv_sizes(void **state)
                         fail_msg("gemvq %s K=%d N=%d v2=%d: grid of %d", dtype_traits(cs[i].dt)->name, K,
                                  cs[i].N, v2, (int)blocks);
                 }
-                bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
-                if (v2 == 3 && !sixteen)
-                    continue;
                 if (v2 == 2 && Ts[ti] == 1 && sixteen) /* proof that the case runs gemv_smem */
                     assert_true(cuda_gemv_smem_takes(cs[i].dt, cs[i].N, cs[i].K));
                 if (v2 == 2 && !sixteen)
@@ -410,6 +433,8 @@ static void test_op_gemv_sizes(void **state)
                          dtype_traits(cs[i].dt)->name, cs[i].K, cs[i].N, Ts[ti], v2);
                 run_case(&c, what, Ts[ti], 0, OP_REL_TOL, &o);
             }
+        free(w);
+    }
 }
 
 static void test_op_embed(void **state)
