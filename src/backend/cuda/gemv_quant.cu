@@ -17,6 +17,12 @@
  * 210-byte super-blocks leave rows 8-byte aligned), and x 16-byte aligned; otherwise the
  * first kernel runs. k_mixed launches (Q4_K_M's q|k|v: Q4_K and Q6_K segments, each warp's
  * row of one) take gemvq alone: one launch instead of a norm and three GEMVs.
+ *
+ * Block shape: 4 warps by default; gemv_args.q_warps (8) and q_smem_kb (shared memory reserved,
+ * so that fewer blocks share a multiprocessor) are calibration choices (cuda_options).
+ * The LM heads (32,768 rows or more at K = 1024) run gemvq_loop_kernel by default: a few blocks
+ * per multiprocessor that stage and gather x once and loop over tiles of rows, copying the
+ * next tile while summing the current one (gemv_args.q_head_blocks; docs/perf-log.md, session 17).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -184,7 +190,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
     }
 }
 
-/* The warp's R rows from r0 (those below n) into shared memory at dst, stride bytes apart,
+/* The warp's R rows from r0 (those below g.N) into shared memory at dst, stride bytes apart,
  * in copy units of CB bytes (one cp.async group is committed by the caller). */
 template <int CB, int R>
 __device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r0, uint32_t dst, int32_t stride,
