@@ -303,52 +303,70 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
 #define SWEEP_MAX 32
-static int decode_sweep(struct qwenrt_model *m, const char *spec, int32_t n, int reps)
-{
+struct sweep {
     struct cuda_options os[SWEEP_MAX];
     char names[SWEEP_MAX][32];
-    int ns = 0;
-    for (const char *p = spec; *p && ns < SWEEP_MAX;) {
+    int n;
+};
+
+/* The --sweep spec into sw, before any work (a bad spec is named at once); false when bad. */
+static bool parse_sweep(const char *spec, struct sweep *sw)
+{
+    sw->n = 0;
+    for (const char *p = spec; *p;) {
         int pdl, w, r, l, kb, head = -1, used = 0, more = 0;
-        if (sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
-            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H][,...] at \"%s\"\n", p);
-            return 2;
+        if (sw->n == SWEEP_MAX || sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
+            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
+            return false;
         }
         if (p[used] == ':' && sscanf(p + used, ":%d%n", &head, &more) == 1)
             used += more;
-        os[ns] = cuda_default_options();
-        os[ns].mega = CUDA_MEGA_OFF, os[ns].pdl = pdl != 0;
-        os[ns].gemvq_warps = w, os[ns].gemvq_rows = r, os[ns].gemvq_launch = l, os[ns].gemvq_smem_kb = kb;
+        struct cuda_options *o = &sw->os[sw->n];
+        *o = cuda_default_options();
+        o->mega = CUDA_MEGA_OFF, o->pdl = pdl != 0;
+        o->gemvq_warps = w, o->gemvq_rows = r, o->gemvq_launch = l, o->gemvq_smem_kb = kb;
         if (head >= 0) /* H: gemvq_head_blocks (absent: the default) */
-            os[ns].gemvq_head_blocks = head;
-        snprintf(names[ns++], sizeof(names[0]), "%.*s", used, p);
+            o->gemvq_head_blocks = head;
+        snprintf(sw->names[sw->n++], sizeof(sw->names[0]), "%.*s", used, p);
         p += used;
+        if (*p && *p != ',') {
+            fprintf(stderr, "--sweep: expected ',' or the end after \"%s\"\n", sw->names[sw->n - 1]);
+            return false;
+        }
         p += *p == ',';
     }
+    return sw->n > 0;
+}
+
+static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int reps)
+{
+    const struct cuda_options *os = sw->os;
+    const char(*names)[32] = sw->names;
+    const int ns = sw->n;
     int32_t V = m->hp.n_vocab, ids[SWEEP_MAX][4], out[512];
     float *logits = malloc((size_t)V * 4), *first = malloc((size_t)V * 4);
     double t[SWEEP_MAX][64], worst[SWEEP_MAX] = {0};
     struct qwenrt_error err = {0};
-    if (n > 500)
-        n = 500;
+    int rc = 1;
+    n = n < 4 ? 4 : n > 500 ? 500 : n;
+    if (!logits || !first)
+        goto out;
     for (int round = 0; round < reps; round++)
         for (int k = 0; k < ns; k++) {
             int i = (k + round) % ns;
             struct cuda_session *cs = NULL;
-            if (cuda_session_init(m->plans, n + 8, &os[i], &cs, &err)) {
-                fprintf(stderr, "--sweep %s: %s\n", names[i], err.message);
-                return 1;
-            }
-            for (int w = 0; w < 2; w++) { /* a warm-up, then the timed run */
-                cuda_session_reset(cs, &err);
+            bool ok = !cuda_session_init(m->plans, n + 8, &os[i], &cs, &err);
+            for (int w = 0; w < 2 && ok; w++) { /* a warm-up, then the timed run */
+                ok = !cuda_session_reset(cs, &err);
                 double t0 = time_now_s();
-                if (cuda_session_generate(cs, 17, 0, n, 32, out, logits, &err)) {
-                    fprintf(stderr, "--sweep %s: %s\n", names[i], err.message);
-                    return 1;
-                }
+                ok = ok && !cuda_session_generate(cs, 17, 0, n, 32, out, logits, &err);
                 t[i][round] = time_now_s() - t0;
             }
             cuda_session_free(cs);
+            if (!ok) {
+                fprintf(stderr, "--sweep %s: %s\n", names[i], err.message);
+                goto out;
+            }
             if (round == 0 && i == 0)
                 memcpy(first, logits, (size_t)V * 4), memcpy(ids[0], out, sizeof(ids[0]));
             if (round == 0 && i > 0)
@@ -360,8 +378,10 @@ static int decode_sweep(struct qwenrt_model *m, const char *spec, int32_t n, int
     for (int i = 0; i < ns; i++)
         printf("| %s | %.1f | %.2g | %s |\n", names[i], n / median(t[i], reps), worst[i],
                memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");
+    rc = 0;
+out:
     free(logits), free(first);
-    return 0;
+    return rc;
 }
 
 /* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
@@ -480,6 +500,7 @@ int main(int argc, char **argv)
     int gemv_mma = -1;   /* --gemv-mma 0|1: the tensor cores for gemv_smem's sums (-1: the default) */
     int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
+    static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
@@ -540,6 +561,8 @@ int main(int argc, char **argv)
     }
     if (reps > 64)
         reps = 64;
+    if (sweep && !parse_sweep(sweep, &sw))
+        return 2;
     struct qwenrt_error err = {0};
     if (launch_floor)
         return print_launch_floor(reps, &err);
@@ -581,7 +604,7 @@ int main(int argc, char **argv)
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
     if (sweep)
-        return decode_sweep(m, sweep, n_gen, reps);
+        return decode_sweep(m, &sw, n_gen, reps);
     int argmax_ok = 1, fast_argmax_ok = 1;
     double verr = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_EXACT, &argmax_ok);
     double verr_fast = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_DEFAULT, &fast_argmax_ok);

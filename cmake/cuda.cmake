@@ -33,6 +33,9 @@ target_link_libraries(cuda_bench PRIVATE qwenrt_lib)
 add_test(NAME cuda_bench_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --tg-variant no-such-variant)
 set_tests_properties(cuda_bench_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--tg-variant \"no-such-variant\": no such decode variant; the names are: \"megakernel\"")
+add_test(NAME cuda_bench_sweep_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "1:0:2:2:0,1:8")
+set_tests_properties(cuda_bench_sweep_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--sweep: expected P:W:R:L:KB\\[:H\\]\\[,...\\] \\(at most 32\\) at \"1:8\"")
 
 # Tests are added after this file is read: set their skip code once the directory is done.
 function(qwenrt_cuda_test_props)
