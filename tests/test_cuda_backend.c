@@ -334,14 +334,104 @@ static void test_op_matmul(void **state)
     }
 }
 
+/* The variants test_op_gemv_sizes runs each GEMV case under (cuda_options), by index:
+ *   0: the first kernel (gemv_v2 off); 1: gemv2 / gemvq (the defaults); 2: gemv_smem on (the
+ *   session's shape for one product, 8 warps and 120 KB); 3: gemv_smem with 16 warps and
+ *   160 KB (Qwen3.5's; 16-bit rows only); 4, 5: 2 and 3 with gemv_mma (BF16, T = 1);
+ *   quantised rows at T = 1: gemvq blocks of 6: 8 warps of 2 rows with 100 KB reserved,
+ *   7: 8 warps of 1 row, 8: 8 warps of 4 rows; LM heads (N >= 32768) 9: one tile per block
+ *   (gemvq_head_blocks 0), 10: the loop in one block per multiprocessor (the default has 4). */
+#define GEMV_VARIANTS 11
+
+/* Whether variant v applies to rows of dt, N of them, at T tokens. */
+static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
+{
+    bool sixteen = dt == QR_BF16 || dt == QR_F16;
+    if (N > 4096 && T > 1)
+        return false; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
+    if (v >= 4 && v < 6 && (dt != QR_BF16 || T > 1))
+        return false;
+    if (v >= 6 && (dtype_is_float(dt) || T > 1))
+        return false;
+    if (v >= 9 && N < 32768)
+        return false;
+    return v != 3 || sixteen;
+}
+
+static struct cuda_options gemv_variant_options(int v)
+{
+    struct cuda_options o = cuda_default_options();
+    o.gemv_v2 = v > 0, o.gemv_smem = v >= 2, o.gemv_mma = v >= 4;
+    if (v == 3 || v == 5)
+        o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
+    if (v >= 6 && v < 9) { /* gemvq's other block shapes: the same rows, so the same results */
+        o.gemv_smem = false;
+        o.gemvq_warps = 8, o.gemvq_rows = v == 6 ? 2 : v == 7 ? 1 : 4;
+        o.gemvq_smem_kb = v == 6 ? 100 : 0;
+    }
+    if (v >= 9) /* the LM head's loop off, or in one block per multiprocessor */
+        o.gemvq_head_blocks = v == 9 ? 0 : 1;
+    return o;
+}
+
+/* Proof that variant v of the case runs the kernel it is meant to (before it runs). */
+static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, int32_t T, int v,
+                                      const struct cuda_options *o)
+{
+    bool sixteen = dt == QR_BF16 || dt == QR_F16;
+    if (v == 4) { /* the tensor cores where K splits over the warps of a tile in steps of 64
+                   * (K % 128 up to 1024, K % 256 above) */
+        bool splits = K % (K <= 1024 ? 128 : 256) == 0;
+        assert_int_equal(cuda_gemv_mma_takes(N, K), splits);
+    }
+    if (v >= 6) { /* these shapes take every case the default gemvq takes (K = 1024, 2048,
+                   * 3072, 3584 in whole copy units: not Q6_K at 3584, whose 2,940-byte rows
+                   * are not 8-byte multiples) */
+        bool takes = cuda_gemvq_blocks(dt, N, K, 0, 0, 0) > 0;
+        assert_int_equal(takes, (K == 1024 || K == 2048 || K == 3072 || K == 3584) &&
+                                    !(dt == QR_Q6_K && K == 3584));
+        int32_t blocks = cuda_gemvq_blocks(dt, N, K, o->gemvq_warps, o->gemvq_rows, o->gemvq_smem_kb);
+        if (takes != (blocks > 0))
+            fail_msg("gemvq %s K=%d N=%d v2=%d: grid of %d", dtype_traits(dt)->name, K, N, v, (int)blocks);
+    }
+    if (v == 2 && T == 1 && sixteen)
+        assert_true(cuda_gemv_smem_takes(dt, N, K));
+    if (v == 2 && !sixteen)
+        assert_false(cuda_gemv_smem_takes(dt, N, K));
+}
+
+/* One run: a matmul case of the weights w (nbytes, copied) under variant v, against the CPU. */
+static void run_gemv_variant(enum qr_dtype dt, int32_t K, int32_t N, int32_t T, int v, const uint8_t *w,
+                             size_t nbytes)
+{
+    struct op_case c;
+    int32_t widths[] = {K, N};
+    case_start(&c, widths, 2, 1);
+    struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
+    uint8_t *copy = malloc(nbytes);
+    assert_non_null(copy);
+    memcpy(copy, w, nbytes);
+    op->out = 1, op->in = 0, op->w = add_tensor_data(&c, dt, K, N, copy, nbytes);
+    op->dump = "y";
+    if (!dtype_is_float(dt)) { /* quantised rows against the reference with f32 activations */
+        char key[32];
+        snprintf(key, sizeof(key), "matmul.%s.exact", dtype_traits(dt)->name);
+        op->kernel = strdup(key);
+    }
+    struct cuda_options o = gemv_variant_options(v);
+    check_gemv_variant_kernel(dt, K, N, T, v, &o);
+    char what[64];
+    snprintf(what, sizeof(what), "gemv.%s K=%d N=%d T=%d v2=%d", dtype_traits(dt)->name, K, N, T, v);
+    run_case(&c, what, T, 0, OP_REL_TOL, &o);
+}
+
 /* The GEMV kernels at the sizes of real models (aligned rows: gemv2 applies to float weights,
- * gemvq to quantised ones at T = 1), against the first kernel (v2 off) and the CPU: T = 1..8
- * tokens, K up to 3072 (T*K*4 > 48 KB falls back); quantised rows against the reference with
- * f32 activations (matmul.<q>.exact), N not a multiple of the 4 rows of a gemvq block; K =
- * 3584 (Qwen3.5-0.8B's down) leaves lanes idle in gemvq's last round; N >= 32768 (an LM
- * head) takes four rows per warp. gemv_smem (v2 = 2: the session's shape for one product,
- * 8 warps and 120 KB; v2 = 3: 16 warps and 160 KB, Qwen3.5's) over grids of one to 282
- * blocks (N = 5000 and 9000 at K = 1024), halving its warps where the rows would not fit. */
+ * gemvq to quantised ones at T = 1), under every variant above, against the CPU: T = 1..8
+ * tokens, K up to 3072 (T*K*4 > 48 KB falls back); N not a multiple of the 4 rows of a gemvq
+ * block; K = 3584 (Qwen3.5-0.8B's down) leaves lanes idle in gemvq's last round; N >= 32768
+ * (an LM head) takes four rows per warp and the loop; gemv_smem over grids of one to 282 blocks
+ * (N = 5000 and 9000 at K = 1024), halving its warps where the rows would not fit. Each case's
+ * matrix is quantised once (a 40,001-row Q6_K matrix takes seconds) and copied into its runs. */
 static void test_op_gemv_sizes(void **state)
 {
     (void)state;
@@ -353,86 +443,16 @@ static void test_op_gemv_sizes(void **state)
               {QR_Q8_0, 3072, 33}, {QR_Q4_K, 1024, 77}, {QR_Q4_K, 2048, 130}, {QR_Q6_K, 1024, 70},
               {QR_Q6_K, 3072, 45}, {QR_Q4_K, 1280, 9}, {QR_Q4_K, 3584, 37}, {QR_Q6_K, 3584, 19},
               {QR_Q8_0, 3584, 50}, {QR_Q6_K, 1024, 40001}, {QR_Q8_0, 1024, 32771}, {QR_Q4_K, 1024, 33001},
-              {QR_BF16, 1024, 5000},
-              {QR_BF16, 1024, 9000}, {QR_BF16, 768, 13}, {QR_BF16, 1280, 50}, {QR_BF16, 3584, 21}};
+              {QR_BF16, 1024, 5000}, {QR_BF16, 1024, 9000}, {QR_BF16, 768, 13}, {QR_BF16, 1280, 50},
+              {QR_BF16, 3584, 21}};
     static const int32_t Ts[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
-        size_t nbytes; /* one matrix per case, copied into every run of it */
+        size_t nbytes;
         uint8_t *w = random_weights(cs[i].dt, cs[i].K, cs[i].N, 0.5f, &nbytes);
         for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
-            for (int v2 = 0; v2 < 11; v2++) { /* 0: first kernel, 1: gemv2 / gemvq, 2: gemv_smem on,
-                                               * 3: gemv_smem with 16 warps and 160 KB, 4 and 5:
-                                               * 2 and 3 with gemv_mma (BF16, T = 1); quantised,
-                                               * T = 1: gemvq blocks of 6: 8 warps, 2 rows each,
-                                               * 100 KB reserved, 7: 8 warps, 8: 8 warps of 4 rows;
-                                               * the LM heads (N >= 32768) 9: one tile per block
-                                               * (gemvq_head_blocks 0), 10: a loop in one block per
-                                               * multiprocessor (1; 1 the default's 4) */
-                if (cs[i].N > 4096 && Ts[ti] > 1)
-                    continue; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
-                if (v2 >= 4 && v2 < 6 && (cs[i].dt != QR_BF16 || Ts[ti] > 1))
-                    continue;
-                if (v2 >= 6 && (dtype_is_float(cs[i].dt) || Ts[ti] > 1))
-                    continue;
-                if (v2 >= 9 && cs[i].N < 32768)
-                    continue;
-                bool sixteen = cs[i].dt == QR_BF16 || cs[i].dt == QR_F16;
-                if (v2 == 3 && !sixteen)
-                    continue;
-                struct op_case c;
-                int32_t widths[] = {cs[i].K, cs[i].N};
-                case_start(&c, widths, 2, 1);
-                struct plan_op *op = plan_add_op(&c.plan, OP_MATMUL, 0);
-                uint8_t *copy = malloc(nbytes);
-                assert_non_null(copy);
-                memcpy(copy, w, nbytes);
-                op->out = 1, op->in = 0, op->w = add_tensor_data(&c, cs[i].dt, cs[i].K, cs[i].N, copy, nbytes);
-                op->dump = "y";
-                if (!dtype_is_float(cs[i].dt)) {
-                    char key[32];
-                    snprintf(key, sizeof(key), "matmul.%s.exact", dtype_traits(cs[i].dt)->name);
-                    op->kernel = strdup(key);
-                }
-                struct cuda_options o = cuda_default_options();
-                o.gemv_v2 = v2 > 0, o.gemv_smem = v2 >= 2, o.gemv_mma = v2 >= 4;
-                if (v2 == 3 || v2 == 5)
-                    o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
-                if (v2 >= 9) /* the LM head's loop off, or in one block per multiprocessor */
-                    o.gemvq_head_blocks = v2 == 9 ? 0 : 1;
-                if (v2 >= 6 && v2 < 9) { /* gemvq's other block shapes (cuda_options.gemvq_warps, _rows,
-                                * _smem_kb): the same rows, so the same results */
-                    o.gemv_smem = false;
-                    o.gemvq_warps = 8, o.gemvq_rows = v2 == 6 ? 2 : v2 == 7 ? 1 : 4;
-                    o.gemvq_smem_kb = v2 == 6 ? 100 : 0;
-                }
-                if (v2 == 4) { /* proof of which sums run: the tensor cores where K splits
-                                * over the warps of a tile in steps of 64 (K % 128 up to 1024,
-                                * K % 256 above) */
-                    bool splits = cs[i].K % (cs[i].K <= 1024 ? 128 : 256) == 0;
-                    assert_int_equal(cuda_gemv_mma_takes(cs[i].N, cs[i].K), splits);
-                }
-                if (v2 >= 6) { /* proof that these shapes take every case the default gemvq takes
-                                * (K = 1024, 2048, 3072, 3584 in whole copy units: not Q6_K at
-                                * 3584, whose 2,940-byte rows are not 8-byte multiples) */
-                    int32_t K = cs[i].K;
-                    bool takes = cuda_gemvq_blocks(cs[i].dt, cs[i].N, K, 0, 0, 0) > 0;
-                    assert_int_equal(takes, (K == 1024 || K == 2048 || K == 3072 || K == 3584) &&
-                                                !(cs[i].dt == QR_Q6_K && K == 3584));
-                    int32_t blocks = cuda_gemvq_blocks(cs[i].dt, cs[i].N, K, o.gemvq_warps, o.gemvq_rows,
-                                                       o.gemvq_smem_kb);
-                    if (takes != (blocks > 0))
-                        fail_msg("gemvq %s K=%d N=%d v2=%d: grid of %d", dtype_traits(cs[i].dt)->name, K,
-                                 cs[i].N, v2, (int)blocks);
-                }
-                if (v2 == 2 && Ts[ti] == 1 && sixteen) /* proof that the case runs gemv_smem */
-                    assert_true(cuda_gemv_smem_takes(cs[i].dt, cs[i].N, cs[i].K));
-                if (v2 == 2 && !sixteen)
-                    assert_false(cuda_gemv_smem_takes(cs[i].dt, cs[i].N, cs[i].K));
-                char what[64];
-                snprintf(what, sizeof(what), "gemv.%s K=%d N=%d T=%d v2=%d",
-                         dtype_traits(cs[i].dt)->name, cs[i].K, cs[i].N, Ts[ti], v2);
-                run_case(&c, what, Ts[ti], 0, OP_REL_TOL, &o);
-            }
+            for (int v = 0; v < GEMV_VARIANTS; v++)
+                if (gemv_variant_applies(cs[i].dt, cs[i].N, Ts[ti], v))
+                    run_gemv_variant(cs[i].dt, cs[i].K, cs[i].N, Ts[ti], v, w, nbytes);
         free(w);
     }
 }
