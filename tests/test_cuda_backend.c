@@ -340,8 +340,10 @@ static void test_op_matmul(void **state)
  *   160 KB (Qwen3.5's; 16-bit rows only); 4, 5: 2 and 3 with gemv_mma (BF16, T = 1);
  *   quantised rows at T = 1: gemvq blocks of 6: 8 warps of 2 rows with 100 KB reserved,
  *   7: 8 warps of 1 row, 8: 8 warps of 4 rows; LM heads (N >= 32768) 9: one tile per block
- *   (gemvq_head_blocks 0), 10: the loop in one block per multiprocessor (the default has 4). */
-#define GEMV_VARIANTS 11
+ *   (gemvq_head_blocks 0), 10: the loop in one block per multiprocessor (the default has 4);
+ *   quantised rows at T = 1, 11: 4-warp blocks of 2 rows per warp with PDL one launch ahead
+ *   (calibrate's pick for Qwen3-0.6B Q4_K_M, and Q4_K rows' 2 for Qwen3.5-0.8B). */
+#define GEMV_VARIANTS 12
 
 /* Whether variant v applies to rows of dt, N of them, at T tokens. */
 static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
@@ -353,7 +355,7 @@ static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
         return false;
     if (v >= 6 && (dtype_is_float(dt) || T > 1))
         return false;
-    if (v >= 9 && N < 32768)
+    if (v >= 9 && v < 11 && N < 32768)
         return false;
     return v != 3 || sixteen;
 }
@@ -369,8 +371,10 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemvq_warps = 8, o.gemvq_rows = v == 6 ? 2 : v == 7 ? 1 : 4;
         o.gemvq_smem_kb = v == 6 ? 100 : 0;
     }
-    if (v >= 9) /* the LM head's loop off, or in one block per multiprocessor */
+    if (v >= 9 && v < 11) /* the LM head's loop off, or in one block per multiprocessor */
         o.gemvq_head_blocks = v == 9 ? 0 : 1;
+    if (v == 11)
+        o.gemvq_rows = 2, o.pdl = true, o.gemvq_launch = 2;
     return o;
 }
 
