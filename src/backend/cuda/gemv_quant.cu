@@ -38,14 +38,12 @@ extern "C" {
 #ifndef GQ_WARPS
 #define GQ_WARPS 4 /* warps per block by default (gemv_args.q_warps: 8) */
 #endif
-#ifndef GQ_SMEM_MIN
-/* > 0: each block reserves at least this much dynamic shared memory, so that fewer launches'
- * blocks fit on a multiprocessor at once (with PDL: measured slower in session 15, as was the
- * launch after the wait, cuda_options.gemvq_launch) */
-#define GQ_SMEM_MIN 0
-#endif
 #ifndef GQ_SMEM_MAX
-#define GQ_SMEM_MAX (47 * 1024) /* dynamic shared memory per block at most (more: the attribute raised) */
+/* dynamic shared memory of a default block (GQ_WARPS warps, nothing reserved) at most: under
+ * the 48 KB that needs no attribute; other shapes go up to GEMVQ_SMEM_KB_LIMIT (a block that
+ * reserves more so that fewer launches' blocks share a multiprocessor is gemv_args.q_smem_kb,
+ * once the -D switch GQ_SMEM_MIN: sessions 15 and 17) */
+#define GQ_SMEM_MAX (47 * 1024)
 #endif
 #define GQ_KMIXED (-1) /* the DT of k_mixed launches */
 
@@ -333,7 +331,7 @@ static bool gemvq_shape(const struct gemv_args *a, struct gq_shape *sh)
     if (!sh->loop && (size_t)a->K * 4 + tile > cap)
         sh->r = 1; /* the rows do not fit: one per warp */
     const size_t need = (size_t)a->K * 4 + (size_t)W * sh->r * P * sh->stride * (sh->loop ? 2 : 1);
-    sh->smem = gq_at_least(gq_at_least(need, GQ_SMEM_MIN), reserve);
+    sh->smem = gq_at_least(need, reserve);
     sh->warps = W;
     sh->blocks = (int)((rows + W * sh->r - 1) / (W * sh->r));
     if (sh->loop) { /* a few blocks per multiprocessor, each looping over the tiles */
