@@ -22,20 +22,19 @@ static inline uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* Without branches (masks), so that a loop of them vectorises, even with SSE2: kv_load's rows
+ * of an f16 KV cache for the reference attention, which CPUs without AVX-512 run (+10% decode
+ * at 1,024 tokens of context; docs/perf-log.md, session 17). Exponent and mantissa move up 13
+ * bits as one field; the exponent is rebiased by 112 (15 -> 127), or by 224 for inf / NaN (31
+ * -> 255, payload kept, signalling or not); subnormals and zero are man * 2^-24, exact in f32.
+ * tests/test_half.c compares all 65,536 inputs with a plain case-by-case conversion. */
 static inline float f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f) /* inf / NaN */
-        return f32_from_bits(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) {
-        if (man == 0)
-            return f32_from_bits(sign);
-        /* subnormal: value = man * 2^-24 */
-        float v = (float)man * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    return f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13));
+    uint32_t em = h & 0x7fffu, sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t special = 0u - (uint32_t)(em >= 0x7c00u), tiny = 0u - (uint32_t)(em < 0x400u); /* masks */
+    uint32_t bits = (em << 13) + (112u << 23) + (special & (112u << 23));
+    uint32_t small = f32_bits((float)(int32_t)em * (1.0f / 16777216.0f)); /* int: SSE2 converts it */
+    return f32_from_bits(sign | (tiny & small) | (~tiny & bits));
 }
 
 static inline uint16_t f32_to_f16(float f)
