@@ -221,24 +221,33 @@ static void test_runtime_errors(void **state)
         "sourceScope and allowSources differ");
     load_fails("r12", RT("r12", "{\"batching\": {\"stopCheckMode\": \"never\"}}"),
                "stopCheckMode 'never'");
-    load_fails("r13", RT("r13", "{\"cudaTuning\": [8]}"), "cudaTuning must be an object");
-    load_fails("r14", RT("r14", "{\"cudaTuning\": {\"gemvSmemWarp\": 8}}"),
-               "cudaTuning.gemvSmemWarp is not a CUDA tuning key");
-    load_fails("r15", RT("r15", "{\"cudaTuning\": {\"gemvSmemWarps\": 12}}"),
-               "cudaTuning.gemvSmemWarps must be one of 0, 1, 2, 4, 8, 16");
-    load_fails("r16", RT("r16", "{\"cudaTuning\": {\"gemvSmemKb\": 300}}"),
-               "cudaTuning.gemvSmemKb must be one of 0 or 16 to 226");
-    load_fails("r17", RT("r17", "{\"cudaTuning\": {\"gemvqRows\": \"2\"}}"),
-               "cudaTuning.gemvqRows must be one of 0, 1, 2, 4");
-    load_fails("r18", RT("r18", "{\"cudaTuning\": {\"gemvSmemLaunch\": \"early\"}}"),
-               "cudaTuning.gemvSmemLaunch must be one of auto, before-wait, after-wait");
-    load_fails("r19", RT("r19", "{\"cudaTuning\": {\"pdl\": 1}}"), "cudaTuning.pdl must be true or false");
-    load_fails("r20", RT("r20", "{\"cudaTuning\": {\"attnSplitMin\": 8}}"),
-               "cudaTuning.attnSplitMin must be one of 0 or 16 to 4096");
-    load_fails("r21", RT("r21", "{\"cudaTuning\": {\"gemvqWarps\": 16}}"),
-               "cudaTuning.gemvqWarps must be one of 0, 4, 8");
-    load_fails("r22", RT("r22", "{\"cudaTuning\": {\"gemvqSmemKb\": 201}}"),
-               "cudaTuning.gemvqSmemKb must be one of 0 or 1 to 200");
+    /* runtime.inference.cudaTuning: the object, its keys, every key's values */
+    static const struct {
+        const char *name, *text, *expect;
+    } cuda_bad[] = {
+        {"r13", RT("r13", "{\"cudaTuning\": [8]}"),
+         "cudaTuning must be an object"},
+        {"r14", RT("r14", "{\"cudaTuning\": {\"gemvSmemWarp\": 8}}"),
+         "cudaTuning.gemvSmemWarp is not a CUDA tuning key"},
+        {"r15", RT("r15", "{\"cudaTuning\": {\"gemvSmemWarps\": 12}}"),
+         "cudaTuning.gemvSmemWarps must be one of 0, 1, 2, 4, 8, 16"},
+        {"r16", RT("r16", "{\"cudaTuning\": {\"gemvSmemKb\": 300}}"),
+         "cudaTuning.gemvSmemKb must be one of 0 or 16 to 226"},
+        {"r17", RT("r17", "{\"cudaTuning\": {\"gemvqRows\": \"2\"}}"),
+         "cudaTuning.gemvqRows must be one of 0, 1, 2, 4"},
+        {"r18", RT("r18", "{\"cudaTuning\": {\"gemvSmemLaunch\": \"early\"}}"),
+         "cudaTuning.gemvSmemLaunch must be one of auto, before-wait, after-wait"},
+        {"r19", RT("r19", "{\"cudaTuning\": {\"pdl\": 1}}"),
+         "cudaTuning.pdl must be true or false"},
+        {"r20", RT("r20", "{\"cudaTuning\": {\"attnSplitMin\": 8}}"),
+         "cudaTuning.attnSplitMin must be one of 0 or 16 to 4096"},
+        {"r21", RT("r21", "{\"cudaTuning\": {\"gemvqWarps\": 16}}"),
+         "cudaTuning.gemvqWarps must be one of 0, 4, 8"},
+        {"r22", RT("r22", "{\"cudaTuning\": {\"gemvqSmemKb\": 201}}"),
+         "cudaTuning.gemvqSmemKb must be one of 0 or 1 to 200"},
+    };
+    for (size_t i = 0; i < sizeof(cuda_bad) / sizeof(cuda_bad[0]); i++)
+        load_fails(cuda_bad[i].name, cuda_bad[i].text, cuda_bad[i].expect);
 #undef RT
 }
 
