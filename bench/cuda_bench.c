@@ -297,15 +297,18 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
     return 0;
 }
 
-/* --sweep "P:W:R:L:KB[:H],...": decode shapes of the quantised GEMV, each a cuda_session of the
- * default options with pdl P (0/1), gemvq_warps W, gemvq_rows R, gemvq_launch L,
- * gemvq_smem_kb KB (0 = the default of each) and gemvq_head_blocks H (absent: the default); rounds interleaved (every shape once per round,
+/* --sweep "P:W:R:L:KB[:H][@LABEL;...],...": decode shapes of the quantised GEMV, each a
+ * cuda_session of the default options with pdl P (0/1), gemvq_warps W, gemvq_rows R,
+ * gemvq_launch L, gemvq_smem_kb KB (0 = the default of each), gemvq_head_blocks H (absent: the
+ * default) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
+ * each step costs in the pipelined step; its logits are wrong); rounds interleaved (every shape once per round,
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
 #define SWEEP_MAX 32
 struct sweep {
     struct cuda_options os[SWEEP_MAX];
-    char names[SWEEP_MAX][32];
+    char names[SWEEP_MAX][96];
+    char omit[SWEEP_MAX][80]; /* the '@' part: cuda_options.omit_steps */
     int n;
 };
 
@@ -316,17 +319,29 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
     for (const char *p = spec; *p;) {
         int pdl, w, r, l, kb, head = -1, used = 0, more = 0;
         if (sw->n == SWEEP_MAX || sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
-            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
+            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H][@STEP;...][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
             return false;
         }
         if (p[used] == ':' && sscanf(p + used, ":%d%n", &head, &more) == 1)
             used += more;
+        size_t omit_len = 0;
+        if (p[used] == '@') {
+            omit_len = strcspn(p + used + 1, ",");
+            if (omit_len == 0 || omit_len >= sizeof(sw->omit[0])) {
+                fprintf(stderr, "--sweep: expected step labels (under %zu characters) after '@' at \"%s\"\n",
+                        sizeof(sw->omit[0]), p);
+                return false;
+            }
+            snprintf(sw->omit[sw->n], sizeof(sw->omit[0]), "%.*s", (int)omit_len, p + used + 1);
+            used += 1 + (int)omit_len;
+        }
         struct cuda_options *o = &sw->os[sw->n];
         *o = cuda_default_options();
         o->mega = CUDA_MEGA_OFF, o->pdl = pdl != 0;
         o->gemvq_warps = w, o->gemvq_rows = r, o->gemvq_launch = l, o->gemvq_smem_kb = kb;
         if (head >= 0) /* H: gemvq_head_blocks (absent: the default) */
             o->gemvq_head_blocks = head;
+        o->omit_steps = omit_len ? sw->omit[sw->n] : NULL;
         snprintf(sw->names[sw->n++], sizeof(sw->names[0]), "%.*s", used, p);
         p += used;
         if (*p && *p != ',') {
@@ -341,12 +356,13 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
 static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int reps)
 {
     const struct cuda_options *os = sw->os;
-    const char(*names)[32] = sw->names;
+    const char(*names)[96] = sw->names;
     const int ns = sw->n;
     int32_t V = m->hp.n_vocab, ids[SWEEP_MAX][4], out[512];
     float *logits = malloc((size_t)V * 4), *first = malloc((size_t)V * 4);
-    double t[SWEEP_MAX][64], worst[SWEEP_MAX] = {0};
+    double t[SWEEP_MAX][64] = {{0}}, worst[SWEEP_MAX] = {0};
     struct qwenrt_error err = {0};
+    static char refused[SWEEP_MAX][sizeof(err.message)]; /* why a shape's session could not be made */
     int rc = 1;
     n = n < 4 ? 4 : n > 500 ? 500 : n;
     if (!logits || !first)
@@ -355,7 +371,13 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
         for (int k = 0; k < ns; k++) {
             int i = (k + round) % ns;
             struct cuda_session *cs = NULL;
-            bool ok = !cuda_session_init(m->plans, n + 8, &os[i], &cs, &err);
+            if (refused[i][0])
+                continue;
+            if (cuda_session_init(m->plans, n + 8, &os[i], &cs, &err)) { /* named in the table */
+                snprintf(refused[i], sizeof(refused[i]), "%s", err.message);
+                continue;
+            }
+            bool ok = true;
             for (int w = 0; w < 2 && ok; w++) { /* a warm-up, then the timed run */
                 ok = !cuda_session_reset(cs, &err);
                 double t0 = time_now_s();
@@ -376,8 +398,11 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
         }
     printf("| sweep P:W:R:L:KB[:H] | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
     for (int i = 0; i < ns; i++)
-        printf("| %s | %.1f | %.2g | %s |\n", names[i], n / median(t[i], reps), worst[i],
-               memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");
+        if (refused[i][0])
+            printf("| %s | refused: %s | | |\n", names[i], refused[i]);
+        else
+            printf("| %s | %.1f | %.2g | %s |\n", names[i], n / median(t[i], reps), worst[i],
+                   memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");
     rc = 0;
 out:
     free(logits), free(first);

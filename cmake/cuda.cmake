@@ -35,7 +35,10 @@ set_tests_properties(cuda_bench_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--tg-variant \"no-such-variant\": no such decode variant; the names are: \"megakernel\"")
 add_test(NAME cuda_bench_sweep_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "1:0:2:2:0,1:8")
 set_tests_properties(cuda_bench_sweep_args PROPERTIES
-  PASS_REGULAR_EXPRESSION "--sweep: expected P:W:R:L:KB\\[:H\\]\\[,...\\] \\(at most 32\\) at \"1:8\"")
+  PASS_REGULAR_EXPRESSION "--sweep: expected P:W:R:L:KB\\[:H\\]\\[@STEP;...\\]\\[,...\\] \\(at most 32\\) at \"1:8\"")
+add_test(NAME cuda_bench_sweep_omit_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0,0:0:0:0:0@")
+set_tests_properties(cuda_bench_sweep_omit_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--sweep: expected step labels \\(under 80 characters\\) after '@' at \"0:0:0:0:0@\"")
 
 # Tests are added after this file is read: set their skip code once the directory is done.
 function(qwenrt_cuda_test_props)

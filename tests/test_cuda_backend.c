@@ -1145,6 +1145,35 @@ static void test_attention_rope_fused(void **st)
     check_attention_rope("qwen35-tiny", 0);
 }
 
+/* cuda_options.omit_steps (cuda_bench's knock-out measurements): a label that names no step
+ * is refused by name; a named step is really left out (the logits change: the attention's
+ * output is never written), and the rest still runs. */
+static void test_decode_omit_steps(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_BF16, 0, false, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on, bad = on;
+    on.mega = off.mega = bad.mega = CUDA_MEGA_OFF;
+    bad.omit_steps = "rope+attention;no-such-step";
+    struct cuda_session *a = NULL, *b = NULL;
+    assert_int_equal(cuda_session_init(m->plans, 16, &bad, &a, &err), QWENRT_ERR_INVALID_ARG);
+    assert_null(a);
+    assert_non_null(strstr(err.message, "\"no-such-step\", which is no step of this decode program"));
+    on.omit_steps = "rope+attention;argmax";
+    init_pair(m, 16, &on, &off, &a, &b, "omit_steps");
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    if (cuda_session_run(a, &id, 1, 0, false, la, NULL, NULL, &err) ||
+        cuda_session_run(b, &id, 1, 0, false, lb, NULL, NULL, &err))
+        fail_msg("omit_steps: %s", err.message);
+    assert_true(rel_err(la, lb, (size_t)V) > 1e-3);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
 /* The decode graph's quantised GEMV (gemvq, gemv_v2 on) against the first kernel (v2 off) on
  * a synth model at the real widths: 20 steps' logits and greedy ids. Q4_K_M mixes Q4_K and
  * Q6_K in q|k|v: one gemvq launch with v2, one launch per dtype without. big: gemvq's other
@@ -1840,6 +1869,7 @@ int main(void)
         cmocka_unit_test(test_topk_select),
         cmocka_unit_test(test_op_argmax),
         cmocka_unit_test(test_attention_rope_fused),
+        cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_session_sample_cuda),
     };
     /* QWENRT_TEST_FILTER=test_graph_gemv_smem (cmocka's wildcards * and ?): one test of the

@@ -143,6 +143,12 @@ struct cuda_options {
                           * with two: docs/perf-log.md); 1 or 2 force it. With two terms,
                           * weights bf16 does not hold (F16, quantised) are dequantised into
                           * two bf16 terms as well (three products). */
+    const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
+                          * program leaves out its steps with these labels (';'-separated, as
+                          * cuda_session_profile_decode names them, "argmax" for the greedy
+                          * loop's), so that a step's share of the pipelined step time is the
+                          * difference; the results are wrong. Must outlive the session.
+                          * NULL (default): none */
 };
 
 struct cuda_options cuda_default_options(void);

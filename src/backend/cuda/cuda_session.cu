@@ -57,6 +57,8 @@ struct step {
     int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
 };
 
+static const char *step_label(const struct plan *p, const struct step *st);
+
 struct hostdev {
     const void *host;
     size_t bytes;
@@ -919,6 +921,26 @@ static qwenrt_status merge_mlp_steps(struct cuda_session *cs, struct qwenrt_erro
     return QWENRT_OK;
 }
 
+/* Each label of cuda_options.omit_steps must name a step of the program (or "argmax"): a
+ * misspelt one would time the whole step and call it a difference. */
+static qwenrt_status check_omitted_labels(const struct cuda_session *cs, struct qwenrt_error *err)
+{
+    for (const char *p = cs->opt.omit_steps; p && *p; p += *p == ';') {
+        size_t len = strcspn(p, ";");
+        bool found = len == 6 && !strncmp(p, "argmax", 6);
+        for (int32_t i = 0; i < cs->n_steps && !found; i++) {
+            const char *l = step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]);
+            found = strlen(l) == len && !strncmp(p, l, len);
+        }
+        if (!found)
+            return err_set(err, QWENRT_ERR_INVALID_ARG,
+                           "cuda: omit_steps names \"%.*s\", which is no step of this decode program",
+                           (int)len, p);
+        p += len;
+    }
+    return QWENRT_OK;
+}
+
 static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error *err)
 {
     const struct plan *p = &cs->plans[PHASE_DECODE];
@@ -936,7 +958,8 @@ static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error 
         }
         i += st->n_ops;
     }
-    return cs->opt.fuse && cs->opt.mlp_fused ? merge_mlp_steps(cs, err) : QWENRT_OK;
+    qwenrt_status st = cs->opt.fuse && cs->opt.mlp_fused ? merge_mlp_steps(cs, err) : QWENRT_OK;
+    return st ? st : check_omitted_labels(cs, err);
 }
 
 /* STEP_NORM_GEMV: the norm fused into the GEMV of the matmuls reading it. Matmuls of one
@@ -1054,12 +1077,27 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
     return err_set(err, QWENRT_ERR_INTERNAL, "cuda: bad step kind");
 }
 
+/* true when cuda_options.omit_steps (a measurement) names label. */
+static bool step_omitted(const struct cuda_session *cs, const char *label)
+{
+    size_t n = strlen(label);
+    for (const char *p = cs->opt.omit_steps; p && *p; p += *p == ';') {
+        size_t len = strcspn(p, ";");
+        if (len == n && !strncmp(p, label, n))
+            return true;
+        p += len;
+    }
+    return false;
+}
+
 /* Enqueues one decode step (the program, or the plan op by op). */
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
                         cs->decode_pdl, cs->stream, 0, false, NULL, NULL};
     for (int32_t i = 0; i < cs->n_steps; i++) {
+        if (step_omitted(cs, step_label(r.p, &cs->steps[i])))
+            continue;
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
             return st;
@@ -1074,7 +1112,7 @@ static qwenrt_status capture(struct cuda_session *cs, bool gen, cudaGraphExec_t 
     cudaGraph_t g = NULL;
     CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeThreadLocal));
     qwenrt_status st = enqueue_decode(cs, err);
-    if (!st && gen) {
+    if (!st && gen && !step_omitted(cs, "argmax")) {
         const struct plan *p = &cs->plans[PHASE_DECODE];
         cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids,
                                       cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->decode_pdl);
