@@ -307,8 +307,8 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
 #define SWEEP_MAX 32
 struct sweep {
     struct cuda_options os[SWEEP_MAX];
-    char names[SWEEP_MAX][96];
-    char omit[SWEEP_MAX][80]; /* the '@' part: cuda_options.omit_steps */
+    char names[SWEEP_MAX][192];
+    char omit[SWEEP_MAX][160]; /* the '@' part: cuda_options.omit_steps */
     int n;
 };
 
@@ -356,7 +356,7 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
 static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int reps)
 {
     const struct cuda_options *os = sw->os;
-    const char(*names)[96] = sw->names;
+    const char(*names)[192] = sw->names;
     const int ns = sw->n;
     int32_t V = m->hp.n_vocab, ids[SWEEP_MAX][4], out[512];
     float *logits = malloc((size_t)V * 4), *first = malloc((size_t)V * 4);

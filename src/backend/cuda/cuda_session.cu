@@ -145,6 +145,7 @@ static qwenrt_status stage_inputs(struct cuda_session *cs, const int32_t *ids, i
 extern "C" struct cuda_options cuda_default_options(void)
 {
     struct cuda_options o;
+    memset(&o, 0, sizeof(o)); /* a field not named below is 0 / false / NULL */
     o.graph = true;
     o.fuse = true;
     o.gemm_bf16x2 = true;
