@@ -1597,14 +1597,18 @@ static int32_t argmax_contract(const float *x, int32_t n)
 
 static void check_argmax_case(const float *x, int32_t n, const char *what)
 {
-    for (int mis = 0; mis < 2; mis++) {
-        struct qwenrt_error err = {0};
-        int32_t id = -1;
-        assert_int_equal(cuda_argmax(x, n, mis, &id, &err), QWENRT_OK);
-        if (id != argmax_contract(x, n))
-            fail_msg("argmax %s, n %d, misaligned %d: %d, want %d", what, (int)n, mis, (int)id,
-                     (int)argmax_contract(x, n));
-    }
+    /* the single-block kernel, and the grid kernel in awkward numbers of blocks, its default
+     * (128) and its limit (more blocks than float4s for the small rows) */
+    static const int32_t blocks[] = {1, 2, 7, 128, 1024};
+    for (size_t b = 0; b < sizeof(blocks) / sizeof(blocks[0]); b++)
+        for (int mis = 0; mis < 2; mis++) {
+            struct qwenrt_error err = {0};
+            int32_t id = -1;
+            assert_int_equal(cuda_argmax(x, n, mis, blocks[b], &id, &err), QWENRT_OK);
+            if (id != argmax_contract(x, n))
+                fail_msg("argmax %s, n %d, %d blocks, misaligned %d: %d, want %d", what, (int)n, (int)blocks[b],
+                         mis, (int)id, (int)argmax_contract(x, n));
+        }
 }
 
 static void test_op_argmax(void **st)
@@ -1799,12 +1803,19 @@ static void test_backend_errors(void **st)
     /* the argmax hook refuses an empty row */
     float one = 1.0f;
     int32_t id = -1;
-    assert_int_equal(cuda_argmax(&one, 0, false, &id, &err), want);
+    assert_int_equal(cuda_argmax(&one, 0, false, 1, &id, &err), want);
     assert_int_equal(id, 0);
+    id = -1; /* and blocks outside 1-1,024 */
+    assert_int_equal(cuda_argmax(&one, 1, false, 0, &id, &err), want);
+    assert_int_equal(cuda_argmax(&one, 1, false, 1025, &id, &err), want);
+    assert_int_equal(id, 0);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "1025 blocks"));
     /* the decode's shape options out of range are refused by name before any device work:
      * gemv_smem warps 0 (the session picks), 1, 2, 4, 8 or 16, KB 0 or 16 to 226, launch 0 (the
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
-     * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; the attention's minimum
+     * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
+     * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096 */
     static const struct {
         const char *name;
@@ -1818,6 +1829,7 @@ static void test_backend_errors(void **st)
                    {"gemvq_warps", offsetof(struct cuda_options, gemvq_warps), {2, 16}},
                    {"gemvq_smem_kb", offsetof(struct cuda_options, gemvq_smem_kb), {-1, 201}},
                    {"gemvq_head_blocks", offsetof(struct cuda_options, gemvq_head_blocks), {-1, 9}},
+                   {"argmax_blocks", offsetof(struct cuda_options, argmax_blocks), {-1, 1025}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {

@@ -114,8 +114,10 @@ struct cuda_options {
                           * at most); 0 (default): the session picks 2 with blocks of up to 8
                           * warps, 1 with 16 (docs/perf-log.md, session 15) */
     int32_t gemvq_rows;  /* rows per warp of gemvq (quantised one-token GEMVs) below the LM
-                          * head: 1, 2 or 4; 0 (default): 1, and 2 for Q8_0. Which is fastest
-                          * depends on the model (docs/perf-log.md, session 15): calibrate */
+                          * head: 1, 2 or 4; 0 (default): 1, and 2 for Q8_0 and for every
+                          * type in models with DeltaNet layers (Qwen3.5: +5%, three H200 runs).
+                          * Which is fastest depends on the model (docs/perf-log.md, sessions
+                          * 15 and 17): calibrate */
     int32_t gemvq_launch; /* when a gemvq block lets the next launch start under PDL: 1 before
                           * its wait (and 0, the default), 2 after it (gemv_smem_launch's
                           * choice for quantised rows) */
@@ -143,6 +145,9 @@ struct cuda_options {
                           * with two: docs/perf-log.md); 1 or 2 force it. With two terms,
                           * weights bf16 does not hold (F16, quantised) are dequantised into
                           * two bf16 terms as well (three products). */
+    int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
+                          * 1,024 that many blocks, the last to arrive finishing; 0 (default):
+                          * 128 (docs/perf-log.md, session 18) */
     const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
                           * program leaves out its steps with these labels (';'-separated, as
                           * cuda_session_profile_decode names them, "argmax" for the greedy
@@ -269,10 +274,11 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
                               struct qwenrt_error *err);
 
 /* For the tests: the greedy loop's argmax kernel over n host floats (copied to the device 4
- * bytes past a 16-byte boundary when misalign: the kernel's scalar path). *id: the largest
- * value that is not NaN, ties to the lowest index, 0 when every value is NaN. Errors:
- * INVALID_ARG (n < 1), BACKEND. */
-qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t *id, struct qwenrt_error *err);
+ * bytes past a 16-byte boundary when misalign: the kernel's scalar path) in blocks blocks (1:
+ * the single-block kernel). *id: the largest value that is not NaN, ties to the lowest index,
+ * 0 when every value is NaN. Errors: INVALID_ARG (n < 1, blocks outside 1-1,024), BACKEND. */
+qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t blocks, int32_t *id,
+                          struct qwenrt_error *err);
 
 /* The launch floor: a graph of n_launch dependent launches of an empty kernel (blocks x
  * threads, in clusters of cluster blocks when cluster > 1; with programmatic dependent launch

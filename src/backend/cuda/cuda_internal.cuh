@@ -412,11 +412,23 @@ cudaError_t launch_gated_rmsnorm_bf16(__nv_bfloat16 *out, __nv_bfloat16 *mid, co
                                       int32_t ldo, const float *z, int32_t ldz, const float *w,
                                       int32_t Hv, int32_t dv, float eps, int32_t T, cudaStream_t s);
 
+/* The multi-block argmax's scratch: blocks (value bits, index) parts and an arrival counter
+ * that each launch leaves at zero; one launch at a time per scratch. */
+#define ARGMAX_BLOCKS_DEFAULT 128 /* cuda_options.argmax_blocks 0 */
+#define ARGMAX_BLOCKS_LIMIT 1024
+struct argmax_scratch {
+    int2 *part;      /* [blocks] */
+    unsigned *count; /* zero between launches */
+    int32_t blocks;  /* 1: the single-block kernel (no scratch needed) */
+};
+
 /* id = argmax x[0..n) (the largest value that is not NaN, the first of equals; 0 when all are
  * NaN); then ids[0] = id, out_ids[*step] = id, (*step)++,
- * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). */
+ * (*pos0)++ when step is non-NULL (the on-GPU greedy loop). sc NULL or sc->blocks 1: one
+ * block of 1,024 threads; else sc->blocks blocks and the last to arrive finishes. */
 cudaError_t launch_argmax(const float *x, int32_t n, int32_t *ids, int32_t *pos0,
-                          int32_t *out_ids, int32_t *step, cudaStream_t s, bool pdl = false);
+                          int32_t *out_ids, int32_t *step, cudaStream_t s, bool pdl = false,
+                          const struct argmax_scratch *sc = NULL);
 
 /* topk.cu: the m best of V logits ranked by logit / temperature (ties: lower id first) into
  * out_ids / out_vals (raw logits), best first, and gather_vals[i] = logits[gather[i]];

@@ -134,6 +134,8 @@ struct cuda_session {
     int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
     int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
     bool gs_after_wait;       /* its blocks start the next launch after their wait (same) */
+    int32_t gq_rows;          /* gemvq rows per warp below the LM head (pick_gemvq_rows) */
+    struct argmax_scratch am; /* the greedy loop's argmax (opt.argmax_blocks) */
     char mk_why[160];
 };
 
@@ -596,7 +598,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
 {
     a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
-    a->q_rows = cs->opt.gemvq_rows, a->q_after_wait = cs->opt.gemvq_launch == 2;
+    a->q_rows = cs->gq_rows, a->q_after_wait = cs->opt.gemvq_launch == 2;
     a->q_warps = cs->opt.gemvq_warps, a->q_smem_kb = cs->opt.gemvq_smem_kb;
     a->q_head_blocks = cs->opt.gemvq_head_blocks;
     a->mma = cs->opt.gemv_mma;
@@ -1116,7 +1118,7 @@ static qwenrt_status capture(struct cuda_session *cs, bool gen, cudaGraphExec_t 
     if (!st && gen && !step_omitted(cs, "argmax")) {
         const struct plan *p = &cs->plans[PHASE_DECODE];
         cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids,
-                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->decode_pdl);
+                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
         if (e != cudaSuccess)
             st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
     }
@@ -1156,6 +1158,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->d_ids);
     cudaFree(cs->d_pos);
     cudaFree(cs->d_step);
+    cudaFree(cs->am.part);
+    cudaFree(cs->am.count);
     cudaFree(cs->d_out);
     cudaFree(cs->d_mk_top);
     cudaFreeHost(cs->h_stage);
@@ -1451,6 +1455,20 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
     cs->gs_after_wait = cs->opt.gemv_smem_launch ? cs->opt.gemv_smem_launch == 2 : cs->gs_warps < 16;
 }
 
+/* gemvq's rows per warp below the LM head: the option, else 2 for a model with DeltaNet layers
+ * (Qwen3.5-0.8B Q4_K_M: +5.7%, +5.5% and +4.9% in three H200 runs, sessions 15 and 17, where
+ * Qwen3-0.6B Q4_K_M loses 2%), else 0 (gemv_quant.cu's default: 1, Q8_0 2). */
+static int32_t pick_gemvq_rows(const struct cuda_session *cs)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    if (cs->opt.gemvq_rows)
+        return cs->opt.gemvq_rows;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_GDN_CORE)
+            return 2;
+    return 0;
+}
+
 /* Whether the decode GEMVs of the layers take gemv_smem (16-bit weights; the LM head does not
  * count: it stays gemv2 or gemvq): then PDL pays (their weights load while the kernel before
  * runs), while with gemv2 / gemvq it costs 4-18% (docs/perf-log.md, sessions 12 and 13). */
@@ -1521,12 +1539,17 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     CUDA_CHECK(cudaMalloc(&cs->d_mk_top, 2 * sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_pos, sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_step, sizeof(int32_t)));
+    cs->am.blocks = cs->opt.argmax_blocks ? cs->opt.argmax_blocks : ARGMAX_BLOCKS_DEFAULT;
+    CUDA_CHECK(cudaMalloc(&cs->am.part, (size_t)cs->am.blocks * sizeof(int2)));
+    CUDA_CHECK(cudaMalloc(&cs->am.count, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(cs->am.count, 0, sizeof(unsigned)));
     CUDA_CHECK(cudaMallocHost(&cs->h_stage, 4 * sizeof(int32_t)));
     if ((st = alloc_bufs(&cs->plans[PHASE_DECODE], cs->dbufs, 1, 1, err)))
         return st;
     if ((st = build_program(cs, err)))
         return st;
     pick_gemv_smem_shape(cs);
+    cs->gq_rows = pick_gemvq_rows(cs);
     cs->fast_prefill = cs->opt.prefill_bf16 && fast_prefill_applies(&cs->plans[PHASE_PREFILL]);
     cs->decode_pdl = cs->opt.pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
@@ -1564,6 +1587,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemvq_smem_kb < 0 || o->gemvq_smem_kb > GEMVQ_SMEM_KB_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_smem_kb %d (0: what the block needs, or up to %d)",
                        (int)o->gemvq_smem_kb, GEMVQ_SMEM_KB_LIMIT);
+    if (o->argmax_blocks < 0 || o->argmax_blocks > ARGMAX_BLOCKS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: argmax_blocks %d (0: %d, 1: one block, or up to %d)",
+                       (int)o->argmax_blocks, ARGMAX_BLOCKS_DEFAULT, ARGMAX_BLOCKS_LIMIT);
     if (o->gemvq_head_blocks < 0 || o->gemvq_head_blocks > 8)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_head_blocks %d (0: off, or 1 to 8 per multiprocessor)",
                        (int)o->gemvq_head_blocks);
@@ -1994,7 +2020,7 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
             if ((st = enqueue_decode(cs, err)))
                 return st;
             CUDA_CHECK(launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids, cs->d_pos,
-                                     cs->d_out, cs->d_step, cs->stream));
+                                     cs->d_out, cs->d_step, cs->stream, false, &cs->am));
         }
         if (i + 1 - done == every || i + 1 == n) {
             CUDA_CHECK(cudaMemcpyAsync(out_ids + done, cs->d_out + done,
@@ -2407,31 +2433,44 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     return QWENRT_OK;
 }
 
-/* cuda_argmax's device part: x copied in, one argmax launch, the id copied back. */
-static qwenrt_status argmax_run(const float *x, int32_t n, bool misalign, float *d_x, int32_t *d_id, int32_t *id,
-                                struct qwenrt_error *err)
+/* cuda_argmax's device part: x copied in, one argmax launch (sc), the id copied back. */
+static qwenrt_status argmax_run(const float *x, int32_t n, bool misalign, float *d_x, int32_t *d_id,
+                                const struct argmax_scratch *sc, int32_t *id, struct qwenrt_error *err)
 {
     float *dx = d_x + (misalign ? 1 : 0);
     CUDA_CHECK(cudaMemcpy(dx, x, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(launch_argmax(dx, n, d_id, NULL, NULL, NULL, 0));
+    CUDA_CHECK(launch_argmax(dx, n, d_id, NULL, NULL, NULL, 0, false, sc));
     CUDA_CHECK(cudaMemcpy(id, d_id, sizeof(int32_t), cudaMemcpyDeviceToHost));
     return QWENRT_OK;
 }
 
-extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t *id, struct qwenrt_error *err)
+extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t blocks, int32_t *id,
+                                     struct qwenrt_error *err)
 {
     *id = 0;
     if (!x || n < 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_argmax: %d values", (int)n);
+    if (blocks < 1 || blocks > ARGMAX_BLOCKS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_argmax: %d blocks (1 to %d)", (int)blocks,
+                       ARGMAX_BLOCKS_LIMIT);
     float *d_x = NULL;
     int32_t *d_id = NULL;
+    struct argmax_scratch sc = {NULL, NULL, blocks};
     cudaError_t e = cudaMalloc(&d_x, ((size_t)n + 4) * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMalloc(&d_id, sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc.part, (size_t)blocks * sizeof(int2));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc.count, sizeof(unsigned));
+    if (e == cudaSuccess)
+        e = cudaMemset(sc.count, 0, sizeof(unsigned));
     qwenrt_status st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc")
-                                        : argmax_run(x, n, misalign, d_x, d_id, id, err);
+                                        : argmax_run(x, n, misalign, d_x, d_id, &sc, id, err);
     cudaFree(d_x);
     cudaFree(d_id);
+    cudaFree(sc.part);
+    cudaFree(sc.count);
     return st;
 }
 

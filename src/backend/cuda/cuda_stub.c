@@ -207,9 +207,10 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
     return not_built(err);
 }
 
-qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t *id, struct qwenrt_error *err)
+qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t blocks, int32_t *id,
+                          struct qwenrt_error *err)
 {
-    (void)x, (void)n, (void)misalign;
+    (void)x, (void)n, (void)misalign, (void)blocks;
     *id = 0;
     return not_built(err);
 }
