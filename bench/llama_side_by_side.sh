@@ -3,8 +3,8 @@
 # on, every layer on the GPU) on the same synth GGUF files of the real geometry, interleaved
 # round by round, medians: the side-by-side run issue 6 asks for.
 # Runs on the GPU machine with the binaries carried gzipped in .devbin/ (the carried tree is
-# limited to 64 MiB): cuda_bench.gz (build-cudaperf, as for cuda_device_run.sh) and
-# llama-bench.gz or an uncompressed .devbin/llama-bench (a llama.cpp CUDA build for sm_90a made
+# limited to 64 MiB): cuda_bench.gz or .xz (build-cudaperf, as for cuda_device_run.sh) and
+# llama-bench.gz / .xz or an uncompressed .devbin/llama-bench (a llama.cpp CUDA build for sm_90a made
 # outside the repository, its CUDA libraries taken from the GPU machine; the session-6 and
 # session-7 notes on issue 6 say how it was built). At 43 MB gzipped it does not fit beside the
 # tree in one call: session 7 sent it xz-compressed in two halves, the first copied to /tmp by a
@@ -16,8 +16,12 @@
 # own errors to $OUT/llama-*.err.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+# a llama.cpp built with NCCL (GGML_CUDA_NCCL, its default) needs libnccl.so.2: the GPU
+# machine has one in PyTorch's packages, not in /usr/local/cuda
+nccl=$(find /usr /opt /root -name 'libnccl.so.2' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64${nccl:+:${nccl%/*}}:$LD_LIBRARY_PATH"
 for f in .devbin/cuda_bench.gz .devbin/llama-bench.gz .devbin/tokenizer.json.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+for f in .devbin/cuda_bench.xz .devbin/llama-bench.xz; do [ -e "$f" ] && xz -d -f "$f"; done
 chmod +x .devbin/cuda_bench .devbin/llama-bench
 for cfg in ${CFGS:-qwen3-0.6b:bf16 qwen35-0.8b:bf16}; do
     a=${cfg%%:*}; t=${cfg##*:}; g=/tmp/synth-$a-$t.gguf
