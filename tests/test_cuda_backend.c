@@ -342,8 +342,12 @@ static void test_op_matmul(void **state)
  *   7: 8 warps of 1 row, 8: 8 warps of 4 rows; LM heads (N >= 32768) 9: one tile per block
  *   (gemvq_head_blocks 0), 10: the loop in one block per multiprocessor (the default has 4);
  *   quantised rows at T = 1, 11: 4-warp blocks of 2 rows per warp with PDL one launch ahead
- *   (calibrate's pick for Qwen3-0.6B Q4_K_M, and Q4_K rows' 2 for Qwen3.5-0.8B). */
-#define GEMV_VARIANTS 12
+ *   (calibrate's pick for Qwen3-0.6B Q4_K_M, and Q4_K rows' 2 for Qwen3.5-0.8B); 12: x
+ *   quantised to 8 bits (gemvq_int8) in the default shapes, 13: the same in 8-warp blocks of 2
+ *   rows with 100 KB reserved and PDL after the wait (these two against the CPU's own
+ *   quantised products, which quantise x the same way: the same integer sums). */
+#define GEMV_VARIANTS 14
+#define GEMV_VARIANT_INT8(v) ((v) >= 12)
 
 /* Whether variant v applies to rows of dt, N of them, at T tokens. */
 static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
@@ -375,6 +379,10 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemvq_head_blocks = v == 9 ? 0 : 1;
     if (v == 11)
         o.gemvq_rows = 2, o.pdl = true, o.gemvq_launch = 2;
+    if (GEMV_VARIANT_INT8(v))
+        o.gemv_smem = false, o.gemvq_int8 = true;
+    if (v == 13)
+        o.gemvq_warps = 8, o.gemvq_rows = 2, o.gemvq_smem_kb = 100, o.pdl = true, o.gemvq_launch = 2;
     return o;
 }
 
@@ -417,7 +425,9 @@ static void run_gemv_variant(enum qr_dtype dt, int32_t K, int32_t N, int32_t T, 
     memcpy(copy, w, nbytes);
     op->out = 1, op->in = 0, op->w = add_tensor_data(&c, dt, K, N, copy, nbytes);
     op->dump = "y";
-    if (!dtype_is_float(dt)) { /* quantised rows against the reference with f32 activations */
+    if (!dtype_is_float(dt) && !GEMV_VARIANT_INT8(v)) { /* quantised rows against the reference
+                                                          * with f32 activations (int8: the CPU's
+                                                          * own, x in Q8_K / Q8_0) */
         char key[32];
         snprintf(key, sizeof(key), "matmul.%s.exact", dtype_traits(dt)->name);
         op->kernel = strdup(key);
@@ -1185,6 +1195,7 @@ static void check_graph_gemvq(const char *arch, enum export_type type, bool big)
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.gemv_v2 = false;
+    on.gemvq_int8 = false; /* float x, as the first kernel's (check_graph_gemvq_int8 for 8 bits) */
     if (big)
         on.gemvq_warps = 8, on.gemvq_rows = 2, on.gemvq_smem_kb = 100, on.pdl = true, on.gemvq_launch = 2;
     struct cuda_session *a = NULL, *b = NULL;
@@ -1198,6 +1209,41 @@ static void check_graph_gemvq(const char *arch, enum export_type type, bool big)
         fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
+/* gemvq with x in 8 bits (gemvq_int8) against gemvq with float x through the decode graph:
+ * every product of the model at the real widths, Q4_K_M's mixed q|k|v launch included (the
+ * kernel-level check against the CPU is test_op_gemv_sizes' variants 12 and 13). The two
+ * differ by x's rounding to 8 bits (~0.4% per element), so this is a bound that only a wrong
+ * layout would break: 20 steps, both fed the float session's greedy tokens. */
+static void check_graph_gemvq_int8(const char *arch, enum export_type type)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gemvq_int8 = true, off.gemvq_int8 = false;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, arch);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    double worst = 0;
+    for (int32_t t = 0; t < 20; t++) {
+        if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+            cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+            fail_msg("%s step %d: %s", arch, t, err.message);
+        double e = rel_err(la, lb, (size_t)V);
+        worst = e > worst ? e : worst;
+        id = argmax_f(lb, V);
+    }
+    printf("graph gemvq int8 vs float x, %s %s: worst logits rel err %.3g over 20 steps\n", arch,
+           export_type_name(type), worst);
+    if (!(worst > 0 && worst <= 5e-2))
+        fail_msg("%s %s: int8 x logits differ from float x by %.3g", arch, export_type_name(type), worst);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
 static void test_graph_gemvq(void **st)
 {
     (void)st;
@@ -1206,6 +1252,8 @@ static void test_graph_gemvq(void **st)
     check_graph_gemvq("qwen35-tiny", EXPORT_Q4_K_M, false);
     check_graph_gemvq("qwen3-tiny", EXPORT_Q4_K_M, true);
     check_graph_gemvq("qwen35-tiny", EXPORT_Q8_0, true);
+    check_graph_gemvq_int8("qwen3-tiny", EXPORT_Q4_K_M);
+    check_graph_gemvq_int8("qwen35-tiny", EXPORT_Q8_0);
 }
 
 /* The fused MLP (mlp_fused.cu: norm + gate|up + SwiGLU + down + residual in one launch)

@@ -129,6 +129,10 @@ struct cuda_options {
     int32_t gemvq_head_blocks; /* a quantised LM head (32,768 rows or more) as a loop over its
                           * row tiles in this many blocks per multiprocessor (1 to 8), x staged
                           * once per block; 0: one tile per block (docs/perf-log.md, session 17) */
+    bool gemvq_int8;     /* gemvq (quantised one-token GEMVs) with x quantised to 8 bits, as
+                          * the CPU's quantised products do (Q8_K blocks for the K-quants, Q8_0
+                          * for Q8_0: the same integer sums), and dp4a dot products instead of
+                          * float ones (quant_rows_i8.cuh) */
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */

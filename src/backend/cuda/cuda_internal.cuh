@@ -218,6 +218,8 @@ struct gemv_args {
     int32_t q_smem_kb;     /* gemvq: KB of shared memory a block reserves at least (cuda_options.gemvq_smem_kb) */
     int32_t q_head_blocks; /* gemvq: an LM head loops over its tiles in this many blocks per
                             * multiprocessor (0: one tile per block; cuda_options.gemvq_head_blocks) */
+    bool q_int8;           /* gemvq: x quantised to 8 bits as the CPU's quantised products do
+                            * (Q8_K / Q8_0 blocks), integer dot products (cuda_options.gemvq_int8) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4

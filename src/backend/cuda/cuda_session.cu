@@ -179,6 +179,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_warps = 0;   /* 4 (gemv_quant.cu) */
     o.gemvq_smem_kb = 0; /* what the block needs */
     o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
+    o.gemvq_int8 = false; /* until measured */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
@@ -600,7 +601,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->opt.gemvq_launch == 2;
     a->q_warps = cs->opt.gemvq_warps, a->q_smem_kb = cs->opt.gemvq_smem_kb;
-    a->q_head_blocks = cs->opt.gemvq_head_blocks;
+    a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->opt.gemvq_int8;
     a->mma = cs->opt.gemv_mma;
 }
 

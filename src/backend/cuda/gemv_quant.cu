@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_stage.cuh"
 #include "backend/cuda/quant_rows.cuh"
+#include "backend/cuda/quant_rows_i8.cuh"
 
 #include <string.h>
 
@@ -86,18 +87,54 @@ __device__ __forceinline__ float gq_row(uint32_t row, const float *x)
     return warp_sum(mk_dot_q6k_regs<KB, NSB>(row, x));
 }
 
-/* One row of either K-quant (k_mixed launches), x gathered for it. */
+/* A lane's x for rows of dtype D, gathered once for the warp's rows: floats from the staged
+ * x (xa), or with I8 the 8-bit words of the quantised x (x8; quant_rows_i8.cuh). dot: the
+ * warp's sum for the row at shared address row (all lanes get it). */
+template <int D, int NSB, bool I8>
+struct gq_xreg {
+    float x[GQ_XN(D, NSB)];
+    __device__ __forceinline__ void load(uint32_t xa, const struct gq8_x *) { gq_gather<D, NSB>(xa, x); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return gq_row<D, NSB>(row, x); }
+};
 template <int NSB>
-__device__ __forceinline__ float gq_row_kq(int32_t dtype, uint32_t xa, uint32_t row)
+struct gq_xreg<QR_Q8_0, NSB, true> {
+    gq8_x_q8<8 * NSB> x;
+    __device__ __forceinline__ void load(uint32_t, const struct gq8_x *x8) { gq8_gather_q8<8 * NSB>(x8, x); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return warp_sum(gq8_dot_q8<8 * NSB>(row, x)); }
+};
+template <int NSB>
+struct gq_xreg<QR_Q4_K, NSB, true> {
+    gq8_x_q4k<NSB> x;
+    __device__ __forceinline__ void load(uint32_t, const struct gq8_x *x8) { gq8_gather_q4k<NSB>(x8, x); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return warp_sum(gq8_dot_q4k<NSB>(row, x)); }
+};
+template <int NSB>
+struct gq_xreg<QR_Q6_K, NSB, true> {
+    gq8_x_q6k<NSB> x;
+    __device__ __forceinline__ void load(uint32_t, const struct gq8_x *x8) { gq8_gather_q6k<NSB>(x8, x); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return warp_sum(gq8_dot_q6k<NSB>(row, x)); }
+};
+
+/* One row of either K-quant (k_mixed launches), x gathered for it. */
+template <int NSB, bool I8>
+__device__ __forceinline__ float gq_row_kq(int32_t dtype, uint32_t xa, const struct gq8_x *x8, uint32_t row)
 {
     if (dtype == QR_Q4_K) {
-        float x[GQ_XN(QR_Q4_K, NSB)];
-        gq_gather<QR_Q4_K, NSB>(xa, x);
-        return gq_row<QR_Q4_K, NSB>(row, x);
+        gq_xreg<QR_Q4_K, NSB, I8> xr;
+        xr.load(xa, x8);
+        return xr.dot(row);
     }
-    float x[GQ_XN(QR_Q6_K, NSB)];
-    gq_gather<QR_Q6_K, NSB>(xa, x);
-    return gq_row<QR_Q6_K, NSB>(row, x);
+    gq_xreg<QR_Q6_K, NSB, I8> xr;
+    xr.load(xa, x8);
+    return xr.dot(row);
+}
+
+/* With I8, the staged x quantised into the block's x8 (a barrier inside: every thread). */
+template <int D, bool I8>
+__device__ __forceinline__ void gq_quantise_x(const struct gemv_args &a, const float *xs, struct gq8_x *x8)
+{
+    if (I8)
+        gq8_quantise(xs, a.K, D == QR_Q8_0, x8);
 }
 
 /* The middle of both gemvq kernels, once a warp's row copies are issued: close them as one
@@ -115,13 +152,15 @@ __device__ __forceinline__ void gq_commit_and_wait(const struct gemv_args &a, fl
 
 /* P = 2: SwiGLU (seg[0] gate, seg[1] up). R rows per warp (x gathered once for them).
  * stride: bytes of shared memory per row copy. DT = GQ_KMIXED: each segment Q4_K or Q6_K
- * (seg[].dtype; P = 1, R = 1, CB = 8). */
-template <int DT, int P, int NSB, int CB, int R>
+ * (seg[].dtype; P = 1, R = 1, CB = 8). I8: x quantised to 8 bits (gemv_args.q_int8). */
+template <int DT, int P, int NSB, int CB, int R, bool I8>
 __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t stride)
 {
     extern __shared__ float4 gq_smem4[];
     __shared__ float s_part[GEMVQ_WARPS_LIMIT][GEMV_MAX_T];
+    __shared__ __align__(16) char s_x8[I8 ? sizeof(struct gq8_x) : 16];
+    struct gq8_x *x8 = (struct gq8_x *)s_x8;
     if (!a.q_after_wait) /* a.q_after_wait: at most the next launch prefetches while this one runs */
         griddep_launch();
     float *xs = (float *)gq_smem4;
@@ -159,28 +198,29 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
     for (int i = 0; i < R; i++)
         yold[i] = a.mode == GEMV_ACCUM && ok[i] && lane == 0 ? a.seg[sg[i]].y[rr[i]] : 0.0f;
     gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
+    constexpr int D = DT == GQ_KMIXED ? QR_Q4_K : DT;
+    gq_quantise_x<D, I8>(a, xs, x8);
     cp_async_wait<0>();
     __syncwarp(); /* every lane's copies of the rows are visible to the whole warp */
     if (!ok[0])
         return;
     const uint32_t xa = smem_u32(xs);
     if (DT == GQ_KMIXED) { /* R = 1: the warp's row decides the layout (warp-uniform) */
-        float v = gq_row_kq<NSB>(a.seg[sg[0]].dtype, xa, rows);
+        float v = gq_row_kq<NSB, I8>(a.seg[sg[0]].dtype, xa, x8, rows);
         if (lane == 0)
             a.seg[sg[0]].y[rr[0]] = a.mode == GEMV_ACCUM ? yold[0] + v : v;
         return;
     }
-    constexpr int D = DT == GQ_KMIXED ? QR_Q4_K : DT;
-    float x[GQ_XN(D, NSB)];
-    gq_gather<D, NSB>(xa, x);
+    gq_xreg<D, NSB, I8> xr;
+    xr.load(xa, x8);
 #pragma unroll
     for (int i = 0; i < R; i++) {
         if (!ok[i])
             break;
         uint32_t row = rows + (uint32_t)(i * P * stride);
-        float v = gq_row<D, NSB>(row, x);
+        float v = xr.dot(row);
         if (P == 2) {
-            float u = gq_row<D, NSB>(row + (uint32_t)stride, x);
+            float u = xr.dot(row + (uint32_t)stride);
             v = v / (1.0f + __expf(-v)) * u;
         }
         if (lane == 0)
@@ -213,12 +253,14 @@ __device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r
  * the other half of its shared-memory slice while it sums the current one (cp.async groups:
  * two in flight). The rows, x and every sum are the gemvq kernel's, so the logits are the
  * same bit for bit. One segment, GEMV_STORE. */
-template <int DT, int NSB, int CB, int R>
+template <int DT, int NSB, int CB, int R, bool I8>
 __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(const __grid_constant__ struct gemv_args a,
                                                                             int32_t stride)
 {
     extern __shared__ float4 gq_smem4[];
     __shared__ float s_part[GEMVQ_WARPS_LIMIT][GEMV_MAX_T];
+    __shared__ __align__(16) char s_x8[I8 ? sizeof(struct gq8_x) : 16];
+    struct gq8_x *x8 = (struct gq8_x *)s_x8;
     if (!a.q_after_wait)
         griddep_launch();
     float *xs = (float *)gq_smem4;
@@ -232,8 +274,9 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
     float4 g0[GEMV_NW];
     gq_commit_and_wait(a, g0);
     gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part);
-    float x[GQ_XN(DT, NSB)];
-    gq_gather<DT, NSB>(smem_u32(xs), x);
+    gq_quantise_x<DT, I8>(a, xs, x8);
+    gq_xreg<DT, NSB, I8> xr;
+    xr.load(smem_u32(xs), x8);
     for (int b = 0; t < tiles; t += gridDim.x, b ^= 1) {
         const int64_t next = t + gridDim.x;
         if (next < tiles) { /* the next tile's rows into the other half, then wait for this one's */
@@ -249,7 +292,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
         for (int i = 0; i < R; i++) {
             if (r0 + i >= g.N)
                 break;
-            float v = gq_row<DT, NSB>(slice + b * half + (uint32_t)(i * stride), x);
+            float v = xr.dot(slice + b * half + (uint32_t)(i * stride));
             if (lane == 0)
                 g.y[r0 + i] = v;
         }
@@ -364,34 +407,46 @@ static cudaError_t gq_launch(bool pdl, void (*k)(KP...), const struct gq_shape &
 }
 
 /* The launch of dtype DT (or GQ_KMIXED) with R rows per warp, by K / 256 and SwiGLU. */
-template <int DT, int CB, int R>
+template <int DT, int CB, int R, bool I8>
 static cudaError_t gemvq_r(const struct gemv_args *a, const struct gq_shape &sh, cudaStream_t s)
 {
     bool p = a->pdl;
     if (a->mode == GEMV_SWIGLU)
-        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R>, sh, s, a);
+        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R, I8>, sh, s, a);
     switch (sh.kb) {
-    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R>, sh, s, a);
-    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R>, sh, s, a);
-    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R>, sh, s, a);
-    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R>, sh, s, a);
+    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R, I8>, sh, s, a);
+    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R, I8>, sh, s, a);
+    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R, I8>, sh, s, a);
+    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R, I8>, sh, s, a);
     }
 }
 
-template <int DT>
+template <int DT, bool I8>
 static cudaError_t gemvq_dt(const struct gemv_args *a, const struct gq_shape &sh, cudaStream_t s)
 {
     constexpr int CB = DT == QR_Q6_K ? 8 : 16;
     /* the row counts gemvq_shape picks: 1, 2 or 4 (each row count of every shape is ~1.5 MB
      * of kernels), and GQ_R_BIG for the LM head (looping or not) */
     if (sh.loop)
-        return gq_launch(a->pdl, gemvq_loop_kernel<DT, 4, CB, GQ_R_BIG>, sh, s, a);
+        return gq_launch(a->pdl, gemvq_loop_kernel<DT, 4, CB, GQ_R_BIG, I8>, sh, s, a);
     if (sh.r == GQ_R_BIG && sh.kb == 4 && a->mode != GEMV_SWIGLU)
-        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG>, sh, s, a);
+        return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG, I8>, sh, s, a);
     switch (sh.r) {
-    case 4: return gemvq_r<DT, CB, 4>(a, sh, s);
-    case 2: return gemvq_r<DT, CB, 2>(a, sh, s);
-    default: return gemvq_r<DT, CB, 1>(a, sh, s);
+    case 4: return gemvq_r<DT, CB, 4, I8>(a, sh, s);
+    case 2: return gemvq_r<DT, CB, 2, I8>(a, sh, s);
+    default: return gemvq_r<DT, CB, 1, I8>(a, sh, s);
+    }
+}
+
+template <bool I8>
+static cudaError_t gemvq_go(const struct gemv_args *a, const struct gq_shape &sh, cudaStream_t s)
+{
+    if (a->k_mixed) /* SwiGLU never mixes (gemvq_shape) */
+        return gemvq_r<GQ_KMIXED, 8, 1, I8>(a, sh, s);
+    switch (a->dtype) {
+    case QR_Q8_0: return gemvq_dt<QR_Q8_0, I8>(a, sh, s);
+    case QR_Q4_K: return gemvq_dt<QR_Q4_K, I8>(a, sh, s);
+    default: return gemvq_dt<QR_Q6_K, I8>(a, sh, s);
     }
 }
 
@@ -400,13 +455,7 @@ cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s)
     struct gq_shape sh;
     if (!gemvq_shape(a, &sh))
         return cudaErrorInvalidValue;
-    if (a->k_mixed) /* SwiGLU never mixes (gemvq_shape) */
-        return gemvq_r<GQ_KMIXED, 8, 1>(a, sh, s);
-    switch (a->dtype) {
-    case QR_Q8_0: return gemvq_dt<QR_Q8_0>(a, sh, s);
-    case QR_Q4_K: return gemvq_dt<QR_Q4_K>(a, sh, s);
-    default: return gemvq_dt<QR_Q6_K>(a, sh, s);
-    }
+    return a->q_int8 ? gemvq_go<true>(a, sh, s) : gemvq_go<false>(a, sh, s);
 }
 
 extern "C" int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows,

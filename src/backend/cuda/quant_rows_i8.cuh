@@ -1,0 +1,244 @@
+/*
+ * quant_rows_i8.cuh — gemvq's one-token dot products with x quantised to 8 bits, the CPU's
+ * activation formats (cuda_options.gemvq_int8): Q8_K blocks of 256 (a float scale, 256 int8,
+ * sums of 16) for Q4_K and Q6_K rows, Q8_0 blocks of 32 (an f16 scale) for Q8_0 rows, made
+ * as quant_quant_q8_k and quant_quant_q8_0 make them (max-abs scale, round to nearest even,
+ * clamp to ±127), so each block's integer sum is the CPU's (matmul.<type>.portable and its
+ * SIMD twins); only the order of the float sums over blocks differs.
+ *
+ * Why: with x in floats (quant_rows.cuh) a lane spends four instructions per weight (unpack,
+ * convert, multiply-add, and the sum of x for the K-quants' minimum) and holds 32 floats of x
+ * per row; here four weights cost one dp4a, and x is 8 words. A quantised decode step costs
+ * more than a BF16 one although it reads a third of the bytes (docs/perf-log.md, session 18).
+ *
+ * The lanes walk the rows in quant_rows.cuh's layouts (the same weight bytes per lane), each
+ * gathering its x words once for the warp's rows. Rows live in shared memory (32-bit
+ * addresses); every function returns the lane's part: the caller sums over the warp.
+ */
+#ifndef QWENRT_BACKEND_CUDA_QUANT_ROWS_I8_CUH
+#define QWENRT_BACKEND_CUDA_QUANT_ROWS_I8_CUH
+
+#include "backend/cuda/quant_rows.cuh"
+
+#define GQ8_KMAX 3584 /* the largest K gemvq takes (Qwen3.5-0.8B's down product) */
+
+/* x quantised in shared memory: q[K] int8, d[] one scale per block (K / 256 for Q8_K, K / 32
+ * for Q8_0), bs[K / 16] the Q8_K sums of 16 (unused for Q8_0). */
+struct gq8_x {
+    int8_t q[GQ8_KMAX];
+    float d[GQ8_KMAX / 32];
+    int32_t bs[GQ8_KMAX / 16];
+};
+
+__device__ __forceinline__ int gq8_q(float v, float id)
+{
+    int q = __float2int_rn(v * id);
+    return q > 127 ? 127 : q < -127 ? -127 : q;
+}
+
+__device__ __forceinline__ uint32_t gq8_pack(int a, int b, int c, int d)
+{
+    return (uint32_t)(a & 0xff) | ((uint32_t)(b & 0xff) << 8) | ((uint32_t)(c & 0xff) << 16) |
+           ((uint32_t)(d & 0xff) << 24);
+}
+
+/* The block's staged float x (xs, K floats, already normalised) into xq: Q8_0 blocks of 32
+ * when q8_0, else Q8_K blocks of 256; each lane takes 8 consecutive elements. Ends with a
+ * block barrier. */
+__device__ __forceinline__ void gq8_quantise(const float *xs, int K, bool q8_0, struct gq8_x *xq)
+{
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    for (int base = warp * 256; base < K; base += nw * 256) { /* a warp per 256 elements */
+        const int e = base + lane * 8;
+        float4 a = *(const float4 *)(xs + e), b = *(const float4 *)(xs + e + 4);
+        float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
+                           fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
+        float id;
+        if (q8_0) { /* 4 lanes per block of 32, its scale rounded to f16 as the CPU stores it */
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            float d = __half2float(__float2half_rn(amax / 127.0f));
+            id = d != 0.0f ? 1.0f / d : 0.0f;
+            if ((lane & 3) == 0)
+                xq->d[e / 32] = d;
+        } else { /* the warp's 256 elements are one block */
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            if (lane == 0)
+                xq->d[base / 256] = amax / 127.0f;
+        }
+        int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
+        int q4 = gq8_q(b.x, id), q5 = gq8_q(b.y, id), q6 = gq8_q(b.z, id), q7 = gq8_q(b.w, id);
+        *(uint2 *)(xq->q + e) = make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
+        int s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
+        s += __shfl_xor_sync(0xffffffffu, s, 1); /* two lanes: a sum of 16 */
+        if (!q8_0 && (lane & 1) == 0)
+            xq->bs[e / 16] = s;
+    }
+    __syncthreads();
+}
+
+/* ---- Q8_0: lane l takes blocks l + 32 u (quant_rows.cuh's mk_dot_q8_regs layout) ---- */
+
+template <int NB>
+struct gq8_x_q8 {
+    uint32_t w[(NB + 31) / 32][8];
+    float d[(NB + 31) / 32];
+};
+
+template <int NB>
+__device__ __forceinline__ void gq8_gather_q8(const struct gq8_x *xq, gq8_x_q8<NB> &x)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < (NB + 31) / 32; u++) {
+        if (NB % 32 && lane + 32 * u >= NB)
+            break;
+        const int blk = lane + 32 * u;
+        uint4 a = *(const uint4 *)(xq->q + 32 * blk), b = *(const uint4 *)(xq->q + 32 * blk + 16);
+        x.w[u][0] = a.x, x.w[u][1] = a.y, x.w[u][2] = a.z, x.w[u][3] = a.w;
+        x.w[u][4] = b.x, x.w[u][5] = b.y, x.w[u][6] = b.z, x.w[u][7] = b.w;
+        x.d[u] = xq->d[blk];
+    }
+}
+
+template <int NB>
+__device__ __forceinline__ float gq8_dot_q8(uint32_t row, const gq8_x_q8<NB> &x)
+{
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < (NB + 31) / 32; u++) {
+        if (NB % 32 && lane + 32 * u >= NB)
+            break;
+        uint32_t b = row + 34u * (uint32_t)(lane + 32 * u); /* 2-byte aligned */
+        float dw = mk_f16((uint16_t)mk_lds_u16(b));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint32_t w = __byte_perm(mk_lds_u16(b + 2 + 4 * k), mk_lds_u16(b + 4 + 4 * k), 0x5410);
+            s = __dp4a((int)w, (int)x.w[u][k], s);
+        }
+        acc += dw * x.d[u] * (float)s;
+    }
+    return acc;
+}
+
+/* ---- Q4_K: lane (c, half) of super-block group lane / 8 takes super-blocks lane / 8 + 4 j,
+ * the 16 bytes of chunk c at half (low nibbles: sub-block 2c, high: 2c + 1; mk_dot_q4k_regs) ---- */
+
+template <int NSB>
+struct gq8_x_q4k {
+    uint32_t lo[(NSB + 3) / 4][4], hi[(NSB + 3) / 4][4]; /* x of the low / high nibbles */
+    int bs0[(NSB + 3) / 4], bs1[(NSB + 3) / 4];           /* their sums of 16 */
+    float d[(NSB + 3) / 4];
+};
+
+template <int NSB>
+__device__ __forceinline__ void gq8_gather_q4k(const struct gq8_x *xq, gq8_x_q4k<NSB> &x)
+{
+    const int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
+#pragma unroll
+    for (int j = 0; j < (NSB + 3) / 4; j++) {
+        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
+            break;
+        const int sb = (lane >> 3) + 4 * j, e = sb * 256 + 64 * c + 16 * half;
+        uint4 a = *(const uint4 *)(xq->q + e), b = *(const uint4 *)(xq->q + e + 32);
+        x.lo[j][0] = a.x, x.lo[j][1] = a.y, x.lo[j][2] = a.z, x.lo[j][3] = a.w;
+        x.hi[j][0] = b.x, x.hi[j][1] = b.y, x.hi[j][2] = b.z, x.hi[j][3] = b.w;
+        x.bs0[j] = xq->bs[e / 16], x.bs1[j] = xq->bs[e / 16 + 2];
+        x.d[j] = xq->d[sb];
+    }
+}
+
+template <int NSB>
+__device__ __forceinline__ float gq8_dot_q4k(uint32_t row, const gq8_x_q4k<NSB> &x)
+{
+    const int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (NSB + 3) / 4; j++) {
+        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
+            break;
+        uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
+        uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
+        float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
+        int sc0, m0, sc1, m1;
+        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
+        mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
+        const uint32_t q[4] = {qv.x, qv.y, qv.z, qv.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s0 = __dp4a((int)(q[k] & 0x0f0f0f0fu), (int)x.lo[j][k], s0);
+            s1 = __dp4a((int)((q[k] >> 4) & 0x0f0f0f0fu), (int)x.hi[j][k], s1);
+        }
+        acc += x.d[j] * (d * (float)(sc0 * s0 + sc1 * s1) - dmin * (float)(m0 * x.bs0[j] + m1 * x.bs1[j]));
+    }
+    return acc;
+}
+
+/* ---- Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j,
+ * elements 128 h + 32 qq + 4 g + i (qq, i < 4; mk_dot_q6k_regs) ---- */
+
+template <int NSB>
+struct gq8_x_q6k {
+    uint32_t w[(NSB + 1) / 2][4]; /* x of quarter qq */
+    int s32[(NSB + 1) / 2][4];    /* 32 x their sum: the -32 offset of the weights */
+    float d[(NSB + 1) / 2];
+};
+
+template <int NSB>
+__device__ __forceinline__ void gq8_gather_q6k(const struct gq8_x *xq, gq8_x_q6k<NSB> &x)
+{
+    const int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
+#pragma unroll
+    for (int j = 0; j < (NSB + 1) / 2; j++) {
+        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
+            break;
+        const int sb = (lane >> 4) + 2 * j;
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            uint32_t w = *(const uint32_t *)(xq->q + sb * 256 + 128 * h + 32 * qq + 4 * g);
+            x.w[j][qq] = w;
+            x.s32[j][qq] = 32 * __dp4a((int)w, 0x01010101, 0);
+        }
+        x.d[j] = xq->d[sb];
+    }
+}
+
+/* Four bytes at a 2-byte aligned shared-memory address (Q6_K super-blocks are 210 bytes). */
+__device__ __forceinline__ uint32_t gq8_lds_w16(uint32_t a)
+{
+    return __byte_perm(mk_lds_u16(a), mk_lds_u16(a + 2), 0x5410);
+}
+
+template <int NSB>
+__device__ __forceinline__ float gq8_dot_q6k(uint32_t row, const gq8_x_q6k<NSB> &x)
+{
+    const int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (NSB + 1) / 2; j++) {
+        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
+            break;
+        uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
+        uint32_t ql0 = gq8_lds_w16(b + 64 * h + 4 * g), ql1 = gq8_lds_w16(b + 64 * h + 32 + 4 * g);
+        uint32_t qh = gq8_lds_w16(b + 128 + 32 * h + 4 * g), sc = b + 192 + 8 * h + g / 4;
+        float d = mk_f16((uint16_t)mk_lds_u16(b + 208));
+        int s = 0;
+#pragma unroll
+        for (int qq = 0; qq < 4; qq++) {
+            uint32_t lo = ((qq & 1) ? ql1 : ql0) >> (4 * (qq >> 1)) & 0x0f0f0f0fu;
+            uint32_t v = lo | ((qh >> (2 * qq)) & 0x03030303u) << 4; /* 0..63: the level + 32 */
+            int t = __dp4a((int)v, (int)x.w[j][qq], 0) - x.s32[j][qq];
+            s += (int)(int8_t)mk_lds_u8(sc + 2 * qq) * t;
+        }
+        acc += d * x.d[j] * (float)s;
+    }
+    return acc;
+}
+
+#endif
