@@ -132,7 +132,10 @@ struct cuda_options {
     bool gemvq_int8;     /* gemvq (quantised one-token GEMVs) with x quantised to 8 bits, as
                           * the CPU's quantised products do (Q8_K blocks for the K-quants, Q8_0
                           * for Q8_0: the same integer sums), and dp4a dot products instead of
-                          * float ones (quant_rows_i8.cuh) */
+                          * float ones (quant_rows_i8.cuh). On by default (the session turns it
+                          * off for --precision exact), with its own block shape when no gemvq
+                          * shape option is set: tg128 +11-51% on the H200 (docs/perf-log.md,
+                          * session 18) */
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */
