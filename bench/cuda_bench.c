@@ -156,14 +156,19 @@ static double validate(const char *path, struct qwenrt_model *gm, int32_t precis
         fprintf(stderr, "cpu load: %s\n", err.message);
         return -1;
     }
-    for (int ph = 0; ph < 2; ph++) /* the CPU's reference DeltaNet kernel, not the chunked one */
+    /* the CPU's reference DeltaNet kernel, not the chunked one; quantised products with x in
+     * f32 as CUDA's prompt computes them, and its decode in the exact precision (in the default
+     * one CUDA's decode rounds x to 8 bits as the CPU's own products do: cuda_options.gemvq_int8) */
+    for (int ph = 0; ph < 2; ph++) {
+        bool f32_x = ph == PHASE_PREFILL || precision == QWENRT_PRECISION_EXACT;
         for (int32_t i = 0; i < cm->plans[ph].n_ops; i++)
             if (cm->plans[ph].ops[i].kind == OP_GDN_CORE)
                 cm->plans[ph].ops[i].kernel = "gdn_core.ref";
-            else if (cm->plans[ph].ops[i].kind == OP_MATMUL && !dtype_is_float(cm->plans[ph].ops[i].w->dtype))
+            else if (cm->plans[ph].ops[i].kind == OP_MATMUL && !dtype_is_float(cm->plans[ph].ops[i].w->dtype) && f32_x)
                 cm->plans[ph].ops[i].kernel = quant_ref_key(cm->plans[ph].ops[i].w->dtype);
-            else if (cm->plans[ph].ops[i].kind == OP_LOGITS && !dtype_is_float(cm->plans[ph].ops[i].w->dtype))
-                cm->plans[ph].ops[i].kernel = "logits.exact"; /* f32 x, as CUDA computes it */
+            else if (cm->plans[ph].ops[i].kind == OP_LOGITS && !dtype_is_float(cm->plans[ph].ops[i].w->dtype) && f32_x)
+                cm->plans[ph].ops[i].kernel = "logits.exact";
+    }
     int32_t V = cm->hp.n_vocab, ids[VAL_T];
     for (int32_t t = 0; t < VAL_T; t++)
         ids[t] = (int32_t)(((int64_t)t * 77773 + 9) % V);

@@ -379,8 +379,9 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemvq_head_blocks = v == 9 ? 0 : 1;
     if (v == 11)
         o.gemvq_rows = 2, o.pdl = true, o.gemvq_launch = 2;
+    o.gemvq_int8 = GEMV_VARIANT_INT8(v); /* float x in the others (their reference's) */
     if (GEMV_VARIANT_INT8(v))
-        o.gemv_smem = false, o.gemvq_int8 = true;
+        o.gemv_smem = false;
     if (v == 13)
         o.gemvq_warps = 8, o.gemvq_rows = 2, o.gemvq_smem_kb = 100, o.pdl = true, o.gemvq_launch = 2;
     return o;
