@@ -379,7 +379,7 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemvq_head_blocks = v == 9 ? 0 : 1;
     if (v == 11)
         o.gemvq_rows = 2, o.pdl = true, o.gemvq_launch = 2;
-    o.gemvq_int8 = GEMV_VARIANT_INT8(v); /* float x in the others (their reference's) */
+    o.gemvq_int8 = GEMV_VARIANT_INT8(v) ? 1 : -1; /* float x in the others (their reference's) */
     if (GEMV_VARIANT_INT8(v))
         o.gemv_smem = false;
     if (v == 13)
@@ -1078,7 +1078,7 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
      * the default, sums in another order: test_graph_gemv_smem checks it against gemv2; with
      * it the random Qwen3.5 recurrence took this pair from 1.9e-4 to 1.1e-3 on the H200) */
     off.gemv_smem = false;
-    off.gemvq_int8 = false; /* float x, as the megakernel's quantised rows */
+    off.gemvq_int8 = -1; /* float x, as the megakernel's quantised rows */
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
     const char *why = NULL;
@@ -1198,7 +1198,7 @@ static void check_graph_gemvq(const char *arch, enum export_type type, bool big)
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.gemv_v2 = false;
-    on.gemvq_int8 = false; /* float x, as the first kernel's (check_graph_gemvq_int8 for 8 bits) */
+    on.gemvq_int8 = -1; /* float x, as the first kernel's (check_graph_gemvq_int8 for 8 bits) */
     if (big)
         on.gemvq_warps = 8, on.gemvq_rows = 2, on.gemvq_smem_kb = 100, on.pdl = true, on.gemvq_launch = 2;
     struct cuda_session *a = NULL, *b = NULL;
@@ -1226,7 +1226,7 @@ static void check_graph_gemvq_int8(const char *arch, enum export_type type)
     struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
-    on.gemvq_int8 = true, off.gemvq_int8 = false;
+    on.gemvq_int8 = 1, off.gemvq_int8 = -1;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, id = 5;
@@ -1883,6 +1883,7 @@ static void test_backend_errors(void **st)
                    {"gemvq_smem_kb", offsetof(struct cuda_options, gemvq_smem_kb), {-1, 201}},
                    {"gemvq_head_blocks", offsetof(struct cuda_options, gemvq_head_blocks), {-1, 9}},
                    {"argmax_blocks", offsetof(struct cuda_options, argmax_blocks), {-1, 1025}},
+                   {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {

@@ -138,7 +138,8 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
     opt.kv_f16 = kv ? !strcmp(kv, "f16") : kv_type == QWENRT_KV_F16;
     s->kv_type = opt.kv_f16 ? QWENRT_KV_F16 : QWENRT_KV_F32;
     opt.prefill_bf16 = precision != QWENRT_PRECISION_EXACT;
-    opt.gemvq_int8 = precision != QWENRT_PRECISION_EXACT; /* x in 8 bits, as the CPU's products */
+    if (precision == QWENRT_PRECISION_EXACT)
+        opt.gemvq_int8 = -1; /* x in f32 (the default rounds it to 8 bits, as the CPU's products) */
     return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
 }
 

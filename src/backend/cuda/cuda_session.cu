@@ -137,6 +137,7 @@ struct cuda_session {
     int32_t gq_rows;          /* gemvq rows per warp below the LM head (pick_gemvq_rows) */
     int32_t gq_warps, gq_kb;  /* gemvq's warps per block and KB reserved (pick_gemvq_shape) */
     bool gq_after_wait;       /* gemvq blocks start the next launch after their wait (same) */
+    bool gq_int8;             /* gemvq's x in 8 bits (same) */
     struct argmax_scratch am; /* the greedy loop's argmax (opt.argmax_blocks) */
     char mk_why[160];
 };
@@ -181,7 +182,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_warps = 0;   /* 4 (gemv_quant.cu) */
     o.gemvq_smem_kb = 0; /* what the block needs */
     o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
-    o.gemvq_int8 = true; /* H200 tg128 +11-51% with its block shape (pick_gemvq_shape) */
+    o.gemvq_int8 = 0; /* on without DeltaNet layers (pick_gemvq_shape): H200 tg128 +11-51% */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
@@ -603,7 +604,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
-    a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->opt.gemvq_int8;
+    a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
     a->mma = cs->opt.gemv_mma;
 }
 
@@ -1504,7 +1505,8 @@ static bool layers_quantised(const struct plan *p)
     return any;
 }
 
-/* gemvq's block shape: the options', or — with x in 8 bits, quantised layers and no shape
+/* Whether gemvq's x is in 8 bits (cuda_options.gemvq_int8; 0: for models without DeltaNet
+ * layers), and its block shape: the options', or — with x in 8 bits, quantised layers and no shape
  * option set — blocks of 8 warps of 2 rows with 100 KB reserved, each block starting the next
  * launch after its wait, and PDL on: with int8 x that shape gained over the 4-warp default
  * on all three models measured (H200 tg128: Qwen3-0.6B Q4_K_M 1,308 -> 1,522, Qwen3.5-0.8B
@@ -1513,7 +1515,11 @@ static bool layers_quantised(const struct plan *p)
 static bool pick_gemvq_shape(struct cuda_session *cs)
 {
     const struct cuda_options *o = &cs->opt;
-    bool pick = o->gemvq_int8 && !o->gemvq_warps && !o->gemvq_smem_kb && !o->gemvq_launch && !o->gemvq_rows &&
+    bool deltanet = false;
+    for (int32_t i = 0; i < cs->plans[PHASE_DECODE].n_ops; i++)
+        deltanet |= cs->plans[PHASE_DECODE].ops[i].kind == OP_GDN_CORE;
+    cs->gq_int8 = o->gemvq_int8 > 0 || (o->gemvq_int8 == 0 && !deltanet);
+    bool pick = cs->gq_int8 && !o->gemvq_warps && !o->gemvq_smem_kb && !o->gemvq_launch && !o->gemvq_rows &&
                 layers_quantised(&cs->plans[PHASE_DECODE]);
     cs->gq_warps = pick ? 8 : o->gemvq_warps;
     cs->gq_kb = pick ? 100 : o->gemvq_smem_kb;
@@ -1628,6 +1634,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->argmax_blocks < 0 || o->argmax_blocks > ARGMAX_BLOCKS_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: argmax_blocks %d (0: %d, 1: one block, or up to %d)",
                        (int)o->argmax_blocks, ARGMAX_BLOCKS_DEFAULT, ARGMAX_BLOCKS_LIMIT);
+    if (o->gemvq_int8 < -1 || o->gemvq_int8 > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_int8 %d (0: automatic, 1: on, -1: off)",
+                       (int)o->gemvq_int8);
     if (o->gemvq_head_blocks < 0 || o->gemvq_head_blocks > 8)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_head_blocks %d (0: off, or 1 to 8 per multiprocessor)",
                        (int)o->gemvq_head_blocks);

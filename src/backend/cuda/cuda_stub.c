@@ -27,7 +27,7 @@ struct cuda_options cuda_default_options(void)
                              .gdn_split = true, .mlp_fused = false, .gemv_smem = true,
                              .gemv_smem_warps = 0, .gemv_smem_kb = 0, .gemv_smem_launch = 0, .gemv_mma = false,
                              .gemvq_rows = 0, .gemvq_launch = 0, .gemvq_warps = 0, .gemvq_smem_kb = 0,
-                             .gemvq_head_blocks = 4, .gemvq_int8 = true, .kv_f16 = false,
+                             .gemvq_head_blocks = 4, .gemvq_int8 = 0, .kv_f16 = false,
                              .prefill_bf16 = true, .prefill_x_terms = 0};
     return o;
 }
