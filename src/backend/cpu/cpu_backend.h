@@ -131,6 +131,10 @@ void logits_op(const struct plan_op *op, struct cpu_exec *ex);
 
 /* attention_ref with AVX-512 dot products (attention_avx512.c); f32 rounding vs the ref. */
 void attention_avx512(const struct plan_op *op, struct cpu_exec *ex);
+/* The same with AVX2, FMA and F16C (attention_avx2.c), for CPUs without AVX-512. */
+void attention_avx2(const struct plan_op *op, struct cpu_exec *ex);
+/* y[i] = e^x[i] (x <= 0) as attention_avx2's softmax computes it (for the tests). */
+void attention_avx2_exp(const float *x, float *y, int32_t n);
 /* Its softmax's e^x (x <= 0) over n values, for the tests against expf (AVX-512F only). */
 void attention_avx512_exp(const float *x, float *y, int32_t n);
 

@@ -41,6 +41,7 @@ static const struct cpu_op_kernel kernels[] = {
     {"qk_norm_rope.ref", OP_QK_NORM_ROPE, 0, 0, qk_norm_rope_ref},
     {"attention.ref", OP_ATTENTION, 0, 0, attention_ref},
     {"attention.avx512", OP_ATTENTION, CPU_AVX512F | CPU_AVX2, 10, attention_avx512},
+    {"attention.avx2", OP_ATTENTION, CPU_AVX2, 5, attention_avx2},
     {"sigmoid_gate.ref", OP_SIGMOID_GATE, 0, 0, sigmoid_gate_ref},
     {"swiglu.ref", OP_SWIGLU, 0, 0, swiglu_ref},
     {"gdn_conv.ref", OP_GDN_CONV, 0, 0, gdn_conv_ref},

@@ -1,5 +1,6 @@
 /*
- * test_attention_avx512.c — attention.avx512 against attention.ref (kernels_ref.c) on random
+ * test_attention_simd.c — attention.avx512 and attention.avx2 (each where the CPU has it)
+ * against attention.ref (kernels_ref.c) on random
  * q/k/v of awkward sizes: head_dim 128, 80 (a 16-lane tail) and 8; GQA groups 1, 2 and 3;
  * T = 1 (decode: serial path, and threaded over 300 cached positions) and 5, 37 (prefill,
  * threaded path) after a prefix already in the cache (pos0 = 0, 23, 300); 1 and 3 threads; a
@@ -18,6 +19,30 @@
 #include "base/cpu_features.h"
 
 #define REL_TOL 2e-5 /* f32 regrouping over <= 128 products and <= 60 positions */
+
+/* The vector kernels and what they need of the CPU. */
+static const struct simd_kernel {
+    const char *key;
+    cpu_op_fn fn;
+    void (*exp)(const float *x, float *y, int32_t n);
+    uint32_t needs;
+} simd[] = {
+    {"attention.avx512", attention_avx512, attention_avx512_exp, CPU_AVX512F | CPU_AVX2},
+    {"attention.avx2", attention_avx2, attention_avx2_exp, CPU_AVX2},
+};
+#define N_SIMD (sizeof(simd) / sizeof(simd[0]))
+
+/* Whether kernel k runs here; skips the test when none does. */
+static bool simd_here(size_t k)
+{
+    uint32_t f = cpu_features_detect();
+    bool any = false;
+    for (size_t i = 0; i < N_SIMD; i++)
+        any |= (f & simd[i].needs) == simd[i].needs;
+    if (!any)
+        skip();
+    return (f & simd[k].needs) == simd[k].needs;
+}
 
 struct rng {
     uint64_t s;
@@ -113,11 +138,9 @@ static void run(cpu_op_fn fn, const struct attn_case *c, int threads, uint64_t s
     plan_free(&plan);
 }
 
-static void test_vs_ref(void **state)
+static void check_vs_ref(size_t k)
 {
-    (void)state;
-    if (!(cpu_features_detect() & CPU_AVX512F))
-        skip();
+    cpu_op_fn fast = simd[k].fn;
     static const struct attn_case cases[] = {
         {16, 8, 128, 1, 0, false, 1.0f}, {16, 8, 128, 1, 23, false, 1.0f}, {16, 8, 128, 37, 0, false, 1.0f}, {16, 8, 128, 5, 23, false, 1.0f},
         {6, 2, 80, 1, 23, false, 1.0f},  {6, 2, 80, 37, 23, false, 1.0f},  {4, 4, 8, 5, 23, false, 1.0f},    {3, 1, 128, 37, 0, false, 1.0f},
@@ -133,28 +156,33 @@ static void test_vs_ref(void **state)
         float *kw = malloc(ncache * sizeof(float)), *vw = malloc(ncache * sizeof(float));
         float *kg = malloc(ncache * sizeof(float)), *vg = malloc(ncache * sizeof(float));
         run(attention_ref, c, 1, 1000 + i, want, kw, vw, false, NULL, NULL);
-        run(attention_avx512, c, 3, 1000 + i, got, kg, vg, false, NULL, NULL);
-        run(attention_avx512, c, 1, 1000 + i, got1, kg, vg, false, NULL, NULL);
+        run(fast, c, 3, 1000 + i, got, kg, vg, false, NULL, NULL);
+        run(fast, c, 1, 1000 + i, got1, kg, vg, false, NULL, NULL);
         assert_memory_equal(kw, kg, ncache * sizeof(float));
         assert_memory_equal(vw, vg, ncache * sizeof(float));
         assert_memory_equal(got, got1, nout * sizeof(float)); /* thread count is invisible */
         for (size_t j = 0; j < nout; j++) {
             /* |o| <= max|v| = 1, a convex combination: relative to 1 */
             if (!(fabsf(got[j] - want[j]) <= REL_TOL))
-                fail_msg("case %zu (H %d/%d hd %d T %d pos0 %d): out[%zu] = %.8g, want %.8g", i,
+                fail_msg("%s case %zu (H %d/%d hd %d T %d pos0 %d): out[%zu] = %.8g, want %.8g", simd[k].key, i,
                          c->n_head, c->n_head_kv, c->head_dim, c->T, c->pos0, j, got[j], want[j]);
         }
         free(want), free(got), free(got1), free(kw), free(vw), free(kg), free(vg);
     }
 }
 
-/* The f16 cache: the two kernels on the same rounded rows agree as closely as on f32 rows, the
- * cache rows they write are the same bits, and the result is the f32 one to f16 rounding. */
-static void test_f16_cache(void **state)
+static void test_vs_ref(void **state)
 {
     (void)state;
-    if (!(cpu_features_detect() & CPU_AVX512F))
-        skip();
+    for (size_t k = 0; k < N_SIMD; k++)
+        if (simd_here(k))
+            check_vs_ref(k);
+}
+
+/* The f16 cache: the two kernels on the same rounded rows agree as closely as on f32 rows, the
+ * cache rows they write are the same bits, and the result is the f32 one to f16 rounding. */
+static void check_f16_cache(size_t k)
+{
     static const struct attn_case cases[] = {
         {16, 8, 128, 1, 23, false, 1.0f}, {16, 8, 128, 5, 0, false, 1.0f}, {6, 2, 80, 37, 23, false, 1.0f}, {4, 4, 8, 5, 23, false, 1.0f}, {3, 1, 256, 1, 40, false, 1.0f},
     };
@@ -167,14 +195,14 @@ static void test_f16_cache(void **state)
         float *kf = malloc(ncache * sizeof(float)), *vf = malloc(ncache * sizeof(float));
         uint16_t *kw = calloc(ncache, 2), *vw = calloc(ncache, 2), *kg = calloc(ncache, 2), *vg = calloc(ncache, 2);
         run(attention_ref, c, 1, 2000 + i, want, kf, vf, true, kw, vw);
-        run(attention_avx512, c, 3, 2000 + i, got, kf, vf, true, kg, vg);
+        run(simd[k].fn, c, 3, 2000 + i, got, kf, vf, true, kg, vg);
         assert_memory_equal(kw, kg, ncache * 2);
         assert_memory_equal(vw, vg, ncache * 2);
         run(attention_ref, c, 1, 2000 + i, f32, kf, vf, false, NULL, NULL);
         double worst16 = 0;
         for (size_t j = 0; j < nout; j++) {
             if (!(fabsf(got[j] - want[j]) <= REL_TOL))
-                fail_msg("f16 case %zu: out[%zu] = %.8g, want %.8g", i, j, got[j], want[j]);
+                fail_msg("%s f16 case %zu: out[%zu] = %.8g, want %.8g", simd[k].key, i, j, got[j], want[j]);
             worst16 = fmax(worst16, fabsf(want[j] - f32[j]));
         }
         /* k rounded to 2^-11 of |k| <= 2 moves the scores by ~1e-2 at most */
@@ -184,13 +212,18 @@ static void test_f16_cache(void **state)
     }
 }
 
-/* The f16 rows each kernel writes, from values at the edges of f16 rounding (the fast kernel
- * converts 16 at a time with vcvtps2ph, the reference one by one): the same bits. */
-static void test_f16_store_edges(void **state)
+static void test_f16_cache(void **state)
 {
     (void)state;
-    if (!(cpu_features_detect() & CPU_AVX512F))
-        skip();
+    for (size_t k = 0; k < N_SIMD; k++)
+        if (simd_here(k))
+            check_f16_cache(k);
+}
+
+/* The f16 rows each kernel writes, from values at the edges of f16 rounding (the fast kernel
+ * converts 16 at a time with vcvtps2ph, the reference one by one): the same bits. */
+static void check_f16_store_edges(size_t k)
+{
     static const struct attn_case cases[] = {{2, 1, 24, 2, 0, true, 1.0f}, {4, 2, 128, 1, 3, true, 1.0f}, {6, 2, 80, 3, 1, true, 1.0f}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct attn_case *c = &cases[i];
@@ -200,10 +233,10 @@ static void test_f16_store_edges(void **state)
         float *kf = malloc(ncache * sizeof(float)), *vf = malloc(ncache * sizeof(float));
         uint16_t *kw = calloc(ncache, 2), *vw = calloc(ncache, 2), *kg = calloc(ncache, 2), *vg = calloc(ncache, 2);
         run(attention_ref, c, 1, 3000 + i, out, kf, vf, true, kw, vw);
-        run(attention_avx512, c, 1, 3000 + i, out, kf, vf, true, kg, vg);
+        run(simd[k].fn, c, 1, 3000 + i, out, kf, vf, true, kg, vg);
         for (size_t j = 0; j < ncache; j++)
             if (kw[j] != kg[j] || vw[j] != vg[j])
-                fail_msg("case %zu: cache element %zu: K %04x vs %04x, V %04x vs %04x", i, j, kw[j], kg[j], vw[j],
+                fail_msg("%s case %zu: cache element %zu: K %04x vs %04x, V %04x vs %04x", simd[k].key, i, j, kw[j], kg[j], vw[j],
                          vg[j]);
         size_t at = (size_t)c->pos0 * c->n_head_kv * c->head_dim; /* the first written K row */
         assert_int_equal(kw[at + 0], 0x0000);  /* 2^-25: a tie, to the even 0 */
@@ -214,20 +247,25 @@ static void test_f16_store_edges(void **state)
     }
 }
 
-/* The softmax's vector e^x against expf over [-110, 0]: within 3e-7 relative where the result
- * is normal, 0 or tiny beyond; e^0 = 1 exactly. */
-static void test_exp(void **state)
+static void test_f16_store_edges(void **state)
 {
     (void)state;
-    if (!(cpu_features_detect() & CPU_AVX512F))
-        skip();
+    for (size_t k = 0; k < N_SIMD; k++)
+        if (simd_here(k))
+            check_f16_store_edges(k);
+}
+
+/* The softmax's vector e^x against expf over [-110, 0]: within 3e-7 relative where the result
+ * is normal, 0 or tiny beyond; e^0 = 1 exactly. */
+static void check_exp(size_t k)
+{
     enum { N = 20011 };
     float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
     struct rng r = {77};
     for (int i = 0; i < N; i++)
         x[i] = i < 11001 ? -110.0f * (float)i / 11000.0f : urand(&r, -20.0f, 0.0f);
     x[5] = 0.0f, x[6] = -0.0f;
-    attention_avx512_exp(x, y, N);
+    simd[k].exp(x, y, N);
     double worst = 0;
     for (int i = 0; i < N; i++) {
         double want = exp((double)x[i]);
@@ -239,10 +277,18 @@ static void test_exp(void **state)
         double e = fabs(y[i] - want) / want;
         worst = e > worst ? e : worst;
     }
-    printf("exp16 worst relative error %.3g\n", worst);
+    printf("%s exp worst relative error %.3g\n", simd[k].key, worst);
     assert_true(worst <= 3e-7);
     assert_true(y[5] == 1.0f && y[6] == 1.0f);
     free(x), free(y);
+}
+
+static void test_exp(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < N_SIMD; k++)
+        if (simd_here(k))
+            check_exp(k);
 }
 
 /* The registry picks it on this CPU; a forced key finds it. */
@@ -254,6 +300,9 @@ static void test_pick(void **state)
     assert_non_null(k);
     if ((f & (CPU_AVX512F | CPU_AVX2)) == (CPU_AVX512F | CPU_AVX2))
         assert_string_equal(k->key, "attention.avx512");
+    /* a CPU with AVX2 but not AVX-512 gets the AVX2 kernel, one with neither the reference */
+    assert_string_equal(cpu_op_pick(OP_ATTENTION, CPU_AVX2, NULL)->key, "attention.avx2");
+    assert_string_equal(cpu_op_pick(OP_ATTENTION, 0, NULL)->key, "attention.ref");
     assert_non_null(cpu_op_pick(OP_ATTENTION, 0, "attention.ref"));
 }
 
