@@ -101,10 +101,12 @@ enum qwenrt_precision { QWENRT_PRECISION_DEFAULT = 0, QWENRT_PRECISION_EXACT = 1
 
 /* The KV cache's element type. F32 holds K and V as computed. F16 (llama.cpp's -ctk/-ctv
  * f16, its default) rounds them to 11 significant bits: half the memory; logits within ~3e-4
- * of f32 on the fixtures (CPU and CUDA alike); on the GPU decode as fast or faster (faster deep
- * in a context). DEFAULT: the library's choice: F16 for CUDA sessions in the default precision
- * with 16-bit or quantised weights (where the flash prefill rounds K and V to 16 bits anyway),
- * F32 otherwise (the CPU, QWENRT_PRECISION_EXACT, F32 weights). Checkpoints hold f32 either way. The environment variable
+ * of f32 on the fixtures (CPU and CUDA alike); decode as fast or faster (faster deep in a
+ * context) on the GPU and on CPUs with AVX2 or AVX-512. DEFAULT: the library's choice: F16 in
+ * the default precision with 16-bit or quantised weights, on CUDA (where the flash prefill
+ * rounds K and V to 16 bits anyway) and on CPUs with AVX2 or AVX-512; F32 otherwise
+ * (QWENRT_PRECISION_EXACT, F32 weights, CPUs without AVX2, whose reference attention reads f16
+ * rows 2.4x slower). Checkpoints hold f32 either way. The environment variable
  * QWENRT_CUDA_KV=f16|f32 overrides it for CUDA sessions. */
 enum qwenrt_kv_type { QWENRT_KV_DEFAULT = 0, QWENRT_KV_F32 = 1, QWENRT_KV_F16 = 2 };
 

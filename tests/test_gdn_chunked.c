@@ -236,7 +236,9 @@ static void prefill_pieces(struct qwenrt_model *m, const int32_t *ids, const int
                            int n_pieces, struct prompt_run *out)
 {
     struct qwenrt_error err = {0};
-    assert_int_equal(qwenrt_session_init(m, NULL, &out->s, &err), QWENRT_OK);
+    struct qwenrt_session_params sp = qwenrt_session_default_params();
+    sp.kv_type = QWENRT_KV_F32; /* state_err compares the f32 cache rows */
+    assert_int_equal(qwenrt_session_init(m, &sp, &out->s, &err), QWENRT_OK);
     int32_t t0 = 0;
     for (int i = 0; i < n_pieces; i++) {
         if (qwenrt_session_prefill(out->s, ids + t0, pieces[i], NULL, &err) != QWENRT_OK)

@@ -38,8 +38,9 @@ static int usage(void)
             "  --top-k K        top_k of requests that set none (default 40; 0 = off)\n"
             "  --alias NAME     model name in /v1/models (default: the model file's name)\n"
             "  --precision P    GPU prompt products: default (bf16, as llama.cpp) or exact (f32)\n"
-            "  --kv-type T      the KV cache: default (f16 on the GPU with 16-bit or quantised\n"
-            "                   weights in the default precision, else f32), f32 or f16\n"
+            "  --kv-type T      the KV cache: default (f16 with 16-bit or quantised weights in\n"
+            "                   the default precision, on the GPU and on CPUs with AVX2; else\n"
+            "                   f32), f32 or f16\n"
             "  --profile P      a runtime profile: kernels, or a CUDA calibration's decode shapes\n"
             "                   (qwenrt calibrate --backend cuda -o P)\n"
             "  --no-log         no request log lines on stderr\n");

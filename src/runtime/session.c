@@ -90,16 +90,19 @@ static bool has_f32_products(const struct qwenrt_model *model)
     return false;
 }
 
-/* QWENRT_KV_DEFAULT: f16 for CUDA sessions in the default precision with 16-bit or quantised
- * weights (as fast or faster at every depth on the H200, half the memory; the flash prefill
- * rounds K and V to 16 bits there anyway), f32 everywhere else (the CPU, the exact precision,
- * F32 models). docs/perf-log.md, sessions 15 and 17. */
+/* QWENRT_KV_DEFAULT: f16 in the default precision with 16-bit or quantised weights — on CUDA
+ * (as fast or faster at every depth on the H200, half the memory; the flash prefill rounds K
+ * and V to 16 bits there anyway) and on CPUs with AVX2 or AVX-512, whose attention kernels read
+ * f16 rows as fast as f32 ones (faster deep in a context: Qwen3-0.6B Q8_0 at 1,024 positions,
+ * AVX2 30 -> 35 tok/s, AVX-512 38 -> 42); f32 elsewhere (the exact precision, F32 models, CPUs
+ * that run attention_ref, where f16 is 2.4x slower). docs/perf-log.md, sessions 15, 17, 18. */
 static int32_t resolve_kv_type(int32_t kv_type, const struct qwenrt_model *model, bool cuda,
                                int32_t precision)
 {
     if (kv_type != QWENRT_KV_DEFAULT)
         return kv_type;
-    bool f16 = cuda && precision == QWENRT_PRECISION_DEFAULT && !has_f32_products(model);
+    bool fast_f16 = cuda || (cpu_features_detect() & CPU_AVX2);
+    bool f16 = fast_f16 && precision == QWENRT_PRECISION_DEFAULT && !has_f32_products(model);
     return f16 ? QWENRT_KV_F16 : QWENRT_KV_F32;
 }
 

@@ -52,15 +52,27 @@ static TARGET __m256 load8h(const uint16_t *h, int32_t n)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t));
 }
 
-/* a · b over n, b f32 (bh NULL) or f16 (bh) */
+/* a · b over n, b f32 (bh NULL) or f16 (bh); two accumulators (whole 16s, then the rest) */
 static TARGET float dot8(const float *a, const float *b, const uint16_t *bh, int32_t n)
 {
-    __m256 acc = _mm256_setzero_ps();
-    for (int32_t d = 0; d < n; d += 8) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int32_t d = 0;
+    if (bh)
+        for (; d + 16 <= n; d += 16) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(bh + d))), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8),
+                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(bh + d + 8))), acc1);
+        }
+    else
+        for (; d + 16 <= n; d += 16) {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), acc1);
+        }
+    for (; d < n; d += 8) {
         int32_t m = n - d < 8 ? n - d : 8;
-        acc = _mm256_fmadd_ps(load8(a + d, m), bh ? load8h(bh + d, m) : load8(b + d, m), acc);
+        acc0 = _mm256_fmadd_ps(load8(a + d, m), bh ? load8h(bh + d, m) : load8(b + d, m), acc0);
     }
-    return hsum8(acc);
+    return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* n floats into f16 bits, 8 at a time (round to nearest even, as f32_to_f16), the tail one by
@@ -159,12 +171,20 @@ static TARGET void wsum64(float *o, const float *w, int32_t n, float inv, const 
     __m256 a[8];
     for (int i = 0; i < 8; i++)
         a[i] = _mm256_setzero_ps();
-    for (int32_t p = 0; p < n; p++) {
-        size_t at = (size_t)p * kvw + off;
-        __m256 wv = _mm256_set1_ps(w[p]);
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm256_fmadd_ps(wv, vh ? load8h(vh + at + 8 * i, 8) : _mm256_loadu_ps(vc + at + 8 * i), a[i]);
-    }
+    if (vh)
+        for (int32_t p = 0; p < n; p++) {
+            const uint16_t *v = vh + (size_t)p * kvw + off;
+            __m256 wv = _mm256_set1_ps(w[p]);
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * i))), a[i]);
+        }
+    else
+        for (int32_t p = 0; p < n; p++) {
+            const float *v = vc + (size_t)p * kvw + off;
+            __m256 wv = _mm256_set1_ps(w[p]);
+            for (int i = 0; i < 8; i++)
+                a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + 8 * i), a[i]);
+        }
     __m256 s = _mm256_set1_ps(inv);
     for (int i = 0; i < 8; i++)
         _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(a[i], s));
