@@ -11,8 +11,8 @@ uint32_t cpu_features_detect(void)
     uint32_t f = 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        f |= CPU_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        f |= CPU_AVX2; /* its kernels convert f16 with F16C (matmul_avx2.c, attention_avx2.c) */
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
         f |= CPU_AVX512F;
