@@ -10,18 +10,15 @@
  * through vcvtps2ph (kv_store_row's rounding), q·k and the softmax-weighted V use 8-lane
  * partial sums in a fixed order per (token, head) (deterministic across thread counts), and
  * e^x is a polynomial whose 2^n is built from exponent bits in two halves (no vscalefps).
- * Decode with a short context runs on the calling thread, as attention_avx512 does.
+ * attention_run.c drives it (threads, the cache writes).
  */
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
-#define SERIAL_MAX_WORK 65536         /* as attention_avx512.c */
-#define SERIAL_MAX_BYTES (512 * 1024)
 #define ACC_DIMS 64 /* o's dimensions held in registers at once: 8 ymm of the 16 */
 
 static TARGET float hsum8(__m256 v)
@@ -217,30 +214,5 @@ static TARGET void head(const float *q, float *o, const float *kc, const float *
 
 void attention_avx2(const struct plan_op *op, struct cpu_exec *ex)
 {
-    struct seq_state *s = ex->state;
-    int32_t hd = op->head_dim, kvw = s->kv_width, group = op->n_head / op->n_head_kv;
-    int32_t l = op->layer;
-    const float *kc = s->kv_f16 ? NULL : s->k_cache[l], *vc = s->kv_f16 ? NULL : s->v_cache[l];
-    const uint16_t *kh = s->kv_f16 ? s->k_cache16[l] : NULL, *vh = s->kv_f16 ? s->v_cache16[l] : NULL;
-    const float *kin = ex->bufs[op->in2], *vin = ex->bufs[op->in3];
-    int32_t wk = ex->plan->bufs[op->in2].width, wv = ex->plan->bufs[op->in3].width;
-    for (int32_t t = 0; t < ex->T; t++)
-        store_kv(s, l, ex->pos0 + t, kin + (size_t)t * wk, vin + (size_t)t * wv);
-    float scale = 1.0f / sqrtf((float)hd);
-    int32_t n_pos = ex->pos0 + ex->T;
-    int32_t wq = ex->plan->bufs[op->in].width, wo = ex->plan->bufs[op->out].width;
-    const float *qb = ex->bufs[op->in];
-    float *ob = ex->bufs[op->out];
-    int64_t work = (int64_t)ex->T * n_pos * op->n_head;
-    int64_t bytes = (int64_t)n_pos * kvw * 2 * (s->kv_f16 ? 2 : 4);
-#pragma omp parallel num_threads(ex->n_threads) if (work > SERIAL_MAX_WORK || bytes > SERIAL_MAX_BYTES)
-    {
-        float *scores = ex->scratch + (size_t)n_pos * (size_t)omp_get_thread_num();
-#pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int32_t t = 0; t < ex->T; t++)
-            for (int32_t h = 0; h < op->n_head; h++)
-                head(qb + (size_t)t * wq + (size_t)h * op->q_stride,
-                     ob + (size_t)t * wo + (size_t)h * hd, kc, vc, kh, vh, kvw, (h / group) * hd, hd,
-                     ex->pos0 + t, scale, scores);
-    }
+    attention_run(op, ex, store_kv, head);
 }

@@ -7,26 +7,20 @@
  * runs at one multiply-add per 4 cycles: at prefill 128 that is most of the non-matmul time.
  * Here q·k uses 16-lane partial sums (a fixed order per (token, head), independent of the
  * thread split, so results are deterministic across thread counts); softmax and the weighted
- * sum of V are vectorised the same way. Decode (T = 1) with a short context runs on the
- * calling thread: 16 heads x a few dozen positions is ~10 µs of work, less than what an
- * OpenMP fork/join costs on this shared machine; once the rows it reads pass 512 KB (Qwen3-0.6B:
- * ~64 positions) the heads are shared out, since one core streams the cache at a fraction of
- * the machine's bandwidth (at 1,024 positions, 8 MB per layer).
+ * sum of V are vectorised the same way. attention_run.c drives it: a short decode on the
+ * calling thread, the heads shared out across threads once the work or the cache rows read
+ * grow (Qwen3-0.6B: past ~64 positions; at 1,024 positions, 8 MB per layer).
  * An f16 cache (seq_state.kv_f16) is read 16 elements at a time through vcvtph2ps (AVX-512F)
  * and written through vcvtps2ph (the same bits as kv_store_row's rounding); the sums run in the
  * same order as for f32.
  */
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 
 #define TARGET __attribute__((target("avx512f,avx2,fma")))
-#define SERIAL_MAX_WORK 65536 /* T x positions x heads below which one thread does it all... */
-#define SERIAL_MAX_BYTES (512 * 1024) /* ...unless it reads more of the cache than this: at ~10 GB/s
-                                       * one core needs ~50 us for it, more than a fork/join */
 
 static TARGET float dot16(const float *a, const float *b, int32_t n)
 {
@@ -234,30 +228,5 @@ static TARGET void head(const float *q, float *o, const float *kc, const float *
 
 void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
 {
-    struct seq_state *s = ex->state;
-    int32_t hd = op->head_dim, kvw = s->kv_width, group = op->n_head / op->n_head_kv;
-    int32_t l = op->layer;
-    const float *kc = s->kv_f16 ? NULL : s->k_cache[l], *vc = s->kv_f16 ? NULL : s->v_cache[l];
-    const uint16_t *kh = s->kv_f16 ? s->k_cache16[l] : NULL, *vh = s->kv_f16 ? s->v_cache16[l] : NULL;
-    const float *kin = ex->bufs[op->in2], *vin = ex->bufs[op->in3];
-    int32_t wk = ex->plan->bufs[op->in2].width, wv = ex->plan->bufs[op->in3].width;
-    for (int32_t t = 0; t < ex->T; t++)
-        store_kv(s, l, ex->pos0 + t, kin + (size_t)t * wk, vin + (size_t)t * wv);
-    float scale = 1.0f / sqrtf((float)hd);
-    int32_t n_pos = ex->pos0 + ex->T;
-    int32_t wq = ex->plan->bufs[op->in].width, wo = ex->plan->bufs[op->out].width;
-    const float *qb = ex->bufs[op->in];
-    float *ob = ex->bufs[op->out];
-    int64_t work = (int64_t)ex->T * n_pos * op->n_head;
-    int64_t bytes = (int64_t)n_pos * kvw * 2 * (s->kv_f16 ? 2 : 4); /* K and V rows read */
-#pragma omp parallel num_threads(ex->n_threads) if (work > SERIAL_MAX_WORK || bytes > SERIAL_MAX_BYTES)
-    {
-        float *scores = ex->scratch + (size_t)n_pos * (size_t)omp_get_thread_num();
-#pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int32_t t = 0; t < ex->T; t++)
-            for (int32_t h = 0; h < op->n_head; h++)
-                head(qb + (size_t)t * wq + (size_t)h * op->q_stride,
-                     ob + (size_t)t * wo + (size_t)h * hd, kc, vc, kh, vh, kvw, (h / group) * hd, hd,
-                     ex->pos0 + t, scale, scores);
-    }
+    attention_run(op, ex, store_kv, head);
 }
