@@ -83,18 +83,6 @@ static TARGET void store8h(uint16_t *dst, const float *src, int32_t n)
         dst[i] = f32_to_f16(src[i]);
 }
 
-static TARGET void store_kv(struct seq_state *s, int32_t l, int32_t p, const float *k, const float *v)
-{
-    if (!s->kv_f16) {
-        kv_store_row(s, l, false, p, k);
-        kv_store_row(s, l, true, p, v);
-        return;
-    }
-    size_t at = (size_t)p * (size_t)s->kv_width;
-    store8h(s->k_cache16[l] + at, k, s->kv_width);
-    store8h(s->v_cache16[l] + at, v, s->kv_width);
-}
-
 /* 2^n for integer-valued n in [-151, 0], as a product of two normal powers (n = a + b, each
  * >= -76): the product underflows to a subnormal or 0 as vscalefps would. */
 static TARGET __m256 pow2n(__m256 n)
@@ -214,5 +202,5 @@ static TARGET void head(const float *q, float *o, const float *kc, const float *
 
 void attention_avx2(const struct plan_op *op, struct cpu_exec *ex)
 {
-    attention_run(op, ex, store_kv, head);
+    attention_run(op, ex, store8h, head);
 }

@@ -97,19 +97,6 @@ static TARGET void store16h(uint16_t *dst, const float *src, int32_t n)
         dst[i] = f32_to_f16(src[i]);
 }
 
-/* Position p's K and V rows into layer l's cache (f32, or f16 bits with kv_f16). */
-static TARGET void store_kv(struct seq_state *s, int32_t l, int32_t p, const float *k, const float *v)
-{
-    if (!s->kv_f16) {
-        kv_store_row(s, l, false, p, k);
-        kv_store_row(s, l, true, p, v);
-        return;
-    }
-    size_t at = (size_t)p * (size_t)s->kv_width;
-    store16h(s->k_cache16[l] + at, k, s->kv_width);
-    store16h(s->v_cache16[l] + at, v, s->kv_width);
-}
-
 /* e^x for 16 lanes, x <= 0 (a softmax's scores minus their maximum): x = n ln2 + r with
  * |r| <= ln2 / 2, e^r by its degree-6 Taylor polynomial (error < 2e-7 relative, against
  * expf's 1 ulp), times 2^n through vscalefps (0 once x < -104). */
@@ -228,5 +215,5 @@ static TARGET void head(const float *q, float *o, const float *kc, const float *
 
 void attention_avx512(const struct plan_op *op, struct cpu_exec *ex)
 {
-    attention_run(op, ex, store_kv, head);
+    attention_run(op, ex, store16h, head);
 }

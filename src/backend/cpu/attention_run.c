@@ -16,7 +16,21 @@
 #define SERIAL_MAX_BYTES (512 * 1024) /* ...unless it reads more of the cache than this: at ~10 GB/s
                                        * one core needs ~50 us for it, more than a fork/join */
 
-void attention_run(const struct plan_op *op, struct cpu_exec *ex, attention_store_fn store,
+/* Position p's K and V rows into layer l's cache: f32, or f16 bits through to_f16. */
+static void store_kv(struct seq_state *s, int32_t l, int32_t p, const float *k, const float *v,
+                     attention_store_fn to_f16)
+{
+    if (!s->kv_f16) {
+        kv_store_row(s, l, false, p, k);
+        kv_store_row(s, l, true, p, v);
+        return;
+    }
+    size_t at = (size_t)p * (size_t)s->kv_width;
+    to_f16(s->k_cache16[l] + at, k, s->kv_width);
+    to_f16(s->v_cache16[l] + at, v, s->kv_width);
+}
+
+void attention_run(const struct plan_op *op, struct cpu_exec *ex, attention_store_fn to_f16,
                    attention_head_fn head)
 {
     struct seq_state *s = ex->state;
@@ -27,7 +41,7 @@ void attention_run(const struct plan_op *op, struct cpu_exec *ex, attention_stor
     const float *kin = ex->bufs[op->in2], *vin = ex->bufs[op->in3];
     int32_t wk = ex->plan->bufs[op->in2].width, wv = ex->plan->bufs[op->in3].width;
     for (int32_t t = 0; t < ex->T; t++)
-        store(s, l, ex->pos0 + t, kin + (size_t)t * wk, vin + (size_t)t * wv);
+        store_kv(s, l, ex->pos0 + t, kin + (size_t)t * wk, vin + (size_t)t * wv, to_f16);
     float scale = 1.0f / sqrtf((float)hd);
     int32_t n_pos = ex->pos0 + ex->T;
     int32_t wq = ex->plan->bufs[op->in].width, wo = ex->plan->bufs[op->out].width;

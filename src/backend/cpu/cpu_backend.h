@@ -132,14 +132,15 @@ void logits_op(const struct plan_op *op, struct cpu_exec *ex);
 /* attention_ref with AVX-512 dot products (attention_avx512.c); f32 rounding vs the ref. */
 void attention_avx512(const struct plan_op *op, struct cpu_exec *ex);
 /* The same with AVX2, FMA and F16C (attention_avx2.c), for CPUs without AVX-512. */
-/* Their shared op-level loop (attention_run.c): store writes position p's K and V rows into
- * layer l's cache; head computes one (token, head) over the cache rows (f32 kc/vc or f16 kh/vh,
- * the others NULL), scores being n_pos floats of the thread's scratch. */
-typedef void (*attention_store_fn)(struct seq_state *s, int32_t l, int32_t p, const float *k, const float *v);
+/* Their shared op-level loop (attention_run.c): to_f16 converts n floats into f16 bits for an
+ * f16 cache's new rows (an f32 cache takes kv_store_row); head computes one (token, head) over
+ * the cache rows (f32 kc/vc or f16 kh/vh, the others NULL), scores being n_pos floats of the
+ * thread's scratch. */
+typedef void (*attention_store_fn)(uint16_t *dst, const float *src, int32_t n);
 typedef void (*attention_head_fn)(const float *q, float *o, const float *kc, const float *vc, const uint16_t *kh,
                                   const uint16_t *vh, int32_t kvw, int32_t off, int32_t hd, int32_t last,
                                   float scale, float *scores);
-void attention_run(const struct plan_op *op, struct cpu_exec *ex, attention_store_fn store,
+void attention_run(const struct plan_op *op, struct cpu_exec *ex, attention_store_fn to_f16,
                    attention_head_fn head);
 void attention_avx2(const struct plan_op *op, struct cpu_exec *ex);
 /* y[i] = e^x[i] (x <= 0) as attention_avx2's softmax computes it (for the tests). */
