@@ -1,7 +1,7 @@
 /*
  * attention_avx2.c — attention.avx2: attention_avx512.c's kernel for CPUs with AVX2, FMA and
  * F16C but without AVX-512 (8 lanes instead of 16); the same maths and layout as attention_ref
- * (kernels_ref.c), which stays the oracle (tests/test_attention_avx512.c runs both kernels).
+ * (kernels_ref.c), which stays the oracle (tests/test_attention_simd.c runs both kernels).
  *
  * Why: without it such CPUs run attention_ref, whose reads of an f16 cache convert a row at a
  * time before a serial dot product: there an f16 KV cache decoded 2.4x slower than f32 at

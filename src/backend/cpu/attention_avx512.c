@@ -1,7 +1,7 @@
 /*
  * attention_avx512.c — attention.avx512: causal softmax attention over the f32 KV cache with
  * AVX-512 dot products; the same maths and layout as attention_ref (kernels_ref.c), which
- * stays the oracle (tests/test_attention_avx512.c).
+ * stays the oracle (tests/test_attention_simd.c).
  *
  * attention_ref's q·k loop is a serial f32 sum (no reassociation without -ffast-math), so it
  * runs at one multiply-add per 4 cycles: at prefill 128 that is most of the non-matmul time.
