@@ -145,9 +145,43 @@ static int argmax_agrees(const float *b, const float *a, int32_t V, int strict)
     return a[ia] - a[ib] <= 4 * sqrt(d2 / V);
 }
 
+/* One decode step from the CPU session's state: the GPU session (and ref, the CPU session
+ * with the CPU's default products, when given) restores the CPU's checkpoint first, so the
+ * step's error is the step's own, not the sum of the earlier steps' (teacher forcing).
+ * Returns the GPU's logits' relative error against ref's (else the CPU's), *vs_cpu the one
+ * against the CPU's; -1 on failure. */
+static double decode_from_cpu_state(struct qwenrt_session *cpu, struct qwenrt_session *ref,
+                                    struct qwenrt_session *gpu, int32_t id, int32_t V, int strict,
+                                    int *argmax_ok, double *vs_cpu)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_checkpoint *cp = NULL;
+    if (qwenrt_session_snapshot(cpu, &cp, &err) || qwenrt_session_restore(gpu, cp, &err) ||
+        (ref && qwenrt_session_restore(ref, cp, &err)) || qwenrt_session_decode(cpu, id, &err) ||
+        qwenrt_session_decode(gpu, id, &err) || (ref && qwenrt_session_decode(ref, id, &err))) {
+        fprintf(stderr, "validate decode from the CPU's state: %s\n", err.message);
+        qwenrt_checkpoint_free(cp);
+        return -1;
+    }
+    qwenrt_checkpoint_free(cp);
+    const float *want = qwenrt_session_logits(ref ? ref : cpu), *got = qwenrt_session_logits(gpu);
+    *argmax_ok &= argmax_agrees(got, want, V, strict);
+    *vs_cpu = rel_err(got, qwenrt_session_logits(cpu), (size_t)V);
+    return rel_err(got, want, (size_t)V);
+}
+
 /* CPU vs CUDA (session precision as given) on a prompt and greedy steps; returns the worst
- * relative error (or -1 on failure). */
-static double validate(const char *path, struct qwenrt_model *gm, int32_t precision, int *argmax_ok)
+ * relative error (or -1 on failure). The decode is checked twice: free running (each side
+ * continues its own state: *drift, the error the steps accumulate) and from the CPU's state at
+ * every step (decode_from_cpu_state). The exact precision's result holds both. The default
+ * precision's holds its steps from the CPU's state against a CPU session with the CPU's own
+ * default products — x rounded to 8 bits as the GPU's gemvq_int8 rounds it; from one state the
+ * two round alike — and reports the drift beside it: x's 8-bit rounding against f32 x moves
+ * the random-weight Qwen3.5's logits by 0.1-0.5 in a single step and 0.3-0.7 free running, on
+ * either backend (docs/perf-log.md, sessions 18-19): that measures the random model, not the
+ * step. */
+static double validate(const char *path, struct qwenrt_model *gm, int32_t precision, double gate, int *ok,
+                       double *drift)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_model *cm = NULL;
@@ -174,13 +208,14 @@ static double validate(const char *path, struct qwenrt_model *gm, int32_t precis
     int32_t V = cm->hp.n_vocab, ids[VAL_T];
     for (int32_t t = 0; t < VAL_T; t++)
         ids[t] = (int32_t)(((int64_t)t * 77773 + 9) % V);
-    struct qwenrt_session *cpu = NULL, *gpu = NULL;
+    struct qwenrt_session *cpu = NULL, *gpu = NULL, *def = NULL; /* def: the CPU's default products */
+    struct qwenrt_model *dm = NULL;
     struct qwenrt_session_params sp = qwenrt_session_default_params();
     sp.n_ctx = 64;
     int strict = precision == QWENRT_PRECISION_EXACT;
     float *a = malloc((size_t)VAL_T * V * 4), *b = malloc((size_t)VAL_T * V * 4);
     double worst = 0;
-    *argmax_ok = 1;
+    *ok = 1;
     struct layer_dumps dc, dg;
     memset(&dc, 0, sizeof(dc));
     memset(&dg, 0, sizeof(dg));
@@ -216,8 +251,9 @@ static double validate(const char *path, struct qwenrt_model *gm, int32_t precis
     for (int32_t t = 0; t < VAL_T; t++) {
         double e = rel_err(b + (size_t)t * V, a + (size_t)t * V, (size_t)V);
         worst = e > worst ? e : worst;
-        *argmax_ok &= argmax_agrees(b + (size_t)t * V, a + (size_t)t * V, V, strict);
+        *ok &= argmax_agrees(b + (size_t)t * V, a + (size_t)t * V, V, strict);
     }
+    *ok &= worst <= gate;
     printf("validate %s prefill (%d tokens): worst logits rel err %.3g\n",
            strict ? "exact" : "default", VAL_T, worst);
     /* again without dumps: a dumping run takes every op alone, so only this one checks the
@@ -232,11 +268,13 @@ static double validate(const char *path, struct qwenrt_model *gm, int32_t precis
     for (int32_t t = 0; t < VAL_T; t++) {
         double e = rel_err(b + (size_t)t * V, a + (size_t)t * V, (size_t)V);
         fused = e > fused ? e : fused;
-        *argmax_ok &= argmax_agrees(b + (size_t)t * V, a + (size_t)t * V, V, strict);
+        *ok &= argmax_agrees(b + (size_t)t * V, a + (size_t)t * V, V, strict);
     }
+    *ok &= fused <= gate;
     printf("validate %s prefill, fused program (%d tokens): worst logits rel err %.3g\n",
            strict ? "exact" : "default", VAL_T, fused);
     worst = fused > worst ? fused : worst;
+    *drift = 0;
     for (int s = 0; s < VAL_STEPS; s++) {
         int32_t id = argmax(qwenrt_session_logits(cpu), V);
         if (qwenrt_session_decode(cpu, id, &err) || qwenrt_session_decode(gpu, id, &err)) {
@@ -246,15 +284,45 @@ static double validate(const char *path, struct qwenrt_model *gm, int32_t precis
         }
         double e = rel_err(qwenrt_session_logits(gpu), qwenrt_session_logits(cpu), (size_t)V);
         printf("validate decode step %d: logits rel err %.3g\n", s, e);
+        *drift = e > *drift ? e : *drift;
+        if (strict) {
+            worst = e > worst ? e : worst;
+            *ok &= e <= gate && argmax_agrees(qwenrt_session_logits(gpu), qwenrt_session_logits(cpu), V, strict);
+        }
+    }
+    if (!strict && (qwenrt_model_load(path, &mp, &dm, &err) || qwenrt_session_init(dm, &sp, &def, &err))) {
+        fprintf(stderr, "validate: the CPU's default products: %s\n", err.message);
+        worst = -1;
+        goto out;
+    }
+    for (int s = 0; s < VAL_STEPS; s++) {
+        /* the default's bound: gate, plus twice what x's 8-bit rounding moves the CPU's own
+         * logits in this step (two roundings of one x that differ in the last bits round
+         * independently where the model amplifies a rounding step: sqrt(2) of it) */
+        double vs_cpu = 0, e = decode_from_cpu_state(cpu, def, gpu, argmax(qwenrt_session_logits(cpu), V), V,
+                                                     strict, ok, &vs_cpu);
+        if (e < 0) {
+            worst = -1;
+            goto out;
+        }
+        double own = strict ? 0 : rel_err(qwenrt_session_logits(def), qwenrt_session_logits(cpu), (size_t)V);
+        double bound = gate + 2 * own;
+        if (strict)
+            printf("validate decode step %d from the CPU's state: logits rel err %.3g\n", VAL_STEPS + s, e);
+        else
+            printf("validate decode step %d from the CPU's state: logits rel err %.3g against the CPU's default products, bound %.3g (the CPU's own 8-bit x moves it %.3g; the GPU against f32 x %.3g)\n",
+                   VAL_STEPS + s, e, bound, own, vs_cpu);
+        *ok &= e <= bound;
         worst = e > worst ? e : worst;
-        *argmax_ok &= argmax_agrees(qwenrt_session_logits(gpu), qwenrt_session_logits(cpu), V, strict);
     }
 out:
     free(a);
     free(b);
     qwenrt_session_free(cpu);
     qwenrt_session_free(gpu);
+    qwenrt_session_free(def);
     qwenrt_model_free(cm);
+    qwenrt_model_free(dm);
     return worst;
 }
 
@@ -645,9 +713,6 @@ int main(int argc, char **argv)
         return mega_steps(m, 8);
     if (sweep)
         return decode_sweep(m, &sw, n_gen, reps);
-    int argmax_ok = 1, fast_argmax_ok = 1;
-    double verr = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_EXACT, &argmax_ok);
-    double verr_fast = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_DEFAULT, &fast_argmax_ok);
     /* Gates. Exact: same argmax everywhere and logits within 1e-3 (Qwen3: 6e-6 measured);
      * Qwen3.5 within 5e-2: its recurrence amplifies summation-order differences on random
      * weights (2.0e-2 after 40 prompt tokens, hidden error growing ~1.3x per layer from 6e-6;
@@ -659,13 +724,18 @@ int main(int argc, char **argv)
      * 0.097, Q4_K_M 0.083, F16 0.18 — whose exact path, at 2^-24, already reaches 0.028 and flips
      * an argmax; docs/perf-log.md, session 7). The products themselves are held to 3e-5 by
      * test_cuda_backend; a wrong kernel here gives errors of order 1. Argmax flips only where
-     * the error explains them. */
+     * the error explains them. The default's decode steps are held from the CPU's state, each
+     * within the gate plus twice the CPU's own 8-bit-x effect in that step (validate); the
+     * free-running drift is recorded, not gated. */
     double exact_gate = m->hp.arch == ARCH_QWEN35 ? 5e-2 : 1e-3;
     double fast_gate = m->hp.arch == ARCH_QWEN35 ? 2e-1 : 3e-2;
-    if (verr < 0 || verr > exact_gate || !argmax_ok || verr_fast < 0 || verr_fast > fast_gate ||
-        !fast_argmax_ok) {
-        fprintf(stderr, "validation failed (exact: rel err %.3g, argmax %s; default: %.3g, %s): no timing\n",
-                verr, argmax_ok ? "same" : "differs", verr_fast, fast_argmax_ok ? "ok" : "differs");
+    int ok = 1, fast_ok = 1;
+    double drift = 0, drift_fast = 0;
+    double verr = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_EXACT, exact_gate, &ok, &drift);
+    double verr_fast = no_validate ? 0 : validate(path, m, QWENRT_PRECISION_DEFAULT, fast_gate, &fast_ok, &drift_fast);
+    if (verr < 0 || !ok || verr_fast < 0 || !fast_ok) {
+        fprintf(stderr, "validation failed (exact: worst rel err %.3g, %s; default: %.3g, %s): no timing\n",
+                verr, ok ? "ok" : "out of bounds", verr_fast, fast_ok ? "ok" : "out of bounds");
         return 1;
     }
     int32_t V = m->hp.n_vocab, n_ctx = (n_prompt > depth ? n_prompt : depth) + n_gen + 8;
@@ -811,8 +881,8 @@ int main(int argc, char **argv)
            pv[2].tok_s, pv[3].tok_s, pv[5].tok_s, pv[4].tok_s);
     printf("\n| decode tg%d @ depth %d | megakernel (256 thr) | megakernel, fuse_down on | megakernel 512 thr | graph+fused | graph, attn_split off | graph+pdl | graph, attn_rope off | graph, mlp_fused on | graph, gdn_split off | graph, gemv_smem off | graph, gemv_smem off, pdl | graph, gemv_smem 8:120 | graph, gemv_smem 16:160 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n| %s %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n",
            n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s, vs[13].tok_s, vs[14].tok_s);
-    printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g; hashes pp %016llx tg %016llx\n",
-           dev, bytes / 1e9, verr, verr_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
+    printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g (free-running decode drift %.3g); hashes pp %016llx tg %016llx\n",
+           dev, bytes / 1e9, verr, verr_fast, drift_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
     if (json && !decode_only && !prefill_only) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -830,8 +900,8 @@ int main(int argc, char **argv)
             fprintf(f, "  \"schema\": \"qwenrt.cuda_bench/2\",\n  \"status\": \"ok\",\n");
             fprintf(f, "  \"timing\": \"wall clock around synchronising calls, median of reps after one warm-up; pp: prefill from an empty context, last logits only; tg: greedy steps from position 0 on the GPU, ids read back every 32\",\n");
             /* --gguf: the file named in "command" (e.g. from qwenrt synth, seed 1) */
-            fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"%s\"\n}\n",
-                    verr, verr_fast, bytes, type,
+            fprintf(f, "  \"validation_rel_err\": %.3g,\n  \"validation_rel_err_default\": %.3g,\n  \"validation_decode_drift_default\": %.3g,\n  \"weight_bytes\": %.0f,\n  \"weights\": \"%s\",\n  \"weights_source\": \"%s\"\n}\n",
+                    verr, verr_fast, drift_fast, bytes, type,
                     gguf ? "the --gguf file of the command" : "synth seed 1234 (random, real geometry)");
             fclose(f);
         }

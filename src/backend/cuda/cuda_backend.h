@@ -132,12 +132,12 @@ struct cuda_options {
     int32_t gemvq_int8;  /* gemvq (quantised one-token GEMVs) with x quantised to 8 bits, as
                           * the CPU's quantised products do (Q8_K blocks for the K-quants, Q8_0
                           * for Q8_0: the same integer sums), and dp4a dot products instead of
-                          * float ones (quant_rows_i8.cuh): 1 on, -1 off, 0 (default) on for
-                          * models without DeltaNet layers (the session turns it off for
-                          * --precision exact). With it, and no gemvq shape option set, gemvq
-                          * takes its own block shape: tg128 +11-51% on the H200. Qwen3.5 stays
-                          * off by default: its random-weight validation (cuda_bench) amplifies
-                          * x's 8-bit rounding past its gate (docs/perf-log.md, session 18) */
+                          * float ones (quant_rows_i8.cuh): 1 or 0 (default) on, -1 off (the
+                          * session turns it off for --precision exact). With it, and no gemvq
+                          * shape option set, gemvq takes its own block shape: tg128 +11-51%
+                          * on the H200 (Qwen3 session 18, Qwen3.5 +33% session 19; cuda_bench
+                          * holds each decode step from the CPU's state against the CPU's own
+                          * 8-bit products) */
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */

@@ -182,7 +182,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_warps = 0;   /* 4 (gemv_quant.cu) */
     o.gemvq_smem_kb = 0; /* what the block needs */
     o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
-    o.gemvq_int8 = 0; /* on without DeltaNet layers (pick_gemvq_shape): H200 tg128 +11-51% */
+    o.gemvq_int8 = 0; /* on (pick_gemvq_shape): H200 tg128 +11-51% */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
@@ -1505,8 +1505,8 @@ static bool layers_quantised(const struct plan *p)
     return any;
 }
 
-/* Whether gemvq's x is in 8 bits (cuda_options.gemvq_int8; 0: for models without DeltaNet
- * layers), and its block shape: the options', or — with x in 8 bits, quantised layers and no shape
+/* Whether gemvq's x is in 8 bits (cuda_options.gemvq_int8; 0, automatic: yes, for every
+ * model since session 19), and its block shape: the options', or — with x in 8 bits, quantised layers and no shape
  * option set — blocks of 8 warps of 2 rows with 100 KB reserved, each block starting the next
  * launch after its wait, and PDL on: with int8 x that shape gained over the 4-warp default
  * on all three models measured (H200 tg128: Qwen3-0.6B Q4_K_M 1,308 -> 1,522, Qwen3.5-0.8B
@@ -1515,10 +1515,7 @@ static bool layers_quantised(const struct plan *p)
 static bool pick_gemvq_shape(struct cuda_session *cs)
 {
     const struct cuda_options *o = &cs->opt;
-    bool deltanet = false;
-    for (int32_t i = 0; i < cs->plans[PHASE_DECODE].n_ops; i++)
-        deltanet |= cs->plans[PHASE_DECODE].ops[i].kind == OP_GDN_CORE;
-    cs->gq_int8 = o->gemvq_int8 > 0 || (o->gemvq_int8 == 0 && !deltanet);
+    cs->gq_int8 = o->gemvq_int8 >= 0;
     bool pick = cs->gq_int8 && !o->gemvq_warps && !o->gemvq_smem_kb && !o->gemvq_launch && !o->gemvq_rows &&
                 layers_quantised(&cs->plans[PHASE_DECODE]);
     cs->gq_warps = pick ? 8 : o->gemvq_warps;
