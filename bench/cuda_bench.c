@@ -12,7 +12,7 @@
  *              session's pick, 1 griddep_launch before the wait, 2 after it)
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
- *              [--sweep P:W:R:L:KB[:H[:A[:I]]][@STEP;...],...]  (only decode, one session per shape of the quantised
+ *              [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][@STEP;...],...]  (only decode, one session per shape of the quantised
  *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
@@ -372,10 +372,10 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
     return 0;
 }
 
-/* --sweep "P:W:R:L:KB[:H[:A[:I]]][@LABEL;...],...": decode shapes of the quantised GEMV, each a
+/* --sweep "P:W:R:L:KB[:H[:A[:I[:Q]]]][@LABEL;...],...": decode shapes of the quantised GEMV, each a
  * cuda_session of the default options with pdl P (0/1), gemvq_warps W, gemvq_rows R,
  * gemvq_launch L, gemvq_smem_kb KB (0 = the default of each), gemvq_head_blocks H,
- * argmax_blocks A and gemvq_int8 I (absent: the default) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
+ * argmax_blocks A, gemvq_int8 I and qkv_attn Q (absent: the default) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
  * each step costs in the pipelined step; its logits are wrong); rounds interleaved (every shape once per round,
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
@@ -392,9 +392,9 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
 {
     sw->n = 0;
     for (const char *p = spec; *p;) {
-        int pdl, w, r, l, kb, head = -1, am = -1, i8 = -1, used = 0, more = 0;
+        int pdl, w, r, l, kb, head = -1, am = -1, i8 = -1, qa = -1, used = 0, more = 0;
         if (sw->n == SWEEP_MAX || sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
-            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H[:A[:I]]][@STEP;...][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
+            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H[:A[:I[:Q]]]][@STEP;...][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
             return false;
         }
         if (p[used] == ':' && sscanf(p + used, ":%d%n", &head, &more) == 1)
@@ -402,6 +402,8 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
         if (head >= 0 && p[used] == ':' && sscanf(p + used, ":%d%n", &am, &more) == 1)
             used += more;
         if (am >= 0 && p[used] == ':' && sscanf(p + used, ":%d%n", &i8, &more) == 1)
+            used += more;
+        if (i8 >= 0 && p[used] == ':' && sscanf(p + used, ":%d%n", &qa, &more) == 1)
             used += more;
         size_t omit_len = 0;
         if (p[used] == '@') {
@@ -424,6 +426,8 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
             o->argmax_blocks = am;
         if (i8 >= 0) /* I: gemvq_int8 (absent: the default) */
             o->gemvq_int8 = i8 ? 1 : -1;
+        if (qa >= 0) /* Q: qkv_attn (absent: the default) */
+            o->qkv_attn = qa;
         o->omit_steps = omit_len ? sw->omit[sw->n] : NULL;
         snprintf(sw->names[sw->n++], sizeof(sw->names[0]), "%.*s", used, p);
         p += used;
@@ -479,7 +483,7 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
             if (i > 0 && round == reps - 1)
                 worst[i] = rel_err(logits, first, (size_t)V);
         }
-    printf("| sweep P:W:R:L:KB[:H[:A[:I]]] | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
+    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
     for (int i = 0; i < ns; i++)
         if (refused[i][0])
             printf("| %s | refused: %s | | |\n", names[i], refused[i]);
@@ -635,7 +639,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I]]][@STEP;...],...] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][@STEP;...],...] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }

@@ -1159,6 +1159,68 @@ static void test_attention_rope_fused(void **st)
     check_attention_rope("qwen35-tiny", 0);
 }
 
+/* The norm + q|k|v + attention launch (qkv_attn, qkv_attention.cu) against the two launches
+ * it replaces: every layer takes it (the step count), and the logits agree within rounding
+ * (its sums run in other orders) from position 0 — block 0 alone below one round of its warps'
+ * loads (32 positions with 8 warps, 64 with 16), slices per block above — and after a
+ * 600-token prompt, where each block walks its slice in more than one round (600 / 16 blocks
+ * = 38 rows for 8 warps of 4 rows; 75 for 16 warps with clusters of 8), the current
+ * position's rows from shared memory. Qwen3 at Qwen3-0.6B's head geometry (128) and the tiny one (64), BF16 and F16
+ * weights, f32 and f16 caches, clusters of 16 and 8. */
+static void check_qkv_attn(enum export_type type, int32_t width, int cluster, bool kv_f16)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", type, width, false, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.qkv_attn = cluster;
+    on.kv_f16 = off.kv_f16 = kv_f16;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 700, &on, &off, &a, &b, "qkv_attn");
+    char what[128];
+    snprintf(what, sizeof(what), "qkv_attn %d, %s width %d, %s cache", cluster, export_type_name(type), (int)width,
+             kv_f16 ? "f16" : "f32");
+    assert_int_equal(cuda_session_count_steps(a, "norm+q|k|v+attention"), m->hp.n_layer);
+    assert_int_equal(cuda_session_count_steps(b, "norm+q|k|v+attention"), 0);
+    int32_t V = m->hp.n_vocab, prompt[600];
+    for (int32_t i = 0; i < 600; i++)
+        prompt[i] = (i * 37 + 11) % V;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    double worst = 0;
+    for (int32_t start = 0; start <= 600; start += 600) {
+        int32_t id = 7;
+        if (start && (cuda_session_run(a, prompt, start, 0, false, la, NULL, NULL, &err) ||
+                      cuda_session_run(b, prompt, start, 0, false, lb, NULL, NULL, &err)))
+            fail_msg("%s prompt: %s", what, err.message);
+        for (int32_t t = start; t < start + 40; t++) {
+            if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+                cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+                fail_msg("%s step %d: %s", what, t, err.message);
+            double e = rel_err(la, lb, (size_t)V);
+            worst = e > worst ? e : worst;
+            check_argmax(la, lb, 1, V, 1e-3, what);
+            id = argmax_f(lb, V);
+        }
+    }
+    printf("%s: worst logits rel err %.3g over positions 0-39 and 600-639\n", what, worst);
+    if (!(worst <= 1e-4))
+        fail_msg("%s: logits differ from the two launches by %.3g", what, worst);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_qkv_attn(void **st)
+{
+    (void)st;
+    check_qkv_attn(EXPORT_BF16, 1024, 16, true);
+    check_qkv_attn(EXPORT_BF16, 1024, 8, false);
+    check_qkv_attn(EXPORT_F16, 1024, 16, false);
+    check_qkv_attn(EXPORT_BF16, 0, 16, true);
+    check_qkv_attn(EXPORT_BF16, 0, 8, false);
+}
+
 /* cuda_options.omit_steps (cuda_bench's knock-out measurements): a label that names no step
  * is refused by name; a named step is really left out (the logits change: the attention's
  * output is never written), and the rest still runs. */
@@ -1951,6 +2013,7 @@ static void test_backend_errors(void **st)
                    {"gemvq_head_blocks", offsetof(struct cuda_options, gemvq_head_blocks), {-1, 9}},
                    {"argmax_blocks", offsetof(struct cuda_options, argmax_blocks), {-1, 1025}},
                    {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
+                   {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
@@ -2003,6 +2066,7 @@ int main(void)
         cmocka_unit_test(test_topk_select),
         cmocka_unit_test(test_op_argmax),
         cmocka_unit_test(test_attention_rope_fused),
+        cmocka_unit_test(test_qkv_attn),
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_session_sample_cuda),
     };

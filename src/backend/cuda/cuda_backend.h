@@ -157,6 +157,12 @@ struct cuda_options {
     int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
                           * 1,024 that many blocks, the last to arrive finishing; 0 (default):
                           * 128 (docs/perf-log.md, session 18) */
+    int32_t qkv_attn;    /* decode graph, 16-bit weights, sm_90: a layer's norm + q|k|v + q/k
+                          * norm + RoPE + cache write + attention in one launch, one cluster
+                          * of blocks per KV head (qkv_attention.cu), where it applies (Qwen3:
+                          * two query heads per KV head, head size 64 or 128). 0 (default):
+                          * off; 8 or 16: on, with clusters of that many blocks at most.
+                          * Tested; even with the two launches on the H200 (perf-log session 19) */
     const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
                           * program leaves out its steps with these labels (';'-separated, as
                           * cuda_session_profile_decode names them, "argmax" for the greedy

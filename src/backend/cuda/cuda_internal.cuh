@@ -354,6 +354,11 @@ struct attn_args {
 #endif
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
+/* A decode layer's norm + q|k|v GEMV (g: three segments q, k, v) and its attention with RoPE
+ * (t, rope on) in one launch of clusters of at most `cluster` (8 or 16) blocks
+ * (qkv_attention.cu, sm_90): whether it applies, and the launch. */
+bool qkv_attention_applies(const struct gemv_args *g, const struct attn_args *t, int cluster);
+cudaError_t launch_qkv_attention(const struct gemv_args *g, const struct attn_args *t, int cluster, cudaStream_t s);
 
 cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *taps, int32_t C,
                             int32_t K, int32_t T, cudaStream_t s, bool pdl = false);

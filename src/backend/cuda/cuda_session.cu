@@ -43,7 +43,7 @@ extern "C" {
 }
 
 enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN, STEP_GDN_GATED,
-                 STEP_CONV_GDN_GATED, STEP_MLP };
+                 STEP_CONV_GDN_GATED, STEP_MLP, STEP_QKV_ATTN };
 
 /* One launch group of the decode program. */
 struct step {
@@ -55,6 +55,8 @@ struct step {
     bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu
                           * STEP_MLP: the same, then mm[2] = down and the residual add */
     int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
+    int32_t rope_op;     /* STEP_QKV_ATTN (a STEP_NORM_GEMV of q, k, v and the STEP_ROPE_ATTN
+                          * after it): the rope op of the second */
 };
 
 static const char *step_label(const struct plan *p, const struct step *st);
@@ -928,6 +930,47 @@ static qwenrt_status merge_mlp_steps(struct cuda_session *cs, struct qwenrt_erro
     return QWENRT_OK;
 }
 
+/* Merges each norm + q|k|v step and the rope + attention step after it into one
+ * STEP_QKV_ATTN where cuda_options.qkv_attn asks for it and qkv_attention.cu takes the pair
+ * (sm_90; q, k and v read by nothing after the attention). Runs once the GEMV shapes are
+ * picked (the launch's arguments carry them). */
+struct run_ctx;
+static void norm_gemv_args(struct run_ctx *r, const struct step *st, struct gemv_args &a);
+static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct rope_args &ra, struct attn_args &a);
+
+static void merge_qkv_attn_steps(struct cuda_session *cs)
+{
+    if (!cs->opt.qkv_attn || cs->cc_major < 9)
+        return;
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream, 0, false,
+                        NULL, NULL};
+    int32_t n = 0;
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        struct step *st = &cs->steps[i], *nx = i + 1 < cs->n_steps ? &cs->steps[i + 1] : NULL;
+        if (st->kind == STEP_NORM_GEMV && !st->swiglu && st->n_mm == 3 && nx && nx->kind == STEP_ROPE_ATTN &&
+            nx->gate_op < 0 && nx->op == st->op + st->n_ops &&
+            plan_buf_dead_after(p, p->ops[nx->op + 1].in, nx->op + nx->n_ops)) {
+            struct gemv_args g;
+            struct rope_args ra;
+            struct attn_args a;
+            norm_gemv_args(&r, st, g);
+            rope_attn_args(&r, nx->op, -1, ra, a);
+            if (qkv_attention_applies(&g, &a, cs->opt.qkv_attn)) {
+                struct step m = *st;
+                m.kind = STEP_QKV_ATTN;
+                m.rope_op = nx->op;
+                m.n_ops += nx->n_ops;
+                cs->steps[n++] = m;
+                i++;
+                continue;
+            }
+        }
+        cs->steps[n++] = *st;
+    }
+    cs->n_steps = n;
+}
+
 /* Each label of cuda_options.omit_steps must name a step of the program (or "argmax"): a
  * misspelt one would time the whole step and call it a difference. */
 static qwenrt_status check_omitted_labels(const struct cuda_session *cs, struct qwenrt_error *err)
@@ -972,11 +1015,10 @@ static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error 
 /* STEP_NORM_GEMV: the norm fused into the GEMV of the matmuls reading it. Matmuls of one
  * dtype go in one launch; a mix goes in one launch when gemvq takes it (Q4_K with Q6_K),
  * else in one launch per run of equal dtype, each with the norm fused. */
-static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
+static void norm_gemv_args(struct run_ctx *r, const struct step *st, struct gemv_args &a)
 {
     const struct plan *p = r->p;
     const struct plan_op *op = &p->ops[st->op];
-    struct gemv_args a;
     memset(&a, 0, sizeof(a));
     a.x = r->b[op->in], a.ldx = bw(p, op->in), a.K = r->d[st->mm[0]].K, a.T = 1;
     a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
@@ -990,6 +1032,12 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
         a.seg[k].y = r->b[m->out], a.seg[k].ldy = bw(p, m->out), a.seg[k].dtype = d->dtype;
         a.k_mixed |= d->dtype != a.dtype;
     }
+}
+
+static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
+{
+    struct gemv_args a;
+    norm_gemv_args(r, st, a);
     if (!a.k_mixed || gemvq_applies(&a)) {
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
@@ -1006,6 +1054,42 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
         k += n;
     }
     return QWENRT_OK;
+}
+
+/* The arguments of a STEP_ROPE_ATTN at rope op i (gate: its sigmoid_gate op or -1): the rope
+ * launch's, and the attention's with the norm + RoPE inside when cuda_options.attn_rope (a.rope). */
+static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct rope_args &ra, struct attn_args &a)
+{
+    struct cuda_session *cs = r->cs;
+    const struct plan *p = r->p;
+    float **b = r->b;
+    const struct plan_op *op = &p->ops[i], *at = &p->ops[i + 1];
+    const struct dop *d = &r->d[i];
+    memset(&ra, 0, sizeof(ra));
+    ra.q = b[op->out], ra.k = b[op->in], ra.v = b[at->in3];
+    ra.ldq = bw(p, op->out), ra.ldk = bw(p, op->in), ra.ldv = bw(p, at->in3);
+    ra.wq = d->vec, ra.wk = d->vec2, ra.n_head = op->n_head, ra.n_head_kv = op->n_head_kv;
+    ra.hd = op->head_dim, ra.q_stride = op->q_stride, ra.n_rot = op->n_rot;
+    ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
+    ra.inv_freq = rope_table(cs, op);
+    ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
+    ra.kv_f16 = cs->opt.kv_f16;
+    ra.pdl = r->pdl;
+    memset(&a, 0, sizeof(a));
+    a.out = b[at->out], a.q = b[at->in], a.kc = cs->kc[at->layer], a.vc = cs->vc[at->layer];
+    a.ldo = bw(p, at->out), a.ldq = bw(p, at->in), a.q_stride = at->q_stride;
+    a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
+    a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = gate >= 0;
+    a.pdl = r->pdl, a.kv_f16 = cs->opt.kv_f16;
+    a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
+    a.split_min = cs->opt.attn_split_min;
+    /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
+     * the q that the rope op rotates in place */
+    a.rope = cs->opt.attn_rope && ra.q == a.q;
+    if (a.rope) {
+        a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
+        a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
+    }
 }
 
 static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
@@ -1046,38 +1130,21 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
                           bw(p, add->out), 1, true, err);
     }
     case STEP_ROPE_ATTN: {
-        const struct plan_op *at = &p->ops[st->op + 1];
-        const struct dop *d = &r->d[st->op];
         struct rope_args ra;
-        memset(&ra, 0, sizeof(ra));
-        ra.q = b[op->out], ra.k = b[op->in], ra.v = b[at->in3];
-        ra.ldq = bw(p, op->out), ra.ldk = bw(p, op->in), ra.ldv = bw(p, at->in3);
-        ra.wq = d->vec, ra.wk = d->vec2, ra.n_head = op->n_head, ra.n_head_kv = op->n_head_kv;
-        ra.hd = op->head_dim, ra.q_stride = op->q_stride, ra.n_rot = op->n_rot;
-        ra.theta = op->rope_theta, ra.eps = op->eps, ra.pos0 = cs->d_pos, ra.T = 1;
-        ra.inv_freq = rope_table(cs, op);
-        ra.kc = cs->kc[at->layer], ra.vc = cs->vc[at->layer], ra.kvw = cs->kv_width;
-        ra.kv_f16 = cs->opt.kv_f16;
-        ra.pdl = r->pdl;
         struct attn_args a;
-        memset(&a, 0, sizeof(a));
-        a.out = b[at->out], a.q = b[at->in], a.kc = cs->kc[at->layer], a.vc = cs->vc[at->layer];
-        a.ldo = bw(p, at->out), a.ldq = bw(p, at->in), a.q_stride = at->q_stride;
-        a.kvw = cs->kv_width, a.n_head = at->n_head, a.n_head_kv = at->n_head_kv;
-        a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = st->gate_op >= 0;
-        a.pdl = r->pdl, a.kv_f16 = cs->opt.kv_f16;
-        a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
-        a.split_min = cs->opt.attn_split_min;
-        /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
-         * the q that the rope op rotates in place */
-        a.rope = cs->opt.attn_rope && ra.q == a.q;
-        if (a.rope) {
-            a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
-            a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
-        } else {
+        rope_attn_args(r, st->op, st->gate_op, ra, a);
+        if (!a.rope)
             CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
-        }
         CUDA_CHECK(launch_attention(&a, r->stream));
+        return QWENRT_OK;
+    }
+    case STEP_QKV_ATTN: {
+        struct gemv_args g;
+        struct rope_args ra;
+        struct attn_args a;
+        norm_gemv_args(r, st, g);
+        rope_attn_args(r, st->rope_op, -1, ra, a);
+        CUDA_CHECK(launch_qkv_attention(&g, &a, cs->opt.qkv_attn, r->stream));
         return QWENRT_OK;
     }
     }
@@ -1247,6 +1314,7 @@ static const char *step_label(const struct plan *p, const struct step *st)
     case STEP_GDN_GATED: return "gdn_core+gated_norm";
     case STEP_CONV_GDN_GATED: return "conv+gdn_core+gated_norm";
     case STEP_ROPE_ATTN: return "rope+attention";
+    case STEP_QKV_ATTN: return "norm+q|k|v+attention";
     default: return op_kind_name(p->ops[st->op].kind);
     }
 }
@@ -1594,6 +1662,9 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     cs->fast_prefill = cs->opt.prefill_bf16 && fast_prefill_applies(&cs->plans[PHASE_PREFILL]);
     cs->decode_pdl = cs->opt.pdl || gq_pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
+    merge_qkv_attn_steps(cs);
+    if ((st = check_omitted_labels(cs, err)))
+        return st;
     return build_megakernel(cs, err);
 }
 
@@ -1637,6 +1708,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemvq_head_blocks < 0 || o->gemvq_head_blocks > 8)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_head_blocks %d (0: off, or 1 to 8 per multiprocessor)",
                        (int)o->gemvq_head_blocks);
+    if (o->qkv_attn != 0 && o->qkv_attn != 8 && o->qkv_attn != 16)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: qkv_attn %d (0: off, or clusters of 8 or 16 blocks)",
+                       (int)o->qkv_attn);
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);

@@ -54,6 +54,50 @@ __device__ __forceinline__ void gs_commit_and_wait(const struct gemv_args &a, bo
         griddep_launch();
 }
 
+#define GS_XB 8                 /* x float4 per thread per staging batch */
+
+/* x (K floats) into shared memory as xlo[c] = x[8c .. 8c+3], xhi[c] = x[8c+4 .. 8c+7], times
+ * 1/rms(x) * norm_w when a.norm_w. Each thread rescales the float4 it stored itself; the one
+ * block barrier is the sum of squares' (and makes x visible). */
+static __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xlo, float4 *xhi,
+                                           const float4 (&g0)[GEMV_NW], float *s_red)
+{
+    const int k4 = a.K / 4, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float4 *xt = (const float4 *)a.x, *nw = (const float4 *)a.norm_w;
+    float ss = 0.0f;
+    for (int i0 = threadIdx.x; i0 < k4; i0 += GS_XB * nt) {
+        float4 v[GS_XB];
+        gemv_load_x<GS_XB>(xt, i0, nt, k4, v);
+#pragma unroll
+        for (int j = 0; j < GS_XB; j++) {
+            int i = i0 + j * nt;
+            if (i >= k4)
+                break;
+            ((i & 1) ? xhi : xlo)[i >> 1] = v[j];
+            ss += gemv_sumsq4(v[j]);
+        }
+    }
+    if (nw) {
+        ss = warp_sum(ss);
+        if (lane == 0)
+            s_red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int w = 0; w < nt / 32; w++)
+            tot += s_red[w];
+        float inv = rsqrtf(tot / (float)a.K + a.eps);
+        int m = 0;
+        for (int i = threadIdx.x; i < k4; i += nt, m++) {
+            float4 g = m == 0 ? g0[0] : m == 1 ? g0[1] : __ldg(nw + i);
+            float4 *p = ((i & 1) ? xhi : xlo) + (i >> 1);
+            float4 v = *p;
+            v.x = v.x * inv * g.x, v.y = v.y * inv * g.y, v.z = v.z * inv * g.z, v.w = v.w * inv * g.w;
+            *p = v;
+        }
+    }
+    __syncthreads();
+}
+
 /* gemv_mma.cu: the launch of a shape gemv_smem_shape made with sh.mma (BF16 weights). */
 cudaError_t launch_gemv_mma(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s);
 
