@@ -12,7 +12,7 @@
  *              session's pick, 1 griddep_launch before the wait, 2 after it)
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
- *              [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][@STEP;...],...]  (only decode, one session per shape of the quantised
+ *              [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...]  (only decode, one session per shape of the quantised
  *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
@@ -44,6 +44,7 @@
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,10 +373,11 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
     return 0;
 }
 
-/* --sweep "P:W:R:L:KB[:H[:A[:I[:Q]]]][@LABEL;...],...": decode shapes of the quantised GEMV, each a
+/* --sweep "P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@LABEL;...],...": decode shapes of the quantised GEMV, each a
  * cuda_session of the default options with pdl P (0/1), gemvq_warps W, gemvq_rows R,
  * gemvq_launch L, gemvq_smem_kb KB (0 = the default of each), gemvq_head_blocks H,
- * argmax_blocks A, gemvq_int8 I and qkv_attn Q (absent: the default) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
+ * argmax_blocks A, gemvq_int8 I and qkv_attn Q (absent: the default), then any int32 option
+ * sweep_field names set to V (e.g. +gemv_smem_warps=16) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
  * each step costs in the pipelined step; its logits are wrong); rounds interleaved (every shape once per round,
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
@@ -387,6 +389,24 @@ struct sweep {
     int n;
 };
 
+/* The int32 field of o named key, for a sweep entry's +key=value (NULL: no such option). */
+static int32_t *sweep_field(struct cuda_options *o, const char *key)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } fields[] = {{"gemv_smem_warps", offsetof(struct cuda_options, gemv_smem_warps)},
+                  {"gemv_smem_kb", offsetof(struct cuda_options, gemv_smem_kb)},
+                  {"gemv_smem_launch", offsetof(struct cuda_options, gemv_smem_launch)},
+                  {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks)},
+                  {"qkv_attn", offsetof(struct cuda_options, qkv_attn)},
+                  {"attn_split_min", offsetof(struct cuda_options, attn_split_min)}};
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        if (!strcmp(key, fields[i].name))
+            return (int32_t *)((char *)o + fields[i].off);
+    return NULL;
+}
+
 /* The --sweep spec into sw, before any work (a bad spec is named at once); false when bad. */
 static bool parse_sweep(const char *spec, struct sweep *sw)
 {
@@ -394,7 +414,7 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
     for (const char *p = spec; *p;) {
         int pdl, w, r, l, kb, head = -1, am = -1, i8 = -1, qa = -1, used = 0, more = 0;
         if (sw->n == SWEEP_MAX || sscanf(p, "%d:%d:%d:%d:%d%n", &pdl, &w, &r, &l, &kb, &used) != 5) {
-            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H[:A[:I[:Q]]]][@STEP;...][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
+            fprintf(stderr, "--sweep: expected P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...][,...] (at most %d) at \"%s\"\n", SWEEP_MAX, p);
             return false;
         }
         if (p[used] == ':' && sscanf(p + used, ":%d%n", &head, &more) == 1)
@@ -405,6 +425,22 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
             used += more;
         if (i8 >= 0 && p[used] == ':' && sscanf(p + used, ":%d%n", &qa, &more) == 1)
             used += more;
+        struct cuda_options *o = &sw->os[sw->n];
+        *o = cuda_default_options();
+        while (p[used] == '+') { /* +name=value: an int32 option by name */
+            char key[40];
+            int val, n = 0;
+            int32_t *field = NULL;
+            if (sscanf(p + used, "+%39[a-z0-9_]=%d%n", key, &val, &n) == 2)
+                field = sweep_field(o, key);
+            if (!field) {
+                fprintf(stderr, "--sweep: expected +NAME=VALUE with NAME one of the int32 options sweep_field lists at \"%s\"\n",
+                        p + used);
+                return false;
+            }
+            *field = val;
+            used += n;
+        }
         size_t omit_len = 0;
         if (p[used] == '@') {
             omit_len = strcspn(p + used + 1, ",");
@@ -416,8 +452,6 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
             snprintf(sw->omit[sw->n], sizeof(sw->omit[0]), "%.*s", (int)omit_len, p + used + 1);
             used += 1 + (int)omit_len;
         }
-        struct cuda_options *o = &sw->os[sw->n];
-        *o = cuda_default_options();
         o->mega = CUDA_MEGA_OFF, o->pdl = pdl != 0;
         o->gemvq_warps = w, o->gemvq_rows = r, o->gemvq_launch = l, o->gemvq_smem_kb = kb;
         if (head >= 0) /* H: gemvq_head_blocks (absent: the default) */
@@ -639,7 +673,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][@STEP;...],...] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }

@@ -35,7 +35,10 @@ set_tests_properties(cuda_bench_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--tg-variant \"no-such-variant\": no such decode variant; the names are: \"megakernel\"")
 add_test(NAME cuda_bench_sweep_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "1:0:2:2:0,1:8")
 set_tests_properties(cuda_bench_sweep_args PROPERTIES
-  PASS_REGULAR_EXPRESSION "--sweep: expected P:W:R:L:KB\\[:H\\[:A\\[:I\\]\\]\\]\\[@STEP;...\\]\\[,...\\] \\(at most 32\\) at \"1:8\"")
+  PASS_REGULAR_EXPRESSION "--sweep: expected P:W:R:L:KB\\[:H\\[:A\\[:I\\[:Q\\]\\]\\]\\]\\[\\+NAME=V...\\]\\[@STEP;...\\]\\[,...\\] \\(at most 32\\) at \"1:8\"")
+add_test(NAME cuda_bench_sweep_field_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0+gemv_smem_warps=16+no_such=1")
+set_tests_properties(cuda_bench_sweep_field_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--sweep: expected \\+NAME=VALUE with NAME one of the int32 options sweep_field lists at \"\\+no_such=1\"")
 add_test(NAME cuda_bench_sweep_omit_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0,0:0:0:0:0@")
 set_tests_properties(cuda_bench_sweep_omit_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--sweep: expected step labels \\(under 160 characters\\) after '@' at \"0:0:0:0:0@\"")

@@ -2014,6 +2014,7 @@ static void test_backend_errors(void **st)
                    {"argmax_blocks", offsetof(struct cuda_options, argmax_blocks), {-1, 1025}},
                    {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
                    {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
+                   {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks), {-1, 5000}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {

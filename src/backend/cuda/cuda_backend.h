@@ -157,6 +157,9 @@ struct cuda_options {
     int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
                           * 1,024 that many blocks, the last to arrive finishing; 0 (default):
                           * 128 (docs/perf-log.md, session 18) */
+    int32_t gemv_smem_min_blocks; /* gemv_smem: a launch's warps per block (gemv_smem_warps or
+                          * the session's pick) halved while its grid would have fewer blocks
+                          * than this; 0 (default): never */
     int32_t qkv_attn;    /* decode graph, 16-bit weights, sm_90: a layer's norm + q|k|v + q/k
                           * norm + RoPE + cache write + attention in one launch, one cluster
                           * of blocks per KV head (qkv_attention.cu), where it applies (Qwen3:

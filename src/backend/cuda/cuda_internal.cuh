@@ -209,6 +209,8 @@ struct gemv_args {
                             * memory first (gemv_smem.cu), when it applies */
     int32_t smem_warps, smem_kb; /* its warps per block and shared memory per block (KB) at
                             * most (0: 8 and 120); the session's choice (pick_gemv_smem_shape) */
+    int32_t smem_min_blocks; /* its warps per block halved while its grid would have fewer
+                            * blocks than this (0: never; cuda_options.gemv_smem_min_blocks) */
     bool smem_after_wait;  /* its blocks call griddep_launch after griddep_wait, not before
                             * (the session's pick, cuda_options.gemv_smem_launch) */
     int32_t q_rows;        /* gemvq: rows per warp below the LM head (0: 1, Q8_0 2;

@@ -604,6 +604,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
 {
     a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
+    a->smem_min_blocks = cs->opt.gemv_smem_min_blocks;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
     a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
@@ -1708,6 +1709,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemvq_head_blocks < 0 || o->gemvq_head_blocks > 8)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_head_blocks %d (0: off, or 1 to 8 per multiprocessor)",
                        (int)o->gemvq_head_blocks);
+    if (o->gemv_smem_min_blocks < 0 || o->gemv_smem_min_blocks > 4096)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_min_blocks %d (0: off, or up to 4096)",
+                       (int)o->gemv_smem_min_blocks);
     if (o->qkv_attn != 0 && o->qkv_attn != 8 && o->qkv_attn != 16)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: qkv_attn %d (0: off, or clusters of 8 or 16 blocks)",
                        (int)o->qkv_attn);

@@ -68,9 +68,6 @@ extern "C" {
 #ifndef GS_SMEM_MAX
 #define GS_SMEM_MAX (120 * 1024) /* default dynamic shared memory per block (a multiprocessor has 228 KB) */
 #endif
-#ifndef GS_MIN_BLOCKS
-#define GS_MIN_BLOCKS 0 /* > 0: fewer warps per block while the grid would be smaller than this */
-#endif
 /* L lanes per row, P physical rows per row (2: the SwiGLU gate/up pair); wstride: bytes
  * between rows in shared memory (K * 2). */
 template <int DT, int P, int L>
@@ -169,7 +166,8 @@ static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool m
     int32_t ws = mma ? a->K * 2 + 16 : a->K * 2 + (l < 8 ? 64 : 0);
     size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * (mma ? 6 : 4);
     const int64_t rpw = 32 / l; /* rows per warp */
-    while (w > 1 && (x + w * per_warp > cap || (GS_MIN_BLOCKS > 0 && (rows + w * rpw - 1) / (w * rpw) < GS_MIN_BLOCKS)))
+    const int64_t min_blocks = a->smem_min_blocks; /* > 0: fewer warps while the grid would be smaller */
+    while (w > 1 && (x + w * per_warp > cap || (min_blocks > 0 && (rows + w * rpw - 1) / (w * rpw) < min_blocks)))
         w /= 2;
     if (x + w * per_warp > cap || (mma && (w * rpw) % 8))
         return false;
