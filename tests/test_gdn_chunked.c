@@ -19,7 +19,11 @@
 #include "runtime/session.h"
 
 #define CHUNK_REL_TOL 2e-5  /* regrouped f32 sums over <= 130 tokens: observed ~1e-6 */
-#define SPLIT_REL_TOL 2e-5  /* same model, prompt split differently: f32 regrouping only */
+#define SPLIT_REL_TOL 5e-5  /* same model, prompt split differently: f32 regrouping only. Each
+                             * side is ~2e-5 from transformers, so they may differ by the sum:
+                             * the portable chunked kernel (CPUs without AVX-512, an AMD EPYC
+                             * VM) puts {63, 7} 3.0e-5 from one piece while it is itself 1.1e-5
+                             * from transformers, the one piece 2.0e-5 */
 #define TOKEN_REL_TOL 5e-5  /* token by token: decode takes the GEMV matmuls, another sum order */
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
 
