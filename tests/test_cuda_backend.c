@@ -1153,6 +1153,60 @@ static void check_attention_rope(const char *arch, int32_t width)
     free_synth_pair(a, b, m, path, la, lb);
 }
 
+/* The attention reading the position and its first cached rows before its wait (attn_early,
+ * the default where the q|k|v launch starts its successor only after its own wait) against
+ * reading them after: the same arithmetic, so the logits must be bit for bit the same, from
+ * position 0 and after a 150-token prompt; and every layer's attention takes it (Qwen3 BF16 at
+ * Qwen3-0.6B's head geometry: gemv_smem after the wait; Q4_K_M: gemvq with 8-bit x, after the
+ * wait; qwen35-tiny, its output gate) — or none, where gemv_smem starts its successor before
+ * its wait (gemv_smem_launch 1; Qwen3.5-0.8B's 16-warp blocks by default). */
+static void check_attn_early(const char *arch, enum export_type type, int32_t width, int32_t launch, bool expect)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, false, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.kv_f16 = off.kv_f16 = true;
+    on.gemv_smem_launch = off.gemv_smem_launch = launch;
+    off.attn_early = -1;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 256, &on, &off, &a, &b, arch);
+    int32_t n_attn = cuda_session_count_steps(a, "rope+attention");
+    assert_true(n_attn > 0);
+    assert_int_equal(cuda_session_count_steps(a, "rope+attention (early)"), expect ? n_attn : 0);
+    assert_int_equal(cuda_session_count_steps(b, "rope+attention (early)"), 0);
+    int32_t V = m->hp.n_vocab, prompt[150];
+    for (int32_t i = 0; i < 150; i++)
+        prompt[i] = (i * 37 + 11) % V;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    for (int32_t start = 0; start <= 150; start += 150) {
+        int32_t id = 7;
+        if (start && (cuda_session_run(a, prompt, start, 0, false, la, NULL, NULL, &err) ||
+                      cuda_session_run(b, prompt, start, 0, false, lb, NULL, NULL, &err)))
+            fail_msg("%s prompt: %s", arch, err.message);
+        for (int32_t t = start; t < start + 70; t++) {
+            if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+                cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+                fail_msg("%s step %d: %s", arch, t, err.message);
+            if (memcmp(la, lb, (size_t)V * 4))
+                fail_msg("%s %s position %d: attn_early on / off differ (rel err %.3g)", arch, export_type_name(type), t,
+                         rel_err(la, lb, (size_t)V));
+            id = argmax_f(la, V);
+        }
+    }
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_attn_early(void **st)
+{
+    (void)st;
+    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 0, true);
+    check_attn_early("qwen3-tiny", EXPORT_Q4_K_M, 1024, 0, true);
+    check_attn_early("qwen35-tiny", EXPORT_BF16, 0, 0, true);
+    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 1, false);
+}
+
 static void test_attention_rope_fused(void **st)
 {
     (void)st;
@@ -2042,6 +2096,7 @@ static void test_backend_errors(void **st)
                    {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
                    {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
                    {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks), {-1, 5000}},
+                   {"attn_early", offsetof(struct cuda_options, attn_early), {-2, 1}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
@@ -2094,6 +2149,7 @@ int main(void)
         cmocka_unit_test(test_topk_select),
         cmocka_unit_test(test_op_argmax),
         cmocka_unit_test(test_attention_rope_fused),
+        cmocka_unit_test(test_attn_early),
         cmocka_unit_test(test_qkv_attn),
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_session_sample_cuda),

@@ -160,6 +160,11 @@ struct cuda_options {
     int32_t gemv_smem_min_blocks; /* gemv_smem: a launch's warps per block (gemv_smem_warps or
                           * the session's pick) halved while its grid would have fewer blocks
                           * than this; 0 (default): never */
+    int32_t attn_early;  /* decode graph: the attention reads the position and its first round
+                          * of cached K/V rows before waiting for the q|k|v launch, where that
+                          * launch starts its successor only after its own wait (then every
+                          * earlier launch has finished). 0 (default): where it applies; -1:
+                          * never (docs/perf-log.md, session 19) */
     int32_t qkv_attn;    /* decode graph, 16-bit weights, sm_90: a layer's norm + q|k|v + q/k
                           * norm + RoPE + cache write + attention in one launch, one cluster
                           * of blocks per KV head (qkv_attention.cu), where it applies (Qwen3:
@@ -322,8 +327,9 @@ void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps,
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);
 
 /* How many launches of the decode graph program carry this step label (as in the decode
- * profile, e.g. "norm+gate|up+down+residual"). The program is built also when the
- * megakernel runs decode. 0 for a NULL session or label. */
+ * profile, e.g. "norm+gate|up+down+residual"; "rope+attention (early)": those attention steps
+ * that read the position and cached rows before their wait, cuda_options.attn_early). The
+ * program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 
 /* Times reps decode steps of token id at position pos: through the megakernel with a stamp

@@ -350,6 +350,12 @@ struct attn_args {
     float theta, eps;
     const double *inv_freq;
     bool kv_f16;          /* the cache's elements are f16 (else f32) */
+    /* T == 1, rope: *pos0 and the first round of cached K/V rows (positions before *pos0) are
+     * read before griddep_wait. Only where the launch before this one lets it start after its
+     * own wait (gemv_smem / gemvq "after the wait"): then every launch before that one has
+     * finished, among them the argmax that wrote *pos0 and the earlier steps that wrote the
+     * rows (the session decides: mark_attn_early) */
+    bool early;
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */

@@ -55,6 +55,7 @@ struct step {
     bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu
                           * STEP_MLP: the same, then mm[2] = down and the residual add */
     int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
+    bool attn_early;     /* STEP_ROPE_ATTN: attn_args.early (mark_attn_early) */
     int32_t rope_op;     /* STEP_QKV_ATTN (a STEP_NORM_GEMV of q, k, v and the STEP_ROPE_ATTN
                           * after it): the rope op of the second */
 };
@@ -972,6 +973,33 @@ static void merge_qkv_attn_steps(struct cuda_session *cs)
     cs->n_steps = n;
 }
 
+/* Marks the attention steps that may read the position and their first cached K/V rows
+ * before griddep_wait (attn_args.early): the step before is one norm + GEMV launch whose
+ * kernel (gemvq, or gemv_smem) calls griddep_launch only after its own griddep_wait. When the
+ * attention starts, that launch has passed its wait, so the launch before it has finished, and
+ * with it every earlier one (each finishes only after its own wait): the argmax that wrote the
+ * position, and the earlier steps that wrote the cached rows. Not with knock-outs
+ * (omit_steps: the step before may be missing) nor without PDL. */
+static void mark_attn_early(struct cuda_session *cs)
+{
+    if (cs->opt.attn_early < 0 || !cs->decode_pdl || (cs->opt.omit_steps && *cs->opt.omit_steps))
+        return;
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream, 0, false,
+                        NULL, NULL};
+    for (int32_t i = 1; i < cs->n_steps; i++) {
+        struct step *st = &cs->steps[i], *prev = &cs->steps[i - 1];
+        if (st->kind != STEP_ROPE_ATTN || prev->kind != STEP_NORM_GEMV)
+            continue;
+        struct gemv_args g;
+        norm_gemv_args(&r, prev, g);
+        bool q = gemvq_applies(&g); /* launch_gemv's order: gemvq, gemv_smem, gemv2 */
+        if (g.k_mixed && !q)
+            continue; /* one launch per dtype: not one kernel's wait */
+        st->attn_early = q ? g.q_after_wait : gemv_smem_applies(&g) && g.smem_after_wait;
+    }
+}
+
 /* Each label of cuda_options.omit_steps must name a step of the program (or "argmax"): a
  * misspelt one would time the whole step and call it a difference. */
 static qwenrt_status check_omitted_labels(const struct cuda_session *cs, struct qwenrt_error *err)
@@ -1134,6 +1162,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct rope_args ra;
         struct attn_args a;
         rope_attn_args(r, st->op, st->gate_op, ra, a);
+        a.early = st->attn_early && a.rope && r->pdl;
         if (!a.rope)
             CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
         CUDA_CHECK(launch_attention(&a, r->stream));
@@ -1323,8 +1352,10 @@ static const char *step_label(const struct plan *p, const struct step *st)
 extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
 {
     int32_t n = 0;
+    bool early = label && !strcmp(label, "rope+attention (early)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
+        n += early ? cs->steps[i].kind == STEP_ROPE_ATTN && cs->steps[i].attn_early
+                   : !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
     return n;
 }
 
@@ -1664,6 +1695,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     cs->decode_pdl = cs->opt.pdl || gq_pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     merge_qkv_attn_steps(cs);
+    mark_attn_early(cs);
     if ((st = check_omitted_labels(cs, err)))
         return st;
     return build_megakernel(cs, err);
@@ -1712,6 +1744,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemv_smem_min_blocks < 0 || o->gemv_smem_min_blocks > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_min_blocks %d (0: off, or up to 4096)",
                        (int)o->gemv_smem_min_blocks);
+    if (o->attn_early < -1 || o->attn_early > 0)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_early %d (0: where it applies, -1: never)",
+                       (int)o->attn_early);
     if (o->qkv_attn != 0 && o->qkv_attn != 8 && o->qkv_attn != 16)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: qkv_attn %d (0: off, or clusters of 8 or 16 blocks)",
                        (int)o->qkv_attn);

@@ -520,7 +520,8 @@ template <int EPL, bool ROPE, typename KV>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     griddep_launch();
-    griddep_wait();
+    if (!a.early) /* a.early: the position and the cached rows are read before the wait (below) */
+        griddep_wait();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * EPL];
     __shared__ bool s_last;
@@ -546,6 +547,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     att_rows<KV, U, EPL> rw;
     float dot[U];
     attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
+    if (a.early) /* q, k and v of this token come from the launch before */
+        griddep_wait();
     if (ROPE)
         attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
