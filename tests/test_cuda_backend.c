@@ -1117,6 +1117,36 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
     free_synth_pair(a, b, m, path, la, lb);
 }
 
+/* Two sessions of synth model m (file at path) that must compute the same bits: 70 greedy
+ * steps from position 0, then again after a 150-token prompt, every step's logits compared
+ * with memcmp (what names the pair in a failure); then everything freed (free_synth_pair). */
+static void decode_same_bits(struct cuda_session *a, struct cuda_session *b, struct qwenrt_model *m,
+                             const char *path, const char *what)
+{
+    struct qwenrt_error err = {0};
+    int32_t V = m->hp.n_vocab, prompt[150];
+    for (int32_t i = 0; i < 150; i++)
+        prompt[i] = (i * 37 + 11) % V;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    for (int32_t start = 0; start <= 150; start += 150) {
+        int32_t id = 7;
+        if (start && (cuda_session_run(a, prompt, start, 0, false, la, NULL, NULL, &err) ||
+                      cuda_session_run(b, prompt, start, 0, false, lb, NULL, NULL, &err)))
+            fail_msg("%s, prompt: %s", what, err.message);
+        for (int32_t t = start; t < start + 70; t++) {
+            if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+                cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+                fail_msg("%s, step %d: %s", what, t, err.message);
+            if (memcmp(la, lb, (size_t)V * 4))
+                fail_msg("%s differ at position %d (rel err %.3g)", what, t, rel_err(la, lb, (size_t)V));
+            id = argmax_f(la, V);
+        }
+    }
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
 /* The decode graph's attention with the q/k norm, RoPE and cache write inside it (attn_rope,
  * the default) against the separate rope launch: the same arithmetic, so the logits must be
  * bit for bit the same, from position 0 (one split) and after a 150-token prompt (three
@@ -1124,7 +1154,6 @@ static void check_mega_synth(const char *arch, enum export_type type, int32_t wi
  * Qwen3-0.6B's head geometry (128) and Qwen3.5 (its output gate, partial RoPE). */
 static void check_attention_rope(const char *arch, int32_t width)
 {
-    struct qwenrt_error err = {0};
     char path[256];
     struct qwenrt_model *m = load_synth(arch, EXPORT_BF16, width, false, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
@@ -1132,25 +1161,9 @@ static void check_attention_rope(const char *arch, int32_t width)
     off.attn_rope = false;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 256, &on, &off, &a, &b, arch);
-    int32_t V = m->hp.n_vocab, prompt[150];
-    for (int32_t i = 0; i < 150; i++)
-        prompt[i] = (i * 37 + 11) % V;
-    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    for (int32_t start = 0; start <= 150; start += 150) {
-        int32_t id = 7;
-        if (start && (cuda_session_run(a, prompt, start, 0, false, la, NULL, NULL, &err) ||
-                      cuda_session_run(b, prompt, start, 0, false, lb, NULL, NULL, &err)))
-            fail_msg("%s prompt: %s", arch, err.message);
-        for (int32_t t = start; t < start + 70; t++) {
-            if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
-                cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
-                fail_msg("%s step %d: %s", arch, t, err.message);
-            if (memcmp(la, lb, (size_t)V * 4))
-                fail_msg("%s position %d: attn_rope on / off differ (rel err %.3g)", arch, t, rel_err(la, lb, (size_t)V));
-            id = argmax_f(la, V);
-        }
-    }
-    free_synth_pair(a, b, m, path, la, lb);
+    char what[96];
+    snprintf(what, sizeof(what), "%s: attn_rope on / off", arch);
+    decode_same_bits(a, b, m, path, what);
 }
 
 /* The attention reading the position and its first cached rows before its wait (attn_early,
@@ -1162,7 +1175,6 @@ static void check_attention_rope(const char *arch, int32_t width)
  * its wait (gemv_smem_launch 1; Qwen3.5-0.8B's 16-warp blocks by default). */
 static void check_attn_early(const char *arch, enum export_type type, int32_t width, int32_t launch, bool expect)
 {
-    struct qwenrt_error err = {0};
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, false, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
@@ -1176,26 +1188,9 @@ static void check_attn_early(const char *arch, enum export_type type, int32_t wi
     assert_true(n_attn > 0);
     assert_int_equal(cuda_session_count_steps(a, "rope+attention (early)"), expect ? n_attn : 0);
     assert_int_equal(cuda_session_count_steps(b, "rope+attention (early)"), 0);
-    int32_t V = m->hp.n_vocab, prompt[150];
-    for (int32_t i = 0; i < 150; i++)
-        prompt[i] = (i * 37 + 11) % V;
-    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-    for (int32_t start = 0; start <= 150; start += 150) {
-        int32_t id = 7;
-        if (start && (cuda_session_run(a, prompt, start, 0, false, la, NULL, NULL, &err) ||
-                      cuda_session_run(b, prompt, start, 0, false, lb, NULL, NULL, &err)))
-            fail_msg("%s prompt: %s", arch, err.message);
-        for (int32_t t = start; t < start + 70; t++) {
-            if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
-                cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
-                fail_msg("%s step %d: %s", arch, t, err.message);
-            if (memcmp(la, lb, (size_t)V * 4))
-                fail_msg("%s %s position %d: attn_early on / off differ (rel err %.3g)", arch, export_type_name(type), t,
-                         rel_err(la, lb, (size_t)V));
-            id = argmax_f(la, V);
-        }
-    }
-    free_synth_pair(a, b, m, path, la, lb);
+    char what[96];
+    snprintf(what, sizeof(what), "%s %s: attn_early on / off", arch, export_type_name(type));
+    decode_same_bits(a, b, m, path, what);
 }
 
 static void test_attn_early(void **st)
