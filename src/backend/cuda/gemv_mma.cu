@@ -80,7 +80,7 @@ __device__ __forceinline__ void gm_store_x4(uint32_t *xw, int i, float4 v)
 __device__ __forceinline__ void gm_stage_x(const struct gemv_args &a, uint32_t *xw, const float4 (&g0)[GEMV_NW],
                                            float *s_red)
 {
-    const int k4 = a.K / 4, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int k4 = a.K / 4, nt = blockDim.x;
     const float4 *xt = (const float4 *)a.x, *nw = (const float4 *)a.norm_w;
     float4 v[GM_XB];
     gemv_load_x<GM_XB>(xt, threadIdx.x, nt, k4, v);
@@ -92,14 +92,7 @@ __device__ __forceinline__ void gm_stage_x(const struct gemv_args &a, uint32_t *
             ss += gemv_sumsq4(v[j]); /* zeros past k4 */
         for (int i = threadIdx.x + GM_XB * nt; i < k4; i += nt)
             ss += gemv_sumsq4(xt[i]);
-        ss = warp_sum(ss);
-        if (lane == 0)
-            s_red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int w = 0; w < nt / 32; w++)
-            tot += s_red[w];
-        inv = rsqrtf(tot / (float)a.K + a.eps);
+        inv = gs_rms_inv(ss, s_red, a.K, a.eps);
     }
     const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
 #pragma unroll

@@ -56,13 +56,30 @@ __device__ __forceinline__ void gs_commit_and_wait(const struct gemv_args &a, bo
 
 #define GS_XB 8                 /* x float4 per thread per staging batch */
 
+/* 1 / rms of a block's x from each thread's partial sum of squares ss: the warps' sums in
+ * s_red (one float per warp), added in warp order by every thread (gemv_smem's and gemv_mma's
+ * x staging; the same order as before this helper, so the same bits). Contains a block
+ * barrier. */
+static __device__ __forceinline__ float gs_rms_inv(float ss, float *s_red, int32_t K, float eps)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    ss = warp_sum(ss);
+    if (lane == 0)
+        s_red[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++)
+        tot += s_red[w];
+    return rsqrtf(tot / (float)K + eps);
+}
+
 /* x (K floats) into shared memory as xlo[c] = x[8c .. 8c+3], xhi[c] = x[8c+4 .. 8c+7], times
  * 1/rms(x) * norm_w when a.norm_w. Each thread rescales the float4 it stored itself; the one
  * block barrier is the sum of squares' (and makes x visible). */
 static __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, float4 *xlo, float4 *xhi,
                                            const float4 (&g0)[GEMV_NW], float *s_red)
 {
-    const int k4 = a.K / 4, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int k4 = a.K / 4, nt = blockDim.x;
     const float4 *xt = (const float4 *)a.x, *nw = (const float4 *)a.norm_w;
     float ss = 0.0f;
     for (int i0 = threadIdx.x; i0 < k4; i0 += GS_XB * nt) {
@@ -78,14 +95,7 @@ static __device__ __forceinline__ void gs_stage_x(const struct gemv_args &a, flo
         }
     }
     if (nw) {
-        ss = warp_sum(ss);
-        if (lane == 0)
-            s_red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-        for (int w = 0; w < nt / 32; w++)
-            tot += s_red[w];
-        float inv = rsqrtf(tot / (float)a.K + a.eps);
+        float inv = gs_rms_inv(ss, s_red, a.K, a.eps);
         int m = 0;
         for (int i = threadIdx.x; i < k4; i += nt, m++) {
             float4 g = m == 0 ? g0[0] : m == 1 ? g0[1] : __ldg(nw + i);
