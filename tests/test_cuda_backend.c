@@ -1185,7 +1185,8 @@ static void check_attention_rope(const char *arch, int32_t width)
  * Qwen3-0.6B's head geometry: gemv_smem after the wait; Q4_K_M: gemvq with 8-bit x, after the
  * wait; qwen35-tiny, its output gate) — or none, where gemv_smem starts its successor before
  * its wait (gemv_smem_launch 1; Qwen3.5-0.8B's 16-warp blocks by default). */
-static void check_attn_early(const char *arch, enum export_type type, int32_t width, int32_t launch, bool expect)
+static void check_attn_early(const char *arch, enum export_type type, int32_t width, int32_t launch, int32_t early,
+                             bool expect)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, false, path, sizeof(path));
@@ -1193,6 +1194,7 @@ static void check_attn_early(const char *arch, enum export_type type, int32_t wi
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.kv_f16 = off.kv_f16 = true;
     on.gemv_smem_launch = off.gemv_smem_launch = launch;
+    on.attn_early = early;
     off.attn_early = -1;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 256, &on, &off, &a, &b, arch);
@@ -1209,10 +1211,81 @@ static void check_attn_early(const char *arch, enum export_type type, int32_t wi
 static void test_attn_early(void **st)
 {
     (void)st;
-    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 0, true);
-    check_attn_early("qwen3-tiny", EXPORT_Q4_K_M, 1024, 0, true);
-    check_attn_early("qwen35-tiny", EXPORT_BF16, 0, 0, true);
-    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 1, false);
+    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, true);
+    check_attn_early("qwen3-tiny", EXPORT_Q4_K_M, 1024, 0, 0, true);
+    check_attn_early("qwen35-tiny", EXPORT_BF16, 0, 0, 0, true);
+    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 1, 0, false);
+    /* attn_early 1: the q|k|v launch that would start its successor first waits first */
+    check_attn_early("qwen3-tiny", EXPORT_BF16, 1024, 1, 1, true);
+}
+
+/* The DeltaNet step reading its state before its wait (gdn_early 0, the default) against after: the same
+ * arithmetic, bit for bit the same logits from position 0 and after a 150-token prompt, and
+ * every DeltaNet step takes it — also where gemv_smem would start its successor before its
+ * wait (gemv_smem_launch 1: the in_proj launch then waits first); with the conv fused (one
+ * key head per value head, as Qwen3.5-0.8B), at the tiny and at Qwen3.5-0.8B's head geometry
+ * (width 1024, heads of 128 x 128). */
+static void check_gdn_early(int32_t width, int32_t launch)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, width, true, width ? 128 : 0, path,
+                                            sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gemv_smem_launch = off.gemv_smem_launch = launch;
+    on.gdn_early = 0;
+    off.gdn_early = -1;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 256, &on, &off, &a, &b, "qwen35-tiny");
+    int32_t n_gdn = cuda_session_count_steps(a, "conv+gdn_core+gated_norm") +
+                    cuda_session_count_steps(a, "gdn_core+gated_norm");
+    assert_true(n_gdn > 0);
+    assert_int_equal(cuda_session_count_steps(a, "gdn (early)"), n_gdn);
+    assert_int_equal(cuda_session_count_steps(b, "gdn (early)"), 0);
+    char what[96];
+    snprintf(what, sizeof(what), "qwen35-tiny width %d: gdn_early on / off", (int)width);
+    decode_side_by_side(a, b, m->hp.n_vocab, 150, 40, true, what);
+    free_synth_pair(a, b, m, path, NULL, NULL);
+}
+
+static void test_gdn_early(void **st)
+{
+    (void)st;
+    check_gdn_early(0, 0);
+    check_gdn_early(0, 1);
+    check_gdn_early(1024, 0);
+}
+
+/* Weights asked into the L2 ahead of their step (l2_prefetch_mb): a hint that changes no
+ * arithmetic, so the logits must be bit for bit those of the program without it, from position
+ * 0 and after a 150-token prompt; and the program must really ask (bytes per token > 0, at most
+ * the session's device memory). Qwen3 BF16 (gemv_smem, the attention) and Q4_K_M (gemvq) at
+ * width 1024, qwen35-tiny BF16 (its DeltaNet step over clusters). */
+static void check_l2_prefetch(const char *arch, enum export_type type, int32_t width)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, false, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.l2_prefetch_mb = 1;
+    off.l2_prefetch_mb = 0;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 256, &on, &off, &a, &b, arch);
+    int64_t asked = cuda_session_l2_prefetch_bytes(a);
+    assert_true(asked > 0 && asked <= cuda_session_device_bytes(a));
+    assert_true(cuda_session_l2_prefetch_bytes(b) == 0);
+    char what[96];
+    snprintf(what, sizeof(what), "%s %s: l2_prefetch_mb 1 / 0", arch, export_type_name(type));
+    decode_side_by_side(a, b, m->hp.n_vocab, 150, 40, true, what);
+    free_synth_pair(a, b, m, path, NULL, NULL);
+}
+
+static void test_l2_prefetch(void **st)
+{
+    (void)st;
+    check_l2_prefetch("qwen3-tiny", EXPORT_BF16, 1024);
+    check_l2_prefetch("qwen3-tiny", EXPORT_Q4_K_M, 1024);
+    check_l2_prefetch("qwen35-tiny", EXPORT_BF16, 0);
 }
 
 static void test_attention_rope_fused(void **st)
@@ -2081,8 +2154,10 @@ static void test_backend_errors(void **st)
                    {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
                    {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
                    {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks), {-1, 5000}},
-                   {"attn_early", offsetof(struct cuda_options, attn_early), {-2, 1}},
-                   {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}}};
+                   {"attn_early", offsetof(struct cuda_options, attn_early), {-2, 2}},
+                   {"gdn_early", offsetof(struct cuda_options, gdn_early), {-2, 1}},
+                   {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},
+                   {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2135,6 +2210,8 @@ int main(void)
         cmocka_unit_test(test_op_argmax),
         cmocka_unit_test(test_attention_rope_fused),
         cmocka_unit_test(test_attn_early),
+        cmocka_unit_test(test_l2_prefetch),
+        cmocka_unit_test(test_gdn_early),
         cmocka_unit_test(test_qkv_attn),
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_session_sample_cuda),

@@ -163,14 +163,26 @@ struct cuda_options {
     int32_t attn_early;  /* decode graph: the attention reads the position and its first round
                           * of cached K/V rows before waiting for the q|k|v launch, where that
                           * launch starts its successor only after its own wait (then every
-                          * earlier launch has finished). 0 (default): where it applies; -1:
-                          * never (docs/perf-log.md, session 19) */
+                          * earlier launch has finished). 1 (default): everywhere, the q|k|v
+                          * launch waiting first where it would start its successor before its
+                          * wait (Qwen3.5's 16-warp blocks); 0: only where it already waits
+                          * first; -1: never (docs/perf-log.md, sessions 19-20) */
+    int32_t gdn_early;   /* decode graph: the DeltaNet step (over clusters) reads its recurrent
+                          * state before waiting for the in_proj launch, which then starts its
+                          * successor only after its own wait (the rule of attn_early). 0
+                          * (default): on; -1: off */
     int32_t qkv_attn;    /* decode graph, 16-bit weights, sm_90: a layer's norm + q|k|v + q/k
                           * norm + RoPE + cache write + attention in one launch, one cluster
                           * of blocks per KV head (qkv_attention.cu), where it applies (Qwen3:
                           * two query heads per KV head, head size 64 or 128). 0 (default):
                           * off; 8 or 16: on, with clusters of that many blocks at most.
                           * Tested; even with the two launches on the H200 (perf-log session 19) */
+    int32_t l2_prefetch_mb; /* decode graph: each launch (16-bit and quantised GEMVs, the
+                          * attention, the DeltaNet step) asks the L2 for the weights that lie
+                          * this many MB ahead of its own in the layers' order, so that HBM
+                          * streams while the chain of dependent steps waits (a hint: results
+                          * do not change). 0: off; 1 to 64 (default 8: docs/perf-log.md,
+                          * session 20) */
     const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
                           * program leaves out its steps with these labels (';'-separated, as
                           * cuda_session_profile_decode names them, "argmax" for the greedy
@@ -331,6 +343,10 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
  * that read the position and cached rows before their wait, cuda_options.attn_early). The
  * program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
+
+/* Bytes of weights the decode program's launches ask the L2 for per token
+ * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */
+int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs);
 
 /* Times reps decode steps of token id at position pos: through the megakernel with a stamp
  * after every phase, or (no megakernel) the decode program's launches one by one with events

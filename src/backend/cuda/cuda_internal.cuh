@@ -74,6 +74,35 @@ __device__ __forceinline__ void griddep_launch()
 #endif
 }
 
+/* ---- weights asked into the L2 ahead of their step (cuda_options.l2_prefetch_mb) ----
+ * A decode launch may carry a byte range of later steps' weights; its blocks share it out and
+ * ask the L2 to fetch it (cp.async.bulk.prefetch, sm_90). A hint: nothing waits for it, no
+ * result depends on it, and weights are never written, so any launch may issue it at any time
+ * (before griddep_wait too). One range (the arena holds the layers' weights in program order,
+ * so a stretch of the weight stream is one stretch of memory), 16-byte aligned, a multiple of
+ * 16 long. */
+struct l2_range {
+    const void *p;
+    uint32_t bytes; /* 0: none */
+};
+
+/* The block's share of pf (equal 16-byte-aligned pieces over the grid's blocks), issued by its
+ * thread 0. 32-bit arithmetic: a 64-bit version made the attention kernel spill. */
+__device__ __forceinline__ void l2_prefetch_share(const struct l2_range &pf)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (pf.bytes == 0 || (threadIdx.x | threadIdx.y | threadIdx.z))
+        return;
+    const uint32_t nb = gridDim.x * gridDim.y * gridDim.z;
+    const uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const uint32_t per = ((pf.bytes + nb - 1) / nb + 15) & ~15u, lo = b * per;
+    if (lo < pf.bytes)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)pf.p + lo),
+                     "r"(min(per, pf.bytes - lo))
+                     : "memory");
+#endif
+}
+
 /* Launches kernel k in thread-block clusters of `cluster` blocks along x (1: no clusters; sm_90)
  * and with the programmatic-serialization attribute when pdl; returns the launch's error. */
 template <typename... KP, typename... A>
@@ -227,6 +256,7 @@ struct gemv_args {
     unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
                             * %globaltimer stamps [block][4]: start, after griddep_wait, weights
                             * and x in shared memory, end */
+    struct l2_range pf;   /* a later step's weights asked into the L2 (gemv_smem, gemv_mma, gemvq) */
 };
 
 /* true when the GEMV kernels handle this dtype. */
@@ -356,6 +386,7 @@ struct attn_args {
      * finished, among them the argmax that wrote *pos0 and the earlier steps that wrote the
      * rows (the session decides: mark_attn_early) */
     bool early;
+    struct l2_range pf;  /* T == 1: a later step's weights asked into the L2 at the start */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
@@ -394,6 +425,11 @@ struct gdn_args {
     /* launch_gdn_core only, T = 1 with the gated norm: each value head over a cluster of
      * blocks (gdn_decode.cu) when it applies; the caller sets it only on sm_90 and later */
     bool split;
+    struct l2_range pf;      /* launch_gdn_split: a later step's weights asked into the L2 */
+    bool early;              /* launch_gdn_split: the state read before griddep_wait — only where
+                              * the launch before it starts this one after its own wait (then the
+                              * step of the token before, which wrote the state, has finished; the
+                              * session decides: mark_early_reads) */
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);

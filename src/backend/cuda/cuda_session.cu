@@ -55,9 +55,13 @@ struct step {
     bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu
                           * STEP_MLP: the same, then mm[2] = down and the residual add */
     int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
-    bool attn_early;     /* STEP_ROPE_ATTN: attn_args.early (mark_attn_early) */
+    bool early;          /* STEP_ROPE_ATTN: attn_args.early; STEP_(CONV_)GDN_GATED: gdn_args.early
+                          * (mark_early_reads) */
+    bool after_wait;     /* STEP_NORM_GEMV: its kernel starts the next launch only after its own
+                          * wait, whatever the session's pick (mark_early_reads) */
     int32_t rope_op;     /* STEP_QKV_ATTN (a STEP_NORM_GEMV of q, k, v and the STEP_ROPE_ATTN
                           * after it): the rope op of the second */
+    struct l2_range pf;  /* a later step's weights its launch asks into the L2 (plan_l2_prefetch) */
 };
 
 static const char *step_label(const struct plan *p, const struct step *st);
@@ -187,6 +191,9 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
     o.gemvq_int8 = 0; /* on (pick_gemvq_shape): H200 tg128 +11-51% */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
+    o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
+    o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
+    o.l2_prefetch_mb = 8; /* +1-2% (perf-log session 20) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -560,7 +567,15 @@ struct run_ctx {
                           * the previous one (q, k, v; gate, up) */
     const int32_t *ld;   /* the buffers' row strides (merged products), NULL: their widths */
     const int32_t *merge; /* the prefill's merged products (merge_layout.run), or NULL */
+    const struct l2_range *pf; /* run_step: the step's L2 prefetch (run_matmul passes it on), or NULL */
 };
+
+/* The context of the decode program's steps: one token, the session's decode buffers. */
+static struct run_ctx decode_ctx(struct cuda_session *cs)
+{
+    return {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream,
+            0, false, NULL, NULL, NULL};
+}
 
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
 static int32_t ld_of(const struct run_ctx *r, int32_t id)
@@ -627,6 +642,8 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = y, a.seg[0].ldy = ldy;
         gemv_session_args(cs, r->pdl, &a);
+        if (r->pf)
+            a.pf = *r->pf;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -945,8 +962,7 @@ static void merge_qkv_attn_steps(struct cuda_session *cs)
     if (!cs->opt.qkv_attn || cs->cc_major < 9)
         return;
     const struct plan *p = &cs->plans[PHASE_DECODE];
-    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream, 0, false,
-                        NULL, NULL};
+    struct run_ctx r = decode_ctx(cs);
     int32_t n = 0;
     for (int32_t i = 0; i < cs->n_steps; i++) {
         struct step *st = &cs->steps[i], *nx = i + 1 < cs->n_steps ? &cs->steps[i + 1] : NULL;
@@ -973,31 +989,147 @@ static void merge_qkv_attn_steps(struct cuda_session *cs)
     cs->n_steps = n;
 }
 
-/* Marks the attention steps that may read the position and their first cached K/V rows
- * before griddep_wait (attn_args.early): the step before is one norm + GEMV launch whose
- * kernel (gemvq, or gemv_smem) calls griddep_launch only after its own griddep_wait. When the
- * attention starts, that launch has passed its wait, so the launch before it has finished, and
- * with it every earlier one (each finishes only after its own wait): the argmax that wrote the
- * position, and the earlier steps that wrote the cached rows. Not with knock-outs
+/* Marks the steps that may read state before griddep_wait: the attention (attn_args.early:
+ * the position and its first cached K/V rows) and the DeltaNet step (gdn_args.early: its
+ * recurrent state). Allowed where the step before is one norm + GEMV launch whose kernel
+ * (gemvq, or gemv_smem) calls griddep_launch only after its own griddep_wait: when the step
+ * starts, that launch has passed its wait, so the launch before it has finished, and with it
+ * every earlier one (each finishes only after its own wait) — the argmax that wrote the
+ * position, the earlier steps that wrote the cached rows, the same layer's DeltaNet step of
+ * the token before. Where the GEMV would start its successor before its wait (the session's
+ * pick for 16-warp blocks), the option's value 1 makes that one launch wait first
+ * (step.after_wait) so that the step after it may read early. Not with knock-outs
  * (omit_steps: the step before may be missing) nor without PDL. */
-static void mark_attn_early(struct cuda_session *cs)
+static void mark_early_reads(struct cuda_session *cs)
 {
-    if (cs->opt.attn_early < 0 || !cs->decode_pdl || (cs->opt.omit_steps && *cs->opt.omit_steps))
+    if (!cs->decode_pdl || (cs->opt.omit_steps && *cs->opt.omit_steps))
         return;
-    const struct plan *p = &cs->plans[PHASE_DECODE];
-    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream, 0, false,
-                        NULL, NULL};
+    struct run_ctx r = decode_ctx(cs);
     for (int32_t i = 1; i < cs->n_steps; i++) {
         struct step *st = &cs->steps[i], *prev = &cs->steps[i - 1];
-        if (st->kind != STEP_ROPE_ATTN || prev->kind != STEP_NORM_GEMV)
+        bool gdn = st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED;
+        /* want: -1 never, 0 where the launch before already waits first, 1 also where it must */
+        int32_t want = gdn ? (cs->opt.gdn_early < 0 ? -1 : 1) : st->kind == STEP_ROPE_ATTN ? cs->opt.attn_early : -1;
+        if (want < 0 || prev->kind != STEP_NORM_GEMV)
             continue;
         struct gemv_args g;
         norm_gemv_args(&r, prev, g);
         bool q = gemvq_applies(&g); /* launch_gemv's order: gemvq, gemv_smem, gemv2 */
-        if (g.k_mixed && !q)
-            continue; /* one launch per dtype: not one kernel's wait */
-        st->attn_early = q ? g.q_after_wait : gemv_smem_applies(&g) && g.smem_after_wait;
+        if ((g.k_mixed && !q) || (!q && !gemv_smem_applies(&g)))
+            continue; /* one launch per dtype, or gemv2: not one kernel that waits first */
+        bool waits_first = q ? g.q_after_wait : g.smem_after_wait;
+        if (!waits_first && want == 1)
+            prev->after_wait = waits_first = true;
+        st->early = waits_first;
     }
+}
+
+/* The weight matrices a decode step streams (n of them, at most GEMV_MAX_SEG), in its order;
+ * none for the LM head (hundreds of MB: no L2 holds it ahead, it streams well alone). */
+static int32_t step_weights(const struct cuda_session *cs, const struct step *st, const struct dop **out)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    const struct dop *d = cs->dops[PHASE_DECODE];
+    int32_t n = 0;
+    switch (st->kind) {
+    case STEP_NORM_GEMV:
+    case STEP_QKV_ATTN:
+    case STEP_MLP:
+        for (int32_t k = 0; k < st->n_mm + (st->kind == STEP_MLP); k++) {
+            if (p->ops[st->mm[k]].kind == OP_LOGITS)
+                return 0;
+            out[n++] = &d[st->mm[k]];
+        }
+        return n;
+    case STEP_GEMV_ADD:
+        out[0] = &d[st->op];
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Whether the step's launch issues its l2_range (the kernels that call l2_prefetch_share). */
+static bool step_prefetches(const struct step *st)
+{
+    return st->kind == STEP_NORM_GEMV || st->kind == STEP_GEMV_ADD || st->kind == STEP_ROPE_ATTN ||
+           st->kind == STEP_QKV_ATTN || st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED;
+}
+
+/* The memory of the part [lo, hi) of the weight stream (every step's weights back to back in
+ * program order, `ws` of them) as one range: from its first byte to its last, start rounded up
+ * and end down to 16 bytes (a hint: the few bytes left out cost nothing). The arena holds the
+ * layers in program order, so the range is the part itself, plus the small vectors (norm
+ * weights) between matrices; where it is not (more than twice the part's bytes), only the
+ * first matrix's piece. */
+static struct l2_range stream_range(const struct dop *const *ws, int32_t n_ws, int64_t lo, int64_t hi)
+{
+    uintptr_t a0 = 0, b0 = 0, first = UINTPTR_MAX, last = 0; /* the first piece; the envelope */
+    int64_t off = 0;
+    for (int32_t i = 0; i < n_ws && off < hi; off += (int64_t)ws[i]->N * ws[i]->row_bytes, i++) {
+        int64_t len = (int64_t)ws[i]->N * ws[i]->row_bytes;
+        int64_t s = lo > off ? lo : off, e = off + len < hi ? off + len : hi;
+        if (s >= e)
+            continue;
+        uintptr_t a = (uintptr_t)ws[i]->w + (uintptr_t)(s - off), b = (uintptr_t)ws[i]->w + (uintptr_t)(e - off);
+        if (!b0)
+            a0 = a, b0 = b;
+        first = a < first ? a : first;
+        last = b > last ? b : last;
+    }
+    if (!b0)
+        return {NULL, 0};
+    if (last - first > 2 * (uint64_t)(hi - lo))
+        first = a0, last = b0;
+    struct l2_range r = {NULL, 0};
+    first = (first + 15) & ~(uintptr_t)15, last &= ~(uintptr_t)15;
+    if (last > first && last - first <= UINT32_MAX)
+        r.p = (const void *)first, r.bytes = (uint32_t)(last - first);
+    return r;
+}
+
+/* cuda_options.l2_prefetch_mb = W: each step whose launch can issue a prefetch asks the L2 for
+ * the weights up to W MB past its own start in the weight stream, from where the last such
+ * step stopped and never its own (its launch streams those itself). So in steady state each
+ * step asks for as many bytes as the step before it streamed, W ahead: HBM keeps streaming
+ * while the chain waits on the attention, the DeltaNet step or a launch boundary. The stream
+ * ends with the last layer: the LM head would evict what was fetched for the next token. */
+static qwenrt_status plan_l2_prefetch(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (cs->opt.l2_prefetch_mb <= 0 || cs->cc_major < 9)
+        return QWENRT_OK;
+    const struct dop **ws = (const struct dop **)xcalloc((size_t)cs->n_steps * GEMV_MAX_SEG + 1, sizeof(*ws));
+    int64_t *start = (int64_t *)xcalloc((size_t)cs->n_steps + 1, sizeof(int64_t));
+    if (!ws || !start) {
+        xfree(ws), xfree(start);
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    }
+    int32_t n_ws = 0;
+    int64_t total = 0;
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        const struct dop *own[GEMV_MAX_SEG + 1];
+        start[i] = total;
+        for (int32_t k = 0, n = step_weights(cs, &cs->steps[i], own); k < n; k++, n_ws++) {
+            ws[n_ws] = own[k];
+            total += (int64_t)own[k]->N * own[k]->row_bytes;
+        }
+    }
+    start[cs->n_steps] = total;
+    const int64_t W = (int64_t)cs->opt.l2_prefetch_mb << 20;
+    int64_t done = 0; /* the stream is asked for up to here */
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        struct step *st = &cs->steps[i];
+        memset(&st->pf, 0, sizeof(st->pf));
+        if (!step_prefetches(st))
+            continue;
+        int64_t lo = done > start[i + 1] ? done : start[i + 1], hi = start[i] + W < total ? start[i] + W : total;
+        if (lo < hi)
+            st->pf = stream_range(ws, n_ws, lo, hi);
+        if (hi > done)
+            done = hi;
+    }
+    xfree(ws), xfree(start);
+    return QWENRT_OK;
 }
 
 /* Each label of cuda_options.omit_steps must name a step of the program (or "argmax"): a
@@ -1061,6 +1193,9 @@ static void norm_gemv_args(struct run_ctx *r, const struct step *st, struct gemv
         a.seg[k].y = r->b[m->out], a.seg[k].ldy = bw(p, m->out), a.seg[k].dtype = d->dtype;
         a.k_mixed |= d->dtype != a.dtype;
     }
+    a.pf = st->pf;
+    if (st->after_wait)
+        a.smem_after_wait = a.q_after_wait = true;
 }
 
 static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, struct qwenrt_error *err)
@@ -1080,6 +1215,7 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
         one.dtype = a.seg[k].dtype, one.n_seg = n;
         memcpy(one.seg, a.seg + k, (size_t)n * sizeof(a.seg[0]));
         CUDA_CHECK(launch_gemv(&one, r->stream));
+        one.pf.bytes = 0; /* the first launch asked for it */
         k += n;
     }
     return QWENRT_OK;
@@ -1127,6 +1263,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
     const struct plan *p = r->p;
     float **b = r->b;
     const struct plan_op *op = &p->ops[st->op];
+    r->pf = &st->pf;
     switch (st->kind) {
     case STEP_OP:
         return run_op(r, st->op, err);
@@ -1146,6 +1283,8 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct gdn_args a = gdn_args_of(r, core, 1);
         a.z = b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = r->d[core + 1].vec, a.geps = gn->eps;
         a.split = cs->opt.gdn_split && cs->cc_major >= 9;
+        a.pf = st->pf;
+        a.early = st->early && r->pdl;
         if (st->kind == STEP_CONV_GDN_GATED) {
             a.conv_state = cs->conv[op->layer], a.conv_taps = r->d[st->op].vec;
             a.conv_C = bw(p, op->out), a.conv_k = op->conv_k;
@@ -1162,7 +1301,8 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct rope_args ra;
         struct attn_args a;
         rope_attn_args(r, st->op, st->gate_op, ra, a);
-        a.early = st->attn_early && a.rope && r->pdl;
+        a.early = st->early && a.rope && r->pdl;
+        a.pf = st->pf;
         if (!a.rope)
             CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
         CUDA_CHECK(launch_attention(&a, r->stream));
@@ -1197,8 +1337,7 @@ static bool step_omitted(const struct cuda_session *cs, const char *label)
 /* Enqueues one decode step (the program, or the plan op by op). */
 static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
 {
-    struct run_ctx r = {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false,
-                        cs->decode_pdl, cs->stream, 0, false, NULL, NULL};
+    struct run_ctx r = decode_ctx(cs);
     for (int32_t i = 0; i < cs->n_steps; i++) {
         if (step_omitted(cs, step_label(r.p, &cs->steps[i])))
             continue;
@@ -1353,9 +1492,20 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
 {
     int32_t n = 0;
     bool early = label && !strcmp(label, "rope+attention (early)");
+    bool gdn_early = label && !strcmp(label, "gdn (early)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += early ? cs->steps[i].kind == STEP_ROPE_ATTN && cs->steps[i].attn_early
+        n += early ? cs->steps[i].kind == STEP_ROPE_ATTN && cs->steps[i].early
+             : gdn_early ? (cs->steps[i].kind == STEP_GDN_GATED || cs->steps[i].kind == STEP_CONV_GDN_GATED) &&
+                               cs->steps[i].early
                    : !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
+    return n;
+}
+
+extern "C" int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs)
+{
+    int64_t n = 0;
+    for (int32_t i = 0; cs && i < cs->n_steps; i++)
+        n += cs->steps[i].pf.bytes;
     return n;
 }
 
@@ -1380,8 +1530,7 @@ static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventCreate failed");
             break;
         }
-    struct run_ctx r = {cs, p, cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream, 0, false,
-                        NULL, NULL};
+    struct run_ctx r = decode_ctx(cs);
     for (int32_t rep = -1; rep < reps && !st; rep++) { /* rep -1 warms up */
         if (cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
@@ -1456,7 +1605,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
     struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false,
-                        cs->pm.ld, NULL};
+                        cs->pm.ld, NULL, NULL};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -1695,8 +1844,8 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     cs->decode_pdl = cs->opt.pdl || gq_pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     merge_qkv_attn_steps(cs);
-    mark_attn_early(cs);
-    if ((st = check_omitted_labels(cs, err)))
+    mark_early_reads(cs);
+    if ((st = plan_l2_prefetch(cs, err)) || (st = check_omitted_labels(cs, err)))
         return st;
     return build_megakernel(cs, err);
 }
@@ -1744,12 +1893,20 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemv_smem_min_blocks < 0 || o->gemv_smem_min_blocks > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_min_blocks %d (0: off, or up to 4096)",
                        (int)o->gemv_smem_min_blocks);
-    if (o->attn_early < -1 || o->attn_early > 0)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_early %d (0: where it applies, -1: never)",
+    if (o->attn_early < -1 || o->attn_early > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: attn_early %d (1: everywhere, the q|k|v launch waiting first where it must; 0: only where "
+                       "it already does; -1: never)",
                        (int)o->attn_early);
+    if (o->gdn_early < -1 || o->gdn_early > 0)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_early %d (0: where it applies, -1: never)",
+                       (int)o->gdn_early);
     if (o->qkv_attn != 0 && o->qkv_attn != 8 && o->qkv_attn != 16)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: qkv_attn %d (0: off, or clusters of 8 or 16 blocks)",
                        (int)o->qkv_attn);
+    if (o->l2_prefetch_mb < 0 || o->l2_prefetch_mb > 64)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: l2_prefetch_mb %d (0: off, or 1 to 64)",
+                       (int)o->l2_prefetch_mb);
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
@@ -1981,7 +2138,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         b = cs->pbufs;
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
-                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL};
+                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL, NULL};
     cs->mk_top_ready = false;
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) { /* the step's argmax comes along (cuda_session_top's greedy shortcut) */
@@ -2242,7 +2399,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
     struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
-                          NULL, NULL};
+                          NULL, NULL, NULL};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -2254,7 +2411,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
             struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r], false, NULL, NULL};
+                                  pos[r], false, NULL, NULL, NULL};
             if ((st = run_op(&one, i, err)))
                 return st;
         }

@@ -174,6 +174,12 @@ int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *labe
     return 0;
 }
 
+int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs)
+{
+    (void)cs;
+    return 0;
+}
+
 int64_t cuda_session_device_bytes(const struct cuda_session *cs)
 {
     (void)cs;

@@ -53,11 +53,21 @@ __device__ __forceinline__ void gds_norm_qk(float *qs, float *ks, int dk)
     __syncthreads();
 }
 
+/* The thread's rows (sub, sub + TPC, ...) of state column c; zeros for a thread of no column. */
+__device__ __forceinline__ void gds_load_state(const float *S, int nr, bool own, int sub, int dv, int c,
+                                               float (&s)[GDS_MAX_ROWS])
+{
+#pragma unroll
+    for (int i = 0; i < GDS_MAX_ROWS; i++)
+        s[i] = i < nr && own ? S[(int64_t)(sub + GDS_TPC * i) * dv + c] : 0.0f;
+}
+
 __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
     griddep_launch();
+    l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
     cg::cluster_group cl = cg::this_cluster();
     const int GS = (int)cl.num_blocks(), rank = (int)cl.block_rank(), j = (int)blockIdx.x / GS;
     const int dk = a.dk, dv = a.dv, CB = dv / GS, nr = dk / GDS_TPC;
@@ -65,13 +75,15 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     const bool own = cc < CB; /* a thread of one of the block's columns */
     const int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
     float *S = a.state + (int64_t)j * dk * dv;
-    /* the state slice, the gates, z and the norm weight, all requested before the chain starts */
+    /* the state slice (before the wait with a.early), the gates, z and the norm weight, all
+     * requested before the chain starts */
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); /* waited for before the push */
-    griddep_wait();
     float s[GDS_MAX_ROWS];
-#pragma unroll
-    for (int i = 0; i < GDS_MAX_ROWS; i++)
-        s[i] = i < nr && own ? S[(int64_t)(sub + GDS_TPC * i) * dv + c] : 0.0f;
+    if (a.early)
+        gds_load_state(S, nr, own, sub, dv, c, s);
+    griddep_wait();
+    if (!a.early)
+        gds_load_state(S, nr, own, sub, dv, c, s);
     float b0 = a.b[j], a0 = a.a[j], dtb = a.dt[j], sa = a.ssm_a[j];
     float z0 = own ? a.z[(int64_t)j * dv + c] : 0.0f, gw = own ? a.gnorm_w[c] : 0.0f;
     /* q and k (every block all of them), this block's v */

@@ -138,12 +138,13 @@ __device__ __forceinline__ void gq_quantise_x(const struct gemv_args &a, const f
 }
 
 /* The middle of both gemvq kernels, once a warp's row copies are issued: close them as one
- * group, load the first norm weights (constant: before the wait), wait for the input, and let
+ * group, ask the L2 for the block's share of a later step's weights (a.pf), load the first norm weights (constant: before the wait), wait for the input, and let
  * the next launch start now when it should wait for this one's input (gemv_args.q_after_wait;
  * else the kernel let it start first thing). */
 __device__ __forceinline__ void gq_commit_and_wait(const struct gemv_args &a, float4 (&g0)[GEMV_NW])
 {
     cp_async_commit();
+    l2_prefetch_share(a.pf);
     gemv_load_norm_w(a, g0);
     griddep_wait();
     if (a.q_after_wait)

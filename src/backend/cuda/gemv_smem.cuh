@@ -40,12 +40,13 @@ static cudaError_t gs_raise_smem_limit(K kernel, const struct gs_shape &sh)
 }
 
 /* The middle of both kernels, once a block's row copies are issued: close them as one group,
- * let the next launch start (before the wait, or after it: gs_shape.launch_early), load the
+ * ask the L2 for its share of a later step's weights (a.pf), let the next launch start (before the wait, or after it: gs_shape.launch_early), load the
  * first norm weights (constant: before the wait), wait for the input. */
 __device__ __forceinline__ void gs_commit_and_wait(const struct gemv_args &a, bool launch_early,
                                                    float4 (&g0)[GEMV_NW])
 {
     cp_async_commit();
+    l2_prefetch_share(a.pf);
     if (launch_early)
         griddep_launch();
     gemv_load_norm_w(a, g0);

@@ -520,6 +520,7 @@ template <int EPL, bool ROPE, typename KV>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     griddep_launch();
+    l2_prefetch_share(a.pf); /* a later step's weights (weights only: before any wait) */
     if (!a.early) /* a.early: the position and the cached rows are read before the wait (below) */
         griddep_wait();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
