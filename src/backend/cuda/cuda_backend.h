@@ -168,7 +168,7 @@ struct cuda_options {
                           * wait (Qwen3.5's 16-warp blocks); 0: only where it already waits
                           * first; -1: never (docs/perf-log.md, sessions 19-20) */
     int32_t gdn_early;   /* decode graph: the DeltaNet step (over clusters) reads its recurrent
-                          * state before waiting for the in_proj launch, which then starts its
+                          * state and conv windows before waiting for the in_proj launch, which then starts its
                           * successor only after its own wait (the rule of attn_early). 0
                           * (default): on; -1: off */
     int32_t qkv_attn;    /* decode graph, 16-bit weights, sm_90: a layer's norm + q|k|v + q/k

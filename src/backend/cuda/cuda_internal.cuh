@@ -426,7 +426,8 @@ struct gdn_args {
      * blocks (gdn_decode.cu) when it applies; the caller sets it only on sm_90 and later */
     bool split;
     struct l2_range pf;      /* launch_gdn_split: a later step's weights asked into the L2 */
-    bool early;              /* launch_gdn_split: the state read before griddep_wait — only where
+    bool early;              /* launch_gdn_split: the state and the conv windows read before
+                              * griddep_wait — only where
                               * the launch before it starts this one after its own wait (then the
                               * step of the token before, which wrote the state, has finished; the
                               * session decides: mark_early_reads) */

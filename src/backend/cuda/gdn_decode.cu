@@ -75,30 +75,45 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     const bool own = cc < CB; /* a thread of one of the block's columns */
     const int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
     float *S = a.state + (int64_t)j * dk * dv;
-    /* the state slice (before the wait with a.early), the gates, z and the norm weight, all
-     * requested before the chain starts */
+    /* the weights (gates' constants, norm weight, conv taps) before the wait; the state slice
+     * and the conv windows too with a.early (the launch before waited first: the step of the
+     * token before, which wrote them, has finished); then the gates and z: the chain starts
+     * with every load in flight */
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); /* waited for before the push */
-    float s[GDS_MAX_ROWS];
-    if (a.early)
-        gds_load_state(S, nr, own, sub, dv, c, s);
-    griddep_wait();
-    if (!a.early)
-        gds_load_state(S, nr, own, sub, dv, c, s);
-    float b0 = a.b[j], a0 = a.a[j], dtb = a.dt[j], sa = a.ssm_a[j];
-    float z0 = own ? a.z[(int64_t)j * dv + c] : 0.0f, gw = own ? a.gnorm_w[c] : 0.0f;
-    /* q and k (every block all of them), this block's v */
     const int qch = kh * dk, kch = a.Hk * dk + kh * dk, vch = 2 * a.Hk * dk + j * dv + c;
+    const int ch_qk = tid < 2 * dk ? (tid < dk ? qch + tid : kch + tid - dk) : -1;
+    const bool conv_v = own && sub == 0;
+    float dtb = a.dt[j], sa = a.ssm_a[j], gw = own ? a.gnorm_w[c] : 0.0f;
+    float s[GDS_MAX_ROWS];
+    struct gdn_conv_in cv_qk, cv_v;
+    if (a.early) {
+        gds_load_state(S, nr, own, sub, dv, c, s);
+        if (a.conv_state && ch_qk >= 0)
+            gdn_conv_load(a, ch_qk, cv_qk);
+        if (a.conv_state && conv_v)
+            gdn_conv_load(a, vch, cv_v);
+    }
+    griddep_wait();
+    if (!a.early) {
+        gds_load_state(S, nr, own, sub, dv, c, s);
+        if (a.conv_state && ch_qk >= 0)
+            gdn_conv_load(a, ch_qk, cv_qk);
+        if (a.conv_state && conv_v)
+            gdn_conv_load(a, vch, cv_v);
+    }
+    float b0 = a.b[j], a0 = a.a[j];
+    float z0 = own ? a.z[(int64_t)j * dv + c] : 0.0f;
+    /* q and k (every block all of them), this block's v */
     float win_qk[GDN_CONV_MAX_K], win_v[GDN_CONV_MAX_K], y_qk = 0.0f, v = 0.0f;
-    int ch_qk = tid < 2 * dk ? (tid < dk ? qch + tid : kch + tid - dk) : -1;
     if (a.conv_state) {
         if (ch_qk >= 0)
-            y_qk = gdn_conv_token(a, ch_qk, win_qk);
-        if (own && sub == 0)
-            v = gdn_conv_token(a, vch, win_v);
+            y_qk = gdn_conv_finish(a, cv_qk, a.qkv[ch_qk], win_qk);
+        if (conv_v)
+            v = gdn_conv_finish(a, cv_v, a.qkv[vch], win_v);
     } else {
         if (ch_qk >= 0)
             y_qk = a.qkv[ch_qk];
-        if (own && sub == 0)
+        if (conv_v)
             v = a.qkv[vch];
     }
     if (ch_qk >= 0) /* blockDim >= 2 dk: one channel per thread */

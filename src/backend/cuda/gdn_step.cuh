@@ -37,23 +37,44 @@ __device__ __forceinline__ float gdn_conv_dot(const float (&tap)[GDN_CONV_MAX_K]
     return acc;
 }
 
+/* Channel ch's conv taps and window (the R = K - 1 inputs before this token, from the conv
+ * state): everything of the conv but this token's input, so a kernel may load them before
+ * its wait where the state is certainly written (gds_kernel with gdn_args.early). */
+struct gdn_conv_in {
+    float tap[GDN_CONV_MAX_K], win[GDN_CONV_MAX_K];
+};
+
+__device__ __forceinline__ void gdn_conv_load(const struct gdn_args &a, int ch, struct gdn_conv_in &c)
+{
+    int C = a.conv_C, R = a.conv_k - 1;
+    const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K; r++) {
+        c.tap[r] = r <= R ? tap[r] : 0.0f;
+        c.win[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
+    }
+}
+
+/* The conv output (silu after) of input in with c, and the channel's shifted window in
+ * win[0 .. R-1] for gdn_conv_store. */
+__device__ __forceinline__ float gdn_conv_finish(const struct gdn_args &a, const struct gdn_conv_in &c, float in,
+                                                 float (&win)[GDN_CONV_MAX_K])
+{
+    int R = a.conv_k - 1;
+    float acc = gdn_conv_dot(c.tap, c.win, in, R);
+#pragma unroll
+    for (int r = 0; r < GDN_CONV_MAX_K - 1; r++)
+        win[r] = r < R - 1 ? c.win[r + 1] : r == R - 1 ? in : 0.0f;
+    return silu_f(acc);
+}
+
 /* One token of the causal conv of channel ch on qkv (gdn_conv_kernel's order; silu after):
  * the output, and the channel's shifted window in win[0 .. R-1] for gdn_conv_store. */
 __device__ __forceinline__ float gdn_conv_token(const struct gdn_args &a, int ch, float (&win)[GDN_CONV_MAX_K])
 {
-    int C = a.conv_C, R = a.conv_k - 1;
-    const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
-    float in = a.qkv[ch], w[GDN_CONV_MAX_K], tp[GDN_CONV_MAX_K];
-#pragma unroll
-    for (int r = 0; r < GDN_CONV_MAX_K; r++) {
-        tp[r] = r <= R ? tap[r] : 0.0f;
-        w[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
-    }
-    float acc = gdn_conv_dot(tp, w, in, R);
-#pragma unroll
-    for (int r = 0; r < GDN_CONV_MAX_K - 1; r++)
-        win[r] = r < R - 1 ? w[r + 1] : r == R - 1 ? in : 0.0f;
-    return silu_f(acc);
+    struct gdn_conv_in c;
+    gdn_conv_load(a, ch, c);
+    return gdn_conv_finish(a, c, a.qkv[ch], win);
 }
 
 /* Stores channel ch's conv output y (in place on qkv) and its shifted window. */
