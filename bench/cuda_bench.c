@@ -482,6 +482,37 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
     return sw->n > 0;
 }
 
+/* --timeline: each shape's decode graph replayed with per-block stamps (cuda_session_timeline)
+ * for one token at position depth (after a prompt of depth tokens), reps replays averaged;
+ * with --sweep its shapes, else the default options. */
+static int decode_timeline(struct qwenrt_model *m, const struct sweep *sw, int32_t depth, int reps)
+{
+    struct qwenrt_error err = {0};
+    struct cuda_options def = cuda_default_options();
+    int ns = sw->n > 0 ? sw->n : 1;
+    int32_t *ids = malloc((size_t)(depth > 0 ? depth : 1) * sizeof(int32_t));
+    static char rep[8192];
+    int rc = ids ? 0 : 1;
+    for (int32_t i = 0; ids && i < depth; i++)
+        ids[i] = (int32_t)((i * 7919 + 17) % m->hp.n_vocab);
+    for (int k = 0; k < ns && !rc; k++) {
+        struct cuda_session *cs = NULL;
+        const struct cuda_options *o = sw->n > 0 ? &sw->os[k] : &def;
+        if (cuda_session_init(m->plans, depth + 16, o, &cs, &err) ||
+            (depth > 0 && cuda_session_run(cs, ids, depth, 0, false, NULL, NULL, NULL, &err)) ||
+            cuda_session_timeline(cs, 17, depth, reps, rep, sizeof(rep), &err)) {
+            fprintf(stderr, "--timeline %s: %s\n", sw->n > 0 ? sw->names[k] : "(default)", err.message);
+            rc = 1;
+        } else {
+            printf("decode timeline, %s, position %d:\n%s", sw->n > 0 ? sw->names[k] : "default options", (int)depth,
+                   rep);
+        }
+        cuda_session_free(cs);
+    }
+    free(ids);
+    return rc;
+}
+
 static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int reps)
 {
     const struct cuda_options *os = sw->os;
@@ -653,6 +684,7 @@ int main(int argc, char **argv)
     int smem_launch = 0; /* --gemv-smem-launch N: when its blocks let the next launch start */
     int gemv_mma = -1;   /* --gemv-mma 0|1: the tensor cores for gemv_smem's sums (-1: the default) */
     int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
+    int timeline = 0;
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
@@ -675,13 +707,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
+        else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -757,6 +790,8 @@ int main(int argc, char **argv)
         gemv_table(&m->hp);
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
+    if (timeline)
+        return decode_timeline(m, &sw, depth, reps);
     if (sweep)
         return decode_sweep(m, &sw, n_gen, reps);
     /* Gates. Exact: same argmax everywhere and logits within 1e-3 (Qwen3: 6e-6 measured);

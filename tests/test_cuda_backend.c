@@ -1288,6 +1288,34 @@ static void test_l2_prefetch(void **st)
     check_l2_prefetch("qwen35-tiny", EXPORT_BF16, 0);
 }
 
+/* cuda_session_timeline (a measurement): the report names the stamped steps of the decode
+ * graph and a positive span; reps < 1 is refused by name; afterwards the session decodes as
+ * one that never ran it (the timeline's graph is its own: no stamps left in the session's). */
+static void test_decode_timeline(void **st)
+{
+    (void)st;
+    char path[256], rep[4096];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_BF16, 1024, false, path, sizeof(path));
+    struct cuda_options o = cuda_default_options();
+    o.mega = CUDA_MEGA_OFF;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &o, &o, &a, &b, "timeline");
+    struct qwenrt_error err = {0};
+    assert_int_equal(cuda_session_timeline(a, 7, 0, 0, rep, sizeof(rep), &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "reps 0"));
+    if (cuda_session_timeline(a, 7, 0, 3, rep, sizeof(rep), &err))
+        fail_msg("timeline: %s", err.message);
+    assert_non_null(strstr(rep, "| norm+gemv(multi) |"));
+    assert_non_null(strstr(rep, "| rope+attention |"));
+    assert_non_null(strstr(rep, "| gemv+residual |"));
+    double span = 0;
+    const char *tail = strstr(rep, "first start to last end: ");
+    assert_non_null(tail);
+    assert_true(sscanf(tail, "first start to last end: %lf", &span) == 1 && span > 0 && span < 1e5);
+    decode_side_by_side(a, b, m->hp.n_vocab, 20, 10, true, "after a timeline / never");
+    free_synth_pair(a, b, m, path, NULL, NULL);
+}
+
 static void test_attention_rope_fused(void **st)
 {
     (void)st;
@@ -2212,6 +2240,7 @@ int main(void)
         cmocka_unit_test(test_attn_early),
         cmocka_unit_test(test_l2_prefetch),
         cmocka_unit_test(test_gdn_early),
+        cmocka_unit_test(test_decode_timeline),
         cmocka_unit_test(test_qkv_attn),
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_session_sample_cuda),

@@ -348,6 +348,16 @@ int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *labe
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */
 int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs);
 
+/* The decode graph's time line for token id at position pos (a measurement): the graph is
+ * captured with every launch that can (GEMVs, the attention, the DeltaNet step) writing
+ * %globaltimer stamps per block — start, release from its wait, end — and replayed reps times;
+ * writes to report, per step label, how early the first block started before the launch
+ * before it ended, how long after that end the median block was released, and how long from
+ * that release to its last block's end (us, means over the steps and replays). Errors:
+ * UNSUPPORTED (the megakernel decodes), INVALID_ARG (reps < 1), NOMEM, BACKEND. */
+qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t id, int32_t pos, int32_t reps, char *report,
+                                    size_t report_len, struct qwenrt_error *err);
+
 /* Times reps decode steps of token id at position pos: through the megakernel with a stamp
  * after every phase, or (no megakernel) the decode program's launches one by one with events
  * between them (no graph, so launch gaps are included); writes the mean microseconds per

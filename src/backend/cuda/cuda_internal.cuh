@@ -74,6 +74,22 @@ __device__ __forceinline__ void griddep_launch()
 #endif
 }
 
+/* ---- the decode timeline (cuda_session_timeline; a measurement) ----
+ * A launch given a stamps array has thread 0 of each block write %globaltimer at point i
+ * (0: start, 1: after griddep_wait, 2: the kernel's own (gemv_smem: rows and x in shared
+ * memory), 3: end) into stamps[block][4], blocks numbered x-fastest; NULL (always, outside
+ * the timeline): nothing. */
+#define TL_MAX_BLOCKS 65536 /* blocks of one launch the timeline keeps (later ones: none) */
+__device__ __forceinline__ void tl_stamp(unsigned long long *stamps, int i)
+{
+    unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (stamps && !(threadIdx.x | threadIdx.y | threadIdx.z) && b < TL_MAX_BLOCKS) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        stamps[4 * (size_t)b + i] = t;
+    }
+}
+
 /* ---- weights asked into the L2 ahead of their step (cuda_options.l2_prefetch_mb) ----
  * A decode launch may carry a byte range of later steps' weights; its blocks share it out and
  * ask the L2 to fetch it (cp.async.bulk.prefetch, sm_90). A hint: nothing waits for it, no
@@ -253,9 +269,12 @@ struct gemv_args {
                             * (Q8_K / Q8_0 blocks), integer dot products (cuda_options.gemvq_int8) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
-    unsigned long long *stamps; /* benchmarks (gemv_smem only; NULL otherwise): per block 4
-                            * %globaltimer stamps [block][4]: start, after griddep_wait, weights
-                            * and x in shared memory, end */
+    unsigned long long *stamps; /* benchmarks (NULL otherwise): per block 4 %globaltimer stamps
+                            * [block][4] (tl_stamp): start, after griddep_wait, (gemv_smem:)
+                            * weights and x in shared memory, end; gemv_smem and gemv_mma only
+                            * (their grids stay far below TL_MAX_BLOCKS). Not in gemvq nor gemv2:
+                            * compiled in, stamps changed their register allocation (gemv2's LM
+                            * head 82 -> 96) */
     struct l2_range pf;   /* a later step's weights asked into the L2 (gemv_smem, gemv_mma, gemvq) */
 };
 
@@ -387,6 +406,7 @@ struct attn_args {
      * rows (the session decides: mark_attn_early) */
     bool early;
     struct l2_range pf;  /* T == 1: a later step's weights asked into the L2 at the start */
+    unsigned long long *stamps; /* the decode timeline (tl_stamp; T == 1), or NULL */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
@@ -426,6 +446,7 @@ struct gdn_args {
      * blocks (gdn_decode.cu) when it applies; the caller sets it only on sm_90 and later */
     bool split;
     struct l2_range pf;      /* launch_gdn_split: a later step's weights asked into the L2 */
+    unsigned long long *stamps; /* launch_gdn_split: the decode timeline (tl_stamp), or NULL */
     bool early;              /* launch_gdn_split: the state and the conv windows read before
                               * griddep_wait — only where
                               * the launch before it starts this one after its own wait (then the

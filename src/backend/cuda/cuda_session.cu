@@ -146,6 +146,7 @@ struct cuda_session {
     bool gq_after_wait;       /* gemvq blocks start the next launch after their wait (same) */
     bool gq_int8;             /* gemvq's x in 8 bits (same) */
     struct argmax_scratch am; /* the greedy loop's argmax (opt.argmax_blocks) */
+    unsigned long long *tl;   /* while cuda_session_timeline captures: [n_steps][TL_MAX_BLOCKS][4] stamps */
     char mk_why[160];
 };
 
@@ -568,13 +569,14 @@ struct run_ctx {
     const int32_t *ld;   /* the buffers' row strides (merged products), NULL: their widths */
     const int32_t *merge; /* the prefill's merged products (merge_layout.run), or NULL */
     const struct l2_range *pf; /* run_step: the step's L2 prefetch (run_matmul passes it on), or NULL */
+    unsigned long long *stamps; /* the decode timeline: this step's stamps (tl_stamp), or NULL */
 };
 
 /* The context of the decode program's steps: one token, the session's decode buffers. */
 static struct run_ctx decode_ctx(struct cuda_session *cs)
 {
     return {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream,
-            0, false, NULL, NULL, NULL};
+            0, false, NULL, NULL, NULL, NULL};
 }
 
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
@@ -644,6 +646,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         gemv_session_args(cs, r->pdl, &a);
         if (r->pf)
             a.pf = *r->pf;
+        a.stamps = r->stamps;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -1194,6 +1197,7 @@ static void norm_gemv_args(struct run_ctx *r, const struct step *st, struct gemv
         a.k_mixed |= d->dtype != a.dtype;
     }
     a.pf = st->pf;
+    a.stamps = r->stamps;
     if (st->after_wait)
         a.smem_after_wait = a.q_after_wait = true;
 }
@@ -1283,7 +1287,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct gdn_args a = gdn_args_of(r, core, 1);
         a.z = b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = r->d[core + 1].vec, a.geps = gn->eps;
         a.split = cs->opt.gdn_split && cs->cc_major >= 9;
-        a.pf = st->pf;
+        a.pf = st->pf, a.stamps = r->stamps;
         a.early = st->early && r->pdl;
         if (st->kind == STEP_CONV_GDN_GATED) {
             a.conv_state = cs->conv[op->layer], a.conv_taps = r->d[st->op].vec;
@@ -1302,7 +1306,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct attn_args a;
         rope_attn_args(r, st->op, st->gate_op, ra, a);
         a.early = st->early && a.rope && r->pdl;
-        a.pf = st->pf;
+        a.pf = st->pf, a.stamps = r->stamps;
         if (!a.rope)
             CUDA_CHECK(launch_qk_norm_rope(&ra, r->stream));
         CUDA_CHECK(launch_attention(&a, r->stream));
@@ -1341,6 +1345,7 @@ static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error
     for (int32_t i = 0; i < cs->n_steps; i++) {
         if (step_omitted(cs, step_label(r.p, &cs->steps[i])))
             continue;
+        r.stamps = cs->tl ? cs->tl + (size_t)i * TL_MAX_BLOCKS * 4 : NULL;
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
             return st;
@@ -1580,6 +1585,161 @@ extern "C" qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, in
     return mk_profile(cs->mk, cs->stream, cs->d_ids, cs->d_pos, reps, report, report_len, err);
 }
 
+/* The timeline's per-step times of one replay, us from the token's first block start: the
+ * first block's start, the median block's release from griddep_wait, the last block's end;
+ * -1 where the step's kernels write no stamps. */
+struct tl_times {
+    double start, release, staged, mid_end, end; /* staged: gemv_smem's rows and x in shared memory
+                                                   * (median block; -1 elsewhere); mid_end: the
+                                                   * median block's end */
+};
+
+static int cmp_u64(const void *a, const void *b)
+{
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of the blocks' stamp k (those written) relative to t0, us; -1 when none. */
+static double tl_median(const unsigned long long *st, int k, unsigned long long t0, unsigned long long *scratch)
+{
+    int32_t n = 0;
+    for (int32_t b = 0; b < TL_MAX_BLOCKS; b++)
+        if (st[4 * (size_t)b] && st[4 * (size_t)b + k])
+            scratch[n++] = st[4 * (size_t)b + k];
+    if (!n)
+        return -1;
+    qsort(scratch, (size_t)n, sizeof(*scratch), cmp_u64);
+    return (double)(scratch[n / 2] - t0) * 1e-3;
+}
+
+/* One step's stamps (TL_MAX_BLOCKS blocks x 4) into times relative to t0 (ns); rel: scratch. */
+static struct tl_times tl_step(const unsigned long long *st, unsigned long long t0, unsigned long long *rel)
+{
+    struct tl_times t = {-1, -1, -1, -1, -1};
+    unsigned long long s0 = ~0ull, s3 = 0;
+    for (int32_t b = 0; b < TL_MAX_BLOCKS; b++) {
+        const unsigned long long *q = st + 4 * (size_t)b;
+        if (!q[0])
+            continue;
+        s0 = q[0] < s0 ? q[0] : s0;
+        s3 = q[3] > s3 ? q[3] : s3;
+    }
+    if (s0 == ~0ull)
+        return t;
+    t.start = (double)(s0 - t0) * 1e-3;
+    t.release = tl_median(st, 1, t0, rel);
+    t.staged = tl_median(st, 2, t0, rel);
+    t.mid_end = tl_median(st, 3, t0, rel);
+    t.end = s3 ? (double)(s3 - t0) * 1e-3 : -1;
+    return t;
+}
+
+/* The decode graph replayed with stamps (tl_stamp) in every launch that writes them; the
+ * times of each step averaged over reps replays (each after the one before has finished). */
+static qwenrt_status tl_collect(struct cuda_session *cs, int32_t reps, struct tl_times *avg, struct qwenrt_error *err)
+{
+    size_t n = (size_t)cs->n_steps * TL_MAX_BLOCKS * 4;
+    unsigned long long *h = (unsigned long long *)xcalloc(n, sizeof(*h));
+    unsigned long long *rel = (unsigned long long *)xcalloc(TL_MAX_BLOCKS, sizeof(*rel));
+    unsigned long long *d = NULL;
+    cudaGraphExec_t g = NULL;
+    qwenrt_status st = h && rel ? QWENRT_OK : err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    cudaError_t e = st ? cudaSuccess : cudaMalloc(&d, n * sizeof(*h));
+    if (!st && e == cudaSuccess) {
+        cs->tl = d;
+        st = capture(cs, false, &g, err);
+        cs->tl = NULL; /* the graph keeps the pointers; nothing else stamps */
+    }
+    for (int32_t r = 0; !st && e == cudaSuccess && r < reps; r++) {
+        if ((e = cudaMemsetAsync(d, 0, n * sizeof(*h), cs->stream)) != cudaSuccess ||
+            (e = cudaGraphLaunch(g, cs->stream)) != cudaSuccess || (e = cudaStreamSynchronize(cs->stream)) != cudaSuccess ||
+            (e = cudaMemcpy(h, d, n * sizeof(*h), cudaMemcpyDeviceToHost)) != cudaSuccess)
+            break;
+        unsigned long long t0 = ~0ull;
+        for (size_t b = 0; b < n; b += 4)
+            t0 = h[b] && h[b] < t0 ? h[b] : t0;
+        for (int32_t i = 0; i < cs->n_steps; i++) {
+            struct tl_times t = tl_step(h + (size_t)i * TL_MAX_BLOCKS * 4, t0, rel);
+            avg[i].start += t.start / reps, avg[i].release += t.release / reps, avg[i].end += t.end / reps;
+            avg[i].staged += t.staged / reps, avg[i].mid_end += t.mid_end / reps;
+        }
+    }
+    if (g)
+        cudaGraphExecDestroy(g);
+    cudaFree(d);
+    xfree(h), xfree(rel);
+    if (!st && e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "decode timeline");
+    return st;
+}
+
+extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t id, int32_t pos, int32_t reps,
+                                               char *report, size_t report_len, struct qwenrt_error *err)
+{
+    if (cs->mk)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: the timeline is the decode graph's, not the megakernel's");
+    if (reps < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: timeline reps %d (at least 1)", (int)reps);
+    qwenrt_status st = stage_inputs(cs, &id, 1, pos, err);
+    struct tl_times *t = (struct tl_times *)xcalloc((size_t)cs->n_steps, sizeof(*t));
+    if (!st && !t)
+        st = err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    if (!st)
+        st = tl_collect(cs, reps, t, err);
+    if (st) {
+        xfree(t);
+        return st;
+    }
+    /* per label: steps, mean gap from the step before's last end to this step's median
+     * release, mean time from that release to this step's last end */
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    const char *label[PROFILE_LABELS];
+    double gap[PROFILE_LABELS] = {0}, work[PROFILE_LABELS] = {0}, ahead[PROFILE_LABELS] = {0}, total = 0;
+    double staged[PROFILE_LABELS] = {0}, mid[PROFILE_LABELS] = {0};
+    int32_t n_staged[PROFILE_LABELS] = {0};
+    int32_t cnt[PROFILE_LABELS] = {0}, n_label = 0;
+    double prev_end = -1;
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        if (t[i].release < 0 || t[i].end < 0)
+            continue;
+        const char *l = step_label(p, &cs->steps[i]);
+        int32_t k = 0;
+        while (k < n_label && strcmp(label[k], l))
+            k++;
+        if (k == n_label && n_label < PROFILE_LABELS)
+            label[n_label++] = l;
+        if (k < n_label && prev_end >= 0) {
+            gap[k] += t[i].release - prev_end, work[k] += t[i].end - t[i].release, cnt[k]++;
+            ahead[k] += prev_end - t[i].start;
+            mid[k] += t[i].mid_end - t[i].release;
+            if (t[i].staged >= 0)
+                staged[k] += t[i].staged - t[i].release, n_staged[k]++;
+        }
+        prev_end = t[i].end;
+        total = t[i].end > total ? t[i].end : total;
+    }
+    size_t o = (size_t)snprintf(report, report_len,
+                                "| step (decode graph, stamped launches) | launches | first block started before the "
+                                "launch before ended, us | release (median block) after that end, us | release to "
+                                "rows and x staged (gemv_smem, median), us | release to the median block's end, us | "
+                                "release to the last block's end, us |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int32_t k = 0; k < n_label && o < report_len; k++) {
+        if (!cnt[k])
+            continue;
+        char sg[32] = "-";
+        if (n_staged[k])
+            snprintf(sg, sizeof(sg), "%.2f", staged[k] / n_staged[k]);
+        o += (size_t)snprintf(report + o, report_len - o, "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f |\n", label[k],
+                              (int)cnt[k], ahead[k] / cnt[k], gap[k] / cnt[k], sg, mid[k] / cnt[k], work[k] / cnt[k]);
+    }
+    if (o < report_len)
+        o += (size_t)snprintf(report + o, report_len - o, "first start to last end: %.1f us (%d reps)\n", total,
+                              (int)reps);
+    xfree(t);
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_t *ids,
                                                       int32_t T, char *report, size_t report_len,
                                                       struct qwenrt_error *err)
@@ -1605,7 +1765,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
     struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false,
-                        cs->pm.ld, NULL, NULL};
+                        cs->pm.ld, NULL, NULL, NULL};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -2138,7 +2298,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         b = cs->pbufs;
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
-                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL, NULL};
+                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL, NULL, NULL};
     cs->mk_top_ready = false;
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) { /* the step's argmax comes along (cuda_session_top's greedy shortcut) */
@@ -2399,7 +2559,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
     struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
-                          NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -2411,7 +2571,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
             struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r], false, NULL, NULL, NULL};
+                                  pos[r], false, NULL, NULL, NULL, NULL};
             if ((st = run_op(&one, i, err)))
                 return st;
         }

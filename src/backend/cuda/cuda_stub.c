@@ -174,6 +174,13 @@ int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *labe
     return 0;
 }
 
+qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t id, int32_t pos, int32_t reps, char *report,
+                                    size_t report_len, struct qwenrt_error *err)
+{
+    (void)cs, (void)id, (void)pos, (void)reps, (void)report, (void)report_len;
+    return not_built(err);
+}
+
 int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs)
 {
     (void)cs;

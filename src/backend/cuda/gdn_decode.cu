@@ -66,6 +66,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
+    tl_stamp(a.stamps, 0);
     griddep_launch();
     l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
     cg::cluster_group cl = cg::this_cluster();
@@ -94,6 +95,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
             gdn_conv_load(a, vch, cv_v);
     }
     griddep_wait();
+    tl_stamp(a.stamps, 1);
     if (!a.early) {
         gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
@@ -145,6 +147,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
         if (own && sub == 0)
             gdn_conv_store(a, vch, v, win_v);
     }
+    tl_stamp(a.stamps, 3);
 #else
     __trap();
 #endif

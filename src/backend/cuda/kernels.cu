@@ -516,9 +516,15 @@ __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *
     }
 }
 
-template <int EPL, bool ROPE, typename KV>
+/* TL: the decode timeline's variant (a.stamps written; cuda_session_timeline). A separate
+ * instantiation, so that the kernel the decode runs is the one without them: compiled into
+ * it, the stamps changed its register allocation (90 -> 80) and Qwen3-0.6B BF16 measured
+ * 3.7% slower (docs/perf-log.md, session 20). */
+template <int EPL, bool ROPE, typename KV, bool TL = false>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
+    if (TL)
+        tl_stamp(a.stamps, 0);
     griddep_launch();
     l2_prefetch_share(a.pf); /* a later step's weights (weights only: before any wait) */
     if (!a.early) /* a.early: the position and the cached rows are read before the wait (below) */
@@ -550,6 +556,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
     if (a.early) /* q, k and v of this token come from the launch before */
         griddep_wait();
+    if (TL)
+        tl_stamp(a.stamps, 1);
     if (ROPE)
         attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
@@ -630,10 +638,15 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
                 a.count[h] = 0; /* every split has arrived: ready for the next step */
         }
         __syncthreads();
-        if (!s_last)
+        if (!s_last) {
+            if (TL)
+                tl_stamp(a.stamps, 3);
             return;
+        }
         __threadfence();
         attention_merge<EPL>(a, a.part + (int64_t)h * gridDim.z * (hd + 2), hd + 2, S, op, gp);
+        if (TL)
+            tl_stamp(a.stamps, 3);
         return;
     }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -646,6 +659,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
             o *= sigmoid_f(d == (int)threadIdx.x ? g0 : gp[d]);
         op[d] = o;
     }
+    if (TL)
+        tl_stamp(a.stamps, 3);
 }
 
 /* ---- attention for prefill (T > 1): one block of ATT_TW warps per (query head, tile of
@@ -808,6 +823,15 @@ static cudaError_t launch_attention_tiled(const struct attn_args *a, cudaStream_
 
 bool attention_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 
+/* The decode graph's attention (RoPE inside): the stamped instantiation for the timeline. */
+template <int EPL, typename KV>
+static cudaError_t launch_attention_rope(const struct attn_args *a, dim3 grid, dim3 block, cudaStream_t s)
+{
+    if (a->stamps)
+        return launch_k(a->pdl, attention_kernel<EPL, true, KV, true>, grid, block, 0, s, *a);
+    return launch_k(a->pdl, attention_kernel<EPL, true, KV>, grid, block, 0, s, *a);
+}
+
 template <typename KV>
 static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s)
 {
@@ -819,9 +843,9 @@ static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s
         if (a->T != 1 || a->n_rot > a->hd)
             return cudaErrorInvalidValue;
         switch (a->hd) {
-        case 64: return launch_k(a->pdl, attention_kernel<2, true, KV>, grid, block, 0, s, *a);
-        case 128: return launch_k(a->pdl, attention_kernel<4, true, KV>, grid, block, 0, s, *a);
-        case 256: return launch_k(a->pdl, attention_kernel<8, true, KV>, grid, block, 0, s, *a);
+        case 64: return launch_attention_rope<2, KV>(a, grid, block, s);
+        case 128: return launch_attention_rope<4, KV>(a, grid, block, s);
+        case 256: return launch_attention_rope<8, KV>(a, grid, block, s);
         default: return cudaErrorInvalidValue;
         }
     }
