@@ -1516,6 +1516,18 @@ extern "C" int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs)
 
 #define PROFILE_LABELS 16
 
+/* The slot of step label l among the n_label so far (added when new and there is room); n_label
+ * when there is none. */
+static int32_t label_slot(const char **label, int32_t *n_label, const char *l)
+{
+    int32_t k = 0;
+    while (k < *n_label && strcmp(label[k], l))
+        k++;
+    if (k == *n_label && *n_label < PROFILE_LABELS)
+        label[(*n_label)++] = l;
+    return k;
+}
+
 /* The decode program's steps timed one by one (events between launches, no graph), mean
  * microseconds per token by step label. The decode inputs are staged. */
 static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char *report,
@@ -1549,12 +1561,7 @@ static qwenrt_status profile_program(struct cuda_session *cs, int32_t reps, char
         for (int32_t i = 0; i < n && !st && rep >= 0; i++) {
             float ms = 0;
             cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
-            const char *l = step_label(p, &cs->steps[i]);
-            int32_t k = 0;
-            while (k < n_label && strcmp(label[k], l))
-                k++;
-            if (k == n_label && n_label < PROFILE_LABELS)
-                label[n_label++] = l;
+            int32_t k = label_slot(label, &n_label, step_label(p, &cs->steps[i]));
             if (k < n_label)
                 us[k] += 1e3 * ms / reps, cnt[k]++;
             total += 1e3 * ms / reps;
@@ -1703,12 +1710,7 @@ extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t 
     for (int32_t i = 0; i < cs->n_steps; i++) {
         if (t[i].release < 0 || t[i].end < 0)
             continue;
-        const char *l = step_label(p, &cs->steps[i]);
-        int32_t k = 0;
-        while (k < n_label && strcmp(label[k], l))
-            k++;
-        if (k == n_label && n_label < PROFILE_LABELS)
-            label[n_label++] = l;
+        int32_t k = label_slot(label, &n_label, step_label(p, &cs->steps[i]));
         if (k < n_label && prev_end >= 0) {
             gap[k] += t[i].release - prev_end, work[k] += t[i].end - t[i].release, cnt[k]++;
             ahead[k] += prev_end - t[i].start;
