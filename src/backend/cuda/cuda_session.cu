@@ -38,6 +38,7 @@
 
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/l2_plan.h"
 #include "base/alloc.h"
 #include "base/half.h"
 }
@@ -1059,79 +1060,34 @@ static bool step_prefetches(const struct step *st)
            st->kind == STEP_QKV_ATTN || st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED;
 }
 
-/* The memory of the part [lo, hi) of the weight stream (every step's weights back to back in
- * program order, `ws` of them) as one range: from its first byte to its last, start rounded up
- * and end down to 16 bytes (a hint: the few bytes left out cost nothing). The arena holds the
- * layers in program order, so the range is the part itself, plus the small vectors (norm
- * weights) between matrices; where it is not (more than twice the part's bytes), only the
- * first matrix's piece. */
-static struct l2_range stream_range(const struct dop *const *ws, int32_t n_ws, int64_t lo, int64_t hi)
-{
-    uintptr_t a0 = 0, b0 = 0, first = UINTPTR_MAX, last = 0; /* the first piece; the envelope */
-    int64_t off = 0;
-    for (int32_t i = 0; i < n_ws && off < hi; off += (int64_t)ws[i]->N * ws[i]->row_bytes, i++) {
-        int64_t len = (int64_t)ws[i]->N * ws[i]->row_bytes;
-        int64_t s = lo > off ? lo : off, e = off + len < hi ? off + len : hi;
-        if (s >= e)
-            continue;
-        uintptr_t a = (uintptr_t)ws[i]->w + (uintptr_t)(s - off), b = (uintptr_t)ws[i]->w + (uintptr_t)(e - off);
-        if (!b0)
-            a0 = a, b0 = b;
-        first = a < first ? a : first;
-        last = b > last ? b : last;
-    }
-    if (!b0)
-        return {NULL, 0};
-    if (last - first > 2 * (uint64_t)(hi - lo))
-        first = a0, last = b0;
-    struct l2_range r = {NULL, 0};
-    first = (first + 15) & ~(uintptr_t)15, last &= ~(uintptr_t)15;
-    if (last > first && last - first <= UINT32_MAX)
-        r.p = (const void *)first, r.bytes = (uint32_t)(last - first);
-    return r;
-}
-
-/* cuda_options.l2_prefetch_mb = W: each step whose launch can issue a prefetch asks the L2 for
- * the weights up to W MB past its own start in the weight stream, from where the last such
- * step stopped and never its own (its launch streams those itself). So in steady state each
- * step asks for as many bytes as the step before it streamed, W ahead: HBM keeps streaming
- * while the chain waits on the attention, the DeltaNet step or a launch boundary. The stream
- * ends with the last layer: the LM head would evict what was fetched for the next token. */
+/* cuda_options.l2_prefetch_mb: each step whose launch can issue a prefetch asks the L2 for
+ * the layers' weights up to that many MB past its own start (l2_plan.h has the rule; the LM
+ * head is left out of the stream: it would evict what was fetched for the next token). */
 static qwenrt_status plan_l2_prefetch(struct cuda_session *cs, struct qwenrt_error *err)
 {
+    for (int32_t i = 0; i < cs->n_steps; i++)
+        memset(&cs->steps[i].pf, 0, sizeof(cs->steps[i].pf));
     if (cs->opt.l2_prefetch_mb <= 0 || cs->cc_major < 9)
         return QWENRT_OK;
-    const struct dop **ws = (const struct dop **)xcalloc((size_t)cs->n_steps * GEMV_MAX_SEG + 1, sizeof(*ws));
-    int64_t *start = (int64_t *)xcalloc((size_t)cs->n_steps + 1, sizeof(int64_t));
-    if (!ws || !start) {
-        xfree(ws), xfree(start);
+    struct l2_piece *pieces = (struct l2_piece *)xcalloc((size_t)cs->n_steps * GEMV_MAX_SEG + 1, sizeof(*pieces));
+    struct l2_step *steps = (struct l2_step *)xcalloc((size_t)cs->n_steps + 1, sizeof(*steps));
+    struct l2_span *spans = (struct l2_span *)xcalloc((size_t)cs->n_steps + 1, sizeof(*spans));
+    if (!pieces || !steps || !spans) {
+        xfree(pieces), xfree(steps), xfree(spans);
         return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
     }
-    int32_t n_ws = 0;
-    int64_t total = 0;
+    int32_t n_pieces = 0;
     for (int32_t i = 0; i < cs->n_steps; i++) {
         const struct dop *own[GEMV_MAX_SEG + 1];
-        start[i] = total;
-        for (int32_t k = 0, n = step_weights(cs, &cs->steps[i], own); k < n; k++, n_ws++) {
-            ws[n_ws] = own[k];
-            total += (int64_t)own[k]->N * own[k]->row_bytes;
-        }
+        steps[i].n_pieces = step_weights(cs, &cs->steps[i], own);
+        steps[i].issues = step_prefetches(&cs->steps[i]);
+        for (int32_t k = 0; k < steps[i].n_pieces; k++, n_pieces++)
+            pieces[n_pieces].w = own[k]->w, pieces[n_pieces].bytes = (int64_t)own[k]->N * own[k]->row_bytes;
     }
-    start[cs->n_steps] = total;
-    const int64_t W = (int64_t)cs->opt.l2_prefetch_mb << 20;
-    int64_t done = 0; /* the stream is asked for up to here */
-    for (int32_t i = 0; i < cs->n_steps; i++) {
-        struct step *st = &cs->steps[i];
-        memset(&st->pf, 0, sizeof(st->pf));
-        if (!step_prefetches(st))
-            continue;
-        int64_t lo = done > start[i + 1] ? done : start[i + 1], hi = start[i] + W < total ? start[i] + W : total;
-        if (lo < hi)
-            st->pf = stream_range(ws, n_ws, lo, hi);
-        if (hi > done)
-            done = hi;
-    }
-    xfree(ws), xfree(start);
+    l2_plan_make(pieces, steps, cs->n_steps, (int64_t)cs->opt.l2_prefetch_mb << 20, spans);
+    for (int32_t i = 0; i < cs->n_steps; i++)
+        cs->steps[i].pf.p = spans[i].p, cs->steps[i].pf.bytes = spans[i].bytes;
+    xfree(pieces), xfree(steps), xfree(spans);
     return QWENRT_OK;
 }
 
