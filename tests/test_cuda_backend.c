@@ -1178,13 +1178,14 @@ static void check_attention_rope(const char *arch, int32_t width)
     free_synth_pair(a, b, m, path, NULL, NULL);
 }
 
-/* The attention reading the position and its first cached rows before its wait (attn_early,
- * the default where the q|k|v launch starts its successor only after its own wait) against
- * reading them after: the same arithmetic, so the logits must be bit for bit the same, from
- * position 0 and after a 150-token prompt; and every layer's attention takes it (Qwen3 BF16 at
- * Qwen3-0.6B's head geometry: gemv_smem after the wait; Q4_K_M: gemvq with 8-bit x, after the
- * wait; qwen35-tiny, its output gate) — or none, where gemv_smem starts its successor before
- * its wait (gemv_smem_launch 1; Qwen3.5-0.8B's 16-warp blocks by default). */
+/* The attention reading the position and its first cached rows before its wait (attn_early)
+ * against reading them after: the same arithmetic, so the logits must be bit for bit the same,
+ * from position 0 and after a 150-token prompt. With early = 0 (only where the q|k|v launch
+ * already starts its successor after its own wait) every layer's attention takes it (Qwen3
+ * BF16 at Qwen3-0.6B's head geometry: gemv_smem after the wait; Q4_K_M: gemvq with 8-bit x,
+ * after the wait; qwen35-tiny, its output gate) — or none, where gemv_smem starts its
+ * successor before its wait (gemv_smem_launch 1, as Qwen3.5-0.8B's 16-warp blocks); with
+ * early = 1 (the default) that launch is made to wait first, and every attention takes it. */
 static void check_attn_early(const char *arch, enum export_type type, int32_t width, int32_t launch, int32_t early,
                              bool expect)
 {

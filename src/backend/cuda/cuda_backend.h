@@ -340,8 +340,9 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
 
 /* How many launches of the decode graph program carry this step label (as in the decode
  * profile, e.g. "norm+gate|up+down+residual"; "rope+attention (early)": those attention steps
- * that read the position and cached rows before their wait, cuda_options.attn_early). The
- * program is built also when the megakernel runs decode. 0 for a NULL session or label. */
+ * that read the position and cached rows before their wait, cuda_options.attn_early; "gdn
+ * (early)": the DeltaNet steps that read their state before their wait, cuda_options.gdn_early).
+ * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 
 /* Bytes of weights the decode program's launches ask the L2 for per token

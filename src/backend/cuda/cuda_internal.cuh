@@ -403,7 +403,7 @@ struct attn_args {
      * read before griddep_wait. Only where the launch before this one lets it start after its
      * own wait (gemv_smem / gemvq "after the wait"): then every launch before that one has
      * finished, among them the argmax that wrote *pos0 and the earlier steps that wrote the
-     * rows (the session decides: mark_attn_early) */
+     * rows (the session decides: mark_early_reads) */
     bool early;
     struct l2_range pf;  /* T == 1: a later step's weights asked into the L2 at the start */
     unsigned long long *stamps; /* the decode timeline (tl_stamp; T == 1), or NULL */
