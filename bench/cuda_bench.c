@@ -381,7 +381,7 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
  * cuda_session of the default options with pdl P (0/1), gemvq_warps W, gemvq_rows R,
  * gemvq_launch L, gemvq_smem_kb KB (0 = the default of each), gemvq_head_blocks H,
  * argmax_blocks A, gemvq_int8 I and qkv_attn Q (absent: the default), then any int32 option
- * sweep_field names set to V (e.g. +gemv_smem_warps=16) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
+ * sweep_field names set to V (e.g. +gemv_smem_warps=16; also +gemv_mma=0|1) and, after '@', decode steps left out (cuda_options.omit_steps: a measurement of what
  * each step costs in the pipelined step; its logits are wrong); rounds interleaved (every shape once per round,
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
@@ -415,6 +415,14 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
     return NULL;
 }
 
+/* The bool field of o named key, for +key=0|1 (NULL: no such option). */
+static bool *sweep_flag(struct cuda_options *o, const char *key)
+{
+    if (!strcmp(key, "gemv_mma"))
+        return &o->gemv_mma;
+    return NULL;
+}
+
 /* The --sweep spec into sw, before any work (a bad spec is named at once); false when bad. */
 static bool parse_sweep(const char *spec, struct sweep *sw)
 {
@@ -439,10 +447,19 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
             char key[40];
             int val, n = 0;
             int32_t *field = NULL;
-            if (sscanf(p + used, "+%39[a-z0-9_]=%d%n", key, &val, &n) == 2)
+            bool *flag = NULL;
+            if (sscanf(p + used, "+%39[a-z0-9_]=%d%n", key, &val, &n) == 2) {
                 field = sweep_field(o, key);
+                flag = field ? NULL : sweep_flag(o, key);
+            }
+            if (flag && (val == 0 || val == 1)) {
+                *flag = val == 1;
+                used += n;
+                continue;
+            }
             if (!field) {
-                fprintf(stderr, "--sweep: expected +NAME=VALUE with NAME one of the int32 options sweep_field lists at \"%s\"\n",
+                fprintf(stderr, "--sweep: expected +NAME=VALUE with NAME one of the int32 options sweep_field lists "
+                        "(or gemv_mma=0|1) at \"%s\"\n",
                         p + used);
                 return false;
             }
@@ -873,7 +890,7 @@ int main(int argc, char **argv)
     }
     double pp = pv[0].tok_s;
 
-    uint64_t tg_hash = 0;
+    uint64_t tg_hash_mega = 0, tg_hash_graph = 0; /* the last logits of variants 0 and 3 */
     int32_t first_ids[4] = {0};
     for (size_t v = 0; v < sizeof(vs) / sizeof(vs[0]); v++) {
         if ((decode_only && !tg_variant && v != 0 && v != 3 && v != 7 && v != 8) || prefill_only || api_only || (tg_variant && strcmp(tg_variant, vs[v].name)))
@@ -925,8 +942,10 @@ int main(int argc, char **argv)
                 times[r] = time_now_s() - t0;
         }
         vs[v].tok_s = n_gen / median(times, reps);
+        if (v == 3)
+            tg_hash_graph = fnv(logits, (size_t)V);
         if (v == 0) {
-            tg_hash = fnv(logits, (size_t)V);
+            tg_hash_mega = fnv(logits, (size_t)V);
             memcpy(first_ids, out, sizeof(first_ids));
         } else if (memcmp(first_ids, out, sizeof(first_ids))) {
             printf("note: %s generated different first ids\n", vs[v].name);
@@ -949,6 +968,7 @@ int main(int argc, char **argv)
 
     /* the default decode path: the megakernel (quantised) or the graph with L2 prefetch */
     double tg = default_mega ? vs[0].tok_s : vs[3].tok_s;
+    uint64_t tg_hash = default_mega ? tg_hash_mega : tg_hash_graph; /* (before session 21: always the megakernel's) */
     for (size_t v = 0; tg_variant && v < sizeof(vs) / sizeof(vs[0]); v++)
         if (!strcmp(tg_variant, vs[v].name))
             printf("tg-variant %s: %.1f tok/s\n", vs[v].name, vs[v].tok_s);
@@ -973,6 +993,7 @@ int main(int argc, char **argv)
             fprintf(f, "\",\n  \"device\": \"%s\",\n", dev);
             fprintf(f, "  \"logits_hash_pp\": \"%016llx\",\n  \"logits_hash_tg\": \"%016llx\",\n",
                     (unsigned long long)pp_hash, (unsigned long long)tg_hash);
+            fprintf(f, "  \"logits_hash_tg_megakernel\": \"%016llx\",\n", (unsigned long long)tg_hash_mega);
             fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);

@@ -17,7 +17,7 @@
  * the other 13 rows unused (their results are never read); W's rows are the 8 columns of B.
  * D row m, column n is then term m's dot product with row n, and rows 0-2 summed give y[n].
  *
- * A block's R rows (R = W * 32 / L as in gemv_smem, L = 8 or 16 lanes per row there) are
+ * A block's R rows (R = W * 32 / L as in gemv_smem, L = 8 or 16 by K: gs_lanes) are
  * tiles of 8; each tile belongs to S = L / 4 warps that split K (K % (64 S) == 0, checked by
  * gemv_smem_shape). A warp copies exactly the chunks it will read (its tile's 8 rows, its
  * K slice), so after its cp.async wait a __syncwarp makes them visible; one block barrier

@@ -14,30 +14,35 @@
  * registers, so the next GEMV's blocks fit beside the running kernel's (session 13's
  * timeline, `cuda_bench --gemv`: every block of the next launch starts 4-30 us early).
  *
- * Once the weights are in shared memory, shared-memory bandwidth bounds the dot products
- * (128 bytes per cycle per multiprocessor): the copy in, the weights out, and x. Reading x
- * once per 16-byte chunk of weights, as gemv2's lane-per-chunk order does, costs 2-4 times the
- * weights' own traffic (measured: 1.5-2.3 us for a 64 KB share). So here a row belongs to a
- * group of L lanes (L = 8 or 16; 32 / L rows per warp): in one instruction the 32 / L rows
- * read the same L chunks of x, 16 bytes apart (x is staged as two arrays, elements 0-3 and
- * 4-7 of each chunk), and each group's L weight chunks are 128 or 256 contiguous bytes: no
- * bank conflicts, and x costs a quarter to a half of the weights' traffic.
+ * Once the weights are in shared memory, shared memory bounds the dot products: a 16-byte
+ * load of a warp takes four wavefronts (one cycle each per multiprocessor) whether its lanes
+ * read 512 different bytes or fewer, and x in f32 is twice the bytes of the 16-bit weights.
+ * So a warp owns RPW rows (4 for K <= 1024, 2 above: 32 / L in gs_shape's terms) and every
+ * lane reads its chunks c = lane, lane + 32, ... of x once (x staged as two arrays, elements
+ * 0-3 and 4-7 of each 8-element chunk) and uses them for all of the warp's rows: per 16 bytes
+ * of weights 4 + 8 / (RPW * P) wavefronts, where a group of L lanes per row (sessions 13-20)
+ * read x once per row: 12 (8 for the SwiGLU pair). Session 21's time line had the dot products
+ * at 1.2-1.6 us of each launch's ~3 us after its release; this order measured Qwen3-0.6B BF16
+ * +5.4% and Qwen3.5-0.8B BF16 +4.3% (docs/perf-log.md). Each lane's RPW * P sums are
+ * independent chains, and gs_reduce_rows adds them over the warp by exchanging halves of the
+ * rows: P (RPW - 1 + 5 - log2 RPW) shuffles instead of 5 RPW P.
  *
  * A block: W warps (cuda_options.gemv_smem_warps; by default the session picks 8, or 16 for
  * a model whose widest product would need more than one block of 8 warps per multiprocessor),
  * halved until its rows and x fit in gemv_smem_kb (picked with W: 120 KB, or 160); the
  * kernel's dynamic shared-memory limit is raised at launch when a block needs more than 48 KB.
  * In order:
- *   1. each lane copies its 16-byte chunks (q, q + L, ...) of its group's row(s) (P = 2:
- *      gate and up) into shared memory with cp.async; nothing reads activations yet;
+ *   1. each lane copies its 16-byte chunks (lane, lane + 32, ...) of each of the warp's rows
+ *      (P = 2: gate and up) into shared memory with cp.async; nothing reads activations yet;
  *   2. griddep_launch (the next kernel may start; after the wait instead when the session
  *      says so: pick_gemv_smem_shape), the first norm weights, griddep_wait;
  *   3. x staged and RMS-normalised in shared memory;
  *   4. each lane waits for its own copies (a thread's cp.async are visible to itself after
- *      its wait_group: no barrier), sums its chunks, and the group adds its L partial sums
- *      (butterfly), lane q = 0 stores.
- * The order of the sums differs from gemv2's (per group, then the butterfly), so the results
- * differ from gemv2's by rounding; test_cuda_backend compares both with the CPU reference.
+ *      its wait_group: no barrier), sums its chunks of every row, gs_reduce_rows adds the
+ *      lanes' parts, and one lane per row stores.
+ * The order of the sums differs from gemv2's (its lane-per-chunk order, then a butterfly per
+ * row; here the same chunks per lane, then the exchange of halves), so the results may differ
+ * from gemv2's by rounding; test_cuda_backend compares both with the CPU reference.
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -54,13 +59,13 @@ extern "C" {
 #define GS_MAX_ROWS 65536 /* more rows (an LM head: 311 MB streams best as gemv2) go to gemv2 */
 #endif
 #ifndef GS_L_SMALL
-#define GS_L_SMALL 8 /* lanes per row for K <= 1024 */
+#define GS_L_SMALL 8 /* L for K <= 1024: 32 / L = 4 rows per warp (gemv_mma: L / 4 warps per tile) */
 #endif
 #ifndef GS_L_BIG
-#define GS_L_BIG 16 /* lanes per row for 1024 < K <= 2048 */
+#define GS_L_BIG 16 /* L for 1024 < K <= 2048: 2 rows per warp */
 #endif
 #ifndef GS_L_HUGE
-#define GS_L_HUGE GS_L_BIG /* lanes per row for K > 2048 */
+#define GS_L_HUGE GS_L_BIG /* L for K > 2048 */
 #endif
 #ifndef GS_WARPS_MAX
 #define GS_WARPS_MAX 8 /* default warps per block (fewer only when their rows would not fit) */
@@ -68,8 +73,57 @@ extern "C" {
 #ifndef GS_SMEM_MAX
 #define GS_SMEM_MAX (120 * 1024) /* default dynamic shared memory per block (a multiprocessor has 228 KB) */
 #endif
-/* L lanes per row, P physical rows per row (2: the SwiGLU gate/up pair); wstride: bytes
- * between rows in shared memory (K * 2). */
+/* Row lr of the launch: its P weight rows and its output; false past the last row. */
+template <int P>
+__device__ __forceinline__ bool gs_row(const struct gemv_args &a, int64_t lr, const uint4 *(&rp)[P], float *&yp)
+{
+    if (P == 2) {
+        bool ok = lr < a.seg[0].N;
+        rp[0] = (const uint4 *)((const uint8_t *)a.seg[0].w + (ok ? lr : 0) * a.seg[0].row_bytes);
+        rp[P - 1] = (const uint4 *)((const uint8_t *)a.seg[1].w + (ok ? lr : 0) * a.seg[1].row_bytes);
+        yp = a.seg[0].y + (ok ? lr : 0);
+        return ok;
+    }
+    int sg = 0;
+    int64_t r = lr;
+    while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
+        r -= a.seg[sg++].N;
+    bool ok = r < a.seg[sg].N;
+    rp[0] = (const uint4 *)((const uint8_t *)a.seg[sg].w + (ok ? r : 0) * a.seg[sg].row_bytes);
+    yp = a.seg[sg].y + (ok ? r : 0);
+    return ok;
+}
+
+/* The warp's sums of its RPW rows (P each), every lane holding its parts of all of them,
+ * reduced over the 32 lanes: halves of the rows exchanged (lanes with bit 16 >> s set keep the
+ * upper half) until each lane holds one row, then a butterfly over the lanes that share it.
+ * Afterwards lane l holds row (l >> (5 - S)) & (RPW - 1), S = log2 RPW. */
+template <int RPW, int P>
+__device__ __forceinline__ void gs_reduce_rows(float (&acc)[RPW][P], int lane)
+{
+    constexpr int S = RPW >= 8 ? 3 : RPW >= 4 ? 2 : RPW >= 2 ? 1 : 0;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const int o = 16 >> s, half = RPW >> (s + 1);
+        const bool upper = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < half; i++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                float send = upper ? acc[i][p] : acc[i + half][p];
+                float keep = upper ? acc[i + half][p] : acc[i][p];
+                acc[i][p] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+    }
+#pragma unroll
+    for (int o = 16 >> S; o > 0; o >>= 1)
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            acc[0][p] += __shfl_xor_sync(0xffffffffu, acc[0][p], o);
+}
+
+/* 32 / L rows per warp (gs_shape.L; every lane sums a part of each), P physical rows per row
+ * (2: the SwiGLU gate/up pair); wstride: bytes between rows in shared memory (K * 2). */
 template <int DT, int P, int L>
 __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t wstride, bool launch_early)
@@ -80,90 +134,83 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
     if (st)
         st[0] = globaltimer_ns();
     constexpr int RPW = 32 / L; /* rows per warp */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int g = lane / L, q = lane % L, nchunk = a.K / 8;
+    constexpr int S = RPW >= 8 ? 3 : RPW >= 4 ? 2 : RPW >= 2 ? 1 : 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, nchunk = a.K / 8;
     float4 *xlo = gs_smem4, *xhi = gs_smem4 + nchunk;
-    const uint32_t wrow = smem_u32(gs_smem4 + 2 * nchunk) + (uint32_t)((warp * RPW + g) * P * wstride);
-    const int64_t lr = ((int64_t)blockIdx.x * nw + warp) * RPW + g;
-    const uint4 *rp[P];
-    bool ok;
-    float *yp;
-    if (P == 2) {
-        ok = lr < a.seg[0].N;
-        rp[0] = (const uint4 *)((const uint8_t *)a.seg[0].w + (ok ? lr : 0) * a.seg[0].row_bytes);
-        rp[P - 1] = (const uint4 *)((const uint8_t *)a.seg[1].w + (ok ? lr : 0) * a.seg[1].row_bytes);
-        yp = a.seg[0].y + (ok ? lr : 0);
-    } else {
-        int sg = 0;
-        int64_t r = lr;
-        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
-            r -= a.seg[sg++].N;
-        ok = r < a.seg[sg].N;
-        rp[0] = (const uint4 *)((const uint8_t *)a.seg[sg].w + (ok ? r : 0) * a.seg[sg].row_bytes);
-        yp = a.seg[sg].y + (ok ? r : 0);
-    }
-    if (ok)
+    const uint32_t wrow = smem_u32(gs_smem4 + 2 * nchunk) + (uint32_t)(warp * RPW * P * wstride);
+    const int64_t lr0 = ((int64_t)blockIdx.x * nw + warp) * RPW;
 #pragma unroll
-        for (int p = 0; p < P; p++)
-            for (int ch = q; ch < nchunk; ch += L)
-                cp_async16(wrow + (uint32_t)(p * wstride + ch * 16), rp[p] + ch);
+    for (int r = 0; r < RPW; r++) {
+        const uint4 *rp[P];
+        float *y;
+        if (gs_row<P>(a, lr0 + r, rp, y))
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                for (int ch = lane; ch < nchunk; ch += 32)
+                    cp_async16(wrow + (uint32_t)((r * P + p) * wstride + ch * 16), rp[p] + ch);
+    }
+    const int my_r = (lane >> (5 - S)) & (RPW - 1); /* the row this lane stores (gs_reduce_rows) */
+    const uint4 *rp_mine[P];
+    float *yp;
+    const bool stores = (lane & ((32 >> S) - 1)) == 0 && gs_row<P>(a, lr0 + my_r, rp_mine, yp);
     float4 g0[GEMV_NW];
     gs_commit_and_wait(a, launch_early, g0);
     if (st)
         st[1] = globaltimer_ns();
-    float yold = a.mode == GEMV_ACCUM && q == 0 && ok ? *yp : 0.0f;
+    float yold = a.mode == GEMV_ACCUM && stores ? *yp : 0.0f;
     gs_stage_x(a, xlo, xhi, g0, s_red);
     cp_async_wait<0>();
     if (st)
         st[2] = globaltimer_ns();
-    float acc[P];
+    float acc[RPW][P];
 #pragma unroll
-    for (int p = 0; p < P; p++)
-        acc[p] = 0.0f;
-#pragma unroll 4
-    for (int ch = q; ch < nchunk; ch += L) {
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            acc[r][p] = 0.0f;
+#pragma unroll(RPW * P > 8 ? 1 : 2) /* 16 chains of two chunks spill */
+    for (int ch = lane; ch < nchunk; ch += 32) {
         float4 x0 = xlo[ch], x1 = xhi[ch];
 #pragma unroll
-        for (int p = 0; p < P; p++) {
-            uint4 raw;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                         : "r"(wrow + (uint32_t)(p * wstride + ch * 16)));
-            acc[p] += gemv_dot8x<DT>(raw, x0, x1);
-        }
+        for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                uint4 raw;
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                             : "r"(wrow + (uint32_t)((r * P + p) * wstride + ch * 16)));
+                acc[r][p] += gemv_dot8x<DT>(raw, x0, x1);
+            }
     }
-#pragma unroll
-    for (int p = 0; p < P; p++)
-#pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1)
-            acc[p] += __shfl_xor_sync(0xffffffffu, acc[p], o);
-    float v = acc[0];
+    gs_reduce_rows<RPW, P>(acc, lane);
+    float v = acc[0][0];
     if (P == 2)
-        v = v / (1.0f + __expf(-v)) * acc[P - 1];
-    if (q == 0 && ok)
+        v = v / (1.0f + __expf(-v)) * acc[0][P - 1];
+    if (stores)
         *yp = a.mode == GEMV_ACCUM ? yold + v : v;
     if (st)
         st[3] = globaltimer_ns();
 }
 
-/* Lanes per row at this K (the kernel is built for 4, 8, 16 and 32). */
+/* L at this K: 32 / L rows per warp on the CUDA cores, L / 4 warps per 8-row tile on the
+ * tensor cores (the kernels are built for 4, 8, 16 and 32). */
 static int gs_lanes(int32_t K)
 {
     return K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE;
 }
 
-/* The block for rows of K at l lanes per row (P physical rows each): warps from the options,
+/* The block for rows of K at L = l (P physical rows each): warps from the options,
  * halved until the rows and x fit under the cap; false when not even one warp's fit, or when
  * mma and the block would hold fewer than 8 rows (one tile). Layouts in shared memory:
- *   CUDA cores: x as K floats, rows of K * 2 bytes (64 more below 8 lanes per row: two rows
- *     in one quarter warp stay off each other's banks);
+ *   CUDA cores: x as K floats, rows of K * 2 bytes (a warp's 16-byte loads read 512
+ *     contiguous bytes of one row);
  *   tensor cores: x as three bf16 terms (K * 6 bytes), rows of K * 2 + 16 bytes: ldmatrix's
  *     eight row addresses then fall on eight different 16-byte bank groups. */
 static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool mma, struct gs_shape *sh)
 {
     int w = a->smem_warps > 0 && a->smem_warps <= GEMV_SMEM_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
     size_t cap = a->smem_kb > 0 && a->smem_kb <= GEMV_SMEM_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
-    int32_t ws = mma ? a->K * 2 + 16 : a->K * 2 + (l < 8 ? 64 : 0);
+    int32_t ws = mma ? a->K * 2 + 16 : a->K * 2;
     size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * (mma ? 6 : 4);
     const int64_t rpw = 32 / l; /* rows per warp */
     const int64_t min_blocks = a->smem_min_blocks; /* > 0: fewer warps while the grid would be smaller */

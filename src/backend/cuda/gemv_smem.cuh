@@ -12,7 +12,7 @@
 
 #define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
 
-/* How a launch runs: lanes per row (gemv_smem) or warps per 8-row tile L / 4 (gemv_mma),
+/* How a launch runs: L (gemv_smem: 32 / L rows per warp; gemv_mma: L / 4 warps per 8-row tile),
  * warps per block, blocks, the bytes between rows in shared memory, the block's dynamic
  * shared memory and the cap it was fitted under, whether its blocks let the next launch
  * start before they wait for their input, and whether the tensor cores do the sums. */
