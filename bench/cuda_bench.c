@@ -458,8 +458,8 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
                 continue;
             }
             if (!field) {
-                fprintf(stderr, "--sweep: expected +NAME=VALUE with NAME one of the int32 options sweep_field lists "
-                        "(or gemv_mma=0|1) at \"%s\"\n",
+                fprintf(stderr, "--sweep: expected +NAME=VALUE with NAME one of the int32 options sweep_field lists at "
+                        "\"%s\" (or +gemv_mma=0|1)\n",
                         p + used);
                 return false;
             }

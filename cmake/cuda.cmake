@@ -39,6 +39,9 @@ set_tests_properties(cuda_bench_sweep_args PROPERTIES
 add_test(NAME cuda_bench_sweep_field_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0+gemv_smem_warps=16+no_such=1")
 set_tests_properties(cuda_bench_sweep_field_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--sweep: expected \\+NAME=VALUE with NAME one of the int32 options sweep_field lists at \"\\+no_such=1\"")
+add_test(NAME cuda_bench_sweep_flag_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0+gemv_mma=1+gemv_mma=2")
+set_tests_properties(cuda_bench_sweep_flag_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--sweep: expected \\+NAME=VALUE with NAME one of the int32 options sweep_field lists at \"\\+gemv_mma=2\" \\(or \\+gemv_mma=0\\|1\\)")
 add_test(NAME cuda_bench_sweep_omit_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0,0:0:0:0:0@")
 set_tests_properties(cuda_bench_sweep_omit_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--sweep: expected step labels \\(under 160 characters\\) after '@' at \"0:0:0:0:0@\"")
