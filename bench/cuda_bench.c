@@ -408,7 +408,8 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"attn_split_min", offsetof(struct cuda_options, attn_split_min)},
                   {"gemvq_launch", offsetof(struct cuda_options, gemvq_launch)},
                   {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb)},
-                  {"gdn_early", offsetof(struct cuda_options, gdn_early)}};
+                  {"gdn_early", offsetof(struct cuda_options, gdn_early)},
+                  {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);

@@ -346,9 +346,10 @@ static void test_op_matmul(void **state)
  *   (calibrate's pick for Qwen3-0.6B Q4_K_M, and Q4_K rows' 2 for Qwen3.5-0.8B); 12: x
  *   quantised to 8 bits (gemvq_int8) in the default shapes, 13: the same in 8-warp blocks of 2
  *   rows with 100 KB reserved and PDL after the wait (these two against the CPU's own
- *   quantised products, which quantise x the same way: the same integer sums). */
-#define GEMV_VARIANTS 14
-#define GEMV_VARIANT_INT8(v) ((v) >= 12)
+ *   quantised products, which quantise x the same way: the same integer sums); 16-bit rows at
+ *   T = 1, 14: gemv_smem with x in each warp's registers (gemv_smem_xreg). */
+#define GEMV_VARIANTS 15
+#define GEMV_VARIANT_INT8(v) ((v) == 12 || (v) == 13)
 
 /* Whether variant v applies to rows of dt, N of them, at T tokens. */
 static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
@@ -358,10 +359,12 @@ static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
         return false; /* the big-N rows are gemvq's (T = 1); the CPU reference is slow */
     if (v >= 4 && v < 6 && (dt != QR_BF16 || T > 1))
         return false;
-    if (v >= 6 && (dtype_is_float(dt) || T > 1))
+    if (v >= 6 && v < 14 && (dtype_is_float(dt) || T > 1))
         return false;
     if (v >= 9 && v < 11 && N < 32768)
         return false;
+    if (v == 14)
+        return sixteen && T == 1;
     return v != 3 || sixteen;
 }
 
@@ -385,6 +388,8 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemv_smem = false;
     if (v == 13)
         o.gemvq_warps = 8, o.gemvq_rows = 2, o.gemvq_smem_kb = 100, o.pdl = true, o.gemvq_launch = 2;
+    if (v == 14)
+        o.gemv_smem = true, o.gemv_smem_xreg = 1;
     return o;
 }
 
@@ -398,7 +403,11 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
         bool splits = K % (K <= 1024 ? 128 : 256) == 0;
         assert_int_equal(cuda_gemv_mma_takes(N, K), splits);
     }
-    if (v >= 6) { /* these shapes take every case the default gemvq takes (K = 1024, 2048,
+    if (v == 14) { /* x in registers: up to 4 chunks of 8 per lane (K <= 1024), 8 (K <= 2048) */
+        int32_t chunks = (K / 8 + 31) / 32, want = chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
+        assert_int_equal(cuda_gemv_smem_xreg_chunks(dt, N, K), want);
+    }
+    if (v >= 6 && v < 14) { /* these shapes take every case the default gemvq takes (K = 1024, 2048,
                    * 3072, 3584 in whole copy units: not Q6_K at 3584, whose 2,940-byte rows
                    * are not 8-byte multiples) */
         bool takes = cuda_gemvq_blocks(dt, N, K, 0, 0, 0) > 0;
@@ -1607,9 +1616,10 @@ static bool staged_in_timeline(struct cuda_session *cs, const char *label)
  * awkward 384 in F16 (48 chunks per row: lanes 0-15 sum two, 16-31 one). warps / kb:
  * the block shape asked for (0, 0: the session's pick, 8 and 120 for these narrow models);
  * launch: cuda_options.gemv_smem_launch (when the blocks let the next launch start); mma:
- * cuda_options.gemv_mma (the sums on the tensor cores, BF16). */
+ * cuda_options.gemv_mma (the sums on the tensor cores, BF16); xreg: cuda_options.gemv_smem_xreg
+ * (x in each warp's registers, normalised there: the fused norms of q|k|v and gate|up). */
 static void check_graph_gemv_smem(const char *arch, enum export_type type, int32_t width, int32_t warps, int32_t kb,
-                                  int32_t launch, bool mma)
+                                  int32_t launch, bool mma, bool xreg)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
@@ -1618,6 +1628,9 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
     on.pdl = off.pdl = true;
     on.gemv_smem = true, off.gemv_smem = false;
     on.gemv_smem_warps = warps, on.gemv_smem_kb = kb, on.gemv_smem_launch = launch, on.gemv_mma = mma;
+    on.gemv_smem_xreg = xreg;
+    if (xreg)
+        assert_int_equal(cuda_gemv_smem_xreg_chunks(type == EXPORT_F16 ? QR_F16 : QR_BF16, width, width), 4);
     assert_true(cuda_gemv_smem_takes(type == EXPORT_F16 ? QR_F16 : QR_BF16, width, width));
     if (mma)
         assert_true(cuda_gemv_mma_takes(width, width));
@@ -1634,8 +1647,8 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
     assert_false(staged_in_timeline(b, "gemv+residual"));
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
     char what[128];
-    snprintf(what, sizeof(what), "graph gemv_smem (launch %d%s) vs gemv2 (pdl on), %s %s width %d", (int)launch,
-             mma ? ", mma" : "", arch, export_type_name(type), (int)width);
+    snprintf(what, sizeof(what), "graph gemv_smem (launch %d%s%s) vs gemv2 (pdl on), %s %s width %d", (int)launch,
+             mma ? ", mma" : "", xreg ? ", x in registers" : "", arch, export_type_name(type), (int)width);
     double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
         fail_msg("%s: logits differ by %.3g", what, worst);
@@ -1644,16 +1657,20 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
 static void test_graph_gemv_smem(void **st)
 {
     (void)st;
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, false);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 0, 0, 0, false);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, false); /* Qwen3.5-0.8B's pick */
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0, 0, false);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, false, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 0, 0, 0, false, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, false, false); /* Qwen3.5-0.8B's pick */
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0, 0, false, false);
     /* every block launching its successor early, and every one after the wait */
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 1, false);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 2, false);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 1, false, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 2, false, false);
     /* the sums on the tensor cores: norms fused, the SwiGLU pair, the residual added */
-    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, true);
-    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, true);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, true, false);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, true, false);
+    /* x in each warp's registers: the norms, the pair, 8 chunks per lane without a norm */
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, false, true);
+    check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, false, true);
+    check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0, 0, false, true);
 }
 
 /* The KV cache in f16 (cuda_options.kv_f16) against f32 through the decode graph: 20 steps'
@@ -2185,7 +2202,7 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096 */
+     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2205,7 +2222,8 @@ static void test_backend_errors(void **st)
                    {"attn_early", offsetof(struct cuda_options, attn_early), {-2, 2}},
                    {"gdn_early", offsetof(struct cuda_options, gdn_early), {-2, 1}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},
-                   {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}}};
+                   {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}},
+                   {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

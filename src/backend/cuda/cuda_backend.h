@@ -183,6 +183,11 @@ struct cuda_options {
                           * streams while the chain of dependent steps waits (a hint: results
                           * do not change). 0: off; 1 to 64 (default 8: docs/perf-log.md,
                           * session 20) */
+    int32_t gemv_smem_xreg; /* gemv_smem on the CUDA cores: each warp reads x from global
+                          * memory into its registers and normalises it itself instead of the
+                          * block staging x in shared memory (no x in shared memory, no block
+                          * barrier), where K <= 1024, or K <= 2048 without a norm. 0 (default):
+                          * off; 1: on. Written in session 21 without a GPU: not yet measured */
     const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
                           * program leaves out its steps with these labels (';'-separated, as
                           * cuda_session_profile_decode names them, "argmax" for the greedy
@@ -291,6 +296,9 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
 bool cuda_gemv_mma_takes(int32_t N, int32_t K);
+/* The same with cuda_options.gemv_smem_xreg on: the chunks of x per lane gemv_smem holds in
+ * registers (4 or 8; 0: x staged in shared memory, or not gemv_smem). */
+int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K);
 /* The same for gemvq (quantised rows) with a block of warps (0: 4) of rows each (0: its pick)
  * reserving smem_kb: its grid, 0 when it does not take them. */
 int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb);

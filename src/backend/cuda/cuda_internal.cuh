@@ -269,6 +269,8 @@ struct gemv_args {
                             * (Q8_K / Q8_0 blocks), integer dot products (cuda_options.gemvq_int8) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
+    bool smem_xreg;        /* gemv_smem: x in each warp's registers, not staged in shared
+                            * memory, where K allows (cuda_options.gemv_smem_xreg) */
     unsigned long long *stamps; /* benchmarks (NULL otherwise): per block 4 %globaltimer stamps
                             * [block][4] (tl_stamp): start, after griddep_wait, (gemv_smem:)
                             * weights and x in shared memory, end; gemv_smem and gemv_mma only

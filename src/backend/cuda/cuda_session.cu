@@ -196,6 +196,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
     o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
     o.l2_prefetch_mb = 8; /* +1-2% (perf-log session 20) */
+    o.gemv_smem_xreg = 0; /* not yet measured (session 21) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -627,7 +628,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
     a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
-    a->mma = cs->opt.gemv_mma;
+    a->mma = cs->opt.gemv_mma, a->smem_xreg = cs->opt.gemv_smem_xreg == 1;
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
@@ -2025,6 +2026,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->l2_prefetch_mb < 0 || o->l2_prefetch_mb > 64)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: l2_prefetch_mb %d (0: off, or 1 to 64)",
                        (int)o->l2_prefetch_mb);
+    if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);

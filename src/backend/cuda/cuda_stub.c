@@ -205,6 +205,12 @@ bool cuda_gemv_mma_takes(int32_t N, int32_t K)
     return false;
 }
 
+int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K)
+{
+    (void)dtype, (void)N, (void)K;
+    return 0;
+}
+
 int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb)
 {
     (void)dtype, (void)N, (void)K, (void)warps, (void)rows, (void)smem_kb;

@@ -40,6 +40,12 @@
  *   4. each lane waits for its own copies (a thread's cp.async are visible to itself after
  *      its wait_group: no barrier), sums its chunks of every row, gs_reduce_rows adds the
  *      lanes' parts, and one lane per row stores.
+ * With cuda_options.gemv_smem_xreg (off by default; written in session 21 without a GPU, not
+ * yet measured) step 3 is each warp's own: its lanes load their chunks of x from global memory
+ * into registers (4 per lane for K <= 1024, with the norm's weights loaded before the wait; 8
+ * for K <= 2048 without a norm), the warp sums the squares itself (gs_load_x_regs), and the
+ * dot products read only weights from shared memory: no x in shared memory, no block barrier,
+ * 4 wavefronts per 512 bytes of weights.
  * The order of the sums differs from gemv2's (its lane-per-chunk order, then a butterfly per
  * row; here the same chunks per lane, then the exchange of halves), so the results may differ
  * from gemv2's by rounding; test_cuda_backend compares both with the CPU reference.
@@ -94,6 +100,24 @@ __device__ __forceinline__ bool gs_row(const struct gemv_args &a, int64_t lr, co
     return ok;
 }
 
+/* One 16-byte chunk ch of each of the warp's RPW x P rows (at shared address wrow, wstride
+ * apart) times x's elements x0 (0-3) and x1 (4-7), added to acc. */
+template <int DT, int RPW, int P>
+__device__ __forceinline__ void gs_dot_chunk(uint32_t wrow, int32_t wstride, int ch, float4 x0, float4 x1,
+                                             float (&acc)[RPW][P])
+{
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            uint4 raw;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                         : "r"(wrow + (uint32_t)((r * P + p) * wstride + ch * 16)));
+            acc[r][p] += gemv_dot8x<DT>(raw, x0, x1);
+        }
+}
+
 /* The warp's sums of its RPW rows (P each), every lane holding its parts of all of them,
  * reduced over the 32 lanes: halves of the rows exchanged (lanes with bit 16 >> s set keep the
  * upper half) until each lane holds one row, then a butterfly over the lanes that share it.
@@ -122,9 +146,44 @@ __device__ __forceinline__ void gs_reduce_rows(float (&acc)[RPW][P], int lane)
             acc[0][p] += __shfl_xor_sync(0xffffffffu, acc[0][p], o);
 }
 
+/* cuda_options.gemv_smem_xreg: the warp's own copy of x in registers, xr[i] = chunk lane + 32 i
+ * (elements 0-3, 4-7), RMS-normalised as gs_stage_x does it (x * (1 / rms) * norm_w, the sum of
+ * squares over the warp's lanes instead of the block's threads, so 1 / rms may differ in its
+ * last bit) when a.norm_w; NORM false: the launch has no norm. g holds the lane's norm weights,
+ * loaded before the wait. No shared memory, no block barrier. */
+template <int NC, bool NORM>
+__device__ __forceinline__ void gs_load_x_regs(const struct gemv_args &a, const float4 (&g)[NC][2], float4 (&xr)[NC][2])
+{
+    const int lane = threadIdx.x & 31, nchunk = a.K / 8;
+    const float4 *xt = (const float4 *)a.x, zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+        const int c = lane + 32 * i;
+        xr[i][0] = c < nchunk ? xt[2 * c] : zero;
+        xr[i][1] = c < nchunk ? xt[2 * c + 1] : zero;
+    }
+    if (!NORM)
+        return;
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NC; i++)
+        ss += gemv_sumsq4(xr[i][0]) + gemv_sumsq4(xr[i][1]);
+    const float inv = rsqrtf(warp_sum(ss) / (float)a.K + a.eps);
+#pragma unroll
+    for (int i = 0; i < NC; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float4 v = xr[i][h];
+            const float4 w = g[i][h];
+            v.x = v.x * inv * w.x, v.y = v.y * inv * w.y, v.z = v.z * inv * w.z, v.w = v.w * inv * w.w;
+            xr[i][h] = v;
+        }
+}
+
 /* 32 / L rows per warp (gs_shape.L; every lane sums a part of each), P physical rows per row
- * (2: the SwiGLU gate/up pair); wstride: bytes between rows in shared memory (K * 2). */
-template <int DT, int P, int L>
+ * (2: the SwiGLU gate/up pair); wstride: bytes between rows in shared memory (K * 2); NC: x
+ * chunks per lane in registers (gs_shape.xreg; 0: x staged in shared memory). */
+template <int DT, int P, int L, int NC>
 __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t wstride, bool launch_early)
 {
@@ -136,8 +195,8 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
     constexpr int RPW = 32 / L; /* rows per warp */
     constexpr int S = RPW >= 8 ? 3 : RPW >= 4 ? 2 : RPW >= 2 ? 1 : 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, nchunk = a.K / 8;
-    float4 *xlo = gs_smem4, *xhi = gs_smem4 + nchunk;
-    const uint32_t wrow = smem_u32(gs_smem4 + 2 * nchunk) + (uint32_t)(warp * RPW * P * wstride);
+    float4 *xlo = gs_smem4, *xhi = gs_smem4 + nchunk; /* NC == 0 */
+    const uint32_t wrow = smem_u32(gs_smem4 + (NC ? 0 : 2 * nchunk)) + (uint32_t)(warp * RPW * P * wstride);
     const int64_t lr0 = ((int64_t)blockIdx.x * nw + warp) * RPW;
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
@@ -153,12 +212,28 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
     const uint4 *rp_mine[P];
     float *yp;
     const bool stores = (lane & ((32 >> S) - 1)) == 0 && gs_row<P>(a, lr0 + my_r, rp_mine, yp);
-    float4 g0[GEMV_NW];
+    constexpr int NCX = NC > 0 ? NC : 1;
+    constexpr bool NORM = NC > 0 && NC <= 4; /* registers for x and its norm weights (gemv_smem_shape) */
+    float4 g0[GEMV_NW], gx[NCX][2], xr[NCX][2];
+    if (NORM) { /* the lane's norm weights, constant: before the wait */
+        const float4 *nw = (const float4 *)a.norm_w, one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+#pragma unroll
+        for (int i = 0; i < NCX; i++) {
+            const int c = lane + 32 * i;
+            gx[i][0] = nw && c < nchunk ? __ldg(nw + 2 * c) : one;
+            gx[i][1] = nw && c < nchunk ? __ldg(nw + 2 * c + 1) : one;
+        }
+    }
     gs_commit_and_wait(a, launch_early, g0);
     if (st)
         st[1] = globaltimer_ns();
     float yold = a.mode == GEMV_ACCUM && stores ? *yp : 0.0f;
-    gs_stage_x(a, xlo, xhi, g0, s_red);
+    if (NC == 0)
+        gs_stage_x(a, xlo, xhi, g0, s_red);
+    else if (NORM && a.norm_w)
+        gs_load_x_regs<NCX, true>(a, gx, xr);
+    else
+        gs_load_x_regs<NCX, false>(a, gx, xr);
     cp_async_wait<0>();
     if (st)
         st[2] = globaltimer_ns();
@@ -168,19 +243,15 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
 #pragma unroll
         for (int p = 0; p < P; p++)
             acc[r][p] = 0.0f;
+    if (NC == 0) {
 #pragma unroll(RPW * P > 8 ? 1 : 2) /* 16 chains of two chunks spill */
-    for (int ch = lane; ch < nchunk; ch += 32) {
-        float4 x0 = xlo[ch], x1 = xhi[ch];
+        for (int ch = lane; ch < nchunk; ch += 32)
+            gs_dot_chunk<DT, RPW, P>(wrow, wstride, ch, xlo[ch], xhi[ch], acc);
+    } else {
 #pragma unroll
-        for (int r = 0; r < RPW; r++)
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                uint4 raw;
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                             : "r"(wrow + (uint32_t)((r * P + p) * wstride + ch * 16)));
-                acc[r][p] += gemv_dot8x<DT>(raw, x0, x1);
-            }
+        for (int i = 0; i < NCX; i++)
+            if (lane + 32 * i < nchunk)
+                gs_dot_chunk<DT, RPW, P>(wrow, wstride, lane + 32 * i, xr[i][0], xr[i][1], acc);
     }
     gs_reduce_rows<RPW, P>(acc, lane);
     float v = acc[0][0];
@@ -202,16 +273,16 @@ static int gs_lanes(int32_t K)
 /* The block for rows of K at L = l (P physical rows each): warps from the options,
  * halved until the rows and x fit under the cap; false when not even one warp's fit, or when
  * mma and the block would hold fewer than 8 rows (one tile). Layouts in shared memory:
- *   CUDA cores: x as K floats, rows of K * 2 bytes (a warp's 16-byte loads read 512
- *     contiguous bytes of one row);
+ *   CUDA cores: x as K floats (none with xreg chunks of x per lane in registers), rows of
+ *     K * 2 bytes (a warp's 16-byte loads read 512 contiguous bytes of one row);
  *   tensor cores: x as three bf16 terms (K * 6 bytes), rows of K * 2 + 16 bytes: ldmatrix's
  *     eight row addresses then fall on eight different 16-byte bank groups. */
-static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool mma, struct gs_shape *sh)
+static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool mma, int xreg, struct gs_shape *sh)
 {
     int w = a->smem_warps > 0 && a->smem_warps <= GEMV_SMEM_WARPS_LIMIT ? a->smem_warps : GS_WARPS_MAX;
     size_t cap = a->smem_kb > 0 && a->smem_kb <= GEMV_SMEM_KB_LIMIT ? (size_t)a->smem_kb * 1024 : GS_SMEM_MAX;
     int32_t ws = mma ? a->K * 2 + 16 : a->K * 2;
-    size_t per_warp = (size_t)(32 / l) * P * ws, x = (size_t)a->K * (mma ? 6 : 4);
+    size_t per_warp = (size_t)(32 / l) * P * ws, x = xreg ? 0 : (size_t)a->K * (mma ? 6 : 4);
     const int64_t rpw = 32 / l; /* rows per warp */
     const int64_t min_blocks = a->smem_min_blocks; /* > 0: fewer warps while the grid would be smaller */
     while (w > 1 && (x + w * per_warp > cap || (min_blocks > 0 && (rows + w * rpw - 1) / (w * rpw) < min_blocks)))
@@ -221,7 +292,19 @@ static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool m
     sh->L = l, sh->W = w, sh->wstride = ws, sh->smem = x + w * per_warp, sh->cap = cap, sh->mma = mma;
     sh->blocks = (int)((rows + w * rpw - 1) / (w * rpw));
     sh->launch_early = !a->smem_after_wait;
+    sh->xreg = xreg;
     return true;
+}
+
+/* x chunks per lane gemv_smem holds in registers with cuda_options.gemv_smem_xreg at L = l: 4
+ * for K <= 1024 (with the norm's weights beside them), 8 for K <= 2048 without a norm; built
+ * for L = 8 and 16 (4 and 2 rows per warp); 0 otherwise (x staged in shared memory). */
+static int gs_xreg_chunks(const struct gemv_args *a, int l, int P)
+{
+    int chunks = (a->K / 8 + 31) / 32;
+    if (!a->smem_xreg || (l != 8 && l != 16))
+        return 0;
+    return chunks <= 4 ? 4 : chunks <= 8 && l == 16 && P == 1 && !a->norm_w ? 8 : 0;
 }
 
 /* The shape of this launch; false when the kernel does not take these arguments. */
@@ -249,9 +332,9 @@ static bool gemv_smem_shape(const struct gemv_args *a, struct gs_shape *sh)
      * tile in steps of 32 (gemv_mma.cu); the other launches, and blocks of fewer than 8 rows,
      * sum on the CUDA cores */
     int l = gs_lanes(a->K);
-    if (a->mma && a->dtype == QR_BF16 && a->K % (64 * (l / 4)) == 0 && gs_fit(a, rows, l, P, true, sh))
+    if (a->mma && a->dtype == QR_BF16 && a->K % (64 * (l / 4)) == 0 && gs_fit(a, rows, l, P, true, 0, sh))
         return true;
-    return gs_fit(a, rows, l, P, false, sh);
+    return gs_fit(a, rows, l, P, false, gs_xreg_chunks(a, l, P), sh);
 }
 
 bool gemv_smem_wide(int64_t rows, int32_t K, int32_t n_sm)
@@ -271,14 +354,28 @@ bool gemv_smem_applies(const struct gemv_args *a)
     return gemv_smem_blocks(a) > 0;
 }
 
+template <int DT, int P, int L, int NC>
+static cudaError_t gemv_smem_go_nc(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s)
+{
+    cudaError_t e = gs_raise_smem_limit(gemv_smem_kernel<DT, P, L, NC>, sh);
+    if (e != cudaSuccess)
+        return e;
+    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L, NC>, dim3(sh.blocks), dim3(32 * sh.W), sh.smem, s, *a,
+                    sh.wstride, sh.launch_early);
+}
+
+/* The kernel for sh.xreg (gs_xreg_chunks: 4 at L = 8 or 16, 8 at L = 16 without the pair). */
 template <int DT, int P, int L>
 static cudaError_t gemv_smem_go(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s)
 {
-    cudaError_t e = gs_raise_smem_limit(gemv_smem_kernel<DT, P, L>, sh);
-    if (e != cudaSuccess)
-        return e;
-    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L>, dim3(sh.blocks), dim3(32 * sh.W), sh.smem, s, *a,
-                    sh.wstride, sh.launch_early);
+    constexpr bool x4 = L == 8 || L == 16, x8 = L == 16 && P == 1;
+    if ((sh.xreg == 4 && !x4) || (sh.xreg == 8 && !x8) || (sh.xreg && sh.xreg != 4 && sh.xreg != 8))
+        return cudaErrorInvalidValue;
+    if (sh.xreg == 4)
+        return gemv_smem_go_nc<DT, P, L, x4 ? 4 : 0>(a, sh, s);
+    if (sh.xreg == 8)
+        return gemv_smem_go_nc<DT, P, L, x8 ? 8 : 0>(a, sh, s);
+    return gemv_smem_go_nc<DT, P, L, 0>(a, sh, s);
 }
 
 template <int DT, int L>
@@ -319,6 +416,15 @@ extern "C" bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
     struct gemv_args a;
     takes_args(&a, dtype, N, K, false);
     return !gemvq_applies(&a) && gemv_smem_applies(&a);
+}
+
+extern "C" int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K)
+{
+    struct gemv_args a;
+    takes_args(&a, dtype, N, K, false);
+    a.smem_xreg = true;
+    struct gs_shape sh;
+    return !gemvq_applies(&a) && gemv_smem_shape(&a, &sh) ? sh.xreg : 0;
 }
 
 extern "C" bool cuda_gemv_mma_takes(int32_t N, int32_t K)

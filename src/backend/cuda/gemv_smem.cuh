@@ -22,6 +22,7 @@ struct gs_shape {
     size_t smem, cap;
     bool launch_early;
     bool mma;
+    int xreg; /* gemv_smem: x chunks per lane held in registers (4 or 8; 0: x staged in shared memory) */
 };
 
 /* The kernel's dynamic shared-memory limit raised to sh.cap when the block needs more than the
