@@ -10,10 +10,11 @@
  *
  * How: one cluster of CS blocks (8 or 16) per KV head. The cluster's blocks together compute
  * the rows of that head's group — its G query heads, then its k and its v, (G + 2) * hd rows —
- * each block B = (G + 2) * hd / CS of them, exactly as gemv_smem.cu does (the block's rows
- * copied into shared memory with cp.async before griddep_wait, x staged and RMS-normalised in
- * shared memory, L lanes per row, a butterfly). Then, with the cluster barrier split into its
- * arrive and wait halves (work between them overlaps the slowest block):
+ * each block B = (G + 2) * hd / CS of them, as gemv_smem.cu did until session 21 (the block's
+ * rows copied into shared memory with cp.async before griddep_wait, x staged and RMS-normalised
+ * in shared memory, L lanes per row, a butterfly; gemv_smem now has every lane read its x once
+ * for all of its warp's rows, which this kernel has not taken over). Then, with the cluster
+ * barrier split into its arrive and wait halves (work between them overlaps the slowest block):
  *   1. barrier A; meanwhile each attending block loads its first round of cached K/V rows and
  *      RoPE's angles; then it gathers the group's q, k and v from its peers' shared memory,
  *      normalises and rotates q and k (attention_rope_prologue's arithmetic, kernels.cu), and
