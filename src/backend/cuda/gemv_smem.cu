@@ -79,6 +79,7 @@ extern "C" {
 #ifndef GS_SMEM_MAX
 #define GS_SMEM_MAX (120 * 1024) /* default dynamic shared memory per block (a multiprocessor has 228 KB) */
 #endif
+
 /* Row lr of the launch: its P weight rows and its output; false past the last row. */
 template <int P>
 __device__ __forceinline__ bool gs_row(const struct gemv_args &a, int64_t lr, const uint4 *(&rp)[P], float *&yp)
