@@ -2235,12 +2235,42 @@ static void test_backend_errors(void **st)
     assert_true(w == 0 && kb == 0 && launch == 0);
 }
 
+/* The decode GEMV's kernel and shape choices, host code that needs no device (so CI runs it):
+ * gemv_smem takes one token of 16-bit rows (not f32 nor quantised ones, which gemvq takes);
+ * the tensor cores take BF16 rows whose K splits over a tile's warps in steps of 64; with
+ * gemv_smem_xreg, x is held in registers as 4 chunks of 8 per lane up to K = 1024 and 8 up to
+ * 2048 (no norm in these launches), staged in shared memory above. */
+static void test_gemv_shape_choices(void **st)
+{
+    (void)st;
+    static const struct {
+        int32_t K, xreg;
+    } ks[] = {{8, 4}, {384, 4}, {768, 4}, {1024, 4}, {1032, 8}, {1280, 8}, {2048, 8}, {2056, 0}, {3072, 0},
+              {3584, 0}, {4096, 0}};
+    for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++)
+        for (int d = 0; d < 2; d++) {
+            enum qr_dtype dt = d ? QR_F16 : QR_BF16;
+            assert_true(cuda_gemv_smem_takes(dt, 300, ks[i].K));
+            if (cuda_gemv_smem_xreg_chunks(dt, 300, ks[i].K) != ks[i].xreg)
+                fail_msg("%s K=%d: x chunks per lane %d, want %d", dtype_traits(dt)->name, (int)ks[i].K,
+                         (int)cuda_gemv_smem_xreg_chunks(dt, 300, ks[i].K), (int)ks[i].xreg);
+        }
+    assert_true(cuda_gemv_mma_takes(300, 1024));
+    assert_false(cuda_gemv_mma_takes(300, 768 + 64)); /* K = 832: not in steps of 128 at 8 lanes */
+    assert_false(cuda_gemv_smem_takes(QR_F32, 300, 1024));
+    assert_false(cuda_gemv_smem_takes(QR_Q8_0, 300, 1024));
+    assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_Q8_0, 300, 1024), 0);
+    assert_false(cuda_gemv_smem_takes(QR_BF16, 70000, 1024)); /* an LM head's rows: gemv2 */
+    assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 70000, 1024), 0);
+}
+
 int main(void)
 {
     struct qwenrt_error err = {0};
     if (cuda_probe(0, &err) != QWENRT_OK) {
         printf("CUDA tests skipped: %s (only the refusals that need no device run)\n", err.message);
-        const struct CMUnitTest none[] = {cmocka_unit_test(test_backend_errors)};
+        const struct CMUnitTest none[] = {cmocka_unit_test(test_backend_errors),
+                                          cmocka_unit_test(test_gemv_shape_choices)};
         return cmocka_run_group_tests(none, NULL, NULL);
     }
     char dev[256];
@@ -2248,6 +2278,7 @@ int main(void)
     printf("device: %s\n", dev);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_errors),
+        cmocka_unit_test(test_gemv_shape_choices),
         cmocka_unit_test(test_op_embed),
         cmocka_unit_test(test_op_elementwise),
         cmocka_unit_test(test_op_matmul),
