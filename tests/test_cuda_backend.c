@@ -1300,7 +1300,8 @@ static void test_l2_prefetch(void **st)
 
 /* cuda_session_timeline (a measurement): the report names the stamped steps of the decode
  * graph and a positive span; reps < 1 is refused by name; afterwards the session decodes as
- * one that never ran it (the timeline's graph is its own: no stamps left in the session's). */
+ * one that never ran it (the timeline's graph is its own: no stamps left in the session's); a
+ * megakernel session is refused (UNSUPPORTED, by name). */
 static void test_decode_timeline(void **st)
 {
     (void)st;
@@ -1323,6 +1324,18 @@ static void test_decode_timeline(void **st)
     assert_non_null(tail);
     assert_true(sscanf(tail, "first start to last end: %lf", &span) == 1 && span > 0 && span < 1e5);
     decode_side_by_side(a, b, m->hp.n_vocab, 20, 10, true, "after a timeline / never");
+    /* a megakernel session has no decode graph to stamp: refused by name */
+    struct cuda_options mo = cuda_default_options();
+    mo.mega = CUDA_MEGA_ON;
+    struct cuda_session *mk = NULL;
+    const char *why = NULL;
+    if (cuda_session_init(m->plans, 64, &mo, &mk, &err))
+        fail_msg("timeline, megakernel session: %s", err.message);
+    if (!cuda_session_uses_megakernel(mk, &why))
+        fail_msg("timeline: the megakernel is not used: %s", why);
+    assert_int_equal(cuda_session_timeline(mk, 7, 0, 3, rep, sizeof(rep), &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "megakernel"));
+    cuda_session_free(mk);
     free_synth_pair(a, b, m, path, NULL, NULL);
 }
 
