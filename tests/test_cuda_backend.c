@@ -2252,10 +2252,17 @@ static void test_backend_errors(void **st)
  * gemv_smem takes one token of 16-bit rows (not f32 nor quantised ones, which gemvq takes);
  * the tensor cores take BF16 rows whose K splits over a tile's warps in steps of 64; with
  * gemv_smem_xreg, x is held in registers as 4 chunks of 8 per lane up to K = 1024 and 8 up to
- * 2048 (no norm in these launches), staged in shared memory above. */
+ * 2048 (no norm in these launches), staged in shared memory above. Built without CUDA (the
+ * stub), nothing is taken. */
 static void test_gemv_shape_choices(void **st)
 {
     (void)st;
+    if (!cuda_backend_compiled()) { /* the stub (built without CUDA) takes nothing */
+        assert_false(cuda_gemv_smem_takes(QR_BF16, 300, 1024));
+        assert_false(cuda_gemv_mma_takes(300, 1024));
+        assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 300, 1024), 0);
+        return;
+    }
     static const struct {
         int32_t K, xreg;
     } ks[] = {{8, 4}, {384, 4}, {768, 4}, {1024, 4}, {1032, 8}, {1280, 8}, {2048, 8}, {2056, 0}, {3072, 0},
