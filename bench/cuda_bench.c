@@ -409,7 +409,8 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"gemvq_launch", offsetof(struct cuda_options, gemvq_launch)},
                   {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb)},
                   {"gdn_early", offsetof(struct cuda_options, gdn_early)},
-                  {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg)}};
+                  {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg)},
+                  {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);
@@ -914,10 +915,10 @@ int main(int argc, char **argv)
             return 1;
         }
         if (v == 3) { /* the default graph: which gemv_smem shape the session picked */
-            int32_t gw = 0, gkb = 0, gl = 0;
-            cuda_session_gemv_smem_shape(cs, &gw, &gkb, &gl);
-            printf("%s: gemv_smem %d warps, %d KB per block at most, next launch %s the wait\n", vs[v].name, (int)gw,
-                   (int)gkb, gl == 2 ? "after" : "before");
+            int32_t gw = 0, gkb = 0, gl = 0, gmb = 0;
+            cuda_session_gemv_smem_shape(cs, &gw, &gkb, &gl, &gmb);
+            printf("%s: gemv_smem %d warps, %d KB per block at most, next launch %s the wait, warps halved below %d blocks\n",
+                   vs[v].name, (int)gw, (int)gkb, gl == 2 ? "after" : "before", (int)gmb);
         }
         const char *why = NULL;
         if (vs[v].mega && !cuda_session_uses_megakernel(cs, &why))

@@ -337,7 +337,8 @@ static void test_op_matmul(void **state)
 
 /* The variants test_op_gemv_sizes runs each GEMV case under (cuda_options), by index:
  *   0: the first kernel (gemv_v2 off); 1: gemv2 / gemvq (the defaults); 2: gemv_smem on (the
- *   session's shape for one product, 8 warps and 120 KB); 3: gemv_smem with 16 warps and
+ *   session's shape for one product, 8 warps and 136 KB, x in each warp's registers where K
+ *   allows: gemv_smem_xreg, the default); 3: gemv_smem with 16 warps and
  *   160 KB (Qwen3.5's; 16-bit rows only); 4, 5: 2 and 3 with gemv_mma (BF16, T = 1);
  *   quantised rows at T = 1: gemvq blocks of 6: 8 warps of 2 rows with 100 KB reserved,
  *   7: 8 warps of 1 row, 8: 8 warps of 4 rows; LM heads (N >= 32768) 9: one tile per block
@@ -347,7 +348,7 @@ static void test_op_matmul(void **state)
  *   quantised to 8 bits (gemvq_int8) in the default shapes, 13: the same in 8-warp blocks of 2
  *   rows with 100 KB reserved and PDL after the wait (these two against the CPU's own
  *   quantised products, which quantise x the same way: the same integer sums); 16-bit rows at
- *   T = 1, 14: gemv_smem with x in each warp's registers (gemv_smem_xreg). */
+ *   T = 1, 14: gemv_smem with x staged in shared memory (gemv_smem_xreg 0). */
 #define GEMV_VARIANTS 15
 #define GEMV_VARIANT_INT8(v) ((v) == 12 || (v) == 13)
 
@@ -389,7 +390,7 @@ static struct cuda_options gemv_variant_options(int v)
     if (v == 13)
         o.gemvq_warps = 8, o.gemvq_rows = 2, o.gemvq_smem_kb = 100, o.pdl = true, o.gemvq_launch = 2;
     if (v == 14)
-        o.gemv_smem = true, o.gemv_smem_xreg = 1;
+        o.gemv_smem = true, o.gemv_smem_xreg = 0;
     return o;
 }
 
@@ -403,7 +404,7 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
         bool splits = K % (K <= 1024 ? 128 : 256) == 0;
         assert_int_equal(cuda_gemv_mma_takes(N, K), splits);
     }
-    if (v == 14) { /* x in registers: up to 4 chunks of 8 per lane (K <= 1024), 8 (K <= 2048) */
+    if (v == 2 && T == 1 && sixteen) { /* x in registers: up to 4 chunks of 8 per lane (K <= 1024), 8 (K <= 2048) */
         int32_t chunks = (K / 8 + 31) / 32, want = chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
         assert_int_equal(cuda_gemv_smem_xreg_chunks(dt, N, K), want);
     }
@@ -1389,6 +1390,45 @@ static void test_qkv_attn(void **st)
 /* cuda_options.omit_steps (cuda_bench's knock-out measurements): a label that names no step
  * is refused by name; a named step is really left out (the logits change: the attention's
  * output is never written), and the rest still runs. */
+/* cuda_options.gen_graph_steps: the greedy loop with 4 steps per graph launch gives the same
+ * tokens and the same last logits, bit for bit, as one step per launch (the same kernels in
+ * the same order), with read-backs that do not divide into 4 (11 tokens read back every 5:
+ * 4 + 1, 4 + 1, 1 launches) and a run shorter than 4; and it does launch fewer graphs. */
+static void test_generate_graph_steps(void **st)
+{
+    (void)st;
+    const char *archs[] = {"qwen3-tiny", "qwen35-tiny"};
+    for (int k = 0; k < 2; k++) {
+        struct qwenrt_error err = {0};
+        char path[256];
+        struct qwenrt_model *m = load_synth(archs[k], EXPORT_BF16, 0, false, path, sizeof(path));
+        struct cuda_options on = cuda_default_options(), off = on;
+        on.mega = off.mega = CUDA_MEGA_OFF;
+        on.gen_graph_steps = 4, off.gen_graph_steps = 1;
+        struct cuda_session *a = NULL, *b = NULL;
+        init_pair(m, 64, &on, &off, &a, &b, archs[k]);
+        int32_t V = m->hp.n_vocab, ga[11], gb[11];
+        float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+        assert_non_null(la);
+        assert_non_null(lb);
+        if (cuda_session_generate(a, 5, 0, 11, 5, ga, la, &err) || cuda_session_generate(b, 5, 0, 11, 5, gb, lb, &err))
+            fail_msg("%s generate: %s", archs[k], err.message);
+        assert_memory_equal(ga, gb, sizeof(ga));
+        assert_memory_equal(la, lb, (size_t)V * 4);
+        assert_int_equal(cuda_session_gen_graph_launches(a), 5);
+        assert_int_equal(cuda_session_gen_graph_launches(b), 11);
+        if (cuda_session_generate(a, ga[10], 11, 3, 0, ga, la, &err) ||
+            cuda_session_generate(b, gb[10], 11, 3, 0, gb, lb, &err))
+            fail_msg("%s generate: %s", archs[k], err.message);
+        assert_memory_equal(ga, gb, 3 * sizeof(int32_t));
+        assert_memory_equal(la, lb, (size_t)V * 4);
+        assert_int_equal(cuda_session_gen_graph_launches(a), 8);
+        printf("%s: 14 greedy tokens, 4 steps per graph: the same ids and last logits as 1 (8 launches, not 14)\n",
+               archs[k]);
+        free_synth_pair(a, b, m, path, la, lb);
+    }
+}
+
 static void test_decode_omit_steps(void **st)
 {
     (void)st;
@@ -1649,12 +1689,14 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
         assert_true(cuda_gemv_mma_takes(width, width));
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
-    int32_t got_w = -1, got_kb = -1, got_launch = -1;
-    cuda_session_gemv_smem_shape(a, &got_w, &got_kb, &got_launch);
+    int32_t got_w = -1, got_kb = -1, got_launch = -1, got_mb = -1;
+    cuda_session_gemv_smem_shape(a, &got_w, &got_kb, &got_launch, &got_mb);
     assert_int_equal(got_w, warps ? warps : 8);
-    assert_int_equal(got_kb, kb ? kb : 120);
-    /* the session's pick: after the wait with blocks of up to 8 warps, before it with 16 */
+    assert_int_equal(got_kb, kb ? kb : 136);
+    /* the session's picks: after the wait with blocks of up to 8 warps, before it with 16;
+     * warps halved below 96 blocks, 192 with 16 */
     assert_int_equal(got_launch, launch ? launch : got_w < 16 ? 2 : 1);
+    assert_int_equal(got_mb, got_w >= 16 ? 192 : 96);
     /* the kernels ran (their sums may equal gemv2's bit for bit: the same chunks per lane) */
     assert_true(staged_in_timeline(a, "gemv+residual"));
     assert_false(staged_in_timeline(b, "gemv+residual"));
@@ -2215,7 +2257,7 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1 */
+     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2236,16 +2278,17 @@ static void test_backend_errors(void **st)
                    {"gdn_early", offsetof(struct cuda_options, gdn_early), {-2, 1}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},
                    {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}},
-                   {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}}};
+                   {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}},
+                   {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
             *(int32_t *)((char *)&o + refused[r].offset) = refused[r].bad[i];
             check_options_refused(&o, refused[r].name, refused[r].bad[i], want);
         }
-    int32_t w = -1, kb = -1, launch = -1;
-    cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch);
-    assert_true(w == 0 && kb == 0 && launch == 0);
+    int32_t w = -1, kb = -1, launch = -1, mb = -1;
+    cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch, &mb);
+    assert_true(w == 0 && kb == 0 && launch == 0 && mb == 0);
 }
 
 /* The decode GEMV's kernel and shape choices, host code that needs no device (so CI runs it):
@@ -2332,12 +2375,9 @@ int main(void)
         cmocka_unit_test(test_decode_timeline),
         cmocka_unit_test(test_qkv_attn),
         cmocka_unit_test(test_decode_omit_steps),
+        cmocka_unit_test(test_generate_graph_steps),
         cmocka_unit_test(test_session_sample_cuda),
     };
-    /* QWENRT_TEST_FILTER=test_graph_gemv_smem (cmocka's wildcards * and ?): one test of the
-     * list, for a GPU call that checks one kernel */
-    if (getenv("QWENRT_TEST_FILTER"))
-        cmocka_set_test_filter(getenv("QWENRT_TEST_FILTER"));
     /* QWENRT_TEST_FILTER=pattern (cmocka's: * and ? wildcards) runs only the matching tests:
      * GPU time is scarce, a device call may check one change */
     const char *filter = getenv("QWENRT_TEST_FILTER");

@@ -159,7 +159,8 @@ struct cuda_options {
                           * 128 (docs/perf-log.md, session 18) */
     int32_t gemv_smem_min_blocks; /* gemv_smem: a launch's warps per block (gemv_smem_warps or
                           * the session's pick) halved while its grid would have fewer blocks
-                          * than this; 0 (default): never */
+                          * than this; 1: never; 0 (default): the session picks (96, or 192
+                          * with 16-warp blocks: H200 session 22, +2.7% / +2.8%) */
     int32_t attn_early;  /* decode graph: the attention reads the position and its first round
                           * of cached K/V rows before waiting for the q|k|v launch, where that
                           * launch starts its successor only after its own wait (then every
@@ -186,8 +187,14 @@ struct cuda_options {
     int32_t gemv_smem_xreg; /* gemv_smem on the CUDA cores: each warp reads x from global
                           * memory into its registers and normalises it itself instead of the
                           * block staging x in shared memory (no x in shared memory, no block
-                          * barrier), where K <= 1024, or K <= 2048 without a norm. 0 (default):
-                          * off; 1: on. Written in session 21 without a GPU: not yet measured */
+                          * barrier), where K <= 1024, or K <= 2048 without a norm. 0: off; 1
+                          * (default): on (H200, session 22: Qwen3-0.6B BF16 +1.7%) */
+    int32_t gen_graph_steps; /* the greedy loop (cuda_session_generate): decode steps (each
+                          * with its argmax) captured into one CUDA graph, so that one graph
+                          * launch runs that many tokens and only every that many does a
+                          * token wait for the graph before it to end. 0 or 1: one step per
+                          * graph; up to GEN_GRAPH_STEPS_LIMIT; default 8 (H200, session 22:
+                          * Qwen3.5-0.8B BF16 +1.0%, Qwen3-0.6B +0.3%, Q4_K_M +0.5%) */
     const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
                           * program leaves out its steps with these labels (';'-separated, as
                           * cuda_session_profile_decode names them, "argmax" for the greedy
@@ -195,6 +202,8 @@ struct cuda_options {
                           * difference; the results are wrong. Must outlive the session.
                           * NULL (default): none */
 };
+
+#define GEN_GRAPH_STEPS_LIMIT 16
 
 struct cuda_options cuda_default_options(void);
 
@@ -338,10 +347,12 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
                                            struct qwenrt_error *err);
 
 /* gemv_smem's block shape in this session: warps and KB per block at most (the options', or
- * the session's pick when they are 0), and when its blocks let the next launch start (1
- * before their wait, 2 after it: the option's, or the session's pick); zeros for a NULL
+ * the session's pick when they are 0), when its blocks let the next launch start (1 before
+ * their wait, 2 after it: the option's, or the session's pick), and the grid size below which
+ * a launch's warps are halved (the option's, or the session's pick); zeros for a NULL
  * session. */
-void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch);
+void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch,
+                                  int32_t *min_blocks);
 
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);
@@ -352,6 +363,10 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
  * (early)": the DeltaNet steps that read their state before their wait, cuda_options.gdn_early).
  * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
+
+/* Graph launches cuda_session_generate has made on this session (one per token, or one per
+ * cuda_options.gen_graph_steps tokens); 0 for a NULL session. */
+int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs);
 
 /* Bytes of weights the decode program's launches ask the L2 for per token
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */

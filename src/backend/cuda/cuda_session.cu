@@ -135,12 +135,15 @@ struct cuda_session {
     struct step *steps;
     int32_t n_steps;
     cudaGraphExec_t g_decode, g_gen;
+    cudaGraphExec_t g_gen_k;  /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
+    int64_t gen_launches;     /* graph launches of cuda_session_generate */
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
     bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
     bool decode_pdl;          /* the decode steps launch with PDL: opt.pdl, or opt.gemv_smem with
                                * 16-bit layer weights (decode_pdl_applies) */
     int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
     int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
+    int32_t gs_min_blocks;    /* its warps halved below this many blocks (same) */
     bool gs_after_wait;       /* its blocks start the next launch after their wait (same) */
     int32_t gq_rows;          /* gemvq rows per warp below the LM head (pick_gemvq_rows) */
     int32_t gq_warps, gq_kb;  /* gemvq's warps per block and KB reserved (pick_gemvq_shape) */
@@ -196,7 +199,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
     o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
     o.l2_prefetch_mb = 8; /* +1-2% (perf-log session 20) */
-    o.gemv_smem_xreg = 0; /* not yet measured (session 21) */
+    o.gemv_smem_xreg = 1; /* Qwen3-0.6B BF16 +1.7%, Qwen3.5-0.8B +0.2% (perf-log session 22) */
+    o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -624,7 +628,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
 {
     a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
-    a->smem_min_blocks = cs->opt.gemv_smem_min_blocks;
+    a->smem_min_blocks = cs->gs_min_blocks;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
     a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
@@ -1310,19 +1314,24 @@ static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error
     return QWENRT_OK;
 }
 
-/* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph. */
-static qwenrt_status capture(struct cuda_session *cs, bool gen, cudaGraphExec_t *out,
+/* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph, steps
+ * times over (gen only: each step reads the position and the token the one before it left on
+ * the GPU, so the copies are the same step run in sequence). */
+static qwenrt_status capture(struct cuda_session *cs, bool gen, int32_t steps, cudaGraphExec_t *out,
                              struct qwenrt_error *err)
 {
     cudaGraph_t g = NULL;
     CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeThreadLocal));
-    qwenrt_status st = enqueue_decode(cs, err);
-    if (!st && gen && !step_omitted(cs, "argmax")) {
-        const struct plan *p = &cs->plans[PHASE_DECODE];
-        cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids,
-                                      cs->d_pos, cs->d_out, cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
-        if (e != cudaSuccess)
-            st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
+    qwenrt_status st = QWENRT_OK;
+    for (int32_t k = 0; k < steps && !st; k++) {
+        st = enqueue_decode(cs, err);
+        if (!st && gen && !step_omitted(cs, "argmax")) {
+            const struct plan *p = &cs->plans[PHASE_DECODE];
+            cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids, cs->d_pos,
+                                          cs->d_out, cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
+            if (e != cudaSuccess)
+                st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
+        }
     }
     cudaError_t e = cudaStreamEndCapture(cs->stream, &g);
     if (st) {
@@ -1351,6 +1360,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
         cudaGraphExecDestroy(cs->g_decode);
     if (cs->g_gen)
         cudaGraphExecDestroy(cs->g_gen);
+    if (cs->g_gen_k)
+        cudaGraphExecDestroy(cs->g_gen_k);
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
     mk_free(cs->mk);
@@ -1448,6 +1459,11 @@ static const char *step_label(const struct plan *p, const struct step *st)
     case STEP_QKV_ATTN: return "norm+q|k|v+attention";
     default: return op_kind_name(p->ops[st->op].kind);
     }
+}
+
+extern "C" int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs)
+{
+    return cs ? cs->gen_launches : 0;
 }
 
 extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
@@ -1612,7 +1628,7 @@ static qwenrt_status tl_collect(struct cuda_session *cs, int32_t reps, struct tl
     cudaError_t e = st ? cudaSuccess : cudaMalloc(&d, n * sizeof(*h));
     if (!st && e == cudaSuccess) {
         cs->tl = d;
-        st = capture(cs, false, &g, err);
+        st = capture(cs, false, 1, &g, err);
         cs->tl = NULL; /* the graph keeps the pointers; nothing else stamps */
     }
     for (int32_t r = 0; !st && e == cudaSuccess && r < reps; r++) {
@@ -1770,11 +1786,12 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
 }
 
 extern "C" void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb,
-                                             int32_t *launch)
+                                             int32_t *launch, int32_t *min_blocks)
 {
     *warps = cs ? cs->gs_warps : 0;
     *kb = cs ? cs->gs_kb : 0;
     *launch = cs ? (cs->gs_after_wait ? 2 : 1) : 0;
+    *min_blocks = cs ? cs->gs_min_blocks : 0;
 }
 
 extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
@@ -1808,7 +1825,14 @@ static bool fast_prefill_applies(const struct plan *p)
  * multiprocessor: one successor at most, and it gets the longer head start). Measured on the
  * H200 (session 15): Qwen3-0.6B BF16 1,451 -> 1,537 tok/s after the wait; Qwen3.5-0.8B 1,330
  * before, 1,305 after; the same rule by each launch's own block size (mixed within a layer)
- * lost (1,409). */
+ * lost (1,409).
+ * Since x sits in each warp's registers (gemv_smem_xreg, session 22) the shapes were swept
+ * again (H200, tg128, medians of 5, two rounds; docs/perf-log.md): with 8-warp blocks, 136 KB
+ * (gate|up's 8 warps of 16 KB fit: 96 blocks instead of 192 of 4 warps) and warps halved below
+ * 96 blocks (the o and down products: 128 blocks of 4 warps instead of 64 of 8), Qwen3-0.6B BF16
+ * 1,698 -> 1,744 (136 KB alone 1,716; below 128 or 192 blocks: 1,701 / 1,620); with 16-warp
+ * blocks, warps halved below 192 blocks (every launch of Qwen3.5-0.8B: 128-320 blocks of 2-8
+ * warps), Qwen3.5-0.8B BF16 1,435 -> 1,475 (96: 1,469; 256: 1,393). */
 static void pick_gemv_smem_shape(struct cuda_session *cs)
 {
     bool wide = false;
@@ -1823,8 +1847,9 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
         wide = gemv_smem_wide(rows, d[st->mm[0]].K, cs->n_sm);
     }
     cs->gs_warps = cs->opt.gemv_smem_warps ? cs->opt.gemv_smem_warps : wide ? 16 : 8;
-    cs->gs_kb = cs->opt.gemv_smem_kb ? cs->opt.gemv_smem_kb : wide ? 160 : 120;
+    cs->gs_kb = cs->opt.gemv_smem_kb ? cs->opt.gemv_smem_kb : wide ? 160 : 136;
     cs->gs_after_wait = cs->opt.gemv_smem_launch ? cs->opt.gemv_smem_launch == 2 : cs->gs_warps < 16;
+    cs->gs_min_blocks = cs->opt.gemv_smem_min_blocks ? cs->opt.gemv_smem_min_blocks : cs->gs_warps >= 16 ? 192 : 96;
 }
 
 /* gemvq's rows per warp below the LM head: the option, else 2 for a model with DeltaNet layers
@@ -2010,7 +2035,7 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_head_blocks %d (0: off, or 1 to 8 per multiprocessor)",
                        (int)o->gemvq_head_blocks);
     if (o->gemv_smem_min_blocks < 0 || o->gemv_smem_min_blocks > 4096)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_min_blocks %d (0: off, or up to 4096)",
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_min_blocks %d (0: the session picks, 1: never, or up to 4096)",
                        (int)o->gemv_smem_min_blocks);
     if (o->attn_early < -1 || o->attn_early > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
@@ -2028,6 +2053,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        (int)o->l2_prefetch_mb);
     if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
+    if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gen_graph_steps %d (0 or 1: one step per graph, up to %d)",
+                       (int)o->gen_graph_steps, GEN_GRAPH_STEPS_LIMIT);
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
@@ -2267,7 +2295,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
                 return st;
             cs->mk_top_ready = true;
         } else if (cs->opt.graph) {
-            if (!cs->g_decode && (st = capture(cs, false, &cs->g_decode, err)))
+            if (!cs->g_decode && (st = capture(cs, false, 1, &cs->g_decode, err)))
                 return st;
             CUDA_CHECK(cudaGraphLaunch(cs->g_decode, cs->stream));
         } else if ((st = enqueue_decode(cs, err))) {
@@ -2438,7 +2466,10 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
     if (st)
         return st;
     CUDA_CHECK(cudaMemsetAsync(cs->d_step, 0, sizeof(int32_t), cs->stream));
-    if (!cs->mk && cs->opt.graph && !cs->g_gen && (st = capture(cs, true, &cs->g_gen, err)))
+    if (!cs->mk && cs->opt.graph && !cs->g_gen && (st = capture(cs, true, 1, &cs->g_gen, err)))
+        return st;
+    const int32_t k = cs->opt.gen_graph_steps > 1 ? cs->opt.gen_graph_steps : 1;
+    if (!cs->mk && cs->opt.graph && k > 1 && !cs->g_gen_k && (st = capture(cs, true, k, &cs->g_gen_k, err)))
         return st;
     int32_t every = readback_every > 0 ? readback_every : n, done = 0;
     const struct plan *p = &cs->plans[PHASE_DECODE];
@@ -2449,8 +2480,13 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
                              chunk, true, NULL, err)))
                 return st;
             i += chunk - 1;
+        } else if (cs->opt.graph && k > 1 && every - (i - done) >= k && n - i >= k) {
+            CUDA_CHECK(cudaGraphLaunch(cs->g_gen_k, cs->stream)); /* k steps up to the read-back */
+            cs->gen_launches++;
+            i += k - 1;
         } else if (cs->opt.graph) {
             CUDA_CHECK(cudaGraphLaunch(cs->g_gen, cs->stream));
+            cs->gen_launches++;
         } else {
             if ((st = enqueue_decode(cs, err)))
                 return st;

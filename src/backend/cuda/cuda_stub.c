@@ -147,10 +147,11 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
     return not_built(err);
 }
 
-void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch)
+void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch,
+                                  int32_t *min_blocks)
 {
     (void)cs;
-    *warps = *kb = *launch = 0;
+    *warps = *kb = *launch = *min_blocks = 0;
 }
 
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
@@ -171,6 +172,12 @@ qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t 
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
 {
     (void)cs, (void)label;
+    return 0;
+}
+
+int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs)
+{
+    (void)cs;
     return 0;
 }
 
