@@ -11,10 +11,10 @@
  * r owning the columns [r*CB, (r+1)*CB) (CB = dv / GS): every block convolves and normalises
  * q and k itself (2 * dk channels from L2, no exchange), and only the gated norm's sum of
  * squares crosses blocks: each block pushes its partial into every peer's shared memory
- * (distributed shared memory), one cluster barrier, then each sums the GS partials in rank
- * order (the same total in every block). The conv state and the in-place conv output are
- * written after that barrier (rank 0 for q and k, each block for its v), so no block reads a
- * value a peer has already shifted.
+ * (distributed shared memory, st.async counted on the peer's mbarrier: gds_push_part), waits
+ * for its own GS partials and sums them in rank order (the same total in every block). The
+ * conv state and the in-place conv output are written after that wait (rank 0 for q and k,
+ * each block for its v), so no block reads a value a peer has already shifted.
  *
  * Thread (cc, sub), cc = tid / TPC, owns column r*CB + cc at rows sub, sub+TPC, ...; the row
  * sums reduce over the TPC lanes of a column with shuffles, as in gdn_core_kernel. T = 1.
@@ -31,6 +31,31 @@ namespace cg = cooperative_groups;
 #define GDS_MAX_ROWS 16 /* rows per thread: dk <= 256 */
 #define GDS_MAX_DK 256
 #define GDS_MAX_GS 8    /* blocks per head (cluster size, portable) */
+/* Each block's part of the gated norm's sum of squares goes to slot [rank] of every peer with
+ * st.async, which counts its bytes on the peer's mbarrier (expecting GS * 4 of them): a block
+ * waits for exactly the parts it needs. The cluster barrier this replaced (session 22) put a
+ * GPU-scope memory fence before its arrival (MEMBAR.ALL.GPU + ERRBAR: 9% of the kernel's warp
+ * stall samples in ncu); Qwen3.5-0.8B BF16 1,470 -> 1,484 tok/s (docs/perf-log.md). */
+__device__ __forceinline__ void gds_push_part(float *part, uint64_t *bar, int rank, int peer, float v)
+{
+    uint32_t dst, mb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(smem_u32(part + rank)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mb) : "r"(smem_u32(bar)), "r"(peer));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
+                 "r"(__float_as_uint(v)), "r"(mb)
+                 : "memory");
+}
+
+__device__ __forceinline__ void gds_wait_parts(uint64_t *bar)
+{
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar))
+                     : "memory");
+}
 
 /* q (qs) and k (ks) of key head kh, L2-normalised (q also by 1/sqrt(dk)): warp 0 and warp 1. */
 __device__ __forceinline__ void gds_norm_qk(float *qs, float *ks, int dk)
@@ -66,6 +91,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
+    __shared__ __align__(8) uint64_t part_bar; /* every peer's part landed (gds_push_part) */
     tl_stamp(a.stamps, 0);
     griddep_launch();
     l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
@@ -80,6 +106,13 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
      * and the conv windows too with a.early (the launch before waited first: the step of the
      * token before, which wrote them, has finished); then the gates and z: the chain starts
      * with every load in flight */
+    if (tid == 0) { /* part_bar: one arrival (this one) and GS parts of 4 bytes */
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&part_bar)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&part_bar)),
+                     "r"(GS * 4)
+                     : "memory");
+    }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); /* waited for before the push */
     const int qch = kh * dk, kch = a.Hk * dk + kh * dk, vch = 2 * a.Hk * dk + j * dv + c;
     const int ch_qk = tid < 2 * dk ? (tid < dk ? qch + tid : kch + tid - dk) : -1;
@@ -129,9 +162,11 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
      * to every peer's slot [rank] */
     float ss = block_sum(sub == 0 && own ? opart * opart : 0.0f, red);
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every peer has started */
+    /* a peer's part is sent after its reads of qkv and the conv state were used, so all GS
+     * parts here also mean that no peer still reads what rank 0 rewrites below */
     if (tid < GS)
-        *cl.map_shared_rank(&part[rank], tid) = ss;
-    cl.sync(); /* every part in place; every block's reads of qkv and the conv state done */
+        gds_push_part(part, &part_bar, rank, tid, ss);
+    gds_wait_parts(&part_bar);
     float tot = 0.0f;
     for (int q = 0; q < GS; q++)
         tot += part[q];
