@@ -410,7 +410,8 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb)},
                   {"gdn_early", offsetof(struct cuda_options, gdn_early)},
                   {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg)},
-                  {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps)}};
+                  {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps)},
+                  {"gdn_staged", offsetof(struct cuda_options, gdn_staged)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);

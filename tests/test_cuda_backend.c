@@ -1805,12 +1805,39 @@ static void check_graph_gdn_split(bool own_key_heads, int32_t ssm_dim)
         fail_msg("gdn split: logits identical to the one-block kernel's: the split did not run");
 }
 
+/* cuda_options.gdn_staged: the split step with its state slice moved through shared memory in
+ * rows against the same step without: the same arithmetic on the same values, so the same
+ * logits bit for bit over 20 steps (a wrong row, column or stride of the tile would not be).
+ * early: gdn_early (the slice copied before the step's wait) or -1 (after it). */
+static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t early)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
+    assert_true(cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim) > 0);
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gdn_early = off.gdn_early = early;
+    on.gdn_staged = 1;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, "gdn staged");
+    char what[128];
+    snprintf(what, sizeof(what), "graph DeltaNet step, state staged vs not, heads %d x %d%s%s", (int)m->hp.ssm_k_dim,
+             (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "", early < 0 ? ", read after the wait" : "");
+    double worst = decode_pair_once(a, b, m, path, what);
+    if (worst != 0.0)
+        fail_msg("gdn staged: logits differ by %.3g from the unstaged step's", worst);
+}
+
 static void test_graph_gdn_split(void **st)
 {
     (void)st;
     check_graph_gdn_split(true, 0);
     check_graph_gdn_split(false, 0);
     check_graph_gdn_split(true, 128);
+    check_graph_gdn_staged(true, 0, 0);
+    check_graph_gdn_staged(false, 0, 0);
+    check_graph_gdn_staged(true, 128, 0);
+    check_graph_gdn_staged(true, 128, -1);
 }
 
 /* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
@@ -2257,7 +2284,7 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16 */
+     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16; gdn_staged 0 or 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2279,7 +2306,8 @@ static void test_backend_errors(void **st)
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},
                    {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}},
                    {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}},
-                   {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}}};
+                   {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}},
+                   {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2297,6 +2325,23 @@ static void test_backend_errors(void **st)
  * gemv_smem_xreg, x is held in registers as 4 chunks of 8 per lane up to K = 1024 and 8 up to
  * 2048 (no norm in these launches), staged in shared memory above. Built without CUDA (the
  * stub), nothing is taken. */
+/* The DeltaNet step's staged state slice (cuda_options.gdn_staged), host code: dk rows of
+ * dv / GS + 1 floats (GS blocks per head: 8 where dv / 8 >= 4), none where the split does not
+ * apply or the tile passes 44 KB. */
+static void test_gdn_staged_shape(void **st)
+{
+    (void)st;
+    if (!cuda_backend_compiled()) { /* the stub (built without CUDA) stages nothing */
+        assert_int_equal(cuda_gdn_staged_bytes(128, 128), 0);
+        return;
+    }
+    assert_int_equal(cuda_gdn_staged_bytes(128, 128), 128 * 17 * 4); /* Qwen3.5-0.8B */
+    assert_int_equal(cuda_gdn_staged_bytes(32, 48), 32 * 7 * 4);     /* qwen35-tiny */
+    assert_int_equal(cuda_gdn_staged_bytes(256, 256), 256 * 33 * 4);
+    assert_int_equal(cuda_gdn_staged_bytes(256, 512), 0); /* 256 x 65 floats: over 44 KB */
+    assert_int_equal(cuda_gdn_staged_bytes(40, 128), 0);  /* dk not a multiple of 16: no split */
+}
+
 static void test_gemv_shape_choices(void **st)
 {
     (void)st;
@@ -2333,7 +2378,8 @@ int main(void)
     if (cuda_probe(0, &err) != QWENRT_OK) {
         printf("CUDA tests skipped: %s (only the refusals that need no device run)\n", err.message);
         const struct CMUnitTest none[] = {cmocka_unit_test(test_backend_errors),
-                                          cmocka_unit_test(test_gemv_shape_choices)};
+                                          cmocka_unit_test(test_gemv_shape_choices),
+                                          cmocka_unit_test(test_gdn_staged_shape)};
         return cmocka_run_group_tests(none, NULL, NULL);
     }
     char dev[256];
@@ -2342,6 +2388,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_errors),
         cmocka_unit_test(test_gemv_shape_choices),
+        cmocka_unit_test(test_gdn_staged_shape),
         cmocka_unit_test(test_op_embed),
         cmocka_unit_test(test_op_elementwise),
         cmocka_unit_test(test_op_matmul),

@@ -189,6 +189,10 @@ struct cuda_options {
                           * block staging x in shared memory (no x in shared memory, no block
                           * barrier), where K <= 1024, or K <= 2048 without a norm. 0: off; 1
                           * (default): on (H200, session 22: Qwen3-0.6B BF16 +1.7%) */
+    int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
+                          * state slice read and written in whole rows through shared memory
+                          * instead of by each thread's own column. 0 (default): off; 1: on.
+                          * Written in session 22 without a GPU: not yet measured */
     int32_t gen_graph_steps; /* the greedy loop (cuda_session_generate): decode steps (each
                           * with its argmax) captured into one CUDA graph, so that one graph
                           * launch runs that many tokens and only every that many does a
@@ -363,6 +367,11 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
  * (early)": the DeltaNet steps that read their state before their wait, cuda_options.gdn_early).
  * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
+
+/* The shared memory the DeltaNet step split per head takes with cuda_options.gdn_staged for
+ * value heads of dk x dv (bytes), or 0 where the split or the staging does not apply (test
+ * hook; host code). */
+int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv);
 
 /* Graph launches cuda_session_generate has made on this session (one per token, or one per
  * cuda_options.gen_graph_steps tokens); 0 for a NULL session. */

@@ -454,6 +454,8 @@ struct gdn_args {
                               * the launch before it starts this one after its own wait (then the
                               * step of the token before, which wrote the state, has finished; the
                               * session decides: mark_early_reads) */
+    bool staged;             /* launch_gdn_split: the state slice through shared memory in rows
+                              * (cuda_options.gdn_staged) */
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);

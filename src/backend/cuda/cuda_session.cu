@@ -1248,6 +1248,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct gdn_args a = gdn_args_of(r, core, 1);
         a.z = b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = r->d[core + 1].vec, a.geps = gn->eps;
         a.split = cs->opt.gdn_split && cs->cc_major >= 9;
+        a.staged = cs->opt.gdn_staged == 1;
         a.pf = st->pf, a.stamps = r->stamps;
         a.early = st->early && r->pdl;
         if (st->kind == STEP_CONV_GDN_GATED) {
@@ -2053,6 +2054,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        (int)o->l2_prefetch_mb);
     if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
+    if (o->gdn_staged != 0 && o->gdn_staged != 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gen_graph_steps %d (0 or 1: one step per graph, up to %d)",
                        (int)o->gen_graph_steps, GEN_GRAPH_STEPS_LIMIT);

@@ -25,6 +25,12 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gdn_step.cuh"
 
+#include <string.h>
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+}
+
 namespace cg = cooperative_groups;
 
 #define GDS_TPC 16      /* threads per state column */
@@ -87,11 +93,40 @@ __device__ __forceinline__ void gds_load_state(const float *S, int nr, bool own,
         s[i] = i < nr && own ? S[(int64_t)(sub + GDS_TPC * i) * dv + c] : 0.0f;
 }
 
+/* cuda_options.gdn_staged (off by default; written in session 22 without a GPU, not yet
+ * measured): the block's state slice, dk rows of its CB columns, moves between global and
+ * shared memory in rows (a warp's lanes on consecutive columns: whole 32-byte sectors), and the
+ * threads take their column's rows from there. Without it a warp's lanes are 16 rows of two
+ * columns, each lane in its own sector (ncu: 67% of the kernel's L2 sectors excessive), for
+ * the state's loads and for its stores, which end the kernel. tile: [dk][CB + 1] floats (the
+ * extra column keeps a warp's column reads on different banks). */
+__device__ __forceinline__ void gds_tile_load(const float *S, float *tile, int dk, int dv, int CB, int c0)
+{
+    const int n = dk * CB, TS = CB + 1;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const int r = e / CB, col = e - r * CB;
+        cp_async4(smem_u32(tile + r * TS + col), S + (int64_t)r * dv + c0 + col);
+    }
+    cp_async_commit();
+}
+
+__device__ __forceinline__ void gds_tile_store(float *S, const float *tile, int dk, int dv, int CB, int c0)
+{
+    const int n = dk * CB, TS = CB + 1;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const int r = e / CB, col = e - r * CB;
+        S[(int64_t)r * dv + c0 + col] = tile[r * TS + col];
+    }
+}
+
+/* STAGED: cuda_options.gdn_staged (a separate instantiation: the default one compiles as before). */
+template <bool STAGED>
 __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
     __shared__ __align__(8) uint64_t part_bar; /* every peer's part landed (gds_push_part) */
+    extern __shared__ float gds_tile[]; /* STAGED: [dk][CB + 1] (gds_tile_load) */
     tl_stamp(a.stamps, 0);
     griddep_launch();
     l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
@@ -100,6 +135,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     const int dk = a.dk, dv = a.dv, CB = dv / GS, nr = dk / GDS_TPC;
     const int tid = threadIdx.x, cc = tid / GDS_TPC, sub = tid % GDS_TPC, c = rank * CB + cc;
     const bool own = cc < CB; /* a thread of one of the block's columns */
+    const int TS = CB + 1;     /* STAGED: the tile's row stride */
     const int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
     float *S = a.state + (int64_t)j * dk * dv;
     /* the weights (gates' constants, norm weight, conv taps) before the wait; the state slice
@@ -121,7 +157,10 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     float s[GDS_MAX_ROWS];
     struct gdn_conv_in cv_qk, cv_v;
     if (a.early) {
-        gds_load_state(S, nr, own, sub, dv, c, s);
+        if (STAGED)
+            gds_tile_load(S, gds_tile, dk, dv, CB, rank * CB);
+        else
+            gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
             gdn_conv_load(a, ch_qk, cv_qk);
         if (a.conv_state && conv_v)
@@ -130,7 +169,10 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     griddep_wait();
     tl_stamp(a.stamps, 1);
     if (!a.early) {
-        gds_load_state(S, nr, own, sub, dv, c, s);
+        if (STAGED)
+            gds_tile_load(S, gds_tile, dk, dv, CB, rank * CB);
+        else
+            gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
             gdn_conv_load(a, ch_qk, cv_qk);
         if (a.conv_state && conv_v)
@@ -153,7 +195,13 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     }
     if (ch_qk >= 0) /* blockDim >= 2 dk: one channel per thread */
         (tid < dk ? qs : ks)[tid < dk ? tid : tid - dk] = y_qk;
+    if (STAGED)
+        cp_async_wait<0>(); /* this thread's copies; the barrier makes the tile whole */
     __syncthreads();
+    if (STAGED)
+#pragma unroll
+        for (int i = 0; i < GDS_MAX_ROWS; i++)
+            s[i] = i < nr && own ? gds_tile[(sub + GDS_TPC * i) * TS + cc] : 0.0f;
     gds_norm_qk(qs, ks, dk);
     v = __shfl_sync(0xffffffffu, v, (threadIdx.x & 31) & ~(GDS_TPC - 1)); /* the column's v to its lanes */
     float beta = sigmoid_f(b0), decay = expf(sa * softplus_f(a0 + dtb));
@@ -172,10 +220,19 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
         tot += part[q];
     if (own && sub == 0)
         a.out[(int64_t)j * dv + c] = opart * rsqrtf(tot / (float)dv + a.geps) * gw * silu_f(z0);
+    if (STAGED) { /* every read of the tile was before block_sum's barriers */
 #pragma unroll
-    for (int i = 0; i < GDS_MAX_ROWS; i++)
-        if (i < nr && own)
-            S[(int64_t)(sub + GDS_TPC * i) * dv + c] = s[i];
+        for (int i = 0; i < GDS_MAX_ROWS; i++)
+            if (i < nr && own)
+                gds_tile[(sub + GDS_TPC * i) * TS + cc] = s[i];
+        __syncthreads();
+        gds_tile_store(S, gds_tile, dk, dv, CB, rank * CB);
+    } else {
+#pragma unroll
+        for (int i = 0; i < GDS_MAX_ROWS; i++)
+            if (i < nr && own)
+                S[(int64_t)(sub + GDS_TPC * i) * dv + c] = s[i];
+    }
     if (a.conv_state) {
         if (rank == 0 && ch_qk >= 0)
             gdn_conv_store(a, ch_qk, y_qk, win_qk);
@@ -208,9 +265,32 @@ bool gdn_split_applies(const struct gdn_args *a)
     return !a->conv_state || (a->Hv == a->Hk && a->conv_k >= 2 && a->conv_k <= GDN_CONV_MAX_K);
 }
 
+/* The staged state slice's shared memory (cuda_options.gdn_staged), bytes: dk rows of
+ * dv / GS + 1 floats; 0 where the split does not apply or the tile would pass 44 KB (the
+ * 48 KB a launch gets without raising its limit, less the kernel's static arrays): then the
+ * state moves as without the option. */
+static size_t gds_tile_bytes(const struct gdn_args *a)
+{
+    int gs = gds_group(a);
+    size_t bytes = gs ? (size_t)a->dk * (a->dv / gs + 1) * sizeof(float) : 0;
+    return bytes <= 44 * 1024 ? bytes : 0;
+}
+
 cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
 {
     int gs = gds_group(a);
-    return launch_kc(a->pdl, gs, gds_kernel, dim3((unsigned)(a->Hv * gs)), dim3((unsigned)(a->dv / gs * GDS_TPC)), 0,
-                     s, *a);
+    size_t tile = a->staged ? gds_tile_bytes(a) : 0;
+    dim3 grid((unsigned)(a->Hv * gs)), block((unsigned)(a->dv / gs * GDS_TPC));
+    if (tile)
+        return launch_kc(a->pdl, gs, gds_kernel<true>, grid, block, tile, s, *a);
+    return launch_kc(a->pdl, gs, gds_kernel<false>, grid, block, 0, s, *a);
+}
+
+extern "C" int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv)
+{
+    struct gdn_args a;
+    memset(&a, 0, sizeof(a));
+    a.dk = dk, a.dv = dv, a.T = 1, a.Hk = a.Hv = 1;
+    a.z = (const float *)(uintptr_t)16; /* the gated norm fused: the split's condition */
+    return gdn_split_applies(&a) ? (int32_t)gds_tile_bytes(&a) : 0;
 }
