@@ -67,6 +67,35 @@ static __device__ __forceinline__ uint32_t smem_u32(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* mbarriers in shared memory (sm_90; the PTX built for older devices traps if it were ever
+ * reached): initialised for COUNT arrivals; waited for until the phase of the given parity
+ * has completed (its arrivals and transaction bytes). bar: the 32-bit shared address. */
+template <int COUNT>
+static __device__ __forceinline__ void mbar_init(uint32_t bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();
+#else
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "n"(COUNT) : "memory");
+#endif
+}
+
+static __device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity)
+{
+    uint32_t done = 0;
+    while (!done) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+        __trap();
+#else
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+#endif
+    }
+}
+
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int N>

@@ -52,16 +52,6 @@ __device__ __forceinline__ void gds_push_part(float *part, uint64_t *bar, int ra
                  : "memory");
 }
 
-__device__ __forceinline__ void gds_wait_parts(uint64_t *bar)
-{
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar))
-                     : "memory");
-}
 
 /* q (qs) and k (ks) of key head kh, L2-normalised (q also by 1/sqrt(dk)): warp 0 and warp 1. */
 __device__ __forceinline__ void gds_norm_qk(float *qs, float *ks, int dk)
@@ -143,7 +133,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
      * token before, which wrote them, has finished); then the gates and z: the chain starts
      * with every load in flight */
     if (tid == 0) { /* part_bar: one arrival (this one) and GS parts of 4 bytes */
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&part_bar)) : "memory");
+        mbar_init<1>(smem_u32(&part_bar));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&part_bar)),
                      "r"(GS * 4)
@@ -214,7 +204,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
      * parts here also mean that no peer still reads what rank 0 rewrites below */
     if (tid < GS)
         gds_push_part(part, &part_bar, rank, tid, ss);
-    gds_wait_parts(&part_bar);
+    mbar_wait_parity(smem_u32(&part_bar), 0);
     float tot = 0.0f;
     for (int q = 0; q < GS; q++)
         tot += part[q];

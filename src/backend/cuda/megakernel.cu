@@ -502,18 +502,12 @@ __device__ __forceinline__ void mk_copy_words(uint32_t *dst, const uint32_t *src
 
 __device__ __forceinline__ void mk_mbar_init(uint64_t *bar)
 {
-    MK_SM90_ONLY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mk_smem_addr(bar)) : "memory"));
+    mbar_init<1>(mk_smem_addr(bar));
 }
 
 __device__ __forceinline__ void mk_mbar_wait_at(uint32_t a, uint32_t parity)
 {
-    uint32_t done = 0;
-    while (!done)
-        MK_SM90_ONLY(asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                                  " selp.u32 %0, 1, 0, p;\n}"
-                                  : "=r"(done)
-                                  : "r"(a), "r"(parity)
-                                  : "memory"));
+    mbar_wait_parity(a, parity);
 }
 
 __device__ __forceinline__ void mk_mbar_wait(uint64_t *bar, uint32_t parity)
