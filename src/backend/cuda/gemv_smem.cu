@@ -29,7 +29,8 @@
  *
  * A block: W warps (cuda_options.gemv_smem_warps; by default the session picks 8, or 16 for
  * a model whose widest product would need more than one block of 8 warps per multiprocessor),
- * halved until its rows and x fit in gemv_smem_kb (picked with W: 120 KB, or 160); the
+ * halved until its rows and x fit in gemv_smem_kb (picked with W: 136 KB, or 160) and while
+ * the grid would have fewer than gemv_smem_min_blocks blocks (picked: 96, or 192); the
  * kernel's dynamic shared-memory limit is raised at launch when a block needs more than 48 KB.
  * In order:
  *   1. each lane copies its 16-byte chunks (lane, lane + 32, ...) of each of the warp's rows
@@ -40,8 +41,8 @@
  *   4. each lane waits for its own copies (a thread's cp.async are visible to itself after
  *      its wait_group: no barrier), sums its chunks of every row, gs_reduce_rows adds the
  *      lanes' parts, and one lane per row stores.
- * With cuda_options.gemv_smem_xreg (off by default; written in session 21 without a GPU, not
- * yet measured) step 3 is each warp's own: its lanes load their chunks of x from global memory
+ * With cuda_options.gemv_smem_xreg (on by default since session 22: Qwen3-0.6B BF16 +1.7%,
+ * Qwen3.5-0.8B +0.2%, docs/perf-log.md) step 3 is each warp's own where K allows: its lanes load their chunks of x from global memory
  * into registers (4 per lane for K <= 1024, with the norm's weights loaded before the wait; 8
  * for K <= 2048 without a norm), the warp sums the squares itself (gs_load_x_regs), and the
  * dot products read only weights from shared memory: no x in shared memory, no block barrier,
