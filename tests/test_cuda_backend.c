@@ -1818,6 +1818,7 @@ static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t 
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_early = off.gdn_early = early;
     on.gdn_staged = 1;
+    off.gdn_staged = 0; /* the default is on: the pair must differ */
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, "gdn staged");
     char what[128];
