@@ -348,9 +348,12 @@ static void test_op_matmul(void **state)
  *   quantised to 8 bits (gemvq_int8) in the default shapes, 13: the same in 8-warp blocks of 2
  *   rows with 100 KB reserved and PDL after the wait (these two against the CPU's own
  *   quantised products, which quantise x the same way: the same integer sums); 16-bit rows at
- *   T = 1, 14: gemv_smem with x staged in shared memory (gemv_smem_xreg 0). */
-#define GEMV_VARIANTS 15
-#define GEMV_VARIANT_INT8(v) ((v) == 12 || (v) == 13)
+ *   T = 1, 14: gemv_smem with x staged in shared memory (gemv_smem_xreg 0); quantised rows at
+ *   T = 1 with x in 8 bits made in one pass from registers (gemvq_one_pass), 15: in gemvq's
+ *   int8 shape (8 warps of 2 rows), 16: in 4-warp blocks of 2 rows, against the CPU's own
+ *   quantised products like 12 and 13. */
+#define GEMV_VARIANTS 17
+#define GEMV_VARIANT_INT8(v) ((v) == 12 || (v) == 13 || (v) == 15 || (v) == 16)
 
 /* Whether variant v applies to rows of dt, N of them, at T tokens. */
 static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
@@ -366,6 +369,8 @@ static bool gemv_variant_applies(enum qr_dtype dt, int32_t N, int32_t T, int v)
         return false;
     if (v == 14)
         return sixteen && T == 1;
+    if (v >= 15)
+        return !dtype_is_float(dt) && T == 1;
     return v != 3 || sixteen;
 }
 
@@ -391,6 +396,10 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemvq_warps = 8, o.gemvq_rows = 2, o.gemvq_smem_kb = 100, o.pdl = true, o.gemvq_launch = 2;
     if (v == 14)
         o.gemv_smem = true, o.gemv_smem_xreg = 0;
+    if (v >= 15)
+        o.gemvq_one_pass = 1;
+    if (v == 16) /* a shape option set: gemvq's 4-warp blocks, not its int8 shape */
+        o.gemvq_rows = 2;
     return o;
 }
 
@@ -408,7 +417,7 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
         int32_t chunks = (K / 8 + 31) / 32, want = chunks <= 4 ? 4 : chunks <= 8 ? 8 : 0;
         assert_int_equal(cuda_gemv_smem_xreg_chunks(dt, N, K), want);
     }
-    if (v >= 6 && v < 14) { /* these shapes take every case the default gemvq takes (K = 1024, 2048,
+    if ((v >= 6 && v < 14) || v >= 15) { /* these shapes take every case the default gemvq takes (K = 1024, 2048,
                    * 3072, 3584 in whole copy units: not Q6_K at 3584, whose 2,940-byte rows
                    * are not 8-byte multiples) */
         bool takes = cuda_gemvq_blocks(dt, N, K, 0, 0, 0) > 0;
@@ -1480,23 +1489,17 @@ static void check_graph_gemvq(const char *arch, enum export_type type, bool big)
         fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
-/* gemvq with x in 8 bits (gemvq_int8) against gemvq with float x through the decode graph:
- * every product of the model at the real widths, Q4_K_M's mixed q|k|v launch included (the
- * kernel-level check against the CPU is test_op_gemv_sizes' variants 12 and 13). The two
- * differ by x's rounding to 8 bits (~0.4% per element), so this is a bound that only a wrong
- * layout would break: 20 steps, both fed the float session's greedy tokens. Qwen3 only: the
- * random Qwen3.5 recurrence turns x's rounding into logits errors of ~0.6 (seen on the H200),
- * as it does any rounding change (test_op_gemv_sizes holds its kernels to the CPU's). */
-static void check_graph_gemvq_int8(const char *arch, enum export_type type)
+/* Two decode-graph sessions of a synth model (width 1024: every product at the real widths,
+ * Q4_K_M's mixed q|k|v launch included where the type has it) with options on and off, 20
+ * steps, both fed off's greedy tokens: the worst logits relative error must lie in (0, hi]. */
+static void check_graph_options_pair(const char *arch, enum export_type type, const struct cuda_options *on,
+                                   const struct cuda_options *off, double hi, const char *what)
 {
     struct qwenrt_error err = {0};
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
-    struct cuda_options on = cuda_default_options(), off = on;
-    on.mega = off.mega = CUDA_MEGA_OFF;
-    on.gemvq_int8 = 1, off.gemvq_int8 = -1;
     struct cuda_session *a = NULL, *b = NULL;
-    init_pair(m, 64, &on, &off, &a, &b, arch);
+    init_pair(m, 64, on, off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, id = 5;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     assert_non_null(la);
@@ -1510,11 +1513,39 @@ static void check_graph_gemvq_int8(const char *arch, enum export_type type)
         worst = e > worst ? e : worst;
         id = argmax_f(lb, V);
     }
-    printf("graph gemvq int8 vs float x, %s %s: worst logits rel err %.3g over 20 steps\n", arch,
-           export_type_name(type), worst);
-    if (!(worst > 0 && worst <= 5e-2))
-        fail_msg("%s %s: int8 x logits differ from float x by %.3g", arch, export_type_name(type), worst);
+    printf("graph %s, %s %s: worst logits rel err %.3g over 20 steps\n", what, arch, export_type_name(type), worst);
+    if (!(worst > 0 && worst <= hi))
+        fail_msg("%s %s: %s: logits differ by %.3g (want (0, %g])", arch, export_type_name(type), what, worst, hi);
     free_synth_pair(a, b, m, path, la, lb);
+}
+
+/* gemvq with x in 8 bits (gemvq_int8) against gemvq with float x through the decode graph
+ * (the kernel-level check against the CPU is test_op_gemv_sizes' variants 12 and 13). The two
+ * differ by x's rounding to 8 bits (~0.4% per element), so this is a bound that only a wrong
+ * layout would break. Qwen3 only: the random Qwen3.5 recurrence turns x's rounding into
+ * logits errors of ~0.6 (seen on the H200), as it does any rounding change (test_op_gemv_sizes
+ * holds its kernels to the CPU's). */
+static void check_graph_gemvq_int8(const char *arch, enum export_type type)
+{
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gemvq_int8 = 1, off.gemvq_int8 = -1;
+    check_graph_options_pair(arch, type, &on, &off, 5e-2, "gemvq int8 vs float x");
+}
+
+/* gemvq_one_pass (x normalised and quantised from registers) against the staged float copy
+ * through the decode graph, with the norm fused into q|k|v and gate|up: the norm's sum of
+ * squares is added in another order, so 1 / rms differs in its last bit in most launches (the
+ * logits differ: the path ran), and where that flips an 8-bit rounding the random model's
+ * cascade follows (session 19: the two sides then round independently), so the bound is
+ * int8's own (variants 15 and 16 of test_op_gemv_sizes hold the kernels to the CPU's). */
+static void check_graph_gemvq_one_pass(const char *arch, enum export_type type)
+{
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gemvq_int8 = off.gemvq_int8 = 1;
+    on.gemvq_one_pass = 1, off.gemvq_one_pass = 0;
+    check_graph_options_pair(arch, type, &on, &off, 5e-2, "gemvq x quantised in one pass vs staged");
 }
 
 /* The CPU model of the GGUF at path with every quantised product's x in f32 (the .exact
@@ -1618,6 +1649,8 @@ static void test_graph_gemvq(void **st)
     check_graph_gemvq("qwen35-tiny", EXPORT_Q8_0, true);
     check_graph_gemvq_int8("qwen3-tiny", EXPORT_Q4_K_M);
     check_graph_gemvq_int8("qwen3-tiny", EXPORT_Q8_0);
+    check_graph_gemvq_one_pass("qwen3-tiny", EXPORT_Q4_K_M);
+    check_graph_gemvq_one_pass("qwen3-tiny", EXPORT_Q8_0);
 }
 
 /* The fused MLP (mlp_fused.cu: norm + gate|up + SwiGLU + down + residual in one launch)
@@ -1709,6 +1742,21 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
         fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
+/* cuda_options.gemv_smem_norm_late (1 / rms on the row sums of the fused-norm launches with x
+ * in registers) against the default through the decode graph: the same products rounded in
+ * another order, so the logits must differ (the path ran) and stay within gemv_smem's bounds
+ * against gemv2 (above). warps / kb: the block shape (0, 0: the session's pick). */
+static void check_graph_norm_late(const char *arch, int32_t warps, int32_t kb)
+{
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gemv_smem_warps = off.gemv_smem_warps = warps, on.gemv_smem_kb = off.gemv_smem_kb = kb;
+    on.gemv_smem_norm_late = 1, off.gemv_smem_norm_late = 0;
+    assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 1024, 1024), 4);
+    check_graph_options_pair(arch, EXPORT_BF16, &on, &off, strstr(arch, "qwen35") ? 1e-3 : 1e-4,
+                             "gemv_smem norm late vs before the sums");
+}
+
 static void test_graph_gemv_smem(void **st)
 {
     (void)st;
@@ -1726,6 +1774,8 @@ static void test_graph_gemv_smem(void **st)
     check_graph_gemv_smem("qwen3-tiny", EXPORT_BF16, 1024, 0, 0, 0, false, true);
     check_graph_gemv_smem("qwen35-tiny", EXPORT_BF16, 1024, 16, 160, 0, false, true);
     check_graph_gemv_smem("qwen3-tiny", EXPORT_F16, 384, 0, 0, 0, false, true);
+    check_graph_norm_late("qwen3-tiny", 0, 0);
+    check_graph_norm_late("qwen35-tiny", 16, 160);
 }
 
 /* The KV cache in f16 (cuda_options.kv_f16) against f32 through the decode graph: 20 steps'
@@ -2285,7 +2335,8 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16; gdn_staged 0 or 1 */
+     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16; gdn_staged 0 or 1; gemvq_one_pass 0 or 1;
+     * gemv_smem_norm_late 0 or 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2308,7 +2359,9 @@ static void test_backend_errors(void **st)
                    {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}},
                    {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}},
                    {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}},
-                   {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}}};
+                   {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},
+                   {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass), {-1, 2}},
+                   {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-1, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

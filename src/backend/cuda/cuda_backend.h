@@ -138,6 +138,13 @@ struct cuda_options {
                           * on the H200 (Qwen3 session 18, Qwen3.5 +33% session 19; cuda_bench
                           * holds each decode step from the CPU's state against the CPU's own
                           * 8-bit products) */
+    int32_t gemvq_one_pass; /* gemvq with x in 8 bits: each warp loads its 256-element blocks
+                          * of x, and the block normalises and quantises them in registers (two
+                          * barriers with a fused norm, one without) instead of staging a float
+                          * copy of x in shared memory, normalising it there and quantising it
+                          * (three); where a warp has 2 rows (8-bit x's own shape), in Q4_K_M's
+                          * mixed q|k|v and the LM head's loop. 0 (default): off; 1: on.
+                          * Written in session 23 without a GPU: not yet measured */
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */
@@ -189,6 +196,12 @@ struct cuda_options {
                           * block staging x in shared memory (no x in shared memory, no block
                           * barrier), where K <= 1024, or K <= 2048 without a norm. 0: off; 1
                           * (default): on (H200, session 22: Qwen3-0.6B BF16 +1.7%) */
+    int32_t gemv_smem_norm_late; /* gemv_smem with x in registers and a fused RMS norm (the
+                          * q|k|v and gate|up launches): x times the norm's weights in the dot
+                          * products and 1 / rms on the row sums after the warp's reduction, so
+                          * that the warp's sum of squares is off the chain before the first dot
+                          * product. 0 (default): off; 1: on. Written in session 23 without a
+                          * GPU: not yet measured */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

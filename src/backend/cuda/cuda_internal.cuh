@@ -267,10 +267,15 @@ struct gemv_args {
                             * multiprocessor (0: one tile per block; cuda_options.gemvq_head_blocks) */
     bool q_int8;           /* gemvq: x quantised to 8 bits as the CPU's quantised products do
                             * (Q8_K / Q8_0 blocks), integer dot products (cuda_options.gemvq_int8) */
+    bool q_one_pass;       /* gemvq with q_int8: x normalised and quantised in one pass from
+                            * registers (quant_rows_i8.cuh; cuda_options.gemvq_one_pass), where
+                            * a warp has 2 rows, in the mixed q|k|v launch and the LM head's loop */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     bool smem_xreg;        /* gemv_smem: x in each warp's registers, not staged in shared
                             * memory, where K allows (cuda_options.gemv_smem_xreg) */
+    bool smem_norm_late;   /* gemv_smem with x in registers and a fused norm: 1 / rms applied to
+                            * the row sums (cuda_options.gemv_smem_norm_late) */
     unsigned long long *stamps; /* benchmarks (NULL otherwise): per block 4 %globaltimer stamps
                             * [block][4] (tl_stamp): start, after griddep_wait, (gemv_smem:)
                             * weights and x in shared memory, end; gemv_smem and gemv_mma only

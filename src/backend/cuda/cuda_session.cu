@@ -195,6 +195,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_smem_kb = 0; /* what the block needs */
     o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
     o.gemvq_int8 = 0; /* on (pick_gemvq_shape): H200 tg128 +11-51% */
+    o.gemvq_one_pass = 0; /* not yet measured */
+    o.gemv_smem_norm_late = 0; /* not yet measured */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
     o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
@@ -634,6 +636,8 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
     a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
     a->mma = cs->opt.gemv_mma, a->smem_xreg = cs->opt.gemv_smem_xreg == 1;
+    a->q_one_pass = cs->opt.gemvq_one_pass == 1;
+    a->smem_norm_late = cs->opt.gemv_smem_norm_late == 1;
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
@@ -2053,6 +2057,11 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->l2_prefetch_mb < 0 || o->l2_prefetch_mb > 64)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: l2_prefetch_mb %d (0: off, or 1 to 64)",
                        (int)o->l2_prefetch_mb);
+    if (o->gemv_smem_norm_late != 0 && o->gemv_smem_norm_late != 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_norm_late %d (0: off, 1: on)",
+                       (int)o->gemv_smem_norm_late);
+    if (o->gemvq_one_pass != 0 && o->gemvq_one_pass != 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_one_pass %d (0: off, 1: on)", (int)o->gemvq_one_pass);
     if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)

@@ -18,6 +18,12 @@
  * first kernel runs. k_mixed launches (Q4_K_M's q|k|v: Q4_K and Q6_K segments, each warp's
  * row of one) take gemvq alone: one launch instead of a norm and three GEMVs.
  *
+ * With 8-bit x, gemv_args.q_one_pass (cuda_options.gemvq_one_pass; the kernels' ONE) stages x
+ * without the float copy: each warp loads its 256-element blocks of x, and the block
+ * normalises and quantises them in registers (quant_rows_i8.cuh, gq8_stage_quantise: two
+ * block barriers with a fused norm, one without, against gemv_stage_x + gq8_quantise's three);
+ * built for 2 rows per warp (8-bit x's shape), the mixed q|k|v launch and the LM head's loop.
+ *
  * Block shape: 4 warps by default; gemv_args.q_warps (8) and q_smem_kb (shared memory reserved,
  * so that fewer blocks share a multiprocessor) are calibration choices (cuda_options).
  * The LM heads (32,768 rows or more at K = 1024) run gemvq_loop_kernel by default: a few blocks
@@ -141,11 +147,12 @@ __device__ __forceinline__ void gq_quantise_x(const struct gemv_args &a, const f
  * group, ask the L2 for the block's share of a later step's weights (a.pf), load the first norm weights (constant: before the wait), wait for the input, and let
  * the next launch start now when it should wait for this one's input (gemv_args.q_after_wait;
  * else the kernel let it start first thing). */
-__device__ __forceinline__ void gq_commit_and_wait(const struct gemv_args &a, float4 (&g0)[GEMV_NW])
+__device__ __forceinline__ void gq_commit_and_wait(const struct gemv_args &a, float4 (&g0)[GEMV_NW], bool norm_w = true)
 {
     cp_async_commit();
     l2_prefetch_share(a.pf);
-    gemv_load_norm_w(a, g0);
+    if (norm_w) /* gemv_stage_x's (not for the one-pass staging: gq8_load_norm) */
+        gemv_load_norm_w(a, g0);
     griddep_wait();
     if (a.q_after_wait)
         griddep_launch();
@@ -154,13 +161,15 @@ __device__ __forceinline__ void gq_commit_and_wait(const struct gemv_args &a, fl
 /* P = 2: SwiGLU (seg[0] gate, seg[1] up). R rows per warp (x gathered once for them).
  * stride: bytes of shared memory per row copy. DT = GQ_KMIXED: each segment Q4_K or Q6_K
  * (seg[].dtype; P = 1, R = 1, CB = 8). I8: x quantised to 8 bits (gemv_args.q_int8). */
-template <int DT, int P, int NSB, int CB, int R, bool I8>
+template <int DT, int P, int NSB, int CB, int R, bool I8, bool ONE = false>
 __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t stride)
 {
+    static_assert(!ONE || I8, "the one-pass staging makes 8-bit x");
     extern __shared__ float4 gq_smem4[];
     __shared__ float s_part[GEMVQ_WARPS_LIMIT][GEMV_MAX_T];
     __shared__ __align__(16) char s_x8[I8 ? sizeof(struct gq8_x) : 16];
+    __shared__ float s_ss[ONE ? GQ8_NB_MAX : 1];
     struct gq8_x *x8 = (struct gq8_x *)s_x8;
     if (!a.q_after_wait) /* a.q_after_wait: at most the next launch prefetches while this one runs */
         griddep_launch();
@@ -192,15 +201,21 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
                 for (int k = lane; k < n; k += 32)
                     gq_copy<CB>(dst + (uint32_t)(k * CB), src + (int64_t)k * CB);
             }
-    float4 g0[GEMV_NW];
-    gq_commit_and_wait(a, g0);
+    float4 g0[GEMV_NW], gq[ONE ? GQ8_BPW(NSB) : 1][2];
+    if constexpr (ONE)
+        gq8_load_norm<NSB>(a.norm_w, gq);
+    gq_commit_and_wait(a, g0, !ONE);
     float yold[R];
 #pragma unroll
     for (int i = 0; i < R; i++)
         yold[i] = a.mode == GEMV_ACCUM && ok[i] && lane == 0 ? a.seg[sg[i]].y[rr[i]] : 0.0f;
-    gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
     constexpr int D = DT == GQ_KMIXED ? QR_Q4_K : DT;
-    gq_quantise_x<D, I8>(a, xs, x8);
+    if constexpr (ONE) {
+        gq8_stage_quantise<NSB>(a.x, a.norm_w != NULL, a.eps, gq, D == QR_Q8_0, x8, s_ss);
+    } else {
+        gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part); /* 64 NSB float4 over 128 threads: one batch */
+        gq_quantise_x<D, I8>(a, xs, x8);
+    }
     cp_async_wait<0>();
     __syncwarp(); /* every lane's copies of the rows are visible to the whole warp */
     if (!ok[0])
@@ -254,13 +269,15 @@ __device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r
  * the other half of its shared-memory slice while it sums the current one (cp.async groups:
  * two in flight). The rows, x and every sum are the gemvq kernel's, so the logits are the
  * same bit for bit. One segment, GEMV_STORE. */
-template <int DT, int NSB, int CB, int R, bool I8>
+template <int DT, int NSB, int CB, int R, bool I8, bool ONE = false>
 __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(const __grid_constant__ struct gemv_args a,
                                                                             int32_t stride)
 {
+    static_assert(!ONE || I8, "the one-pass staging makes 8-bit x");
     extern __shared__ float4 gq_smem4[];
     __shared__ float s_part[GEMVQ_WARPS_LIMIT][GEMV_MAX_T];
     __shared__ __align__(16) char s_x8[I8 ? sizeof(struct gq8_x) : 16];
+    __shared__ float s_ss[ONE ? GQ8_NB_MAX : 1];
     struct gq8_x *x8 = (struct gq8_x *)s_x8;
     if (!a.q_after_wait)
         griddep_launch();
@@ -272,10 +289,16 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
     const uint32_t slice = smem_u32(xs + a.K) + (uint32_t)(warp * R * stride);
     int64_t t = blockIdx.x;
     gq_copy_rows<CB, R>(g, (t * W + warp) * R, slice, stride, lane);
-    float4 g0[GEMV_NW];
-    gq_commit_and_wait(a, g0);
-    gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part);
-    gq_quantise_x<DT, I8>(a, xs, x8);
+    float4 g0[GEMV_NW], gq[ONE ? GQ8_BPW(NSB) : 1][2];
+    if constexpr (ONE)
+        gq8_load_norm<NSB>(a.norm_w, gq);
+    gq_commit_and_wait(a, g0, !ONE);
+    if constexpr (ONE) {
+        gq8_stage_quantise<NSB>(a.x, a.norm_w != NULL, a.eps, gq, DT == QR_Q8_0, x8, s_ss);
+    } else {
+        gemv_stage_x<(NSB + 1) / 2, 0>(a, xs, g0, s_part);
+        gq_quantise_x<DT, I8>(a, xs, x8);
+    }
     gq_xreg<DT, NSB, I8> xr;
     xr.load(smem_u32(xs), x8);
     for (int b = 0; t < tiles; t += gridDim.x, b ^= 1) {
@@ -409,17 +432,22 @@ static cudaError_t gq_launch(bool pdl, void (*k)(KP...), const struct gq_shape &
 }
 
 /* The launch of dtype DT (or GQ_KMIXED) with R rows per warp, by K / 256 and SwiGLU. */
-template <int DT, int CB, int R, bool I8>
+template <int DT, int CB, int R, bool I8, bool ONE = false>
 static cudaError_t gemvq_r(const struct gemv_args *a, const struct gq_shape &sh, cudaStream_t s)
 {
     bool p = a->pdl;
+    /* the one-pass staging is built for the shapes 8-bit x picks: 2 rows per warp, and the
+     * mixed q|k|v's 1 (elsewhere the flag is ignored: gemv_args.q_one_pass) */
+    if constexpr (I8 && !ONE && (R == 2 || DT == GQ_KMIXED))
+        if (a->q_one_pass)
+            return gemvq_r<DT, CB, R, true, true>(a, sh, s);
     if (a->mode == GEMV_SWIGLU)
-        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R, I8>, sh, s, a);
+        return gq_launch(p, gemvq_kernel<DT, 2, 4, CB, R, I8, ONE>, sh, s, a);
     switch (sh.kb) {
-    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R, I8>, sh, s, a);
-    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R, I8>, sh, s, a);
-    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R, I8>, sh, s, a);
-    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R, I8>, sh, s, a);
+    case 4: return gq_launch(p, gemvq_kernel<DT, 1, 4, CB, R, I8, ONE>, sh, s, a);
+    case 8: return gq_launch(p, gemvq_kernel<DT, 1, 8, CB, R, I8, ONE>, sh, s, a);
+    case 12: return gq_launch(p, gemvq_kernel<DT, 1, 12, CB, R, I8, ONE>, sh, s, a);
+    default: return gq_launch(p, gemvq_kernel<DT, 1, 14, CB, R, I8, ONE>, sh, s, a);
     }
 }
 
@@ -430,7 +458,8 @@ static cudaError_t gemvq_dt(const struct gemv_args *a, const struct gq_shape &sh
     /* the row counts gemvq_shape picks: 1, 2 or 4 (each row count of every shape is ~1.5 MB
      * of kernels), and GQ_R_BIG for the LM head (looping or not) */
     if (sh.loop)
-        return gq_launch(a->pdl, gemvq_loop_kernel<DT, 4, CB, GQ_R_BIG, I8>, sh, s, a);
+        return I8 && a->q_one_pass ? gq_launch(a->pdl, gemvq_loop_kernel<DT, 4, CB, GQ_R_BIG, I8, I8>, sh, s, a)
+                                   : gq_launch(a->pdl, gemvq_loop_kernel<DT, 4, CB, GQ_R_BIG, I8>, sh, s, a);
     if (sh.r == GQ_R_BIG && sh.kb == 4 && a->mode != GEMV_SWIGLU)
         return gq_launch(a->pdl, gemvq_kernel<DT, 1, 4, CB, GQ_R_BIG, I8>, sh, s, a);
     switch (sh.r) {

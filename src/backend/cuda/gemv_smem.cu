@@ -47,6 +47,10 @@
  * for K <= 2048 without a norm), the warp sums the squares itself (gs_load_x_regs), and the
  * dot products read only weights from shared memory: no x in shared memory, no block barrier,
  * 4 wavefronts per 512 bytes of weights.
+ * With cuda_options.gemv_smem_norm_late (off until measured; written in session 23) a launch
+ * with a fused norm and x in registers multiplies x by the norm's weights only, and the row
+ * sums by 1 / rms after the warp's reduction: the warp_sum of the squares (five shuffles) and
+ * the rsqrt no longer stand between x's arrival and the first dot product.
  * The order of the sums differs from gemv2's (its lane-per-chunk order, then a butterfly per
  * row; here the same chunks per lane, then the exchange of halves), so the results may differ
  * from gemv2's by rounding; test_cuda_backend compares both with the CPU reference.
@@ -153,8 +157,8 @@ __device__ __forceinline__ void gs_reduce_rows(float (&acc)[RPW][P], int lane)
  * squares over the warp's lanes instead of the block's threads, so 1 / rms may differ in its
  * last bit) when a.norm_w; NORM false: the launch has no norm. g holds the lane's norm weights,
  * loaded before the wait. No shared memory, no block barrier. */
-template <int NC, bool NORM>
-__device__ __forceinline__ void gs_load_x_regs(const struct gemv_args &a, const float4 (&g)[NC][2], float4 (&xr)[NC][2])
+template <int NC, bool NORM, bool LATE = false>
+__device__ __forceinline__ float gs_load_x_regs(const struct gemv_args &a, const float4 (&g)[NC][2], float4 (&xr)[NC][2])
 {
     const int lane = threadIdx.x & 31, nchunk = a.K / 8;
     const float4 *xt = (const float4 *)a.x, zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -165,7 +169,7 @@ __device__ __forceinline__ void gs_load_x_regs(const struct gemv_args &a, const 
         xr[i][1] = c < nchunk ? xt[2 * c + 1] : zero;
     }
     if (!NORM)
-        return;
+        return 1.0f;
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < NC; i++)
@@ -177,15 +181,22 @@ __device__ __forceinline__ void gs_load_x_regs(const struct gemv_args &a, const 
         for (int h = 0; h < 2; h++) {
             float4 v = xr[i][h];
             const float4 w = g[i][h];
-            v.x = v.x * inv * w.x, v.y = v.y * inv * w.y, v.z = v.z * inv * w.z, v.w = v.w * inv * w.w;
+            if (LATE) /* x * norm_w now, 1 / rms on the row sums (the caller) */
+                v.x = v.x * w.x, v.y = v.y * w.y, v.z = v.z * w.z, v.w = v.w * w.w;
+            else
+                v.x = v.x * inv * w.x, v.y = v.y * inv * w.y, v.z = v.z * inv * w.z, v.w = v.w * inv * w.w;
             xr[i][h] = v;
         }
+    return inv;
 }
 
 /* 32 / L rows per warp (gs_shape.L; every lane sums a part of each), P physical rows per row
  * (2: the SwiGLU gate/up pair); wstride: bytes between rows in shared memory (K * 2); NC: x
- * chunks per lane in registers (gs_shape.xreg; 0: x staged in shared memory). */
-template <int DT, int P, int L, int NC>
+ * chunks per lane in registers (gs_shape.xreg; 0: x staged in shared memory). LATE (with NC
+ * and a fused norm; gemv_args.smem_norm_late): the dot products take x * norm_w and the row
+ * sums are scaled by 1 / rms after the warp's reduction, so the warp's sum of squares is off
+ * the chain between x's arrival and the first dot product. */
+template <int DT, int P, int L, int NC, bool LATE = false>
 __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(const __grid_constant__ struct gemv_args a,
                                                                        int32_t wstride, bool launch_early)
 {
@@ -230,10 +241,11 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
     if (st)
         st[1] = globaltimer_ns();
     float yold = a.mode == GEMV_ACCUM && stores ? *yp : 0.0f;
+    float inv = 1.0f; /* LATE: the row sums' 1 / rms */
     if (NC == 0)
         gs_stage_x(a, xlo, xhi, g0, s_red);
     else if (NORM && a.norm_w)
-        gs_load_x_regs<NCX, true>(a, gx, xr);
+        inv = gs_load_x_regs<NCX, true, LATE>(a, gx, xr);
     else
         gs_load_x_regs<NCX, false>(a, gx, xr);
     cp_async_wait<0>();
@@ -256,6 +268,10 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
                 gs_dot_chunk<DT, RPW, P>(wrow, wstride, lane + 32 * i, xr[i][0], xr[i][1], acc);
     }
     gs_reduce_rows<RPW, P>(acc, lane);
+    if (LATE)
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            acc[0][p] *= inv;
     float v = acc[0][0];
     if (P == 2)
         v = v / (1.0f + __expf(-v)) * acc[0][P - 1];
@@ -356,13 +372,16 @@ bool gemv_smem_applies(const struct gemv_args *a)
     return gemv_smem_blocks(a) > 0;
 }
 
-template <int DT, int P, int L, int NC>
+template <int DT, int P, int L, int NC, bool LATE = false>
 static cudaError_t gemv_smem_go_nc(const struct gemv_args *a, const struct gs_shape &sh, cudaStream_t s)
 {
-    cudaError_t e = gs_raise_smem_limit(gemv_smem_kernel<DT, P, L, NC>, sh);
+    if constexpr (NC == 4 && !LATE) /* the norm's scale after the sums (x in registers with a norm) */
+        if (a->smem_norm_late && a->norm_w)
+            return gemv_smem_go_nc<DT, P, L, NC, true>(a, sh, s);
+    cudaError_t e = gs_raise_smem_limit(gemv_smem_kernel<DT, P, L, NC, LATE>, sh);
     if (e != cudaSuccess)
         return e;
-    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L, NC>, dim3(sh.blocks), dim3(32 * sh.W), sh.smem, s, *a,
+    return launch_k(a->pdl, gemv_smem_kernel<DT, P, L, NC, LATE>, dim3(sh.blocks), dim3(32 * sh.W), sh.smem, s, *a,
                     sh.wstride, sh.launch_early);
 }
 

@@ -80,6 +80,110 @@ __device__ __forceinline__ void gq8_quantise(const float *xs, int K, bool q8_0, 
     __syncthreads();
 }
 
+/* ---- gemv_args.q_one_pass: x normalised and quantised in one pass from registers ----
+ * gemv_stage_x + gq8_quantise take three block barriers and four passes over a float copy of
+ * x in shared memory (store, norm, read, words). Here warp w loads the 256-element blocks w,
+ * w + warps, ... of x itself (8 consecutive elements per lane: gq8_quantise's layout) with
+ * their norm weights (loaded before the input's wait), leaves each block's sum of squares in
+ * s_ss[block], and after one barrier every thread adds them in block order (so 1 / rms does
+ * not depend on the block's warps), normalises its elements in registers and quantises them
+ * as gq8_quantise does; a second barrier publishes the words. Without a norm: one barrier. */
+
+#define GQ8_NB_MAX (GQ8_KMAX / 256) /* 256-element blocks of x at most */
+#define GQ8_BPW(NSB) (((NSB) + 3) / 4) /* blocks per warp at most (blocks of 4 warps or more) */
+
+/* The lane's norm weights for the blocks its warp takes (ones without a norm). */
+template <int NSB>
+__device__ __forceinline__ void gq8_load_norm(const float *norm_w, float4 (&g)[GQ8_BPW(NSB)][2])
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+#pragma unroll
+    for (int i = 0; i < GQ8_BPW(NSB); i++) {
+        const int b = warp + i * nw, e = b * 256 + lane * 8;
+        g[i][0] = norm_w && b < NSB ? __ldg((const float4 *)(norm_w + e)) : one;
+        g[i][1] = norm_w && b < NSB ? __ldg((const float4 *)(norm_w + e + 4)) : one;
+    }
+}
+
+/* x (K = 256 NSB floats in global memory) normalised when norm_w (weights g from
+ * gq8_load_norm) and quantised into xq: Q8_0 blocks when q8_0, else Q8_K. Every thread of the
+ * block; ends with a block barrier. */
+template <int NSB>
+__device__ __forceinline__ void gq8_stage_quantise(const float *x, bool norm, float eps, const float4 (&g)[GQ8_BPW(NSB)][2],
+                                                   bool q8_0, struct gq8_x *xq, float *s_ss)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    constexpr int BPW = GQ8_BPW(NSB);
+    float4 v[BPW][2];
+#pragma unroll
+    for (int i = 0; i < BPW; i++) {
+        const int b = warp + i * nw, e = b * 256 + lane * 8;
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[i][0] = b < NSB ? *(const float4 *)(x + e) : zero;
+        v[i][1] = b < NSB ? *(const float4 *)(x + e + 4) : zero;
+    }
+    if (norm) {
+#pragma unroll
+        for (int i = 0; i < BPW; i++) {
+            const int b = warp + i * nw;
+            float ss = v[i][0].x * v[i][0].x + v[i][0].y * v[i][0].y + v[i][0].z * v[i][0].z + v[i][0].w * v[i][0].w +
+                       v[i][1].x * v[i][1].x + v[i][1].y * v[i][1].y + v[i][1].z * v[i][1].z + v[i][1].w * v[i][1].w;
+            ss = warp_sum(ss);
+            if (lane == 0 && b < NSB)
+                s_ss[b] = ss;
+        }
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NSB; b++)
+            tot += s_ss[b];
+        const float inv = rsqrtf(tot / (float)(256 * NSB) + eps);
+#pragma unroll
+        for (int i = 0; i < BPW; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float4 t = v[i][h];
+                const float4 w = g[i][h];
+                t.x = t.x * inv * w.x, t.y = t.y * inv * w.y, t.z = t.z * inv * w.z, t.w = t.w * inv * w.w;
+                v[i][h] = t;
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < BPW; i++) {
+        const int b = warp + i * nw, e = b * 256 + lane * 8;
+        if (b >= NSB) /* warp-uniform */
+            break;
+        const float4 a = v[i][0], c = v[i][1];
+        float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
+                           fmaxf(fmaxf(fabsf(c.x), fabsf(c.y)), fmaxf(fabsf(c.z), fabsf(c.w))));
+        float id;
+        if (q8_0) { /* 4 lanes per block of 32, its scale rounded to f16 as the CPU stores it */
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            float d = __half2float(__float2half_rn(amax / 127.0f));
+            id = d != 0.0f ? 1.0f / d : 0.0f;
+            if ((lane & 3) == 0)
+                xq->d[e / 32] = d;
+        } else { /* the warp's 256 elements are one block */
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            if (lane == 0)
+                xq->d[b] = amax / 127.0f;
+        }
+        int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
+        int q4 = gq8_q(c.x, id), q5 = gq8_q(c.y, id), q6 = gq8_q(c.z, id), q7 = gq8_q(c.w, id);
+        *(uint2 *)(xq->q + e) = make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
+        int s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
+        s += __shfl_xor_sync(0xffffffffu, s, 1); /* two lanes: a sum of 16 */
+        if (!q8_0 && (lane & 1) == 0)
+            xq->bs[e / 16] = s;
+    }
+    __syncthreads();
+}
+
 /* ---- Q8_0: lane l takes blocks l + 32 u (quant_rows.cuh's mk_dot_q8_regs layout) ---- */
 
 template <int NB>
