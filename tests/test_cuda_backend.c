@@ -1320,6 +1320,8 @@ static void test_l2_prefetch(void **st)
  * graph and a positive span; reps < 1 is refused by name; afterwards the session decodes as
  * one that never ran it (the timeline's graph is its own: no stamps left in the session's); a
  * megakernel session is refused (UNSUPPORTED, by name). */
+static bool staged_in_timeline(struct cuda_session *cs, const char *label);
+
 static void test_decode_timeline(void **st)
 {
     (void)st;
@@ -1337,6 +1339,7 @@ static void test_decode_timeline(void **st)
     assert_non_null(strstr(rep, "| norm+gemv(multi) |"));
     assert_non_null(strstr(rep, "| rope+attention |"));
     assert_non_null(strstr(rep, "| gemv+residual |"));
+    assert_true(staged_in_timeline(a, "rope+attention")); /* the attention's third stamp */
     double span = 0;
     const char *tail = strstr(rep, "first start to last end: ");
     assert_non_null(tail);
@@ -1681,8 +1684,8 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
 }
 
 /* Whether cs's decode graph has launches labelled label that stamped "rows and x staged" in a
- * time line (cuda_session_timeline): gemv_smem and gemv_mma write that stamp, gemv2 writes
- * none, so this is the kernels' own word that they ran. */
+ * time line (cuda_session_timeline): gemv_smem, gemv_mma and the decode attention write that
+ * stamp, gemv2 writes none, so this is the kernels' own word that they ran. */
 static bool staged_in_timeline(struct cuda_session *cs, const char *label)
 {
     char rep[4096], key[96];

@@ -77,8 +77,8 @@ __device__ __forceinline__ void griddep_launch()
 /* ---- the decode timeline (cuda_session_timeline; a measurement) ----
  * A launch given a stamps array has thread 0 of each block write %globaltimer at point i
  * (0: start, 1: after griddep_wait, 2: the kernel's own (gemv_smem: rows and x in shared
- * memory), 3: end) into stamps[block][4], blocks numbered x-fastest; NULL (always, outside
- * the timeline): nothing. */
+ * memory; the decode attention: q, k and v normalised, rotated and cached), 3: end) into
+ * stamps[block][4], blocks numbered x-fastest; NULL (always, outside the timeline): nothing. */
 #define TL_MAX_BLOCKS 65536 /* blocks of one launch the timeline keeps (later ones: none) */
 __device__ __forceinline__ void tl_stamp(unsigned long long *stamps, int i)
 {

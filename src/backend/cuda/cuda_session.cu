@@ -1575,9 +1575,9 @@ extern "C" qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, in
  * first block's start, the median block's release from griddep_wait, the last block's end;
  * -1 where the step's kernels write no stamps. */
 struct tl_times {
-    double start, release, staged, mid_end, end; /* staged: gemv_smem's rows and x in shared memory
-                                                   * (median block; -1 elsewhere); mid_end: the
-                                                   * median block's end */
+    double start, release, staged, mid_end, end; /* staged: gemv_smem's rows and x in shared memory,
+                                                   * the attention's q, k, v ready (median block;
+                                                   * -1 elsewhere); mid_end: the median block's end */
 };
 
 static int cmp_u64(const void *a, const void *b)
@@ -1703,7 +1703,8 @@ extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t 
     size_t o = (size_t)snprintf(report, report_len,
                                 "| step (decode graph, stamped launches) | launches | first block started before the "
                                 "launch before ended, us | release (median block) after that end, us | release to "
-                                "rows and x staged (gemv_smem, median), us | release to the median block's end, us | "
+                                "rows and x staged (gemv_smem) or q, k, v ready (attention), median, us | release to "
+                                "the median block's end, us | "
                                 "release to the last block's end, us |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (int32_t k = 0; k < n_label && o < report_len; k++) {
         if (!cnt[k])

@@ -560,6 +560,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         tl_stamp(a.stamps, 1);
     if (ROPE)
         attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
+    if (TL) /* the time line's third stamp: q, k and v normalised, rotated and cached */
+        tl_stamp(a.stamps, 2);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
     float q[EPL], acc[EPL];
     float scale = rsqrtf((float)hd);
