@@ -528,11 +528,12 @@ static void test_op_elementwise(void **state)
     }
 }
 
-/* q/k norm + RoPE, attention, sigmoid gate: one attention layer, prefill then decode steps. */
-static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_rot, bool gated,
-                           int32_t T, int32_t steps, int tiled, bool kv16)
+/* q/k norm + RoPE, attention, sigmoid gate: one attention layer, prefill then decode steps,
+ * under the options base with the prefill's form (tiled) and the cache's type (kv16) set. */
+static void attention_case_with(const struct cuda_options *base, int32_t hd, int32_t n_head, int32_t n_kv,
+                                int32_t n_rot, bool gated, int32_t T, int32_t steps, int tiled, bool kv16)
 {
-    struct cuda_options o = cuda_default_options();
+    struct cuda_options o = *base;
     o.kv_f16 = kv16;
     o.attn_tiled = tiled == 1;
     o.prefill_bf16 = tiled >= 2;
@@ -555,11 +556,18 @@ static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_r
         op->out = 3, op->in = 0, op->n_head = n_head, op->head_dim = hd, op->q_stride = qs;
         op->dump = "gated";
     }
-    char what[96];
-    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d%s", hd,
-             n_head, n_kv, n_rot, gated, tiled, kv16 ? " kv f16" : "");
+    char what[128];
+    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d%s one_split=%d", hd,
+             n_head, n_kv, n_rot, gated, tiled, kv16 ? " kv f16" : "", (int)o.attn_one_split);
     double tol = tiled == 2 ? OP_ATTN_FLASH_TOL : tiled == 3 ? OP_ATTN_TF32_TOL : OP_REL_TOL;
     run_case(&c, what, T, steps, kv16 && tol < OP_ATTN_KV16_TOL ? OP_ATTN_KV16_TOL : tol, &o);
+}
+
+static void attention_case(int32_t hd, int32_t n_head, int32_t n_kv, int32_t n_rot, bool gated,
+                           int32_t T, int32_t steps, int tiled, bool kv16)
+{
+    struct cuda_options o = cuda_default_options();
+    attention_case_with(&o, hd, n_head, n_kv, n_rot, gated, T, steps, tiled, kv16);
 }
 
 static void test_op_attention(void **state)
@@ -591,6 +599,13 @@ static void test_op_attention(void **state)
         attention_case(64, 4, 2, 64, false, 13, 2, tiled, true);
     }
     attention_case(64, 4, 1, 64, false, 2200, 2, 1, true);
+    /* cuda_options.attn_one_split: decode at positions 90-92 in one block per head (two
+     * rounds of rows, no merge) where the default takes two splits; at 2200 the splits again */
+    struct cuda_options one = cuda_default_options();
+    one.attn_one_split = 128;
+    attention_case_with(&one, 128, 16, 8, 128, false, 90, 3, 1, false);
+    attention_case_with(&one, 128, 16, 8, 128, false, 90, 3, 1, true);
+    attention_case_with(&one, 64, 4, 1, 64, false, 2200, 2, 1, true);
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
@@ -2339,7 +2354,7 @@ static void test_backend_errors(void **st)
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16; gdn_staged 0 or 1; gemvq_one_pass 0 or 1;
-     * gemv_smem_norm_late 0 or 1 */
+     * gemv_smem_norm_late 0 or 1; attn_one_split 0 to 4096 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2364,7 +2379,8 @@ static void test_backend_errors(void **st)
                    {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}},
                    {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},
                    {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass), {-1, 2}},
-                   {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-1, 2}}};
+                   {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-1, 2}},
+                   {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

@@ -148,6 +148,12 @@ struct cuda_options {
     int32_t attn_split_min; /* decode attention: positions per split at least (16 to 4096,
                           * 0: 64); fewer splits save the merge in short contexts and lose
                           * parallelism in long ones (docs/perf-log.md, session 15) */
+    int32_t attn_one_split; /* decode attention: one split (no merge across blocks) while the
+                          * position is below this, attn_split_min's splits from there: the
+                          * merge's cost where a context is short, the splits' parallelism
+                          * where it is long (session 15: a minimum of 128 per split was +1% at
+                          * depth 0 and -5% at 512). 0 (default): none; up to 4096. Written in
+                          * session 23 without a GPU: not yet measured */
     bool attn_flash;     /* fast prefill (T >= 16): attention in one tensor-core kernel
                           * (attention_flash.cu) instead of the TF32 GEMMs */
     bool prefill_bf16;   /* prefill with 16-bit or quantised weights: x rounded to bf16 and W

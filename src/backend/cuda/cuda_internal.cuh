@@ -395,6 +395,7 @@ struct attn_args {
      * [n_head][splits][hd + 2] floats, count [n_head] zeroed counters (left zeroed). */
     int32_t splits;
     int32_t split_min; /* positions per split at least (0: ATT_SPLIT_MIN, kernels.cu) */
+    int32_t one_split; /* T == 1: one split (no merge) while the position is below this (0: none) */
     float *part;
     unsigned *count;
     /* rope (T == 1): q (at q, in place of the roped q) and k / v (rk, rv: this token's rows)

@@ -198,6 +198,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_one_pass = 0; /* not yet measured */
     o.gemv_smem_norm_late = 0; /* not yet measured */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
+    o.attn_one_split = 0; /* none: not yet measured */
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
     o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
     o.l2_prefetch_mb = 8; /* +1-2% (perf-log session 20) */
@@ -699,7 +700,7 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     a.pos0 = cs->d_pos, a.T = T, a.gate = false;
     a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
-    a.split_min = cs->opt.attn_split_min;
+    a.split_min = cs->opt.attn_split_min, a.one_split = cs->opt.attn_one_split;
     struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
                                 a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16,
                                 b[op->in2], b[op->in3], ld_of(r, op->in2), ld_of(r, op->in3), cs->opt.kv_f16};
@@ -1217,7 +1218,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.hd = at->head_dim, a.pos0 = cs->d_pos, a.T = 1, a.gate = gate >= 0;
     a.pdl = r->pdl, a.kv_f16 = cs->opt.kv_f16;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
-    a.split_min = cs->opt.attn_split_min;
+    a.split_min = cs->opt.attn_split_min, a.one_split = cs->opt.attn_one_split;
     /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
      * the q that the rope op rotates in place */
     a.rope = cs->opt.attn_rope && ra.q == a.q;
@@ -2073,6 +2074,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
+    if (o->attn_one_split < 0 || o->attn_one_split > 4096)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_one_split %d (0: none, or up to 4096 positions)",
+                       (int)o->attn_one_split);
     return QWENRT_OK;
 }
 

@@ -539,9 +539,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
-    /* splits in use: at least split_min positions each, at most gridDim.z */
+    /* splits in use: at least split_min positions each, at most gridDim.z; one below
+     * a.one_split positions (0: no such floor) */
     int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN;
-    int S = min((int)gridDim.z, (last + split_min) / split_min);
+    int S = last < a.one_split ? 1 : min((int)gridDim.z, (last + split_min) / split_min);
     if ((int)blockIdx.z >= S)
         return; /* a short context: this split has no positions and takes no part */
     int chunk = (last + S) / S, lo = blockIdx.z * chunk;
