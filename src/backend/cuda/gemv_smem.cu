@@ -179,13 +179,9 @@ __device__ __forceinline__ float gs_load_x_regs(const struct gemv_args &a, const
     for (int i = 0; i < NC; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float4 v = xr[i][h];
-            const float4 w = g[i][h];
-            if (LATE) /* x * norm_w now, 1 / rms on the row sums (the caller) */
-                v.x = v.x * w.x, v.y = v.y * w.y, v.z = v.z * w.z, v.w = v.w * w.w;
-            else
-                v.x = v.x * inv * w.x, v.y = v.y * inv * w.y, v.z = v.z * inv * w.z, v.w = v.w * inv * w.w;
-            xr[i][h] = v;
+            const float4 v = xr[i][h], w = g[i][h];
+            /* LATE: x * norm_w now, 1 / rms on the row sums (the caller) */
+            xr[i][h] = LATE ? make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w) : gemv_norm4(v, inv, w);
         }
     return inv;
 }

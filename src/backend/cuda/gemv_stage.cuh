@@ -44,6 +44,13 @@ __device__ __forceinline__ float gemv_sumsq4(float4 v)
     return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
 }
 
+/* v * (1 / rms) * norm weights w, element by element in that order (every staging of x
+ * normalises alike). */
+__device__ __forceinline__ float4 gemv_norm4(float4 v, float inv, float4 w)
+{
+    return make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+}
+
 /* xs [T][K] = x, times 1/rms(x) * norm_w when a.norm_w; NWARPS warps (0: blockDim.x / 32, at
  * run time); s_part [warps][GEMV_MAX_T] shared. Ends with the block barrier that makes xs visible. */
 template <int XB, int NWARPS>
@@ -108,10 +115,7 @@ __device__ __forceinline__ void gemv_stage_x(const struct gemv_args &a, float *x
             for (int j = 0; j < GEMV_NW; j++) {
                 if (i0 + j * nt >= k4)
                     break;
-                float4 v = xst[i0 + j * nt];
-                v.x = v.x * inv * g[j].x, v.y = v.y * inv * g[j].y;
-                v.z = v.z * inv * g[j].z, v.w = v.w * inv * g[j].w;
-                xst[i0 + j * nt] = v;
+                xst[i0 + j * nt] = gemv_norm4(xst[i0 + j * nt], inv, g[j]);
             }
         }
     }

@@ -18,6 +18,7 @@
 #ifndef QWENRT_BACKEND_CUDA_QUANT_ROWS_I8_CUH
 #define QWENRT_BACKEND_CUDA_QUANT_ROWS_I8_CUH
 
+#include "backend/cuda/gemv_stage.cuh"
 #include "backend/cuda/quant_rows.cuh"
 
 #define GQ8_KMAX 3584 /* the largest K gemvq takes (Qwen3.5-0.8B's down product) */
@@ -42,40 +43,49 @@ __device__ __forceinline__ uint32_t gq8_pack(int a, int b, int c, int d)
            ((uint32_t)(d & 0xff) << 24);
 }
 
+/* The lane's 8 consecutive elements a (0-3), b (4-7) of x, element e in the warp's Q8_K block
+ * blk of 256, quantised into xq: the Q8_0 block of 32 over 4 lanes when q8_0 (its scale
+ * rounded to f16 as the CPU stores it), else block blk; the words, the scale and (Q8_K) the
+ * sums of 16. Every lane of the warp. */
+__device__ __forceinline__ void gq8_put8(float4 a, float4 b, int e, int blk, bool q8_0, struct gq8_x *xq)
+{
+    const int lane = threadIdx.x & 31;
+    float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
+                       fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
+    float id;
+    if (q8_0) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        float d = __half2float(__float2half_rn(amax / 127.0f));
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        if ((lane & 3) == 0)
+            xq->d[e / 32] = d;
+    } else {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        if (lane == 0)
+            xq->d[blk] = amax / 127.0f;
+    }
+    int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
+    int q4 = gq8_q(b.x, id), q5 = gq8_q(b.y, id), q6 = gq8_q(b.z, id), q7 = gq8_q(b.w, id);
+    *(uint2 *)(xq->q + e) = make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
+    int s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
+    s += __shfl_xor_sync(0xffffffffu, s, 1); /* two lanes: a sum of 16 */
+    if (!q8_0 && (lane & 1) == 0)
+        xq->bs[e / 16] = s;
+}
+
 /* The block's staged float x (xs, K floats, already normalised) into xq: Q8_0 blocks of 32
- * when q8_0, else Q8_K blocks of 256; each lane takes 8 consecutive elements. Ends with a
- * block barrier. */
+ * when q8_0, else Q8_K blocks of 256; a warp per 256 elements, each lane 8 consecutive ones.
+ * Ends with a block barrier. */
 __device__ __forceinline__ void gq8_quantise(const float *xs, int K, bool q8_0, struct gq8_x *xq)
 {
     const int lane = threadIdx.x & 31, nw = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    for (int base = warp * 256; base < K; base += nw * 256) { /* a warp per 256 elements */
+    for (int base = warp * 256; base < K; base += nw * 256) {
         const int e = base + lane * 8;
-        float4 a = *(const float4 *)(xs + e), b = *(const float4 *)(xs + e + 4);
-        float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
-                           fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
-        float id;
-        if (q8_0) { /* 4 lanes per block of 32, its scale rounded to f16 as the CPU stores it */
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            float d = __half2float(__float2half_rn(amax / 127.0f));
-            id = d != 0.0f ? 1.0f / d : 0.0f;
-            if ((lane & 3) == 0)
-                xq->d[e / 32] = d;
-        } else { /* the warp's 256 elements are one block */
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            if (lane == 0)
-                xq->d[base / 256] = amax / 127.0f;
-        }
-        int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
-        int q4 = gq8_q(b.x, id), q5 = gq8_q(b.y, id), q6 = gq8_q(b.z, id), q7 = gq8_q(b.w, id);
-        *(uint2 *)(xq->q + e) = make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
-        int s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
-        s += __shfl_xor_sync(0xffffffffu, s, 1); /* two lanes: a sum of 16 */
-        if (!q8_0 && (lane & 1) == 0)
-            xq->bs[e / 16] = s;
+        gq8_put8(*(const float4 *)(xs + e), *(const float4 *)(xs + e + 4), e, base / 256, q8_0, xq);
     }
     __syncthreads();
 }
@@ -142,44 +152,15 @@ __device__ __forceinline__ void gq8_stage_quantise(const float *x, bool norm, fl
 #pragma unroll
         for (int i = 0; i < BPW; i++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float4 t = v[i][h];
-                const float4 w = g[i][h];
-                t.x = t.x * inv * w.x, t.y = t.y * inv * w.y, t.z = t.z * inv * w.z, t.w = t.w * inv * w.w;
-                v[i][h] = t;
-            }
+            for (int h = 0; h < 2; h++)
+                v[i][h] = gemv_norm4(v[i][h], inv, g[i][h]);
     }
 #pragma unroll
     for (int i = 0; i < BPW; i++) {
-        const int b = warp + i * nw, e = b * 256 + lane * 8;
+        const int b = warp + i * nw;
         if (b >= NSB) /* warp-uniform */
             break;
-        const float4 a = v[i][0], c = v[i][1];
-        float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
-                           fmaxf(fmaxf(fabsf(c.x), fabsf(c.y)), fmaxf(fabsf(c.z), fabsf(c.w))));
-        float id;
-        if (q8_0) { /* 4 lanes per block of 32, its scale rounded to f16 as the CPU stores it */
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            float d = __half2float(__float2half_rn(amax / 127.0f));
-            id = d != 0.0f ? 1.0f / d : 0.0f;
-            if ((lane & 3) == 0)
-                xq->d[e / 32] = d;
-        } else { /* the warp's 256 elements are one block */
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            if (lane == 0)
-                xq->d[b] = amax / 127.0f;
-        }
-        int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
-        int q4 = gq8_q(c.x, id), q5 = gq8_q(c.y, id), q6 = gq8_q(c.z, id), q7 = gq8_q(c.w, id);
-        *(uint2 *)(xq->q + e) = make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
-        int s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
-        s += __shfl_xor_sync(0xffffffffu, s, 1); /* two lanes: a sum of 16 */
-        if (!q8_0 && (lane & 1) == 0)
-            xq->bs[e / 16] = s;
+        gq8_put8(v[i][0], v[i][1], b * 256 + lane * 8, b, q8_0, xq);
     }
     __syncthreads();
 }
