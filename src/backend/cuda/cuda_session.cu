@@ -145,6 +145,7 @@ struct cuda_session {
     int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
     int32_t gs_min_blocks;    /* its warps halved below this many blocks (same) */
     bool gs_after_wait;       /* its blocks start the next launch after their wait (same) */
+    bool gs_norm_late;        /* its fused norms' 1 / rms after the sums (same) */
     int32_t gq_rows;          /* gemvq rows per warp below the LM head (pick_gemvq_rows) */
     int32_t gq_warps, gq_kb;  /* gemvq's warps per block and KB reserved (pick_gemvq_shape) */
     bool gq_after_wait;       /* gemvq blocks start the next launch after their wait (same) */
@@ -195,10 +196,10 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_smem_kb = 0; /* what the block needs */
     o.gemvq_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
     o.gemvq_int8 = 0; /* on (pick_gemvq_shape): H200 tg128 +11-51% */
-    o.gemvq_one_pass = 0; /* not yet measured */
-    o.gemv_smem_norm_late = 0; /* not yet measured */
+    o.gemvq_one_pass = 1; /* Qwen3-0.6B Q4_K_M +17%, Q8_0 +16% (perf-log session 24) */
+    o.gemv_smem_norm_late = 0; /* the session picks (pick_gemv_smem_shape): with 16-warp blocks */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
-    o.attn_one_split = 0; /* none: not yet measured */
+    o.attn_one_split = 128; /* Qwen3-0.6B BF16 +1.4%, Qwen3.5-0.8B +0.5% (perf-log session 24) */
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
     o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
     o.l2_prefetch_mb = 8; /* +1-2% (perf-log session 20) */
@@ -638,7 +639,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
     a->mma = cs->opt.gemv_mma, a->smem_xreg = cs->opt.gemv_smem_xreg == 1;
     a->q_one_pass = cs->opt.gemvq_one_pass == 1;
-    a->smem_norm_late = cs->opt.gemv_smem_norm_late == 1;
+    a->smem_norm_late = cs->gs_norm_late;
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
@@ -1858,6 +1859,9 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
     cs->gs_kb = cs->opt.gemv_smem_kb ? cs->opt.gemv_smem_kb : wide ? 160 : 136;
     cs->gs_after_wait = cs->opt.gemv_smem_launch ? cs->opt.gemv_smem_launch == 2 : cs->gs_warps < 16;
     cs->gs_min_blocks = cs->opt.gemv_smem_min_blocks ? cs->opt.gemv_smem_min_blocks : cs->gs_warps >= 16 ? 192 : 96;
+    /* 1 / rms after the sums: Qwen3.5-0.8B BF16 (16-warp blocks) +0.6%, Qwen3-0.6B (8) -0.1%
+     * (H200, perf-log session 24) */
+    cs->gs_norm_late = cs->opt.gemv_smem_norm_late ? cs->opt.gemv_smem_norm_late == 1 : cs->gs_warps >= 16;
 }
 
 /* gemvq's rows per warp below the LM head: the option, else 2 for a model with DeltaNet layers
@@ -2059,8 +2063,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->l2_prefetch_mb < 0 || o->l2_prefetch_mb > 64)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: l2_prefetch_mb %d (0: off, or 1 to 64)",
                        (int)o->l2_prefetch_mb);
-    if (o->gemv_smem_norm_late != 0 && o->gemv_smem_norm_late != 1)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_norm_late %d (0: off, 1: on)",
+    if (o->gemv_smem_norm_late < -1 || o->gemv_smem_norm_late > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_norm_late %d (0: the session picks, 1: on, -1: off)",
                        (int)o->gemv_smem_norm_late);
     if (o->gemvq_one_pass != 0 && o->gemvq_one_pass != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_one_pass %d (0: off, 1: on)", (int)o->gemvq_one_pass);
