@@ -13,7 +13,7 @@
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
  *              [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...]  (only decode, one session per shape of the quantised
- *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved)
+ *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved; after --depth)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -536,35 +536,39 @@ static int decode_timeline(struct qwenrt_model *m, const struct sweep *sw, int32
     return rc;
 }
 
-static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int reps)
+static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int32_t depth, int reps)
 {
     const struct cuda_options *os = sw->os;
     const char(*names)[192] = sw->names;
     const int ns = sw->n;
     int32_t V = m->hp.n_vocab, ids[SWEEP_MAX][4], out[512];
     float *logits = malloc((size_t)V * 4), *first = malloc((size_t)V * 4);
+    int32_t *prompt = malloc((size_t)(depth > 0 ? depth : 1) * sizeof(int32_t));
     double t[SWEEP_MAX][64] = {{0}}, worst[SWEEP_MAX] = {0};
     struct qwenrt_error err = {0};
     static char refused[SWEEP_MAX][sizeof(err.message)]; /* why a shape's session could not be made */
     int rc = 1;
     n = n < 4 ? 4 : n > 500 ? 500 : n;
-    if (!logits || !first)
+    if (!logits || !first || !prompt)
         goto out;
+    for (int32_t i = 0; i < depth; i++) /* the untimed prompt before the decode (--depth) */
+        prompt[i] = (int32_t)((i * 7919 + 17) % V);
     for (int round = 0; round < reps; round++)
         for (int k = 0; k < ns; k++) {
             int i = (k + round) % ns;
             struct cuda_session *cs = NULL;
             if (refused[i][0])
                 continue;
-            if (cuda_session_init(m->plans, n + 8, &os[i], &cs, &err)) { /* named in the table */
+            if (cuda_session_init(m->plans, depth + n + 8, &os[i], &cs, &err)) { /* named in the table */
                 snprintf(refused[i], sizeof(refused[i]), "%s", err.message);
                 continue;
             }
             bool ok = true;
             for (int w = 0; w < 2 && ok; w++) { /* a warm-up, then the timed run */
                 ok = !cuda_session_reset(cs, &err);
+                ok = ok && (depth == 0 || !cuda_session_run(cs, prompt, depth, 0, false, NULL, NULL, NULL, &err));
                 double t0 = time_now_s();
-                ok = ok && !cuda_session_generate(cs, 17, 0, n, 32, out, logits, &err);
+                ok = ok && !cuda_session_generate(cs, 17, depth, n, 32, out, logits, &err);
                 t[i][round] = time_now_s() - t0;
             }
             cuda_session_free(cs);
@@ -579,7 +583,8 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
             if (i > 0 && round == reps - 1)
                 worst[i] = rel_err(logits, first, (size_t)V);
         }
-    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n", n, reps);
+    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d @ depth %d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n",
+           n, depth, reps);
     for (int i = 0; i < ns; i++)
         if (refused[i][0])
             printf("| %s | refused: %s | | |\n", names[i], refused[i]);
@@ -588,7 +593,7 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
                    memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");
     rc = 0;
 out:
-    free(logits), free(first);
+    free(logits), free(first), free(prompt);
     return rc;
 }
 
@@ -816,7 +821,7 @@ int main(int argc, char **argv)
     if (timeline)
         return decode_timeline(m, &sw, depth, reps);
     if (sweep)
-        return decode_sweep(m, &sw, n_gen, reps);
+        return decode_sweep(m, &sw, n_gen, depth, reps);
     /* Gates. Exact: same argmax everywhere and logits within 1e-3 (Qwen3: 6e-6 measured);
      * Qwen3.5 within 5e-2: its recurrence amplifies summation-order differences on random
      * weights (2.0e-2 after 40 prompt tokens, hidden error growing ~1.3x per layer from 6e-6;
