@@ -345,7 +345,8 @@ static void test_op_matmul(void **state)
  *   (gemvq_head_blocks 0), 10: the loop in one block per multiprocessor (the default has 4);
  *   quantised rows at T = 1, 11: 4-warp blocks of 2 rows per warp with PDL one launch ahead
  *   (calibrate's pick for Qwen3-0.6B Q4_K_M, and Q4_K rows' 2 for Qwen3.5-0.8B); 12: x
- *   quantised to 8 bits (gemvq_int8) in the default shapes, 13: the same in 8-warp blocks of 2
+ *   quantised to 8 bits (gemvq_int8) from a staged float copy (gemvq_one_pass 0) in the
+ *   default shapes, 13: the same in 8-warp blocks of 2
  *   rows with 100 KB reserved and PDL after the wait (these two against the CPU's own
  *   quantised products, which quantise x the same way: the same integer sums); 16-bit rows at
  *   T = 1, 14: gemv_smem with x staged in shared memory (gemv_smem_xreg 0); quantised rows at
@@ -396,8 +397,9 @@ static struct cuda_options gemv_variant_options(int v)
         o.gemvq_warps = 8, o.gemvq_rows = 2, o.gemvq_smem_kb = 100, o.pdl = true, o.gemvq_launch = 2;
     if (v == 14)
         o.gemv_smem = true, o.gemv_smem_xreg = 0;
-    if (v >= 15)
-        o.gemvq_one_pass = 1;
+    /* 12 and 13: the staged 8-bit x (float copy, norm pass, quantise pass), which shapes
+     * without the one-pass form (1 or 4 rows per warp) still take; 15, 16: the one pass */
+    o.gemvq_one_pass = v >= 15;
     if (v == 16) /* a shape option set: gemvq's 4-warp blocks, not its int8 shape */
         o.gemvq_rows = 2;
     return o;
@@ -1894,7 +1896,7 @@ static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t 
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_early = off.gdn_early = early;
     on.gdn_staged = 1;
-    off.gdn_staged = 0; /* the default is on: the pair must differ */
+    off.gdn_staged = 0; /* the default is on: pinned off, so that the pair compares the two forms */
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, "gdn staged");
     char what[128];
@@ -2361,8 +2363,9 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16; gdn_staged 0 or 1; gemvq_one_pass 0 or 1;
-     * gemv_smem_norm_late -1 to 1; attn_one_split 0 to 4096 */
+     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
+     * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
+     * to 4096 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
