@@ -13,7 +13,8 @@
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
  *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
  *              [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...]  (only decode, one session per shape of the quantised
- *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved; after --depth)
+ *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved;
+ *              each timed run after an untimed prompt of --depth tokens)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
@@ -386,6 +387,7 @@ static int print_launch_floor(int reps, struct qwenrt_error *err)
  * the order rotated), tg n from position 0 on the GPU, the median over reps rounds; the first
  * ids and the last logits compared with the first shape's. */
 #define SWEEP_MAX 32
+#define CUDA_BENCH_DEPTH_MAX 32768 /* --depth at most (the models' contexts are 32k and up) */
 struct sweep {
     struct cuda_options os[SWEEP_MAX];
     char names[SWEEP_MAX][192];
@@ -745,6 +747,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
+    }
+    if (depth < 0 || depth > CUDA_BENCH_DEPTH_MAX) { /* atoi: a non-number reads as 0 */
+        fprintf(stderr, "--depth %d: expected 0 to %d prompt tokens before the decode\n", (int)depth,
+                CUDA_BENCH_DEPTH_MAX);
+        return 2;
     }
     /* decode variants (unnamed switches: off) */
     struct variant vs[] = {{.name = "megakernel", .graph = true, .fuse = true, .v2 = true, .mega = true, .threads = 256, .split = true},
