@@ -52,7 +52,6 @@ __device__ __forceinline__ void gds_push_part(float *part, uint64_t *bar, int ra
                  : "memory");
 }
 
-
 /* q (qs) and k (ks) of key head kh, L2-normalised (q also by 1/sqrt(dk)): warp 0 and warp 1. */
 __device__ __forceinline__ void gds_norm_qk(float *qs, float *ks, int dk)
 {
@@ -84,8 +83,8 @@ __device__ __forceinline__ void gds_load_state(const float *S, int nr, bool own,
 }
 
 /* cuda_options.gdn_staged (on by default: Qwen3.5-0.8B BF16 +1.6% on the H200, session 23;
- * the step's last block ends ~1.2 us sooner on the decode time line): the block's state slice, dk rows of its CB columns, moves between global and
- * shared memory in rows (a warp's lanes on consecutive columns: whole 32-byte sectors), and the
+ * the step's last block ends ~1.2 us sooner on the decode time line): the block's state
+ * slice, dk rows of its CB columns, moves between global and shared memory in rows (a warp's lanes on consecutive columns: whole 32-byte sectors), and the
  * threads take their column's rows from there. Without it a warp's lanes are 16 rows of two
  * columns, each lane in its own sector (ncu: 67% of the kernel's L2 sectors excessive), for
  * the state's loads and for its stores, which end the kernel. tile: [dk][CB + 1] floats (the

@@ -42,12 +42,13 @@
  *      its wait_group: no barrier), sums its chunks of every row, gs_reduce_rows adds the
  *      lanes' parts, and one lane per row stores.
  * With cuda_options.gemv_smem_xreg (on by default since session 22: Qwen3-0.6B BF16 +1.7%,
- * Qwen3.5-0.8B +0.2%, docs/perf-log.md) step 3 is each warp's own where K allows: its lanes load their chunks of x from global memory
- * into registers (4 per lane for K <= 1024, with the norm's weights loaded before the wait; 8
- * for K <= 2048 without a norm), the warp sums the squares itself (gs_load_x_regs), and the
- * dot products read only weights from shared memory: no x in shared memory, no block barrier,
- * 4 wavefronts per 512 bytes of weights.
- * With cuda_options.gemv_smem_norm_late (off until measured; written in session 23) a launch
+ * Qwen3.5-0.8B +0.2%, docs/perf-log.md) step 3 is each warp's own where K allows: its lanes
+ * load their chunks of x from global memory into registers (4 per lane for K <= 1024, with
+ * the norm's weights loaded before the wait; 8 for K <= 2048 without a norm), the warp sums
+ * the squares itself (gs_load_x_regs), and the dot products read only weights from shared
+ * memory: no x in shared memory, no block barrier, 4 wavefronts per 512 bytes of weights.
+ * With cuda_options.gemv_smem_norm_late (picked by the session since session 24: on with
+ * 16-warp blocks, Qwen3.5-0.8B BF16 +0.65%; off with 8, Qwen3-0.6B -0.1%) a launch
  * with a fused norm and x in registers multiplies x by the norm's weights only, and the row
  * sums by 1 / rms after the warp's reduction: the warp_sum of the squares (five shuffles) and
  * the rsqrt no longer stand between x's arrival and the first dot product.
