@@ -416,7 +416,9 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"gdn_staged", offsetof(struct cuda_options, gdn_staged)},
                   {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass)},
                   {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late)},
-                  {"attn_one_split", offsetof(struct cuda_options, attn_one_split)}};
+                  {"attn_one_split", offsetof(struct cuda_options, attn_one_split)},
+                  {"attn_o", offsetof(struct cuda_options, attn_o)},
+                  {"attn_o_single", offsetof(struct cuda_options, attn_o_single)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);

@@ -1785,6 +1785,94 @@ static void check_graph_norm_late(const char *arch, int32_t warps, int32_t kb)
                              "gemv_smem norm late vs before the sums");
 }
 
+/* cuda_options.attn_o (the attention and the o product + residual in one launch, attn_o.cu)
+ * against the two launches through the decode graph, on a synth model of arch widened to 1024
+ * with head_dim (0: the preset's) heads: every attention layer must take the fused step, and
+ * the logits of `prompt` prefilled positions and 20 decode steps after them must agree within
+ * tol (not bit for bit: the sums run in other orders, which proves the path ran) with the same
+ * greedy ids. single: attn_o_single (the position from which the cluster splits the positions
+ * and merges them); cluster: attn_o (1: the session's pick, 8 or 16). */
+static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t cluster, int32_t single, bool kv16,
+                               int32_t prompt, double tol)
+{
+    struct qwenrt_error err = {0};
+    struct model_hparams hp;
+    char path[256], what[160];
+    assert_int_equal(synth_preset(arch, &hp, &err), QWENRT_OK);
+    hp.n_embd = 1024, hp.n_ff = 3072;
+    hp.head_dim = head_dim ? head_dim : hp.head_dim;
+    hp.n_rot = hp.arch == ARCH_QWEN35 ? hp.head_dim / 4 : hp.head_dim;
+    hp.n_head = 2048 / hp.head_dim, hp.n_head_kv = hp.n_head / (hp.arch == ARCH_QWEN35 ? 4 : 2);
+    snprintf(path, sizeof(path), "/tmp/qwenrt-test-synth-attn-o-%s-%d.gguf", arch, (int)getpid());
+    struct export_params ep = {.type = EXPORT_BF16, .name = arch, .tied = true};
+    if (synth_write(path, &hp, 77, &ep, &err))
+        fail_msg("synth %s: %s", arch, err.message);
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cpu";
+    if (qwenrt_model_load(path, &mp, &m, &err))
+        fail_msg("load %s: %s", path, err.message);
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.kv_f16 = off.kv_f16 = kv16;
+    on.attn_o = cluster, on.attn_o_single = single;
+    struct cuda_session *a = NULL, *b = NULL;
+    snprintf(what, sizeof(what), "graph attn_o %d single %d%s vs two launches, %s head_dim %d, from position %d",
+             (int)cluster, (int)single, kv16 ? " kv f16" : "", arch, (int)hp.head_dim, (int)prompt);
+    init_pair(m, prompt + 32, &on, &off, &a, &b, what);
+    int32_t layers = cuda_session_count_steps(b, "rope+attention");
+    assert_true(layers > 0);
+    assert_int_equal(cuda_session_count_steps(a, "rope+attention+o+residual"), layers);
+    assert_int_equal(cuda_session_count_steps(a, "rope+attention"), 0);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    if (prompt > 0) {
+        int32_t *ids = malloc((size_t)prompt * sizeof(int32_t));
+        assert_non_null(ids);
+        for (int32_t i = 0; i < prompt; i++)
+            ids[i] = (i * 37 + 11) % V;
+        if (cuda_session_run(a, ids, prompt, 0, false, la, NULL, NULL, &err) ||
+            cuda_session_run(b, ids, prompt, 0, false, lb, NULL, NULL, &err))
+            fail_msg("%s prompt: %s", what, err.message);
+        free(ids);
+        id = argmax_f(lb, V);
+    }
+    double worst = 0;
+    for (int32_t t = prompt; t < prompt + 20; t++) {
+        if (cuda_session_run(a, &id, 1, t, false, la, NULL, NULL, &err) ||
+            cuda_session_run(b, &id, 1, t, false, lb, NULL, NULL, &err))
+            fail_msg("%s step %d: %s", what, (int)t, err.message);
+        double e = rel_err(la, lb, (size_t)V);
+        worst = e > worst ? e : worst;
+        assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
+        id = argmax_f(lb, V);
+    }
+    printf("%s: worst logits rel err %.3g over 20 steps\n", what, worst);
+    free_synth_pair(a, b, m, path, la, lb);
+    if (!(worst > 0 && worst <= tol))
+        fail_msg("%s: logits differ by %.3g (want (0, %g])", what, worst, tol);
+}
+
+static void test_graph_attn_o(void **st)
+{
+    (void)st;
+    /* Qwen3-0.6B's attention geometry (16 heads of 128, clusters of 8): every block attends
+     * all positions; the cluster's slices merged from position 1 (empty slices at first) and
+     * from 4; clusters of 16; the f16 cache */
+    check_graph_attn_o("qwen3-tiny", 128, 1, 0, false, 0, 1e-4);
+    check_graph_attn_o("qwen3-tiny", 128, 1, 1, false, 0, 1e-4);
+    check_graph_attn_o("qwen3-tiny", 128, 16, 4, true, 0, 1e-4);
+    /* Qwen3.5-0.8B's (8 gated heads of 256, clusters of 16), and head size 64 */
+    check_graph_attn_o("qwen35-tiny", 256, 1, 0, true, 0, 1e-3);
+    check_graph_attn_o("qwen35-tiny", 256, 8, 1, false, 0, 1e-3);
+    check_graph_attn_o("qwen35-tiny", 64, 1, 4, true, 0, 1e-3);
+    /* after a prompt of 300 positions: 38 per slice, several rounds of rows per warp */
+    check_graph_attn_o("qwen3-tiny", 128, 1, 0, true, 300, 1e-4);
+    check_graph_attn_o("qwen35-tiny", 256, 1, 0, true, 300, 1e-3);
+}
+
 static void test_graph_gemv_smem(void **st)
 {
     (void)st;
@@ -2365,7 +2453,7 @@ static void test_backend_errors(void **st)
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
-     * to 4096 */
+     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2391,7 +2479,9 @@ static void test_backend_errors(void **st)
                    {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},
                    {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass), {-1, 2}},
                    {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-2, 2}},
-                   {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}}};
+                   {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},
+                   {"attn_o", offsetof(struct cuda_options, attn_o), {2, 32}},
+                   {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2480,6 +2570,7 @@ int main(void)
         cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_graph_mlp_fused),
         cmocka_unit_test(test_graph_gemv_smem),
+        cmocka_unit_test(test_graph_attn_o),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),

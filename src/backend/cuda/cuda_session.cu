@@ -44,7 +44,7 @@ extern "C" {
 }
 
 enum step_kind { STEP_OP, STEP_NORM_GEMV, STEP_GEMV_ADD, STEP_ROPE_ATTN, STEP_GDN_GATED,
-                 STEP_CONV_GDN_GATED, STEP_MLP, STEP_QKV_ATTN };
+                 STEP_CONV_GDN_GATED, STEP_MLP, STEP_QKV_ATTN, STEP_ATTN_O };
 
 /* One launch group of the decode program. */
 struct step {
@@ -55,8 +55,10 @@ struct step {
     int32_t n_mm;
     bool swiglu;         /* STEP_NORM_GEMV: mm[0] = gate, mm[1] = up, then swiglu
                           * STEP_MLP: the same, then mm[2] = down and the residual add */
-    int32_t gate_op;     /* STEP_ROPE_ATTN: sigmoid_gate op or -1 */
-    bool early;          /* STEP_ROPE_ATTN: attn_args.early; STEP_(CONV_)GDN_GATED: gdn_args.early
+    int32_t gate_op;     /* STEP_ROPE_ATTN, STEP_ATTN_O: sigmoid_gate op or -1
+                          * (STEP_ATTN_O: a STEP_ROPE_ATTN and the o product + residual after
+                          * it, mm[0] = that matmul op) */
+    bool early;          /* STEP_ROPE_ATTN, STEP_ATTN_O: attn_args.early; STEP_(CONV_)GDN_GATED: gdn_args.early
                           * (mark_early_reads) */
     bool after_wait;     /* STEP_NORM_GEMV: its kernel starts the next launch only after its own
                           * wait, whatever the session's pick (mark_early_reads) */
@@ -129,6 +131,8 @@ struct cuda_session {
     int32_t cc_major;         /* its compute capability's major number */
     float *mlp_part;          /* STEP_MLP's partial sums [MLPF_MAX_CLUSTERS][hidden] */
     unsigned *mlp_count;      /* STEP_MLP's arrival counter (kept zeroed) */
+    float *ao_part;           /* STEP_ATTN_O's per-head partial sums [n_head][hidden] */
+    unsigned *ao_count;       /* its arrival counters per row slice [16] (kept zeroed) */
     float *scratch;           /* prefill scratch (DeltaNet scan / conv), grown on demand */
     int64_t scratch_cap;      /* floats */
     /* decode program and graphs */
@@ -206,6 +210,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_xreg = 1; /* Qwen3-0.6B BF16 +1.7%, Qwen3.5-0.8B +0.2% (perf-log session 22) */
     o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
+    o.attn_o = 0;          /* not yet measured */
+    o.attn_o_single = 0;   /* 64 */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1005,6 +1011,67 @@ static void merge_qkv_attn_steps(struct cuda_session *cs)
     cs->n_steps = n;
 }
 
+/* The fused attention + o product's arguments for st (a STEP_ROPE_ATTN, or the STEP_ATTN_O it
+ * became) followed by the o product + residual at plan op mm; false when attn_o.cu does not
+ * take them (the attention output read after the product, weights not 16-bit, sizes). */
+static bool attn_o_args_at(struct run_ctx *r, const struct step *st, int32_t mm, struct attn_o_args *a)
+{
+    struct cuda_session *cs = r->cs;
+    const struct plan *p = r->p;
+    const struct plan_op *at = &p->ops[st->op + 1];
+    if (!plan_matmul_add_fusable(p, mm) || p->ops[mm].in != at->out || !plan_buf_dead_after(p, at->out, mm + 1))
+        return false;
+    const struct dop *d = &r->d[mm];
+    struct rope_args ra;
+    memset(a, 0, sizeof(*a));
+    rope_attn_args(r, st->op, st->gate_op, ra, a->t);
+    a->w = d->w, a->row_bytes = d->row_bytes, a->dtype = d->dtype, a->N = d->N;
+    a->y = r->b[p->ops[mm + 1].out];
+    a->part = cs->ao_part, a->count = cs->ao_count;
+    a->cluster = cs->opt.attn_o == 1 ? 0 : cs->opt.attn_o;
+    a->single = cs->opt.attn_o_single ? cs->opt.attn_o_single : 64;
+    return d->K == at->n_head * at->head_dim && d->row_bytes == (int64_t)d->K * 2 && attn_o_applies(a);
+}
+
+static bool attn_o_args_of(struct run_ctx *r, const struct step *st, struct attn_o_args *a)
+{
+    return st->kind == STEP_ATTN_O && attn_o_args_at(r, st, st->mm[0], a);
+}
+
+/* Merges each rope + attention step and the o product + residual step after it into one
+ * STEP_ATTN_O where cuda_options.attn_o asks for it and attn_o.cu takes the pair (sm_90);
+ * allocates their partial sums and counters. */
+static qwenrt_status merge_attn_o_steps(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (!cs->opt.attn_o || cs->cc_major < 9)
+        return QWENRT_OK;
+    struct run_ctx r = decode_ctx(cs);
+    int32_t n = 0;
+    int64_t part = 0;
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        struct step *st = &cs->steps[i], *nx = i + 1 < cs->n_steps ? &cs->steps[i + 1] : NULL;
+        struct attn_o_args a;
+        if (st->kind == STEP_ROPE_ATTN && nx && nx->kind == STEP_GEMV_ADD && attn_o_args_at(&r, st, nx->op, &a)) {
+            struct step m = *st;
+            m.kind = STEP_ATTN_O;
+            m.mm[0] = nx->op;
+            m.n_ops += nx->n_ops;
+            cs->steps[n++] = m;
+            part = (int64_t)a.t.n_head * a.N > part ? (int64_t)a.t.n_head * a.N : part;
+            i++;
+            continue;
+        }
+        cs->steps[n++] = *st;
+    }
+    cs->n_steps = n;
+    if (!part)
+        return QWENRT_OK;
+    CUDA_CHECK(cudaMalloc(&cs->ao_part, (size_t)part * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&cs->ao_count, 16 * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(cs->ao_count, 0, 16 * sizeof(unsigned)));
+    return QWENRT_OK;
+}
+
 /* Marks the steps that may read state before griddep_wait: the attention (attn_args.early:
  * the position and its first cached K/V rows) and the DeltaNet step (gdn_args.early: its
  * recurrent state). Allowed where the step before is one norm + GEMV launch whose kernel
@@ -1025,7 +1092,8 @@ static void mark_early_reads(struct cuda_session *cs)
         struct step *st = &cs->steps[i], *prev = &cs->steps[i - 1];
         bool gdn = st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED;
         /* want: -1 never, 0 where the launch before already waits first, 1 also where it must */
-        int32_t want = gdn ? (cs->opt.gdn_early < 0 ? -1 : 1) : st->kind == STEP_ROPE_ATTN ? cs->opt.attn_early : -1;
+        bool attn = st->kind == STEP_ROPE_ATTN || st->kind == STEP_ATTN_O;
+        int32_t want = gdn ? (cs->opt.gdn_early < 0 ? -1 : 1) : attn ? cs->opt.attn_early : -1;
         if (want < 0 || prev->kind != STEP_NORM_GEMV)
             continue;
         struct gemv_args g;
@@ -1060,6 +1128,9 @@ static int32_t step_weights(const struct cuda_session *cs, const struct step *st
     case STEP_GEMV_ADD:
         out[0] = &d[st->op];
         return 1;
+    case STEP_ATTN_O:
+        out[0] = &d[st->mm[0]];
+        return 1;
     default:
         return 0;
     }
@@ -1069,7 +1140,8 @@ static int32_t step_weights(const struct cuda_session *cs, const struct step *st
 static bool step_prefetches(const struct step *st)
 {
     return st->kind == STEP_NORM_GEMV || st->kind == STEP_GEMV_ADD || st->kind == STEP_ROPE_ATTN ||
-           st->kind == STEP_QKV_ATTN || st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED;
+           st->kind == STEP_QKV_ATTN || st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED ||
+           st->kind == STEP_ATTN_O;
 }
 
 /* cuda_options.l2_prefetch_mb: each step whose launch can issue a prefetch asks the L2 for
@@ -1281,6 +1353,15 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         CUDA_CHECK(launch_attention(&a, r->stream));
         return QWENRT_OK;
     }
+    case STEP_ATTN_O: {
+        struct attn_o_args a;
+        if (!attn_o_args_of(r, st, &a))
+            return err_set(err, QWENRT_ERR_INTERNAL, "cuda: the fused attention + o product no longer applies");
+        a.t.early = st->early && r->pdl;
+        a.t.pf = st->pf;
+        CUDA_CHECK(launch_attn_o(&a, r->stream));
+        return QWENRT_OK;
+    }
     case STEP_QKV_ATTN: {
         struct gemv_args g;
         struct rope_args ra;
@@ -1394,6 +1475,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->att_count);
     cudaFree(cs->mlp_part);
     cudaFree(cs->mlp_count);
+    cudaFree(cs->ao_part);
+    cudaFree(cs->ao_count);
     cudaFree(cs->arena);
     cudaFree(cs->scratch);
     if (cs->stream)
@@ -1465,6 +1548,7 @@ static const char *step_label(const struct plan *p, const struct step *st)
     case STEP_CONV_GDN_GATED: return "conv+gdn_core+gated_norm";
     case STEP_ROPE_ATTN: return "rope+attention";
     case STEP_QKV_ATTN: return "norm+q|k|v+attention";
+    case STEP_ATTN_O: return "rope+attention+o+residual";
     default: return op_kind_name(p->ops[st->op].kind);
     }
 }
@@ -1480,7 +1564,7 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     bool early = label && !strcmp(label, "rope+attention (early)");
     bool gdn_early = label && !strcmp(label, "gdn (early)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += early ? cs->steps[i].kind == STEP_ROPE_ATTN && cs->steps[i].early
+        n += early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
              : gdn_early ? (cs->steps[i].kind == STEP_GDN_GATED || cs->steps[i].kind == STEP_CONV_GDN_GATED) &&
                                cs->steps[i].early
                    : !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
@@ -2000,6 +2084,8 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     cs->decode_pdl = cs->opt.pdl || gq_pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     merge_qkv_attn_steps(cs);
+    if ((st = merge_attn_o_steps(cs, err)))
+        return st;
     mark_early_reads(cs);
     if ((st = plan_l2_prefetch(cs, err)) || (st = check_omitted_labels(cs, err)))
         return st;
@@ -2070,6 +2156,12 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_one_pass %d (0: off, 1: on)", (int)o->gemvq_one_pass);
     if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
+    if (o->attn_o != 0 && o->attn_o != 1 && o->attn_o != 8 && o->attn_o != 16)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o %d (0: off, 1: on, 8 or 16: on with clusters of that size)",
+                       (int)o->attn_o);
+    if (o->attn_o_single < 0 || o->attn_o_single > 4096)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o_single %d (0: 64, or 1 to 4096 positions)",
+                       (int)o->attn_o_single);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)

@@ -9,6 +9,7 @@
  * merged across warps), which equals the two-pass reference up to f32 rounding.
  */
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gdn_step.cuh"
 
@@ -325,17 +326,6 @@ cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int
  * The range is computed on the device from *pos0, so one captured graph serves every
  * position. */
 
-/* -D overrides for bench/cuda_variant.sh */
-#ifndef ATT_WARPS
-#define ATT_WARPS 8
-#endif
-#ifndef ATT_U
-#define ATT_U 4
-#endif
-#ifndef ATT_SPLIT_MIN
-#define ATT_SPLIT_MIN 64 /* positions per split at least (two rounds of 8 warps x 4 positions) */
-#endif
-
 /* Merges the n partial results of head h (the last block of the head runs it; part rows are
  * stride floats apart): out = the rescaled sum of the partial outputs over the rescaled sum
  * of the partial sums. Every load of a pass is issued at once (the loops are unrolled to
@@ -371,148 +361,6 @@ __device__ void attention_merge(const struct attn_args &a, const float *part, in
         if (a.gate)
             o *= sigmoid_f(gp[d]);
         op[d] = o;
-    }
-}
-
-/* The decode step's q/k norm + RoPE inside the attention kernel (ROPE, T = 1; a.rope): the
- * block's query head and its KV head, normalised and rotated exactly as qk_norm_rope_kernel
- * does (the same sums in the same order: bit-identical), into shared memory; the block whose
- * split holds the current position reads that position's K and V from there, and the group's
- * first head writes them to the cache. Saves the rope launch per layer. */
-template <int EPL, typename KV>
-__device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
-                                        float *r_q, float *r_k, float *r_v, KV *r_k16, KV *r_v16, float *r_cs,
-                                        float *r_sn)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
-    /* warp 0: q, 1: k (both normalised), 2: v. Every load of the warp (its row and its norm
-     * weights) is issued before the first use, and before the RoPE angles' loads: one L2
-     * round trip, not one per element a lane reads */
-    const float *src = warp == 0 ? a.q + (int64_t)h * a.q_stride : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
-    const float *w = warp == 0 ? a.wq : a.wk;
-    float v[EPL], g[EPL];
-    if (warp < 3)
-#pragma unroll
-        for (int j = 0; j < EPL; j++) {
-            v[j] = src[lane + 32 * j];
-            g[j] = warp < 2 ? w[lane + 32 * j] : 1.0f;
-        }
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = a.inv_freq ? a.inv_freq[i]
-                                     : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
-        double ang = (double)pos * inv_freq;
-        ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
-        sincosf((float)ang, &r_sn[i], &r_cs[i]);
-    }
-    if (warp < 3) {
-        float *dst = warp == 0 ? r_q : warp == 1 ? r_k : r_v;
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < EPL; j++)
-            ss += v[j] * v[j];
-        float scale = warp < 2 ? rsqrtf(warp_sum(ss) / (float)hd + a.eps) : 1.0f;
-#pragma unroll
-        for (int j = 0; j < EPL; j++)
-            dst[lane + 32 * j] = warp < 2 ? v[j] * (scale * g[j]) : v[j];
-    }
-    __syncthreads();
-    if (warp < 2) {
-        float *x = warp == 0 ? r_q : r_k, y[EPL];
-#pragma unroll
-        for (int j = 0; j < EPL; j++) {
-            int d = lane + 32 * j;
-            y[j] = x[d];
-            if (d < a.n_rot) {
-                int i = d < half ? d : d - half;
-                y[j] = d < half ? x[d] * r_cs[i] - x[d + half] * r_sn[i] : x[d] * r_cs[i] + x[d - half] * r_sn[i];
-            }
-        }
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < EPL; j++)
-            x[lane + 32 * j] = y[j];
-    }
-    if (sizeof(KV) == 2 && warp >= 1 && warp < 3) { /* the current row as the cache holds it */
-        const float *x = warp == 1 ? r_k : r_v;
-        KV *xh = warp == 1 ? r_k16 : r_v16;
-#pragma unroll
-        for (int j = 0; j < EPL; j++)
-            kv_put(xh + lane + 32 * j, x[lane + 32 * j]);
-    }
-    __syncthreads();
-    if (has_pos && h % (a.n_head / a.n_head_kv) == 0) /* the session's cache: writable */
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            int64_t off = (int64_t)pos * a.kvw + (int64_t)kvh * hd + d;
-            kv_put((KV *)a.kc + off, r_k[d]);
-            kv_put((KV *)a.vc + off, r_v[d]);
-        }
-}
-
-/* Which rows attention_load_round reads: every one (the current position's from shared
- * memory), the cached ones only, or the current position's only. */
-enum { ATT_ROWS_ALL, ATT_ROWS_CACHED, ATT_ROWS_CURRENT };
-
-/* A lane's K and V elements of a round's U rows: f32 as loaded, or an f16 cache's raw words,
- * each converted where it is used (half the registers of floats, and every row's load issued
- * before the first conversion: a conversion right after its load made the next row's load wait,
- * perf-log session 15). */
-template <typename KV, int U, int EPL>
-struct att_rows {
-    float k[U][EPL], v[U][EPL];
-    __device__ __forceinline__ void load(int u, const float *kp, const float *vp)
-    {
-        kv_get<EPL>(kp, k[u]);
-        kv_get<EPL>(vp, v[u]);
-    }
-    __device__ __forceinline__ float K(int u, int e) const { return k[u][e]; }
-    __device__ __forceinline__ float V(int u, int e) const { return v[u][e]; }
-};
-
-template <int U, int EPL>
-struct att_rows<__half, U, EPL> {
-    uint32_t k[U][EPL / 2], v[U][EPL / 2];
-    __device__ __forceinline__ void load(int u, const __half *kp, const __half *vp)
-    {
-        kv_load_raw<EPL>(kp, k[u]);
-        kv_load_raw<EPL>(vp, v[u]);
-    }
-    static __device__ __forceinline__ float half_of(uint32_t w, int e)
-    {
-        return __half2float(__ushort_as_half((unsigned short)(e & 1 ? w >> 16 : w & 0xffffu)));
-    }
-    __device__ __forceinline__ float K(int u, int e) const { return half_of(k[u][e / 2], e); }
-    __device__ __forceinline__ float V(int u, int e) const { return half_of(v[u][e / 2], e); }
-};
-
-/* Rows per warp in flight per round: ATT_U for an f32 cache, ATT_U16 for f16 (its rows take
- * half the registers). H200, Qwen3-0.6B BF16 with the f16 cache, 4 / 8 rows: depth 0 1,439 /
- * 1,546 tok/s, depth 4,096 990 / 936, depth 16,000 568 / 577 (f32 cache: 1,533, 868, 485);
- * Qwen3.5-0.8B level (perf-log session 15). ATT_U = 8 for f32 lost at depth. */
-#ifndef ATT_U16
-#define ATT_U16 8
-#endif
-template <typename KV>
-__host__ __device__ constexpr int att_u() { return sizeof(KV) == 2 ? ATT_U16 : ATT_U; }
-
-/* One round of a warp's K and V rows: positions p0 + u * ATT_WARPS (u < U, clamped to last: a
- * valid row, masked by the caller), the lane's EPL elements of each, as 16-byte words (8-byte
- * below: Qwen3.5 +0.7%, perf-log session 10). With ROPE the current position pos is not in the
- * cache yet: its rows come from the prologue's copy in shared memory (in the cache's type). */
-template <int EPL, bool ROPE, typename KV, int U>
-__device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *vbase, int64_t kvw,
-                                                     int p0, int last, int pos, const KV *rk,
-                                                     const KV *rv, int rows, att_rows<KV, U, EPL> &r)
-{
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        int p = p0 + u * ATT_WARPS, pc = p <= last ? p : last;
-        bool current = ROPE && pc == pos;
-        if ((rows == ATT_ROWS_CACHED && current) || (rows == ATT_ROWS_CURRENT && !current))
-            continue;
-        /* one load through either address */
-        r.load(u, current ? rk + lane * EPL : kbase + (int64_t)pc * kvw,
-               current ? rv + lane * EPL : vbase + (int64_t)pc * kvw);
     }
 }
 
