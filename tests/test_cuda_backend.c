@@ -1790,10 +1790,10 @@ static void check_graph_norm_late(const char *arch, int32_t warps, int32_t kb)
  * with head_dim (0: the preset's) heads: every attention layer must take the fused step, and
  * the logits of `prompt` prefilled positions and 20 decode steps after them must agree within
  * tol (not bit for bit: the sums run in other orders, which proves the path ran) with the same
- * greedy ids. single: attn_o_single (the position from which the slices' form runs: 0, the
- * default). */
-static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t single, bool kv16, int32_t prompt,
-                               double tol)
+ * greedy ids. single: attn_o_single (the position from which the cluster splits the positions
+ * and merges them); cluster: attn_o (1: the session's pick, 8 or 16). */
+static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t cluster, int32_t single, bool kv16,
+                               int32_t prompt, double tol)
 {
     struct qwenrt_error err = {0};
     struct model_hparams hp;
@@ -1815,10 +1815,10 @@ static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t singl
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.kv_f16 = off.kv_f16 = kv16;
-    on.attn_o = 1, on.attn_o_single = single;
+    on.attn_o = cluster, on.attn_o_single = single;
     struct cuda_session *a = NULL, *b = NULL;
-    snprintf(what, sizeof(what), "graph attn_o single %d%s vs two launches, %s head_dim %d, from position %d",
-             (int)single, kv16 ? " kv f16" : "", arch, (int)hp.head_dim, (int)prompt);
+    snprintf(what, sizeof(what), "graph attn_o %d single %d%s vs two launches, %s head_dim %d, from position %d",
+             (int)cluster, (int)single, kv16 ? " kv f16" : "", arch, (int)hp.head_dim, (int)prompt);
     init_pair(m, prompt + 32, &on, &off, &a, &b, what);
     int32_t layers = cuda_session_count_steps(b, "rope+attention");
     assert_true(layers > 0);
@@ -1858,21 +1858,19 @@ static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t singl
 static void test_graph_attn_o(void **st)
 {
     (void)st;
-    /* Qwen3-0.6B's attention geometry (16 heads of 128, clusters of 16): the heads' form; the
-     * slices' form from position 1 (empty slices at first) and from 4; the f16 cache */
-    check_graph_attn_o("qwen3-tiny", 128, 0, false, 0, 1e-4);
-    check_graph_attn_o("qwen3-tiny", 128, 1, false, 0, 1e-4);
-    check_graph_attn_o("qwen3-tiny", 128, 4, true, 0, 1e-4);
-    /* Qwen3.5-0.8B's (8 gated heads of 256, clusters of 8: two per head in the slices' form),
-     * and 16 gated heads of 128 */
-    check_graph_attn_o("qwen35-tiny", 256, 0, true, 0, 1e-3);
-    check_graph_attn_o("qwen35-tiny", 256, 1, false, 0, 1e-3);
-    check_graph_attn_o("qwen35-tiny", 128, 4, true, 0, 1e-3);
-    /* after a prompt of 300 positions: the slices' form over several rounds of rows per warp,
-     * and the heads' form there (attn_o_single 4096) */
-    check_graph_attn_o("qwen3-tiny", 128, 0, true, 300, 1e-4);
-    check_graph_attn_o("qwen3-tiny", 128, 4096, true, 300, 1e-4);
-    check_graph_attn_o("qwen35-tiny", 256, 0, true, 300, 1e-3);
+    /* Qwen3-0.6B's attention geometry (16 heads of 128, clusters of 8): every block attends
+     * all positions; the cluster's slices merged from position 1 (empty slices at first) and
+     * from 4; clusters of 16; the f16 cache */
+    check_graph_attn_o("qwen3-tiny", 128, 1, 0, false, 0, 1e-4);
+    check_graph_attn_o("qwen3-tiny", 128, 1, 1, false, 0, 1e-4);
+    check_graph_attn_o("qwen3-tiny", 128, 16, 4, true, 0, 1e-4);
+    /* Qwen3.5-0.8B's (8 gated heads of 256, clusters of 16), and head size 64 */
+    check_graph_attn_o("qwen35-tiny", 256, 1, 0, true, 0, 1e-3);
+    check_graph_attn_o("qwen35-tiny", 256, 8, 1, false, 0, 1e-3);
+    check_graph_attn_o("qwen35-tiny", 64, 1, 4, true, 0, 1e-3);
+    /* after a prompt of 300 positions: 38 per slice, several rounds of rows per warp */
+    check_graph_attn_o("qwen3-tiny", 128, 1, 0, true, 300, 1e-4);
+    check_graph_attn_o("qwen35-tiny", 256, 1, 0, true, 300, 1e-3);
 }
 
 static void test_graph_gemv_smem(void **st)
@@ -2455,7 +2453,7 @@ static void test_backend_errors(void **st)
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
-     * to 4096; attn_o 0 or 1; attn_o_single 0 to 4096 */
+     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */

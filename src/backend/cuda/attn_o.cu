@@ -9,23 +9,22 @@
  * (4 MB at Qwen3-0.6B's widths in BF16) were already in shared memory before it started.
  * Here the o product starts from the attention output the block itself holds.
  *
- * How: AO_SLICES = 16 clusters of G = n_head blocks (Qwen3-0.6B: 16 x 16, Qwen3.5-0.8B: 16 x 8);
- * each block owns one row slice of W_o (R = N / 16 rows) for one head's columns: R x hd 16-bit
- * weights, copied into shared memory with cp.async before griddep_wait. Two forms, chosen by
- * the position (read before the wait where the launch allows it, t.early):
- *   - below `single` positions (the heads' form), cluster k is row slice k and its block j
- *     head j: every block attends all positions of its head itself (the attention kernel's
- *     prologue, rounds of rows and online softmax: attention_decode.cuh), multiplies its R
- *     rows by the head's output into its shared memory, and after a cluster barrier block j
- *     adds R / G of the slice's rows over the G heads, read from its peers in head order, to y;
- *   - from there (the slices' form) a cluster serves one head: block j attends the j-th slice
- *     of the positions, every block merges the G partial results (max, sum, unnormalised
- *     output) from its peers' shared memory in rank order, multiplies its rows into
- *     part[h][row], and the last head of a row slice to arrive (a counter per slice, reset by
- *     it) adds the n_head partials to y in head order.
- * Either way the result does not depend on which block finished when. Slice 0's block of the
- * group's first query head writes the cache row of the current position. A warp's 8 rows'
- * sums are reduced transposed (ao_sum8: 9 shuffles, not 40).
+ * How: one cluster of C blocks (8, or 16 for models with 8 query heads or fewer) per query
+ * head h; block c of it owns the rows [c R, (c+1) R) of W_o (R = N / C), and of them only the
+ * columns of head h: R x hd 16-bit weights, copied into shared memory with cp.async before
+ * griddep_wait (they do not depend on the launch before).
+ *   1. the attention of head h, as kernels.cu's attention kernel computes it (the same
+ *      prologue, rounds of rows and online softmax: attention_decode.cuh). Below
+ *      `single` positions every block of the cluster attends all of them itself (one or two
+ *      rounds of rows: nothing to exchange); from there block c takes the c-th slice of the
+ *      positions, and after a cluster barrier every block merges the C partial results
+ *      (max, sum, unnormalised output) from its peers' shared memory, in rank order. Block 0
+ *      of the group's first query head writes the cache row of the current position;
+ *   2. its R rows' dot products with the head's output (each lane its hd / 32 elements, a
+ *      warp sum per row): head h's share of those rows, into part[h][row];
+ *   3. the last of the n_head blocks of row slice c to arrive (one counter per slice, reset
+ *      by it for the next launch) adds the n_head partials to y in head order: the result does
+ *      not depend on which block finished when.
  * Numerics: the attention and the product in f32 as the two launches compute them; the sums
  * run in other orders (per head, then across heads; the merge in rank order), so results
  * differ from the two launches' by rounding: test_graph_attn_o compares both.
@@ -39,8 +38,7 @@
 namespace cg = cooperative_groups;
 
 #define AO_THREADS (32 * ATT_WARPS)
-#define AO_SLICES 16    /* row slices of W_o (clusters in the heads' form) */
-#define AO_ROW_UNROLL 8 /* a warp's rows per round of dot products (one transposed sum) */
+#define AO_ROW_UNROLL 8 /* rows per warp whose dot products run before their sums */
 #define AO_SMEM_MAX (200 * 1024)
 
 /* The dot product of a lane's EPL 16-bit weights (at w, shared memory) with its EPL floats. */
@@ -93,7 +91,9 @@ __device__ __forceinline__ float ao_sum8(float (&v)[8], int lane)
     return w + __shfl_xor_sync(0xffffffffu, w, 1);
 }
 
-template <int EPL, typename KV, int DT>
+/* TL: the decode timeline's instantiation (stamps: start, released from the wait, the head's
+ * output ready, end), launched only when the timeline asks. */
+template <int EPL, typename KV, int DT, bool TL = false>
 __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constant__ struct attn_o_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -108,22 +108,14 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
     __shared__ __align__(16) float s_po[hd]; /* split: this block's unnormalised partial output */
     __shared__ float s_pm[2];                /* split: its max and sum */
     __shared__ float s_f[16], s_inv;
-    __shared__ float s_rows[AO_THREADS];     /* heads' form: the block's row sums */
     __shared__ bool s_last;
     const struct attn_args &t = a.t;
     const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
-    const int G = (int)gridDim.x, rank = (int)blockIdx.x, k = (int)blockIdx.y, NC = (int)gridDim.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = a.N / NC;
+    const int C = (int)gridDim.x, c = (int)blockIdx.x, h = (int)blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = a.N / C, r0 = c * R;
+    if (TL)
+        tl_stamp(a.t.stamps, 0);
     griddep_launch();
-    if (!t.early)
-        griddep_wait();
-    const int pos = *t.pos0;
-    /* the form, the same in every block: below `single` positions the cluster is row slice k's
-     * G = n_head heads (block rank = head); from there head k / cph's slices, cph clusters per
-     * head, each block a slice of the positions (rank) and of the rows */
-    const bool heads = pos < a.single;
-    const int cph = NC / t.n_head;
-    const int h = heads ? rank : k / cph, slice = heads ? k : (k % cph) * G + rank, r0 = slice * R;
     { /* the block's W_o slice: R rows of hd columns, 16-byte copies */
         constexpr int CPR = hd * 2 / 16;
         const uint8_t *src = (const uint8_t *)a.w + (int64_t)r0 * a.row_bytes + (int64_t)h * hd * 2;
@@ -135,8 +127,11 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
         cp_async_commit();
     }
     l2_prefetch_share(t.pf);
-    const int kvh = h / (t.n_head / t.n_head_kv);
-    const int S = heads ? 1 : G, chunk = (pos + S) / S, lo = (heads ? 0 : rank) * chunk;
+    if (!t.early)
+        griddep_wait();
+    const int kvh = h / (t.n_head / t.n_head_kv), pos = *t.pos0;
+    const bool split = pos >= a.single; /* the same in every block of the cluster */
+    const int S = split ? C : 1, chunk = (pos + S) / S, lo = (split ? c : 0) * chunk;
     const int last = min(pos, lo + chunk - 1); /* this block's positions lo..last (none: last < lo) */
     const KV *kbase = (const KV *)t.kc + (int64_t)kvh * hd + lane * EPL;
     const KV *vbase = (const KV *)t.vc + (int64_t)kvh * hd + lane * EPL;
@@ -146,8 +141,9 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
     attention_load_round<EPL, true>(kbase, vbase, t.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
     if (t.early)
         griddep_wait();
-    /* slice 0's block of the group's first head writes the cache row */
-    attention_rope_prologue<EPL, KV>(t, h, kvh, pos, slice == 0, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
+    if (TL)
+        tl_stamp(a.t.stamps, 1);
+    attention_rope_prologue<EPL, KV>(t, h, kvh, pos, c == 0, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
     float q[EPL], acc[EPL];
     const float scale = rsqrtf((float)hd);
 #pragma unroll
@@ -201,7 +197,7 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
         L += s_l[w] * f[w];
     }
     cg::cluster_group cl = cg::this_cluster();
-    if (heads) {
+    if (!split) {
         if ((int)threadIdx.x < hd) {
             float o = 0.0f;
 #pragma unroll
@@ -210,7 +206,7 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
             o /= L;
             s_o[threadIdx.x] = t.gate ? o * sigmoid_f(g0) : o;
         }
-    } else { /* the cluster's G partial results merged, in rank order, by every block */
+    } else { /* the cluster's C partial results merged, in rank order, by every block */
         if ((int)threadIdx.x < hd) {
             float o = 0.0f;
 #pragma unroll
@@ -222,8 +218,8 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
             s_pm[0] = M, s_pm[1] = L;
         cl.sync();
         if (warp == 0) {
-            float mj = lane < G ? *cl.map_shared_rank(&s_pm[0], lane) : -INFINITY;
-            float lj = lane < G ? *cl.map_shared_rank(&s_pm[1], lane) : 0.0f;
+            float mj = lane < C ? *cl.map_shared_rank(&s_pm[0], lane) : -INFINITY;
+            float lj = lane < C ? *cl.map_shared_rank(&s_pm[1], lane) : 0.0f;
             float Mx = mj;
             for (int o = 16; o > 0; o >>= 1)
                 Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, o));
@@ -239,7 +235,7 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
             float o = 0.0f;
 #pragma unroll
             for (int j = 0; j < 16; j++)
-                if (j < G)
+                if (j < C)
                     o += *cl.map_shared_rank(&s_po[threadIdx.x], j) * s_f[j];
             o *= s_inv;
             s_o[threadIdx.x] = t.gate ? o * sigmoid_f(g0) : o;
@@ -248,8 +244,10 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
     }
     cp_async_wait<0>();
     __syncthreads();
+    if (TL)
+        tl_stamp(a.t.stamps, 2);
 
-    /* 2. head h's share of the block's R rows: each warp R / ATT_WARPS of them */
+    /* 2. head h's share of the block's R rows */
     float x[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; e++)
@@ -262,97 +260,82 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
         for (int u = 0; u < AO_ROW_UNROLL; u++)
             d[u] = ao_dot<EPL, DT>(ao_w + (size_t)(i0 + u) * hd * 2 + lane * EPL * 2, x);
         float v = ao_sum8(d, lane);
-        if ((lane & 3) == 0) {
-            if (heads)
-                s_rows[i0 + (lane >> 2)] = v;
-            else
-                part[i0 + (lane >> 2)] = v;
-        }
+        if ((lane & 3) == 0)
+            part[i0 + (lane >> 2)] = v;
     }
 
-    /* 3. the n_head heads' shares added to y in head order: in the heads' form block h adds
-     * its R / G rows from its peers' shared memory; in the slices' form the last head of the
-     * row slice to arrive reads them from part */
-    if (heads) {
-        cl.sync();
-        const int per = R / G;
-        if ((int)threadIdx.x < per) {
-            int r = rank * per + threadIdx.x;
-            float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                if (j < G)
-                    s += *cl.map_shared_rank(&s_rows[r], j);
-            a.y[r0 + r] += s;
-        }
-        ao_arrive();
-        ao_wait();
-        return;
-    }
+    /* 3. the last head of this row slice adds the n_head partials to y, in head order */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned prev = atomicAdd(a.count + slice, 1u);
-        s_last = prev == (unsigned)t.n_head - 1;
+        unsigned prev = atomicAdd(a.count + c, 1u);
+        s_last = prev == gridDim.y - 1;
         if (s_last)
-            a.count[slice] = 0; /* every head has arrived: ready for the next launch */
+            a.count[c] = 0; /* every head has arrived: ready for the next launch */
     }
     __syncthreads();
     if (s_last) {
         __threadfence();
         for (int r = threadIdx.x; r < R; r += blockDim.x) {
             float s = 0.0f;
-            for (int hh = 0; hh < t.n_head; hh++)
+            for (int hh = 0; hh < (int)gridDim.y; hh++)
                 s += __ldcg(a.part + (int64_t)hh * a.N + r0 + r);
             a.y[r0 + r] += s;
         }
     }
-    ao_wait();
+    if (TL)
+        tl_stamp(a.t.stamps, 3);
+    if (split)
+        ao_wait();
 #endif
 }
 
-/* The launch's shape: clusters of G = n_head blocks (2 to 16), AO_SLICES clusters; R =
- * N / AO_SLICES rows per block, whole rounds of the warps' rows, and at least one row per
- * head in the heads' sum; the slices' form needs AO_SLICES to be a multiple of n_head. */
-static bool ao_shape_ok(const struct attn_o_args *a)
+/* The cluster size for a.t.n_head query heads: 16 where 8 blocks per head would leave most of
+ * the multiprocessors idle (8 heads or fewer), else 8; 0 when the rows do not split into
+ * whole rounds of the warps' rows. */
+static int ao_cluster(const struct attn_o_args *a)
 {
-    int G = a->t.n_head, R = a->N / AO_SLICES;
-    return G >= 2 && G <= 16 && AO_SLICES % G == 0 && a->N % AO_SLICES == 0 && R % (ATT_WARPS * AO_ROW_UNROLL) == 0 &&
-           R % G == 0 && R <= AO_THREADS;
+    int C = a->cluster ? a->cluster : (a->t.n_head <= 8 ? 16 : 8);
+    if (C != 8 && C != 16)
+        return 0;
+    if (a->N % C || (a->N / C) % (ATT_WARPS * AO_ROW_UNROLL))
+        return 0;
+    return C;
 }
 
-static size_t ao_smem(const struct attn_o_args *a) { return (size_t)(a->N / AO_SLICES) * a->t.hd * 2; }
+static size_t ao_smem(const struct attn_o_args *a, int C) { return (size_t)(a->N / C) * a->t.hd * 2; }
 
 bool attn_o_applies(const struct attn_o_args *a)
 {
     const struct attn_args *t = &a->t;
-    return ao_shape_ok(a) && t->T == 1 && t->rope && (t->hd == 64 || t->hd == 128 || t->hd == 256) &&
-           t->n_rot <= t->hd && t->n_rot % 2 == 0 && t->n_head_kv > 0 && t->n_head % t->n_head_kv == 0 &&
+    int C = ao_cluster(a);
+    return C && t->T == 1 && t->rope && (t->hd == 64 || t->hd == 128 || t->hd == 256) && t->n_rot <= t->hd &&
+           t->n_rot % 2 == 0 && t->n_head_kv > 0 && t->n_head % t->n_head_kv == 0 && t->n_head <= 65535 &&
            (a->dtype == QR_BF16 || a->dtype == QR_F16) && a->row_bytes >= (int64_t)t->n_head * t->hd * 2 &&
-           a->row_bytes % 16 == 0 && ((uintptr_t)a->w & 15) == 0 && ao_smem(a) <= AO_SMEM_MAX && a->single >= 0;
+           a->row_bytes % 16 == 0 && ((uintptr_t)a->w & 15) == 0 && ao_smem(a, C) <= AO_SMEM_MAX &&
+           a->single >= 0;
 }
 
 template <int EPL, typename KV, int DT>
-static cudaError_t ao_launch(const struct attn_o_args *a, cudaStream_t s)
+static cudaError_t ao_launch(const struct attn_o_args *a, int C, cudaStream_t s)
 {
-    void (*k)(const struct attn_o_args) = attn_o_kernel<EPL, KV, DT>;
-    size_t smem = ao_smem(a);
-    int G = a->t.n_head;
+    void (*k)(const struct attn_o_args) = a->t.stamps ? attn_o_kernel<EPL, KV, DT, true> : attn_o_kernel<EPL, KV, DT>;
+    size_t smem = ao_smem(a, C);
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess && G > 8)
+    if (e == cudaSuccess && C > 8)
         e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess)
         return e;
-    return launch_kc(a->t.pdl, G, k, dim3(G, AO_SLICES), dim3(AO_THREADS), smem, s, *a);
+    return launch_kc(a->t.pdl, C, k, dim3(C, a->t.n_head), dim3(AO_THREADS), smem, s, *a);
 }
 
 template <typename KV, int DT>
-static cudaError_t ao_launch_hd(const struct attn_o_args *a, cudaStream_t s)
+static cudaError_t ao_launch_hd(const struct attn_o_args *a, int C, cudaStream_t s)
 {
     switch (a->t.hd) {
-    case 64: return ao_launch<2, KV, DT>(a, s);
-    case 128: return ao_launch<4, KV, DT>(a, s);
-    default: return ao_launch<8, KV, DT>(a, s);
+    case 64: return ao_launch<2, KV, DT>(a, C, s);
+    case 128: return ao_launch<4, KV, DT>(a, C, s);
+    default: return ao_launch<8, KV, DT>(a, C, s);
     }
 }
 
@@ -360,7 +343,8 @@ cudaError_t launch_attn_o(const struct attn_o_args *a, cudaStream_t s)
 {
     if (!attn_o_applies(a) || !a->part || !a->count || !a->y)
         return cudaErrorInvalidValue;
+    int C = ao_cluster(a);
     if (a->dtype == QR_BF16)
-        return a->t.kv_f16 ? ao_launch_hd<__half, QR_BF16>(a, s) : ao_launch_hd<float, QR_BF16>(a, s);
-    return a->t.kv_f16 ? ao_launch_hd<__half, QR_F16>(a, s) : ao_launch_hd<float, QR_F16>(a, s);
+        return a->t.kv_f16 ? ao_launch_hd<__half, QR_BF16>(a, C, s) : ao_launch_hd<float, QR_BF16>(a, C, s);
+    return a->t.kv_f16 ? ao_launch_hd<__half, QR_F16>(a, C, s) : ao_launch_hd<float, QR_F16>(a, C, s);
 }

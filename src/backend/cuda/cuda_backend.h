@@ -44,8 +44,6 @@ typedef void (*cuda_dump_fn)(void *user, const char *name, int32_t layer, const 
 enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
 
 /* Switches (profiles / tests); cuda_default_options() turns everything on. */
-#define ATTN_O_SINGLE_DEFAULT 256 /* cuda_options.attn_o_single 0 */
-
 struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
     bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
@@ -212,14 +210,13 @@ struct cuda_options {
                           * (H200 session 24: Qwen3.5-0.8B BF16 +0.6%, Qwen3-0.6B's 8 warps
                           * -0.1%); 1: on; -1: off */
     int32_t attn_o;      /* decode graph, 16-bit o weights, sm_90: a layer's attention and
-                          * its o product + residual add in one launch of clusters of n_head
-                          * blocks (2 to 16), each block a row slice of W_o (attn_o.cu). 0
-                          * (default): off; 1: on */
-    int32_t attn_o_single; /* attn_o: below this position each block attends all positions of
-                          * its head itself and a cluster sums the heads' rows (the heads' form);
-                          * from it a cluster splits one head's positions and merges them, and
-                          * the heads' rows meet in global memory (the slices' form). 0
-                          * (default): ATTN_O_SINGLE_DEFAULT; 1 to 4096 */
+                          * its o product + residual add in one launch, a cluster of blocks per
+                          * query head, each block a slice of W_o's rows (attn_o.cu). 0
+                          * (default): off; 1: on, clusters of 16 blocks for models with 8
+                          * query heads or fewer, else 8; 8 or 16: on with that cluster size */
+    int32_t attn_o_single; /* attn_o: below this position every block of a cluster attends all
+                          * positions itself (no exchange); from it each block takes a slice
+                          * and the cluster merges them. 0 (default): 64; 1 to 4096 */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -428,7 +428,7 @@ bool qkv_attention_applies(const struct gemv_args *g, const struct attn_args *t,
 cudaError_t launch_qkv_attention(const struct gemv_args *g, const struct attn_args *t, int cluster, cudaStream_t s);
 
 /* A decode layer's attention (t: T = 1, rope on) and its o product + residual add in one
- * launch of thread-block clusters (attn_o.cu, sm_90): y += W_o · attention. */
+ * launch of clusters of blocks per query head (attn_o.cu, sm_90): y += W_o · attention. */
 struct attn_o_args {
     struct attn_args t;
     const void *w;         /* W_o [N][row_bytes], 16-bit (dtype QR_BF16 or QR_F16), K = n_head * hd */
@@ -437,7 +437,8 @@ struct attn_o_args {
     float *y;              /* [N] the residual */
     float *part;           /* scratch [n_head][N]: each head's share of the rows */
     unsigned *count;       /* [16] heads done per row slice (kept zeroed) */
-    int32_t single;        /* positions below which the heads' form runs (attn_o.cu) */
+    int32_t cluster;       /* blocks per query head: 8 or 16; 0: 16 for 8 heads or fewer, else 8 */
+    int32_t single;        /* positions below which every block attends all of them itself */
 };
 bool attn_o_applies(const struct attn_o_args *a);
 cudaError_t launch_attn_o(const struct attn_o_args *a, cudaStream_t s);

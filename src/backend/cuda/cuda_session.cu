@@ -1028,7 +1028,8 @@ static bool attn_o_args_at(struct run_ctx *r, const struct step *st, int32_t mm,
     a->w = d->w, a->row_bytes = d->row_bytes, a->dtype = d->dtype, a->N = d->N;
     a->y = r->b[p->ops[mm + 1].out];
     a->part = cs->ao_part, a->count = cs->ao_count;
-    a->single = cs->opt.attn_o_single ? cs->opt.attn_o_single : ATTN_O_SINGLE_DEFAULT;
+    a->cluster = cs->opt.attn_o == 1 ? 0 : cs->opt.attn_o;
+    a->single = cs->opt.attn_o_single ? cs->opt.attn_o_single : 64;
     return d->K == at->n_head * at->head_dim && d->row_bytes == (int64_t)d->K * 2 && attn_o_applies(a);
 }
 
@@ -1357,7 +1358,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         if (!attn_o_args_of(r, st, &a))
             return err_set(err, QWENRT_ERR_INTERNAL, "cuda: the fused attention + o product no longer applies");
         a.t.early = st->early && r->pdl;
-        a.t.pf = st->pf;
+        a.t.pf = st->pf, a.t.stamps = r->stamps;
         CUDA_CHECK(launch_attn_o(&a, r->stream));
         return QWENRT_OK;
     }
@@ -2155,8 +2156,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_one_pass %d (0: off, 1: on)", (int)o->gemvq_one_pass);
     if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
-    if (o->attn_o != 0 && o->attn_o != 1)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o %d (0: off, 1: on)", (int)o->attn_o);
+    if (o->attn_o != 0 && o->attn_o != 1 && o->attn_o != 8 && o->attn_o != 16)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o %d (0: off, 1: on, 8 or 16: on with clusters of that size)",
+                       (int)o->attn_o);
     if (o->attn_o_single < 0 || o->attn_o_single > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o_single %d (0: 64, or 1 to 4096 positions)",
                        (int)o->attn_o_single);
