@@ -20,11 +20,22 @@
  *      positions, and after a cluster barrier every block merges the C partial results
  *      (max, sum, unnormalised output) from its peers' shared memory, in rank order. Block 0
  *      of the group's first query head writes the cache row of the current position;
- *   2. its R rows' dot products with the head's output (each lane its hd / 32 elements, a
- *      warp sum per row): head h's share of those rows, into part[h][row];
+ *   2. its R rows' dot products with the head's output (each lane its hd / 32 elements; a
+ *      warp's 8 rows summed transposed, ao_sum8): head h's share of those rows, into
+ *      part[h][row];
  *   3. the last of the n_head blocks of row slice c to arrive (one counter per slice, reset
  *      by it for the next launch) adds the n_head partials to y in head order: the result does
  *      not depend on which block finished when.
+ * Measured (H200, docs/perf-log.md session 25): Qwen3-0.6B BF16 level with the two launches
+ * at short contexts (1,752-1,760 vs 1,759-1,761 tok/s), +3.1% at depth 512, +10.6% at 1,024,
+ * +5.1% at 2,048, -5.9% at 4,096 (8 slices per head where the split attention takes up to 32);
+ * Qwen3.5-0.8B -1.6% (6 of its 24 layers). Off by default. The time line says why short
+ * contexts gain nothing: the tail of step 3 (fence, counter, the last block's sums from L2)
+ * ends 1.8 us after the median block, as long as the o launch's release and x staging it
+ * replaces. Tried and removed (same entry): the heads summed through distributed shared
+ * memory in clusters of 16 blocks per row slice (-21%: clusters of 16 place badly) and of 8
+ * with two heads per block (-2.2%: the cluster barrier waits for the slowest block's
+ * attention, so the sum ends as late as the counter's).
  * Numerics: the attention and the product in f32 as the two launches compute them; the sums
  * run in other orders (per head, then across heads; the merge in rank order), so results
  * differ from the two launches' by rounding: test_graph_attn_o compares both.
