@@ -1792,8 +1792,24 @@ static void check_graph_norm_late(const char *arch, int32_t warps, int32_t kb)
  * tol (not bit for bit: the sums run in other orders, which proves the path ran) with the same
  * greedy ids. single: attn_o_single (the position from which the cluster splits the positions
  * and merges them); cluster: attn_o (1: the session's pick, 8 or 16). */
+static void check_graph_attn_pair(const char *arch, int32_t head_dim, const struct cuda_options *on_opt, bool kv16,
+                                  int32_t prompt, double tol, const char *label, const char *fused);
+
 static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t cluster, int32_t single, bool kv16,
                                int32_t prompt, double tol)
+{
+    struct cuda_options on = cuda_default_options();
+    on.attn_o = cluster, on.attn_o_single = single;
+    char label[64];
+    snprintf(label, sizeof(label), "attn_o %d single %d", (int)cluster, (int)single);
+    check_graph_attn_pair(arch, head_dim, &on, kv16, prompt, tol, label, "rope+attention+o+residual");
+}
+
+/* The decode graph with options on_opt (mega off, the cache f16 where kv16) against the
+ * defaults on the attention geometry check_graph_attn_o describes: fused names the step that
+ * must replace every "rope+attention" step (NULL: the steps stay as they are). */
+static void check_graph_attn_pair(const char *arch, int32_t head_dim, const struct cuda_options *on_opt, bool kv16,
+                                  int32_t prompt, double tol, const char *label, const char *fused)
 {
     struct qwenrt_error err = {0};
     struct model_hparams hp;
@@ -1812,18 +1828,19 @@ static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t clust
     mp.backend = "cpu";
     if (qwenrt_model_load(path, &mp, &m, &err))
         fail_msg("load %s: %s", path, err.message);
-    struct cuda_options on = cuda_default_options(), off = on;
+    struct cuda_options on = *on_opt, off = cuda_default_options();
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.kv_f16 = off.kv_f16 = kv16;
-    on.attn_o = cluster, on.attn_o_single = single;
     struct cuda_session *a = NULL, *b = NULL;
-    snprintf(what, sizeof(what), "graph attn_o %d single %d%s vs two launches, %s head_dim %d, from position %d",
-             (int)cluster, (int)single, kv16 ? " kv f16" : "", arch, (int)hp.head_dim, (int)prompt);
+    snprintf(what, sizeof(what), "graph %s%s vs the defaults, %s head_dim %d, from position %d", label,
+             kv16 ? " kv f16" : "", arch, (int)hp.head_dim, (int)prompt);
     init_pair(m, prompt + 32, &on, &off, &a, &b, what);
     int32_t layers = cuda_session_count_steps(b, "rope+attention");
     assert_true(layers > 0);
-    assert_int_equal(cuda_session_count_steps(a, "rope+attention+o+residual"), layers);
-    assert_int_equal(cuda_session_count_steps(a, "rope+attention"), 0);
+    if (fused) {
+        assert_int_equal(cuda_session_count_steps(a, fused), layers);
+        assert_int_equal(cuda_session_count_steps(a, "rope+attention"), 0);
+    }
     int32_t V = m->hp.n_vocab, id = 5;
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     assert_non_null(la);
@@ -1853,6 +1870,22 @@ static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t clust
     free_synth_pair(a, b, m, path, la, lb);
     if (!(worst > 0 && worst <= tol))
         fail_msg("%s: logits differ by %.3g (want (0, %g])", what, worst, tol);
+}
+
+/* cuda_options.attn_cluster (a head's attention splits as one cluster merged through
+ * distributed shared memory) against the default split and merge: after a prompt of 300
+ * positions (8 splits against the default's 5), and from position 0 with splits from 16
+ * positions on (attn_one_split 0, attn_split_min 16: empty splits in the cluster). */
+static void test_graph_attn_cluster(void **st)
+{
+    (void)st;
+    struct cuda_options on = cuda_default_options();
+    on.attn_cluster = 1;
+    check_graph_attn_pair("qwen3-tiny", 128, &on, true, 300, 1e-4, "attn_cluster", NULL);
+    check_graph_attn_pair("qwen35-tiny", 256, &on, false, 300, 1e-3, "attn_cluster", NULL);
+    check_graph_attn_pair("qwen35-tiny", 64, &on, true, 300, 1e-3, "attn_cluster", NULL);
+    on.attn_one_split = 0, on.attn_split_min = 16;
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 1e-4, "attn_cluster (split_min 16)", NULL);
 }
 
 static void test_graph_attn_o(void **st)
@@ -2453,7 +2486,7 @@ static void test_backend_errors(void **st)
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
-     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096 */
+     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster 0 or 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2481,7 +2514,8 @@ static void test_backend_errors(void **st)
                    {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-2, 2}},
                    {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},
                    {"attn_o", offsetof(struct cuda_options, attn_o), {2, 32}},
-                   {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}}};
+                   {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}},
+                   {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-1, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2571,6 +2605,7 @@ int main(void)
         cmocka_unit_test(test_graph_mlp_fused),
         cmocka_unit_test(test_graph_gemv_smem),
         cmocka_unit_test(test_graph_attn_o),
+        cmocka_unit_test(test_graph_attn_cluster),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),

@@ -220,6 +220,11 @@ struct cuda_options {
     int32_t attn_o_single; /* attn_o: below this position every block of a cluster attends all
                           * positions itself (no exchange); from it each block takes a slice
                           * and the cluster merges them. 0 (default): 64; 1 to 4096 */
+    int32_t attn_cluster; /* decode graph, sm_90: the attention's splits of a head as one
+                          * cluster of 8 blocks merged through distributed shared memory (each
+                          * block a share of the dimensions) instead of up to 32 splits whose
+                          * last block reads every partial back from global memory. 0
+                          * (default): off; 1: on */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -415,6 +415,9 @@ struct attn_args {
     bool early;
     struct l2_range pf;  /* T == 1: a later step's weights asked into the L2 at the start */
     unsigned long long *stamps; /* the decode timeline (tl_stamp; T == 1), or NULL */
+    bool cluster_merge;  /* T == 1, rope, sm_90: a head's splits are one cluster of blocks merged
+                          * through distributed shared memory (cuda_options.attn_cluster;
+                          * part and count unused) */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */

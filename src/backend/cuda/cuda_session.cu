@@ -212,6 +212,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
     o.attn_o = 0;          /* not yet measured */
     o.attn_o_single = 0;   /* 64 */
+    o.attn_cluster = 0;    /* not yet measured */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1295,6 +1296,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
      * the q that the rope op rotates in place */
     a.rope = cs->opt.attn_rope && ra.q == a.q;
+    a.cluster_merge = a.rope && cs->opt.attn_cluster == 1 && cs->cc_major >= 9;
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
@@ -2162,6 +2164,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->attn_o_single < 0 || o->attn_o_single > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o_single %d (0: 64, or 1 to 4096 positions)",
                        (int)o->attn_o_single);
+    if (o->attn_cluster != 0 && o->attn_cluster != 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_cluster %d (0: off, 1: on)", (int)o->attn_cluster);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)

@@ -13,7 +13,10 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gdn_step.cuh"
 
+#include <cooperative_groups.h>
 #include <math.h>
+
+namespace cg = cooperative_groups;
 
 /* ---- embed: one block per token, threads over the row ---- */
 
@@ -364,11 +367,73 @@ __device__ void attention_merge(const struct attn_args &a, const float *part, in
     }
 }
 
+#define ATT_CL_SPLITS 8 /* a cluster: the portable maximum (16 placed badly: perf-log session 25) */
+
+/* The CL merge: this block's partial result (max M, sum L, the warps' outputs s_acc rescaled
+ * by f) into its shared memory; after a cluster barrier block z writes dimensions
+ * [z hd / n, (z+1) hd / n) of the output, merged over the n blocks in rank order (an empty
+ * split: M = -inf, weight 0); a second barrier keeps each block's partial alive until its
+ * peers have read it. */
+template <int EPL>
+__device__ __forceinline__ void attention_cluster_merge(const struct attn_args &a, const float (*s_acc)[32 * EPL],
+                                        const float *f, float M, float L, float *op, const float *gp)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int hd = 32 * EPL;
+    __shared__ float c_part[hd], c_ml[2], c_f[ATT_CL_SPLITS], c_inv;
+    cg::cluster_group cl = cg::this_cluster();
+    const int n = (int)cl.num_blocks(), z = (int)cl.block_rank(), lane = threadIdx.x & 31;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++)
+            o += s_acc[w][d] * f[w];
+        c_part[d] = o;
+    }
+    if (threadIdx.x == 0)
+        c_ml[0] = M, c_ml[1] = L;
+    cl.sync();
+    if (threadIdx.x < 32) {
+        float mj = lane < n ? *cl.map_shared_rank(&c_ml[0], lane) : -INFINITY;
+        float lj = lane < n ? *cl.map_shared_rank(&c_ml[1], lane) : 0.0f;
+        float Mx = mj;
+        for (int o = 16; o > 0; o >>= 1)
+            Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, o));
+        float fj = mj == -INFINITY ? 0.0f : __expf(mj - Mx);
+        float Lx = warp_sum(lj * fj);
+        if (lane < ATT_CL_SPLITS)
+            c_f[lane] = fj;
+        if (lane == 0)
+            c_inv = 1.0f / Lx;
+    }
+    __syncthreads();
+    const int per = hd / n;
+    if ((int)threadIdx.x < per) {
+        int d = z * per + threadIdx.x;
+        float o = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_CL_SPLITS; j++)
+            if (j < n)
+                o += *cl.map_shared_rank(&c_part[d], j) * c_f[j];
+        o *= c_inv;
+        if (a.gate)
+            o *= sigmoid_f(gp[d]);
+        op[d] = o;
+    }
+    cl.sync();
+#endif
+}
+
 /* TL: the decode timeline's variant (a.stamps written; cuda_session_timeline). A separate
  * instantiation, so that the kernel the decode runs is the one without them: compiled into
  * it, the stamps changed its register allocation (90 -> 80) and Qwen3-0.6B BF16 measured
  * 3.7% slower (docs/perf-log.md, session 20). */
-template <int EPL, bool ROPE, typename KV, bool TL = false>
+/* CL (cuda_options.attn_cluster, T = 1, sm_90): the splits of a head are one cluster of
+ * ATT_CL_SPLITS blocks (grid: splits along x, heads along y) and merge through distributed
+ * shared memory after a cluster barrier, each block its share of the dimensions, instead of
+ * the last block reading every split's partial back from global memory. Another
+ * instantiation: the default kernel's code stays as measured. */
+template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     if (TL)
@@ -385,15 +450,18 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     /* the current row in the cache's type (an f16 cache: rounded copies; f32: r_k, r_v) */
     __shared__ __align__(16) KV r_k16[ROPE && sizeof(KV) == 2 ? 32 * EPL : 8], r_v16[ROPE && sizeof(KV) == 2 ? 32 * EPL : 8];
     const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
-    int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int h = CL ? blockIdx.y : blockIdx.x, t = CL ? 0 : blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int z = CL ? blockIdx.x : blockIdx.z, nz = CL ? gridDim.x : gridDim.z;
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
     /* splits in use: at least split_min positions each, at most gridDim.z; one below
      * a.one_split positions (0: no such floor) */
     int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN;
-    int S = last < a.one_split ? 1 : min((int)gridDim.z, (last + split_min) / split_min);
-    if ((int)blockIdx.z >= S)
+    int S = last < a.one_split ? 1 : min(nz, (last + split_min) / split_min);
+    if (CL && S > 1)
+        S = nz; /* every block of the cluster meets at its barrier (a split may be empty) */
+    if (z >= S)
         return; /* a short context: this split has no positions and takes no part */
-    int chunk = (last + S) / S, lo = blockIdx.z * chunk;
+    int chunk = (last + S) / S, lo = z * chunk;
     last = min(last, lo + chunk - 1); /* this split's positions lo..last */
     const KV *kbase = (const KV *)a.kc + (int64_t)kvh * hd + lane * EPL;
     const KV *vbase = (const KV *)a.vc + (int64_t)kvh * hd + lane * EPL;
@@ -469,6 +537,12 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         L += s_l[w] * f[w];
     }
     float *op = a.out + (int64_t)t * a.ldo + (int64_t)h * hd;
+    if (CL && S > 1) {
+        attention_cluster_merge<EPL>(a, s_acc, f, M, L, op, gp);
+        if (TL)
+            tl_stamp(a.stamps, 3);
+        return;
+    }
     if (S > 1) { /* this split's partial result, then the last block of the head merges */
         float *part = a.part + ((int64_t)h * gridDim.z + blockIdx.z) * (hd + 2);
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -678,6 +752,12 @@ bool attention_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256;
 template <int EPL, typename KV>
 static cudaError_t launch_attention_rope(const struct attn_args *a, dim3 grid, dim3 block, cudaStream_t s)
 {
+    if (a->cluster_merge) {
+        dim3 g(ATT_CL_SPLITS, a->n_head);
+        if (a->stamps)
+            return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, true, true>, g, block, 0, s, *a);
+        return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, false, true>, g, block, 0, s, *a);
+    }
     if (a->stamps)
         return launch_k(a->pdl, attention_kernel<EPL, true, KV, true>, grid, block, 0, s, *a);
     return launch_k(a->pdl, attention_kernel<EPL, true, KV>, grid, block, 0, s, *a);
