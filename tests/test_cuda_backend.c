@@ -1830,11 +1830,12 @@ static void check_graph_attn_pair(const char *arch, int32_t head_dim, const stru
         fail_msg("load %s: %s", path, err.message);
     struct cuda_options on = *on_opt, off = cuda_default_options();
     on.mega = off.mega = CUDA_MEGA_OFF;
+    off.attn_cluster = -1; /* the default split and merge at every position */
     on.kv_f16 = off.kv_f16 = kv16;
     struct cuda_session *a = NULL, *b = NULL;
     snprintf(what, sizeof(what), "graph %s%s vs the defaults, %s head_dim %d, from position %d", label,
              kv16 ? " kv f16" : "", arch, (int)hp.head_dim, (int)prompt);
-    init_pair(m, prompt + 32, &on, &off, &a, &b, what);
+    init_pair(m, prompt + 64, &on, &off, &a, &b, what);
     int32_t layers = cuda_session_count_steps(b, "rope+attention");
     assert_true(layers > 0);
     if (fused) {
@@ -1866,6 +1867,14 @@ static void check_graph_attn_pair(const char *arch, int32_t head_dim, const stru
         assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
         id = argmax_f(lb, V);
     }
+    /* and the greedy loop: 32 steps, 8 per graph launch, from 12 positions before the prompt's
+     * end (rewriting the cache rows from there), the same ids */
+    int32_t ga[32], gb[32], from = prompt >= 12 ? prompt - 12 : prompt + 20;
+    if (cuda_session_generate(a, id, from, 32, 0, ga, NULL, &err) ||
+        cuda_session_generate(b, id, from, 32, 0, gb, NULL, &err))
+        fail_msg("%s generate: %s", what, err.message);
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(ga[i], gb[i]);
     printf("%s: worst logits rel err %.3g over 20 steps\n", what, worst);
     free_synth_pair(a, b, m, path, la, lb);
     if (!(worst > 0 && worst <= tol))
@@ -1873,9 +1882,10 @@ static void check_graph_attn_pair(const char *arch, int32_t head_dim, const stru
 }
 
 /* cuda_options.attn_cluster (a head's attention splits as one cluster merged through
- * distributed shared memory) against the default split and merge: after a prompt of 300
- * positions (8 splits against the default's 5), and from position 0 with splits from 16
- * positions on (attn_one_split 0, attn_split_min 16: empty splits in the cluster). */
+ * distributed shared memory) against the default split and merge: at every position (1)
+ * after a prompt of 300 positions (8 splits against the default's 5), and from position 0
+ * with splits from 16 positions on (attn_one_split 0, attn_split_min 16: empty splits in the
+ * cluster); in its window of positions (2). */
 static void test_graph_attn_cluster(void **st)
 {
     (void)st;
@@ -1886,6 +1896,11 @@ static void test_graph_attn_cluster(void **st)
     check_graph_attn_pair("qwen35-tiny", 64, &on, true, 300, 1e-3, "attn_cluster", NULL);
     on.attn_one_split = 0, on.attn_split_min = 16;
     check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 1e-4, "attn_cluster (split_min 16)", NULL);
+    /* the window (attn_cluster 2, the default for 16 heads or more): single steps across its
+     * start (positions 500-519), and the greedy loop's launches of 8 across it (488-519) */
+    on = cuda_default_options();
+    on.attn_cluster = 2;
+    check_graph_attn_pair("qwen3-tiny", 128, &on, true, 500, 1e-4, "attn_cluster window", NULL);
 }
 
 static void test_graph_attn_o(void **st)
@@ -2486,7 +2501,7 @@ static void test_backend_errors(void **st)
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
-     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster 0 or 1 */
+     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2515,7 +2530,7 @@ static void test_backend_errors(void **st)
                    {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},
                    {"attn_o", offsetof(struct cuda_options, attn_o), {2, 32}},
                    {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}},
-                   {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-1, 2}}};
+                   {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-2, 3}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

@@ -44,6 +44,9 @@ typedef void (*cuda_dump_fn)(void *user, const char *name, int32_t layer, const 
 enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
 
 /* Switches (profiles / tests); cuda_default_options() turns everything on. */
+#define ATTN_CLUSTER_FROM 512   /* cuda_options.attn_cluster's window of positions (measured: */
+#define ATTN_CLUSTER_UNTIL 2560 /* +4% at 512 ... +5.5% at 2,048, -6% at 4,096) */
+
 struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
     bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
@@ -223,8 +226,15 @@ struct cuda_options {
     int32_t attn_cluster; /* decode graph, sm_90: the attention's splits of a head as one
                           * cluster of 8 blocks merged through distributed shared memory (each
                           * block a share of the dimensions) instead of up to 32 splits whose
-                          * last block reads every partial back from global memory. 0
-                          * (default): off; 1: on */
+                          * last block reads every partial back from global memory. H200 session
+                          * 25, Qwen3-0.6B BF16: +4% / +11% / +5.5% at depth 512 / 1,024 /
+                          * 2,048, -6% at 4,096, -1% at 0 (clusters cost their placement even
+                          * where one block per head works; Q4_K_M -5%); Qwen3.5-0.8B (8 heads:
+                          * 64 blocks) -1%. So the session captures a second set of graphs and
+                          * launches them where every position of the launch lies in
+                          * [ATTN_CLUSTER_FROM, ATTN_CLUSTER_UNTIL). 0 (default): that window
+                          * where every attention op has at least 16 query heads, else never;
+                          * 2: the window; 1: at every position; -1: never */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -138,8 +138,13 @@ struct cuda_session {
     /* decode program and graphs */
     struct step *steps;
     int32_t n_steps;
-    cudaGraphExec_t g_decode, g_gen;
-    cudaGraphExec_t g_gen_k;  /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
+    /* the graphs, per attention variant v (cl_variant: 0 the default split and merge, 1 the
+     * cluster-merged splits, cuda_options.attn_cluster) */
+    cudaGraphExec_t g_decode[2], g_gen[2];
+    cudaGraphExec_t g_gen_k[2]; /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
+    int32_t cl_mode;          /* the attention's cluster merge: 0 never, 1 always, 2 for graph
+                               * launches whose positions lie in [ATTN_CLUSTER_FROM, _UNTIL) */
+    int32_t cl_variant;       /* the variant being captured or enqueued (rope_attn_args reads it) */
     int64_t gen_launches;     /* graph launches of cuda_session_generate */
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
     bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
@@ -212,7 +217,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
     o.attn_o = 0;          /* not yet measured */
     o.attn_o_single = 0;   /* 64 */
-    o.attn_cluster = 0;    /* not yet measured */
+    o.attn_cluster = 0;    /* the session picks (pick_cl_mode): Qwen3-0.6B BF16 +4-11% at depths
+                            * 512-2,048 (perf-log session 25) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1296,7 +1302,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
      * the q that the rope op rotates in place */
     a.rope = cs->opt.attn_rope && ra.q == a.q;
-    a.cluster_merge = a.rope && cs->opt.attn_cluster == 1 && cs->cc_major >= 9;
+    a.cluster_merge = a.rope && cs->cl_variant == 1 && cs->cc_major >= 9;
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
@@ -1405,6 +1411,31 @@ static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error
     return QWENRT_OK;
 }
 
+/* The attention variant for a graph launch of n decode steps from position pos: 1 (the
+ * cluster-merged splits) where cl_mode says so for every one of them, else 0. */
+static int attn_variant(const struct cuda_session *cs, int32_t pos, int32_t n)
+{
+    if (cs->cl_mode == 1)
+        return 1;
+    return cs->cl_mode == 2 && pos >= ATTN_CLUSTER_FROM && pos + n <= ATTN_CLUSTER_UNTIL;
+}
+
+/* cuda_options.attn_cluster 0: the window where every attention op has at least 16 query
+ * heads (8 blocks each: 128 or more blocks), else never; -1 never, 1 always, 2 the window. */
+static int32_t pick_cl_mode(const struct cuda_session *cs)
+{
+    if (cs->cc_major < 9 || cs->opt.attn_cluster < 0)
+        return 0;
+    if (cs->opt.attn_cluster > 0)
+        return cs->opt.attn_cluster;
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    int32_t heads = 0;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_ATTENTION)
+            heads = heads == 0 || p->ops[i].n_head < heads ? p->ops[i].n_head : heads;
+    return heads >= 16 ? 2 : 0;
+}
+
 /* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph, steps
  * times over (gen only: each step reads the position and the token the one before it left on
  * the GPU, so the copies are the same step run in sequence). */
@@ -1447,12 +1478,14 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
         return;
     if (cs->stream)
         cudaStreamSynchronize(cs->stream);
-    if (cs->g_decode)
-        cudaGraphExecDestroy(cs->g_decode);
-    if (cs->g_gen)
-        cudaGraphExecDestroy(cs->g_gen);
-    if (cs->g_gen_k)
-        cudaGraphExecDestroy(cs->g_gen_k);
+    for (int v = 0; v < 2; v++) {
+        if (cs->g_decode[v])
+            cudaGraphExecDestroy(cs->g_decode[v]);
+        if (cs->g_gen[v])
+            cudaGraphExecDestroy(cs->g_gen[v]);
+        if (cs->g_gen_k[v])
+            cudaGraphExecDestroy(cs->g_gen_k[v]);
+    }
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
     mk_free(cs->mk);
@@ -1756,6 +1789,7 @@ extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t 
     if (reps < 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: timeline reps %d (at least 1)", (int)reps);
     qwenrt_status st = stage_inputs(cs, &id, 1, pos, err);
+    cs->cl_variant = attn_variant(cs, pos, 1); /* the graph a decode at pos would launch */
     struct tl_times *t = (struct tl_times *)xcalloc((size_t)cs->n_steps, sizeof(*t));
     if (!st && !t)
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
@@ -2086,6 +2120,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     cs->decode_pdl = cs->opt.pdl || gq_pdl || (cs->opt.gemv_smem && decode_pdl_applies(&cs->plans[PHASE_DECODE]));
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     merge_qkv_attn_steps(cs);
+    cs->cl_mode = pick_cl_mode(cs);
     if ((st = merge_attn_o_steps(cs, err)))
         return st;
     mark_early_reads(cs);
@@ -2164,8 +2199,10 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->attn_o_single < 0 || o->attn_o_single > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o_single %d (0: 64, or 1 to 4096 positions)",
                        (int)o->attn_o_single);
-    if (o->attn_cluster != 0 && o->attn_cluster != 1)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_cluster %d (0: off, 1: on)", (int)o->attn_cluster);
+    if (o->attn_cluster < -1 || o->attn_cluster > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: attn_cluster %d (0: the session picks, -1: off, 1: on, 2: between positions %d and %d)",
+                       (int)o->attn_cluster, ATTN_CLUSTER_FROM, ATTN_CLUSTER_UNTIL);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)
@@ -2413,11 +2450,14 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
                 return st;
             cs->mk_top_ready = true;
         } else if (cs->opt.graph) {
-            if (!cs->g_decode && (st = capture(cs, false, 1, &cs->g_decode, err)))
+            int v = cs->cl_variant = attn_variant(cs, pos0, 1);
+            if (!cs->g_decode[v] && (st = capture(cs, false, 1, &cs->g_decode[v], err)))
                 return st;
-            CUDA_CHECK(cudaGraphLaunch(cs->g_decode, cs->stream));
-        } else if ((st = enqueue_decode(cs, err))) {
-            return st;
+            CUDA_CHECK(cudaGraphLaunch(cs->g_decode[v], cs->stream));
+        } else {
+            cs->cl_variant = attn_variant(cs, pos0, 1);
+            if ((st = enqueue_decode(cs, err)))
+                return st;
         }
     } else if ((st = run_plan_ops(&r, dump, dump_user, err))) {
         return st;
@@ -2584,11 +2624,7 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
     if (st)
         return st;
     CUDA_CHECK(cudaMemsetAsync(cs->d_step, 0, sizeof(int32_t), cs->stream));
-    if (!cs->mk && cs->opt.graph && !cs->g_gen && (st = capture(cs, true, 1, &cs->g_gen, err)))
-        return st;
     const int32_t k = cs->opt.gen_graph_steps > 1 ? cs->opt.gen_graph_steps : 1;
-    if (!cs->mk && cs->opt.graph && k > 1 && !cs->g_gen_k && (st = capture(cs, true, k, &cs->g_gen_k, err)))
-        return st;
     int32_t every = readback_every > 0 ? readback_every : n, done = 0;
     const struct plan *p = &cs->plans[PHASE_DECODE];
     for (int32_t i = 0; i < n; i++) {
@@ -2599,13 +2635,20 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
                 return st;
             i += chunk - 1;
         } else if (cs->opt.graph && k > 1 && every - (i - done) >= k && n - i >= k) {
-            CUDA_CHECK(cudaGraphLaunch(cs->g_gen_k, cs->stream)); /* k steps up to the read-back */
+            int v = cs->cl_variant = attn_variant(cs, pos0 + i, k);
+            if (!cs->g_gen_k[v] && (st = capture(cs, true, k, &cs->g_gen_k[v], err)))
+                return st;
+            CUDA_CHECK(cudaGraphLaunch(cs->g_gen_k[v], cs->stream)); /* k steps up to the read-back */
             cs->gen_launches++;
             i += k - 1;
         } else if (cs->opt.graph) {
-            CUDA_CHECK(cudaGraphLaunch(cs->g_gen, cs->stream));
+            int v = cs->cl_variant = attn_variant(cs, pos0 + i, 1);
+            if (!cs->g_gen[v] && (st = capture(cs, true, 1, &cs->g_gen[v], err)))
+                return st;
+            CUDA_CHECK(cudaGraphLaunch(cs->g_gen[v], cs->stream));
             cs->gen_launches++;
         } else {
+            cs->cl_variant = attn_variant(cs, pos0 + i, 1);
             if ((st = enqueue_decode(cs, err)))
                 return st;
             CUDA_CHECK(launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids, cs->d_pos,
