@@ -162,6 +162,9 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
         q[e] = r_q[lane * EPL + e] * scale;
         acc[e] = 0.0f;
     }
+    /* the attention kernel's rounds (kernels.cu), copied rather than shared: moved into a
+     * function, that kernel's PTX changed (renumbered, reordered loads), and its code is held
+     * exactly as measured (perf-log sessions 20 and 24: register changes there cost 4-10%) */
     float m = -INFINITY, l = 0.0f;
     for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * U) {
         attention_load_round<EPL, true>(kbase, vbase, t.kvw, p0, last, pos, cur_k, cur_v,
