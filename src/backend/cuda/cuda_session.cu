@@ -2194,8 +2194,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemv_smem_xreg != 0 && o->gemv_smem_xreg != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_xreg %d (0: off, 1: on)", (int)o->gemv_smem_xreg);
     if (o->attn_o != 0 && o->attn_o != 1 && o->attn_o != 8 && o->attn_o != 16)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o %d (0: off, 1: on, 8 or 16: on with clusters of that size)",
-                       (int)o->attn_o);
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: attn_o %d (0: off, 1: on, 8 or 16: on with clusters of that size)", (int)o->attn_o);
     if (o->attn_o_single < 0 || o->attn_o_single > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_o_single %d (0: 64, or 1 to 4096 positions)",
                        (int)o->attn_o_single);
