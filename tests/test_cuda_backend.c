@@ -1003,6 +1003,24 @@ static void test_fixtures_decode_graph(void **st)
         check_fixture(fixtures[i], 3);
 }
 
+/* The synth model of hyperparameters hp (arch's preset, changed) in type, written as a GGUF at
+ * path (the caller removes it; tag tells test files apart) and loaded for the CPU. */
+static struct qwenrt_model *write_load_synth(const char *arch, const struct model_hparams *hp,
+                                             enum export_type type, const char *tag, char *path, size_t path_size)
+{
+    struct qwenrt_error err = {0};
+    snprintf(path, path_size, "/tmp/qwenrt-test-synth%s-%s-%d-%d.gguf", tag, arch, (int)type, (int)getpid());
+    struct export_params ep = {.type = type, .name = arch, .tied = true};
+    if (synth_write(path, hp, 77, &ep, &err))
+        fail_msg("synth %s: %s", arch, err.message);
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cpu";
+    if (qwenrt_model_load(path, &mp, &m, &err))
+        fail_msg("load %s: %s", path, err.message);
+    return m;
+}
+
 /* A synth model of arch's tiny preset in type, widened to width (0: as is; 1024 with Qwen3:
  * Qwen3-0.6B's head geometry), loaded from a GGUF at path (the caller removes it). */
 static struct qwenrt_model *load_synth_ssm(const char *arch, enum export_type type, int32_t width,
@@ -1023,16 +1041,7 @@ static struct qwenrt_model *load_synth_ssm(const char *arch, enum export_type ty
         hp.head_dim = hp.n_rot = 128;
         hp.n_head = 2 * width / 128, hp.n_head_kv = width / 128;
     }
-    snprintf(path, path_size, "/tmp/qwenrt-test-synth-%s-%d-%d.gguf", arch, (int)type, (int)getpid());
-    struct export_params ep = {.type = type, .name = arch, .tied = true};
-    if (synth_write(path, &hp, 77, &ep, &err))
-        fail_msg("synth %s: %s", arch, err.message);
-    struct qwenrt_model *m = NULL;
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = "cpu";
-    if (qwenrt_model_load(path, &mp, &m, &err))
-        fail_msg("load %s: %s", path, err.message);
-    return m;
+    return write_load_synth(arch, &hp, type, "", path, path_size);
 }
 
 static struct qwenrt_model *load_synth(const char *arch, enum export_type type, int32_t width, bool own_key_heads,
@@ -1819,15 +1828,7 @@ static void check_graph_attn_pair(const char *arch, int32_t head_dim, const stru
     hp.head_dim = head_dim ? head_dim : hp.head_dim;
     hp.n_rot = hp.arch == ARCH_QWEN35 ? hp.head_dim / 4 : hp.head_dim;
     hp.n_head = 2048 / hp.head_dim, hp.n_head_kv = hp.n_head / (hp.arch == ARCH_QWEN35 ? 4 : 2);
-    snprintf(path, sizeof(path), "/tmp/qwenrt-test-synth-attn-o-%s-%d.gguf", arch, (int)getpid());
-    struct export_params ep = {.type = EXPORT_BF16, .name = arch, .tied = true};
-    if (synth_write(path, &hp, 77, &ep, &err))
-        fail_msg("synth %s: %s", arch, err.message);
-    struct qwenrt_model *m = NULL;
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = "cpu";
-    if (qwenrt_model_load(path, &mp, &m, &err))
-        fail_msg("load %s: %s", path, err.message);
+    struct qwenrt_model *m = write_load_synth(arch, &hp, EXPORT_BF16, "-attn", path, sizeof(path));
     struct cuda_options on = *on_opt, off = cuda_default_options();
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.attn_cluster = -1; /* the default split and merge at every position */
