@@ -74,6 +74,12 @@ for l in e["lanes"]:
     print("  %-38s %-6s err %.2g  tg %7.1f  %s" % (l["label"], l["gate"], l["max_logits_rel_err_vs_baseline"],
           l["median_decode_tok_s"], [round(x) for x in l["decode_tok_s"]]))
 print("  chosen:", [c["key"] for c in e["choices"] if c["chosen"]] or "the session's own picks")
+w = e.get("attention_cluster")
+for d in (w or {}).get("depths", []):
+    print("  depth %5d  never %7.1f  always %7.1f  gain %+5.1f%%  %s" % (d["depth"], d["never_decode_tok_s"],
+          d["always_decode_tok_s"], 100 * d["gain"], d["gate"]))
+if w:
+    print("  attention cluster merge:", "positions %d to %d" % (w["from"], w["until"]) if "from" in w else "never")
 PY
         rm -f "/tmp/c-$a-$t.gguf"
     done

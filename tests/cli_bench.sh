@@ -68,6 +68,16 @@ if "$Q" calibrate -m $M --backend cuda -p 6 -n 8 --warmup 0 --trials 1 -o "$T/ca
 else
     grep -qi "cuda" "$T/calc.out" || fail "calibrate --backend cuda failed without naming CUDA: $(cat "$T/calc.out")"
 fi
+# --depth-max (the attention's cluster window): a bad value is a usage error naming the option
+for bad in -1 abc 4194305; do
+    set +e
+    "$Q" calibrate -m $M --backend cuda --depth-max $bad -o "$T/never.json" >"$T/dm.out" 2>&1
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "calibrate --depth-max $bad: exit $rc, expected 2"
+    grep -q -- "--depth-max" "$T/dm.out" || fail "calibrate --depth-max $bad: $(cat "$T/dm.out")"
+done
+[ -e "$T/never.json" ] && fail "calibrate wrote a profile after a usage error"
 mkdir "$T/records"
 cp "$T/v.json" "$T/b.json" "$T/records/"
 echo "written by a person" > "$T/pitfalls.txt"

@@ -55,11 +55,11 @@ static void temp_json(char *out)
     close(fd);
 }
 
-static json_t *run(const char *out, void (*hook)(struct qwenrt_session *, int, void *), void *user,
-                   int trials)
+static json_t *run_depth(const char *out, void (*hook)(struct qwenrt_session *, int, void *), void *user,
+                         int trials, int32_t depth_max)
 {
     struct calibrate_params p = {.model_path = MODEL, .backend = "cpu", .n_threads = 2, .n_prompt = 6,
-                                 .n_gen = 5, .warmup = 1, .trials = trials, .out_profile = out,
+                                 .n_gen = 5, .depth_max = depth_max, .warmup = 1, .trials = trials, .out_profile = out,
                                  .profile_id = "profiles/calibrated-shapes-test", .lane_hook = hook,
                                  .hook_user = user};
     json_t *ev = NULL;
@@ -67,6 +67,12 @@ static json_t *run(const char *out, void (*hook)(struct qwenrt_session *, int, v
     if (calibrate_cuda_run(&p, &ev, &err))
         fail_msg("calibrate_cuda_run: %s", err.message);
     return ev;
+}
+
+static json_t *run(const char *out, void (*hook)(struct qwenrt_session *, int, void *), void *user,
+                   int trials)
+{
+    return run_depth(out, hook, user, trials, 0);
 }
 
 static void test_lanes_gate_and_records(void **state)
@@ -96,6 +102,8 @@ static void test_lanes_gate_and_records(void **state)
                                                      "inference"),
                                      "cudaTuning");
     assert_non_null(tuning);
+    assert_null(json_object_get(ev, "attention_cluster")); /* depth_max 0: no window measured */
+    assert_null(json_object_get(tuning, "attnCluster"));
     json_decref(ev);
     struct profile *pf = NULL; /* what it wrote loads */
     struct qwenrt_error err = {0};
@@ -138,6 +146,78 @@ static void test_broken_lane_refused(void **state)
     remove(out);
 }
 
+/* The second stage (calibrate_window.c) at depths 256 and 512: both lanes pass their gates at
+ * both depths, and the profile says what the evidence chose — never, or the window of the run
+ * of winning depths, each depth d standing for [3d/4, 3d/2). (On the CPU the two lanes compute
+ * the same thing, so which it is depends on the timing.) */
+static void test_window_records(void **state)
+{
+    (void)state;
+    char out[64];
+    temp_json(out);
+    json_t *ev = run_depth(out, NULL, NULL, 1, 512);
+    json_t *win = json_object_get(ev, "attention_cluster"), *depths = json_object_get(win, "depths");
+    assert_int_equal(json_array_size(depths), 2);
+    int32_t lo = 0, hi = 0;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *d = json_array_get(depths, i);
+        int32_t depth = (int32_t)json_integer_value(json_object_get(d, "depth"));
+        assert_int_equal(depth, 256 << i);
+        assert_string_equal(json_string_value(json_object_get(d, "gate")), "passed");
+        assert_true(json_real_value(json_object_get(d, "never_decode_tok_s")) > 0);
+        assert_true(json_real_value(json_object_get(d, "always_decode_tok_s")) > 0);
+        if (json_is_true(json_object_get(d, "wins"))) {
+            lo = lo ? lo : depth / 4 * 3;
+            hi = depth / 2 * 3;
+        }
+    }
+    char choice[16];
+    snprintf(choice, sizeof(choice), "%s", json_string_value(json_object_get(win, "choice")));
+    json_decref(ev);
+    struct profile *pf = NULL;
+    struct qwenrt_error err = {0};
+    if (profile_load(out, "profiles", &pf, &err))
+        fail_msg("the written profile: %s", err.message);
+    if (!strcmp(choice, "window")) { /* wins at 256 and 512 form one run; any win is the window */
+        assert_int_equal(pf->cuda.attn_cluster, 2);
+        assert_int_equal(pf->cuda.attn_cluster_from, lo);
+        assert_int_equal(pf->cuda.attn_cluster_until, hi);
+    } else {
+        assert_string_equal(choice, "never");
+        assert_int_equal(lo, 0);
+        assert_int_equal(pf->cuda.attn_cluster, -1);
+    }
+    profile_free(pf);
+    remove(out);
+}
+
+/* The "always" lane (the fifth lane: after F32's four) with its decode attention off by one
+ * position fails its gate at every depth, so the window is never. */
+static void test_window_broken_lane(void **state)
+{
+    (void)state;
+    char out[64];
+    temp_json(out);
+    struct break_lane b = {.lane = 5};
+    json_t *ev = run_depth(out, break_decode_attention, &b, 1, 512);
+    assert_true(b.n_bound > 0);
+    json_t *win = json_object_get(ev, "attention_cluster");
+    size_t i;
+    json_t *d;
+    json_array_foreach (json_object_get(win, "depths"), i, d) {
+        assert_string_equal(json_string_value(json_object_get(d, "gate")), "failed");
+        assert_false(json_is_true(json_object_get(d, "wins")));
+        assert_true(strlen(json_string_value(json_object_get(d, "gate_failure"))) > 0);
+    }
+    assert_string_equal(json_string_value(json_object_get(win, "choice")), "never");
+    json_t *tuning = json_object_get(json_object_get(json_object_get(json_object_get(ev, "profile"), "runtime"),
+                                                     "inference"),
+                                     "cudaTuning");
+    assert_string_equal(json_string_value(json_object_get(tuning, "attnCluster")), "never");
+    json_decref(ev);
+    remove(out);
+}
+
 static void test_bad_parameters(void **state)
 {
     (void)state;
@@ -152,6 +232,11 @@ static void test_bad_parameters(void **state)
     assert_int_not_equal(calibrate_cuda_run(&p, &ev, &err), QWENRT_OK);
     assert_null(ev);
     assert_int_equal(access("/tmp/never.json", F_OK), -1);
+    p.model_path = MODEL, p.depth_max = 100; /* below the first depth measured (256) */
+    assert_int_equal(calibrate_cuda_run(&p, &ev, &err), QWENRT_ERR_INVALID_ARG);
+    assert_null(ev);
+    assert_non_null(strstr(err.message, "--depth-max 100 is below the first depth"));
+    assert_int_equal(access("/tmp/never.json", F_OK), -1);
 }
 
 int main(void)
@@ -159,6 +244,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lanes_gate_and_records),
         cmocka_unit_test(test_broken_lane_refused),
+        cmocka_unit_test(test_window_records),
+        cmocka_unit_test(test_window_broken_lane),
         cmocka_unit_test(test_bad_parameters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1902,6 +1902,11 @@ static void test_graph_attn_cluster(void **st)
     on = cuda_default_options();
     on.attn_cluster = 2;
     check_graph_attn_pair("qwen3-tiny", 128, &on, true, 500, 1e-4, "attn_cluster window", NULL);
+    /* a window of a profile's (attn_cluster_from / _until): positions 140-159 are inside (past
+     * attn_one_split's single split), so the logits differ from the defaults', which never
+     * merge in a cluster there */
+    on.attn_cluster_from = 140, on.attn_cluster_until = 160;
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, 136, 1e-4, "attn_cluster window 140-160", NULL);
 }
 
 static void test_graph_attn_o(void **st)
@@ -2502,7 +2507,8 @@ static void test_backend_errors(void **st)
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
-     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2 */
+     * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
+     * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from) */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2531,7 +2537,9 @@ static void test_backend_errors(void **st)
                    {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},
                    {"attn_o", offsetof(struct cuda_options, attn_o), {2, 32}},
                    {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}},
-                   {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-2, 3}}};
+                   {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-2, 3}},
+                   {"attn_cluster_from", offsetof(struct cuda_options, attn_cluster_from), {-1, ATTN_CLUSTER_POS_LIMIT + 1}},
+                   {"attn_cluster_until", offsetof(struct cuda_options, attn_cluster_until), {-1, 100}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

@@ -245,6 +245,16 @@ static void test_runtime_errors(void **state)
          "cudaTuning.gemvqWarps must be one of 0, 4, 8"},
         {"r22", RT("r22", "{\"cudaTuning\": {\"gemvqSmemKb\": 201}}"),
          "cudaTuning.gemvqSmemKb must be one of 0 or 1 to 200"},
+        {"r23", RT("r23", "{\"cudaTuning\": {\"attnCluster\": \"sometimes\"}}"),
+         "cudaTuning.attnCluster must be one of never, auto, always, window"},
+        {"r24", RT("r24", "{\"cudaTuning\": {\"attnCluster\": 2}}"),
+         "cudaTuning.attnCluster must be one of never, auto, always, window"},
+        {"r25", RT("r25", "{\"cudaTuning\": {\"attnClusterFrom\": -5}}"),
+         "cudaTuning.attnClusterFrom must be one of 0 or 1 to 4194304"},
+        {"r26", RT("r26", "{\"cudaTuning\": {\"attnClusterUntil\": 4194305}}"),
+         "cudaTuning.attnClusterUntil must be one of 0 or 1 to 4194304"},
+        {"r27", RT("r27", "{\"cudaTuning\": {\"attnClusterFrom\": 1024, \"attnClusterUntil\": 512}}"),
+         "cudaTuning.attnClusterUntil (512) must be after attnClusterFrom (1024)"},
     };
     for (size_t i = 0; i < sizeof(cuda_bad) / sizeof(cuda_bad[0]); i++)
         load_fails(cuda_bad[i].name, cuda_bad[i].text, cuda_bad[i].expect);
@@ -259,7 +269,8 @@ static void test_cuda_tuning(void **state)
     (void)state;
     put("cuda_base", "{" META("cuda_base", "calibrate", "[\"calibrate\", \"investigate\"]") ", "
                      "\"runtime\": {\"inference\": {\"cudaTuning\": {\"gemvSmemWarps\": 16, "
-                     "\"gemvSmemKb\": 200, \"gemvSmemLaunch\": \"before-wait\", \"attnSplitMin\": 128}}}}");
+                     "\"gemvSmemKb\": 200, \"gemvSmemLaunch\": \"before-wait\", \"attnSplitMin\": 128, "
+                     "\"attnCluster\": \"window\", \"attnClusterFrom\": 384, \"attnClusterUntil\": 3072}}}}");
     put("cuda_child", "{" META("cuda_child", "calibrate", "[\"calibrate\"]") ", \"extends\": \"cuda_base\", "
                       "\"runtime\": {\"inference\": {\"cudaTuning\": {\"gemvSmemKb\": 160, "
                       "\"gemvqRows\": 4, \"gemvqLaunch\": \"after-wait\", \"gemvqWarps\": 8, "
@@ -275,10 +286,14 @@ static void test_cuda_tuning(void **state)
     assert_int_equal(p->cuda.gemvq_smem_kb, 100);
     assert_true(p->cuda.pdl);
     assert_int_equal(p->cuda.attn_split_min, 128);
+    assert_int_equal(p->cuda.attn_cluster, 2);
+    assert_int_equal(p->cuda.attn_cluster_from, 384);
+    assert_int_equal(p->cuda.attn_cluster_until, 3072);
     profile_free(p);
     p = load_ok("default"); /* none: every choice the session's */
     assert_false(p->cuda_given);
     assert_int_equal(p->cuda.gemv_smem_warps + p->cuda.gemv_smem_kb + p->cuda.gemvq_rows + p->cuda.attn_split_min, 0);
+    assert_int_equal(p->cuda.attn_cluster | p->cuda.attn_cluster_from | p->cuda.attn_cluster_until, 0);
     assert_false(p->cuda.pdl);
     profile_free(p);
 }

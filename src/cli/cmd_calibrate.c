@@ -3,9 +3,11 @@
  * this machine and write it as a new profile (see src/tools/calibrate.h).
  *
  *   qwenrt calibrate -m MODEL [--backend cpu|cuda] [--threads N] [-p 32] [-n 16] [--warmup 1]
- *                    [--trials 3] [-o PROFILE.json] [--id ID] [--out EVIDENCE.json]
+ *                    [--trials 3] [-o PROFILE.json] [--id ID] [--out EVIDENCE.json] [--depth-max 4096]
  * With --backend cuda the defaults are -p 64 -n 256 --trials 5 (a GPU decodes 16 tokens in
- * ~10 ms: too short to time) and the choices are the CUDA decode's shapes.
+ * ~10 ms: too short to time), the choices are the CUDA decode's shapes, and then the window of
+ * positions where the attention merges in clusters, measured at depths 256 ... --depth-max
+ * (0: not measured).
  * Exit 0 when a profile was written and passed validation, 1 otherwise, 2 for usage errors.
  */
 #include <errno.h>
@@ -26,8 +28,9 @@ static void usage(FILE *f)
         f,
         "usage: qwenrt calibrate -m MODEL [--backend cpu|cuda] [--threads N] [-p 32] [-n 16] [--warmup 1]\n"
         "         [--trials 3] [-o PROFILE.json (calibrated.json)] [--id ID] [--out EVIDENCE.json]\n"
-        "         [--profiles-dir D]\n"
-        "  cuda: the decode's GEMV shapes, PDL and attention splits; defaults -p 64 -n 256 --trials 5\n");
+        "         [--profiles-dir D] [--depth-max N]\n"
+        "  cuda: the decode's GEMV shapes, PDL and attention splits; defaults -p 64 -n 256 --trials 5;\n"
+        "        then the attention's cluster window, decoding at depths 256, 512, ... N (default 4096, 0: skip)\n");
 }
 
 /* The CUDA calibration's lanes: gate, logits error against the baseline, median rates. */
@@ -47,6 +50,20 @@ static void print_cuda_lanes(json_t *ev)
                json_real_value(json_object_get(l, "median_prefill_tok_s")),
                json_real_value(json_object_get(l, "median_decode_tok_s")));
     printf("chosen: %s\n", chosen);
+    json_t *win = json_object_get(ev, "attention_cluster");
+    if (!win)
+        return;
+    printf("%-8s %14s %14s %8s %-7s\n", "depth", "never t/s", "always t/s", "gain", "gate");
+    json_array_foreach (json_object_get(win, "depths"), i, l)
+        printf("%-8d %14.1f %14.1f %7.1f%% %-7s\n", (int)json_integer_value(json_object_get(l, "depth")),
+               json_real_value(json_object_get(l, "never_decode_tok_s")),
+               json_real_value(json_object_get(l, "always_decode_tok_s")),
+               100 * json_real_value(json_object_get(l, "gain")), json_string_value(json_object_get(l, "gate")));
+    if (json_object_get(win, "from"))
+        printf("attention cluster merge: positions %d to %d\n", (int)json_integer_value(json_object_get(win, "from")),
+               (int)json_integer_value(json_object_get(win, "until")));
+    else
+        printf("attention cluster merge: never\n");
 }
 
 int cmd_calibrate(int argc, char **argv)
@@ -56,7 +73,8 @@ int cmd_calibrate(int argc, char **argv)
         {"threads", required_argument, 0, 't'}, {"warmup", required_argument, 0, 'w'},
         {"trials", required_argument, 0, 'r'},  {"id", required_argument, 0, 'i'},
         {"out", required_argument, 0, 'O'},     {"profiles-dir", required_argument, 0, 'd'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"depth-max", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     struct calibrate_params p = {.n_prompt = 0, /* 0: the backend's default, below */
                                  .n_gen = 0,
@@ -65,6 +83,7 @@ int cmd_calibrate(int argc, char **argv)
                                  .out_profile = "calibrated.json",
                                  .profile_id = "profiles/calibrated"};
     const char *out = NULL;
+    bool depth_given = false;
     int c;
     optind = 1;
     const struct cli_run_opts ro = {.model = &p.model_path, .backend = &p.backend,
@@ -87,6 +106,11 @@ int cmd_calibrate(int argc, char **argv)
         case 'O':
             out = optarg;
             break;
+        case 'D':
+            if (!cli_parse_int_arg("--depth-max", optarg, 0, 1 << 22, &p.depth_max))
+                return 2;
+            depth_given = true;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -103,6 +127,7 @@ int cmd_calibrate(int argc, char **argv)
     p.n_prompt = p.n_prompt ? p.n_prompt : gpu ? 64 : 32;
     p.n_gen = p.n_gen ? p.n_gen : gpu ? 256 : 16;
     p.trials = p.trials ? p.trials : gpu ? 5 : 3;
+    p.depth_max = depth_given ? p.depth_max : gpu ? 4096 : 0;
     /* the candidate profiles go to a directory of this run's own: two calibrations at once
      * (or a test beside a user's run) must not overwrite or remove each other's files */
     char work[] = "/tmp/qwenrt-calibrate-XXXXXX";

@@ -63,6 +63,9 @@ struct model_cuda_tuning {
     int32_t gemvq_rows, gemvq_launch, gemvq_warps, gemvq_smem_kb;
     bool pdl; /* every decode launch with PDL (16-bit weights have it anyway) */
     int32_t attn_split_min;
+    /* the attention's cluster merge: 0 the session picks, -1 never, 1 always, 2 in the window
+     * [attn_cluster_from, attn_cluster_until) (0 each: the session's window) */
+    int32_t attn_cluster, attn_cluster_from, attn_cluster_until;
 };
 
 struct qwenrt_model {

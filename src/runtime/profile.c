@@ -477,6 +477,33 @@ static qwenrt_status cuda_launch(struct profile *p, json_t *o, const char *key, 
                    "%s: cudaTuning.%s must be one of auto, before-wait, after-wait", p->path, key);
 }
 
+/* The attention's cluster merge: attnCluster "auto" 0, "never" -1, "always" 1, "window" 2, and
+ * the window's positions attnClusterFrom / attnClusterUntil (0 or 1 to 4,194,304; until after
+ * from when both are given). */
+static qwenrt_status cuda_cluster(struct profile *p, json_t *o, struct model_cuda_tuning *t,
+                                  struct qwenrt_error *err)
+{
+    json_t *v = json_object_get(o, "attnCluster");
+    if (v) {
+        const char *s = json_string_value(v);
+        static const char *const names[] = {"never", "auto", "always", "window"};
+        int found = -2;
+        for (int i = 0; s && i < 4; i++)
+            found = !strcmp(s, names[i]) ? i - 1 : found;
+        if (found < -1)
+            return err_set(err, QWENRT_ERR_FORMAT,
+                           "%s: cudaTuning.attnCluster must be one of never, auto, always, window", p->path);
+        t->attn_cluster = found;
+    }
+    if (cuda_int(p, o, "attnClusterFrom", NULL, 0, 1, 1 << 22, &t->attn_cluster_from, err) ||
+        cuda_int(p, o, "attnClusterUntil", NULL, 0, 1, 1 << 22, &t->attn_cluster_until, err))
+        return err->status;
+    if (t->attn_cluster_from && t->attn_cluster_until && t->attn_cluster_until <= t->attn_cluster_from)
+        return err_set(err, QWENRT_ERR_FORMAT, "%s: cudaTuning.attnClusterUntil (%d) must be after attnClusterFrom (%d)",
+                       p->path, (int)t->attn_cluster_until, (int)t->attn_cluster_from);
+    return QWENRT_OK;
+}
+
 /* runtime.inference.cudaTuning: the CUDA decode's shape choices (struct model_cuda_tuning;
  * the limits are cuda_options' own, checked again when a CUDA session starts). Unknown keys
  * are refused so that a misspelt choice cannot pass silently. */
@@ -488,7 +515,7 @@ static qwenrt_status parse_cuda_tuning(struct profile *p, json_t *o, struct qwen
         return err_set(err, QWENRT_ERR_FORMAT, "%s: runtime.inference.cudaTuning must be an object", p->path);
     static const char *const keys[] = {"gemvSmemWarps", "gemvSmemKb", "gemvSmemLaunch", "gemvqRows",
                                        "gemvqLaunch",   "gemvqWarps", "gemvqSmemKb",    "pdl",
-                                       "attnSplitMin"};
+                                       "attnSplitMin",  "attnCluster", "attnClusterFrom", "attnClusterUntil"};
     const char *k;
     json_t *v;
     json_object_foreach (o, k, v) {
@@ -512,7 +539,8 @@ static qwenrt_status parse_cuda_tuning(struct profile *p, json_t *o, struct qwen
         cuda_launch(p, o, "gemvqLaunch", &t->gemvq_launch, err) ||
         cuda_int(p, o, "gemvqWarps", qwarps, 3, 0, 0, &t->gemvq_warps, err) ||
         cuda_int(p, o, "gemvqSmemKb", NULL, 0, 1, 200, &t->gemvq_smem_kb, err) ||
-        cuda_int(p, o, "attnSplitMin", NULL, 0, 16, 4096, &t->attn_split_min, err))
+        cuda_int(p, o, "attnSplitMin", NULL, 0, 16, 4096, &t->attn_split_min, err) ||
+        cuda_cluster(p, o, t, err))
         return err->status;
     return QWENRT_OK;
 }

@@ -127,6 +127,8 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
     opt.gemvq_warps = t->gemvq_warps, opt.gemvq_smem_kb = t->gemvq_smem_kb;
     opt.pdl = opt.pdl || t->pdl;
     opt.attn_split_min = t->attn_split_min;
+    opt.attn_cluster = t->attn_cluster;
+    opt.attn_cluster_from = t->attn_cluster_from, opt.attn_cluster_until = t->attn_cluster_until;
     /* QWENRT_CUDA_MEGA=off|on|auto: the decode megakernel's switch (default auto: on for
      * quantised weights), for A/B runs and as a way out */
     const char *mega = getenv("QWENRT_CUDA_MEGA");

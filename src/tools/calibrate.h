@@ -23,6 +23,8 @@ struct calibrate_params {
     int n_threads;
     const char *profiles_dir;
     int32_t n_prompt, n_gen;
+    int32_t depth_max; /* CUDA: the attention's cluster window measured at depths 256, 512, ...
+                        * up to this (calibrate_window.c); 0: not measured */
     int warmup, trials;
     const char *out_profile; /* where the new profile goes */
     const char *profile_id;  /* its id, e.g. "profiles/calibrated-qwen3-tiny" */

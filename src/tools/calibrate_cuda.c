@@ -26,8 +26,12 @@
  * token checked against the gate's. A candidate is chosen when its median decode rate beats
  * the baseline's by CAL_MIN_GAIN and no other candidate's is higher; otherwise the profile
  * keeps the session's picks (an empty cudaTuning).
+ * Then, with calibrate_params.depth_max, a second stage (calibrate_window.c) measures under
+ * that choice where the attention's cluster merge pays, and adds the window to the profile.
+ * The lane machinery both stages use is declared in calibrate_lanes.h.
  */
 #include "tools/calibrate.h"
+#include "tools/calibrate_lanes.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -40,24 +44,6 @@
 #include "model/model.h"
 #include "tools/records.h"
 #include "tools/tool_setup.h"
-
-#define CAL_MAX_LANES 8
-#define CAL_LOGITS_RTOL 1e-4 /* candidate vs baseline, ||c - b|| / ||b|| per step */
-#define CAL_MIN_GAIN 1.01    /* a candidate must decode at least 1% faster than the baseline */
-#define CAL_MAX_TRIALS 50
-#define CAL_LOGITS_STEPS 64 /* steps whose logits the gate compares (ids: every step); bounds its
-                             * memory to 64 rows of the vocabulary */
-
-struct cal_lane {
-    char label[64];
-    struct model_cuda_tuning t;
-    struct qwenrt_session *s;
-    bool passed;
-    char why[160]; /* the gate's failure, or "" */
-    double max_err;
-    double pp[CAL_MAX_TRIALS], tg[CAL_MAX_TRIALS]; /* tokens/s per trial */
-    double pp_med, tg_med;
-};
 
 enum weight_class { WEIGHTS_F32, WEIGHTS_16BIT, WEIGHTS_QUANT };
 
@@ -88,14 +74,15 @@ static bool has_q8_0(const struct qwenrt_model *m)
     return false;
 }
 
-static void add_lane(struct cal_lane *L, int *n, const char *label, struct model_cuda_tuning t)
+bool cal_add_lane(struct cal_lane *L, int *n, const char *label, struct model_cuda_tuning t)
 {
     if (*n >= CAL_MAX_LANES)
-        return;
+        return false;
     memset(&L[*n], 0, sizeof(L[*n]));
     snprintf(L[*n].label, sizeof(L[*n].label), "%s", label);
     L[*n].t = t;
     (*n)++;
+    return true;
 }
 
 /* The baseline (lane 0) and the candidates for this model's weights. */
@@ -103,7 +90,7 @@ static int list_lanes(const struct qwenrt_model *m, struct cal_lane *L)
 {
     int n = 0;
     struct model_cuda_tuning z = {0}, t;
-    add_lane(L, &n, "session picks (default)", z);
+    cal_add_lane(L, &n, "session picks (default)", z);
     enum weight_class wc = weight_class_of(m);
     if (wc == WEIGHTS_16BIT) {
         static const int32_t shapes[][3] = {{8, 120, 2}, {8, 120, 1}, {16, 160, 1},
@@ -115,7 +102,7 @@ static int list_lanes(const struct qwenrt_model *m, struct cal_lane *L)
             t.gemv_smem_launch = shapes[i][2];
             snprintf(label, sizeof(label), "gemv_smem %d warps %d KB %s", shapes[i][0], shapes[i][1],
                      shapes[i][2] == 2 ? "after-wait" : "before-wait");
-            add_lane(L, &n, label, t);
+            cal_add_lane(L, &n, label, t);
         }
     } else if (wc == WEIGHTS_QUANT) {
         int32_t def = has_q8_0(m) ? 2 : 1;
@@ -126,28 +113,28 @@ static int list_lanes(const struct qwenrt_model *m, struct cal_lane *L)
             t.gemvq_rows = rows[i];
             if (rows[i] != def) {
                 snprintf(label, sizeof(label), "gemvq %d rows", rows[i]);
-                add_lane(L, &n, label, t);
+                cal_add_lane(L, &n, label, t);
             }
             t.pdl = true, t.gemvq_launch = 2;
             snprintf(label, sizeof(label), "gemvq %d rows, pdl after-wait", rows[i]);
-            add_lane(L, &n, label, t);
+            cal_add_lane(L, &n, label, t);
         }
         /* blocks of 8 warps reserving 100 KB (two per multiprocessor): with PDL one launch
          * ahead, Qwen3-0.6B Q8_0's best shape (H200, +3.9%; docs/perf-log.md, session 17) */
         t = z;
         t.gemvq_rows = 2, t.gemvq_warps = 8, t.gemvq_smem_kb = 100, t.pdl = true, t.gemvq_launch = 2;
-        add_lane(L, &n, "gemvq 8 warps x 2 rows, 100 KB, pdl after-wait", t);
+        cal_add_lane(L, &n, "gemvq 8 warps x 2 rows, 100 KB, pdl after-wait", t);
     } else {
         t = z;
         t.pdl = true;
-        add_lane(L, &n, "pdl", t);
+        cal_add_lane(L, &n, "pdl", t);
         t = z;
         t.attn_split_min = 32;
-        add_lane(L, &n, "attention splits of 32+", t);
+        cal_add_lane(L, &n, "attention splits of 32+", t);
     }
     t = z;
     t.attn_split_min = 128;
-    add_lane(L, &n, "attention splits of 128+", t);
+    cal_add_lane(L, &n, "attention splits of 128+", t);
     return n;
 }
 
@@ -164,16 +151,6 @@ static double rel_err(const float *a, const float *b, int32_t n)
 /* One greedy run of a lane: reset, prefill, n_gen steps. ids_out (when given) gets the
  * tokens; logits_keep / logits_ref (either may be NULL) keep or compare the logits rows of
  * every step; expect (when given) must match every token. Times go to *pp_s and *tg_s. */
-struct cal_run {
-    const int32_t *prompt;
-    int32_t n_prompt, n_gen, V;
-    struct qwenrt_sampler *greedy;
-    const int32_t *expect;  /* [n_gen] or NULL */
-    int32_t *ids_out;       /* [n_gen] or NULL */
-    float *logits_keep;     /* [n_gen][V]: written (baseline's gate run) or NULL */
-    const float *logits_ref; /* [n_gen][V]: compared (candidates' gate runs) or NULL */
-};
-
 static qwenrt_status run_lane(const struct cal_run *r, struct cal_lane *l, double *pp_s, double *tg_s,
                               struct qwenrt_error *err)
 {
@@ -236,8 +213,7 @@ static double median(const double *v, int n)
 
 static const char *launch_name(int32_t v) { return v == 2 ? "after-wait" : v == 1 ? "before-wait" : "auto"; }
 
-/* The profile's cudaTuning object: only the fields the choice sets. */
-static json_t *tuning_json(const struct model_cuda_tuning *t)
+json_t *cal_tuning_json(const struct model_cuda_tuning *t)
 {
     json_t *o = json_object();
     if (t->gemv_smem_warps)
@@ -258,6 +234,14 @@ static json_t *tuning_json(const struct model_cuda_tuning *t)
         json_object_set_new(o, "pdl", json_true());
     if (t->attn_split_min)
         json_object_set_new(o, "attnSplitMin", json_integer(t->attn_split_min));
+    if (t->attn_cluster) {
+        static const char *const names[] = {"never", "auto", "always", "window"};
+        json_object_set_new(o, "attnCluster", json_string(names[t->attn_cluster + 1]));
+    }
+    if (t->attn_cluster_from)
+        json_object_set_new(o, "attnClusterFrom", json_integer(t->attn_cluster_from));
+    if (t->attn_cluster_until)
+        json_object_set_new(o, "attnClusterUntil", json_integer(t->attn_cluster_until));
     return o;
 }
 
@@ -271,19 +255,14 @@ static json_t *profile_json(const char *id, const char *desc, const struct model
                      "name", id, "description", desc, "intent", "calibrate", "compatibleIntents",
                      "calibrate", "verify", "investigate", "stability", "experimental", "owner",
                      "qwenrt calibrate", "createdAtUtc", now, "extends", "profiles/default",
-                     "runtime", "inference", "cudaTuning", tuning_json(t));
+                     "runtime", "inference", "cudaTuning", cal_tuning_json(t));
 }
 
-/* Sessions for every lane; the gate run (baseline first). */
-static qwenrt_status open_and_gate(const struct calibrate_params *p, struct qwenrt_model *m, struct cal_lane *L,
-                                   int n, struct cal_run *r, int32_t *base_ids, struct qwenrt_error *err)
+qwenrt_status cal_open_lanes(const struct calibrate_params *p, struct qwenrt_model *m, struct cal_lane *L, int n,
+                             int first_index, int32_t n_ctx, struct qwenrt_error *err)
 {
     struct qwenrt_session_params sp = qwenrt_session_default_params();
-    sp.n_ctx = r->n_prompt + r->n_gen + 8;
-    int32_t rows = r->n_gen < CAL_LOGITS_STEPS ? r->n_gen : CAL_LOGITS_STEPS;
-    float *keep = xalloc_aligned((size_t)rows * r->V, sizeof(float));
-    if (!keep)
-        return err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory for %d logits rows", rows);
+    sp.n_ctx = n_ctx;
     qwenrt_status st = QWENRT_OK;
     for (int i = 0; i < n && !st; i++) {
         m->cuda_tuning = L[i].t; /* read by qwenrt_session_init */
@@ -295,8 +274,23 @@ static qwenrt_status open_and_gate(const struct calibrate_params *p, struct qwen
             break;
         }
         if (p->lane_hook)
-            p->lane_hook(L[i].s, i, p->hook_user);
+            p->lane_hook(L[i].s, first_index + i, p->hook_user);
         L[i].passed = true;
+    }
+    memset(&m->cuda_tuning, 0, sizeof(m->cuda_tuning));
+    return st;
+}
+
+qwenrt_status cal_gate_lanes(struct cal_lane *L, int n, const struct cal_run *r, int32_t *base_ids,
+                             struct qwenrt_error *err)
+{
+    int32_t rows = r->n_gen < CAL_LOGITS_STEPS ? r->n_gen : CAL_LOGITS_STEPS;
+    float *keep = xalloc_aligned((size_t)rows * r->V, sizeof(float));
+    if (!keep)
+        return err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory for %d logits rows", rows);
+    qwenrt_status st = QWENRT_OK;
+    for (int i = 0; i < n && !st; i++) {
+        L[i].passed = true, L[i].why[0] = 0, L[i].max_err = 0;
         struct cal_run g = *r;
         g.ids_out = i == 0 ? base_ids : NULL;
         g.expect = i == 0 ? NULL : base_ids;
@@ -305,12 +299,28 @@ static qwenrt_status open_and_gate(const struct calibrate_params *p, struct qwen
         double a, b;
         st = run_lane(&g, &L[i], &a, &b, err);
     }
-    memset(&m->cuda_tuning, 0, sizeof(m->cuda_tuning));
     xfree(keep);
     return st;
 }
 
-static qwenrt_status time_lanes(struct cal_lane *L, int n, const struct cal_run *r, int warmup, int trials,
+void cal_free_lanes(struct cal_lane *L, int n)
+{
+    for (int i = 0; i < n; i++) {
+        qwenrt_session_free(L[i].s);
+        L[i].s = NULL;
+    }
+}
+
+void cal_random_ids(int32_t *ids, int32_t n, int32_t V)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int32_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+}
+
+qwenrt_status cal_time_lanes(struct cal_lane *L, int n, const struct cal_run *r, int warmup, int trials,
                                 struct qwenrt_error *err)
 {
     for (int k = -warmup; k < trials; k++)
@@ -350,7 +360,7 @@ static json_t *evidence(const struct calibrate_params *p, const struct cal_lane 
         }
         json_array_append_new(
             lanes, json_pack("{s:s, s:o, s:s, s:s, s:f, s:o, s:o, s:f, s:f}", "label", L[i].label, "cudaTuning",
-                             tuning_json(&L[i].t), "gate", L[i].passed ? "passed" : "failed", "gate_failure",
+                             cal_tuning_json(&L[i].t), "gate", L[i].passed ? "passed" : "failed", "gate_failure",
                              L[i].why, "max_logits_rel_err_vs_baseline", L[i].max_err, "prefill_tok_s", pp,
                              "decode_tok_s", tg, "median_prefill_tok_s", L[i].pp_med, "median_decode_tok_s",
                              L[i].tg_med));
@@ -395,38 +405,51 @@ qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **out,
         st = err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory");
     if (!st)
         st = qwenrt_sampler_init(&gp, info.n_vocab, &greedy, err);
-    uint64_t x = 0x9E3779B97F4A7C15ull; /* the prompt: random ids, fixed */
-    for (int32_t i = 0; !st && i < p->n_prompt; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        prompt[i] = (int32_t)(x % (uint64_t)info.n_vocab);
-    }
+    if (!st)
+        cal_random_ids(prompt, p->n_prompt, info.n_vocab);
     struct cal_run r = {.prompt = prompt, .n_prompt = p->n_prompt, .n_gen = p->n_gen, .V = info.n_vocab,
                         .greedy = greedy};
     if (!st)
-        st = open_and_gate(p, tm.model, L, n, &r, base_ids, err);
+        st = cal_open_lanes(p, tm.model, L, n, 0, r.n_prompt + r.n_gen + 8, err);
+    if (!st)
+        st = cal_gate_lanes(L, n, &r, base_ids, err);
     r.expect = base_ids; /* every timed run must reproduce the gate's tokens */
     if (!st)
-        st = time_lanes(L, n, &r, p->warmup, p->trials, err);
+        st = cal_time_lanes(L, n, &r, p->warmup, p->trials, err);
     int chosen = 0;
     json_t *ev = NULL;
     if (!st && !L[0].passed) /* its timed runs left its own gate tokens: not deterministic */
         st = err_set(err, QWENRT_ERR_BACKEND, "calibrate: the baseline lane failed: %s", L[0].why);
+    struct model_cuda_tuning t = {0};
     if (!st) { /* a candidate whose timed tokens left the gate's is out (passed cleared) */
         ev = evidence(p, L, n, &chosen);
-        char desc[512];
+        t = L[chosen].t;
+        cal_free_lanes(L, n); /* the window's lanes need the memory of longer contexts */
+        json_t *win = NULL;
+        st = cal_window_run(p, tm.model, n, &t, &win, err);
+        if (win)
+            json_object_set_new(ev, "attention_cluster", win);
+    }
+    if (!st) {
+        char desc[640], wtext[96] = "";
+        if (t.attn_cluster == 2)
+            snprintf(wtext, sizeof(wtext), "; the attention's cluster merge at positions %d to %d",
+                     (int)t.attn_cluster_from, (int)t.attn_cluster_until);
+        else if (t.attn_cluster == -1)
+            snprintf(wtext, sizeof(wtext), "; the attention's cluster merge nowhere (measured to depth %d)",
+                     (int)p->depth_max);
         snprintf(desc, sizeof(desc),
                  "written by qwenrt calibrate --backend cuda for %.200s on this GPU: %s (decode %.0f tokens/s "
-                 "against %.0f with the session's own picks; prompt %d, output %d tokens, %d trials)",
+                 "against %.0f with the session's own picks; prompt %d, output %d tokens, %d trials)%s",
                  p->model_path, chosen ? L[chosen].label : "the session's own picks", L[chosen].tg_med,
-                 L[0].tg_med, p->n_prompt, p->n_gen, p->trials);
-        json_t *doc = profile_json(p->profile_id, desc, &L[chosen].t);
+                 L[0].tg_med, p->n_prompt, p->n_gen, p->trials, wtext);
+        json_t *doc = profile_json(p->profile_id, desc, &t);
         records_add_environment(ev);
         records_add_gpu(ev);
         json_object_set_new(ev, "profile", doc);
         st = records_write(doc, p->out_profile, err);
     }
-    for (int i = 0; i < n; i++)
-        qwenrt_session_free(L[i].s);
+    cal_free_lanes(L, n);
     qwenrt_sampler_free(greedy);
     xfree(prompt);
     xfree(base_ids);

@@ -46,6 +46,7 @@ enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
 /* Switches (profiles / tests); cuda_default_options() turns everything on. */
 #define ATTN_CLUSTER_FROM 512   /* cuda_options.attn_cluster's window of positions (measured: */
 #define ATTN_CLUSTER_UNTIL 2560 /* +4% at 512 ... +5.5% at 2,048, -6% at 4,096) */
+#define ATTN_CLUSTER_POS_LIMIT (1 << 22) /* a window's edges at most (the longest context) */
 
 struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
@@ -235,6 +236,11 @@ struct cuda_options {
                           * [ATTN_CLUSTER_FROM, ATTN_CLUSTER_UNTIL). 0 (default): that window
                           * where every attention op has at least 16 query heads, else never;
                           * 2: the window; 1: at every position; -1: never */
+    int32_t attn_cluster_from, attn_cluster_until; /* attn_cluster's window of positions
+                          * [from, until): 0 each (default): ATTN_CLUSTER_FROM / _UNTIL, the
+                          * H200's edges for Qwen3-0.6B; a profile gives the window `qwenrt
+                          * calibrate --backend cuda` measured for its model (1 to
+                          * ATTN_CLUSTER_POS_LIMIT, until > from) */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -143,7 +143,9 @@ struct cuda_session {
     cudaGraphExec_t g_decode[2], g_gen[2];
     cudaGraphExec_t g_gen_k[2]; /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
     int32_t cl_mode;          /* the attention's cluster merge: 0 never, 1 always, 2 for graph
-                               * launches whose positions lie in [ATTN_CLUSTER_FROM, _UNTIL) */
+                               * launches whose positions lie in [cl_from, cl_until) */
+    int32_t cl_from, cl_until; /* that window (cuda_options.attn_cluster_from / _until, or
+                               * ATTN_CLUSTER_FROM / _UNTIL) */
     int32_t cl_variant;       /* the variant being captured or enqueued (rope_attn_args reads it) */
     int64_t gen_launches;     /* graph launches of cuda_session_generate */
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
@@ -1417,7 +1419,7 @@ static int attn_variant(const struct cuda_session *cs, int32_t pos, int32_t n)
 {
     if (cs->cl_mode == 1)
         return 1;
-    return cs->cl_mode == 2 && pos >= ATTN_CLUSTER_FROM && pos + n <= ATTN_CLUSTER_UNTIL;
+    return cs->cl_mode == 2 && pos >= cs->cl_from && pos + n <= cs->cl_until;
 }
 
 /* cuda_options.attn_cluster 0: the window where every attention op has at least 16 query
@@ -2121,6 +2123,8 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     cs->x_terms = fast_x_terms(&cs->opt, &cs->plans[PHASE_PREFILL]);
     merge_qkv_attn_steps(cs);
     cs->cl_mode = pick_cl_mode(cs);
+    cs->cl_from = cs->opt.attn_cluster_from ? cs->opt.attn_cluster_from : ATTN_CLUSTER_FROM;
+    cs->cl_until = cs->opt.attn_cluster_until ? cs->opt.attn_cluster_until : ATTN_CLUSTER_UNTIL;
     if ((st = merge_attn_o_steps(cs, err)))
         return st;
     mark_early_reads(cs);
@@ -2201,8 +2205,20 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        (int)o->attn_o_single);
     if (o->attn_cluster < -1 || o->attn_cluster > 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
-                       "cuda: attn_cluster %d (0: the session picks, -1: off, 1: on, 2: between positions %d and %d)",
-                       (int)o->attn_cluster, ATTN_CLUSTER_FROM, ATTN_CLUSTER_UNTIL);
+                       "cuda: attn_cluster %d (0: the session picks, -1: off, 1: on, 2: in a window of positions)",
+                       (int)o->attn_cluster);
+    if (o->attn_cluster_from < 0 || o->attn_cluster_from > ATTN_CLUSTER_POS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_cluster_from %d (0: %d, or 1 to %d positions)",
+                       (int)o->attn_cluster_from, ATTN_CLUSTER_FROM, ATTN_CLUSTER_POS_LIMIT);
+    if (o->attn_cluster_until < 0 || o->attn_cluster_until > ATTN_CLUSTER_POS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_cluster_until %d (0: %d, or 1 to %d positions)",
+                       (int)o->attn_cluster_until, ATTN_CLUSTER_UNTIL, ATTN_CLUSTER_POS_LIMIT);
+    int32_t from = o->attn_cluster_from ? o->attn_cluster_from : ATTN_CLUSTER_FROM;
+    int32_t until = o->attn_cluster_until ? o->attn_cluster_until : ATTN_CLUSTER_UNTIL;
+    if (until <= from)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: attn_cluster_until %d is not after attn_cluster_from %d (an empty window)",
+                       (int)until, (int)from);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)

@@ -1,0 +1,161 @@
+/*
+ * calibrate_window.c — the second stage of `qwenrt calibrate --backend cuda`: the positions at
+ * which the decode attention's splits of a head should merge inside a thread-block cluster
+ * (cuda_options.attn_cluster) for this model on this GPU.
+ *
+ * Why: the cluster merge won 4-11% at depths 512-2,048 on the H200 for Qwen3-0.6B and lost at
+ * depth 0 and 4,096 (docs/perf-log.md, session 25); the session's own window
+ * [ATTN_CLUSTER_FROM, ATTN_CLUSTER_UNTIL) and its rule of at least 16 query heads come from
+ * that one model on that one GPU. Here it is measured: two lanes under the first stage's
+ * choice, the merge never and always, decode at depths 256, 512, ... up to
+ * calibrate_params.depth_max (a random prompt of that many tokens, untimed as far as the
+ * choice goes, then n_gen greedy steps), gated as the first stage's lanes are ("always" must
+ * give "never"'s ids and logits at every depth). Each depth d stands for the positions from
+ * the midpoint below it to the midpoint above it, [3d/4, 3d/2); the window is the run of
+ * consecutive depths at which "always" decodes CAL_MIN_GAIN faster with the largest summed
+ * gain, and no winning depth means never.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/error.h"
+#include "tools/calibrate_lanes.h"
+
+#define CW_FIRST_DEPTH 256
+#define CW_MAX_DEPTHS 16
+
+struct cw_depth {
+    int32_t depth;
+    bool gate_passed; /* the "always" lane's gate at this depth */
+    char why[160];
+    double never_tg, always_tg; /* median decode tokens/s */
+    double gain;                /* always / never - 1 (0 where the gate failed) */
+    bool wins;
+};
+
+/* One depth: a prompt of d tokens, the gate, the timed trials of both lanes. */
+static qwenrt_status measure_depth(const struct calibrate_params *p, struct cal_lane *L, const int32_t *prompt,
+                                   int32_t d, int32_t V, struct qwenrt_sampler *greedy, int32_t *base_ids,
+                                   struct cw_depth *out, struct qwenrt_error *err)
+{
+    struct cal_run r = {.prompt = prompt, .n_prompt = d, .n_gen = p->n_gen, .V = V, .greedy = greedy};
+    memset(out, 0, sizeof(*out));
+    out->depth = d;
+    qwenrt_status st = cal_gate_lanes(L, 2, &r, base_ids, err);
+    r.expect = base_ids; /* every timed run must reproduce the gate's tokens */
+    if (!st)
+        st = cal_time_lanes(L, 2, &r, p->warmup, p->trials, err);
+    if (st)
+        return st;
+    if (!L[0].passed)
+        return err_set(err, QWENRT_ERR_BACKEND,
+                       "calibrate: at depth %d the lane without the cluster merge left its own tokens: %s", (int)d,
+                       L[0].why);
+    out->gate_passed = L[1].passed;
+    snprintf(out->why, sizeof(out->why), "%s", L[1].why);
+    out->never_tg = L[0].tg_med;
+    out->always_tg = L[1].passed ? L[1].tg_med : 0;
+    out->gain = L[1].passed && L[0].tg_med > 0 ? L[1].tg_med / L[0].tg_med - 1 : 0;
+    out->wins = L[1].passed && L[1].tg_med >= L[0].tg_med * CAL_MIN_GAIN;
+    return QWENRT_OK;
+}
+
+/* The run of consecutive winning depths with the largest summed gain: [*a, *b], false when
+ * none wins. */
+static bool best_run(const struct cw_depth *D, int n, int *a, int *b)
+{
+    double best = 0;
+    bool found = false;
+    for (int i = 0; i < n; i++) {
+        double sum = 0;
+        for (int j = i; j < n && D[j].wins; j++) {
+            sum += D[j].gain;
+            if (!found || sum > best)
+                found = true, best = sum, *a = i, *b = j;
+        }
+    }
+    return found;
+}
+
+static json_t *evidence(const struct calibrate_params *p, const struct cw_depth *D, int n,
+                        const struct model_cuda_tuning *t)
+{
+    json_t *rows = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(rows, json_pack("{s:i, s:f, s:f, s:f, s:s, s:s, s:b}", "depth", D[i].depth,
+                                              "never_decode_tok_s", D[i].never_tg, "always_decode_tok_s",
+                                              D[i].always_tg, "gain", D[i].gain, "gate",
+                                              D[i].gate_passed ? "passed" : "failed", "gate_failure", D[i].why,
+                                              "wins", D[i].wins));
+    json_t *o = json_pack("{s:o, s:s, s:i, s:s}", "depths", rows, "choice", t->attn_cluster == 2 ? "window" : "never",
+                          "n_gen", p->n_gen, "method",
+                          "the first stage's choice with the cluster merge never and always, a random prompt "
+                          "of each depth's length, then n_gen greedy steps timed; each depth d stands for "
+                          "positions [3d/4, 3d/2); the window is the run of consecutive depths where always "
+                          "is min_gain faster with the largest summed gain");
+    if (t->attn_cluster == 2) {
+        json_object_set_new(o, "from", json_integer(t->attn_cluster_from));
+        json_object_set_new(o, "until", json_integer(t->attn_cluster_until));
+    }
+    return o;
+}
+
+/* The depths measured: 256, 512, ... up to depth_max. */
+static int list_depths(int32_t depth_max, int32_t *depths)
+{
+    int n = 0;
+    for (int64_t d = CW_FIRST_DEPTH; d <= depth_max && n < CW_MAX_DEPTHS; d *= 2)
+        depths[n++] = (int32_t)d;
+    return n;
+}
+
+qwenrt_status cal_window_run(const struct calibrate_params *p, struct qwenrt_model *m, int first_index,
+                             struct model_cuda_tuning *t, json_t **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    if (p->depth_max <= 0)
+        return QWENRT_OK;
+    int32_t depths[CW_MAX_DEPTHS];
+    int nd = list_depths(p->depth_max, depths);
+    if (nd == 0)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: --depth-max %d is below the first depth measured (%d)",
+                       (int)p->depth_max, CW_FIRST_DEPTH);
+    struct qwenrt_model_info info;
+    qwenrt_model_get_info(m, &info);
+    int32_t dmax = depths[nd - 1], V = info.n_vocab;
+    int32_t *prompt = xcalloc((size_t)dmax, sizeof(int32_t)), *base_ids = xcalloc((size_t)p->n_gen, sizeof(int32_t));
+    struct qwenrt_sampler *greedy = NULL;
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    struct cal_lane L[2];
+    int n = 0;
+    struct model_cuda_tuning never = *t, always = *t;
+    never.attn_cluster = -1, always.attn_cluster = 1;
+    never.attn_cluster_from = never.attn_cluster_until = always.attn_cluster_from = always.attn_cluster_until = 0;
+    cal_add_lane(L, &n, "attention cluster merge never", never);
+    cal_add_lane(L, &n, "attention cluster merge always", always);
+    struct cw_depth D[CW_MAX_DEPTHS];
+    qwenrt_status st = prompt && base_ids ? QWENRT_OK : err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory");
+    if (!st)
+        st = qwenrt_sampler_init(&gp, V, &greedy, err);
+    if (!st) {
+        cal_random_ids(prompt, dmax, V);
+        st = cal_open_lanes(p, m, L, n, first_index, dmax + p->n_gen + 8, err);
+    }
+    for (int i = 0; i < nd && !st; i++)
+        st = measure_depth(p, L, prompt, depths[i], V, greedy, base_ids, &D[i], err);
+    int a, b;
+    if (!st && best_run(D, nd, &a, &b)) {
+        t->attn_cluster = 2;
+        t->attn_cluster_from = depths[a] / 4 * 3, t->attn_cluster_until = depths[b] / 2 * 3;
+    } else if (!st) {
+        t->attn_cluster = -1, t->attn_cluster_from = t->attn_cluster_until = 0;
+    }
+    if (!st)
+        *out = evidence(p, D, nd, t);
+    cal_free_lanes(L, n);
+    qwenrt_sampler_free(greedy);
+    xfree(prompt);
+    xfree(base_ids);
+    return st;
+}
