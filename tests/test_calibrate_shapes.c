@@ -46,6 +46,40 @@ static void break_decode_attention(struct qwenrt_session *s, int lane, void *use
         }
 }
 
+/* The logits op followed by a change to the logits row (the last row: decode and the prompt's
+ * last token): token a = argmax + 1 set to the best logit plus `lift` (a candidate that picks a
+ * where the baseline does not), or minus `sink` (the baseline's near tie). */
+static void logits_then(const struct plan_op *op, struct cpu_exec *ex, double delta)
+{
+    logits_op(op, ex);
+    int32_t V = ex->plan->bufs[op->out].width, rows = ex->all_logits ? ex->T : 1;
+    float *row = ex->bufs[op->out] + (size_t)(rows - 1) * V;
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        best = row[i] > row[best] ? i : best;
+    row[(best + 1) % V] = (float)(row[best] + delta);
+}
+static void logits_sink_1e4(const struct plan_op *op, struct cpu_exec *ex) { logits_then(op, ex, -1e-4); }
+static void logits_lift_1e4(const struct plan_op *op, struct cpu_exec *ex) { logits_then(op, ex, 1e-4); }
+static void logits_lift_half(const struct plan_op *op, struct cpu_exec *ex) { logits_then(op, ex, 0.5); }
+
+struct tie_lanes {
+    int baseline, tie, far; /* the lanes whose logits op is rebound */
+};
+
+static void rebind_logits(struct qwenrt_session *s, int lane, void *user)
+{
+    const struct tie_lanes *t = user;
+    cpu_op_fn fn = lane == t->baseline ? logits_sink_1e4 : lane == t->tie ? logits_lift_1e4
+                   : lane == t->far    ? logits_lift_half : NULL;
+    for (int ph = 0; fn && ph < 2; ph++) {
+        const struct plan *p = &s->model->plans[ph];
+        for (int32_t i = 0; i < p->n_ops; i++)
+            if (p->ops[i].kind == OP_LOGITS)
+                s->fns[ph][i] = fn;
+    }
+}
+
 /* A new empty file /tmp/qwenrt-calshapes-XXXXXX.json for the profile (out: 64 bytes). */
 static void temp_json(char *out)
 {
@@ -218,6 +252,35 @@ static void test_window_broken_lane(void **state)
     remove(out);
 }
 
+/* The gate's tolerance (validate's float family here: 1e-3 relative + 5e-3) and its near-tie
+ * rule: the baseline's second best logit is made 1e-4 below its best at every step; lane 2
+ * lifts the same token 1e-4 above the best, so it picks another token at every step, a near
+ * tie the gate accepts (logits 2e-4 apart in one element); lane 3 lifts it 0.5 above, which
+ * the gate refuses by the logits. */
+static void test_gate_near_ties(void **state)
+{
+    (void)state;
+    char out[64];
+    temp_json(out);
+    struct tie_lanes t = {.baseline = 0, .tie = 2, .far = 3};
+    json_t *ev = run(out, rebind_logits, &t, 1);
+    json_t *lanes = json_object_get(ev, "lanes");
+    json_t *tie = json_array_get(lanes, 2), *far = json_array_get(lanes, 3), *plain = json_array_get(lanes, 1);
+    assert_string_equal(json_string_value(json_object_get(tie, "gate")), "passed");
+    assert_int_equal(json_integer_value(json_object_get(tie, "near_ties")), 5); /* every step */
+    assert_true(json_real_value(json_object_get(tie, "max_logits_rel_err_vs_baseline")) > 0);
+    assert_string_equal(json_string_value(json_object_get(far, "gate")), "failed");
+    assert_non_null(strstr(json_string_value(json_object_get(far, "gate_failure")), "logits at step 0 differ"));
+    /* lane 1 keeps the plain logits op: token a keeps its own logit, far below the one the
+     * baseline moved next to its best, so the logits differ beyond the tolerance */
+    assert_string_equal(json_string_value(json_object_get(plain, "gate")), "failed");
+    assert_non_null(strstr(json_string_value(json_object_get(plain, "gate_failure")), "logits at step 0 differ"));
+    json_t *method = json_object_get(ev, "method");
+    assert_string_equal(json_string_value(json_object_get(method, "tolerance_family")), "float");
+    json_decref(ev);
+    remove(out);
+}
+
 static void test_bad_parameters(void **state)
 {
     (void)state;
@@ -244,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lanes_gate_and_records),
         cmocka_unit_test(test_broken_lane_refused),
+        cmocka_unit_test(test_gate_near_ties),
         cmocka_unit_test(test_window_records),
         cmocka_unit_test(test_window_broken_lane),
         cmocka_unit_test(test_bad_parameters),

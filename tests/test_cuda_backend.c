@@ -927,7 +927,9 @@ static void put_tuning_profile(const char *path)
 /* calibrate --backend cuda (calibrate_cuda.c) on the bf16 fixtures: every candidate passes the
  * gate against the session's picks (the shapes move rows between warps, not the order of their
  * sums), the evidence names each lane, and the profile it writes loads and reaches the model
- * that tool_open binds under it (a session starts and prefills with that shape). */
+ * that tool_open binds under it (a session starts and prefills with that shape). On the first
+ * fixture also the second stage (calibrate_window.c) at depth 256: the cluster merge passes
+ * its gate there and the profile says never or the window that depth stands for. */
 static void test_calibrate_cuda(void **st)
 {
     (void)st;
@@ -937,7 +939,7 @@ static void test_calibrate_cuda(void **st)
         assert_true(fd >= 0);
         close(fd);
         struct calibrate_params p = {.model_path = fixtures[f], .backend = "cuda", .n_prompt = 8, .n_gen = 12,
-                                     .warmup = 0, .trials = 1, .out_profile = path,
+                                     .depth_max = f == 1 ? 256 : 0, .warmup = 0, .trials = 1, .out_profile = path,
                                      .profile_id = "profiles/calibrated-test"};
         json_t *ev = NULL;
         struct qwenrt_error err = {0};
@@ -957,11 +959,25 @@ static void test_calibrate_cuda(void **st)
                 fail_msg("%s: lane %s: %s", fixtures[f], json_string_value(json_object_get(l, "label")),
                          json_string_value(json_object_get(l, "gate_failure")));
         }
+        json_t *win = json_object_get(ev, "attention_cluster"), *d = json_array_get(json_object_get(win, "depths"), 0);
+        bool wins = json_is_true(json_object_get(d, "wins"));
+        if (f == 1) {
+            assert_int_equal(json_integer_value(json_object_get(d, "depth")), 256);
+            if (strcmp(json_string_value(json_object_get(d, "gate")), "passed"))
+                fail_msg("%s: the cluster merge at depth 256: %s", fixtures[f],
+                         json_string_value(json_object_get(d, "gate_failure")));
+            printf("%s: cluster merge at depth 256: %+.1f%%\n", fixtures[f], 100 * json_real_value(json_object_get(d, "gain")));
+        } else {
+            assert_null(win);
+        }
         json_decref(ev);
         struct profile *pf = NULL; /* what calibrate wrote loads */
         if (profile_load(path, NULL, &pf, &err))
             fail_msg("%s: the calibrated profile: %s", fixtures[f], err.message);
         assert_true(pf->cuda_given);
+        assert_int_equal(pf->cuda.attn_cluster, f != 1 ? 0 : wins ? 2 : -1);
+        assert_int_equal(pf->cuda.attn_cluster_from, f == 1 && wins ? 192 : 0);
+        assert_int_equal(pf->cuda.attn_cluster_until, f == 1 && wins ? 384 : 0);
         profile_free(pf);
         /* a profile through tool_open: the model carries its choice to the sessions */
         put_tuning_profile(path);

@@ -21,6 +21,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "tools/calibrate_lanes.h"
+#include "tools/validate.h"
 
 #define CW_FIRST_DEPTH 256
 #define CW_MAX_DEPTHS 16
@@ -28,7 +29,8 @@
 struct cw_depth {
     int32_t depth;
     bool gate_passed; /* the "always" lane's gate at this depth */
-    char why[160];
+    char why[200];
+    int32_t near_ties;
     double never_tg, always_tg; /* median decode tokens/s */
     double gain;                /* always / never - 1 (0 where the gate failed) */
     bool wins;
@@ -36,16 +38,16 @@ struct cw_depth {
 
 /* One depth: a prompt of d tokens, the gate, the timed trials of both lanes. */
 static qwenrt_status measure_depth(const struct calibrate_params *p, struct cal_lane *L, const int32_t *prompt,
-                                   int32_t d, int32_t V, struct qwenrt_sampler *greedy, int32_t *base_ids,
-                                   struct cw_depth *out, struct qwenrt_error *err)
+                                   int32_t d, int32_t V, struct qwenrt_sampler *greedy,
+                                   const struct validate_tolerance *tol, int32_t *base_ids, struct cw_depth *out,
+                                   struct qwenrt_error *err)
 {
-    struct cal_run r = {.prompt = prompt, .n_prompt = d, .n_gen = p->n_gen, .V = V, .greedy = greedy};
+    struct cal_run r = {.prompt = prompt, .n_prompt = d, .n_gen = p->n_gen, .V = V, .greedy = greedy, .tol = tol};
     memset(out, 0, sizeof(*out));
     out->depth = d;
     qwenrt_status st = cal_gate_lanes(L, 2, &r, base_ids, err);
-    r.expect = base_ids; /* every timed run must reproduce the gate's tokens */
     if (!st)
-        st = cal_time_lanes(L, 2, &r, p->warmup, p->trials, err);
+        st = cal_time_lanes(L, 2, &r, base_ids, p->warmup, p->trials, err);
     if (st)
         return st;
     if (!L[0].passed)
@@ -53,6 +55,7 @@ static qwenrt_status measure_depth(const struct calibrate_params *p, struct cal_
                        "calibrate: at depth %d the lane without the cluster merge left its own tokens: %s", (int)d,
                        L[0].why);
     out->gate_passed = L[1].passed;
+    out->near_ties = L[1].near_ties;
     snprintf(out->why, sizeof(out->why), "%s", L[1].why);
     out->never_tg = L[0].tg_med;
     out->always_tg = L[1].passed ? L[1].tg_med : 0;
@@ -83,11 +86,11 @@ static json_t *evidence(const struct calibrate_params *p, const struct cw_depth 
 {
     json_t *rows = json_array();
     for (int i = 0; i < n; i++)
-        json_array_append_new(rows, json_pack("{s:i, s:f, s:f, s:f, s:s, s:s, s:b}", "depth", D[i].depth,
+        json_array_append_new(rows, json_pack("{s:i, s:f, s:f, s:f, s:s, s:s, s:i, s:b}", "depth", D[i].depth,
                                               "never_decode_tok_s", D[i].never_tg, "always_decode_tok_s",
                                               D[i].always_tg, "gain", D[i].gain, "gate",
                                               D[i].gate_passed ? "passed" : "failed", "gate_failure", D[i].why,
-                                              "wins", D[i].wins));
+                                              "near_ties", D[i].near_ties, "wins", D[i].wins));
     json_t *o = json_pack("{s:o, s:s, s:i, s:s}", "depths", rows, "choice", t->attn_cluster == 2 ? "window" : "never",
                           "n_gen", p->n_gen, "method",
                           "the first stage's choice with the cluster merge never and always, a random prompt "
@@ -143,7 +146,7 @@ qwenrt_status cal_window_run(const struct calibrate_params *p, struct qwenrt_mod
         st = cal_open_lanes(p, m, L, n, first_index, dmax + p->n_gen + 8, err);
     }
     for (int i = 0; i < nd && !st; i++)
-        st = measure_depth(p, L, prompt, depths[i], V, greedy, base_ids, &D[i], err);
+        st = measure_depth(p, L, prompt, depths[i], V, greedy, cal_tolerance(m), base_ids, &D[i], err);
     int a, b;
     if (!st && best_run(D, nd, &a, &b)) {
         t->attn_cluster = 2;
