@@ -162,21 +162,6 @@ static double rel_err(const float *a, const float *b, int32_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* The row's best CAL_TIE_TOP logits, best first. */
-static void top_of(const float *row, int32_t V, struct cal_top *t)
-{
-    for (int k = 0; k < CAL_TIE_TOP; k++)
-        t->id[k] = -1, t->v[k] = -INFINITY;
-    for (int32_t i = 0; i < V; i++) {
-        if (!(row[i] > t->v[CAL_TIE_TOP - 1]))
-            continue;
-        int k = CAL_TIE_TOP - 1;
-        for (; k > 0 && row[i] > t->v[k - 1]; k--)
-            t->v[k] = t->v[k - 1], t->id[k] = t->id[k - 1];
-        t->v[k] = row[i], t->id[k] = i;
-    }
-}
-
 /* A candidate's logits row against the baseline's (step g): element by element within the
  * tolerance; the relative difference by norm goes to l->max_err. */
 static void check_logits(const struct cal_run *r, struct cal_lane *l, int32_t g, const float *row)
@@ -195,24 +180,22 @@ static void check_logits(const struct cal_run *r, struct cal_lane *l, int32_t g,
     }
 }
 
-/* A candidate's own token id at step g against the baseline's b: equal, or a near tie (the
- * baseline's logits of both within the tolerance). */
-static void check_token(const struct cal_run *r, struct cal_lane *l, int32_t g, int32_t id)
+/* A candidate's own token id at step g against the baseline's b: equal, or a near tie (in the
+ * candidate's own logits row, b within the tolerance of id; the rows themselves are compared
+ * over the first CAL_LOGITS_STEPS steps). */
+static void check_token(const struct cal_run *r, struct cal_lane *l, int32_t g, int32_t id, const float *row)
 {
     int32_t b = r->force[g];
     if (id == b || !l->passed)
         return;
-    const struct cal_top *t = &r->top_ref[g];
-    double vb = t->v[0], vc = NAN;
-    for (int k = 0; k < CAL_TIE_TOP; k++)
-        if (t->id[k] == id)
-            vc = t->v[k];
-    if (t->id[0] == b && vc == vc && vb - vc <= r->tol->logits_atol + r->tol->logits_rtol * fabs(vb)) {
+    double gap = (double)row[id] - row[b];
+    if (gap <= r->tol->logits_atol + r->tol->logits_rtol * fabs((double)row[id])) {
         l->near_ties++;
         return;
     }
     l->passed = false;
-    snprintf(l->why, sizeof(l->why), "greedy token %d at step %d, the baseline's is %d (not a near tie)", id, g, b);
+    snprintf(l->why, sizeof(l->why), "greedy token %d at step %d, the baseline's is %d, %.3g below it (not a near tie)",
+             id, g, b, gap);
 }
 
 /* One run of a lane: reset, prefill, n_gen steps (cal_run says what is decoded, kept and
@@ -229,15 +212,12 @@ static qwenrt_status run_lane(const struct cal_run *r, struct cal_lane *l, doubl
         return err_set(err, QWENRT_ERR_BACKEND, "calibrate: no logits after the prompt");
     double t1 = time_now_s();
     for (int32_t g = 0; g < r->n_gen; g++) {
-        bool rows = (r->logits_keep || r->logits_ref) && g < CAL_LOGITS_STEPS;
-        if (rows || r->top_keep) {
-            const float *row = qwenrt_session_logits(l->s);
-            if (!row)
+        const float *row = NULL; /* the gate's runs read every step's row (candidates: all) */
+        if ((r->logits_keep && g < CAL_LOGITS_STEPS) || r->logits_ref) {
+            if (!(row = qwenrt_session_logits(l->s)))
                 return err_set(err, QWENRT_ERR_BACKEND, "calibrate: no logits at step %d", g);
-            if (r->logits_keep && g < CAL_LOGITS_STEPS)
+            if (r->logits_keep)
                 memcpy(r->logits_keep + (size_t)g * r->V, row, (size_t)r->V * sizeof(float));
-            if (r->top_keep)
-                top_of(row, r->V, &r->top_keep[g]);
             if (r->logits_ref && g < CAL_LOGITS_STEPS)
                 check_logits(r, l, g, row);
         }
@@ -246,8 +226,8 @@ static qwenrt_status run_lane(const struct cal_run *r, struct cal_lane *l, doubl
             return st;
         if (r->ids_out)
             r->ids_out[g] = id;
-        if (r->top_ref)
-            check_token(r, l, g, id);
+        if (r->logits_ref)
+            check_token(r, l, g, id, row);
         if (r->expect && id != r->expect[g] && l->passed) {
             l->passed = false;
             snprintf(l->why, sizeof(l->why), "greedy token %d at step %d of a timed run, its gate run's was %d",
@@ -350,9 +330,7 @@ qwenrt_status cal_gate_lanes(struct cal_lane *L, int n, const struct cal_run *r,
 {
     int32_t rows = r->n_gen < CAL_LOGITS_STEPS ? r->n_gen : CAL_LOGITS_STEPS;
     float *keep = xalloc_aligned((size_t)rows * r->V, sizeof(float));
-    struct cal_top *top = xcalloc((size_t)r->n_gen, sizeof(*top));
-    qwenrt_status st = keep && top ? QWENRT_OK
-                                   : err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory for %d logits rows", rows);
+    qwenrt_status st = keep ? QWENRT_OK : err_set(err, QWENRT_ERR_NOMEM, "calibrate: out of memory for %d logits rows", rows);
     for (int i = 0; i < n && !st; i++) {
         L[i].passed = true, L[i].why[0] = 0, L[i].max_err = 0, L[i].near_ties = 0;
         if (!L[i].ids && !(L[i].ids = xcalloc((size_t)r->n_gen, sizeof(int32_t)))) {
@@ -364,16 +342,13 @@ qwenrt_status cal_gate_lanes(struct cal_lane *L, int n, const struct cal_run *r,
         g.expect = NULL;
         g.ids_out = L[i].ids;
         g.logits_keep = i == 0 ? keep : NULL;
-        g.top_keep = i == 0 ? top : NULL;
         g.logits_ref = i == 0 ? NULL : keep;
-        g.top_ref = i == 0 ? NULL : top;
         double a, b;
         st = run_lane(&g, &L[i], &a, &b, err);
         if (!st && i == 0)
             memcpy(base_ids, L[0].ids, (size_t)r->n_gen * sizeof(int32_t));
     }
     xfree(keep);
-    xfree(top);
     return st;
 }
 
@@ -405,7 +380,7 @@ qwenrt_status cal_time_lanes(struct cal_lane *L, int n, const struct cal_run *r,
                 continue;
             struct cal_run t = *r; /* every lane decodes the baseline's tokens and repeats its own */
             t.force = base_ids, t.expect = l->ids, t.ids_out = NULL;
-            t.logits_keep = NULL, t.top_keep = NULL, t.logits_ref = NULL, t.top_ref = NULL;
+            t.logits_keep = NULL, t.logits_ref = NULL;
             double pp, tg;
             qwenrt_status st = run_lane(&t, l, &pp, &tg, err);
             if (st)
@@ -455,7 +430,8 @@ static json_t *evidence(const struct calibrate_params *p, const struct cal_lane 
                      "calibrated", "choices", choices, "lanes", lanes, "method", "n_prompt", p->n_prompt, "n_gen",
                      p->n_gen, "warmup", p->warmup, "trials", p->trials, "gate",
                      "candidates decode the baseline's greedy tokens (the session's own picks) and must pick "
-                     "them too, but for near ties (the baseline's logits of both within the tolerance), with "
+                     "them too, but for near ties (the baseline's token within the tolerance of their own in "
+                     "their own logits), with "
                      "logits within qwenrt validate's tolerance for the weights, element by element, over "
                      "the first logits_steps steps; in the timed runs every lane repeats its own gate tokens. "
                      "The baseline is what qwenrt validate and the tests prove against the reference",

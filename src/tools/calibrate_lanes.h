@@ -7,9 +7,9 @@
  * apart.
  * The gate: lane 0 of a set is the baseline and decodes its own greedy tokens; every other
  * lane decodes the baseline's tokens (so one near tie does not end the comparison) and must
- * pick the baseline's token at every step but for near ties (the baseline's logits of both
- * within the tolerance), with logits within the tolerance over the first CAL_LOGITS_STEPS
- * steps. The tolerance is `qwenrt validate`'s for the model's weights (validate.c: the float
+ * pick the baseline's token at every step but for near ties (in its own logits row, the
+ * baseline's token within the tolerance of its own), with logits within the tolerance of the
+ * baseline's over the first CAL_LOGITS_STEPS steps. The tolerance is `qwenrt validate`'s for the model's weights (validate.c: the float
  * family for 16-bit weights, the quantised ones where x is rounded to 8 bits and one flipped
  * rounding cascades), applied element by element: a candidate must stay as close to the
  * baseline as the baseline must stay to the reference. In the timed runs every lane must
@@ -30,7 +30,6 @@
 #define CAL_MAX_TRIALS 50
 #define CAL_LOGITS_STEPS 64 /* steps whose logits the gate compares (tokens: every step); bounds its
                              * memory to 64 rows of the vocabulary */
-#define CAL_TIE_TOP 8       /* the baseline's best logits kept per step for the near-tie rule */
 
 struct validate_tolerance;
 
@@ -47,12 +46,6 @@ struct cal_lane {
     double pp_med, tg_med;
 };
 
-/* A step's best CAL_TIE_TOP logits of the baseline, best first. */
-struct cal_top {
-    int32_t id[CAL_TIE_TOP];
-    float v[CAL_TIE_TOP];
-};
-
 /* One run's inputs: the prompt, the steps, the greedy sampler, the gate's tolerance; what the
  * run keeps or compares (set by cal_gate_lanes and cal_time_lanes). */
 struct cal_run {
@@ -64,9 +57,8 @@ struct cal_run {
     const int32_t *expect;     /* [n_gen]: the lane's own tokens must be these, or NULL */
     int32_t *ids_out;          /* [n_gen]: the lane's own tokens, or NULL */
     float *logits_keep;        /* [CAL_LOGITS_STEPS][V]: written (the baseline's gate run) or NULL */
-    struct cal_top *top_keep;  /* [n_gen]: written (the baseline's gate run) or NULL */
-    const float *logits_ref;   /* the baseline's rows, compared (candidates' gate runs) or NULL */
-    const struct cal_top *top_ref; /* the baseline's best logits (candidates' gate runs) or NULL */
+    const float *logits_ref;   /* the baseline's rows: compared, and every step's token checked
+                                * (candidates' gate runs), or NULL */
 };
 
 /* validate's tolerance for the model's weights (the type of its first layer matrix; Qwen3.5's
