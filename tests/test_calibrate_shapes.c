@@ -16,6 +16,7 @@
 #include "runtime/profile.h"
 #include "runtime/session.h"
 #include "tools/calibrate.h"
+#include "tools/calibrate_lanes.h"
 
 #define MODEL "tests/data/qwen3-tiny-f32"
 
@@ -281,6 +282,41 @@ static void test_gate_near_ties(void **state)
     remove(out);
 }
 
+/* The window's rule on gains the H200 measured (session 26, depths 256 ... 4,096): a level
+ * depth inside a run does not break it, a loss or a failed gate does, the larger summed gain
+ * of two runs wins, and no win means never. */
+static void test_window_choice(void **state)
+{
+    (void)state;
+    static const int32_t depths[5] = {256, 512, 1024, 2048, 4096};
+    static const struct {
+        double gain[5];
+        bool failed_at[5];
+        int32_t mode, from, until;
+    } cases[] = {
+        {{0.054, -0.007, 0.110, 0.105, -0.016}, {0}, 2, 192, 3072}, /* Qwen3-0.6B Q4_K_M: 512 level */
+        {{0.050, 0.014, 0.091, 0.085, -0.039}, {0}, 2, 192, 3072},  /* Qwen3-0.6B BF16 */
+        {{0.019, 0.005, -0.011, -0.015, -0.063}, {0}, 2, 192, 384}, /* Qwen3.5-0.8B BF16 */
+        {{0.008, -0.005, -0.018, -0.015, -0.052}, {0}, -1, 0, 0},   /* Qwen3.5-0.8B Q4_K_M: no win */
+        {{0.050, -0.020, 0.091, 0.085, -0.039}, {0}, 2, 768, 3072}, /* a loss at 512 splits the runs */
+        {{0.300, -0.020, 0.091, 0.085, -0.039}, {0}, 2, 192, 384},  /* ... the larger sum wins */
+        {{0.050, 0.0, 0.091, 0.085, 0.02}, {0, 0, 1, 0, 0}, 2, 1536, 6144}, /* a failed gate at 1,024 */
+        {{0.02, 0.02, 0.02, 0.02, 0.02}, {0}, 2, 192, 6144},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        bool passed[5];
+        for (int i = 0; i < 5; i++)
+            passed[i] = !cases[c].failed_at[i];
+        struct model_cuda_tuning t = {0};
+        t.attn_split_min = 77; /* left as it was */
+        cal_window_choose(depths, cases[c].gain, passed, 5, &t);
+        if (t.attn_cluster != cases[c].mode || t.attn_cluster_from != cases[c].from ||
+            t.attn_cluster_until != cases[c].until || t.attn_split_min != 77)
+            fail_msg("case %zu: %d [%d, %d), want %d [%d, %d)", c, (int)t.attn_cluster, (int)t.attn_cluster_from,
+                     (int)t.attn_cluster_until, (int)cases[c].mode, (int)cases[c].from, (int)cases[c].until);
+    }
+}
+
 static void test_bad_parameters(void **state)
 {
     (void)state;
@@ -308,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_lanes_gate_and_records),
         cmocka_unit_test(test_broken_lane_refused),
         cmocka_unit_test(test_gate_near_ties),
+        cmocka_unit_test(test_window_choice),
         cmocka_unit_test(test_window_records),
         cmocka_unit_test(test_window_broken_lane),
         cmocka_unit_test(test_bad_parameters),

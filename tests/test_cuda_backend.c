@@ -1248,6 +1248,9 @@ static void check_attention_rope(const char *arch, int32_t width)
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     off.attn_rope = false;
+    /* the cluster merge (from position ATTN_CLUSTER_FROM) comes only with the fused rope, and
+     * merges in another order: off in both, so that the rest must agree bit for bit */
+    on.attn_cluster = off.attn_cluster = -1;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 256, &on, &off, &a, &b, arch);
     char what[96];
@@ -1914,10 +1917,11 @@ static void test_graph_attn_cluster(void **st)
     on.attn_one_split = 0, on.attn_split_min = 16;
     check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 1e-4, "attn_cluster (split_min 16)", NULL);
     /* the window (attn_cluster 2, the default for 16 heads or more): single steps across its
-     * start (positions 500-519), and the greedy loop's launches of 8 across it (488-519) */
+     * start (from 12 positions before ATTN_CLUSTER_FROM to 8 after), and the greedy loop's
+     * launches of 8 across it (from 24 before) */
     on = cuda_default_options();
     on.attn_cluster = 2;
-    check_graph_attn_pair("qwen3-tiny", 128, &on, true, 500, 1e-4, "attn_cluster window", NULL);
+    check_graph_attn_pair("qwen3-tiny", 128, &on, true, ATTN_CLUSTER_FROM - 12, 1e-4, "attn_cluster window", NULL);
     /* a window of a profile's (attn_cluster_from / _until): positions 140-159 are inside (past
      * attn_one_split's single split), so the logits differ from the defaults', which never
      * merge in a cluster there */

@@ -99,4 +99,12 @@ void cal_free_lanes(struct cal_lane *L, int n);
 qwenrt_status cal_window_run(const struct calibrate_params *p, struct qwenrt_model *m, int first_index,
                              struct model_cuda_tuning *t, json_t **out, struct qwenrt_error *err);
 
+/* The window from the measured depths (ascending), the gain of the merge at each (always /
+ * never - 1) and whether its gate passed there: a depth wins at +CAL_MIN_GAIN, loses at
+ * -CAL_MIN_GAIN or a failed gate, is level between; the run from a winning depth to a winning
+ * depth with no loss inside and the largest summed gain becomes t->attn_cluster 2 with
+ * attn_cluster_from / _until (each depth d standing for [3d/4, 3d/2)); no win: -1. */
+void cal_window_choose(const int32_t *depths, const double *gain, const bool *passed, int n,
+                       struct model_cuda_tuning *t);
+
 #endif

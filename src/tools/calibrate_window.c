@@ -11,9 +11,13 @@
  * calibrate_params.depth_max (a random prompt of that many tokens, untimed as far as the
  * choice goes, then n_gen greedy steps), gated as the first stage's lanes are ("always" must
  * give "never"'s ids and logits at every depth). Each depth d stands for the positions from
- * the midpoint below it to the midpoint above it, [3d/4, 3d/2); the window is the run of
- * consecutive depths at which "always" decodes CAL_MIN_GAIN faster with the largest summed
- * gain, and no winning depth means never.
+ * the midpoint below it to the midpoint above it, [3d/4, 3d/2) (the steps measured run from d
+ * to d + n_gen). A depth wins where "always" decodes CAL_MIN_GAIN faster, loses where it is
+ * CAL_MIN_GAIN slower (or fails its gate), and is level between; the window is the run from a
+ * winning depth to a winning depth with no loss inside (a level depth does not break it: the
+ * H200 measured Qwen3-0.6B level at 512, where the default already takes 8 splits, between
+ * wins of 5% at 256 and 9-13% at 1,024 and 2,048) with the largest summed gain; no winning
+ * depth means never.
  */
 #include <stdio.h>
 #include <string.h>
@@ -33,7 +37,6 @@ struct cw_depth {
     int32_t near_ties;
     double never_tg, always_tg; /* median decode tokens/s */
     double gain;                /* always / never - 1 (0 where the gate failed) */
-    bool wins;
 };
 
 /* One depth: a prompt of d tokens, the gate, the timed trials of both lanes. */
@@ -60,25 +63,28 @@ static qwenrt_status measure_depth(const struct calibrate_params *p, struct cal_
     out->never_tg = L[0].tg_med;
     out->always_tg = L[1].passed ? L[1].tg_med : 0;
     out->gain = L[1].passed && L[0].tg_med > 0 ? L[1].tg_med / L[0].tg_med - 1 : 0;
-    out->wins = L[1].passed && L[1].tg_med >= L[0].tg_med * CAL_MIN_GAIN;
     return QWENRT_OK;
 }
 
-/* The run of consecutive winning depths with the largest summed gain: [*a, *b], false when
- * none wins. */
-static bool best_run(const struct cw_depth *D, int n, int *a, int *b)
+static bool wins(double gain, bool passed) { return passed && 1 + gain >= CAL_MIN_GAIN; }
+static bool loses(double gain, bool passed) { return !passed || (1 + gain) * CAL_MIN_GAIN <= 1; }
+
+void cal_window_choose(const int32_t *depths, const double *gain, const bool *passed, int n,
+                       struct model_cuda_tuning *t)
 {
     double best = 0;
-    bool found = false;
+    int a = -1, b = -1;
     for (int i = 0; i < n; i++) {
         double sum = 0;
-        for (int j = i; j < n && D[j].wins; j++) {
-            sum += D[j].gain;
-            if (!found || sum > best)
-                found = true, best = sum, *a = i, *b = j;
+        for (int j = i; j < n && wins(gain[i], passed[i]) && !loses(gain[j], passed[j]); j++) {
+            sum += gain[j];
+            if (wins(gain[j], passed[j]) && (a < 0 || sum > best))
+                best = sum, a = i, b = j;
         }
     }
-    return found;
+    t->attn_cluster = a < 0 ? -1 : 2;
+    t->attn_cluster_from = a < 0 ? 0 : depths[a] / 4 * 3;
+    t->attn_cluster_until = a < 0 ? 0 : depths[b] / 2 * 3;
 }
 
 static json_t *evidence(const struct calibrate_params *p, const struct cw_depth *D, int n,
@@ -86,17 +92,19 @@ static json_t *evidence(const struct calibrate_params *p, const struct cw_depth 
 {
     json_t *rows = json_array();
     for (int i = 0; i < n; i++)
-        json_array_append_new(rows, json_pack("{s:i, s:f, s:f, s:f, s:s, s:s, s:i, s:b}", "depth", D[i].depth,
+        json_array_append_new(rows, json_pack("{s:i, s:f, s:f, s:f, s:s, s:s, s:i, s:b, s:b}", "depth", D[i].depth,
                                               "never_decode_tok_s", D[i].never_tg, "always_decode_tok_s",
                                               D[i].always_tg, "gain", D[i].gain, "gate",
                                               D[i].gate_passed ? "passed" : "failed", "gate_failure", D[i].why,
-                                              "near_ties", D[i].near_ties, "wins", D[i].wins));
+                                              "near_ties", D[i].near_ties, "wins", wins(D[i].gain, D[i].gate_passed),
+                                              "loses", loses(D[i].gain, D[i].gate_passed)));
     json_t *o = json_pack("{s:o, s:s, s:i, s:s}", "depths", rows, "choice", t->attn_cluster == 2 ? "window" : "never",
                           "n_gen", p->n_gen, "method",
                           "the first stage's choice with the cluster merge never and always, a random prompt "
                           "of each depth's length, then n_gen greedy steps timed; each depth d stands for "
-                          "positions [3d/4, 3d/2); the window is the run of consecutive depths where always "
-                          "is min_gain faster with the largest summed gain");
+                          "positions [3d/4, 3d/2); a depth wins where always is min_gain faster, loses where it "
+                          "is min_gain slower or fails its gate; the window runs from a win to a win with no loss "
+                          "inside, the largest summed gain");
     if (t->attn_cluster == 2) {
         json_object_set_new(o, "from", json_integer(t->attn_cluster_from));
         json_object_set_new(o, "until", json_integer(t->attn_cluster_until));
@@ -147,15 +155,14 @@ qwenrt_status cal_window_run(const struct calibrate_params *p, struct qwenrt_mod
     }
     for (int i = 0; i < nd && !st; i++)
         st = measure_depth(p, L, prompt, depths[i], V, greedy, cal_tolerance(m), base_ids, &D[i], err);
-    int a, b;
-    if (!st && best_run(D, nd, &a, &b)) {
-        t->attn_cluster = 2;
-        t->attn_cluster_from = depths[a] / 4 * 3, t->attn_cluster_until = depths[b] / 2 * 3;
-    } else if (!st) {
-        t->attn_cluster = -1, t->attn_cluster_from = t->attn_cluster_until = 0;
-    }
-    if (!st)
+    if (!st) {
+        double gain[CW_MAX_DEPTHS];
+        bool passed[CW_MAX_DEPTHS];
+        for (int i = 0; i < nd; i++)
+            gain[i] = D[i].gain, passed[i] = D[i].gate_passed;
+        cal_window_choose(depths, gain, passed, nd, t);
         *out = evidence(p, D, nd, t);
+    }
     cal_free_lanes(L, n);
     qwenrt_sampler_free(greedy);
     xfree(prompt);

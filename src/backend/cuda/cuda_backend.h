@@ -44,8 +44,10 @@ typedef void (*cuda_dump_fn)(void *user, const char *name, int32_t layer, const 
 enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
 
 /* Switches (profiles / tests); cuda_default_options() turns everything on. */
-#define ATTN_CLUSTER_FROM 512   /* cuda_options.attn_cluster's window of positions (measured: */
-#define ATTN_CLUSTER_UNTIL 2560 /* +4% at 512 ... +5.5% at 2,048, -6% at 4,096) */
+#define ATTN_CLUSTER_FROM 192  /* cuda_options.attn_cluster's window of positions: what `qwenrt */
+#define ATTN_CLUSTER_UNTIL 3072 /* calibrate` chose for Qwen3-0.6B BF16, Q8_0 and Q4_K_M on the
+                                 * H200 (+5% at 256, level at 512, +8-13% at 1,024-2,048, -0 to
+                                 * -4% at 4,096; perf-log session 26) */
 #define ATTN_CLUSTER_POS_LIMIT (1 << 22) /* a window's edges at most (the longest context) */
 
 struct cuda_options {
