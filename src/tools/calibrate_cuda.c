@@ -445,6 +445,10 @@ qwenrt_status calibrate_cuda_run(const struct calibrate_params *p, json_t **out,
     if (p->trials < 1 || p->trials > CAL_MAX_TRIALS || p->warmup < 0 || p->n_prompt < 1 || p->n_gen < 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: trials 1 to %d, warm-ups >= 0, -p and -n >= 1",
                        CAL_MAX_TRIALS);
+    if (p->depth_max < 0 || (p->depth_max > 0 && p->depth_max < CAL_WINDOW_FIRST_DEPTH))
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "calibrate: --depth-max %d is below the first depth measured (%d; 0: no window stage)",
+                       (int)p->depth_max, CAL_WINDOW_FIRST_DEPTH);
     struct tool_model tm;
     struct tool_open_params op = {.model_path = p->model_path, .backend = p->backend, .n_threads = p->n_threads,
                                   .profiles_dir = p->profiles_dir, .command = "calibrate",

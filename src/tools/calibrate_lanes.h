@@ -28,6 +28,7 @@
 #define CAL_MAX_LANES 8
 #define CAL_MIN_GAIN 1.01 /* a candidate must decode at least 1% faster than the baseline */
 #define CAL_MAX_TRIALS 50
+#define CAL_WINDOW_FIRST_DEPTH 256 /* the window stage's first depth (then 512, 1,024, ...) */
 #define CAL_LOGITS_STEPS 64 /* steps whose logits the gate compares (tokens: every step); bounds its
                              * memory to 64 rows of the vocabulary */
 

@@ -27,7 +27,6 @@
 #include "tools/calibrate_lanes.h"
 #include "tools/validate.h"
 
-#define CW_FIRST_DEPTH 256
 #define CW_MAX_DEPTHS 16
 
 struct cw_depth {
@@ -116,7 +115,7 @@ static json_t *evidence(const struct calibrate_params *p, const struct cw_depth 
 static int list_depths(int32_t depth_max, int32_t *depths)
 {
     int n = 0;
-    for (int64_t d = CW_FIRST_DEPTH; d <= depth_max && n < CW_MAX_DEPTHS; d *= 2)
+    for (int64_t d = CAL_WINDOW_FIRST_DEPTH; d <= depth_max && n < CW_MAX_DEPTHS; d *= 2)
         depths[n++] = (int32_t)d;
     return n;
 }
@@ -129,9 +128,8 @@ qwenrt_status cal_window_run(const struct calibrate_params *p, struct qwenrt_mod
         return QWENRT_OK;
     int32_t depths[CW_MAX_DEPTHS];
     int nd = list_depths(p->depth_max, depths);
-    if (nd == 0)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: --depth-max %d is below the first depth measured (%d)",
-                       (int)p->depth_max, CW_FIRST_DEPTH);
+    if (nd == 0) /* calibrate_cuda_run refuses such a depth_max before its first stage */
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "calibrate: no depth to measure up to %d", (int)p->depth_max);
     struct qwenrt_model_info info;
     qwenrt_model_get_info(m, &info);
     int32_t dmax = depths[nd - 1], V = info.n_vocab;
