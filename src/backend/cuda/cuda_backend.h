@@ -196,7 +196,9 @@ struct cuda_options {
                           * of blocks per KV head (qkv_attention.cu), where it applies (Qwen3:
                           * two query heads per KV head, head size 64 or 128). 0 (default):
                           * off; 8 or 16: on, with clusters of that many blocks at most.
-                          * Tested; even with the two launches on the H200 (perf-log session 19) */
+                          * Tested; even with the two launches on the H200 in session 19, -9%
+                          * (clusters of 8) and -16% (16) against today's faster q|k|v GEMV
+                          * (perf-log session 26) */
     int32_t l2_prefetch_mb; /* decode graph: each launch (16-bit and quantised GEMVs, the
                           * attention, the DeltaNet step) asks the L2 for the weights that lie
                           * this many MB ahead of its own in the layers' order, so that HBM
