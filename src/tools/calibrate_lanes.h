@@ -86,9 +86,6 @@ qwenrt_status cal_gate_lanes(struct cal_lane *L, int n, const struct cal_run *r,
 qwenrt_status cal_time_lanes(struct cal_lane *L, int n, const struct cal_run *r, const int32_t *base_ids, int warmup,
                              int trials, struct qwenrt_error *err);
 
-/* n random token ids below V (a fixed sequence: every lane and every run reads the same). */
-void cal_random_ids(int32_t *ids, int32_t n, int32_t V);
-
 /* The profile's cudaTuning object: only the fields t sets. */
 json_t *cal_tuning_json(const struct model_cuda_tuning *t);
 

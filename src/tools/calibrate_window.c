@@ -148,7 +148,7 @@ qwenrt_status cal_window_run(const struct calibrate_params *p, struct qwenrt_mod
     if (!st)
         st = qwenrt_sampler_init(&gp, V, &greedy, err);
     if (!st) {
-        cal_random_ids(prompt, dmax, V);
+        validate_synthetic_prompt(1, V, prompt, dmax);
         st = cal_open_lanes(p, m, L, n, first_index, dmax + p->n_gen + 8, err);
     }
     for (int i = 0; i < nd && !st; i++)

@@ -118,8 +118,7 @@ struct gate {
     float *kv_buf; /* [n_ctx][kv_width]: K or V rows read back from a device session */
 };
 
-/* allclose |a-b| <= atol + rtol*|b|; returns max and mean absolute error. */
-static bool close_enough(const float *a, const float *b, size_t n, double rtol, double atol,
+bool validate_allclose(const float *a, const float *b, size_t n, double rtol, double atol,
                          double *max_err, double *mean_err)
 {
     bool ok = true;
@@ -155,7 +154,7 @@ static json_t *check_logits(struct gate *g, const float *cl, const float *rl, in
 {
     double mx, mean;
     bool ok =
-        close_enough(cl, rl, (size_t)g->V, g->tol->logits_rtol, g->tol->logits_atol, &mx, &mean);
+        validate_allclose(cl, rl, (size_t)g->V, g->tol->logits_rtol, g->tol->logits_atol, &mx, &mean);
     double rel = relative_error(cl, rl, (size_t)g->V);
     *cand_tok = qwenrt_argmax(cl, g->V);
     bool equal = *cand_tok == ref_tok;
@@ -215,7 +214,7 @@ static json_t *check_cache(struct gate *g, int32_t from, int32_t to, bool *passe
                           : (kv ? g->ref.s->state.v_cache[l] : g->ref.s->state.k_cache[l]) +
                                 (size_t)p * kvw + (size_t)h * hd;
                     double e;
-                    if (!close_enough(c + (size_t)p * kvw + (size_t)h * hd, r, (size_t)hd,
+                    if (!validate_allclose(c + (size_t)p * kvw + (size_t)h * hd, r, (size_t)hd,
                                       g->tol->cache_rtol, g->tol->cache_atol, &e, NULL))
                         *passed = false;
                     mx = fmax(mx, e);
@@ -246,12 +245,12 @@ static json_t *check_state(struct gate *g, bool *passed)
         if (!cs->ssm_state[l])
             continue;
         layers++;
-        if (!close_enough(cs->conv_state[l], rs->conv_state[l],
+        if (!validate_allclose(cs->conv_state[l], rs->conv_state[l],
                           (size_t)cs->conv_rows * cs->conv_dim, g->tol->state_rtol,
                           g->tol->state_atol, &e, NULL))
             *passed = false;
         mx = fmax(mx, e);
-        if (!close_enough(cs->ssm_state[l], rs->ssm_state[l], (size_t)cs->ssm_len,
+        if (!validate_allclose(cs->ssm_state[l], rs->ssm_state[l], (size_t)cs->ssm_len,
                           g->tol->state_rtol, g->tol->state_atol, &e, NULL))
             *passed = false;
         mx = fmax(mx, e);

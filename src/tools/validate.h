@@ -83,4 +83,9 @@ void validate_result_free(struct validate_result *r);
 /* Deterministic synthetic prompt ids in [0, n_vocab) (xorshift64*, like seed 004's fixed ids). */
 void validate_synthetic_prompt(uint64_t seed, int32_t n_vocab, int32_t *ids, int32_t n);
 
+/* allclose: |a - b| <= atol + rtol |b| for every element (NaN fails); *max_err and *mean_err
+ * get the largest and the mean absolute difference. */
+bool validate_allclose(const float *a, const float *b, size_t n, double rtol, double atol, double *max_err,
+                       double *mean_err);
+
 #endif
