@@ -559,8 +559,8 @@ static void attention_case_with(const struct cuda_options *base, int32_t hd, int
         op->dump = "gated";
     }
     char what[128];
-    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d%s one_split=%d", hd,
-             n_head, n_kv, n_rot, gated, tiled, kv16 ? " kv f16" : "", (int)o.attn_one_split);
+    snprintf(what, sizeof(what), "attention hd=%d heads=%d/%d rot=%d gated=%d tiled=%d%s one_split=%d pipe=%d", hd,
+             n_head, n_kv, n_rot, gated, tiled, kv16 ? " kv f16" : "", (int)o.attn_one_split, (int)o.attn_pipe);
     double tol = tiled == 2 ? OP_ATTN_FLASH_TOL : tiled == 3 ? OP_ATTN_TF32_TOL : OP_REL_TOL;
     run_case(&c, what, T, steps, kv16 && tol < OP_ATTN_KV16_TOL ? OP_ATTN_KV16_TOL : tol, &o);
 }
@@ -610,6 +610,27 @@ static void test_op_attention(void **state)
     attention_case_with(&one, 128, 16, 8, 128, false, 90, 3, 1, true);
     one.attn_one_split = 4096; /* one split up to 4096: at 2200, 35 rounds of rows in one block */
     attention_case_with(&one, 64, 4, 1, 64, false, 2200, 2, 1, true);
+    /* cuda_options.attn_pipe (two rounds of rows in flight, the default): one round and a
+     * part (f32 rows 4 per warp: 32 positions a round; f16 8: 64), three and four rounds
+     * (70-72, 90-92: the refill of both buffers), the splits at 150 and 2200, the 35 rounds
+     * of one split, head sizes 64 and 256 with the gate, and the cluster merge */
+    struct cuda_options pipe = cuda_default_options();
+    pipe.attn_pipe = 1; /* the default: also set here so that the cases stay if it changes */
+    attention_case_with(&pipe, 128, 16, 8, 128, false, 40, 3, 1, false);
+    attention_case_with(&pipe, 128, 16, 8, 128, false, 70, 3, 1, false);
+    attention_case_with(&pipe, 128, 16, 8, 128, false, 90, 3, 1, true);
+    attention_case_with(&pipe, 128, 4, 4, 128, true, 150, 3, 1, false);
+    attention_case_with(&pipe, 64, 4, 1, 64, false, 2200, 2, 1, true);
+    attention_case_with(&pipe, 256, 8, 2, 64, true, 100, 3, 1, false);
+    pipe.attn_one_split = 4096;
+    attention_case_with(&pipe, 64, 4, 1, 64, false, 2200, 2, 1, false);
+    pipe.attn_one_split = 0, pipe.attn_cluster = 1;
+    attention_case_with(&pipe, 128, 16, 8, 128, false, 300, 3, 1, false);
+    /* and without it (attn_pipe -1: one round at a time) */
+    struct cuda_options nopipe = cuda_default_options();
+    nopipe.attn_pipe = -1;
+    attention_case_with(&nopipe, 128, 16, 8, 128, false, 70, 3, 1, false);
+    attention_case_with(&nopipe, 64, 4, 1, 64, false, 2200, 2, 1, true);
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
@@ -1897,8 +1918,27 @@ static void check_graph_attn_pair(const char *arch, int32_t head_dim, const stru
         assert_int_equal(ga[i], gb[i]);
     printf("%s: worst logits rel err %.3g over 20 steps\n", what, worst);
     free_synth_pair(a, b, m, path, la, lb);
-    if (!(worst > 0 && worst <= tol))
-        fail_msg("%s: logits differ by %.3g (want (0, %g])", what, worst, tol);
+    if (tol == 0 ? worst != 0 : !(worst > 0 && worst <= tol))
+        fail_msg("%s: logits differ by %.3g (want %s%g])", what, worst, tol == 0 ? "[" : "(0, ", tol);
+}
+
+/* cuda_options.attn_pipe (two rounds of K/V rows in flight, the default) against the loop of
+ * one round at a time (attn_pipe -1): the same rounds summed in the same order, so the logits
+ * are the same bit for bit — from position 0 (one round, then two), after 300 positions
+ * (splits of 60: two rounds each), with the f16 cache (8 rows a round), at head sizes 256 and
+ * 64. check_graph_attn_pair's other side runs the defaults (attn_pipe 1), so here "on" is the
+ * option turned off. */
+static void test_graph_attn_pipe(void **st)
+{
+    (void)st;
+    struct cuda_options on = cuda_default_options();
+    on.attn_pipe = -1;
+    on.attn_cluster = -1; /* the pair's other side merges its splits the default way */
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 0, "attn_pipe off", NULL);
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, 300, 0, "attn_pipe off", NULL);
+    check_graph_attn_pair("qwen3-tiny", 128, &on, true, 100, 0, "attn_pipe off", NULL);
+    check_graph_attn_pair("qwen35-tiny", 256, &on, false, 40, 0, "attn_pipe off", NULL);
+    check_graph_attn_pair("qwen35-tiny", 64, &on, true, 300, 0, "attn_pipe off", NULL);
 }
 
 /* cuda_options.attn_cluster (a head's attention splits as one cluster merged through
@@ -2528,7 +2568,8 @@ static void test_backend_errors(void **st)
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
-     * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from) */
+     * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
+     * attn_pipe -1 to 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2559,7 +2600,8 @@ static void test_backend_errors(void **st)
                    {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}},
                    {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-2, 3}},
                    {"attn_cluster_from", offsetof(struct cuda_options, attn_cluster_from), {-1, ATTN_CLUSTER_POS_LIMIT + 1}},
-                   {"attn_cluster_until", offsetof(struct cuda_options, attn_cluster_until), {-1, 100}}};
+                   {"attn_cluster_until", offsetof(struct cuda_options, attn_cluster_until), {-1, 100}},
+                   {"attn_pipe", offsetof(struct cuda_options, attn_pipe), {-2, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2650,6 +2692,7 @@ int main(void)
         cmocka_unit_test(test_graph_gemv_smem),
         cmocka_unit_test(test_graph_attn_o),
         cmocka_unit_test(test_graph_attn_cluster),
+        cmocka_unit_test(test_graph_attn_pipe),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),

@@ -247,6 +247,14 @@ struct cuda_options {
                           * H200's edges for Qwen3-0.6B; a profile gives the window `qwenrt
                           * calibrate --backend cuda` measured for its model (1 to
                           * ATTN_CLUSTER_POS_LIMIT, until > from) */
+    int32_t attn_pipe;   /* decode graph, the attention with RoPE inside: each warp's first two
+                          * rounds of cached K/V rows requested before the wait (not one), and
+                          * in the loop each round's registers refilled with the round after
+                          * next as soon as they are used, so that a second round no longer
+                          * waits one round trip after the first one's arithmetic (the same sums
+                          * in the same order: logits bit for bit). 1 (default): on (H200,
+                          * session 27, tg128: Qwen3-0.6B BF16 +3.0%, at depth 1,024 +3.4%,
+                          * 4,096 +2.6%, Q4_K_M +2.2%; Qwen3.5-0.8B level); 0 or -1: off */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

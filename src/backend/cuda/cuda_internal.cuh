@@ -418,6 +418,7 @@ struct attn_args {
     bool cluster_merge;  /* T == 1, rope, sm_90: a head's splits are one cluster of blocks merged
                           * through distributed shared memory (cuda_options.attn_cluster;
                           * part and count unused) */
+    bool pipe;           /* T == 1, rope: two rounds of rows in flight (cuda_options.attn_pipe) */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */

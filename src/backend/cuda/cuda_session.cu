@@ -221,6 +221,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_o_single = 0;   /* 64 */
     o.attn_cluster = 0;    /* the session picks (pick_cl_mode): Qwen3-0.6B BF16 +4-11% at depths
                             * 512-2,048 (perf-log session 25) */
+    o.attn_pipe = 1; /* Qwen3-0.6B BF16 +3.0%, Q4_K_M +2.2% (perf-log session 27) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1304,6 +1305,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
      * the q that the rope op rotates in place */
     a.rope = cs->opt.attn_rope && ra.q == a.q;
+    a.pipe = a.rope && cs->opt.attn_pipe > 0;
     a.cluster_merge = a.rope && cs->cl_variant == 1 && cs->cc_major >= 9;
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
@@ -2227,6 +2229,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     int m = o->attn_split_min;
     if (m != 0 && (m < 16 || m > 4096))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
+    if (o->attn_pipe < -1 || o->attn_pipe > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_pipe %d (0 or -1: off, 1: on)", (int)o->attn_pipe);
     if (o->attn_one_split < 0 || o->attn_one_split > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_one_split %d (0: none, or up to 4096 positions)",
                        (int)o->attn_one_split);

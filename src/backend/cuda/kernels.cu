@@ -424,6 +424,64 @@ __device__ __forceinline__ void attention_cluster_merge(const struct attn_args &
 #endif
 }
 
+/* One round of a warp's rows (positions p0 + u ATT_WARPS, u < U; those past last masked) into
+ * the online softmax (m, l) and the output acc: the default loop's body (attention_kernel), as a
+ * function for attention_pipe_rounds. */
+template <int EPL, typename KV, int U>
+__device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, const float (&q)[EPL], int p0,
+                                                int last, float &m, float &l, float (&acc)[EPL])
+{
+    float dot[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            d += q[e] * rw.K(u, e);
+        dot[u] = d;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        dot[u] = warp_sum(dot[u]);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (p0 + u * ATT_WARPS > last)
+            break;
+        float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
+        l = l * corr + pw;
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            acc[e] = acc[e] * corr + pw * rw.V(u, e);
+        m = m_new;
+    }
+}
+
+/* PIPE's loop over a warp's rounds from p0: r0 and r1 hold the first two rounds' cached rows
+ * (requested before the wait; the current position's row is taken from shared memory here),
+ * and each buffer is refilled with the round two ahead right after its use, so a round's loads
+ * are in flight during the other buffer's arithmetic. The same rounds in the same order as the
+ * default loop: the same sums, bit for bit. */
+template <int EPL, bool ROPE, typename KV, int U>
+__device__ __forceinline__ void attention_pipe_rounds(const KV *kbase, const KV *vbase, int64_t kvw, int p0, int last,
+                                                      int pos, const KV *cur_k, const KV *cur_v, const float (&q)[EPL],
+                                                      att_rows<KV, U, EPL> &r0, att_rows<KV, U, EPL> &r1, float &m,
+                                                      float &l, float (&acc)[EPL])
+{
+    constexpr int STEP = ATT_WARPS * U;
+    attention_load_round<EPL, ROPE>(kbase, vbase, kvw, p0, last, pos, cur_k, cur_v, ATT_ROWS_CURRENT, r0);
+    attention_load_round<EPL, ROPE>(kbase, vbase, kvw, p0 + STEP, last, pos, cur_k, cur_v, ATT_ROWS_CURRENT, r1);
+    for (; p0 <= last; p0 += 2 * STEP) {
+        attention_round<EPL, KV, U>(r0, q, p0, last, m, l, acc);
+        if (p0 + 2 * STEP <= last)
+            attention_load_round<EPL, ROPE>(kbase, vbase, kvw, p0 + 2 * STEP, last, pos, cur_k, cur_v, ATT_ROWS_ALL, r0);
+        if (p0 + STEP > last)
+            break;
+        attention_round<EPL, KV, U>(r1, q, p0 + STEP, last, m, l, acc);
+        if (p0 + 3 * STEP <= last)
+            attention_load_round<EPL, ROPE>(kbase, vbase, kvw, p0 + 3 * STEP, last, pos, cur_k, cur_v, ATT_ROWS_ALL, r1);
+    }
+}
+
 /* TL: the decode timeline's variant (a.stamps written; cuda_session_timeline). A separate
  * instantiation, so that the kernel the decode runs is the one without them: compiled into
  * it, the stamps changed its register allocation (90 -> 80) and Qwen3-0.6B BF16 measured
@@ -433,7 +491,11 @@ __device__ __forceinline__ void attention_cluster_merge(const struct attn_args &
  * shared memory after a cluster barrier, each block its share of the dimensions, instead of
  * the last block reading every split's partial back from global memory. Another
  * instantiation: the default kernel's code stays as measured. */
-template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false>
+/* PIPE (cuda_options.attn_pipe, T = 1, ROPE): two rounds of cached rows requested before the
+ * wait instead of one, and in the loop each round's registers refilled with the round after
+ * next as soon as they are used (attention_pipe_rounds): a warp's second round no longer waits
+ * for a round trip after the first one's arithmetic. Another instantiation. */
+template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false, bool PIPE = false>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     if (TL)
@@ -471,12 +533,23 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     att_rows<KV, U, EPL> rw;
     float dot[U];
     attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
+    att_rows<KV, PIPE ? U : 1, EPL> rw2; /* PIPE: the second round */
+    if constexpr (PIPE)
+        attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp + ATT_WARPS * U, last, pos, cur_k, cur_v,
+                                        ATT_ROWS_CACHED, rw2);
+#ifndef ATT_ANGLES_EARLY
+#define ATT_ANGLES_EARLY 0
+#endif
+    constexpr bool angles_early = ROPE && PIPE && ATT_ANGLES_EARLY;
+    if (angles_early) /* the position is known (read before the wait with a.early, else after it) */
+        attention_rope_angles(a, pos, r_cs, r_sn);
     if (a.early) /* q, k and v of this token come from the launch before */
         griddep_wait();
     if (TL)
         tl_stamp(a.stamps, 1);
     if (ROPE)
-        attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
+        attention_rope_prologue<EPL, KV, !angles_early>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16,
+                                                        r_cs, r_sn);
     if (TL) /* the time line's third stamp: q, k and v normalised, rotated and cached */
         tl_stamp(a.stamps, 2);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
@@ -488,7 +561,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * U) {
+    if constexpr (PIPE)
+        attention_pipe_rounds<EPL, ROPE, KV, U>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, q, rw, rw2,
+                                                m, l, acc);
+    for (int p0 = lo + warp; !PIPE && p0 <= last; p0 += ATT_WARPS * U) {
         attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, p0, last, pos, cur_k, cur_v,
                                         p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, rw);
 #pragma unroll
@@ -748,19 +824,28 @@ static cudaError_t launch_attention_tiled(const struct attn_args *a, cudaStream_
 
 bool attention_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256; }
 
-/* The decode graph's attention (RoPE inside): the stamped instantiation for the timeline. */
-template <int EPL, typename KV>
-static cudaError_t launch_attention_rope(const struct attn_args *a, dim3 grid, dim3 block, cudaStream_t s)
+/* The decode graph's attention (RoPE inside): the stamped instantiation for the timeline, the
+ * cluster merge, the pipelined rounds (a->pipe). */
+template <int EPL, typename KV, bool PIPE>
+static cudaError_t launch_attention_rope_p(const struct attn_args *a, dim3 grid, dim3 block, cudaStream_t s)
 {
     if (a->cluster_merge) {
         dim3 g(ATT_CL_SPLITS, a->n_head);
         if (a->stamps)
-            return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, true, true>, g, block, 0, s, *a);
-        return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, false, true>, g, block, 0, s, *a);
+            return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, true, true, PIPE>, g, block, 0, s,
+                             *a);
+        return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, false, true, PIPE>, g, block, 0, s, *a);
     }
     if (a->stamps)
-        return launch_k(a->pdl, attention_kernel<EPL, true, KV, true>, grid, block, 0, s, *a);
-    return launch_k(a->pdl, attention_kernel<EPL, true, KV>, grid, block, 0, s, *a);
+        return launch_k(a->pdl, attention_kernel<EPL, true, KV, true, false, PIPE>, grid, block, 0, s, *a);
+    return launch_k(a->pdl, attention_kernel<EPL, true, KV, false, false, PIPE>, grid, block, 0, s, *a);
+}
+
+template <int EPL, typename KV>
+static cudaError_t launch_attention_rope(const struct attn_args *a, dim3 grid, dim3 block, cudaStream_t s)
+{
+    return a->pipe ? launch_attention_rope_p<EPL, KV, true>(a, grid, block, s)
+                   : launch_attention_rope_p<EPL, KV, false>(a, grid, block, s);
 }
 
 template <typename KV>
