@@ -29,23 +29,7 @@
  * does (the same sums in the same order: bit-identical), into shared memory; the block whose
  * split holds the current position reads that position's K and V from there, and the group's
  * first head writes them to the cache. Saves the rope launch per layer. */
-/* The RoPE table of position pos into shared memory (r_cs, r_sn: n_rot / 2 each): depends on the
- * position only, so a kernel that reads the position before its wait may make it there
- * (ATT_ANGLES_EARLY); the prologue's first block barrier orders it before the rotation. */
-__device__ __forceinline__ void attention_rope_angles(const struct attn_args &a, int pos, float *r_cs, float *r_sn)
-{
-    const int half = a.n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = a.inv_freq ? a.inv_freq[i]
-                                     : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
-        double ang = (double)pos * inv_freq;
-        ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
-        sincosf((float)ang, &r_sn[i], &r_cs[i]);
-    }
-}
-
-/* ANGLES: the table made here (false: the caller made it before, attention_rope_angles). */
-template <int EPL, typename KV, bool ANGLES = true>
+template <int EPL, typename KV>
 __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
                                         float *r_q, float *r_k, float *r_v, KV *r_k16, KV *r_v16, float *r_cs,
                                         float *r_sn)
@@ -63,8 +47,7 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
             v[j] = src[lane + 32 * j];
             g[j] = warp < 2 ? w[lane + 32 * j] : 1.0f;
         }
-    for (int i = threadIdx.x; ANGLES && i < half; i += blockDim.x) { /* attention_rope_angles written out:
-                                                                    * the kernels' code as measured */
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = a.inv_freq ? a.inv_freq[i]
                                      : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
         double ang = (double)pos * inv_freq;

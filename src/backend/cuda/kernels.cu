@@ -537,19 +537,12 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     if constexpr (PIPE)
         attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp + ATT_WARPS * U, last, pos, cur_k, cur_v,
                                         ATT_ROWS_CACHED, rw2);
-#ifndef ATT_ANGLES_EARLY
-#define ATT_ANGLES_EARLY 0
-#endif
-    constexpr bool angles_early = ROPE && PIPE && ATT_ANGLES_EARLY;
-    if (angles_early) /* the position is known (read before the wait with a.early, else after it) */
-        attention_rope_angles(a, pos, r_cs, r_sn);
     if (a.early) /* q, k and v of this token come from the launch before */
         griddep_wait();
     if (TL)
         tl_stamp(a.stamps, 1);
     if (ROPE)
-        attention_rope_prologue<EPL, KV, !angles_early>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16,
-                                                        r_cs, r_sn);
+        attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
     if (TL) /* the time line's third stamp: q, k and v normalised, rotated and cached */
         tl_stamp(a.stamps, 2);
     const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
