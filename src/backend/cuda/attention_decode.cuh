@@ -166,4 +166,35 @@ __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *
     }
 }
 
+/* One round of a warp's rows (positions p0 + u ATT_WARPS, u < U; those past last masked) into
+ * the online softmax (m, l) and the output acc (attention_kernel's loops, attn_o.cu's). */
+template <int EPL, typename KV, int U>
+__device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, const float (&q)[EPL], int p0,
+                                                int last, float &m, float &l, float (&acc)[EPL])
+{
+    float dot[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            d += q[e] * rw.K(u, e);
+        dot[u] = d;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        dot[u] = warp_sum(dot[u]);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (p0 + u * ATT_WARPS > last)
+            break;
+        float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
+        l = l * corr + pw;
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            acc[e] = acc[e] * corr + pw * rw.V(u, e);
+        m = m_new;
+    }
+}
+
 #endif

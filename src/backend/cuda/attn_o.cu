@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
     const KV *vbase = (const KV *)t.vc + (int64_t)kvh * hd + lane * EPL;
     constexpr int U = att_u<KV>();
     att_rows<KV, U, EPL> rw;
-    float dot[U];
     attention_load_round<EPL, true>(kbase, vbase, t.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
     if (t.early)
         griddep_wait();
@@ -162,35 +161,12 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
         q[e] = r_q[lane * EPL + e] * scale;
         acc[e] = 0.0f;
     }
-    /* the attention kernel's rounds (kernels.cu), copied rather than shared: moved into a
-     * function, that kernel's PTX changed (renumbered, reordered loads), and its code is held
-     * exactly as measured (perf-log sessions 20 and 24: register changes there cost 4-10%) */
+    /* the attention kernel's rounds (kernels.cu) */
     float m = -INFINITY, l = 0.0f;
     for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * U) {
         attention_load_round<EPL, true>(kbase, vbase, t.kvw, p0, last, pos, cur_k, cur_v,
                                         p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, rw);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++)
-                d += q[e] * rw.K(u, e);
-            dot[u] = d;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            dot[u] = warp_sum(dot[u]);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (p0 + u * ATT_WARPS > last)
-                break;
-            float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
-            l = l * corr + pw;
-#pragma unroll
-            for (int e = 0; e < EPL; e++)
-                acc[e] = acc[e] * corr + pw * rw.V(u, e);
-            m = m_new;
-        }
+        attention_round<EPL, KV, U>(rw, q, p0, last, m, l, acc);
     }
     /* the output gate of this thread's dimension (Qwen3.5), requested before the merges */
     const float *gp = t.q + (int64_t)h * t.q_stride + hd;

@@ -424,38 +424,6 @@ __device__ __forceinline__ void attention_cluster_merge(const struct attn_args &
 #endif
 }
 
-/* One round of a warp's rows (positions p0 + u ATT_WARPS, u < U; those past last masked) into
- * the online softmax (m, l) and the output acc: the default loop's body (attention_kernel), as a
- * function for attention_pipe_rounds. */
-template <int EPL, typename KV, int U>
-__device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, const float (&q)[EPL], int p0,
-                                                int last, float &m, float &l, float (&acc)[EPL])
-{
-    float dot[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < EPL; e++)
-            d += q[e] * rw.K(u, e);
-        dot[u] = d;
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-        dot[u] = warp_sum(dot[u]);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        if (p0 + u * ATT_WARPS > last)
-            break;
-        float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
-        l = l * corr + pw;
-#pragma unroll
-        for (int e = 0; e < EPL; e++)
-            acc[e] = acc[e] * corr + pw * rw.V(u, e);
-        m = m_new;
-    }
-}
-
 /* PIPE's loop over a warp's rounds from p0: r0 and r1 hold the first two rounds' cached rows
  * (requested before the wait; the current position's row is taken from shared memory here),
  * and each buffer is refilled with the round two ahead right after its use, so a round's loads
@@ -531,7 +499,6 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
      * on it, so their L2 round trip overlaps the prologue's */
     constexpr int U = att_u<KV>();
     att_rows<KV, U, EPL> rw;
-    float dot[U];
     attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp, last, pos, cur_k, cur_v, ATT_ROWS_CACHED, rw);
     att_rows<KV, PIPE ? U : 1, EPL> rw2; /* PIPE: the second round */
     if constexpr (PIPE)
@@ -560,28 +527,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     for (int p0 = lo + warp; !PIPE && p0 <= last; p0 += ATT_WARPS * U) {
         attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, p0, last, pos, cur_k, cur_v,
                                         p0 == lo + warp ? ATT_ROWS_CURRENT : ATT_ROWS_ALL, rw);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            float d = 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++)
-                d += q[e] * rw.K(u, e);
-            dot[u] = d;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            dot[u] = warp_sum(dot[u]);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (p0 + u * ATT_WARPS > last)
-                break;
-            float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
-            l = l * corr + pw;
-#pragma unroll
-            for (int e = 0; e < EPL; e++)
-                acc[e] = acc[e] * corr + pw * rw.V(u, e);
-            m = m_new;
-        }
+        attention_round<EPL, KV, U>(rw, q, p0, last, m, l, acc);
     }
     /* the output gate of this thread's first dimension (Qwen3.5), requested before the
      * warps' merge rather than after it */
