@@ -1,9 +1,10 @@
 /*
  * attention_decode.cuh — the pieces of the decode attention that kernels.cu's attention kernel
  * and attn_o.cu's fused attention + o product share: the launch constants (warps per block,
- * rows in flight), the q/k norm + RoPE + cache write prologue, and the rounds of K/V rows each
- * warp loads before it uses them. Moved here unchanged (the templates instantiate the same
- * code in either file).
+ * rows in flight), the q/k norm + RoPE + cache write prologue, the rounds of K/V rows each
+ * warp loads before it uses them, and one round's dot products and online-softmax update
+ * (attention_round). Moved here unchanged (the templates instantiate the same code in either
+ * file).
  */
 #ifndef QWENRT_BACKEND_CUDA_ATTENTION_DECODE_CUH
 #define QWENRT_BACKEND_CUDA_ATTENTION_DECODE_CUH
