@@ -1019,6 +1019,8 @@ int main(int argc, char **argv)
                     (unsigned long long)pp_hash, (unsigned long long)tg_hash);
             fprintf(f, "  \"logits_hash_tg_megakernel\": \"%016llx\",\n", (unsigned long long)tg_hash_mega);
             fprintf(f, "  \"depth\": %d,\n  \"n_gen\": %d,\n  \"n_prompt\": %d,\n  \"reps\": %d,\n", depth, n_gen, n_prompt, reps);
+            /* the KV cache the runs used: f32 unless --kv-f16 (qwenrt's sessions take f16 on CUDA) */
+            fprintf(f, "  \"kv_cache\": \"%s\",\n", kv_f16 ? "f16" : "f32");
             fprintf(f, "  \"results\": {\"pp_tok_s\": %.1f, \"pp_exact_tok_s\": %.1f, \"tg_tok_s\": %.1f, \"tg_default_path\": \"%s\", \"tg_api_tok_s\": %.1f, \"tg_api_whole_row_tok_s\": %.1f, \"tg_api_sampled_tok_s\": %.1f, \"tg_megakernel_tok_s\": %.1f, \"tg_graph_fused_tok_s\": %.1f, \"tg_graph_unfused_tok_s\": %.1f, \"tg_nograph_fused_tok_s\": %.1f, \"tg_weight_GB_s\": %.1f},\n",
                     pp, pv[1].tok_s, tg, default_mega ? "megakernel" : "graph", api, api_row, api_run, vs[0].tok_s, vs[3].tok_s, vs[1].tok_s, vs[2].tok_s, tg * bytes / 1e9);
             fprintf(f, "  \"switches\": {\"pp_exact_attn_tiled_off\": %.1f, \"pp_exact_gdn_par_off\": %.1f, \"pp_all_off\": %.1f, \"pp_exact_gemm_stack3_off\": %.1f, \"pp_exact_attn_gemm_off\": %.1f, \"pp_attn_flash_off\": %.1f, \"pp_gdn_chunked_on\": %.1f, \"tg_mega_512\": %.1f, \"tg_graph_fused_pdl\": %.1f, \"tg_graph_fused_attn_split_off\": %.1f, \"tg_mega_fuse_down_on\": %.1f, \"tg_graph_fused_attn_rope_off\": %.1f, \"tg_graph_fused_mlp_fused_on\": %.1f, \"tg_graph_fused_gdn_split_off\": %.1f, \"tg_graph_fused_gemv_smem_off\": %.1f, \"tg_graph_fused_gemv_smem_off_pdl\": %.1f, \"tg_graph_fused_gemv_smem_8_120\": %.1f, \"tg_graph_fused_gemv_smem_16_160\": %.1f},\n",
