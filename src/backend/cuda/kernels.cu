@@ -318,7 +318,8 @@ cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int
  * Lane l holds dims [l*EPL, l*EPL+EPL) of q and of its running output; warp w visits positions
  * lo+w, lo+w+ATT_WARPS, ... <= hi, ATT_U of them per step with all their K/V loads issued
  * before the first use (decode is latency-bound: one HBM round trip per step, not per
- * position), with an online softmax (running max m, sum l); the warps' partial results are
+ * position; with attn_pipe, the default, two steps in flight: attention_pipe_rounds), with an
+ * online softmax (running max m, sum l); the warps' partial results are
  * merged through shared memory at the end. K/V rows are read as EPL contiguous floats per
  * lane: a warp reads one whole row, coalesced.
  * Split-K (flash decoding, gridDim.z = S > 1; T = 1): the positions 0..pos are cut into S
