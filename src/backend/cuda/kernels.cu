@@ -429,7 +429,7 @@ __device__ __forceinline__ void attention_cluster_merge(const struct attn_args &
  * (requested before the wait; the current position's row is taken from shared memory here),
  * and each buffer is refilled with the round two ahead right after its use, so a round's loads
  * are in flight during the other buffer's arithmetic. The same rounds in the same order as the
- * default loop: the same sums, bit for bit. */
+ * one-round loop (attn_pipe -1): the same sums, bit for bit (test_graph_attn_pipe). */
 template <int EPL, bool ROPE, typename KV, int U>
 __device__ __forceinline__ void attention_pipe_rounds(const KV *kbase, const KV *vbase, int64_t kvw, int p0, int last,
                                                       int pos, const KV *cur_k, const KV *cur_v, const float (&q)[EPL],
@@ -463,7 +463,8 @@ __device__ __forceinline__ void attention_pipe_rounds(const KV *kbase, const KV 
 /* PIPE (cuda_options.attn_pipe, T = 1, ROPE): two rounds of cached rows requested before the
  * wait instead of one, and in the loop each round's registers refilled with the round after
  * next as soon as they are used (attention_pipe_rounds): a warp's second round no longer waits
- * for a round trip after the first one's arithmetic. Another instantiation. */
+ * for a round trip after the first one's arithmetic. Another instantiation; the default since
+ * session 27 (Qwen3-0.6B BF16 tg128 +3.0%, docs/perf-log.md). */
 template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false, bool PIPE = false>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
