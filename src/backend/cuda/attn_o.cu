@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(AO_THREADS) attn_o_kernel(const __grid_constan
         q[e] = r_q[lane * EPL + e] * scale;
         acc[e] = 0.0f;
     }
-    /* the attention kernel's rounds (kernels.cu) */
+    /* the attention kernel's rounds (attention_round, attention_decode.cuh) */
     float m = -INFINITY, l = 0.0f;
     for (int p0 = lo + warp; p0 <= last; p0 += ATT_WARPS * U) {
         attention_load_round<EPL, true>(kbase, vbase, t.kvw, p0, last, pos, cur_k, cur_v,
