@@ -422,7 +422,9 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"attn_cluster", offsetof(struct cuda_options, attn_cluster)},
                   {"attn_cluster_from", offsetof(struct cuda_options, attn_cluster_from)},
                   {"attn_cluster_until", offsetof(struct cuda_options, attn_cluster_until)},
-                  {"attn_pipe", offsetof(struct cuda_options, attn_pipe)}};
+                  {"attn_pipe", offsetof(struct cuda_options, attn_pipe)},
+                  {"gemv_smem_waves", offsetof(struct cuda_options, gemv_smem_waves)},
+                  {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);

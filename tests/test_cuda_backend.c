@@ -1415,6 +1415,19 @@ static void test_decode_timeline(void **st)
     assert_non_null(strstr(rep, "| rope+attention |"));
     assert_non_null(strstr(rep, "| gemv+residual |"));
     assert_true(staged_in_timeline(a, "rope+attention")); /* the attention's third stamp */
+    /* where the blocks ran: multiprocessors used and the most blocks on one (at least 1: the
+     * stamps carry each block's multiprocessor), blocks on a shared one (a few at most:
+     * qwen3-tiny's launches have fewer blocks than the GPU has multiprocessors), the share of
+     * launches whose last block was one of them, the last block's lateness (finite) */
+    const char *row = strstr(rep, "| gemv+residual |");
+    int n = 0;
+    double f[6], used = -1, most = -1, shared = -1, last_shared = -1, late[3];
+    assert_true(sscanf(row + strlen("| gemv+residual |"),
+                       " %d | %lf | %lf | %lf | %lf | %lf | %lf | %lf | %lf | %lf%% | %lf / %lf / %lf |", &n, &f[0], &f[1],
+                       &f[2], &f[3], &f[4], &used, &most, &shared, &last_shared, &late[0], &late[1], &late[2]) == 13);
+    assert_true(used >= 1 && most >= 1 && shared >= 0 && shared < 64 && last_shared >= 0 && last_shared <= 100);
+    for (int i = 0; i < 3; i++)
+        assert_true(late[i] > -1e3 && late[i] < 1e3);
     double span = 0;
     const char *tail = strstr(rep, "first start to last end: ");
     assert_non_null(tail);
@@ -1985,6 +1998,73 @@ static void test_graph_attn_o(void **st)
     /* after a prompt of 300 positions: 38 per slice, several rounds of rows per warp */
     check_graph_attn_o("qwen3-tiny", 128, 1, 0, true, 300, 1e-4);
     check_graph_attn_o("qwen35-tiny", 256, 1, 0, true, 300, 1e-3);
+}
+
+/* cuda_options.gemv_smem_waves (blocks of any number of warps, the grid within N per
+ * multiprocessor) against the default shapes through the decode graph: a row's sums do not
+ * depend on its block (x in each warp's registers, or staged whole without a norm at K above
+ * 2,048), so the logits must be the same bit for bit; 1 makes blocks of 6 warps for the
+ * widened qwen3-tiny's gate|up pairs, 3 blocks of 2 (check_gemv_smem_waves has the shapes). */
+static void test_graph_gemv_smem_waves(void **st)
+{
+    (void)st;
+    for (int32_t waves = 1; waves <= 3; waves += 2) {
+        struct cuda_options on = cuda_default_options(), off = on;
+        on.mega = off.mega = CUDA_MEGA_OFF;
+        on.gemv_smem_waves = waves;
+        check_graph_options_pair("qwen3-tiny", EXPORT_BF16, &on, &off, 0, false, true,
+                                 waves == 1 ? "gemv_smem waves 1 vs halved shapes" : "gemv_smem waves 3 vs halved shapes");
+        check_graph_options_pair("qwen35-tiny", EXPORT_BF16, &on, &off, 0, false, true,
+                                 waves == 1 ? "gemv_smem waves 1 vs halved shapes" : "gemv_smem waves 3 vs halved shapes");
+    }
+}
+
+/* The time line's "most blocks on one multiprocessor" of cs's launches labelled label (mean
+ * over launches and replays), -1 when the report has no such row. */
+static double most_blocks_on_one_sm(struct cuda_session *cs, const char *label)
+{
+    char rep[4096], key[96];
+    struct qwenrt_error err = {0};
+    if (cuda_session_timeline(cs, 7, 0, 2, rep, sizeof(rep), &err))
+        fail_msg("timeline: %s", err.message);
+    snprintf(key, sizeof(key), "| %s |", label);
+    const char *row = strstr(rep, key);
+    int n = 0;
+    double f[7];
+    if (!row || sscanf(row + strlen(key), " %d | %lf | %lf | %lf | %lf | %lf | %lf | %lf |", &n, &f[0], &f[1], &f[2],
+                       &f[3], &f[4], &f[5], &f[6]) != 8)
+        return -1;
+    return f[6];
+}
+
+/* cuda_options.gemv_smem_alone (blocks that reserve over half a multiprocessor's shared
+ * memory where the grid fits once) against the default: only the reservation differs, so the
+ * logits must be the same bit for bit; and with 1, the q|k|v launches' blocks (under one
+ * wave here) are each alone on their multiprocessor in the time line. */
+static void test_graph_gemv_smem_alone(void **st)
+{
+    (void)st;
+    for (int32_t alone = 1; alone <= 2; alone++) {
+        struct cuda_options on = cuda_default_options(), off = on;
+        on.mega = off.mega = CUDA_MEGA_OFF;
+        on.gemv_smem_alone = alone;
+        check_graph_options_pair("qwen3-tiny", EXPORT_BF16, &on, &off, 0, false, true,
+                                 alone == 1 ? "gemv_smem alone 1 vs shared" : "gemv_smem alone 2 vs shared");
+        check_graph_options_pair("qwen35-tiny", EXPORT_BF16, &on, &off, 0, false, true,
+                                 alone == 1 ? "gemv_smem alone 1 vs shared" : "gemv_smem alone 2 vs shared");
+    }
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_BF16, 1024, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gemv_smem_alone = 1;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, "alone");
+    double most = most_blocks_on_one_sm(a, "norm+gemv(multi)");
+    printf("gemv_smem alone 1: most q|k|v blocks on one multiprocessor %.2f (default %.2f)\n", most,
+           most_blocks_on_one_sm(b, "norm+gemv(multi)"));
+    assert_true(most == 1.0);
+    free_synth_pair(a, b, m, path, NULL, NULL);
 }
 
 static void test_graph_gemv_smem(void **st)
@@ -2569,7 +2649,7 @@ static void test_backend_errors(void **st)
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
-     * attn_pipe -1 to 1 */
+     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2601,7 +2681,9 @@ static void test_backend_errors(void **st)
                    {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-2, 3}},
                    {"attn_cluster_from", offsetof(struct cuda_options, attn_cluster_from), {-1, ATTN_CLUSTER_POS_LIMIT + 1}},
                    {"attn_cluster_until", offsetof(struct cuda_options, attn_cluster_until), {-1, 100}},
-                   {"attn_pipe", offsetof(struct cuda_options, attn_pipe), {-2, 2}}};
+                   {"attn_pipe", offsetof(struct cuda_options, attn_pipe), {-2, 2}},
+                   {"gemv_smem_waves", offsetof(struct cuda_options, gemv_smem_waves), {-1, 5}},
+                   {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2636,6 +2718,33 @@ static void test_gdn_staged_shape(void **st)
     assert_int_equal(cuda_gdn_staged_bytes(40, 128), 0);  /* dk not a multiple of 16: no split */
 }
 
+/* gemv_smem's block shapes under the session's 8-warp pick (136 KB, 96 blocks at least), H200
+ * (132 multiprocessors): without gemv_smem_waves, warps halved from 8 (Qwen3-0.6B's gate|up:
+ * 96 blocks of 8 warps, its o and down 128 of 4); with waves 1, the fewest warps that keep the
+ * grid within 132 blocks (gate|up 6 warps, 128 blocks; q|k|v stays 8 / 128, o 4 / 128), with
+ * 2 within 264, and the same rule on an awkward count of 100 multiprocessors. */
+static void check_gemv_smem_waves(void)
+{
+    static const struct {
+        int32_t N, K;
+        bool swiglu;
+        int32_t waves, n_sm, warps, blocks;
+    } cases[] = {{3072, 1024, true, 0, 132, 8, 96},  {3072, 1024, true, 1, 132, 6, 128},
+                 {3072, 1024, true, 2, 132, 3, 256}, {4096, 1024, false, 1, 132, 8, 128},
+                 {1024, 2048, false, 0, 132, 4, 128}, {1024, 2048, false, 1, 132, 4, 128},
+                 {1024, 3072, false, 1, 132, 4, 128}, {3584, 1024, true, 1, 132, 7, 128},
+                 {3072, 1024, true, 1, 100, 8, 96},  {1000, 1024, false, 1, 100, 3, 84}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int32_t warps = -1;
+        int32_t blocks = cuda_gemv_smem_grid(QR_BF16, cases[i].N, cases[i].K, cases[i].swiglu, cases[i].waves,
+                                             cases[i].n_sm, &warps);
+        if (blocks != cases[i].blocks || warps != cases[i].warps)
+            fail_msg("gemv_smem %dx%d%s, waves %d on %d: %d blocks of %d warps, want %d of %d", (int)cases[i].N,
+                     (int)cases[i].K, cases[i].swiglu ? " pairs" : "", (int)cases[i].waves, (int)cases[i].n_sm,
+                     (int)blocks, (int)warps, (int)cases[i].blocks, (int)cases[i].warps);
+    }
+}
+
 static void test_gemv_shape_choices(void **st)
 {
     (void)st;
@@ -2643,6 +2752,8 @@ static void test_gemv_shape_choices(void **st)
         assert_false(cuda_gemv_smem_takes(QR_BF16, 300, 1024));
         assert_false(cuda_gemv_mma_takes(300, 1024));
         assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 300, 1024), 0);
+        int32_t warps = 0;
+        assert_int_equal(cuda_gemv_smem_grid(QR_BF16, 3072, 1024, true, 1, 132, &warps), 0);
         return;
     }
     static const struct {
@@ -2664,6 +2775,7 @@ static void test_gemv_shape_choices(void **st)
     assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_Q8_0, 300, 1024), 0);
     assert_false(cuda_gemv_smem_takes(QR_BF16, 70000, 1024)); /* an LM head's rows: gemv2 */
     assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 70000, 1024), 0);
+    check_gemv_smem_waves();
 }
 
 int main(void)
@@ -2690,6 +2802,8 @@ int main(void)
         cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_graph_mlp_fused),
         cmocka_unit_test(test_graph_gemv_smem),
+        cmocka_unit_test(test_graph_gemv_smem_waves),
+        cmocka_unit_test(test_graph_gemv_smem_alone),
         cmocka_unit_test(test_graph_attn_o),
         cmocka_unit_test(test_graph_attn_cluster),
         cmocka_unit_test(test_graph_attn_pipe),

@@ -255,6 +255,17 @@ struct cuda_options {
                           * in the same order: logits bit for bit). 1 (default): on (H200,
                           * session 27, tg128: Qwen3-0.6B BF16 +3.0%, at depth 1,024 +3.4%,
                           * 4,096 +2.6%, Q4_K_M +2.2%; Qwen3.5-0.8B level); 0 or -1: off */
+    int32_t gemv_smem_waves; /* gemv_smem: 0 (default): a launch's warps per block by
+                          * gemv_smem_min_blocks (powers of two); N (1 to 4): the fewest warps,
+                          * any number up to the block's cap, that keep its grid within N blocks
+                          * per multiprocessor — Qwen3-0.6B's gate|up then runs 128 blocks of 6
+                          * warps on 132 multiprocessors instead of 96 blocks of 8 */
+    int32_t gemv_smem_alone; /* gemv_smem, a launch whose grid fits on the multiprocessors once:
+                          * its blocks reserve over half a multiprocessor's shared memory, so
+                          * that no two of them share one (the time line found the hardware
+                          * placing two blocks of a 128-block launch on one multiprocessor, and
+                          * none on others, in 30-60 of 128). 0 (default): off; 1: launches of
+                          * several matrices (q|k|v, the DeltaNet input); 2: every such launch */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
@@ -378,6 +389,11 @@ bool cuda_gemv_mma_takes(int32_t N, int32_t K);
 /* The same with cuda_options.gemv_smem_xreg on: the chunks of x per lane gemv_smem holds in
  * registers (4 or 8; 0: x staged in shared memory, or not gemv_smem). */
 int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K);
+/* gemv_smem's grid for one token of N x K rows (swiglu: N gate/up pairs) under the session's
+ * 8-warp pick (136 KB, at least 96 blocks), cuda_options.gemv_smem_waves = waves on n_sm
+ * multiprocessors, and its warps per block in *warps; 0 when gemv_smem does not take it. */
+int32_t cuda_gemv_smem_grid(int32_t dtype, int32_t N, int32_t K, bool swiglu, int32_t waves, int32_t n_sm,
+                            int32_t *warps);
 /* The same for gemvq (quantised rows) with a block of warps (0: 4) of rows each (0: its pick)
  * reserving smem_kb: its grid, 0 when it does not take them. */
 int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb);

@@ -78,15 +78,26 @@ __device__ __forceinline__ void griddep_launch()
  * A launch given a stamps array has thread 0 of each block write %globaltimer at point i
  * (0: start, 1: after griddep_wait, 2: the kernel's own (gemv_smem: rows and x in shared
  * memory; the decode attention: q, k and v normalised, rotated and cached), 3: end) into
- * stamps[block][4], blocks numbered x-fastest; NULL (always, outside the timeline): nothing. */
-#define TL_MAX_BLOCKS 65536 /* blocks of one launch the timeline keeps (later ones: none) */
+ * stamps[block][TL_SLOTS], blocks numbered x-fastest, and with the start its multiprocessor
+ * (%smid + 1) into slot 4, so that the report can tell blocks that shared one; NULL (always,
+ * outside the timeline): nothing. */
+#define TL_MAX_BLOCKS 16384 /* blocks of one launch the timeline keeps (later ones: none) */
+#define TL_SLOTS 5          /* per block: the four stamps, then the multiprocessor + 1 */
+__device__ __forceinline__ unsigned tl_smid()
+{
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+}
 __device__ __forceinline__ void tl_stamp(unsigned long long *stamps, int i)
 {
     unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     if (stamps && !(threadIdx.x | threadIdx.y | threadIdx.z) && b < TL_MAX_BLOCKS) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        stamps[4 * (size_t)b + i] = t;
+        stamps[TL_SLOTS * (size_t)b + i] = t;
+        if (i == 0)
+            stamps[TL_SLOTS * (size_t)b + 4] = tl_smid() + 1ull;
     }
 }
 
@@ -256,6 +267,12 @@ struct gemv_args {
                             * most (0: 8 and 120); the session's choice (pick_gemv_smem_shape) */
     int32_t smem_min_blocks; /* its warps per block halved while its grid would have fewer
                             * blocks than this (0: never; cuda_options.gemv_smem_min_blocks) */
+    int32_t smem_waves;    /* > 0: instead, the fewest warps per block (any number) that keep its
+                            * grid within this many blocks per multiprocessor (n_sm;
+                            * cuda_options.gemv_smem_waves) */
+    int32_t smem_alone;    /* cuda_options.gemv_smem_alone: 1 launches of several segments, 2 all,
+                            * with a grid within n_sm reserve at least smem_half_sm bytes */
+    int32_t smem_half_sm;  /* half a multiprocessor's shared memory, bytes */
     bool smem_after_wait;  /* its blocks call griddep_launch after griddep_wait, not before
                             * (the session's pick, cuda_options.gemv_smem_launch) */
     int32_t q_rows;        /* gemvq: rows per warp below the LM head (0: 1, Q8_0 2;
@@ -277,11 +294,11 @@ struct gemv_args {
     bool smem_norm_late;   /* gemv_smem with x in registers and a fused norm: 1 / rms applied to
                             * the row sums (cuda_options.gemv_smem_norm_late) */
     unsigned long long *stamps; /* benchmarks (NULL otherwise): per block 4 %globaltimer stamps
-                            * [block][4] (tl_stamp): start, after griddep_wait, (gemv_smem:)
-                            * weights and x in shared memory, end; gemv_smem and gemv_mma only
-                            * (their grids stay far below TL_MAX_BLOCKS). Not in gemvq nor gemv2:
-                            * compiled in, stamps changed their register allocation (gemv2's LM
-                            * head 82 -> 96) */
+                            * and the multiprocessor, [block][TL_SLOTS] (tl_stamp): start, after
+                            * griddep_wait, (gemv_smem:) weights and x in shared memory, end;
+                            * gemv_smem and gemv_mma only (their grids stay far below
+                            * TL_MAX_BLOCKS). Not in gemvq nor gemv2: compiled in, stamps changed
+                            * their register allocation (gemv2's LM head 82 -> 96) */
     struct l2_range pf;   /* a later step's weights asked into the L2 (gemv_smem, gemv_mma, gemvq) */
 };
 

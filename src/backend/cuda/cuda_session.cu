@@ -128,6 +128,7 @@ struct cuda_session {
     struct gemm_ctx gemm;
     bool gemm_ready;
     int32_t n_sm;             /* multiprocessors of the device */
+    int32_t smem_per_sm;      /* shared memory per multiprocessor, bytes */
     int32_t cc_major;         /* its compute capability's major number */
     float *mlp_part;          /* STEP_MLP's partial sums [MLPF_MAX_CLUSTERS][hidden] */
     unsigned *mlp_count;      /* STEP_MLP's arrival counter (kept zeroed) */
@@ -162,7 +163,7 @@ struct cuda_session {
     bool gq_after_wait;       /* gemvq blocks start the next launch after their wait (same) */
     bool gq_int8;             /* gemvq's x in 8 bits (same) */
     struct argmax_scratch am; /* the greedy loop's argmax (opt.argmax_blocks) */
-    unsigned long long *tl;   /* while cuda_session_timeline captures: [n_steps][TL_MAX_BLOCKS][4] stamps */
+    unsigned long long *tl;   /* while cuda_session_timeline captures: [n_steps][TL_MAX_BLOCKS][TL_SLOTS] stamps */
     char mk_why[160];
 };
 
@@ -222,6 +223,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_cluster = 0;    /* the session picks (pick_cl_mode): Qwen3-0.6B BF16 +4-11% at depths
                             * 512-2,048 (perf-log session 25) */
     o.attn_pipe = 1; /* Qwen3-0.6B BF16 +3.0%, Q4_K_M +2.2% (perf-log session 27) */
+    o.gemv_smem_waves = 0; /* Qwen3-0.6B BF16 -2.7%, Qwen3.5-0.8B -7% with 1 (perf-log session 28) */
+    o.gemv_smem_alone = 0; /* not yet measured */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -649,7 +652,8 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
 {
     a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
-    a->smem_min_blocks = cs->gs_min_blocks;
+    a->smem_min_blocks = cs->gs_min_blocks, a->smem_waves = cs->opt.gemv_smem_waves;
+    a->smem_alone = cs->opt.gemv_smem_alone, a->smem_half_sm = cs->smem_per_sm / 2;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
     a->q_head_blocks = cs->opt.gemvq_head_blocks, a->q_int8 = cs->gq_int8;
@@ -1407,7 +1411,7 @@ static qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error
     for (int32_t i = 0; i < cs->n_steps; i++) {
         if (step_omitted(cs, step_label(r.p, &cs->steps[i])))
             continue;
-        r.stamps = cs->tl ? cs->tl + (size_t)i * TL_MAX_BLOCKS * 4 : NULL;
+        r.stamps = cs->tl ? cs->tl + (size_t)i * TL_MAX_BLOCKS * TL_SLOTS : NULL;
         qwenrt_status st = run_step(&r, &cs->steps[i], err);
         if (st)
             return st;
@@ -1698,11 +1702,18 @@ extern "C" qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, in
 
 /* The timeline's per-step times of one replay, us from the token's first block start: the
  * first block's start, the median block's release from griddep_wait, the last block's end;
- * -1 where the step's kernels write no stamps. */
+ * -1 where the step's kernels write no stamps. And where the launch's blocks ran: how many
+ * shared a multiprocessor with another block of the same launch, whether the last block to
+ * end was one of them, and how much later than the median block that last one started, was
+ * released and had its rows staged (a late end is then a late start, a late release, late
+ * rows, or a shared multiprocessor's arithmetic). */
 struct tl_times {
     double start, release, staged, mid_end, end; /* staged: gemv_smem's rows and x in shared memory,
                                                    * the attention's q, k, v ready (median block;
                                                    * -1 elsewhere); mid_end: the median block's end */
+    double shared, last_shared;                 /* blocks on a shared multiprocessor; 1 when the last was */
+    double used, most;                          /* multiprocessors with a block; most blocks on one */
+    double last_start, last_release, last_staged; /* the last block's stamps after the median's, us */
 };
 
 static int cmp_u64(const void *a, const void *b)
@@ -1716,25 +1727,50 @@ static double tl_median(const unsigned long long *st, int k, unsigned long long 
 {
     int32_t n = 0;
     for (int32_t b = 0; b < TL_MAX_BLOCKS; b++)
-        if (st[4 * (size_t)b] && st[4 * (size_t)b + k])
-            scratch[n++] = st[4 * (size_t)b + k];
+        if (st[TL_SLOTS * (size_t)b] && st[TL_SLOTS * (size_t)b + k])
+            scratch[n++] = st[TL_SLOTS * (size_t)b + k];
     if (!n)
         return -1;
     qsort(scratch, (size_t)n, sizeof(*scratch), cmp_u64);
     return (double)(scratch[n / 2] - t0) * 1e-3;
 }
 
-/* One step's stamps (TL_MAX_BLOCKS blocks x 4) into times relative to t0 (ns); rel: scratch. */
+#define TL_MAX_SMS 1024 /* multiprocessor ids the report counts (more: not counted) */
+
+/* Blocks of one step that shared a multiprocessor, and whether block `last` did (slot 4:
+ * the multiprocessor + 1, 0 where a kernel did not record it; blocks without an end stamp,
+ * such as an attention split with no positions, are not counted). */
+static void tl_sharing(const unsigned long long *st, int32_t last, struct tl_times *t)
+{
+    uint16_t on_sm[TL_MAX_SMS] = {0};
+    for (int32_t b = 0; b < TL_MAX_BLOCKS; b++) {
+        unsigned long long sm = st[TL_SLOTS * (size_t)b + 4];
+        if (st[TL_SLOTS * (size_t)b] && st[TL_SLOTS * (size_t)b + 3] && sm && sm <= TL_MAX_SMS)
+            on_sm[sm - 1]++;
+    }
+    t->shared = t->used = t->most = 0;
+    for (int32_t i = 0; i < TL_MAX_SMS; i++) {
+        t->shared += on_sm[i] > 1 ? on_sm[i] : 0;
+        t->used += on_sm[i] > 0;
+        t->most = on_sm[i] > t->most ? on_sm[i] : t->most;
+    }
+    unsigned long long sm_last = last >= 0 ? st[TL_SLOTS * (size_t)last + 4] : 0;
+    t->last_shared = sm_last && sm_last <= TL_MAX_SMS && on_sm[sm_last - 1] > 1;
+}
+
+/* One step's stamps (TL_MAX_BLOCKS blocks x TL_SLOTS) into times relative to t0 (ns); rel: scratch. */
 static struct tl_times tl_step(const unsigned long long *st, unsigned long long t0, unsigned long long *rel)
 {
-    struct tl_times t = {-1, -1, -1, -1, -1};
+    struct tl_times t = {-1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0};
     unsigned long long s0 = ~0ull, s3 = 0;
+    int32_t last = -1;
     for (int32_t b = 0; b < TL_MAX_BLOCKS; b++) {
-        const unsigned long long *q = st + 4 * (size_t)b;
+        const unsigned long long *q = st + TL_SLOTS * (size_t)b;
         if (!q[0])
             continue;
         s0 = q[0] < s0 ? q[0] : s0;
-        s3 = q[3] > s3 ? q[3] : s3;
+        if (q[3] > s3)
+            s3 = q[3], last = b;
     }
     if (s0 == ~0ull)
         return t;
@@ -1743,14 +1779,33 @@ static struct tl_times tl_step(const unsigned long long *st, unsigned long long 
     t.staged = tl_median(st, 2, t0, rel);
     t.mid_end = tl_median(st, 3, t0, rel);
     t.end = s3 ? (double)(s3 - t0) * 1e-3 : -1;
+    tl_sharing(st, last, &t);
+    if (last >= 0) {
+        const unsigned long long *q = st + TL_SLOTS * (size_t)last;
+        double mid_start = tl_median(st, 0, t0, rel);
+        t.last_start = (double)(q[0] - t0) * 1e-3 - mid_start;
+        t.last_release = q[1] && t.release >= 0 ? (double)(q[1] - t0) * 1e-3 - t.release : 0;
+        t.last_staged = q[2] && t.staged >= 0 ? (double)(q[2] - t0) * 1e-3 - t.staged : 0;
+    }
     return t;
+}
+
+/* avg += t / reps, field by field */
+static void tl_add(struct tl_times *avg, const struct tl_times *t, int32_t reps)
+{
+    avg->start += t->start / reps, avg->release += t->release / reps, avg->end += t->end / reps;
+    avg->staged += t->staged / reps, avg->mid_end += t->mid_end / reps;
+    avg->shared += t->shared / reps, avg->last_shared += t->last_shared / reps;
+    avg->used += t->used / reps, avg->most += t->most / reps;
+    avg->last_start += t->last_start / reps, avg->last_release += t->last_release / reps;
+    avg->last_staged += t->last_staged / reps;
 }
 
 /* The decode graph replayed with stamps (tl_stamp) in every launch that writes them; the
  * times of each step averaged over reps replays (each after the one before has finished). */
 static qwenrt_status tl_collect(struct cuda_session *cs, int32_t reps, struct tl_times *avg, struct qwenrt_error *err)
 {
-    size_t n = (size_t)cs->n_steps * TL_MAX_BLOCKS * 4;
+    size_t n = (size_t)cs->n_steps * TL_MAX_BLOCKS * TL_SLOTS;
     unsigned long long *h = (unsigned long long *)xcalloc(n, sizeof(*h));
     unsigned long long *rel = (unsigned long long *)xcalloc(TL_MAX_BLOCKS, sizeof(*rel));
     unsigned long long *d = NULL;
@@ -1768,12 +1823,11 @@ static qwenrt_status tl_collect(struct cuda_session *cs, int32_t reps, struct tl
             (e = cudaMemcpy(h, d, n * sizeof(*h), cudaMemcpyDeviceToHost)) != cudaSuccess)
             break;
         unsigned long long t0 = ~0ull;
-        for (size_t b = 0; b < n; b += 4)
+        for (size_t b = 0; b < n; b += TL_SLOTS)
             t0 = h[b] && h[b] < t0 ? h[b] : t0;
         for (int32_t i = 0; i < cs->n_steps; i++) {
-            struct tl_times t = tl_step(h + (size_t)i * TL_MAX_BLOCKS * 4, t0, rel);
-            avg[i].start += t.start / reps, avg[i].release += t.release / reps, avg[i].end += t.end / reps;
-            avg[i].staged += t.staged / reps, avg[i].mid_end += t.mid_end / reps;
+            struct tl_times t = tl_step(h + (size_t)i * TL_MAX_BLOCKS * TL_SLOTS, t0, rel);
+            tl_add(&avg[i], &t, reps);
         }
     }
     if (g)
@@ -1809,6 +1863,8 @@ extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t 
     const char *label[PROFILE_LABELS];
     double gap[PROFILE_LABELS] = {0}, work[PROFILE_LABELS] = {0}, ahead[PROFILE_LABELS] = {0}, total = 0;
     double staged[PROFILE_LABELS] = {0}, mid[PROFILE_LABELS] = {0};
+    struct tl_times late[PROFILE_LABELS]; /* the sharing and the last block's lateness, summed */
+    memset(late, 0, sizeof(late));
     int32_t n_staged[PROFILE_LABELS] = {0};
     int32_t cnt[PROFILE_LABELS] = {0}, n_label = 0;
     double prev_end = -1;
@@ -1822,6 +1878,10 @@ extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t 
             mid[k] += t[i].mid_end - t[i].release;
             if (t[i].staged >= 0)
                 staged[k] += t[i].staged - t[i].release, n_staged[k]++;
+            late[k].shared += t[i].shared, late[k].last_shared += t[i].last_shared;
+            late[k].used += t[i].used, late[k].most += t[i].most;
+            late[k].last_start += t[i].last_start, late[k].last_release += t[i].last_release;
+            late[k].last_staged += t[i].last_staged;
         }
         prev_end = t[i].end;
         total = t[i].end > total ? t[i].end : total;
@@ -1831,15 +1891,22 @@ extern "C" qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t 
                                 "launch before ended, us | release (median block) after that end, us | release to "
                                 "rows and x staged (gemv_smem) or q, k, v ready (attention), median, us | release to "
                                 "the median block's end, us | "
-                                "release to the last block's end, us |\n|---|---:|---:|---:|---:|---:|---:|\n");
+                                "release to the last block's end, us | multiprocessors used | most blocks on one | "
+                                "blocks sharing a multiprocessor | the last block shared one | the last block's start / "
+                                "release / staged after the median block's, us "
+                                "|\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int32_t k = 0; k < n_label && o < report_len; k++) {
         if (!cnt[k])
             continue;
         char sg[32] = "-";
         if (n_staged[k])
             snprintf(sg, sizeof(sg), "%.2f", staged[k] / n_staged[k]);
-        o += (size_t)snprintf(report + o, report_len - o, "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f |\n", label[k],
-                              (int)cnt[k], ahead[k] / cnt[k], gap[k] / cnt[k], sg, mid[k] / cnt[k], work[k] / cnt[k]);
+        o += (size_t)snprintf(report + o, report_len - o,
+                              "| %s | %d | %.2f | %.2f | %s | %.2f | %.2f | %.1f | %.1f | %.1f | %.0f%% | %.2f / %.2f / %.2f |\n",
+                              label[k], (int)cnt[k], ahead[k] / cnt[k], gap[k] / cnt[k], sg, mid[k] / cnt[k],
+                              work[k] / cnt[k], late[k].used / cnt[k], late[k].most / cnt[k], late[k].shared / cnt[k],
+                              100.0 * late[k].last_shared / cnt[k],
+                              late[k].last_start / cnt[k], late[k].last_release / cnt[k], late[k].last_staged / cnt[k]);
     }
     if (o < report_len)
         o += (size_t)snprintf(report + o, report_len - o, "first start to last end: %.1f us (%d reps)\n", total,
@@ -2100,6 +2167,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&cs->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     if ((st = upload(cs, err)) || (st = alloc_state(cs, err)) || (st = plan_merges(cs, err)))
         return st;
@@ -2231,6 +2299,12 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
     if (o->attn_pipe < -1 || o->attn_pipe > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_pipe %d (0 or -1: off, 1: on)", (int)o->attn_pipe);
+    if (o->gemv_smem_alone < 0 || o->gemv_smem_alone > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_alone %d (0: off, 1: q|k|v-style launches, 2: all)",
+                       (int)o->gemv_smem_alone);
+    if (o->gemv_smem_waves < 0 || o->gemv_smem_waves > 4)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_waves %d (0: off, or 1 to 4 blocks per multiprocessor)",
+                       (int)o->gemv_smem_waves);
     if (o->attn_one_split < 0 || o->attn_one_split > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_one_split %d (0: none, or up to 4096 positions)",
                        (int)o->attn_one_split);
@@ -2931,7 +3005,7 @@ __global__ void bench_fill_kernel(uint16_t *p, int64_t n, uint32_t seed)
 struct bench_bufs {
     uint8_t *w;
     float *x, *nw, *y;
-    unsigned long long *stamps; /* gemv_smem's per-block stamps, [reps][blocks][4] */
+    unsigned long long *stamps; /* gemv_smem's per-block stamps, [reps][blocks][TL_SLOTS] */
     cudaGraph_t g;
     cudaGraphExec_t ge;
     cudaEvent_t e0, e1;
@@ -2973,19 +3047,19 @@ static void gemv_timeline(const unsigned long long *h, int reps, int nb, double 
     for (int j = 0; j < 6; j++)
         col[j] = (double *)calloc((size_t)reps, sizeof(double));
     for (int k = 1; k < reps && tmp && col[5]; k++) {
-        const unsigned long long *p = h + (size_t)(k - 1) * nb * 4, *c = h + (size_t)k * nb * 4;
+        const unsigned long long *p = h + (size_t)(k - 1) * nb * TL_SLOTS, *c = h + (size_t)k * nb * TL_SLOTS;
         unsigned long long prev_end = 0, first = ~0ull, last = 0;
         int early = 0;
         for (int b = 0; b < nb; b++) {
-            prev_end = p[4 * b + 3] > prev_end ? p[4 * b + 3] : prev_end;
-            last = c[4 * b + 3] > last ? c[4 * b + 3] : last;
-            first = c[4 * b] < first ? c[4 * b] : first;
+            prev_end = p[TL_SLOTS * b + 3] > prev_end ? p[TL_SLOTS * b + 3] : prev_end;
+            last = c[TL_SLOTS * b + 3] > last ? c[TL_SLOTS * b + 3] : last;
+            first = c[TL_SLOTS * b] < first ? c[TL_SLOTS * b] : first;
         }
         for (int b = 0; b < nb; b++) {
-            early += c[4 * b] < prev_end;
-            tmp[b] = ((double)c[4 * b + 1] - (double)prev_end) / 1e3;
-            tmp[nb + b] = ((double)c[4 * b + 2] - (double)c[4 * b + 1]) / 1e3;
-            tmp[2 * nb + b] = ((double)c[4 * b + 3] - (double)c[4 * b + 2]) / 1e3;
+            early += c[TL_SLOTS * b] < prev_end;
+            tmp[b] = ((double)c[TL_SLOTS * b + 1] - (double)prev_end) / 1e3;
+            tmp[nb + b] = ((double)c[TL_SLOTS * b + 2] - (double)c[TL_SLOTS * b + 1]) / 1e3;
+            tmp[2 * nb + b] = ((double)c[TL_SLOTS * b + 3] - (double)c[TL_SLOTS * b + 2]) / 1e3;
         }
         col[0][k - 1] = ((double)first - (double)prev_end) / 1e3;
         col[1][k - 1] = (double)early / nb;
@@ -3036,11 +3110,11 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     a.seg[0].w = b->w;
     int32_t nb = timeline ? gemv_smem_blocks(&a) : 0;
     if (nb > 0)
-        CUDA_CHECK(cudaMalloc(&b->stamps, sizeof(unsigned long long) * 4 * (size_t)nb * reps));
+        CUDA_CHECK(cudaMalloc(&b->stamps, sizeof(unsigned long long) * TL_SLOTS * (size_t)nb * reps));
     cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     for (int32_t i = 0; i < reps && e == cudaSuccess; i++) {
         a.seg[0].w = b->w + stride * (size_t)(i % copies);
-        a.stamps = nb > 0 ? b->stamps + 4 * (size_t)nb * i : NULL;
+        a.stamps = nb > 0 ? b->stamps + TL_SLOTS * (size_t)nb * i : NULL;
         e = launch_gemv(&a, s);
     }
     cudaError_t e2 = cudaStreamEndCapture(s, &b->g);
@@ -3071,7 +3145,7 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     *us = (double)t[3] * 1e3 / reps;
     *gbs = (double)mat / (*us * 1e-6) / 1e9;
     if (nb > 0 && reps > 1) { /* the last replay's stamps */
-        size_t n = 4 * (size_t)nb * reps;
+        size_t n = TL_SLOTS * (size_t)nb * reps;
         unsigned long long *h = (unsigned long long *)malloc(n * sizeof(*h));
         if (!h)
             return err_set(err, QWENRT_ERR_NOMEM, "gemv bench: out of memory");

@@ -224,6 +224,13 @@ int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K)
     return 0;
 }
 
+int32_t cuda_gemv_smem_grid(int32_t dtype, int32_t N, int32_t K, bool swiglu, int32_t waves, int32_t n_sm,
+                            int32_t *warps)
+{
+    (void)dtype, (void)N, (void)K, (void)swiglu, (void)waves, (void)n_sm, (void)warps;
+    return 0;
+}
+
 int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb)
 {
     (void)dtype, (void)N, (void)K, (void)warps, (void)rows, (void)smem_kb;

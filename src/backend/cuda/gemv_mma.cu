@@ -137,9 +137,9 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_mma_kernel(co
     extern __shared__ float4 gm_smem4[];
     __shared__ float s_red[GEMV_SMEM_WARPS_LIMIT];
     __shared__ float s_part[GEMV_SMEM_WARPS_LIMIT][P][8];
-    unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + 4 * (size_t)blockIdx.x : NULL;
+    unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + TL_SLOTS * (size_t)blockIdx.x : NULL;
     if (st)
-        st[0] = globaltimer_ns();
+        st[0] = globaltimer_ns(), st[4] = tl_smid() + 1ull;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tile = warp / S, part = warp % S;
     const int R = (int)(blockDim.x >> 5) / S * 8, kslice = a.K / S, k0 = part * kslice;
     uint32_t *xw = (uint32_t *)gm_smem4;

@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
 {
     extern __shared__ float4 gs_smem4[];
     __shared__ float s_red[GEMV_SMEM_WARPS_LIMIT];
-    unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + 4 * (size_t)blockIdx.x : NULL;
+    unsigned long long *st = a.stamps && threadIdx.x == 0 ? a.stamps + TL_SLOTS * (size_t)blockIdx.x : NULL;
     if (st)
-        st[0] = globaltimer_ns();
+        st[0] = globaltimer_ns(), st[4] = tl_smid() + 1ull;
     constexpr int RPW = 32 / L; /* rows per warp */
     constexpr int S = RPW >= 8 ? 3 : RPW >= 4 ? 2 : RPW >= 2 ? 1 : 0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, nchunk = a.K / 8;
@@ -285,9 +285,12 @@ static int gs_lanes(int32_t K)
     return K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE;
 }
 
-/* The block for rows of K at L = l (P physical rows each): warps from the options,
- * halved until the rows and x fit under the cap; false when not even one warp's fit, or when
- * mma and the block would hold fewer than 8 rows (one tile). Layouts in shared memory:
+/* The block for rows of K at L = l (P physical rows each): warps from the options, halved
+ * until the rows and x fit under the cap and (gemv_smem_min_blocks) while the grid would be
+ * smaller than the minimum; or (gemv_smem_waves, CUDA cores only) the fewest warps that keep
+ * the grid within that many blocks per multiprocessor, one fewer at a time until they fit.
+ * False when not even one warp's rows fit, or when mma and the block would hold fewer than 8
+ * rows (one tile). Layouts in shared memory:
  *   CUDA cores: x as K floats (none with xreg chunks of x per lane in registers), rows of
  *     K * 2 bytes (a warp's 16-byte loads read 512 contiguous bytes of one row);
  *   tensor cores: x as three bf16 terms (K * 6 bytes), rows of K * 2 + 16 bytes: ldmatrix's
@@ -300,7 +303,15 @@ static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool m
     size_t per_warp = (size_t)(32 / l) * P * ws, x = xreg ? 0 : (size_t)a->K * (mma ? 6 : 4);
     const int64_t rpw = 32 / l; /* rows per warp */
     const int64_t min_blocks = a->smem_min_blocks; /* > 0: fewer warps while the grid would be smaller */
-    while (w > 1 && (x + w * per_warp > cap || (min_blocks > 0 && (rows + w * rpw - 1) / (w * rpw) < min_blocks)))
+    if (a->smem_waves > 0 && !mma) {
+        const int64_t per_wave = (int64_t)a->smem_waves * (a->n_sm > 0 ? a->n_sm : 132) * rpw;
+        const int64_t need = (rows + per_wave - 1) / per_wave; /* warps per block for the grid to fit */
+        w = need < w ? (int)(need > 0 ? need : 1) : w;
+        while (w > 1 && x + w * per_warp > cap)
+            w--;
+    }
+    while (a->smem_waves <= 0 && w > 1 &&
+           (x + w * per_warp > cap || (min_blocks > 0 && (rows + w * rpw - 1) / (w * rpw) < min_blocks)))
         w /= 2;
     if (x + w * per_warp > cap || (mma && (w * rpw) % 8))
         return false;
@@ -308,6 +319,11 @@ static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool m
     sh->blocks = (int)((rows + w * rpw - 1) / (w * rpw));
     sh->launch_early = !a->smem_after_wait;
     sh->xreg = xreg;
+    const bool alone = a->smem_alone == 2 || (a->smem_alone == 1 && a->mode != GEMV_SWIGLU && a->n_seg > 1);
+    if (alone && sh->blocks <= (a->n_sm > 0 ? a->n_sm : 132) && sh->smem < (size_t)a->smem_half_sm) {
+        sh->smem = (size_t)a->smem_half_sm; /* with the block's reserved 1 KB, two no longer fit */
+        sh->cap = sh->cap > sh->smem ? sh->cap : sh->smem;
+    }
     return true;
 }
 
@@ -434,6 +450,24 @@ extern "C" bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
     struct gemv_args a;
     takes_args(&a, dtype, N, K, false);
     return !gemvq_applies(&a) && gemv_smem_applies(&a);
+}
+
+/* For the tests: the grid and warps per block of one token of N x K rows (swiglu: N gate/up
+ * pairs) under the session's 8-warp pick, with gemv_smem_waves = waves on n_sm multiprocessors. */
+extern "C" int32_t cuda_gemv_smem_grid(int32_t dtype, int32_t N, int32_t K, bool swiglu, int32_t waves,
+                                       int32_t n_sm, int32_t *warps)
+{
+    struct gemv_args a;
+    takes_args(&a, dtype, N, K, false);
+    if (swiglu)
+        a.mode = GEMV_SWIGLU, a.n_seg = 2, a.seg[1] = a.seg[0];
+    a.smem_xreg = true, a.smem_warps = 8, a.smem_kb = 136, a.smem_min_blocks = 96; /* the session's 8-warp pick */
+    a.smem_waves = waves, a.n_sm = n_sm;
+    struct gs_shape sh;
+    if (gemvq_applies(&a) || !gemv_smem_shape(&a, &sh))
+        return 0;
+    *warps = sh.W;
+    return sh.blocks;
 }
 
 extern "C" int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K)
