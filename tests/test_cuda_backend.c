@@ -2019,6 +2019,48 @@ static void test_graph_gemv_smem_waves(void **st)
     }
 }
 
+/* cuda_options.gemv_launch_ahead (a GEMV + residual launch starts the fused-norm GEMV after
+ * it before its own wait) against it off (-1) through the decode graph: only when the next
+ * launch's blocks start differs, so the logits must be the same bit for bit; 1 marks the
+ * launches before gate|up (one per layer), 2 every GEMV + residual launch (each is followed by
+ * a fused-norm GEMV: gate|up, the next layer's q|k|v or in_proj, the LM head); 0, the
+ * session's pick, is 2 for 16-bit rows and none for quantised ones. */
+static void check_launch_ahead(const char *arch, enum export_type type)
+{
+    char path[256];
+    for (int32_t ahead = 0; ahead <= 2; ahead++) {
+        struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
+        struct cuda_options on = cuda_default_options(), off = on;
+        on.mega = off.mega = CUDA_MEGA_OFF;
+        on.gemv_launch_ahead = ahead, off.gemv_launch_ahead = -1;
+        struct cuda_session *a = NULL, *b = NULL;
+        init_pair(m, 64, &on, &off, &a, &b, arch);
+        int32_t marked = cuda_session_count_steps(a, "gemv+residual (ahead)");
+        bool quantised = type != EXPORT_BF16 && type != EXPORT_F16;
+        int32_t want = ahead == 1                  ? cuda_session_count_steps(a, "norm+gate|up+swiglu")
+                       : ahead == 0 && quantised ? 0
+                                                   : cuda_session_count_steps(a, "gemv+residual");
+        if (marked != want || (marked < 1 && !(ahead == 0 && quantised)) ||
+            cuda_session_count_steps(b, "gemv+residual (ahead)") != 0)
+            fail_msg("gemv_launch_ahead %d, %s: %d launches start the next early, want %d", (int)ahead, arch,
+                     (int)marked, (int)want);
+        char what[96];
+        snprintf(what, sizeof(what), "graph gemv_launch_ahead %d vs off, %s %s", (int)ahead, arch,
+                 export_type_name(type));
+        double worst = decode_pair_once(a, b, m, path, what);
+        if (worst != 0)
+            fail_msg("%s: logits differ by %.3g (want the same bits)", what, worst);
+    }
+}
+
+static void test_graph_launch_ahead(void **st)
+{
+    (void)st;
+    check_launch_ahead("qwen3-tiny", EXPORT_BF16);
+    check_launch_ahead("qwen35-tiny", EXPORT_BF16);
+    check_launch_ahead("qwen3-tiny", EXPORT_Q4_K_M);
+}
+
 /* The time line's "most blocks on one multiprocessor" of cs's launches labelled label (mean
  * over launches and replays), -1 when the report has no such row. */
 static double most_blocks_on_one_sm(struct cuda_session *cs, const char *label)
@@ -2649,7 +2691,7 @@ static void test_backend_errors(void **st)
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
-     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2 */
+     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 2 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2683,7 +2725,8 @@ static void test_backend_errors(void **st)
                    {"attn_cluster_until", offsetof(struct cuda_options, attn_cluster_until), {-1, 100}},
                    {"attn_pipe", offsetof(struct cuda_options, attn_pipe), {-2, 2}},
                    {"gemv_smem_waves", offsetof(struct cuda_options, gemv_smem_waves), {-1, 5}},
-                   {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}}};
+                   {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}},
+                   {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 3}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2804,6 +2847,7 @@ int main(void)
         cmocka_unit_test(test_graph_gemv_smem),
         cmocka_unit_test(test_graph_gemv_smem_waves),
         cmocka_unit_test(test_graph_gemv_smem_alone),
+        cmocka_unit_test(test_graph_launch_ahead),
         cmocka_unit_test(test_graph_attn_o),
         cmocka_unit_test(test_graph_attn_cluster),
         cmocka_unit_test(test_graph_attn_pipe),

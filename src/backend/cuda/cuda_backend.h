@@ -266,6 +266,13 @@ struct cuda_options {
                           * placing two blocks of a 128-block launch on one multiprocessor, and
                           * none on others, in 30-60 of 128). 0 (default): off; 1: launches of
                           * several matrices (q|k|v, the DeltaNet input); 2: every such launch */
+    int32_t gemv_launch_ahead; /* decode graph: a GEMV + residual launch (o, out_proj, down) starts
+                          * the next launch before its own wait, whatever the session's pick,
+                          * so that the next GEMV's blocks copy their rows while this one waits
+                          * for the attention or the DeltaNet step. 1: where the next launch is
+                          * gate|up; 2: before every fused-norm GEMV; -1: never; 0 (default): the
+                          * session picks 2 for 16-bit rows (H200, session 28: Qwen3-0.6B BF16
+                          * +1.1%, Qwen3.5-0.8B level) and never for quantised ones (Q8_0 -4.3%) */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
@@ -446,7 +453,9 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
 /* How many launches of the decode graph program carry this step label (as in the decode
  * profile, e.g. "norm+gate|up+down+residual"; "rope+attention (early)": those attention steps
  * that read the position and cached rows before their wait, cuda_options.attn_early; "gdn
- * (early)": the DeltaNet steps that read their state before their wait, cuda_options.gdn_early).
+ * (early)": the DeltaNet steps that read their state before their wait, cuda_options.gdn_early;
+ * "gemv+residual (ahead)": the GEMV + residual steps that start the next launch before their
+ * own wait, cuda_options.gemv_launch_ahead).
  * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 

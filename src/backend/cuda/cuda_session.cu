@@ -62,6 +62,8 @@ struct step {
                           * (mark_early_reads) */
     bool after_wait;     /* STEP_NORM_GEMV: its kernel starts the next launch only after its own
                           * wait, whatever the session's pick (mark_early_reads) */
+    bool ahead;          /* STEP_GEMV_ADD: its kernel starts the next launch before its own wait,
+                          * whatever the session's pick (cuda_options.gemv_launch_ahead) */
     int32_t rope_op;     /* STEP_QKV_ATTN (a STEP_NORM_GEMV of q, k, v and the STEP_ROPE_ATTN
                           * after it): the rope op of the second */
     struct l2_range pf;  /* a later step's weights its launch asks into the L2 (plan_l2_prefetch) */
@@ -224,7 +226,8 @@ extern "C" struct cuda_options cuda_default_options(void)
                             * 512-2,048 (perf-log session 25) */
     o.attn_pipe = 1; /* Qwen3-0.6B BF16 +3.0%, Q4_K_M +2.2% (perf-log session 27) */
     o.gemv_smem_waves = 0; /* Qwen3-0.6B BF16 -2.7%, Qwen3.5-0.8B -7% with 1 (perf-log session 28) */
-    o.gemv_smem_alone = 0; /* not yet measured */
+    o.gemv_smem_alone = 0; /* Qwen3-0.6B BF16 -2.0% with 1 (perf-log session 28) */
+    o.gemv_launch_ahead = 0; /* the session picks (mark_launch_ahead): 2 for 16-bit rows */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -600,13 +603,14 @@ struct run_ctx {
     const int32_t *merge; /* the prefill's merged products (merge_layout.run), or NULL */
     const struct l2_range *pf; /* run_step: the step's L2 prefetch (run_matmul passes it on), or NULL */
     unsigned long long *stamps; /* the decode timeline: this step's stamps (tl_stamp), or NULL */
+    bool ahead;          /* run_step: the step's GEMV starts the next launch before its own wait */
 };
 
 /* The context of the decode program's steps: one token, the session's decode buffers. */
 static struct run_ctx decode_ctx(struct cuda_session *cs)
 {
     return {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream,
-            0, false, NULL, NULL, NULL, NULL};
+            0, false, NULL, NULL, NULL, NULL, false};
 }
 
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
@@ -680,6 +684,8 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         if (r->pf)
             a.pf = *r->pf;
         a.stamps = r->stamps;
+        if (r->ahead)
+            a.smem_after_wait = a.q_after_wait = false;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -1097,6 +1103,31 @@ static qwenrt_status merge_attn_o_steps(struct cuda_session *cs, struct qwenrt_e
  * pick for 16-warp blocks), the option's value 1 makes that one launch wait first
  * (step.after_wait) so that the step after it may read early. Not with knock-outs
  * (omit_steps: the step before may be missing) nor without PDL. */
+/* cuda_options.gemv_launch_ahead: a GEMV + residual step (o, out_proj, down) whose next step
+ * is a fused-norm GEMV — 1: only the SwiGLU pair (gate|up), 2: any (also q|k|v and the DeltaNet
+ * input after down) — starts that launch before its own wait, so that the next launch's blocks
+ * copy their rows while this one still waits for its input (the attention, or the DeltaNet
+ * step); 0: the session's pick, 2 where the step's rows are 16-bit (gemv_smem: Qwen3-0.6B BF16
+ * +1.1% on the H200, session 28) and none for quantised rows (gemvq: Q8_0 -4.3%). Safe for the
+ * early reads above: a step that reads before its wait relies on the launch before it waiting
+ * first, and those launches (q|k|v, in_proj) are not GEMV + residual steps; completion stays
+ * transitive because every kernel waits before it exits. */
+static void mark_launch_ahead(struct cuda_session *cs)
+{
+    const int32_t opt = cs->opt.gemv_launch_ahead;
+    if (!cs->decode_pdl || opt < 0)
+        return;
+    const struct dop *d = cs->dops[PHASE_DECODE];
+    for (int32_t i = 0; i + 1 < cs->n_steps; i++) {
+        const struct step *st = &cs->steps[i], *next = &cs->steps[i + 1];
+        if (st->kind != STEP_GEMV_ADD || next->kind != STEP_NORM_GEMV)
+            continue;
+        bool rows16 = d[st->op].dtype == QR_BF16 || d[st->op].dtype == QR_F16;
+        int32_t want = opt ? opt : rows16 ? 2 : 0;
+        cs->steps[i].ahead = want == 2 || (want == 1 && next->swiglu);
+    }
+}
+
 static void mark_early_reads(struct cuda_session *cs)
 {
     if (!cs->decode_pdl || (cs->opt.omit_steps && *cs->opt.omit_steps))
@@ -1355,8 +1386,11 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
     }
     case STEP_GEMV_ADD: {
         const struct plan_op *add = &p->ops[st->op + 1];
-        return run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out],
-                          bw(p, add->out), 1, true, err);
+        r->ahead = st->ahead;
+        qwenrt_status s = run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out], bw(p, add->out), 1,
+                                     true, err);
+        r->ahead = false;
+        return s;
     }
     case STEP_ROPE_ATTN: {
         struct rope_args ra;
@@ -1606,8 +1640,10 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     int32_t n = 0;
     bool early = label && !strcmp(label, "rope+attention (early)");
     bool gdn_early = label && !strcmp(label, "gdn (early)");
+    bool ahead = label && !strcmp(label, "gemv+residual (ahead)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
+        n += ahead ? cs->steps[i].ahead
+             : early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
              : gdn_early ? (cs->steps[i].kind == STEP_GDN_GATED || cs->steps[i].kind == STEP_CONV_GDN_GATED) &&
                                cs->steps[i].early
                    : !strcmp(step_label(&cs->plans[PHASE_DECODE], &cs->steps[i]), label);
@@ -1940,7 +1976,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
     struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false,
-                        cs->pm.ld, NULL, NULL, NULL};
+                        cs->pm.ld, NULL, NULL, NULL, false};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -2198,6 +2234,7 @@ static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *e
     if ((st = merge_attn_o_steps(cs, err)))
         return st;
     mark_early_reads(cs);
+    mark_launch_ahead(cs);
     if ((st = plan_l2_prefetch(cs, err)) || (st = check_omitted_labels(cs, err)))
         return st;
     return build_megakernel(cs, err);
@@ -2299,6 +2336,11 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
     if (o->attn_pipe < -1 || o->attn_pipe > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_pipe %d (0 or -1: off, 1: on)", (int)o->attn_pipe);
+    if (o->gemv_launch_ahead < -1 || o->gemv_launch_ahead > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemv_launch_ahead %d (0: the session picks, -1: off, 1: before gate|up, 2: before "
+                       "every fused-norm GEMV)",
+                       (int)o->gemv_launch_ahead);
     if (o->gemv_smem_alone < 0 || o->gemv_smem_alone > 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_alone %d (0: off, 1: q|k|v-style launches, 2: all)",
                        (int)o->gemv_smem_alone);
@@ -2536,7 +2578,8 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         b = cs->pbufs;
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
-                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL, NULL, NULL};
+                        ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL, NULL, NULL,
+                        false};
     cs->mk_top_ready = false;
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) { /* the step's argmax comes along (cuda_session_top's greedy shortcut) */
@@ -2811,7 +2854,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
     struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
-                          NULL, NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL, false};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -2823,7 +2866,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
             struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r], false, NULL, NULL, NULL, NULL};
+                                  pos[r], false, NULL, NULL, NULL, NULL, false};
             if ((st = run_op(&one, i, err)))
                 return st;
         }
