@@ -1770,20 +1770,29 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
         fail_msg("%s: logits differ by %.3g", what, worst);
 }
 
+/* cs's decode time line (cuda_session_timeline, reps replays) into rep: the text of the row
+ * labelled label after its label cell, or NULL when there is no such row. */
+static const char *timeline_row(struct cuda_session *cs, const char *label, int32_t reps, char *rep, size_t len)
+{
+    char key[96];
+    struct qwenrt_error err = {0};
+    if (cuda_session_timeline(cs, 7, 0, reps, rep, len, &err))
+        fail_msg("timeline: %s", err.message);
+    snprintf(key, sizeof(key), "| %s |", label);
+    const char *row = strstr(rep, key);
+    return row ? row + strlen(key) : NULL;
+}
+
 /* Whether cs's decode graph has launches labelled label that stamped "rows and x staged" in a
  * time line (cuda_session_timeline): gemv_smem, gemv_mma and the decode attention write that
  * stamp, gemv2 writes none, so this is the kernels' own word that they ran. */
 static bool staged_in_timeline(struct cuda_session *cs, const char *label)
 {
-    char rep[4096], key[96];
-    struct qwenrt_error err = {0};
-    if (cuda_session_timeline(cs, 7, 0, 1, rep, sizeof(rep), &err))
-        fail_msg("timeline: %s", err.message);
-    snprintf(key, sizeof(key), "| %s |", label);
-    const char *row = strstr(rep, key);
+    char rep[4096];
+    const char *row = timeline_row(cs, label, 1, rep, sizeof(rep));
     int n = 0;
     double ahead, release, staged; /* a '-' in the staged column stops the scan at 3 */
-    return row && sscanf(row + strlen(key), " %d | %lf | %lf | %lf |", &n, &ahead, &release, &staged) == 4 && n > 0;
+    return row && sscanf(row, " %d | %lf | %lf | %lf |", &n, &ahead, &release, &staged) == 4 && n > 0;
 }
 
 /* The GEMV with its rows in shared memory (gemv_smem.cu), with PDL as the decode graph uses it,
@@ -2005,17 +2014,23 @@ static void test_graph_attn_o(void **st)
  * depend on its block (x in each warp's registers, or staged whole without a norm at K above
  * 2,048), so the logits must be the same bit for bit; 1 makes blocks of 6 warps for the
  * widened qwen3-tiny's gate|up pairs, 3 blocks of 2 (check_gemv_smem_waves has the shapes). */
+/* on (the megakernel off) against the defaults through the decode graph of both families
+ * (BF16, widened to 1024): the same logits bit for bit. */
+static void check_same_logits_both(struct cuda_options on, const char *what)
+{
+    struct cuda_options off = cuda_default_options();
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    check_graph_options_pair("qwen3-tiny", EXPORT_BF16, &on, &off, 0, false, true, what);
+    check_graph_options_pair("qwen35-tiny", EXPORT_BF16, &on, &off, 0, false, true, what);
+}
+
 static void test_graph_gemv_smem_waves(void **st)
 {
     (void)st;
     for (int32_t waves = 1; waves <= 3; waves += 2) {
-        struct cuda_options on = cuda_default_options(), off = on;
-        on.mega = off.mega = CUDA_MEGA_OFF;
+        struct cuda_options on = cuda_default_options();
         on.gemv_smem_waves = waves;
-        check_graph_options_pair("qwen3-tiny", EXPORT_BF16, &on, &off, 0, false, true,
-                                 waves == 1 ? "gemv_smem waves 1 vs halved shapes" : "gemv_smem waves 3 vs halved shapes");
-        check_graph_options_pair("qwen35-tiny", EXPORT_BF16, &on, &off, 0, false, true,
-                                 waves == 1 ? "gemv_smem waves 1 vs halved shapes" : "gemv_smem waves 3 vs halved shapes");
+        check_same_logits_both(on, waves == 1 ? "gemv_smem waves 1 vs halved shapes" : "gemv_smem waves 3 vs halved shapes");
     }
 }
 
@@ -2065,16 +2080,12 @@ static void test_graph_launch_ahead(void **st)
  * over launches and replays), -1 when the report has no such row. */
 static double most_blocks_on_one_sm(struct cuda_session *cs, const char *label)
 {
-    char rep[4096], key[96];
-    struct qwenrt_error err = {0};
-    if (cuda_session_timeline(cs, 7, 0, 2, rep, sizeof(rep), &err))
-        fail_msg("timeline: %s", err.message);
-    snprintf(key, sizeof(key), "| %s |", label);
-    const char *row = strstr(rep, key);
+    char rep[4096];
+    const char *row = timeline_row(cs, label, 2, rep, sizeof(rep));
     int n = 0;
     double f[7];
-    if (!row || sscanf(row + strlen(key), " %d | %lf | %lf | %lf | %lf | %lf | %lf | %lf |", &n, &f[0], &f[1], &f[2],
-                       &f[3], &f[4], &f[5], &f[6]) != 8)
+    if (!row || sscanf(row, " %d | %lf | %lf | %lf | %lf | %lf | %lf | %lf |", &n, &f[0], &f[1], &f[2], &f[3], &f[4],
+                       &f[5], &f[6]) != 8)
         return -1;
     return f[6];
 }
@@ -2087,13 +2098,9 @@ static void test_graph_gemv_smem_alone(void **st)
 {
     (void)st;
     for (int32_t alone = 1; alone <= 2; alone++) {
-        struct cuda_options on = cuda_default_options(), off = on;
-        on.mega = off.mega = CUDA_MEGA_OFF;
+        struct cuda_options on = cuda_default_options();
         on.gemv_smem_alone = alone;
-        check_graph_options_pair("qwen3-tiny", EXPORT_BF16, &on, &off, 0, false, true,
-                                 alone == 1 ? "gemv_smem alone 1 vs shared" : "gemv_smem alone 2 vs shared");
-        check_graph_options_pair("qwen35-tiny", EXPORT_BF16, &on, &off, 0, false, true,
-                                 alone == 1 ? "gemv_smem alone 1 vs shared" : "gemv_smem alone 2 vs shared");
+        check_same_logits_both(on, alone == 1 ? "gemv_smem alone 1 vs shared" : "gemv_smem alone 2 vs shared");
     }
     char path[256];
     struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_BF16, 1024, true, path, sizeof(path));
