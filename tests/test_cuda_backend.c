@@ -2038,12 +2038,14 @@ static void test_graph_gemv_smem_waves(void **st)
  * it before its own wait) against it off (-1) through the decode graph: only when the next
  * launch's blocks start differs, so the logits must be the same bit for bit; 1 marks the
  * launches before gate|up (one per layer), 2 every GEMV + residual launch (each is followed by
- * a fused-norm GEMV: gate|up, the next layer's q|k|v or in_proj, the LM head); 0, the
- * session's pick, is 2 for 16-bit rows and none for quantised ones. */
+ * a fused-norm GEMV: gate|up, the next layer's q|k|v or in_proj, the LM head), 3 all but those
+ * before gate|up; 0, the session's pick, is 3 for 16-bit rows plus those before gate|up in the
+ * cluster-merged attention's graphs, and none for quantised rows. With the tiny models' few
+ * heads the cluster graphs are not built, so the logits compare the launches that are marked. */
 static void check_launch_ahead(const char *arch, enum export_type type)
 {
     char path[256];
-    for (int32_t ahead = 0; ahead <= 2; ahead++) {
+    for (int32_t ahead = 0; ahead <= 3; ahead++) {
         struct qwenrt_model *m = load_synth(arch, type, 1024, true, path, sizeof(path));
         struct cuda_options on = cuda_default_options(), off = on;
         on.mega = off.mega = CUDA_MEGA_OFF;
@@ -2052,13 +2054,15 @@ static void check_launch_ahead(const char *arch, enum export_type type)
         init_pair(m, 64, &on, &off, &a, &b, arch);
         int32_t marked = cuda_session_count_steps(a, "gemv+residual (ahead)");
         bool quantised = type != EXPORT_BF16 && type != EXPORT_F16;
-        int32_t want = ahead == 1                  ? cuda_session_count_steps(a, "norm+gate|up+swiglu")
-                       : ahead == 0 && quantised ? 0
-                                                   : cuda_session_count_steps(a, "gemv+residual");
-        if (marked != want || (marked < 1 && !(ahead == 0 && quantised)) ||
+        int32_t all = cuda_session_count_steps(a, "gemv+residual"), mlp = cuda_session_count_steps(a, "norm+gate|up+swiglu");
+        int32_t want = ahead == 1 ? mlp : ahead == 2 ? all : ahead == 3 || !quantised ? all - mlp : 0;
+        /* the pick for 16-bit rows: before gate|up only in the cluster-merged attention's graphs */
+        int32_t marked_cl = cuda_session_count_steps(a, "gemv+residual (ahead in cluster graphs)");
+        int32_t want_cl = ahead == 0 && !quantised ? mlp : 0;
+        if (marked != want || marked_cl != want_cl || (marked < 1 && !(ahead == 0 && quantised)) ||
             cuda_session_count_steps(b, "gemv+residual (ahead)") != 0)
-            fail_msg("gemv_launch_ahead %d, %s: %d launches start the next early, want %d", (int)ahead, arch,
-                     (int)marked, (int)want);
+            fail_msg("gemv_launch_ahead %d, %s: %d (%d in cluster graphs) launches start the next early, want %d (%d)",
+                     (int)ahead, arch, (int)marked, (int)marked_cl, (int)want, (int)want_cl);
         char what[96];
         snprintf(what, sizeof(what), "graph gemv_launch_ahead %d vs off, %s %s", (int)ahead, arch,
                  export_type_name(type));
@@ -2074,6 +2078,15 @@ static void test_graph_launch_ahead(void **st)
     check_launch_ahead("qwen3-tiny", EXPORT_BF16);
     check_launch_ahead("qwen35-tiny", EXPORT_BF16);
     check_launch_ahead("qwen3-tiny", EXPORT_Q4_K_M);
+    /* the pick's launches before gate|up that start it early only in the cluster-merged
+     * attention's graphs: with the cluster merge always on (attn_cluster 1) those graphs are
+     * the ones that run, and against gemv_launch_ahead off the logits keep their bits */
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.attn_cluster = off.attn_cluster = 1;
+    off.gemv_launch_ahead = -1;
+    check_graph_options_pair("qwen3-tiny", EXPORT_BF16, &on, &off, 0, false, true,
+                             "gemv_launch_ahead pick vs off, cluster-merged attention graphs");
 }
 
 /* The time line's "most blocks on one multiprocessor" of cs's launches labelled label (mean
@@ -2698,7 +2711,7 @@ static void test_backend_errors(void **st)
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
-     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 2 */
+     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2733,7 +2746,7 @@ static void test_backend_errors(void **st)
                    {"attn_pipe", offsetof(struct cuda_options, attn_pipe), {-2, 2}},
                    {"gemv_smem_waves", offsetof(struct cuda_options, gemv_smem_waves), {-1, 5}},
                    {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}},
-                   {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 3}}};
+                   {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 4}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

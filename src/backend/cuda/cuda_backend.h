@@ -270,9 +270,12 @@ struct cuda_options {
                           * the next launch before its own wait, whatever the session's pick,
                           * so that the next GEMV's blocks copy their rows while this one waits
                           * for the attention or the DeltaNet step. 1: where the next launch is
-                          * gate|up; 2: before every fused-norm GEMV; -1: never; 0 (default): the
-                          * session picks 2 for 16-bit rows (H200, session 28: Qwen3-0.6B BF16
-                          * +1.1%, Qwen3.5-0.8B level) and never for quantised ones (Q8_0 -4.3%) */
+                          * gate|up; 2: before every fused-norm GEMV; 3: before every one but
+                          * gate|up; -1: never; 0 (default): the session picks, for 16-bit rows,
+                          * 3, and before gate|up too in the cluster-merged attention's graphs
+                          * (H200, session 28, Qwen3-0.6B BF16 tg128 against -1: +2.5% at depth
+                          * 0, +4.5% at 1,024, level at 4,096; Qwen3.5-0.8B level), never for
+                          * quantised rows (Q8_0 -4.3% with 2) */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

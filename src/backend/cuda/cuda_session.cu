@@ -64,6 +64,7 @@ struct step {
                           * wait, whatever the session's pick (mark_early_reads) */
     bool ahead;          /* STEP_GEMV_ADD: its kernel starts the next launch before its own wait,
                           * whatever the session's pick (cuda_options.gemv_launch_ahead) */
+    bool ahead_cl;       /* the same only in the graphs of the cluster-merged attention (cl_variant 1) */
     int32_t rope_op;     /* STEP_QKV_ATTN (a STEP_NORM_GEMV of q, k, v and the STEP_ROPE_ATTN
                           * after it): the rope op of the second */
     struct l2_range pf;  /* a later step's weights its launch asks into the L2 (plan_l2_prefetch) */
@@ -1105,11 +1106,13 @@ static qwenrt_status merge_attn_o_steps(struct cuda_session *cs, struct qwenrt_e
  * (omit_steps: the step before may be missing) nor without PDL. */
 /* cuda_options.gemv_launch_ahead: a GEMV + residual step (o, out_proj, down) whose next step
  * is a fused-norm GEMV — 1: only the SwiGLU pair (gate|up), 2: any (also q|k|v and the DeltaNet
- * input after down) — starts that launch before its own wait, so that the next launch's blocks
- * copy their rows while this one still waits for its input (the attention, or the DeltaNet
- * step); 0: the session's pick, 2 where the step's rows are 16-bit (gemv_smem: Qwen3-0.6B BF16
- * +1.1% on the H200, session 28) and none for quantised rows (gemvq: Q8_0 -4.3%). Safe for the
- * early reads above: a step that reads before its wait relies on the launch before it waiting
+ * input after down), 3: any but gate|up — starts that launch before its own wait, so that the
+ * next launch's blocks copy their rows while this one still waits for its input (the
+ * attention, or the DeltaNet step). 0, the session's pick, for 16-bit rows (gemv_smem): before
+ * q|k|v / in_proj always, before gate|up only in the cluster-merged attention's graphs (there
+ * Qwen3-0.6B BF16 gains +4.6% at depth 1,024 with it, +1.2% without; at depth 0 it loses 1.3%
+ * with it, and at 4,096 the attention's 512 split blocks lose room to gate|up's early blocks:
+ * H200, session 28); none for quantised rows (gemvq: Q8_0 -4.3%). Safe for the early reads above: a step that reads before its wait relies on the launch before it waiting
  * first, and those launches (q|k|v, in_proj) are not GEMV + residual steps; completion stays
  * transitive because every kernel waits before it exits. */
 static void mark_launch_ahead(struct cuda_session *cs)
@@ -1123,8 +1126,12 @@ static void mark_launch_ahead(struct cuda_session *cs)
         if (st->kind != STEP_GEMV_ADD || next->kind != STEP_NORM_GEMV)
             continue;
         bool rows16 = d[st->op].dtype == QR_BF16 || d[st->op].dtype == QR_F16;
-        int32_t want = opt ? opt : rows16 ? 2 : 0;
-        cs->steps[i].ahead = want == 2 || (want == 1 && next->swiglu);
+        if (!opt) { /* the pick */
+            cs->steps[i].ahead = rows16 && !next->swiglu;
+            cs->steps[i].ahead_cl = rows16 && next->swiglu;
+            continue;
+        }
+        cs->steps[i].ahead = opt == 2 || (opt == 1 && next->swiglu) || (opt == 3 && !next->swiglu);
     }
 }
 
@@ -1386,7 +1393,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
     }
     case STEP_GEMV_ADD: {
         const struct plan_op *add = &p->ops[st->op + 1];
-        r->ahead = st->ahead;
+        r->ahead = st->ahead || (st->ahead_cl && cs->cl_variant == 1);
         qwenrt_status s = run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out], bw(p, add->out), 1,
                                      true, err);
         r->ahead = false;
@@ -1641,8 +1648,10 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     bool early = label && !strcmp(label, "rope+attention (early)");
     bool gdn_early = label && !strcmp(label, "gdn (early)");
     bool ahead = label && !strcmp(label, "gemv+residual (ahead)");
+    bool ahead_cl = label && !strcmp(label, "gemv+residual (ahead in cluster graphs)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += ahead ? cs->steps[i].ahead
+        n += ahead      ? cs->steps[i].ahead
+             : ahead_cl ? cs->steps[i].ahead_cl
              : early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
              : gdn_early ? (cs->steps[i].kind == STEP_GDN_GATED || cs->steps[i].kind == STEP_CONV_GDN_GATED) &&
                                cs->steps[i].early
@@ -2336,10 +2345,10 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
     if (o->attn_pipe < -1 || o->attn_pipe > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_pipe %d (0 or -1: off, 1: on)", (int)o->attn_pipe);
-    if (o->gemv_launch_ahead < -1 || o->gemv_launch_ahead > 2)
+    if (o->gemv_launch_ahead < -1 || o->gemv_launch_ahead > 3)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: gemv_launch_ahead %d (0: the session picks, -1: off, 1: before gate|up, 2: before "
-                       "every fused-norm GEMV)",
+                       "every fused-norm GEMV, 3: before every one but gate|up)",
                        (int)o->gemv_launch_ahead);
     if (o->gemv_smem_alone < 0 || o->gemv_smem_alone > 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_alone %d (0: off, 1: q|k|v-style launches, 2: all)",
