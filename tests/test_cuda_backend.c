@@ -2040,7 +2040,7 @@ static void test_graph_gemv_smem_waves(void **st)
  * launches before gate|up (one per layer), 2 every GEMV + residual launch (each is followed by
  * a fused-norm GEMV: gate|up, the next layer's q|k|v or in_proj, the LM head), 3 all but those
  * before gate|up; 0, the session's pick, is 3 for 16-bit rows plus those before gate|up in the
- * cluster-merged attention's graphs, and none for quantised rows. With the tiny models' few
+ * cluster-merged attention's graphs, 3 for K-quant rows (Q4_K_M), none for Q8_0 rows. With the tiny models' few
  * heads the cluster graphs are not built, so the logits compare the launches that are marked. */
 static void check_launch_ahead(const char *arch, enum export_type type)
 {
@@ -2053,13 +2053,13 @@ static void check_launch_ahead(const char *arch, enum export_type type)
         struct cuda_session *a = NULL, *b = NULL;
         init_pair(m, 64, &on, &off, &a, &b, arch);
         int32_t marked = cuda_session_count_steps(a, "gemv+residual (ahead)");
-        bool quantised = type != EXPORT_BF16 && type != EXPORT_F16;
+        bool quantised = type != EXPORT_BF16 && type != EXPORT_F16, q8 = type == EXPORT_Q8_0;
         int32_t all = cuda_session_count_steps(a, "gemv+residual"), mlp = cuda_session_count_steps(a, "norm+gate|up+swiglu");
-        int32_t want = ahead == 1 ? mlp : ahead == 2 ? all : ahead == 3 || !quantised ? all - mlp : 0;
+        int32_t want = ahead == 1 ? mlp : ahead == 2 ? all : ahead == 3 || !q8 ? all - mlp : 0;
         /* the pick for 16-bit rows: before gate|up only in the cluster-merged attention's graphs */
         int32_t marked_cl = cuda_session_count_steps(a, "gemv+residual (ahead in cluster graphs)");
         int32_t want_cl = ahead == 0 && !quantised ? mlp : 0;
-        if (marked != want || marked_cl != want_cl || (marked < 1 && !(ahead == 0 && quantised)) ||
+        if (marked != want || marked_cl != want_cl || marked < (ahead == 0 && q8 ? 0 : 1) ||
             cuda_session_count_steps(b, "gemv+residual (ahead)") != 0)
             fail_msg("gemv_launch_ahead %d, %s: %d (%d in cluster graphs) launches start the next early, want %d (%d)",
                      (int)ahead, arch, (int)marked, (int)marked_cl, (int)want, (int)want_cl);
@@ -2078,6 +2078,7 @@ static void test_graph_launch_ahead(void **st)
     check_launch_ahead("qwen3-tiny", EXPORT_BF16);
     check_launch_ahead("qwen35-tiny", EXPORT_BF16);
     check_launch_ahead("qwen3-tiny", EXPORT_Q4_K_M);
+    check_launch_ahead("qwen3-tiny", EXPORT_Q8_0);
     /* the pick's launches before gate|up that start it early only in the cluster-merged
      * attention's graphs: with the cluster merge always on (attn_cluster 1) those graphs are
      * the ones that run, and against gemv_launch_ahead off the logits keep their bits */

@@ -274,8 +274,8 @@ struct cuda_options {
                           * gate|up; -1: never; 0 (default): the session picks, for 16-bit rows,
                           * 3, and before gate|up too in the cluster-merged attention's graphs
                           * (H200, session 28, Qwen3-0.6B BF16 tg128 against -1: +2.5% at depth
-                          * 0, +4.5% at 1,024, level at 4,096; Qwen3.5-0.8B level), never for
-                          * quantised rows (Q8_0 -4.3% with 2) */
+                          * 0, +4.5% at 1,024, level at 4,096; Qwen3.5-0.8B level); 3 for Q4_K /
+                          * Q6_K rows (Qwen3-0.6B Q4_K_M +1.3%); never for Q8_0 rows (-0.5%) */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -1112,7 +1112,8 @@ static qwenrt_status merge_attn_o_steps(struct cuda_session *cs, struct qwenrt_e
  * q|k|v / in_proj always, before gate|up only in the cluster-merged attention's graphs (there
  * Qwen3-0.6B BF16 gains +4.6% at depth 1,024 with it, +1.2% without; at depth 0 it loses 1.3%
  * with it, and at 4,096 the attention's 512 split blocks lose room to gate|up's early blocks:
- * H200, session 28); none for quantised rows (gemvq: Q8_0 -4.3%). Safe for the early reads above: a step that reads before its wait relies on the launch before it waiting
+ * H200, session 28); 3 for K-quant rows (Qwen3-0.6B Q4_K_M +1.3%), none for Q8_0 rows (-0.5%
+ * with 3, -4.3% with 2). Safe for the early reads above: a step that reads before its wait relies on the launch before it waiting
  * first, and those launches (q|k|v, in_proj) are not GEMV + residual steps; completion stays
  * transitive because every kernel waits before it exits. */
 static void mark_launch_ahead(struct cuda_session *cs)
@@ -1126,8 +1127,9 @@ static void mark_launch_ahead(struct cuda_session *cs)
         if (st->kind != STEP_GEMV_ADD || next->kind != STEP_NORM_GEMV)
             continue;
         bool rows16 = d[st->op].dtype == QR_BF16 || d[st->op].dtype == QR_F16;
+        bool k_quant = d[st->op].dtype == QR_Q4_K || d[st->op].dtype == QR_Q6_K;
         if (!opt) { /* the pick */
-            cs->steps[i].ahead = rows16 && !next->swiglu;
+            cs->steps[i].ahead = (rows16 || k_quant) && !next->swiglu;
             cs->steps[i].ahead_cl = rows16 && next->swiglu;
             continue;
         }
