@@ -228,7 +228,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_pipe = 1; /* Qwen3-0.6B BF16 +3.0%, Q4_K_M +2.2% (perf-log session 27) */
     o.gemv_smem_waves = 0; /* Qwen3-0.6B BF16 -2.7%, Qwen3.5-0.8B -7% with 1 (perf-log session 28) */
     o.gemv_smem_alone = 0; /* Qwen3-0.6B BF16 -2.0% with 1 (perf-log session 28) */
-    o.gemv_launch_ahead = 0; /* the session picks (mark_launch_ahead): 2 for 16-bit rows */
+    o.gemv_launch_ahead = 0; /* the session picks (mark_launch_ahead): Qwen3-0.6B BF16 +2.5%,
+                              * Q4_K_M +1.3% (perf-log session 28) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1113,9 +1114,10 @@ static qwenrt_status merge_attn_o_steps(struct cuda_session *cs, struct qwenrt_e
  * Qwen3-0.6B BF16 gains +4.6% at depth 1,024 with it, +1.2% without; at depth 0 it loses 1.3%
  * with it, and at 4,096 the attention's 512 split blocks lose room to gate|up's early blocks:
  * H200, session 28); 3 for K-quant rows (Qwen3-0.6B Q4_K_M +1.3%), none for Q8_0 rows (-0.5%
- * with 3, -4.3% with 2). Safe for the early reads above: a step that reads before its wait relies on the launch before it waiting
- * first, and those launches (q|k|v, in_proj) are not GEMV + residual steps; completion stays
- * transitive because every kernel waits before it exits. */
+ * with 3, -4.3% with 2). Safe for the early reads above: a step that reads before its wait
+ * relies on the launch before it waiting first, and those launches (q|k|v, in_proj) are not
+ * GEMV + residual steps; completion stays transitive because every kernel waits before it
+ * exits. */
 static void mark_launch_ahead(struct cuda_session *cs)
 {
     const int32_t opt = cs->opt.gemv_launch_ahead;
