@@ -11,7 +11,8 @@
  *              [--gemv-smem-launch N]  (cuda_options.gemv_smem_launch in the decode runs: 0 the
  *              session's pick, 1 griddep_launch before the wait, 2 after it)
  *              [--gemv-mma 0|1]  (cuda_options.gemv_mma in the decode runs: tensor-core sums)
- *              [--kv-f16]  (cuda_options.kv_f16 in the prefill and decode runs: the KV cache in f16)
+ *              [--kv-f16]  (cuda_options.kv_f16 in the prefill, decode, sweep and time-line runs: the
+ *              KV cache in f16)
  *              [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...]  (only decode, one session per shape of the quantised
  *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved;
  *              each timed run after an untimed prompt of --depth tokens)
@@ -440,8 +441,9 @@ static bool *sweep_flag(struct cuda_options *o, const char *key)
     return NULL;
 }
 
-/* The --sweep spec into sw, before any work (a bad spec is named at once); false when bad. */
-static bool parse_sweep(const char *spec, struct sweep *sw)
+/* The --sweep spec into sw, before any work (a bad spec is named at once); false when bad.
+ * Each entry starts from the defaults with the cache's type of --kv-f16 (kv_f16). */
+static bool parse_sweep(const char *spec, bool kv_f16, struct sweep *sw)
 {
     sw->n = 0;
     for (const char *p = spec; *p;) {
@@ -460,6 +462,7 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
             used += more;
         struct cuda_options *o = &sw->os[sw->n];
         *o = cuda_default_options();
+        o->kv_f16 = kv_f16;
         while (p[used] == '+') { /* +name=value: an int32 option by name */
             char key[40];
             int val, n = 0;
@@ -518,11 +521,12 @@ static bool parse_sweep(const char *spec, struct sweep *sw)
 
 /* --timeline: each shape's decode graph replayed with per-block stamps (cuda_session_timeline)
  * for one token at position depth (after a prompt of depth tokens), reps replays averaged;
- * with --sweep its shapes, else the default options. */
-static int decode_timeline(struct qwenrt_model *m, const struct sweep *sw, int32_t depth, int reps)
+ * with --sweep its shapes, else the default options (with --kv-f16's cache: kv_f16). */
+static int decode_timeline(struct qwenrt_model *m, const struct sweep *sw, int32_t depth, int reps, bool kv_f16)
 {
     struct qwenrt_error err = {0};
     struct cuda_options def = cuda_default_options();
+    def.kv_f16 = kv_f16;
     int ns = sw->n > 0 ? sw->n : 1;
     int32_t *ids = malloc((size_t)(depth > 0 ? depth : 1) * sizeof(int32_t));
     static char rep[8192];
@@ -792,7 +796,7 @@ int main(int argc, char **argv)
     }
     if (reps > 64)
         reps = 64;
-    if (sweep && !parse_sweep(sweep, &sw))
+    if (sweep && !parse_sweep(sweep, kv_f16, &sw))
         return 2;
     struct qwenrt_error err = {0};
     if (launch_floor)
@@ -835,7 +839,7 @@ int main(int argc, char **argv)
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
     if (timeline)
-        return decode_timeline(m, &sw, depth, reps);
+        return decode_timeline(m, &sw, depth, reps, kv_f16);
     if (sweep)
         return decode_sweep(m, &sw, n_gen, depth, reps);
     /* Gates. Exact: same argmax everywhere and logits within 1e-3 (Qwen3: 6e-6 measured);
