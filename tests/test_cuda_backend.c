@@ -631,6 +631,23 @@ static void test_op_attention(void **state)
     nopipe.attn_pipe = -1;
     attention_case_with(&nopipe, 128, 16, 8, 128, false, 70, 3, 1, false);
     attention_case_with(&nopipe, 64, 4, 1, 64, false, 2200, 2, 1, true);
+    /* cuda_options.attn_shared_kv (two query heads of a KV head per block): groups of 2, 4 and 8
+     * query heads, one split (positions 40-42, 90-92: several rounds), the splits merged pair by
+     * pair (150; 2200 deep, every split in use), head sizes 64, 128 and 256 with the gate, both
+     * caches; one query head per KV head (4 / 4) falls back to the default kernel */
+    struct cuda_options skv = cuda_default_options();
+    skv.attn_shared_kv = 1, skv.attn_cluster = -1;
+    attention_case_with(&skv, 128, 16, 8, 128, false, 40, 3, 1, false);
+    attention_case_with(&skv, 128, 16, 8, 128, false, 90, 3, 1, true);
+    attention_case_with(&skv, 128, 16, 8, 128, false, 150, 3, 1, false);
+    attention_case_with(&skv, 64, 4, 1, 64, false, 2200, 2, 1, false);
+    attention_case_with(&skv, 64, 4, 1, 64, false, 2200, 2, 1, true);
+    attention_case_with(&skv, 256, 8, 2, 64, true, 100, 3, 1, false);
+    attention_case_with(&skv, 256, 8, 2, 64, true, 300, 2, 1, true);
+    attention_case_with(&skv, 128, 16, 2, 128, false, 90, 3, 1, false);
+    attention_case_with(&skv, 128, 4, 4, 128, true, 150, 3, 1, false);
+    skv.attn_one_split = 0; /* splits from the first positions: empty ones at position 1 */
+    attention_case_with(&skv, 128, 16, 8, 128, false, 1, 3, 1, false);
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
@@ -1878,7 +1895,9 @@ static void check_graph_attn_o(const char *arch, int32_t head_dim, int32_t clust
 
 /* The decode graph with options on_opt (mega off, the cache f16 where kv16) against the
  * defaults on the attention geometry check_graph_attn_o describes: fused names the step that
- * must replace every "rope+attention" step (NULL: the steps stay as they are). */
+ * must replace every "rope+attention" step, or, as "rope+attention (...)", the count of those
+ * steps that must take the option on every layer and on none with the defaults (NULL: no
+ * check of the steps). */
 static void check_graph_attn_pair(const char *arch, int32_t head_dim, const struct cuda_options *on_opt, bool kv16,
                                   int32_t prompt, double tol, const char *label, const char *fused)
 {
@@ -1901,7 +1920,10 @@ static void check_graph_attn_pair(const char *arch, int32_t head_dim, const stru
     init_pair(m, prompt + 64, &on, &off, &a, &b, what);
     int32_t layers = cuda_session_count_steps(b, "rope+attention");
     assert_true(layers > 0);
-    if (fused) {
+    if (fused && !strncmp(fused, "rope+attention (", 16)) {
+        assert_int_equal(cuda_session_count_steps(a, fused), layers);
+        assert_int_equal(cuda_session_count_steps(b, fused), 0);
+    } else if (fused) {
         assert_int_equal(cuda_session_count_steps(a, fused), layers);
         assert_int_equal(cuda_session_count_steps(a, "rope+attention"), 0);
     }
@@ -1961,6 +1983,37 @@ static void test_graph_attn_pipe(void **st)
     check_graph_attn_pair("qwen3-tiny", 128, &on, true, 100, 0, "attn_pipe off", NULL);
     check_graph_attn_pair("qwen35-tiny", 256, &on, false, 40, 0, "attn_pipe off", NULL);
     check_graph_attn_pair("qwen35-tiny", 64, &on, true, 300, 0, "attn_pipe off", NULL);
+}
+
+/* cuda_options.attn_shared_kv (each block attends two query heads of one KV head, loading
+ * the rows once for both) against the default kernel through the decode graph: the same rounds
+ * and sums for each head, so the logits keep their bits. Every attention layer must take it
+ * (Qwen3: groups of 2 query heads, Qwen3.5: 4), from position 0 (one split) and after 300
+ * positions (the splits merged pair by pair), both caches, head sizes 64, 128 and 256; with the
+ * cluster merge in its window of positions the cluster's graphs keep their kernel. */
+static void check_graph_shared_kv(const char *arch, int32_t head_dim, bool kv16, int32_t prompt,
+                                  const struct cuda_options *on)
+{
+    check_graph_attn_pair(arch, head_dim, on, kv16, prompt, 0, "attn_shared_kv", "rope+attention (shared K/V)");
+}
+
+static void test_graph_attn_shared_kv(void **st)
+{
+    (void)st;
+    struct cuda_options on = cuda_default_options();
+    on.attn_shared_kv = 1;
+    on.attn_cluster = -1; /* the pair's other side merges its splits the default way */
+    check_graph_shared_kv("qwen3-tiny", 128, false, 0, &on);
+    check_graph_shared_kv("qwen3-tiny", 128, false, 300, &on);
+    check_graph_shared_kv("qwen3-tiny", 128, true, 100, &on);
+    check_graph_shared_kv("qwen3-tiny", 64, true, 300, &on);
+    check_graph_shared_kv("qwen35-tiny", 256, false, 40, &on);
+    check_graph_shared_kv("qwen35-tiny", 256, true, 300, &on);
+    /* beside the cluster merge's window (the session's pick for 16 heads): its graphs keep
+     * their kernel, so the logits differ from the defaults' inside it as attn_cluster's do */
+    on.attn_cluster = 0;
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, ATTN_CLUSTER_FROM - 12, 1e-4, "attn_shared_kv with the window",
+                          "rope+attention (shared K/V)");
 }
 
 /* cuda_options.attn_cluster (a head's attention splits as one cluster merged through
@@ -2712,7 +2765,8 @@ static void test_backend_errors(void **st)
      * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
-     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3 */
+     * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
+     * attn_shared_kv -1 to 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2747,7 +2801,8 @@ static void test_backend_errors(void **st)
                    {"attn_pipe", offsetof(struct cuda_options, attn_pipe), {-2, 2}},
                    {"gemv_smem_waves", offsetof(struct cuda_options, gemv_smem_waves), {-1, 5}},
                    {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}},
-                   {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 4}}};
+                   {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 4}},
+                   {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2872,6 +2927,7 @@ int main(void)
         cmocka_unit_test(test_graph_attn_o),
         cmocka_unit_test(test_graph_attn_cluster),
         cmocka_unit_test(test_graph_attn_pipe),
+        cmocka_unit_test(test_graph_attn_shared_kv),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),

@@ -29,24 +29,29 @@
  * block's query head and its KV head, normalised and rotated exactly as qk_norm_rope_kernel
  * does (the same sums in the same order: bit-identical), into shared memory; the block whose
  * split holds the current position reads that position's K and V from there, and the group's
- * first head writes them to the cache. Saves the rope launch per layer. */
-template <int EPL, typename KV>
+ * first head writes them to the cache. Saves the rope launch per layer. NQ = 2 (the shared-K/V
+ * attention, attention_shared_kv.cu): the block's two query heads h and h + 1, the second into
+ * r_q2 by warp 3 with warp 0's arithmetic. */
+template <int EPL, typename KV, int NQ = 1>
 __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
                                         float *r_q, float *r_k, float *r_v, KV *r_k16, KV *r_v16, float *r_cs,
-                                        float *r_sn)
+                                        float *r_sn, float *r_q2 = nullptr)
 {
+    static_assert(NQ == 1 || NQ == 2, "one or two query heads per block");
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
-    /* warp 0: q, 1: k (both normalised), 2: v. Every load of the warp (its row and its norm
-     * weights) is issued before the first use, and before the RoPE angles' loads: one L2
-     * round trip, not one per element a lane reads */
-    const float *src = warp == 0 ? a.q + (int64_t)h * a.q_stride : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
-    const float *w = warp == 0 ? a.wq : a.wk;
+    /* warp 0: q, 1: k (both normalised), 2: v; with NQ = 2, warp 3: the second q. Every load of
+     * the warp (its row and its norm weights) is issued before the first use, and before the
+     * RoPE angles' loads: one L2 round trip, not one per element a lane reads */
+    const bool q2 = NQ == 2 && warp == 3, active = warp < 3 || q2, normed = warp < 2 || q2;
+    const float *src = q2 ? a.q + (int64_t)(h + 1) * a.q_stride
+                          : warp == 0 ? a.q + (int64_t)h * a.q_stride : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
+    const float *w = warp == 0 || q2 ? a.wq : a.wk;
     float v[EPL], g[EPL];
-    if (warp < 3)
+    if (active)
 #pragma unroll
         for (int j = 0; j < EPL; j++) {
             v[j] = src[lane + 32 * j];
-            g[j] = warp < 2 ? w[lane + 32 * j] : 1.0f;
+            g[j] = normed ? w[lane + 32 * j] : 1.0f;
         }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = a.inv_freq ? a.inv_freq[i]
@@ -55,20 +60,20 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
         ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
         sincosf((float)ang, &r_sn[i], &r_cs[i]);
     }
-    if (warp < 3) {
-        float *dst = warp == 0 ? r_q : warp == 1 ? r_k : r_v;
+    if (active) {
+        float *dst = q2 ? r_q2 : warp == 0 ? r_q : warp == 1 ? r_k : r_v;
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < EPL; j++)
             ss += v[j] * v[j];
-        float scale = warp < 2 ? rsqrtf(warp_sum(ss) / (float)hd + a.eps) : 1.0f;
+        float scale = normed ? rsqrtf(warp_sum(ss) / (float)hd + a.eps) : 1.0f;
 #pragma unroll
         for (int j = 0; j < EPL; j++)
-            dst[lane + 32 * j] = warp < 2 ? v[j] * (scale * g[j]) : v[j];
+            dst[lane + 32 * j] = normed ? v[j] * (scale * g[j]) : v[j];
     }
     __syncthreads();
-    if (warp < 2) {
-        float *x = warp == 0 ? r_q : r_k, y[EPL];
+    if (normed) {
+        float *x = q2 ? r_q2 : warp == 0 ? r_q : r_k, y[EPL];
 #pragma unroll
         for (int j = 0; j < EPL; j++) {
             int d = lane + 32 * j;
@@ -195,6 +200,44 @@ __device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, 
         for (int e = 0; e < EPL; e++)
             acc[e] = acc[e] * corr + pw * rw.V(u, e);
         m = m_new;
+    }
+}
+
+/* Merges the n partial results of head h (the last block of the head runs it; part rows are
+ * stride floats apart; kernels.cu's attention and attention_shared_kv.cu's): out = the
+ * rescaled sum of the partial outputs over the rescaled sum of the partial sums. Every load of a pass is issued at once (the loops are unrolled to
+ * ATT_MAX_SPLITS): a merge is a few L2 round trips, not one per split. */
+template <int EPL>
+__device__ void attention_merge(const struct attn_args &a, const float *part, int64_t stride,
+                                int n, float *op, const float *gp)
+{
+    const int hd = 32 * EPL;
+    __shared__ float s_f[ATT_MAX_SPLITS], s_inv;
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        float ms = s < n ? __ldcg(part + s * stride) : -INFINITY;
+        float ls = s < n ? __ldcg(part + s * stride + 1) : 0.0f;
+        float M = ms;
+        for (int o = 16; o > 0; o >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float f = ms == -INFINITY ? 0.0f : __expf(ms - M);
+        float L = warp_sum(ls * f);
+        if (s < ATT_MAX_SPLITS)
+            s_f[s] = f;
+        if (s == 0)
+            s_inv = 1.0f / L;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_SPLITS; s++)
+            if (s < n)
+                o += __ldcg(part + s * stride + 2 + d) * s_f[s];
+        o *= s_inv;
+        if (a.gate)
+            o *= sigmoid_f(gp[d]);
+        op[d] = o;
     }
 }
 

@@ -276,6 +276,12 @@ struct cuda_options {
                           * (H200, session 28, Qwen3-0.6B BF16 tg128 against -1: +2.5% at depth
                           * 0, +4.5% at 1,024, level at 4,096; Qwen3.5-0.8B level); 3 for Q4_K /
                           * Q6_K rows (Qwen3-0.6B Q4_K_M +1.3%); never for Q8_0 rows (-0.5%) */
+    int32_t attn_shared_kv; /* decode graph, the attention with RoPE inside, outside the
+                          * cluster-merged attention's graphs, an even number of query heads per
+                          * KV head: each block attends two query heads of one KV head and loads
+                          * each cached K/V row once for both (attention_shared_kv.cu; the same
+                          * sums in the same order as the default kernel with attn_pipe 1: logits
+                          * bit for bit). 0 (default): off; 1: on; -1: off */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
@@ -458,7 +464,10 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
  * that read the position and cached rows before their wait, cuda_options.attn_early; "gdn
  * (early)": the DeltaNet steps that read their state before their wait, cuda_options.gdn_early;
  * "gemv+residual (ahead)": the GEMV + residual steps that start the next launch before their
- * own wait, cuda_options.gemv_launch_ahead).
+ * own wait, cuda_options.gemv_launch_ahead; "gemv+residual (ahead in cluster graphs)": those
+ * that do so only in the cluster-merged attention's graphs; "rope+attention (shared K/V)": the
+ * attention steps whose blocks take two query heads each outside those graphs,
+ * cuda_options.attn_shared_kv).
  * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 

@@ -436,12 +436,20 @@ struct attn_args {
                           * through distributed shared memory (cuda_options.attn_cluster;
                           * part and count unused) */
     bool pipe;           /* T == 1, rope: two rounds of rows in flight (cuda_options.attn_pipe) */
+    bool shared_kv;      /* T == 1, rope, not cluster_merge: two query heads of one KV head per
+                          * block, their K/V rows loaded once (attention_shared_kv.cu;
+                          * cuda_options.attn_shared_kv), where attention_shared_kv_applies */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
 #endif
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
+/* attention_shared_kv.cu: whether the two-heads-per-block decode attention takes these
+ * arguments (T = 1, RoPE inside, no cluster merge, an even number of query heads per KV head,
+ * head size 64, 128 or 256), and its launch (the splits as attention_kernel's) */
+bool attention_shared_kv_applies(const struct attn_args *a);
+cudaError_t launch_attention_shared_kv(const struct attn_args *a, cudaStream_t s);
 /* A decode layer's norm + q|k|v GEMV (g: three segments q, k, v) and its attention with RoPE
  * (t, rope on) in one launch of clusters of at most `cluster` (8 or 16) blocks
  * (qkv_attention.cu, sm_90): whether it applies, and the launch. */

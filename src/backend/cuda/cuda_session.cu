@@ -230,6 +230,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_alone = 0; /* Qwen3-0.6B BF16 -2.0% with 1 (perf-log session 28) */
     o.gemv_launch_ahead = 0; /* the session picks (mark_launch_ahead): Qwen3-0.6B BF16 +2.5%,
                               * Q4_K_M +1.3% (perf-log session 28) */
+    o.attn_shared_kv = 0;  /* not yet measured */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1323,6 +1324,13 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
 
 /* The arguments of a STEP_ROPE_ATTN at rope op i (gate: its sigmoid_gate op or -1): the rope
  * launch's, and the attention's with the norm + RoPE inside when cuda_options.attn_rope (a.rope). */
+/* cuda_options.attn_shared_kv for the attention a (its kernel takes it where
+ * attention_shared_kv_applies): the RoPE-inside attention outside the cluster-merged graphs. */
+static bool shared_kv_on(const struct cuda_session *cs, const struct attn_args &a)
+{
+    return a.rope && !a.cluster_merge && cs->opt.attn_shared_kv > 0;
+}
+
 static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct rope_args &ra, struct attn_args &a)
 {
     struct cuda_session *cs = r->cs;
@@ -1353,6 +1361,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.rope = cs->opt.attn_rope && ra.q == a.q;
     a.pipe = a.rope && cs->opt.attn_pipe > 0;
     a.cluster_merge = a.rope && cs->cl_variant == 1 && cs->cc_major >= 9;
+    a.shared_kv = shared_kv_on(cs, a);
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
@@ -1646,6 +1655,20 @@ extern "C" int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs
     return cs ? cs->gen_launches : 0;
 }
 
+/* Whether the decode attention step st runs attention_shared_kv.cu's kernel in the default
+ * graphs (those without the cluster merge). */
+static bool attn_step_shares_kv(const struct cuda_session *cs, const struct step *st)
+{
+    if (st->kind != STEP_ROPE_ATTN)
+        return false;
+    struct run_ctx r = decode_ctx((struct cuda_session *)cs);
+    struct rope_args ra;
+    struct attn_args a;
+    rope_attn_args(&r, st->op, st->gate_op, ra, a);
+    a.cluster_merge = false;
+    return shared_kv_on(cs, a) && attention_shared_kv_applies(&a);
+}
+
 extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
 {
     int32_t n = 0;
@@ -1653,8 +1676,10 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     bool gdn_early = label && !strcmp(label, "gdn (early)");
     bool ahead = label && !strcmp(label, "gemv+residual (ahead)");
     bool ahead_cl = label && !strcmp(label, "gemv+residual (ahead in cluster graphs)");
+    bool shared_kv = label && !strcmp(label, "rope+attention (shared K/V)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += ahead      ? cs->steps[i].ahead
+        n += shared_kv  ? attn_step_shares_kv(cs, &cs->steps[i])
+             : ahead    ? cs->steps[i].ahead
              : ahead_cl ? cs->steps[i].ahead_cl
              : early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
              : gdn_early ? (cs->steps[i].kind == STEP_GDN_GATED || cs->steps[i].kind == STEP_CONV_GDN_GATED) &&
@@ -2349,6 +2374,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
     if (o->attn_pipe < -1 || o->attn_pipe > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_pipe %d (0 or -1: off, 1: on)", (int)o->attn_pipe);
+    if (o->attn_shared_kv < -1 || o->attn_shared_kv > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_shared_kv %d (0 or -1: off, 1: on)",
+                       (int)o->attn_shared_kv);
     if (o->gemv_launch_ahead < -1 || o->gemv_launch_ahead > 3)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: gemv_launch_ahead %d (0: the session picks, -1: off, 1: before gate|up, 2: before "

@@ -330,44 +330,6 @@ cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int
  * The range is computed on the device from *pos0, so one captured graph serves every
  * position. */
 
-/* Merges the n partial results of head h (the last block of the head runs it; part rows are
- * stride floats apart): out = the rescaled sum of the partial outputs over the rescaled sum
- * of the partial sums. Every load of a pass is issued at once (the loops are unrolled to
- * ATT_MAX_SPLITS): a merge is a few L2 round trips, not one per split. */
-template <int EPL>
-__device__ void attention_merge(const struct attn_args &a, const float *part, int64_t stride,
-                                int n, float *op, const float *gp)
-{
-    const int hd = 32 * EPL;
-    __shared__ float s_f[ATT_MAX_SPLITS], s_inv;
-    if (threadIdx.x < 32) {
-        int s = threadIdx.x;
-        float ms = s < n ? __ldcg(part + s * stride) : -INFINITY;
-        float ls = s < n ? __ldcg(part + s * stride + 1) : 0.0f;
-        float M = ms;
-        for (int o = 16; o > 0; o >>= 1)
-            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        float f = ms == -INFINITY ? 0.0f : __expf(ms - M);
-        float L = warp_sum(ls * f);
-        if (s < ATT_MAX_SPLITS)
-            s_f[s] = f;
-        if (s == 0)
-            s_inv = 1.0f / L;
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-#pragma unroll
-        for (int s = 0; s < ATT_MAX_SPLITS; s++)
-            if (s < n)
-                o += __ldcg(part + s * stride + 2 + d) * s_f[s];
-        o *= s_inv;
-        if (a.gate)
-            o *= sigmoid_f(gp[d]);
-        op[d] = o;
-    }
-}
-
 #define ATT_CL_SPLITS 8 /* a cluster: the portable maximum (16 placed badly: perf-log session 25) */
 
 /* The CL merge: this block's partial result (max M, sum L, the warps' outputs s_acc rescaled
@@ -816,6 +778,8 @@ static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s
 
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 {
+    if (a->shared_kv && attention_shared_kv_applies(a))
+        return launch_attention_shared_kv(a, s);
     return a->kv_f16 ? launch_attention_kv<__half>(a, s) : launch_attention_kv<float>(a, s);
 }
 
