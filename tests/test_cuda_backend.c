@@ -648,6 +648,25 @@ static void test_op_attention(void **state)
     attention_case_with(&skv, 128, 4, 4, 128, true, 150, 3, 1, false);
     skv.attn_one_split = 0; /* splits from the first positions: empty ones at position 1 */
     attention_case_with(&skv, 128, 16, 8, 128, false, 1, 3, 1, false);
+    /* cuda_options.attn_lanes (a row per group of 8 or 16 lanes): one round and a part, several
+     * rounds (90-92: both buffers refilled), splits merged (150; 2200 deep, every split in
+     * use), head sizes 64, 128 and 256 with the gate, both caches, groups of 1-8 query heads,
+     * splits from position 1 (empty ones); 8 lanes with head size 256 falls back to a row per
+     * warp */
+    for (int lanes = 8; lanes <= 16; lanes += 8) {
+        struct cuda_options ln = cuda_default_options();
+        ln.attn_lanes = lanes, ln.attn_cluster = -1;
+        attention_case_with(&ln, 128, 16, 8, 128, false, 40, 3, 1, false);
+        attention_case_with(&ln, 128, 16, 8, 128, false, 90, 3, 1, true);
+        attention_case_with(&ln, 128, 4, 4, 128, true, 150, 3, 1, false);
+        attention_case_with(&ln, 64, 4, 1, 64, false, 2200, 2, 1, false);
+        attention_case_with(&ln, 64, 4, 1, 64, false, 2200, 2, 1, true);
+        attention_case_with(&ln, 256, 8, 2, 64, true, 100, 3, 1, false);
+        attention_case_with(&ln, 256, 8, 2, 64, true, 300, 2, 1, true);
+        attention_case_with(&ln, 128, 16, 2, 128, false, 70, 3, 1, true);
+        ln.attn_one_split = 0;
+        attention_case_with(&ln, 128, 16, 8, 128, false, 1, 3, 1, false);
+    }
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
@@ -2016,6 +2035,32 @@ static void test_graph_attn_shared_kv(void **st)
                           "rope+attention (shared K/V)");
 }
 
+/* cuda_options.attn_lanes (a cached row's dot product over a group of 8 or 16 lanes) against
+ * the default kernel (a row per warp) through the decode graph: the sums in another order, so
+ * within tol with the same greedy ids; every attention layer must take it (head size 256: 16
+ * lanes only). From position 0 (one split) and after 300 positions (splits), both caches; with
+ * the cluster merge's window the cluster's graphs keep their kernel. */
+static void test_graph_attn_lanes(void **st)
+{
+    (void)st;
+    for (int lanes = 8; lanes <= 16; lanes += 8) {
+        struct cuda_options on = cuda_default_options();
+        on.attn_lanes = lanes;
+        on.attn_cluster = -1; /* the pair's other side merges its splits the default way */
+        const char *count = "rope+attention (lanes)";
+        check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 1e-4, "attn_lanes", count);
+        check_graph_attn_pair("qwen3-tiny", 128, &on, true, 300, 1e-4, "attn_lanes", count);
+        check_graph_attn_pair("qwen3-tiny", 64, &on, false, 300, 1e-4, "attn_lanes", count);
+        if (lanes == 16) {
+            check_graph_attn_pair("qwen35-tiny", 256, &on, false, 40, 1e-3, "attn_lanes", count);
+            check_graph_attn_pair("qwen35-tiny", 256, &on, true, 300, 1e-3, "attn_lanes", count);
+        }
+        on.attn_cluster = 0; /* beside the window of the cluster merge (the session's pick) */
+        check_graph_attn_pair("qwen3-tiny", 128, &on, false, ATTN_CLUSTER_FROM - 12, 1e-4, "attn_lanes with the window",
+                              count);
+    }
+}
+
 /* cuda_options.attn_cluster (a head's attention splits as one cluster merged through
  * distributed shared memory) against the default split and merge: at every position (1)
  * after a prompt of 300 positions (8 splits against the default's 5), and from position 0
@@ -2766,7 +2811,7 @@ static void test_backend_errors(void **st)
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
-     * attn_shared_kv -1 to 1 */
+     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2802,7 +2847,8 @@ static void test_backend_errors(void **st)
                    {"gemv_smem_waves", offsetof(struct cuda_options, gemv_smem_waves), {-1, 5}},
                    {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}},
                    {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 4}},
-                   {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}}};
+                   {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}},
+                   {"attn_lanes", offsetof(struct cuda_options, attn_lanes), {4, 64}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2928,6 +2974,7 @@ int main(void)
         cmocka_unit_test(test_graph_attn_cluster),
         cmocka_unit_test(test_graph_attn_pipe),
         cmocka_unit_test(test_graph_attn_shared_kv),
+        cmocka_unit_test(test_graph_attn_lanes),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),

@@ -282,6 +282,11 @@ struct cuda_options {
                           * each cached K/V row once for both (attention_shared_kv.cu; the same
                           * sums in the same order as the default kernel with attn_pipe 1: logits
                           * bit for bit). 0 (default): off; 1: on; -1: off */
+    int32_t attn_lanes;  /* decode graph, the attention with RoPE inside, outside the
+                          * cluster-merged attention's graphs: lanes per cached row's dot product
+                          * (attention_lanes.cu: a warp takes 32 / lanes rows at once, fewer
+                          * shuffle steps per row). 0 (default) or 32: a row per warp
+                          * (attention_kernel); 8 or 16 (head size 256: 16 only) */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
@@ -467,7 +472,8 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
  * own wait, cuda_options.gemv_launch_ahead; "gemv+residual (ahead in cluster graphs)": those
  * that do so only in the cluster-merged attention's graphs; "rope+attention (shared K/V)": the
  * attention steps whose blocks take two query heads each outside those graphs,
- * cuda_options.attn_shared_kv).
+ * cuda_options.attn_shared_kv; "rope+attention (lanes)": those whose rows go to groups of lanes
+ * outside those graphs, cuda_options.attn_lanes).
  * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 

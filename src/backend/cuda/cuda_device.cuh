@@ -129,14 +129,14 @@ static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t ro
 
 /* The KV cache's elements: f32, or f16 (cuda_options.kv_f16; written rounded to nearest).
  * Kernels that read or write the cache are templated on KV = float or __half and read n
- * consecutive elements with kv_get (n = 2, 4 or 8, the address aligned to n elements). */
+ * consecutive elements with kv_get (n = 2, 4, 8 or 16, the address aligned to n elements). */
 static __device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
 static __device__ __forceinline__ void kv_put(__half *p, float v) { *p = __float2half_rn(v); }
 
 template <int N>
 static __device__ __forceinline__ void kv_get(const float *p, float *out)
 {
-    static_assert(N == 2 || N % 4 == 0, "kv_get: 2, 4 or 8 elements");
+    static_assert(N == 2 || N % 4 == 0, "kv_get: 2 or a multiple of 4 elements");
     if constexpr (N == 2) {
         float2 v = *(const float2 *)p;
         out[0] = v.x, out[1] = v.y;
@@ -154,15 +154,18 @@ static __device__ __forceinline__ void kv_get(const float *p, float *out)
 template <int N>
 static __device__ __forceinline__ void kv_load_raw(const __half *p, uint32_t (&w)[N / 2])
 {
-    static_assert(N == 2 || N == 4 || N == 8, "kv_load_raw: 2, 4 or 8 elements");
+    static_assert(N == 2 || N == 4 || N % 8 == 0, "kv_load_raw: 2, 4 or a multiple of 8 elements");
     if constexpr (N == 2) {
         w[0] = *(const uint32_t *)p;
     } else if constexpr (N == 4) {
         uint2 u = *(const uint2 *)p;
         w[0] = u.x, w[1] = u.y;
     } else {
-        uint4 u = *(const uint4 *)p;
-        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+#pragma unroll
+        for (int i = 0; i < N; i += 8) {
+            uint4 u = *(const uint4 *)(p + i);
+            w[i / 2] = u.x, w[i / 2 + 1] = u.y, w[i / 2 + 2] = u.z, w[i / 2 + 3] = u.w;
+        }
     }
 }
 

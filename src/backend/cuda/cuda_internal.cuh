@@ -439,6 +439,10 @@ struct attn_args {
     bool shared_kv;      /* T == 1, rope, not cluster_merge: two query heads of one KV head per
                           * block, their K/V rows loaded once (attention_shared_kv.cu;
                           * cuda_options.attn_shared_kv), where attention_shared_kv_applies */
+    int32_t lanes;       /* T == 1, rope, not cluster_merge: 8 or 16 lanes per cached row, a warp
+                          * taking 32 / lanes rows at once (attention_lanes.cu;
+                          * cuda_options.attn_lanes), where attention_lanes_applies; 0: a row per
+                          * warp (attention_kernel) */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
@@ -450,6 +454,11 @@ cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
  * head size 64, 128 or 256), and its launch (the splits as attention_kernel's) */
 bool attention_shared_kv_applies(const struct attn_args *a);
 cudaError_t launch_attention_shared_kv(const struct attn_args *a, cudaStream_t s);
+/* attention_lanes.cu: whether the decode attention with a row per group of a->lanes lanes takes
+ * these arguments (T = 1, RoPE inside, no cluster merge, lanes 8 or 16, head size 64 or 128,
+ * or 256 with 16 lanes), and its launch (the grid and splits as attention_kernel's) */
+bool attention_lanes_applies(const struct attn_args *a);
+cudaError_t launch_attention_lanes(const struct attn_args *a, cudaStream_t s);
 /* A decode layer's norm + q|k|v GEMV (g: three segments q, k, v) and its attention with RoPE
  * (t, rope on) in one launch of clusters of at most `cluster` (8 or 16) blocks
  * (qkv_attention.cu, sm_90): whether it applies, and the launch. */

@@ -230,7 +230,9 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_alone = 0; /* Qwen3-0.6B BF16 -2.0% with 1 (perf-log session 28) */
     o.gemv_launch_ahead = 0; /* the session picks (mark_launch_ahead): Qwen3-0.6B BF16 +2.5%,
                               * Q4_K_M +1.3% (perf-log session 28) */
-    o.attn_shared_kv = 0;  /* not yet measured */
+    o.attn_shared_kv = 0;  /* depth 4,096 +1.2% (f32 cache) / -8.8% (f16), depth 0 -9.3% (perf-log
+                            * session 29) */
+    o.attn_lanes = 0;      /* not yet measured */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1331,6 +1333,14 @@ static bool shared_kv_on(const struct cuda_session *cs, const struct attn_args &
     return a.rope && !a.cluster_merge && cs->opt.attn_shared_kv > 0;
 }
 
+/* cuda_options.attn_lanes for the attention a (attn_args.lanes: 0 for a row per warp; its
+ * kernel takes it where attention_lanes_applies): the RoPE-inside attention outside the
+ * cluster-merged graphs. */
+static int32_t lanes_of(const struct cuda_session *cs, const struct attn_args &a)
+{
+    return a.rope && !a.cluster_merge && cs->opt.attn_lanes != 32 ? cs->opt.attn_lanes : 0;
+}
+
 static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct rope_args &ra, struct attn_args &a)
 {
     struct cuda_session *cs = r->cs;
@@ -1362,6 +1372,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.pipe = a.rope && cs->opt.attn_pipe > 0;
     a.cluster_merge = a.rope && cs->cl_variant == 1 && cs->cc_major >= 9;
     a.shared_kv = shared_kv_on(cs, a);
+    a.lanes = lanes_of(cs, a);
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
@@ -1655,9 +1666,10 @@ extern "C" int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs
     return cs ? cs->gen_launches : 0;
 }
 
-/* Whether the decode attention step st runs attention_shared_kv.cu's kernel in the default
- * graphs (those without the cluster merge). */
-static bool attn_step_shares_kv(const struct cuda_session *cs, const struct step *st)
+/* Whether the decode attention step st runs attention_lanes.cu's kernel (lanes) or else
+ * attention_shared_kv.cu's in the default graphs (those without the cluster merge), as
+ * launch_attention chooses. */
+static bool attn_step_takes(const struct cuda_session *cs, const struct step *st, bool lanes)
 {
     if (st->kind != STEP_ROPE_ATTN)
         return false;
@@ -1666,7 +1678,9 @@ static bool attn_step_shares_kv(const struct cuda_session *cs, const struct step
     struct attn_args a;
     rope_attn_args(&r, st->op, st->gate_op, ra, a);
     a.cluster_merge = false;
-    return shared_kv_on(cs, a) && attention_shared_kv_applies(&a);
+    a.lanes = lanes_of(cs, a);
+    bool by_lanes = a.lanes && attention_lanes_applies(&a);
+    return lanes ? by_lanes : !by_lanes && shared_kv_on(cs, a) && attention_shared_kv_applies(&a);
 }
 
 extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
@@ -1677,8 +1691,9 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     bool ahead = label && !strcmp(label, "gemv+residual (ahead)");
     bool ahead_cl = label && !strcmp(label, "gemv+residual (ahead in cluster graphs)");
     bool shared_kv = label && !strcmp(label, "rope+attention (shared K/V)");
+    bool lanes = label && !strcmp(label, "rope+attention (lanes)");
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += shared_kv  ? attn_step_shares_kv(cs, &cs->steps[i])
+        n += shared_kv || lanes ? attn_step_takes(cs, &cs->steps[i], lanes)
              : ahead    ? cs->steps[i].ahead
              : ahead_cl ? cs->steps[i].ahead_cl
              : early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
@@ -2374,6 +2389,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_split_min %d (0: the default, or 16 to 4096)", m);
     if (o->attn_pipe < -1 || o->attn_pipe > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_pipe %d (0 or -1: off, 1: on)", (int)o->attn_pipe);
+    if (o->attn_lanes != 0 && o->attn_lanes != 8 && o->attn_lanes != 16 && o->attn_lanes != 32)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_lanes %d (0 or 32: a row per warp, 8 or 16 lanes a row)",
+                       (int)o->attn_lanes);
     if (o->attn_shared_kv < -1 || o->attn_shared_kv > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_shared_kv %d (0 or -1: off, 1: on)",
                        (int)o->attn_shared_kv);
