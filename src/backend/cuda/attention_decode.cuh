@@ -172,6 +172,20 @@ __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *
     }
 }
 
+/* Row u of a round (its score dot) into the online softmax (m, l) and the output acc: the
+ * running max, the rescale of what is summed so far, the row's weight times its V elements. */
+template <int EPL, typename KV, int U>
+__device__ __forceinline__ void attention_row_update(const att_rows<KV, U, EPL> &rw, int u, float dot, float &m,
+                                                     float &l, float (&acc)[EPL])
+{
+    float m_new = fmaxf(m, dot), corr = __expf(m - m_new), pw = __expf(dot - m_new);
+    l = l * corr + pw;
+#pragma unroll
+    for (int e = 0; e < EPL; e++)
+        acc[e] = acc[e] * corr + pw * rw.V(u, e);
+    m = m_new;
+}
+
 /* One round of a warp's rows (positions p0 + u ATT_WARPS, u < U; those past last masked) into
  * the online softmax (m, l) and the output acc (attention_kernel's loops, attn_o.cu's). */
 template <int EPL, typename KV, int U>
@@ -194,13 +208,41 @@ __device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, 
     for (int u = 0; u < U; u++) {
         if (p0 + u * ATT_WARPS > last)
             break;
-        float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
-        l = l * corr + pw;
-#pragma unroll
-        for (int e = 0; e < EPL; e++)
-            acc[e] = acc[e] * corr + pw * rw.V(u, e);
-        m = m_new;
+        attention_row_update(rw, u, dot[u], m, l, acc);
     }
+}
+
+/* The decode attention's splits in use at position last (T = 1): at least split_min positions
+ * each, at most nz, one below a.one_split positions (0: no such floor); split z then takes
+ * positions *lo..*last (attention_kernel's rule, shared by the kernels that replace it). */
+__device__ __forceinline__ int attention_splits(const struct attn_args &a, int last, int nz)
+{
+    int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN;
+    return last < a.one_split ? 1 : min(nz, (last + split_min) / split_min);
+}
+__device__ __forceinline__ void attention_split_range(int S, int z, int *lo, int *last)
+{
+    int chunk = (*last + S) / S;
+    *lo = z * chunk;
+    *last = min(*last, *lo + chunk - 1);
+}
+
+/* After a split's partial result is written (every thread's stores): whether this block is the
+ * last of head h's S splits to arrive, and so merges them; that block resets the head's counter
+ * for the next step. */
+__device__ __forceinline__ bool attention_split_arrive(const struct attn_args &a, int h, int S)
+{
+    __shared__ bool s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned prev = atomicAdd(a.count + h, 1u);
+        s_last = prev == (unsigned)S - 1;
+        if (s_last)
+            a.count[h] = 0; /* every split has arrived: ready for the next step */
+    }
+    __syncthreads();
+    return s_last;
 }
 
 /* Merges the n partial results of head h (the last block of the head runs it; part rows are

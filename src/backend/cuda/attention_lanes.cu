@@ -79,12 +79,7 @@ __device__ __forceinline__ void lanes_round(const att_rows<KV, U, EPL> &rw, cons
     for (int u = 0; u < U; u++) {
         if (p0 + u * NV > last)
             break;
-        float m_new = fmaxf(m, dot[u]), corr = __expf(m - m_new), pw = __expf(dot[u] - m_new);
-        l = l * corr + pw;
-#pragma unroll
-        for (int e = 0; e < EPL; e++)
-            acc[e] = acc[e] * corr + pw * rw.V(u, e);
-        m = m_new;
+        attention_row_update(rw, u, dot[u], m, l, acc);
     }
 }
 
@@ -102,20 +97,16 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_lanes_kernel(const _
         griddep_wait();
     __shared__ float s_m[NV], s_l[NV], s_f[NV], s_ml[2];
     __shared__ float s_acc[NV][HD];
-    __shared__ bool s_last;
     __shared__ __align__(16) float r_q[HD], r_k[HD], r_v[HD];
     __shared__ float r_cs[HD / 2], r_sn[HD / 2];
     __shared__ __align__(16) KV r_k16[sizeof(KV) == 2 ? HD : 8], r_v16[sizeof(KV) == 2 ? HD : 8];
     const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
     const int h = blockIdx.x, z = blockIdx.z, nz = gridDim.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gi = lane / LPR, sub = lane % LPR, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0;
-    /* the splits exactly as attention_kernel cuts them */
-    int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN, last = pos;
-    int S = last < a.one_split ? 1 : min(nz, (last + split_min) / split_min);
+    int last = pos, lo, S = attention_splits(a, last, nz); /* attention_kernel's splits */
     if (z >= S)
         return;
-    int chunk = (last + S) / S, lo = z * chunk;
-    last = min(last, lo + chunk - 1);
+    attention_split_range(S, z, &lo, &last);
     const KV *kbase = (const KV *)a.kc + (int64_t)kvh * HD + sub * EPL;
     const KV *vbase = (const KV *)a.vc + (int64_t)kvh * HD + sub * EPL;
     int pw = lo + warp * G; /* the warp's first group's position: the loop's (warp-uniform) */
@@ -184,16 +175,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_lanes_kernel(const _
         }
         if (threadIdx.x == 0)
             part[0] = s_ml[0], part[1] = s_ml[1];
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned prev = atomicAdd(a.count + h, 1u);
-            s_last = prev == (unsigned)S - 1;
-            if (s_last)
-                a.count[h] = 0; /* every split has arrived: ready for the next step */
-        }
-        __syncthreads();
-        if (s_last) {
+        if (attention_split_arrive(a, h, S)) {
             __threadfence();
             attention_merge<HD / 32>(a, a.part + (int64_t)h * nz * (HD + 2), HD + 2, S, op, gp);
         }

@@ -63,20 +63,16 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_shared_kv_kernel(con
     constexpr int HD = 32 * EPL;
     __shared__ float s_m[2][ATT_WARPS], s_l[2][ATT_WARPS];
     __shared__ float s_acc[2][ATT_WARPS][HD];
-    __shared__ bool s_last;
     __shared__ __align__(16) float r_q[2][HD], r_k[HD], r_v[HD];
     __shared__ float r_cs[16 * EPL], r_sn[16 * EPL];
     __shared__ __align__(16) KV r_k16[sizeof(KV) == 2 ? HD : 8], r_v16[sizeof(KV) == 2 ? HD : 8];
     const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
     const int h = 2 * blockIdx.x, z = blockIdx.z, nz = gridDim.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0;
-    /* the splits exactly as attention_kernel cuts them */
-    int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN, last = pos;
-    int S = last < a.one_split ? 1 : min(nz, (last + split_min) / split_min);
+    int last = pos, lo, S = attention_splits(a, last, nz); /* attention_kernel's splits */
     if (z >= S)
         return;
-    int chunk = (last + S) / S, lo = z * chunk;
-    last = min(last, lo + chunk - 1);
+    attention_split_range(S, z, &lo, &last);
     const KV *kbase = (const KV *)a.kc + (int64_t)kvh * HD + lane * EPL;
     const KV *vbase = (const KV *)a.vc + (int64_t)kvh * HD + lane * EPL;
     constexpr int U = att_u<KV>();
@@ -143,16 +139,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_shared_kv_kernel(con
             if (threadIdx.x == 0)
                 part[0] = M[g], part[1] = L[g];
         }
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned prev = atomicAdd(a.count + h, 1u);
-            s_last = prev == (unsigned)S - 1;
-            if (s_last)
-                a.count[h] = 0; /* every split has arrived: ready for the next step */
-        }
-        __syncthreads();
-        if (s_last) {
+        if (attention_split_arrive(a, h, S)) {
             __threadfence();
             attention_merge<EPL>(a, a.part + (int64_t)h * nz * (HD + 2), HD + 2, S, out_of(0), gate_of(0));
             __syncthreads(); /* attention_merge's shared weights are reused by the second head */

@@ -438,7 +438,6 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         griddep_wait();
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][32 * EPL];
-    __shared__ bool s_last;
     __shared__ __align__(16) float r_q[ROPE ? 32 * EPL : 4], r_k[ROPE ? 32 * EPL : 4], r_v[ROPE ? 32 * EPL : 4];
     __shared__ float r_cs[ROPE ? 16 * EPL : 1], r_sn[ROPE ? 16 * EPL : 1];
     /* the current row in the cache's type (an f16 cache: rounded copies; f32: r_k, r_v) */
@@ -447,16 +446,13 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     int h = CL ? blockIdx.y : blockIdx.x, t = CL ? 0 : blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int z = CL ? blockIdx.x : blockIdx.z, nz = CL ? gridDim.x : gridDim.z;
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
-    /* splits in use: at least split_min positions each, at most gridDim.z; one below
-     * a.one_split positions (0: no such floor) */
-    int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN;
-    int S = last < a.one_split ? 1 : min(nz, (last + split_min) / split_min);
+    int S = attention_splits(a, last, nz);
     if (CL && S > 1)
         S = nz; /* every block of the cluster meets at its barrier (a split may be empty) */
     if (z >= S)
         return; /* a short context: this split has no positions and takes no part */
-    int chunk = (last + S) / S, lo = z * chunk;
-    last = min(last, lo + chunk - 1); /* this split's positions lo..last */
+    int lo;
+    attention_split_range(S, z, &lo, &last); /* this split's positions lo..last */
     const KV *kbase = (const KV *)a.kc + (int64_t)kvh * hd + lane * EPL;
     const KV *vbase = (const KV *)a.vc + (int64_t)kvh * hd + lane * EPL;
     /* the first round's cached rows load before the prologue: their addresses do not depend
@@ -533,16 +529,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         }
         if (threadIdx.x == 0)
             part[0] = M, part[1] = L;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned prev = atomicAdd(a.count + h, 1u);
-            s_last = prev == (unsigned)S - 1;
-            if (s_last)
-                a.count[h] = 0; /* every split has arrived: ready for the next step */
-        }
-        __syncthreads();
-        if (!s_last) {
+        if (!attention_split_arrive(a, h, S)) {
             if (TL)
                 tl_stamp(a.stamps, 3);
             return;
