@@ -48,8 +48,9 @@ enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
 #define ATTN_CLUSTER_UNTIL 5120 /* calibrate` chose for Qwen3-0.6B BF16, Q8_0 and Q4_K_M on the
                                  * H200 (+5% at 256, level at 512, +8-13% at 1,024-2,048; perf-log
                                  * session 26), the upper edge moved from 3,072 in session 29,
-                                 * since the attention's pipelined rounds (attn_pipe): +7.4% at
-                                 * 3,072, +3.1% at 4,096, -0.7% at 5,120, -5.2% at 8,192 */
+                                 * where the merge measured +7.4% at 3,072, +3.1% at 4,096, -0.7%
+                                 * at 5,120, -5.2% at 8,192 (why it changed since session 26 was
+                                 * not measured; attn_pipe, session 27, is the likely cause) */
 #define ATTN_CLUSTER_POS_LIMIT (1 << 22) /* a window's edges at most (the longest context) */
 
 struct cuda_options {
