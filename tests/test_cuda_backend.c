@@ -667,6 +667,27 @@ static void test_op_attention(void **state)
         ln.attn_one_split = 0;
         attention_case_with(&ln, 128, 16, 8, 128, false, 1, 3, 1, false);
     }
+    /* cuda_options.attn_stage (the rows staged in shared memory by bulk copies, one block per
+     * KV head): a ring of one tile (each refilled after its use) and of four; groups of 1, 2 and
+     * 4 query heads (8 falls back to the default kernel), head sizes 64, 128 and 256 with the
+     * gate, both caches, one split over one tile and a part (40-42) and several tiles (90-92,
+     * 70-72), the splits merged (150; 2200 deep, every split in use), splits from position 1
+     * (empty ones, and tiles holding only the current position) */
+    for (int stages = 1; stages <= 4; stages += 3) {
+        struct cuda_options sg = cuda_default_options();
+        sg.attn_stage = stages, sg.attn_cluster = -1;
+        attention_case_with(&sg, 128, 16, 8, 128, false, 40, 3, 1, false);
+        attention_case_with(&sg, 128, 16, 8, 128, false, 90, 3, 1, true);
+        attention_case_with(&sg, 128, 4, 4, 128, true, 150, 3, 1, false);
+        attention_case_with(&sg, 64, 4, 1, 64, false, 2200, 2, 1, false);
+        attention_case_with(&sg, 64, 4, 1, 64, false, 2200, 2, 1, true);
+        attention_case_with(&sg, 256, 8, 2, 64, true, 100, 3, 1, false);
+        attention_case_with(&sg, 256, 8, 2, 64, true, 300, 2, 1, true);
+        attention_case_with(&sg, 256, 4, 2, 64, true, 70, 3, 1, true);
+        attention_case_with(&sg, 128, 16, 2, 128, false, 70, 3, 1, true);
+        sg.attn_one_split = 0;
+        attention_case_with(&sg, 128, 16, 8, 128, false, 1, 3, 1, false);
+    }
 }
 
 /* DeltaNet: conv, core, gated norm over one layer's buffers. */
@@ -2061,6 +2082,31 @@ static void test_graph_attn_lanes(void **st)
     }
 }
 
+/* cuda_options.attn_stage (the cached rows staged in shared memory by bulk copies, one block
+ * per KV head) against the default kernel through the decode graph: the sums in another order,
+ * so within tol with the same greedy ids; every attention layer must take it (Qwen3: groups of
+ * 2 query heads, Qwen3.5: 4). From position 0 (one split) and after 300 positions (splits),
+ * both caches, head sizes 64, 128 and 256, rings of 1 and 4 tiles; with the cluster merge's
+ * window the cluster's graphs keep their kernel. */
+static void test_graph_attn_stage(void **st)
+{
+    (void)st;
+    for (int stages = 1; stages <= 4; stages += 3) {
+        struct cuda_options on = cuda_default_options();
+        on.attn_stage = stages;
+        on.attn_cluster = -1; /* the pair's other side merges its splits the default way */
+        const char *count = "rope+attention (staged)";
+        check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 1e-4, "attn_stage", count);
+        check_graph_attn_pair("qwen3-tiny", 128, &on, true, 300, 1e-4, "attn_stage", count);
+        check_graph_attn_pair("qwen3-tiny", 64, &on, false, 300, 1e-4, "attn_stage", count);
+        check_graph_attn_pair("qwen35-tiny", 256, &on, false, 40, 1e-3, "attn_stage", count);
+        check_graph_attn_pair("qwen35-tiny", 256, &on, true, 300, 1e-3, "attn_stage", count);
+        on.attn_cluster = 0; /* beside the window of the cluster merge (the session's pick) */
+        check_graph_attn_pair("qwen3-tiny", 128, &on, false, ATTN_CLUSTER_FROM - 12, 1e-4, "attn_stage with the window",
+                              count);
+    }
+}
+
 /* cuda_options.attn_cluster (a head's attention splits as one cluster merged through
  * distributed shared memory) against the default split and merge: at every position (1)
  * after a prompt of 300 positions (8 splits against the default's 5), and from position 0
@@ -2811,7 +2857,7 @@ static void test_backend_errors(void **st)
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
-     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32 */
+     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2848,7 +2894,8 @@ static void test_backend_errors(void **st)
                    {"gemv_smem_alone", offsetof(struct cuda_options, gemv_smem_alone), {-1, 3}},
                    {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 4}},
                    {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}},
-                   {"attn_lanes", offsetof(struct cuda_options, attn_lanes), {4, 64}}};
+                   {"attn_lanes", offsetof(struct cuda_options, attn_lanes), {4, 64}},
+                   {"attn_stage", offsetof(struct cuda_options, attn_stage), {-2, 9}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -2975,6 +3022,7 @@ int main(void)
         cmocka_unit_test(test_graph_attn_pipe),
         cmocka_unit_test(test_graph_attn_shared_kv),
         cmocka_unit_test(test_graph_attn_lanes),
+        cmocka_unit_test(test_graph_attn_stage),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_op_attention),

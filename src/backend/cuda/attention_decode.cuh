@@ -29,21 +29,23 @@
  * block's query head and its KV head, normalised and rotated exactly as qk_norm_rope_kernel
  * does (the same sums in the same order: bit-identical), into shared memory; the block whose
  * split holds the current position reads that position's K and V from there, and the group's
- * first head writes them to the cache. Saves the rope launch per layer. NQ = 2 (the shared-K/V
- * attention, attention_shared_kv.cu): the block's two query heads h and h + 1, the second into
- * r_q2 by warp 3 with warp 0's arithmetic. */
+ * first head writes them to the cache. Saves the rope launch per layer. NQ > 1 (the shared-K/V
+ * attention, attention_shared_kv.cu: 2; the staged attention, attention_staged.cu: up to 4):
+ * the block's query heads h .. h + NQ - 1, head h + j (j >= 1) into r_q2 + (j - 1) hd by warp
+ * 2 + j with warp 0's arithmetic. */
 template <int EPL, typename KV, int NQ = 1>
 __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
                                         float *r_q, float *r_k, float *r_v, KV *r_k16, KV *r_v16, float *r_cs,
                                         float *r_sn, float *r_q2 = nullptr)
 {
-    static_assert(NQ == 1 || NQ == 2, "one or two query heads per block");
+    static_assert(NQ >= 1 && NQ <= ATT_WARPS - 2, "one query head per block, or one per warp from warp 3");
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
-    /* warp 0: q, 1: k (both normalised), 2: v; with NQ = 2, warp 3: the second q. Every load of
-     * the warp (its row and its norm weights) is issued before the first use, and before the
-     * RoPE angles' loads: one L2 round trip, not one per element a lane reads */
-    const bool q2 = NQ == 2 && warp == 3, active = warp < 3 || q2, normed = warp < 2 || q2;
-    const float *src = q2 ? a.q + (int64_t)(h + 1) * a.q_stride
+    /* warp 0: q, 1: k (both normalised), 2: v; with NQ > 1, warps 3 .. NQ + 1: the other
+     * queries. Every load of the warp (its row and its norm weights) is issued before the first
+     * use, and before the RoPE angles' loads: one L2 round trip, not one per element a lane
+     * reads */
+    const bool q2 = NQ > 1 && warp >= 3 && warp < NQ + 2, active = warp < 3 || q2, normed = warp < 2 || q2;
+    const float *src = q2 ? a.q + (int64_t)(h + warp - 2) * a.q_stride
                           : warp == 0 ? a.q + (int64_t)h * a.q_stride : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
     const float *w = warp == 0 || q2 ? a.wq : a.wk;
     float v[EPL], g[EPL];
@@ -61,7 +63,7 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
         sincosf((float)ang, &r_sn[i], &r_cs[i]);
     }
     if (active) {
-        float *dst = q2 ? r_q2 : warp == 0 ? r_q : warp == 1 ? r_k : r_v;
+        float *dst = q2 ? r_q2 + (warp - 3) * hd : warp == 0 ? r_q : warp == 1 ? r_k : r_v;
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < EPL; j++)
@@ -73,7 +75,7 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
     }
     __syncthreads();
     if (normed) {
-        float *x = q2 ? r_q2 : warp == 0 ? r_q : r_k, y[EPL];
+        float *x = q2 ? r_q2 + (warp - 3) * hd : warp == 0 ? r_q : r_k, y[EPL];
 #pragma unroll
         for (int j = 0; j < EPL; j++) {
             int d = lane + 32 * j;

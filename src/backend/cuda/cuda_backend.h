@@ -294,6 +294,12 @@ struct cuda_options {
                           * (attention_kernel); 8 or 16 (head size 256: 16 only). H200, session
                           * 29, Qwen3-0.6B BF16 with 8 / 16: depth 4,096 -5.4% / level (f32
                           * cache), +1.9% / +4.5% (f16); depth 0 -1.1% / -1.5% */
+    int32_t attn_stage;  /* decode graph, the attention with RoPE inside, outside the
+                          * cluster-merged attention's graphs, sm_90: the cached K/V rows copied
+                          * into shared memory by bulk copies, a ring of this many tiles of rows
+                          * (1-8, fewer where they do not fit), one block per KV head and split
+                          * serving all its query heads (attention_staged.cu; groups of 1, 2 or
+                          * 4 query heads). 0 (default) or -1: off */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
@@ -480,7 +486,8 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
  * that do so only in the cluster-merged attention's graphs; "rope+attention (shared K/V)": the
  * attention steps whose blocks take two query heads each outside those graphs,
  * cuda_options.attn_shared_kv; "rope+attention (lanes)": those whose rows go to groups of lanes
- * outside those graphs, cuda_options.attn_lanes).
+ * outside those graphs, cuda_options.attn_lanes; "rope+attention (staged)": those whose rows
+ * are staged in shared memory outside those graphs, cuda_options.attn_stage).
  * The program is built also when the megakernel runs decode. 0 for a NULL session or label. */
 int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label);
 

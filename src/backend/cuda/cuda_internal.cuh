@@ -443,9 +443,16 @@ struct attn_args {
                           * taking 32 / lanes rows at once (attention_lanes.cu;
                           * cuda_options.attn_lanes), where attention_lanes_applies; 0: a row per
                           * warp (attention_kernel) */
+    int32_t stages;      /* T == 1, rope, not cluster_merge, sm_90: the cached K/V rows staged in
+                          * shared memory by bulk copies, a ring of this many tiles, one block per
+                          * KV head and split (attention_staged.cu; cuda_options.attn_stage),
+                          * where attention_staged_applies; 0: not */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
+#endif
+#ifndef ATT_STAGES_MAX
+#define ATT_STAGES_MAX 8 /* attention_staged.cu's ring: at most this many tiles */
 #endif
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
@@ -454,6 +461,8 @@ cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
  * head size 64, 128 or 256), and its launch (the splits as attention_kernel's) */
 bool attention_shared_kv_applies(const struct attn_args *a);
 cudaError_t launch_attention_shared_kv(const struct attn_args *a, cudaStream_t s);
+bool attention_staged_applies(const struct attn_args *a);
+cudaError_t launch_attention_staged(const struct attn_args *a, cudaStream_t s);
 /* attention_lanes.cu: whether the decode attention with a row per group of a->lanes lanes takes
  * these arguments (T = 1, RoPE inside, no cluster merge, lanes 8 or 16, head size 64 or 128,
  * or 256 with 16 lanes), and its launch (the grid and splits as attention_kernel's) */

@@ -233,6 +233,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_shared_kv = 0;  /* depth 4,096 +1.2% (f32 cache) / -8.8% (f16), depth 0 -9.3% (perf-log
                             * session 29) */
     o.attn_lanes = 0;      /* not yet measured */
+    o.attn_stage = 0;      /* not yet measured */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -1341,6 +1342,14 @@ static int32_t lanes_of(const struct cuda_session *cs, const struct attn_args &a
     return a.rope && !a.cluster_merge && cs->opt.attn_lanes != 32 ? cs->opt.attn_lanes : 0;
 }
 
+/* cuda_options.attn_stage for the attention a (attn_args.stages: the ring's tiles, 0 for none;
+ * its kernel takes it where attention_staged_applies): the RoPE-inside attention outside the
+ * cluster-merged graphs, on sm_90 (bulk copies). */
+static int32_t stages_of(const struct cuda_session *cs, const struct attn_args &a)
+{
+    return a.rope && !a.cluster_merge && cs->cc_major >= 9 && cs->opt.attn_stage > 0 ? cs->opt.attn_stage : 0;
+}
+
 static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct rope_args &ra, struct attn_args &a)
 {
     struct cuda_session *cs = r->cs;
@@ -1373,6 +1382,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.cluster_merge = a.rope && cs->cl_variant == 1 && cs->cc_major >= 9;
     a.shared_kv = shared_kv_on(cs, a);
     a.lanes = lanes_of(cs, a);
+    a.stages = stages_of(cs, a);
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
@@ -1666,10 +1676,12 @@ extern "C" int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs
     return cs ? cs->gen_launches : 0;
 }
 
-/* Whether the decode attention step st runs attention_lanes.cu's kernel (lanes) or else
- * attention_shared_kv.cu's in the default graphs (those without the cluster merge), as
- * launch_attention chooses. */
-static bool attn_step_takes(const struct cuda_session *cs, const struct step *st, bool lanes)
+/* Which kernel a decode attention step takes in the default graphs (those without the cluster
+ * merge), as launch_attention chooses: attention_staged.cu's, attention_lanes.cu's or
+ * attention_shared_kv.cu's. */
+enum attn_kernel_kind { ATTN_TAKES_STAGED, ATTN_TAKES_LANES, ATTN_TAKES_SHARED_KV };
+
+static bool attn_step_takes(const struct cuda_session *cs, const struct step *st, enum attn_kernel_kind kind)
 {
     if (st->kind != STEP_ROPE_ATTN)
         return false;
@@ -1679,8 +1691,14 @@ static bool attn_step_takes(const struct cuda_session *cs, const struct step *st
     rope_attn_args(&r, st->op, st->gate_op, ra, a);
     a.cluster_merge = false;
     a.lanes = lanes_of(cs, a);
-    bool by_lanes = a.lanes && attention_lanes_applies(&a);
-    return lanes ? by_lanes : !by_lanes && shared_kv_on(cs, a) && attention_shared_kv_applies(&a);
+    a.stages = stages_of(cs, a);
+    bool staged = a.stages && attention_staged_applies(&a);
+    bool by_lanes = !staged && a.lanes && attention_lanes_applies(&a);
+    switch (kind) {
+    case ATTN_TAKES_STAGED: return staged;
+    case ATTN_TAKES_LANES: return by_lanes;
+    default: return !staged && !by_lanes && shared_kv_on(cs, a) && attention_shared_kv_applies(&a);
+    }
 }
 
 extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *label)
@@ -1692,8 +1710,10 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     bool ahead_cl = label && !strcmp(label, "gemv+residual (ahead in cluster graphs)");
     bool shared_kv = label && !strcmp(label, "rope+attention (shared K/V)");
     bool lanes = label && !strcmp(label, "rope+attention (lanes)");
+    bool staged = label && !strcmp(label, "rope+attention (staged)");
+    enum attn_kernel_kind kind = staged ? ATTN_TAKES_STAGED : lanes ? ATTN_TAKES_LANES : ATTN_TAKES_SHARED_KV;
     for (int32_t i = 0; cs && label && i < cs->n_steps; i++)
-        n += shared_kv || lanes ? attn_step_takes(cs, &cs->steps[i], lanes)
+        n += shared_kv || lanes || staged ? attn_step_takes(cs, &cs->steps[i], kind)
              : ahead    ? cs->steps[i].ahead
              : ahead_cl ? cs->steps[i].ahead_cl
              : early ? (cs->steps[i].kind == STEP_ROPE_ATTN || cs->steps[i].kind == STEP_ATTN_O) && cs->steps[i].early
@@ -2392,6 +2412,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->attn_lanes != 0 && o->attn_lanes != 8 && o->attn_lanes != 16 && o->attn_lanes != 32)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_lanes %d (0 or 32: a row per warp, 8 or 16 lanes a row)",
                        (int)o->attn_lanes);
+    if (o->attn_stage < -1 || o->attn_stage > ATT_STAGES_MAX)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_stage %d (0 or -1: off, 1 to %d: tiles in the ring)",
+                       (int)o->attn_stage, ATT_STAGES_MAX);
     if (o->attn_shared_kv < -1 || o->attn_shared_kv > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_shared_kv %d (0 or -1: off, 1: on)",
                        (int)o->attn_shared_kv);

@@ -765,6 +765,8 @@ static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s
 
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 {
+    if (a->stages && attention_staged_applies(a))
+        return launch_attention_staged(a, s);
     if (a->lanes && attention_lanes_applies(a))
         return launch_attention_lanes(a, s);
     if (a->shared_kv && attention_shared_kv_applies(a))
