@@ -10,14 +10,18 @@
  * (two query heads per block), fewer instructions (a row per group of lanes) or a contiguous
  * layout all left it where it was (docs/perf-log.md, session 29). Here the bytes in flight do
  * not live in registers: a ring of stages in shared memory, each a tile of TP positions' K and
- * V rows, filled by bulk copies (cp.async.bulk, one per row, counted on the stage's mbarrier)
- * that warp 0 issues for the first stages before the wait (a.early) and for each later tile
- * as soon as the block is done with the stage it reuses.
+ * V rows, filled by two tensor copies (cp.async.bulk.tensor: a box of TP rows of the block's
+ * KV head from a map over the cache as [n_ctx][n_head_kv][HD], for K and for V, counted on the
+ * stage's mbarrier) that one thread issues for the first stages before the wait (a.early) and
+ * for each later tile as soon as the block is done with the stage it reuses. (A first form
+ * copied each row on its own, 64 bulk copies a tile: level with the default kernel however
+ * few bytes or deep a ring — the measurement build STG_ROW_COPIES 1 keeps it; perf-log
+ * session 30.)
  *
  * Arithmetic per tile: a warp task is (query head g = warp mod G, PW consecutive positions);
  * for the scores each position takes LP = HD / 32 lanes, 32 elements a lane (16-byte chunks
- * k LP + c for lane part c, so a quarter-warp reads LP x 16 contiguous bytes of each of its
- * rows, the rows' stride padded so that they fall on different banks), summed by log2(LP)
+ * (k ^ x) LP + c for lane part c, x = stg_xor of the row, so that a quarter-warp's rows read
+ * different parts of 128 bytes: no bank conflicts on the dense rows), summed by log2(LP)
  * shuffles; one online-softmax update per task (the max over PW positions, not per row); then
  * the output, a lane's EPL = HD / 32 dimensions of each of the task's V rows, weighted by the
  * row's probability taken by shuffle from its lanes. Each warp keeps its head's (m, l, acc);
@@ -26,14 +30,23 @@
  * The current position's row is not in the cache when the copies start (the prologue writes
  * it): its K and V come from the prologue's copy in shared memory, as in attention_kernel.
  * The sums run in another order than attention_kernel's: the results agree to f32 rounding.
- * Needs sm_90 (bulk copies, mbarrier transaction counts): cuda_session takes it only there.
+ * Needs sm_90 (tensor copies, mbarrier transaction counts): cuda_session takes it only there.
  * Not for the cluster-merged attention's graphs (attn_cluster).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <math.h>
+#include <string.h>
+
+/* STG_ROW_COPIES 1 (a measurement build): one bulk copy per cached row into rows padded apart,
+ * instead of one tensor copy per tile of K or V rows (perf-log session 30). */
+#ifndef STG_ROW_COPIES
+#define STG_ROW_COPIES 0
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define STG_SM90(stmt) __trap()
@@ -50,8 +63,9 @@ struct stg_geo {
     static constexpr int NCH = 32 / CE;             /* chunks per lane per row */
     static constexpr int EPL = HD / 32;             /* output dimensions per lane */
     static constexpr int RB = HD * (int)sizeof(KV); /* bytes of a cached row */
-    static constexpr int RS = RB + (LP * 16) % 128; /* a staged row's stride: a quarter-warp's
-                                                     * rows on different banks */
+    /* a staged row's stride: tensor copies write the rows densely (a quarter-warp's rows then
+     * take different 64- or 32-byte parts of them: stg_xor); row copies pad them apart */
+    static constexpr int RS = STG_ROW_COPIES ? RB + (LP * 16) % 128 : RB;
     /* positions per tile: G LP tasks (8 for Qwen3-0.6B: one per warp; a group of one query
      * head leaves warps idle). 64 for such groups made nvcc 13.0's cicc run for minutes. */
     static constexpr int TP = 32;
@@ -59,6 +73,35 @@ struct stg_geo {
     static constexpr int STAGE = 2 * TP * RS; /* K rows, then V rows */
     static_assert(ATT_WARPS % G == 0, "a warp's tasks stay with one query head");
 };
+
+/* The chunk order of a lane's row in the scores: dense rows put the same chunk of a
+ * quarter-warp's rows (8 / LP of them) on the same banks, so row jr takes its lane's chunks in
+ * the order k ^ (jr mod 8 / LP): the quarter-warp's rows read different parts of 128 bytes. */
+template <class Geo>
+__device__ __forceinline__ int stg_xor(int jr)
+{
+    return STG_ROW_COPIES ? 0 : jr % (8 / Geo::LP);
+}
+
+/* Thread 0 of warp 0: the tensor copy of one tile's K and V rows (TP positions from p0 of KV
+ * head kvh: boxes of [TP][1][HD] from maps over [n_ctx][n_head_kv][HD]; rows past the cache
+ * read as zeros), counted on bar. */
+template <class Geo>
+__device__ __forceinline__ void stg_issue_tiles(const CUtensorMap &tk, const CUtensorMap &tv, int kvh, int p0,
+                                                uint32_t st, uint32_t bar)
+{
+    STG_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                          "n"(Geo::STAGE)
+                          : "memory"));
+    STG_SM90(asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                          " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(st), "l"((uint64_t)&tk), "r"(0), "r"(kvh),
+                          "r"(p0), "r"(bar)
+                          : "memory"));
+    STG_SM90(asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                          " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(st + (uint32_t)(Geo::TP * Geo::RS)),
+                          "l"((uint64_t)&tv), "r"(0), "r"(kvh), "r"(p0), "r"(bar)
+                          : "memory"));
+}
 
 /* One row's bulk copy (RB bytes, 16-byte aligned at both ends) into shared memory at dst,
  * counted on mbarrier bar. */
@@ -100,13 +143,13 @@ __device__ __forceinline__ void stg_task(const unsigned char *sk, const unsigned
                                          float (&acc)[Geo::EPL])
 {
     constexpr int LP = Geo::LP, PW = Geo::PW, CE = Geo::CE, EPL = Geo::EPL;
-    const int lane = threadIdx.x & 31, c = lane % LP, jr = lane / LP, p = t0 + j0 + jr;
+    const int lane = threadIdx.x & 31, c = lane % LP, jr = lane / LP, p = t0 + j0 + jr, xr = stg_xor<Geo>(jr);
     const KV *krow = p == pos ? cur_k : (const KV *)(sk + (j0 + jr) * Geo::RS);
     float d = 0.0f;
 #pragma unroll
     for (int k = 0; k < Geo::NCH; k++) {
         float x[CE];
-        kv_get<CE>(krow + (k * LP + c) * CE, x);
+        kv_get<CE>(krow + ((k ^ xr) * LP + c) * CE, x);
 #pragma unroll
         for (int e = 0; e < CE; e++)
             d += q[k][e] * x[e];
@@ -140,7 +183,9 @@ __device__ __forceinline__ void stg_task(const unsigned char *sk, const unsigned
 
 /* TL: the decode timeline's variant (a.stamps written), as attention_kernel's. */
 template <int HD, typename KV, int G, bool TL>
-__global__ void __launch_bounds__(32 * ATT_WARPS) attention_staged_kernel(const __grid_constant__ struct attn_args a)
+__global__ void __launch_bounds__(32 * ATT_WARPS)
+    attention_staged_kernel(const __grid_constant__ struct attn_args a, const __grid_constant__ CUtensorMap tk,
+                            const __grid_constant__ CUtensorMap tv)
 {
     using Geo = stg_geo<HD, KV, G>;
     constexpr int EPL = Geo::EPL, TP = Geo::TP;
@@ -167,7 +212,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_staged_kernel(const 
     const int nst = a.stages, nt = (last - lo + TP) / TP, cached_last = min(last, pos - 1);
     const char *kb = (const char *)a.kc + (int64_t)kvh * Geo::RB, *vb = (const char *)a.vc + (int64_t)kvh * Geo::RB;
     const int64_t row_bytes = (int64_t)a.kvw * (int64_t)sizeof(KV);
-    const uint32_t ring = smem_u32(stg_ring), bar0 = smem_u32(stg_full);
+    const uint32_t ring = (smem_u32(stg_ring) + 127u) & ~127u, bar0 = smem_u32(stg_full); /* tensor copies: 128-byte aligned */
     auto rows_of = [&](int i) { return max(0, min(TP, cached_last - (lo + i * TP) + 1)); };
     if (threadIdx.x == 0) {
         for (int s = 0; s < nst; s++)
@@ -175,9 +220,15 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_staged_kernel(const 
         STG_SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
     }
     __syncthreads();
+    auto issue = [&](int i, int s) { /* tile i into stage s */
+        if (STG_ROW_COPIES)
+            stg_issue<Geo>(kb, vb, row_bytes, lo + i * TP, rows_of(i), ring + s * Geo::STAGE, bar0 + 8 * s);
+        else if (lane == 0)
+            stg_issue_tiles<Geo>(tk, tv, kvh, lo + i * TP, ring + s * Geo::STAGE, bar0 + 8 * s);
+    };
     if (warp == 0) /* the first stages' rows (written by earlier steps) before the wait */
         for (int i = 0; i < nst && i < nt; i++)
-            stg_issue<Geo>(kb, vb, row_bytes, lo + i * TP, rows_of(i), ring + i * Geo::STAGE, bar0 + 8 * i);
+            issue(i, i);
     if (a.early)
         griddep_wait();
     if (TL)
@@ -193,14 +244,14 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_staged_kernel(const 
     for (int k = 0; k < Geo::NCH; k++)
 #pragma unroll
         for (int e = 0; e < Geo::CE; e++)
-            q[k][e] = r_q[g][(k * Geo::LP + lane % Geo::LP) * Geo::CE + e] * scale;
+            q[k][e] = r_q[g][((k ^ stg_xor<Geo>(lane / Geo::LP)) * Geo::LP + lane % Geo::LP) * Geo::CE + e] * scale;
 #pragma unroll
     for (int e = 0; e < EPL; e++)
         acc[e] = 0.0f;
     for (int i = 0; i < nt; i++) {
         const int s = i % nst, t0 = lo + i * TP;
         mbar_wait_parity(bar0 + 8 * s, (uint32_t)(i / nst) & 1u);
-        const unsigned char *sk = stg_ring + s * Geo::STAGE, *sv = sk + TP * Geo::RS;
+        const unsigned char *sk = stg_ring + (ring - smem_u32(stg_ring)) + s * Geo::STAGE, *sv = sk + TP * Geo::RS;
         for (int t = warp; t < Geo::TASKS; t += ATT_WARPS) {
             const int j0 = t / G * Geo::PW;
             if (t0 + j0 > last)
@@ -209,8 +260,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_staged_kernel(const 
         }
         __syncthreads(); /* every warp is done with stage s: it takes tile i + nst */
         if (warp == 0 && i + nst < nt)
-            stg_issue<Geo>(kb, vb, row_bytes, lo + (i + nst) * TP, rows_of(i + nst), ring + s * Geo::STAGE,
-                           bar0 + 8 * s);
+            issue(i + nst, s);
     }
     l = warp_sum(l);
     if (lane == 0)
@@ -267,9 +317,31 @@ template <class Geo>
 static int stg_stages(const struct attn_args *a)
 {
     int n = a->stages < ATT_STAGES_MAX ? a->stages : ATT_STAGES_MAX;
-    while (n > 1 && (size_t)n * Geo::STAGE > (size_t)200 * 1024)
+    while (n > 1 && (size_t)n * Geo::STAGE + 128 > (size_t)200 * 1024)
         n--;
     return n;
+}
+
+/* A tensor map over one layer's K or V cache as [n_ctx][n_head_kv][hd] (elements of es bytes),
+ * boxes of [TP][1][hd]; the encoder comes from the driver through the runtime (no link to
+ * libcuda). */
+static cudaError_t stg_tensor_map(CUtensorMap *map, const void *cache, const struct attn_args *a, int tp)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    cudaDriverEntryPointQueryResult q;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000,
+                                                     cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !encode)
+        return e != cudaSuccess ? e : cudaErrorNotSupported;
+    const cuuint64_t es = a->kv_f16 ? 2 : 4;
+    const cuuint64_t dim[3] = {(cuuint64_t)a->hd, (cuuint64_t)a->n_head_kv, (cuuint64_t)a->n_ctx};
+    const cuuint64_t stride[2] = {(cuuint64_t)a->hd * es, (cuuint64_t)a->kvw * es};
+    const cuuint32_t box[3] = {(cuuint32_t)a->hd, 1, (cuuint32_t)tp}, one[3] = {1, 1, 1};
+    CUresult r = encode(map, a->kv_f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
+                        (void *)cache, dim, stride, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 template <int HD, typename KV, int G>
@@ -278,15 +350,25 @@ static cudaError_t launch_staged(const struct attn_args *a, cudaStream_t s)
     using Geo = stg_geo<HD, KV, G>;
     struct attn_args b = *a;
     b.stages = stg_stages<Geo>(a);
-    const size_t smem = (size_t)b.stages * Geo::STAGE;
+    const size_t smem = (size_t)b.stages * Geo::STAGE + 128;
+    CUtensorMap tk, tv;
+    memset(&tk, 0, sizeof(tk));
+    memset(&tv, 0, sizeof(tv));
+    if (!STG_ROW_COPIES) {
+        cudaError_t e = stg_tensor_map(&tk, a->kc, a, Geo::TP);
+        if (e == cudaSuccess)
+            e = stg_tensor_map(&tv, a->vc, a, Geo::TP);
+        if (e != cudaSuccess)
+            return e;
+    }
     int splits = a->splits > 1 && a->part && a->count ? a->splits : 1;
     dim3 grid(a->n_head_kv, 1, splits), block(32 * ATT_WARPS);
-    void (*k)(struct attn_args) = a->stamps ? attention_staged_kernel<HD, KV, G, true>
+    void (*k)(struct attn_args, CUtensorMap, CUtensorMap) = a->stamps ? attention_staged_kernel<HD, KV, G, true>
                                             : attention_staged_kernel<HD, KV, G, false>;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    return launch_k(a->pdl, k, grid, block, smem, s, b);
+    return launch_k(a->pdl, k, grid, block, smem, s, b, tk, tv);
 }
 
 bool attention_staged_applies(const struct attn_args *a)
@@ -297,7 +379,7 @@ bool attention_staged_applies(const struct attn_args *a)
     const int G = a->n_head / a->n_head_kv;
     const int64_t row_bytes = (int64_t)a->kvw * (a->kv_f16 ? 2 : 4);
     return (G == 1 || G == 2 || G == 4) && (a->hd == 64 || a->hd == 128 || a->hd == 256) && row_bytes % 16 == 0 &&
-           (uintptr_t)a->kc % 16 == 0 && (uintptr_t)a->vc % 16 == 0;
+           (uintptr_t)a->kc % 16 == 0 && (uintptr_t)a->vc % 16 == 0 && a->n_ctx > 0;
 }
 
 template <int HD, typename KV>

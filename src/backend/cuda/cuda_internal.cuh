@@ -444,9 +444,10 @@ struct attn_args {
                           * cuda_options.attn_lanes), where attention_lanes_applies; 0: a row per
                           * warp (attention_kernel) */
     int32_t stages;      /* T == 1, rope, not cluster_merge, sm_90: the cached K/V rows staged in
-                          * shared memory by bulk copies, a ring of this many tiles, one block per
-                          * KV head and split (attention_staged.cu; cuda_options.attn_stage),
+                          * shared memory by tensor copies, a ring of this many tiles, one block
+                          * per KV head and split (attention_staged.cu; cuda_options.attn_stage),
                           * where attention_staged_applies; 0: not */
+    int32_t n_ctx;       /* with stages: the cache's rows (its tensor maps' extent) */
 };
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */

@@ -1383,6 +1383,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.shared_kv = shared_kv_on(cs, a);
     a.lanes = lanes_of(cs, a);
     a.stages = stages_of(cs, a);
+    a.n_ctx = cs->n_ctx;
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
