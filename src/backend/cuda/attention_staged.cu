@@ -42,10 +42,15 @@
 #include <math.h>
 #include <string.h>
 
+#include <algorithm>
+
 /* STG_ROW_COPIES 1 (a measurement build): one bulk copy per cached row into rows padded apart,
  * instead of one tensor copy per tile of K or V rows (perf-log session 30). */
 #ifndef STG_ROW_COPIES
 #define STG_ROW_COPIES 0
+#endif
+#ifndef STG_SMEM_MIN
+#define STG_SMEM_MIN (96 * 1024) /* dynamic shared memory per block at least */
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -350,7 +355,10 @@ static cudaError_t launch_staged(const struct attn_args *a, cudaStream_t s)
     using Geo = stg_geo<HD, KV, G>;
     struct attn_args b = *a;
     b.stages = stg_stages<Geo>(a);
-    const size_t smem = (size_t)b.stages * Geo::STAGE + 128;
+    /* at least STG_SMEM_MIN: two blocks per multiprocessor at most, so that a launch of ~256
+     * blocks spreads over all of them (with 64 KB the hardware put three on each of 88 and
+     * left 44 idle: time line, perf-log session 30) */
+    const size_t smem = std::max((size_t)b.stages * Geo::STAGE + 128, (size_t)STG_SMEM_MIN);
     CUtensorMap tk, tv;
     memset(&tk, 0, sizeof(tk));
     memset(&tv, 0, sizeof(tv));
