@@ -300,9 +300,9 @@ struct cuda_options {
                           * (1-8, fewer where they do not fit), one block per KV head and split
                           * serving all its query heads (attention_staged.cu; groups of 1, 2 or
                           * 4 query heads). 0 (default) or -1: off. H200, session 30, Qwen3-0.6B
-                          * BF16 with 2 tiles against attn_cluster -1: depth 4,096 814 vs 818
-                          * (f32 cache) / 832 vs 861 (f16), depth 0 -6.7%; Qwen3.5-0.8B at 4,096
-                          * 950 vs 979 */
+                          * BF16 with 2 tiles at depth 4,096: 849 vs 845 default / 821 without the
+                          * cluster merge (f32 cache), 920 vs 897 / 862 (f16); depth 0 -6.4%;
+                          * Qwen3.5-0.8B at 4,096 -3% */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
