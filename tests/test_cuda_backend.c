@@ -1800,31 +1800,55 @@ static void test_graph_gemvq(void **st)
     check_graph_gemvq_one_pass("qwen3-tiny", EXPORT_Q8_0, true);
 }
 
-/* The fused MLP (mlp_fused.cu: norm + gate|up + SwiGLU + down + residual in one launch)
- * against the two launches it replaces, through the decode graph: 20 steps' logits and greedy
- * ids (mlp_fused is off by default: this is its only check). Sizes: Qwen3-0.6B's MLP (hidden
- * 1024, 3072 channels: 12 clusters of 8 blocks, 32 channels and 128 rows of the down product
- * per block), Qwen3.5's at width 1024, and an awkward one (hidden 384, 1152 channels: 12 per
- * block, 48 rows, 12 chunks per down row; F16). */
-static void check_graph_mlp(const char *arch, enum export_type type, int32_t width)
+/* The fused MLP (norm + gate|up + SwiGLU + down + residual in one launch) against the two
+ * launches it replaces, through the decode graph: 20 steps' logits and greedy ids (both forms
+ * are off by default: this is their check). rows 0: mlp_fused.cu's clusters; 1 / 2:
+ * mlp_rows.cu with the float / fixed-point accumulator. Sizes: Qwen3-0.6B's MLP (hidden 1024,
+ * 3072 channels: mlp_fused.cu 12 clusters of 8 blocks, 32 channels and 128 rows of the down
+ * product per block; mlp_rows.cu 128 blocks of 24 channels, on 132 multiprocessors), Qwen3.5's
+ * at width 1024, and an awkward one (hidden 384, 1152 channels: mlp_fused.cu 12 per block, 48
+ * rows, 12 chunks per down row; mlp_rows.cu 72 blocks of 16; F16). */
+static void check_graph_mlp(const char *arch, enum export_type type, int32_t width, int32_t rows)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
-    on.mlp_fused = true, off.mlp_fused = false;
+    on.mlp_fused = rows == 0, off.mlp_fused = false;
+    on.mlp_rows = rows, off.mlp_rows = 0;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
     const char *fused = "norm+gate|up+down+residual";
     assert_int_equal(cuda_session_count_steps(a, fused), m->hp.n_layer);
     assert_int_equal(cuda_session_count_steps(b, fused), 0);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
-    char what[128];
-    snprintf(what, sizeof(what), "graph fused MLP vs two launches, %s %s width %d", arch, export_type_name(type),
-             (int)width);
+    char what[160];
+    snprintf(what, sizeof(what), "graph fused MLP (%s) vs two launches, %s %s width %d",
+             rows == 0 ? "clusters" : rows == 1 ? "rows, float sums" : "rows, fixed point", arch,
+             export_type_name(type), (int)width);
     double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
         fail_msg("%s: logits differ by %.3g", what, worst);
+    if (rows > 0 && !(worst > 0)) /* the two launches sum in another order: the rows did not run */
+        fail_msg("%s: logits identical to the two launches'", what);
+}
+
+/* mlp_rows 2 (fixed point) gives the same logits bit for bit in two sessions, whatever order
+ * its blocks' additions land in (the float accumulator, 1, is not held to this). */
+static void test_graph_mlp_rows_same_bits(void **st)
+{
+    (void)st;
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_BF16, 1024, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options();
+    on.mega = CUDA_MEGA_OFF;
+    on.mlp_rows = 2;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &on, &a, &b, "mlp_rows 2 twice");
+    assert_int_equal(cuda_session_count_steps(a, "norm+gate|up+down+residual"), m->hp.n_layer);
+    double worst = decode_pair_once(a, b, m, path, "graph fused MLP (rows, fixed point), two sessions");
+    if (worst != 0.0)
+        fail_msg("mlp_rows 2: two sessions' logits differ by %.3g", worst);
 }
 
 /* cs's decode time line (cuda_session_timeline, reps replays) into rep: the text of the row
@@ -2342,9 +2366,11 @@ static void test_graph_kv_f16(void **st)
 static void test_graph_mlp_fused(void **st)
 {
     (void)st;
-    check_graph_mlp("qwen3-tiny", EXPORT_BF16, 1024);
-    check_graph_mlp("qwen35-tiny", EXPORT_BF16, 1024);
-    check_graph_mlp("qwen3-tiny", EXPORT_F16, 384);
+    for (int32_t rows = 0; rows <= 2; rows++) {
+        check_graph_mlp("qwen3-tiny", EXPORT_BF16, 1024, rows);
+        check_graph_mlp("qwen35-tiny", EXPORT_BF16, 1024, rows);
+        check_graph_mlp("qwen3-tiny", EXPORT_F16, 384, rows);
+    }
 }
 
 /* The DeltaNet decode step split over a cluster per value head (gdn_decode.cu) against one
@@ -2857,7 +2883,7 @@ static void test_backend_errors(void **st)
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
-     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8 */
+     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 2 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2895,7 +2921,8 @@ static void test_backend_errors(void **st)
                    {"gemv_launch_ahead", offsetof(struct cuda_options, gemv_launch_ahead), {-2, 4}},
                    {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}},
                    {"attn_lanes", offsetof(struct cuda_options, attn_lanes), {4, 64}},
-                   {"attn_stage", offsetof(struct cuda_options, attn_stage), {-2, 9}}};
+                   {"attn_stage", offsetof(struct cuda_options, attn_stage), {-2, 9}},
+                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows), {-1, 3}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -3013,6 +3040,7 @@ int main(void)
         cmocka_unit_test(test_op_gemv_sizes),
         cmocka_unit_test(test_graph_gemvq),
         cmocka_unit_test(test_graph_mlp_fused),
+        cmocka_unit_test(test_graph_mlp_rows_same_bits),
         cmocka_unit_test(test_graph_gemv_smem),
         cmocka_unit_test(test_graph_gemv_smem_waves),
         cmocka_unit_test(test_graph_gemv_smem_alone),

@@ -303,6 +303,13 @@ struct cuda_options {
                           * BF16 with 2 tiles at depth 4,096: 849 vs 845 default / 821 without the
                           * cluster merge (f32 cache), 920 vs 897 / 862 (f16); depth 0 -6.4%;
                           * Qwen3.5-0.8B at 4,096 -3% */
+    int32_t mlp_rows;    /* decode graph, 16-bit weights, sm_90: norm + gate|up + SwiGLU + down
+                          * + residual in one launch split over the intermediate channels, each
+                          * block its channels' partial sums for every output row, added up in
+                          * global memory by atomics (mlp_rows.cu). 0 (default): off; 1: a float
+                          * accumulator (the additions' order varies from run to run, so do the
+                          * logits' last bits: a measurement); 2: fixed point (the same bits
+                          * every run). Not yet measured */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -340,13 +340,23 @@ struct mlp_args {
     int32_t H, I, dtype;   /* dtype: QR_BF16 or QR_F16, all three matrices */
     float *y;              /* [H] the residual the result is added to (may be in.x) */
     float *part;           /* scratch [MLPF_MAX_CLUSTERS][H]: each cluster's partial sums */
-    unsigned *count;       /* clusters done; zero between launches (the last one resets it) */
+    unsigned *count;       /* clusters (mlp_rows.cu: blocks) done, then mlp_rows.cu's flag; zero
+                            * between launches (the last one resets them) */
+    /* mlp_rows.cu (cuda_options.mlp_rows) */
+    int32_t rows;          /* 1: float accumulator, 2: fixed point (the same bits every run) */
+    int32_t n_sm;          /* multiprocessors: the grid stays within one block each */
+    bool pdl;              /* launched with programmatic dependent launch */
+    void *acc;             /* [H] floats or 64-bit integers, zero between launches */
 };
 
 #define MLPF_MAX_CLUSTERS 16
 /* true when the fused MLP takes these arguments on this device (cc_major >= 9). */
 bool mlp_fused_applies(const struct mlp_args *a, int cc_major);
 cudaError_t launch_mlp_fused(const struct mlp_args *a, cudaStream_t s);
+/* The same MLP split over the intermediate channels, partials summed by atomics (mlp_rows.cu):
+ * true when it takes these arguments (a->rows 1 or 2) on this device. */
+bool mlp_rows_applies(const struct mlp_args *a, int cc_major);
+cudaError_t launch_mlp_rows(const struct mlp_args *a, cudaStream_t s);
 
 /* Dequantises W [N][K] (dtype) to f32 [N][K]. */
 cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, int64_t K,

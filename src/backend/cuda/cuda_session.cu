@@ -134,7 +134,8 @@ struct cuda_session {
     int32_t smem_per_sm;      /* shared memory per multiprocessor, bytes */
     int32_t cc_major;         /* its compute capability's major number */
     float *mlp_part;          /* STEP_MLP's partial sums [MLPF_MAX_CLUSTERS][hidden] */
-    unsigned *mlp_count;      /* STEP_MLP's arrival counter (kept zeroed) */
+    unsigned *mlp_count;      /* STEP_MLP's arrival counter and mlp_rows.cu's flag (kept zeroed) */
+    void *mlp_acc;            /* mlp_rows.cu's accumulator [hidden] (8 bytes each; kept zeroed) */
     float *ao_part;           /* STEP_ATTN_O's per-head partial sums [n_head][hidden] */
     unsigned *ao_count;       /* its arrival counters per row slice [16] (kept zeroed) */
     float *scratch;           /* prefill scratch (DeltaNet scan / conv), grown on demand */
@@ -221,6 +222,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_xreg = 1; /* Qwen3-0.6B BF16 +1.7%, Qwen3.5-0.8B +0.2% (perf-log session 22) */
     o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
+    o.mlp_rows = 0;        /* not yet measured */
     o.attn_o = 0;          /* not yet measured */
     o.attn_o_single = 0;   /* 64 */
     o.attn_cluster = 0;    /* the session picks (pick_cl_mode): Qwen3-0.6B BF16 +4-11% at depths
@@ -965,7 +967,11 @@ static bool mlp_args_of(const struct cuda_session *cs, float *const *b, const st
     a->w_gate = g->w, a->w_up = u->w, a->w_down = dn->w, a->down_row_bytes = dn->row_bytes;
     a->H = g->K, a->I = g->N, a->dtype = g->dtype;
     a->y = b[add->out], a->part = cs->mlp_part, a->count = cs->mlp_count;
-    return mlp_fused_applies(a, cs->cc_major);
+    a->rows = cs->opt.mlp_rows > 0 ? cs->opt.mlp_rows : 0, a->n_sm = cs->n_sm, a->pdl = cs->decode_pdl;
+    a->acc = cs->mlp_acc;
+    if (a->rows && !a->acc) /* before merge_mlp_steps allocated it: any non-null pointer checks the shapes */
+        a->acc = (void *)cs;
+    return a->rows ? mlp_rows_applies(a, cs->cc_major) : mlp_fused_applies(a, cs->cc_major);
 }
 
 /* Merges each STEP_NORM_GEMV with SwiGLU and the down product + residual after it into one
@@ -992,8 +998,10 @@ static qwenrt_status merge_mlp_steps(struct cuda_session *cs, struct qwenrt_erro
     if (!hidden)
         return QWENRT_OK;
     CUDA_CHECK(cudaMalloc(&cs->mlp_part, (size_t)MLPF_MAX_CLUSTERS * hidden * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&cs->mlp_count, sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(cs->mlp_count, 0, sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&cs->mlp_count, 2 * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(cs->mlp_count, 0, 2 * sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&cs->mlp_acc, (size_t)hidden * 8));
+    CUDA_CHECK(cudaMemset(cs->mlp_acc, 0, (size_t)hidden * 8));
     return QWENRT_OK;
 }
 
@@ -1130,8 +1138,8 @@ static void mark_launch_ahead(struct cuda_session *cs)
     const struct dop *d = cs->dops[PHASE_DECODE];
     for (int32_t i = 0; i + 1 < cs->n_steps; i++) {
         const struct step *st = &cs->steps[i], *next = &cs->steps[i + 1];
-        if (st->kind != STEP_GEMV_ADD || next->kind != STEP_NORM_GEMV)
-            continue;
+        if (st->kind != STEP_GEMV_ADD || (next->kind != STEP_NORM_GEMV && next->kind != STEP_MLP))
+            continue; /* (a STEP_MLP keeps its swiglu mark: it starts as gate|up does) */
         bool rows16 = d[st->op].dtype == QR_BF16 || d[st->op].dtype == QR_F16;
         bool k_quant = d[st->op].dtype == QR_Q4_K || d[st->op].dtype == QR_Q6_K;
         if (!opt) { /* the pick */
@@ -1272,7 +1280,8 @@ static qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error 
         }
         i += st->n_ops;
     }
-    qwenrt_status st = cs->opt.fuse && cs->opt.mlp_fused ? merge_mlp_steps(cs, err) : QWENRT_OK;
+    qwenrt_status st =
+        cs->opt.fuse && (cs->opt.mlp_fused || cs->opt.mlp_rows > 0) ? merge_mlp_steps(cs, err) : QWENRT_OK;
     return st ? st : check_omitted_labels(cs, err);
 }
 
@@ -1406,7 +1415,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         struct mlp_args a;
         if (!mlp_args_of(cs, b, st, st->mm[2], &a))
             return err_set(err, QWENRT_ERR_INTERNAL, "cuda: the fused MLP no longer applies");
-        CUDA_CHECK(launch_mlp_fused(&a, r->stream));
+        CUDA_CHECK(a.rows ? launch_mlp_rows(&a, r->stream) : launch_mlp_fused(&a, r->stream));
         return QWENRT_OK;
     }
     case STEP_GDN_GATED: /* the core, then its gated norm in the same kernel */
@@ -1594,6 +1603,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->att_count);
     cudaFree(cs->mlp_part);
     cudaFree(cs->mlp_count);
+    cudaFree(cs->mlp_acc);
     cudaFree(cs->ao_part);
     cudaFree(cs->ao_count);
     cudaFree(cs->arena);
@@ -2413,6 +2423,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->attn_lanes != 0 && o->attn_lanes != 8 && o->attn_lanes != 16 && o->attn_lanes != 32)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_lanes %d (0 or 32: a row per warp, 8 or 16 lanes a row)",
                        (int)o->attn_lanes);
+    if (o->mlp_rows < 0 || o->mlp_rows > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: mlp_rows %d (0: off, 1: a float accumulator, 2: fixed point)", (int)o->mlp_rows);
     if (o->attn_stage < -1 || o->attn_stage > ATT_STAGES_MAX)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_stage %d (0 or -1: off, 1 to %d: tiles in the ring)",
                        (int)o->attn_stage, ATT_STAGES_MAX);

@@ -1,0 +1,248 @@
+/*
+ * mlp_rows.cu — the decode graph's whole SwiGLU MLP of one token in one launch, split over the
+ * intermediate channels with no clusters (16-bit weights, sm_90; cuda_options.mlp_rows):
+ *     y += W_down · (silu(W_gate · n) * (W_up · n)),  n = RMSNorm(x) * norm_w.
+ *
+ * Why: a decode token is a chain of launches that each wait for the whole launch before, and
+ * each costs ~2-2.4 us on the H200 whatever its bytes (docs/perf-log.md, session 26: the chain
+ * is ~89% of a Qwen3-0.6B BF16 token). The MLP was two of them (norm + gate|up + SwiGLU; down +
+ * residual) because the down product needs every intermediate channel. Split over the
+ * channels instead, block b needs only its own: it forms IB channels and multiplies them by
+ * the IB columns of W_down that read them, a partial sum for every output row. mlp_fused.cu
+ * did this with clusters exchanging channels through distributed shared memory and lost: its
+ * clusters of 8 fitted on 96 multiprocessors only. Here every block is on its own and the
+ * partials meet in global memory:
+ *   1. before its wait (the weights are constants) every thread requests its share of the
+ *      block's weights with cp.async: the IB rows of W_gate and W_up (contiguous), then the IB
+ *      columns of W_down's H rows, laid out chunk-major in shared memory (chunk c of row r at
+ *      (c H + r) * 16 bytes: the down loop's lanes read consecutive 16-byte words);
+ *   2. after the wait it stages n (gemv_stage.cuh), forms its channels (a warp per channel,
+ *      gate and up together) and the H partial sums over them;
+ *   3. it adds its partials to an accumulator in global memory with atomics, counts its
+ *      arrival, and the last block to arrive adds the accumulator to y, clears it and the
+ *      counter for the next launch. y may be x: the last block exists only after every block
+ *      has staged x.
+ * The accumulator (ACC): MLPR_F32, float atomics (four lanes at once) — the additions land in
+ * varying order, so the logits differ in their last bits from run to run (a measurement of
+ * what the determinism costs); MLPR_FIXED, 64-bit integer atomics on the partials in fixed
+ * point (2^32 units per 1.0): integer addition does not depend on the order, so the result is
+ * the same bits on every run. A partial that is not finite or is 2^30 or larger cannot be held
+ * there; the block then raises a flag and the last block writes NaN into y (a broken model
+ * shows as NaN, as the two launches would show it, instead of a wrong finite number).
+ */
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_stage.cuh"
+
+#include <math.h>
+
+#define MLPR_WARPS 8
+#define MLPR_SMEM_MAX (227 * 1024)
+#define MLPR_FIX_SCALE 4294967296.0 /* fixed-point units per 1.0 (2^32) */
+#define MLPR_FIX_LIMIT 1073741824.0f /* partials from 2^30 up do not fit the 64-bit sum safely */
+
+enum { MLPR_F32 = 1, MLPR_FIXED = 2 };
+
+/* Shared-memory layout of one block (bytes from the dynamic base; every part 16-aligned). */
+struct mlpr_layout {
+    uint32_t gu, dn, xs, mine, out, total;
+};
+
+__host__ __device__ static inline struct mlpr_layout mlpr_layout_of(int H, int IB)
+{
+    struct mlpr_layout l;
+    l.gu = 0;
+    l.dn = l.gu + (uint32_t)(2 * IB * H * 2);
+    l.xs = l.dn + (uint32_t)(IB * H * 2);
+    l.mine = l.xs + (uint32_t)(H * 4);
+    l.out = l.mine + (uint32_t)(((IB + 3) / 4) * 16);
+    l.total = l.out + (uint32_t)(H * 4);
+    return l;
+}
+
+/* Step 1: the gate|up rows in one commit group, the down columns (chunk-major) in a second. */
+__device__ __forceinline__ void mlpr_request(const struct mlp_args &a, uint8_t *gu, uint8_t *dn, int IB, int ch0)
+{
+    const int64_t gb = (int64_t)IB * a.H * 2;
+    const uint8_t *g = (const uint8_t *)a.w_gate + (int64_t)ch0 * a.H * 2;
+    const uint8_t *u = (const uint8_t *)a.w_up + (int64_t)ch0 * a.H * 2;
+    for (int64_t o = threadIdx.x * 16; o < gb; o += blockDim.x * 16) {
+        cp_async16(smem_u32(gu + o), g + o);
+        cp_async16(smem_u32(gu + gb + o), u + o);
+    }
+    cp_async_commit();
+    const int nch = IB / 8; /* 16-byte chunks of a down row's slice */
+    const uint8_t *d = (const uint8_t *)a.w_down + (int64_t)ch0 * 2;
+    for (int i = threadIdx.x; i < a.H * nch; i += blockDim.x) {
+        int r = i / nch, c = i % nch; /* consecutive threads: consecutive chunks of a row */
+        cp_async16(smem_u32(dn + ((size_t)c * a.H + r) * 16), d + (int64_t)r * a.down_row_bytes + c * 16);
+    }
+    cp_async_commit();
+}
+
+/* Step 2a: this block's IB channels, silu(gate) * up, into mine[] (gemv2's SwiGLU). */
+template <int DT>
+__device__ __forceinline__ void mlpr_gate_up(const uint8_t *gu, const float *xs, float *mine, int H, int IB)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nch = H / 8;
+    for (int i = warp; i < IB; i += MLPR_WARPS) {
+        const uint4 *gr = (const uint4 *)(gu + (size_t)i * H * 2), *ur = (const uint4 *)(gu + (size_t)(IB + i) * H * 2);
+        float ag = 0.0f, au = 0.0f;
+        for (int ch = lane; ch < nch; ch += 32) {
+            ag += gemv_dot8<DT>(gr[ch], xs + ch * 8);
+            au += gemv_dot8<DT>(ur[ch], xs + ch * 8);
+        }
+        ag = warp_sum(ag);
+        au = warp_sum(au);
+        if (lane == 0)
+            mine[i] = ag / (1.0f + __expf(-ag)) * au;
+    }
+}
+
+/* Step 2b: out[r] = Σ_c W_down[r][ch0 + c] * mine[c] for every row r, a thread per row. */
+template <int DT>
+__device__ __forceinline__ void mlpr_down(const uint8_t *dn, const float *mine, float *out, int H, int IB)
+{
+    const uint4 *d = (const uint4 *)dn;
+    for (int r = threadIdx.x; r < H; r += blockDim.x) {
+        float s = 0.0f;
+        for (int c = 0; c < IB / 8; c++)
+            s += gemv_dot8<DT>(d[(size_t)c * H + r], mine + c * 8);
+        out[r] = s;
+    }
+}
+
+/* Step 3a: out[] into the accumulator; returns whether this thread saw a partial the fixed
+ * point cannot hold. */
+template <int ACC>
+__device__ __forceinline__ bool mlpr_accumulate(const struct mlp_args &a, const float *out)
+{
+    bool bad = false;
+    for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) {
+        float4 v = ((const float4 *)out)[i];
+        if (ACC == MLPR_F32) {
+            atomicAdd((float4 *)a.acc + i, v);
+        } else {
+            const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                bad |= !(fabsf(e[k]) < MLPR_FIX_LIMIT); /* NaN too */
+                long long q = llrint((double)e[k] * MLPR_FIX_SCALE);
+                atomicAdd((unsigned long long *)a.acc + 4 * i + k, (unsigned long long)q);
+            }
+        }
+    }
+    return bad;
+}
+
+/* Step 3b, the last block: y += the accumulator, which is cleared for the next launch. */
+template <int ACC>
+__device__ __forceinline__ void mlpr_finish(const struct mlp_args &a, bool poisoned)
+{
+    for (int r = threadIdx.x; r < a.H; r += blockDim.x) {
+        float s;
+        if (ACC == MLPR_F32) {
+            s = __ldcg((const float *)a.acc + r);
+            ((float *)a.acc)[r] = 0.0f;
+        } else {
+            long long q = (long long)__ldcg((const unsigned long long *)a.acc + r);
+            ((unsigned long long *)a.acc)[r] = 0ull;
+            s = poisoned ? NAN : (float)((double)q * (1.0 / MLPR_FIX_SCALE));
+        }
+        a.y[r] += s;
+    }
+}
+
+template <int DT, int ACC>
+__global__ void __launch_bounds__(32 * MLPR_WARPS) mlpr_kernel(const __grid_constant__ struct mlp_args a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) uint8_t mlpr_smem[];
+    __shared__ float s_part[MLPR_WARPS][GEMV_MAX_T];
+    __shared__ int s_last, s_bad;
+    const int H = a.H, IB = a.I / (int)gridDim.x;
+    const struct mlpr_layout L = mlpr_layout_of(H, IB);
+    uint8_t *gu = mlpr_smem + L.gu, *dn = mlpr_smem + L.dn;
+    float *xs = (float *)(mlpr_smem + L.xs), *mine = (float *)(mlpr_smem + L.mine);
+    float *out = (float *)(mlpr_smem + L.out);
+    griddep_launch();
+    mlpr_request(a, gu, dn, IB, (int)blockIdx.x * IB);
+    float4 g0[GEMV_NW];
+    gemv_load_norm_w(a.in, g0);
+    if (threadIdx.x == 0)
+        s_bad = 0;
+    griddep_wait();
+    gemv_stage_x<2, MLPR_WARPS>(a.in, xs, g0, s_part);
+    cp_async_wait<1>(); /* this thread's gate|up copies; the barrier: everyone's */
+    __syncthreads();
+    mlpr_gate_up<DT>(gu, xs, mine, H, IB);
+    cp_async_wait<0>();
+    __syncthreads();
+    mlpr_down<DT>(dn, mine, out, H, IB);
+    __syncthreads();
+    if (mlpr_accumulate<ACC>(a, out))
+        s_bad = 1; /* any thread: the same value */
+    __threadfence(); /* this block's additions, before its arrival is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (s_bad)
+            atomicOr(a.count + 1, 1u);
+        unsigned prev = atomicAdd(a.count, 1u);
+        s_last = prev == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last)
+        return;
+    __threadfence();
+    bool poisoned = __ldcg(a.count + 1) != 0;
+    __syncthreads(); /* every thread has read the flag before it is cleared */
+    if (threadIdx.x == 0)
+        a.count[0] = 0, a.count[1] = 0; /* for the next launch (stream-ordered after this one) */
+    mlpr_finish<ACC>(a, poisoned);
+#else
+    __trap();
+#endif
+}
+
+/* Channels per block for these sizes (0: the kernel does not apply): the fewest (a multiple
+ * of 8, dividing I) that keep the grid within one block per multiprocessor and the block
+ * within shared memory. */
+static int mlpr_channels(const struct mlp_args *a)
+{
+    if ((a->dtype != QR_BF16 && a->dtype != QR_F16) || a->H <= 0 || a->I <= 0 || a->H % 8 ||
+        a->down_row_bytes % 16 || a->down_row_bytes < (int64_t)a->I * 2 || !a->acc || !a->count)
+        return 0;
+    if (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down | (uintptr_t)a->in.x |
+         (uintptr_t)a->in.norm_w | (uintptr_t)a->y) % 16 || a->in.T != 1 || a->in.K != a->H || !a->in.norm_w ||
+        a->H > 4 * GEMV_NW * 32 * MLPR_WARPS)
+        return 0;
+    int n_sm = a->n_sm > 0 ? a->n_sm : 132;
+    for (int IB = 8; IB <= a->I; IB += 8) {
+        if (a->I % IB || a->I / IB > n_sm)
+            continue;
+        return mlpr_layout_of(a->H, IB).total <= MLPR_SMEM_MAX - 1024 ? IB : 0;
+    }
+    return 0;
+}
+
+bool mlp_rows_applies(const struct mlp_args *a, int cc_major)
+{
+    return cc_major >= 9 && (a->rows == MLPR_F32 || a->rows == MLPR_FIXED) && mlpr_channels(a) > 0;
+}
+
+cudaError_t launch_mlp_rows(const struct mlp_args *a, cudaStream_t s)
+{
+    int IB = mlpr_channels(a);
+    if (!IB || (a->rows != MLPR_F32 && a->rows != MLPR_FIXED))
+        return cudaErrorInvalidValue;
+    void (*k)(const struct mlp_args);
+    if (a->rows == MLPR_F32)
+        k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_F32> : mlpr_kernel<QR_F16, MLPR_F32>;
+    else
+        k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_FIXED> : mlpr_kernel<QR_F16, MLPR_FIXED>;
+    uint32_t smem = mlpr_layout_of(a->H, IB).total;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    return launch_k(a->pdl, k, dim3((unsigned)(a->I / IB)), dim3(32 * MLPR_WARPS), smem, s, *a);
+}
