@@ -16,8 +16,10 @@
  *      block's weights with cp.async: the IB rows of W_gate and W_up (contiguous), then the IB
  *      columns of W_down's H rows, laid out chunk-major in shared memory (chunk c of row r at
  *      (c H + r) * 16 bytes: the down loop's lanes read consecutive 16-byte words);
- *   2. after the wait it stages n (gemv_stage.cuh), forms its channels (a warp per channel,
- *      gate and up together) and the H partial sums over them;
+ *   2. after the wait it stages x times the norm weights (the 1 / rms factor goes on the
+ *      channels' sums: one pass over x and one barrier), forms its channels (a warp per
+ *      channel, gate and up together, a warp's channels at once) and the H partial sums over
+ *      them;
  *   3. it adds its partials to an accumulator in global memory with atomics, counts its
  *      arrival, and the last block to arrive adds the accumulator to y, clears it and the
  *      counter for the next launch. y may be x: the last block exists only after every block
@@ -80,22 +82,73 @@ __device__ __forceinline__ void mlpr_request(const struct mlp_args &a, uint8_t *
     cp_async_commit();
 }
 
-/* Step 2a: this block's IB channels, silu(gate) * up, into mine[] (gemv2's SwiGLU). */
+/* Step 2, first half: xs = x * norm_w (the 1 / rms factor is applied to the channels' sums
+ * instead, so that x needs one pass and one barrier), and the norm's inverse rms, which every
+ * thread returns after that barrier. g0: the thread's norm weights, loaded before the wait. */
+__device__ __forceinline__ float mlpr_stage_x(const struct mlp_args &a, float *xs, const float4 (&g0)[GEMV_NW],
+                                              float (*s_part)[GEMV_MAX_T])
+{
+    const int k4 = a.H / 4, nt = blockDim.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float4 *xt = (const float4 *)a.in.x, *nw = (const float4 *)a.in.norm_w;
+    float ss = 0.0f;
+    for (int i0 = threadIdx.x; i0 < k4; i0 += GEMV_NW * nt) {
+        float4 v[GEMV_NW], g[GEMV_NW];
+#pragma unroll
+        for (int j = 0; j < GEMV_NW; j++) {
+            int i = i0 + j * nt;
+            v[j] = i < k4 ? xt[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            g[j] = i0 == (int)threadIdx.x ? g0[j] : i < k4 ? __ldg(nw + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_NW; j++) {
+            if (i0 + j * nt >= k4)
+                break;
+            ss += gemv_sumsq4(v[j]);
+            ((float4 *)xs)[i0 + j * nt] = make_float4(v[j].x * g[j].x, v[j].y * g[j].y, v[j].z * g[j].z, v[j].w * g[j].w);
+        }
+    }
+    ss = warp_sum(ss);
+    if (lane == 0)
+        s_part[warp][0] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int q = 0; q < MLPR_WARPS; q++)
+        tot += s_part[q][0];
+    return rsqrtf(tot / (float)a.H + a.in.eps);
+}
+
+/* Step 2a: this block's IB channels, silu(gate) * up, into mine[] (gemv2's SwiGLU): warp w
+ * takes channels w, w + 8, ... (at most MLPR_CPW), all their rows' loads and sums at once. */
+#define MLPR_CPW 4 /* channels per warp at most: IB <= 32 */
 template <int DT>
-__device__ __forceinline__ void mlpr_gate_up(const uint8_t *gu, const float *xs, float *mine, int H, int IB)
+__device__ __forceinline__ void mlpr_gate_up(const uint8_t *gu, const float *xs, float inv, float *mine, int H,
+                                             int IB)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nch = H / 8;
-    for (int i = warp; i < IB; i += MLPR_WARPS) {
+    float ag[MLPR_CPW], au[MLPR_CPW];
+#pragma unroll
+    for (int k = 0; k < MLPR_CPW; k++) {
+        ag[k] = au[k] = 0.0f;
+        int i = warp + k * MLPR_WARPS;
+        if (i >= IB)
+            continue;
         const uint4 *gr = (const uint4 *)(gu + (size_t)i * H * 2), *ur = (const uint4 *)(gu + (size_t)(IB + i) * H * 2);
-        float ag = 0.0f, au = 0.0f;
         for (int ch = lane; ch < nch; ch += 32) {
-            ag += gemv_dot8<DT>(gr[ch], xs + ch * 8);
-            au += gemv_dot8<DT>(ur[ch], xs + ch * 8);
+            ag[k] += gemv_dot8<DT>(gr[ch], xs + ch * 8);
+            au[k] += gemv_dot8<DT>(ur[ch], xs + ch * 8);
         }
-        ag = warp_sum(ag);
-        au = warp_sum(au);
-        if (lane == 0)
-            mine[i] = ag / (1.0f + __expf(-ag)) * au;
+    }
+#pragma unroll
+    for (int k = 0; k < MLPR_CPW; k++) {
+        ag[k] = warp_sum(ag[k]) * inv;
+        au[k] = warp_sum(au[k]) * inv;
+    }
+#pragma unroll
+    for (int k = 0; k < MLPR_CPW; k++) {
+        int i = warp + k * MLPR_WARPS;
+        if (lane == 0 && i < IB)
+            mine[i] = ag[k] / (1.0f + __expf(-ag[k])) * au[k];
     }
 }
 
@@ -172,10 +225,9 @@ __global__ void __launch_bounds__(32 * MLPR_WARPS) mlpr_kernel(const __grid_cons
     if (threadIdx.x == 0)
         s_bad = 0;
     griddep_wait();
-    gemv_stage_x<2, MLPR_WARPS>(a.in, xs, g0, s_part);
-    cp_async_wait<1>(); /* this thread's gate|up copies; the barrier: everyone's */
-    __syncthreads();
-    mlpr_gate_up<DT>(gu, xs, mine, H, IB);
+    cp_async_wait<1>(); /* this thread's gate|up copies; the staging's barrier: everyone's */
+    float inv = mlpr_stage_x(a, xs, g0, s_part);
+    mlpr_gate_up<DT>(gu, xs, inv, mine, H, IB);
     cp_async_wait<0>();
     __syncthreads();
     mlpr_down<DT>(dn, mine, out, H, IB);
@@ -213,11 +265,10 @@ static int mlpr_channels(const struct mlp_args *a)
         a->down_row_bytes % 16 || a->down_row_bytes < (int64_t)a->I * 2 || !a->acc || !a->count)
         return 0;
     if (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down | (uintptr_t)a->in.x |
-         (uintptr_t)a->in.norm_w | (uintptr_t)a->y) % 16 || a->in.T != 1 || a->in.K != a->H || !a->in.norm_w ||
-        a->H > 4 * GEMV_NW * 32 * MLPR_WARPS)
+         (uintptr_t)a->in.norm_w | (uintptr_t)a->y) % 16 || a->in.T != 1 || a->in.K != a->H || !a->in.norm_w)
         return 0;
     int n_sm = a->n_sm > 0 ? a->n_sm : 132;
-    for (int IB = 8; IB <= a->I; IB += 8) {
+    for (int IB = 8; IB <= MLPR_CPW * MLPR_WARPS; IB += 8) {
         if (a->I % IB || a->I / IB > n_sm)
             continue;
         return mlpr_layout_of(a->H, IB).total <= MLPR_SMEM_MAX - 1024 ? IB : 0;
