@@ -1803,7 +1803,8 @@ static void test_graph_gemvq(void **st)
 /* The fused MLP (norm + gate|up + SwiGLU + down + residual in one launch) against the two
  * launches it replaces, through the decode graph: 20 steps' logits and greedy ids (both forms
  * are off by default: this is their check). rows 0: mlp_fused.cu's clusters; 1 / 2:
- * mlp_rows.cu with the float / fixed-point accumulator. Sizes: Qwen3-0.6B's MLP (hidden 1024,
+ * mlp_rows.cu with the float / fixed-point accumulator; 3: its floats added to the residual
+ * straight away (the GEMV + residual before storing the copy it reads). Sizes: Qwen3-0.6B's MLP (hidden 1024,
  * 3072 channels: mlp_fused.cu 12 clusters of 8 blocks, 32 channels and 128 rows of the down
  * product per block; mlp_rows.cu 128 blocks of 24 channels, on 132 multiprocessors), Qwen3.5's
  * at width 1024, and an awkward one (hidden 384, 1152 channels: mlp_fused.cu 12 per block, 48
@@ -1824,7 +1825,8 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
     char what[160];
     snprintf(what, sizeof(what), "graph fused MLP (%s) vs two launches, %s %s width %d",
-             rows == 0 ? "clusters" : rows == 1 ? "rows, float sums" : "rows, fixed point", arch,
+             rows == 0 ? "clusters" : rows == 1 ? "rows, float sums" : rows == 2 ? "rows, fixed point" : "rows, in place",
+             arch,
              export_type_name(type), (int)width);
     double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
@@ -2366,7 +2368,7 @@ static void test_graph_kv_f16(void **st)
 static void test_graph_mlp_fused(void **st)
 {
     (void)st;
-    for (int32_t rows = 0; rows <= 2; rows++) {
+    for (int32_t rows = 0; rows <= 3; rows++) {
         check_graph_mlp("qwen3-tiny", EXPORT_BF16, 1024, rows);
         check_graph_mlp("qwen35-tiny", EXPORT_BF16, 1024, rows);
         check_graph_mlp("qwen3-tiny", EXPORT_F16, 384, rows);
@@ -2883,7 +2885,7 @@ static void test_backend_errors(void **st)
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
-     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 2 */
+     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 3 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2922,7 +2924,7 @@ static void test_backend_errors(void **st)
                    {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}},
                    {"attn_lanes", offsetof(struct cuda_options, attn_lanes), {4, 64}},
                    {"attn_stage", offsetof(struct cuda_options, attn_stage), {-2, 9}},
-                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows), {-1, 3}}};
+                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows), {-1, 4}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

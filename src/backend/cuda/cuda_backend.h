@@ -309,7 +309,9 @@ struct cuda_options {
                           * global memory by atomics (mlp_rows.cu). 0 (default): off; 1: a float
                           * accumulator (the additions' order varies from run to run, so do the
                           * logits' last bits: a measurement); 2: fixed point (the same bits
-                          * every run). Not yet measured */
+                          * every run); 3: float atomics straight into the residual, which the
+                          * GEMV + residual before also stores as the copy the blocks read (no
+                          * last block; the additions' order varies as with 1). Not yet measured */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

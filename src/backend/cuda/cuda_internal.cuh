@@ -300,6 +300,10 @@ struct gemv_args {
                             * TL_MAX_BLOCKS). Not in gemvq nor gemv2: compiled in, stamps changed
                             * their register allocation (gemv2's LM head 82 -> 96) */
     struct l2_range pf;   /* a later step's weights asked into the L2 (gemv_smem, gemv_mma, gemvq) */
+    float *y_copy;        /* GEMV_ACCUM, one token and one segment, gemv_smem / gemv_mma only
+                           * (launch_gemv refuses it elsewhere): each result also stored here,
+                           * at its row (mlp_rows 3 reads the residual from this copy while it
+                           * adds to y) */
 };
 
 /* true when the GEMV kernels handle this dtype. */
@@ -343,7 +347,8 @@ struct mlp_args {
     unsigned *count;       /* clusters (mlp_rows.cu: blocks) done, then mlp_rows.cu's flag; zero
                             * between launches (the last one resets them) */
     /* mlp_rows.cu (cuda_options.mlp_rows) */
-    int32_t rows;          /* 1: float accumulator, 2: fixed point (the same bits every run) */
+    int32_t rows;          /* 1: float accumulator, 2: fixed point (the same bits every run),
+                            * 3: floats into y, x read from the copy in acc */
     int32_t n_sm;          /* multiprocessors: the grid stays within one block each */
     bool pdl;              /* launched with programmatic dependent launch */
     void *acc;             /* [H] floats or 64-bit integers, zero between launches */

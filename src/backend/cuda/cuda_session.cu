@@ -65,6 +65,8 @@ struct step {
     bool ahead;          /* STEP_GEMV_ADD: its kernel starts the next launch before its own wait,
                           * whatever the session's pick (cuda_options.gemv_launch_ahead) */
     bool ahead_cl;       /* the same only in the graphs of the cluster-merged attention (cl_variant 1) */
+    bool copy_out;       /* STEP_GEMV_ADD: its results also into cs->mlp_acc (the STEP_MLP after
+                          * it, mlp_rows 3, reads the residual from there) */
     int32_t rope_op;     /* STEP_QKV_ATTN (a STEP_NORM_GEMV of q, k, v and the STEP_ROPE_ATTN
                           * after it): the rope op of the second */
     struct l2_range pf;  /* a later step's weights its launch asks into the L2 (plan_l2_prefetch) */
@@ -612,6 +614,7 @@ struct run_ctx {
     const struct l2_range *pf; /* run_step: the step's L2 prefetch (run_matmul passes it on), or NULL */
     unsigned long long *stamps; /* the decode timeline: this step's stamps (tl_stamp), or NULL */
     bool ahead;          /* run_step: the step's GEMV starts the next launch before its own wait */
+    float *y_copy;       /* run_step: the step's GEMV + residual also stores its results here */
 };
 
 /* The context of the decode program's steps: one token, the session's decode buffers. */
@@ -694,6 +697,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         a.stamps = r->stamps;
         if (r->ahead)
             a.smem_after_wait = a.q_after_wait = false;
+        a.y_copy = accumulate ? r->y_copy : NULL;
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -971,7 +975,29 @@ static bool mlp_args_of(const struct cuda_session *cs, float *const *b, const st
     a->acc = cs->mlp_acc;
     if (a->rows && !a->acc) /* before merge_mlp_steps allocated it: any non-null pointer checks the shapes */
         a->acc = (void *)cs;
+    if (a->rows == 3) /* the residual as the GEMV + residual before stored its copy */
+        a->in.x = (const float *)a->acc, a->in.ldx = a->H;
     return a->rows ? mlp_rows_applies(a, cs->cc_major) : mlp_fused_applies(a, cs->cc_major);
+}
+
+/* mlp_rows 3: whether step prev, the one before a STEP_MLP whose norm reads the residual
+ * buffer `residual`, is a GEMV + residual into that buffer whose kernel stores the copy the MLP
+ * reads (gemv_smem / gemv_mma: 16-bit rows, launch_gemv's rules). */
+static bool gemv_add_takes_copy(const struct cuda_session *cs, const struct step *prev, int32_t residual)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    if (prev->kind != STEP_GEMV_ADD || p->ops[prev->op + 1].out != residual)
+        return false;
+    const struct dop *d = &cs->dops[PHASE_DECODE][prev->op];
+    const struct plan_op *mm = &p->ops[prev->op];
+    struct gemv_args a;
+    memset(&a, 0, sizeof(a));
+    a.x = cs->dbufs[mm->in], a.ldx = bw(p, mm->in), a.K = d->K, a.T = 1, a.dtype = d->dtype;
+    a.mode = GEMV_ACCUM, a.n_seg = 1;
+    a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
+    a.seg[0].y = cs->dbufs[residual], a.seg[0].ldy = bw(p, residual);
+    gemv_session_args(cs, true, &a);
+    return !gemvq_applies(&a) && gemv_smem_applies(&a);
 }
 
 /* Merges each STEP_NORM_GEMV with SwiGLU and the down product + residual after it into one
@@ -983,7 +1009,11 @@ static qwenrt_status merge_mlp_steps(struct cuda_session *cs, struct qwenrt_erro
         struct step *st = &cs->steps[i];
         struct mlp_args a;
         if (i + 1 < cs->n_steps && cs->steps[i + 1].kind == STEP_GEMV_ADD &&
-            mlp_args_of(cs, cs->dbufs, st, cs->steps[i + 1].op, &a)) {
+            mlp_args_of(cs, cs->dbufs, st, cs->steps[i + 1].op, &a) &&
+            (cs->opt.mlp_rows != 3 ||
+             (n > 0 && gemv_add_takes_copy(cs, &cs->steps[n - 1], cs->plans[PHASE_DECODE].ops[st->op].in)))) {
+            if (cs->opt.mlp_rows == 3)
+                cs->steps[n - 1].copy_out = true;
             struct step m = *st;
             m.kind = STEP_MLP;
             m.mm[2] = cs->steps[++i].op;
@@ -1438,9 +1468,10 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
     case STEP_GEMV_ADD: {
         const struct plan_op *add = &p->ops[st->op + 1];
         r->ahead = st->ahead || (st->ahead_cl && cs->cl_variant == 1);
+        r->y_copy = st->copy_out ? (float *)cs->mlp_acc : NULL;
         qwenrt_status s = run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out], bw(p, add->out), 1,
                                      true, err);
-        r->ahead = false;
+        r->ahead = false, r->y_copy = NULL;
         return s;
     }
     case STEP_ROPE_ATTN: {
@@ -2423,9 +2454,11 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->attn_lanes != 0 && o->attn_lanes != 8 && o->attn_lanes != 16 && o->attn_lanes != 32)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_lanes %d (0 or 32: a row per warp, 8 or 16 lanes a row)",
                        (int)o->attn_lanes);
-    if (o->mlp_rows < 0 || o->mlp_rows > 2)
+    if (o->mlp_rows < 0 || o->mlp_rows > 3)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
-                       "cuda: mlp_rows %d (0: off, 1: a float accumulator, 2: fixed point)", (int)o->mlp_rows);
+                       "cuda: mlp_rows %d (0: off, 1: a float accumulator, 2: fixed point, 3: floats added to the "
+                       "residual)",
+                       (int)o->mlp_rows);
     if (o->attn_stage < -1 || o->attn_stage > ATT_STAGES_MAX)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_stage %d (0 or -1: off, 1 to %d: tiles in the ring)",
                        (int)o->attn_stage, ATT_STAGES_MAX);

@@ -227,7 +227,10 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_mma_kernel(co
         float v = acc[0];
         if (P == 2)
             v = v / (1.0f + __expf(-v)) * acc[P - 1];
-        *yp = a.mode == GEMV_ACCUM ? yold + v : v;
+        v = a.mode == GEMV_ACCUM ? yold + v : v;
+        *yp = v;
+        if (a.y_copy)
+            a.y_copy[yp - a.seg[0].y] = v;
     }
     if (st)
         st[3] = globaltimer_ns();

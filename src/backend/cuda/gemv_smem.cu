@@ -272,8 +272,12 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_smem_kernel(c
     float v = acc[0][0];
     if (P == 2)
         v = v / (1.0f + __expf(-v)) * acc[0][P - 1];
-    if (stores)
-        *yp = a.mode == GEMV_ACCUM ? yold + v : v;
+    if (stores) {
+        v = a.mode == GEMV_ACCUM ? yold + v : v;
+        *yp = v;
+        if (a.y_copy)
+            a.y_copy[yp - a.seg[0].y] = v;
+    }
     if (st)
         st[3] = globaltimer_ns();
 }

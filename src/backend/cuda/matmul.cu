@@ -489,6 +489,9 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
         for (int i = 0; i < a->n_seg; i++)
             rows += a->seg[i].N;
     int blocks = (int)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (a->y_copy && (a->mode != GEMV_ACCUM || a->T != 1 || a->n_seg != 1 || gemvq_applies(a) ||
+                      !gemv_smem_applies(a)))
+        return cudaErrorInvalidValue; /* only gemv_smem / gemv_mma store the copy */
     if (gemvq_applies(a))
         return launch_gemvq(a, s);
     if (gemv_smem_applies(a))

@@ -31,6 +31,10 @@
  * the same bits on every run. A partial that is not finite or is 2^30 or larger cannot be held
  * there; the block then raises a flag and the last block writes NaN into y (a broken model
  * shows as NaN, as the two launches would show it, instead of a wrong finite number).
+ * MLPR_INPLACE: float atomics straight into y, no accumulator, no arrival count, no last block.
+ * y cannot be the x the blocks stage then (a block could add to it before another has read
+ * it), so the GEMV + residual before stores its result twice (gemv_args.y_copy) and the blocks
+ * stage that copy (a.in.x); the order of the additions varies as with MLPR_F32.
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -43,7 +47,7 @@
 #define MLPR_FIX_SCALE 4294967296.0 /* fixed-point units per 1.0 (2^32) */
 #define MLPR_FIX_LIMIT 1073741824.0f /* partials from 2^30 up do not fit the 64-bit sum safely */
 
-enum { MLPR_F32 = 1, MLPR_FIXED = 2 };
+enum { MLPR_F32 = 1, MLPR_FIXED = 2, MLPR_INPLACE = 3 };
 
 /* Shared-memory layout of one block (bytes from the dynamic base; every part 16-aligned). */
 struct mlpr_layout {
@@ -173,8 +177,8 @@ __device__ __forceinline__ bool mlpr_accumulate(const struct mlp_args &a, const 
     bool bad = false;
     for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) {
         float4 v = ((const float4 *)out)[i];
-        if (ACC == MLPR_F32) {
-            atomicAdd((float4 *)a.acc + i, v);
+        if (ACC == MLPR_F32 || ACC == MLPR_INPLACE) {
+            atomicAdd((float4 *)(ACC == MLPR_F32 ? (float *)a.acc : a.y) + i, v);
         } else {
             const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -234,6 +238,8 @@ __global__ void __launch_bounds__(32 * MLPR_WARPS) mlpr_kernel(const __grid_cons
     __syncthreads();
     if (mlpr_accumulate<ACC>(a, out))
         s_bad = 1; /* any thread: the same value */
+    if (ACC == MLPR_INPLACE)
+        return;
     __threadfence(); /* this block's additions, before its arrival is counted */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -278,17 +284,19 @@ static int mlpr_channels(const struct mlp_args *a)
 
 bool mlp_rows_applies(const struct mlp_args *a, int cc_major)
 {
-    return cc_major >= 9 && (a->rows == MLPR_F32 || a->rows == MLPR_FIXED) && mlpr_channels(a) > 0;
+    return cc_major >= 9 && a->rows >= MLPR_F32 && a->rows <= MLPR_INPLACE && mlpr_channels(a) > 0;
 }
 
 cudaError_t launch_mlp_rows(const struct mlp_args *a, cudaStream_t s)
 {
     int IB = mlpr_channels(a);
-    if (!IB || (a->rows != MLPR_F32 && a->rows != MLPR_FIXED))
+    if (!IB || a->rows < MLPR_F32 || a->rows > MLPR_INPLACE)
         return cudaErrorInvalidValue;
     void (*k)(const struct mlp_args);
     if (a->rows == MLPR_F32)
         k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_F32> : mlpr_kernel<QR_F16, MLPR_F32>;
+    else if (a->rows == MLPR_INPLACE)
+        k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_INPLACE> : mlpr_kernel<QR_F16, MLPR_INPLACE>;
     else
         k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_FIXED> : mlpr_kernel<QR_F16, MLPR_FIXED>;
     uint32_t smem = mlpr_layout_of(a->H, IB).total;
