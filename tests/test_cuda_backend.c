@@ -1809,7 +1809,8 @@ static void test_graph_gemvq(void **st)
  * product per block; mlp_rows.cu 128 blocks of 24 channels, on 132 multiprocessors), Qwen3.5's
  * at width 1024, and an awkward one (hidden 384, 1152 channels: mlp_fused.cu 12 per block, 48
  * rows, 12 chunks per down row; mlp_rows.cu 72 blocks of 16; F16). */
-static void check_graph_mlp(const char *arch, enum export_type type, int32_t width, int32_t rows)
+static void check_graph_mlp_shape(const char *arch, enum export_type type, int32_t width, int32_t rows,
+                                  int32_t cluster, int32_t down)
 {
     char path[256];
     struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
@@ -1817,6 +1818,7 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.mlp_fused = rows == 0, off.mlp_fused = false;
     on.mlp_rows = rows, off.mlp_rows = 0;
+    on.mlp_rows_cluster = cluster, on.mlp_rows_down = down;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 64, &on, &off, &a, &b, arch);
     const char *fused = "norm+gate|up+down+residual";
@@ -1824,10 +1826,9 @@ static void check_graph_mlp(const char *arch, enum export_type type, int32_t wid
     assert_int_equal(cuda_session_count_steps(b, fused), 0);
     double tol = m->hp.arch == ARCH_QWEN35 ? 1e-3 : 1e-4; /* as check_mega_synth */
     char what[160];
-    snprintf(what, sizeof(what), "graph fused MLP (%s) vs two launches, %s %s width %d",
+    snprintf(what, sizeof(what), "graph fused MLP (%s, cluster %d, down %s) vs two launches, %s %s width %d",
              rows == 0 ? "clusters" : rows == 1 ? "rows, float sums" : rows == 2 ? "rows, fixed point" : "rows, in place",
-             arch,
-             export_type_name(type), (int)width);
+             (int)cluster, down ? "in registers" : "in shared memory", arch, export_type_name(type), (int)width);
     double worst = decode_pair_once(a, b, m, path, what);
     if (!(worst <= tol))
         fail_msg("%s: logits differ by %.3g", what, worst);
@@ -2365,6 +2366,11 @@ static void test_graph_kv_f16(void **st)
     check_graph_kv_f16("qwen35-tiny", EXPORT_BF16, 1024);
 }
 
+static void check_graph_mlp(const char *arch, enum export_type type, int32_t width, int32_t rows)
+{
+    check_graph_mlp_shape(arch, type, width, rows, 0, 0);
+}
+
 static void test_graph_mlp_fused(void **st)
 {
     (void)st;
@@ -2372,6 +2378,13 @@ static void test_graph_mlp_fused(void **st)
         check_graph_mlp("qwen3-tiny", EXPORT_BF16, 1024, rows);
         check_graph_mlp("qwen35-tiny", EXPORT_BF16, 1024, rows);
         check_graph_mlp("qwen3-tiny", EXPORT_F16, 384, rows);
+    }
+    /* mlp_rows' clusters (partials summed through distributed shared memory first; 384 / 8
+     * rows of 4 floats: 12 per block) and its down columns in registers */
+    for (int32_t rows = 1; rows <= 3; rows++) {
+        check_graph_mlp_shape("qwen3-tiny", EXPORT_BF16, 1024, rows, 8, 1);
+        check_graph_mlp_shape("qwen35-tiny", EXPORT_BF16, 1024, rows, 4, 0);
+        check_graph_mlp_shape("qwen3-tiny", EXPORT_F16, 384, rows, 2, 1);
     }
 }
 
@@ -2885,7 +2898,8 @@ static void test_backend_errors(void **st)
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
-     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 3 */
+     * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 3; mlp_rows_cluster
+     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2924,7 +2938,9 @@ static void test_backend_errors(void **st)
                    {"attn_shared_kv", offsetof(struct cuda_options, attn_shared_kv), {-2, 2}},
                    {"attn_lanes", offsetof(struct cuda_options, attn_lanes), {4, 64}},
                    {"attn_stage", offsetof(struct cuda_options, attn_stage), {-2, 9}},
-                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows), {-1, 4}}};
+                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows), {-1, 4}},
+                   {"mlp_rows_cluster", offsetof(struct cuda_options, mlp_rows_cluster), {3, 16}},
+                   {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down), {-1, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();

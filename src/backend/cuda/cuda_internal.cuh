@@ -352,6 +352,8 @@ struct mlp_args {
     int32_t n_sm;          /* multiprocessors: the grid stays within one block each */
     bool pdl;              /* launched with programmatic dependent launch */
     void *acc;             /* [H] floats or 64-bit integers, zero between launches */
+    int32_t cluster;       /* blocks per cluster summing their partials first (0 or 1: none; 2, 4, 8) */
+    bool down_regs;        /* the down columns in registers, not shared memory (H <= 1024) */
 };
 
 #define MLPF_MAX_CLUSTERS 16

@@ -225,6 +225,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
     o.mlp_rows = 0;        /* not yet measured */
+    o.mlp_rows_cluster = 0;
+    o.mlp_rows_down = 0;
     o.attn_o = 0;          /* not yet measured */
     o.attn_o_single = 0;   /* 64 */
     o.attn_cluster = 0;    /* the session picks (pick_cl_mode): Qwen3-0.6B BF16 +4-11% at depths
@@ -972,9 +974,8 @@ static bool mlp_args_of(const struct cuda_session *cs, float *const *b, const st
     a->H = g->K, a->I = g->N, a->dtype = g->dtype;
     a->y = b[add->out], a->part = cs->mlp_part, a->count = cs->mlp_count;
     a->rows = cs->opt.mlp_rows > 0 ? cs->opt.mlp_rows : 0, a->n_sm = cs->n_sm, a->pdl = cs->decode_pdl;
-    a->acc = cs->mlp_acc;
-    if (a->rows && !a->acc) /* before merge_mlp_steps allocated it: any non-null pointer checks the shapes */
-        a->acc = (void *)cs;
+    a->cluster = cs->opt.mlp_rows_cluster, a->down_regs = cs->opt.mlp_rows_down == 1;
+    a->acc = cs->mlp_acc; /* (NULL before merge_mlp_steps allocates it: the shapes are checked without it) */
     if (a->rows == 3) /* the residual as the GEMV + residual before stored its copy */
         a->in.x = (const float *)a->acc, a->in.ldx = a->H;
     return a->rows ? mlp_rows_applies(a, cs->cc_major) : mlp_fused_applies(a, cs->cc_major);
@@ -2459,6 +2460,12 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        "cuda: mlp_rows %d (0: off, 1: a float accumulator, 2: fixed point, 3: floats added to the "
                        "residual)",
                        (int)o->mlp_rows);
+    int32_t mc = o->mlp_rows_cluster;
+    if (mc < 0 || mc > 8 || (mc > 2 && mc != 4 && mc != 8))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: mlp_rows_cluster %d (0 or 1: none, 2, 4 or 8)", (int)mc);
+    if (o->mlp_rows_down < 0 || o->mlp_rows_down > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: mlp_rows_down %d (0: shared memory, 1: registers)",
+                       (int)o->mlp_rows_down);
     if (o->attn_stage < -1 || o->attn_stage > ATT_STAGES_MAX)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_stage %d (0 or -1: off, 1 to %d: tiles in the ring)",
                        (int)o->attn_stage, ATT_STAGES_MAX);

@@ -40,7 +40,10 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_stage.cuh"
 
+#include <cooperative_groups.h>
 #include <math.h>
+
+namespace cg = cooperative_groups;
 
 #define MLPR_WARPS 8
 #define MLPR_SMEM_MAX (227 * 1024)
@@ -54,19 +57,21 @@ struct mlpr_layout {
     uint32_t gu, dn, xs, mine, out, total;
 };
 
-__host__ __device__ static inline struct mlpr_layout mlpr_layout_of(int H, int IB)
+__host__ __device__ static inline struct mlpr_layout mlpr_layout_of(int H, int IB, bool down_regs)
 {
     struct mlpr_layout l;
     l.gu = 0;
     l.dn = l.gu + (uint32_t)(2 * IB * H * 2);
-    l.xs = l.dn + (uint32_t)(IB * H * 2);
+    l.xs = l.dn + (down_regs ? 0u : (uint32_t)(IB * H * 2));
     l.mine = l.xs + (uint32_t)(H * 4);
     l.out = l.mine + (uint32_t)(((IB + 3) / 4) * 16);
     l.total = l.out + (uint32_t)(H * 4);
     return l;
 }
 
-/* Step 1: the gate|up rows in one commit group, the down columns (chunk-major) in a second. */
+/* Step 1: the gate|up rows in one commit group, the down columns (chunk-major) in a second
+ * (empty with the down columns in registers). */
+template <bool DREG>
 __device__ __forceinline__ void mlpr_request(const struct mlp_args &a, uint8_t *gu, uint8_t *dn, int IB, int ch0)
 {
     const int64_t gb = (int64_t)IB * a.H * 2;
@@ -79,7 +84,7 @@ __device__ __forceinline__ void mlpr_request(const struct mlp_args &a, uint8_t *
     cp_async_commit();
     const int nch = IB / 8; /* 16-byte chunks of a down row's slice */
     const uint8_t *d = (const uint8_t *)a.w_down + (int64_t)ch0 * 2;
-    for (int i = threadIdx.x; i < a.H * nch; i += blockDim.x) {
+    for (int i = threadIdx.x; !DREG && i < a.H * nch; i += blockDim.x) {
         int r = i / nch, c = i % nch; /* consecutive threads: consecutive chunks of a row */
         cp_async16(smem_u32(dn + ((size_t)c * a.H + r) * 16), d + (int64_t)r * a.down_row_bytes + c * 16);
     }
@@ -169,13 +174,46 @@ __device__ __forceinline__ void mlpr_down(const uint8_t *dn, const float *mine, 
     }
 }
 
+/* The down columns in registers instead (cuda_options.mlp_rows_down): thread t's rows t + k
+ * blockDim.x (k < MLPR_RPT), chunks c < IB / 8, loaded before the wait. */
+#define MLPR_RPT 4 /* rows per thread at most: H <= 1024 at 256 threads */
+__device__ __forceinline__ void mlpr_load_down(const struct mlp_args &a, int IB, int ch0, uint4 (&dw)[MLPR_RPT][MLPR_CPW])
+{
+    const uint8_t *d = (const uint8_t *)a.w_down + (int64_t)ch0 * 2;
+#pragma unroll
+    for (int k = 0; k < MLPR_RPT; k++) {
+        int r = threadIdx.x + k * blockDim.x;
+#pragma unroll
+        for (int c = 0; c < MLPR_CPW; c++)
+            dw[k][c] = r < a.H && c < IB / 8 ? __ldg((const uint4 *)(d + (int64_t)r * a.down_row_bytes) + c)
+                                             : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void mlpr_down_regs(const uint4 (&dw)[MLPR_RPT][MLPR_CPW], const float *mine, float *out,
+                                               int H, int IB)
+{
+#pragma unroll
+    for (int k = 0; k < MLPR_RPT; k++) {
+        int r = threadIdx.x + k * blockDim.x;
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < MLPR_CPW; c++)
+            if (c < IB / 8)
+                s += gemv_dot8<DT>(dw[k][c], mine + c * 8);
+        if (r < H)
+            out[r] = s;
+    }
+}
+
 /* Step 3a: out[] into the accumulator; returns whether this thread saw a partial the fixed
  * point cannot hold. */
 template <int ACC>
-__device__ __forceinline__ bool mlpr_accumulate(const struct mlp_args &a, const float *out)
+__device__ __forceinline__ bool mlpr_accumulate(const struct mlp_args &a, const float *out, int i0, int i1)
 {
     bool bad = false;
-    for (int i = threadIdx.x; i < a.H / 4; i += blockDim.x) {
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
         float4 v = ((const float4 *)out)[i];
         if (ACC == MLPR_F32 || ACC == MLPR_INPLACE) {
             atomicAdd((float4 *)(ACC == MLPR_F32 ? (float *)a.acc : a.y) + i, v);
@@ -210,20 +248,27 @@ __device__ __forceinline__ void mlpr_finish(const struct mlp_args &a, bool poiso
     }
 }
 
-template <int DT, int ACC>
+/* CS: blocks per cluster (1: none; cuda_options.mlp_rows_cluster). With clusters, block j of a
+ * cluster sums the cluster's partials of rows [j H / CS, (j + 1) H / CS) through distributed
+ * shared memory (in rank order) and adds only those: CS times fewer atomics on each address.
+ * DREG: the down columns in registers (cuda_options.mlp_rows_down), not in shared memory. */
+template <int DT, int ACC, int CS, bool DREG>
 __global__ void __launch_bounds__(32 * MLPR_WARPS) mlpr_kernel(const __grid_constant__ struct mlp_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t mlpr_smem[];
     __shared__ float s_part[MLPR_WARPS][GEMV_MAX_T];
     __shared__ int s_last, s_bad;
-    const int H = a.H, IB = a.I / (int)gridDim.x;
-    const struct mlpr_layout L = mlpr_layout_of(H, IB);
+    const int H = a.H, IB = a.I / (int)gridDim.x, ch0 = (int)blockIdx.x * IB;
+    const struct mlpr_layout L = mlpr_layout_of(H, IB, DREG);
     uint8_t *gu = mlpr_smem + L.gu, *dn = mlpr_smem + L.dn;
     float *xs = (float *)(mlpr_smem + L.xs), *mine = (float *)(mlpr_smem + L.mine);
     float *out = (float *)(mlpr_smem + L.out);
     griddep_launch();
-    mlpr_request(a, gu, dn, IB, (int)blockIdx.x * IB);
+    mlpr_request<DREG>(a, gu, dn, IB, ch0);
+    uint4 dw[DREG ? MLPR_RPT : 1][DREG ? MLPR_CPW : 1];
+    if constexpr (DREG)
+        mlpr_load_down(a, IB, ch0, dw);
     float4 g0[GEMV_NW];
     gemv_load_norm_w(a.in, g0);
     if (threadIdx.x == 0)
@@ -234,9 +279,40 @@ __global__ void __launch_bounds__(32 * MLPR_WARPS) mlpr_kernel(const __grid_cons
     mlpr_gate_up<DT>(gu, xs, inv, mine, H, IB);
     cp_async_wait<0>();
     __syncthreads();
-    mlpr_down<DT>(dn, mine, out, H, IB);
+    if constexpr (DREG)
+        mlpr_down_regs<DT>(dw, mine, out, H, IB);
+    else
+        mlpr_down<DT>(dn, mine, out, H, IB);
     __syncthreads();
-    if (mlpr_accumulate<ACC>(a, out))
+    int i0 = 0, i1 = H / 4; /* the float4 of out[] this block adds */
+    if constexpr (CS > 1) {
+        cg::cluster_group cl = cg::this_cluster();
+        const int j = (int)cl.block_rank(), n4 = H / 4 / CS;
+        cl.sync(); /* every block's out[] written */
+        i0 = j * n4, i1 = i0 + n4;
+        float4 sum[2]; /* H / 4 / CS <= 2 blockDim.x (H <= 2048) */
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            int i = i0 + (int)threadIdx.x + q * (int)blockDim.x;
+            sum[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i >= i1)
+                continue;
+#pragma unroll
+            for (int p = 0; p < CS; p++) {
+                float4 v = ((const float4 *)cl.map_shared_rank(out, p))[i];
+                sum[q].x += v.x, sum[q].y += v.y, sum[q].z += v.z, sum[q].w += v.w;
+            }
+        }
+        cl.sync(); /* every peer has read this block's out[] */
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            int i = i0 + (int)threadIdx.x + q * (int)blockDim.x;
+            if (i < i1)
+                ((float4 *)out)[i] = sum[q];
+        }
+        __syncthreads();
+    }
+    if (mlpr_accumulate<ACC>(a, out, i0, i1))
         s_bad = 1; /* any thread: the same value */
     if (ACC == MLPR_INPLACE)
         return;
@@ -263,45 +339,69 @@ __global__ void __launch_bounds__(32 * MLPR_WARPS) mlpr_kernel(const __grid_cons
 }
 
 /* Channels per block for these sizes (0: the kernel does not apply): the fewest (a multiple
- * of 8, dividing I) that keep the grid within one block per multiprocessor and the block
- * within shared memory. */
+ * of 8, dividing I, the grid a whole number of clusters) that keep the grid within one block
+ * per multiprocessor and the block within shared memory. */
 static int mlpr_channels(const struct mlp_args *a)
 {
+    const int cs = a->cluster > 1 ? a->cluster : 1;
     if ((a->dtype != QR_BF16 && a->dtype != QR_F16) || a->H <= 0 || a->I <= 0 || a->H % 8 ||
-        a->down_row_bytes % 16 || a->down_row_bytes < (int64_t)a->I * 2 || !a->acc || !a->count)
+        a->down_row_bytes % 16 || a->down_row_bytes < (int64_t)a->I * 2 || a->H % (4 * cs) || a->H > 2048 ||
+        (a->down_regs && a->H > MLPR_RPT * 32 * MLPR_WARPS))
         return 0;
     if (((uintptr_t)a->w_gate | (uintptr_t)a->w_up | (uintptr_t)a->w_down | (uintptr_t)a->in.x |
          (uintptr_t)a->in.norm_w | (uintptr_t)a->y) % 16 || a->in.T != 1 || a->in.K != a->H || !a->in.norm_w)
         return 0;
     int n_sm = a->n_sm > 0 ? a->n_sm : 132;
     for (int IB = 8; IB <= MLPR_CPW * MLPR_WARPS; IB += 8) {
-        if (a->I % IB || a->I / IB > n_sm)
+        if (a->I % IB || a->I / IB > n_sm || (a->I / IB) % cs)
             continue;
-        return mlpr_layout_of(a->H, IB).total <= MLPR_SMEM_MAX - 1024 ? IB : 0;
+        return mlpr_layout_of(a->H, IB, a->down_regs).total <= MLPR_SMEM_MAX - 1024 ? IB : 0;
     }
     return 0;
 }
 
 bool mlp_rows_applies(const struct mlp_args *a, int cc_major)
 {
-    return cc_major >= 9 && a->rows >= MLPR_F32 && a->rows <= MLPR_INPLACE && mlpr_channels(a) > 0;
+    bool cs_ok = a->cluster <= 1 || a->cluster == 2 || a->cluster == 4 || a->cluster == 8;
+    return cc_major >= 9 && a->rows >= MLPR_F32 && a->rows <= MLPR_INPLACE && cs_ok && mlpr_channels(a) > 0;
+}
+
+template <int DT, int ACC, int CS>
+static void (*mlpr_pick_dreg(bool dreg))(const struct mlp_args)
+{
+    return dreg ? mlpr_kernel<DT, ACC, CS, true> : mlpr_kernel<DT, ACC, CS, false>;
+}
+
+template <int DT, int ACC>
+static void (*mlpr_pick_cs(int cs, bool dreg))(const struct mlp_args)
+{
+    switch (cs) {
+    case 2: return mlpr_pick_dreg<DT, ACC, 2>(dreg);
+    case 4: return mlpr_pick_dreg<DT, ACC, 4>(dreg);
+    case 8: return mlpr_pick_dreg<DT, ACC, 8>(dreg);
+    default: return mlpr_pick_dreg<DT, ACC, 1>(dreg);
+    }
+}
+
+template <int DT>
+static void (*mlpr_pick(int acc, int cs, bool dreg))(const struct mlp_args)
+{
+    return acc == MLPR_F32     ? mlpr_pick_cs<DT, MLPR_F32>(cs, dreg)
+           : acc == MLPR_FIXED ? mlpr_pick_cs<DT, MLPR_FIXED>(cs, dreg)
+                               : mlpr_pick_cs<DT, MLPR_INPLACE>(cs, dreg);
 }
 
 cudaError_t launch_mlp_rows(const struct mlp_args *a, cudaStream_t s)
 {
-    int IB = mlpr_channels(a);
-    if (!IB || a->rows < MLPR_F32 || a->rows > MLPR_INPLACE)
+    int IB = mlp_rows_applies(a, 9) ? mlpr_channels(a) : 0;
+    if (!IB || !a->acc || !a->count)
         return cudaErrorInvalidValue;
-    void (*k)(const struct mlp_args);
-    if (a->rows == MLPR_F32)
-        k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_F32> : mlpr_kernel<QR_F16, MLPR_F32>;
-    else if (a->rows == MLPR_INPLACE)
-        k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_INPLACE> : mlpr_kernel<QR_F16, MLPR_INPLACE>;
-    else
-        k = a->dtype == QR_BF16 ? mlpr_kernel<QR_BF16, MLPR_FIXED> : mlpr_kernel<QR_F16, MLPR_FIXED>;
-    uint32_t smem = mlpr_layout_of(a->H, IB).total;
+    int cs = a->cluster > 1 ? a->cluster : 1;
+    void (*k)(const struct mlp_args) = a->dtype == QR_BF16 ? mlpr_pick<QR_BF16>(a->rows, cs, a->down_regs)
+                                                           : mlpr_pick<QR_F16>(a->rows, cs, a->down_regs);
+    uint32_t smem = mlpr_layout_of(a->H, IB, a->down_regs).total;
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    return launch_k(a->pdl, k, dim3((unsigned)(a->I / IB)), dim3(32 * MLPR_WARPS), smem, s, *a);
+    return launch_kc(a->pdl, cs, k, dim3((unsigned)(a->I / IB)), dim3(32 * MLPR_WARPS), smem, s, *a);
 }
