@@ -311,13 +311,16 @@ struct cuda_options {
                           * logits' last bits: a measurement); 2: fixed point (the same bits
                           * every run); 3: float atomics straight into the residual, which the
                           * GEMV + residual before also stores as the copy the blocks read (no
-                          * last block; the additions' order varies as with 1). Not yet measured */
+                          * last block; the additions' order varies as with 1). H200, session 31,
+                          * Qwen3-0.6B BF16 tg128 1,843 off; 1,496 / 1,267 / 1,585 with 1 / 2 / 3;
+                          * Qwen3.5-0.8B 1,521 -> 1,216 / 1,084 / 1,317 */
     int32_t mlp_rows_cluster; /* mlp_rows: blocks per cluster whose partials are summed through
                           * distributed shared memory before the atomics (fewer on each address):
-                          * 0 or 1 (default): none; 2, 4 or 8 */
+                          * 0 or 1 (default): none; 2, 4 or 8 (session 31: 20% slower again) */
     int32_t mlp_rows_down; /* mlp_rows: 0 (default): the block's columns of W_down copied into
                           * shared memory; 1: into registers (hidden size up to 1,024), leaving
-                          * the shared memory to the launches beside it */
+                          * the shared memory to the launches beside it (session 31: Qwen3.5
+                          * +5%, Qwen3-0.6B -23%, both still below the two launches) */
     int32_t gdn_staged;  /* decode graph, the DeltaNet step split per head (gdn_decode.cu): its
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on

@@ -35,6 +35,11 @@
  * y cannot be the x the blocks stage then (a block could add to it before another has read
  * it), so the GEMV + residual before stores its result twice (gemv_args.y_copy) and the blocks
  * stage that copy (a.in.x); the order of the additions varies as with MLPR_F32.
+ * What it cost (H200, session 31, tg128 at depth 0): off by default — every form is slower than
+ * the two launches. Qwen3-0.6B BF16 1,843 tok/s with the two launches; MLPR_F32 1,496, FIXED
+ * 1,267, INPLACE 1,585; clusters of 4 or 8 summing their partials first (CS times fewer atomics
+ * per address) 1,160-1,250; Qwen3.5-0.8B BF16 1,521 -> 1,084-1,383. The meeting of 112-128
+ * blocks in global memory costs more than the launch boundary it replaces (docs/perf-log.md).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
