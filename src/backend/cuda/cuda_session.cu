@@ -623,7 +623,7 @@ struct run_ctx {
 static struct run_ctx decode_ctx(struct cuda_session *cs)
 {
     return {cs, &cs->plans[PHASE_DECODE], cs->dops[PHASE_DECODE], cs->dbufs, 1, false, cs->decode_pdl, cs->stream,
-            0, false, NULL, NULL, NULL, NULL, false};
+            0, false, NULL, NULL, NULL, NULL, false, NULL};
 }
 
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
@@ -2092,7 +2092,7 @@ extern "C" qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, c
     if (!st)
         st = stage_inputs(cs, ids, T, 0, err);
     struct run_ctx r = {cs, p, cs->dops[PHASE_PREFILL], cs->pbufs, T, false, false, cs->stream, 0, false,
-                        cs->pm.ld, NULL, NULL, NULL, false};
+                        cs->pm.ld, NULL, NULL, NULL, false, NULL};
     if (!st && cudaEventRecord(ev[0], cs->stream) != cudaSuccess)
         st = err_set(err, QWENRT_ERR_BACKEND, "cuda: cudaEventRecord failed");
     for (int32_t i = 0; i < p->n_ops && !st; i++) {
@@ -2715,7 +2715,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
     }
     struct run_ctx r = {cs, p, cs->dops[ph], b, T, all_logits, false, cs->stream, pos0, false,
                         ph == PHASE_PREFILL ? cs->pm.ld : NULL, ph == PHASE_PREFILL ? cs->pm.run : NULL, NULL, NULL,
-                        false};
+                        false, NULL};
     cs->mk_top_ready = false;
     if (ph == PHASE_DECODE && !dump) {
         if (cs->mk) { /* the step's argmax comes along (cuda_session_top's greedy shortcut) */
@@ -2990,7 +2990,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
     struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
-                          NULL, NULL, NULL, NULL, false};
+                          NULL, NULL, NULL, NULL, false, NULL};
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!per_sequence(p->ops[i].kind)) {
             if ((st = run_op(&all, i, err)))
@@ -3002,7 +3002,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             for (int32_t k = 0; k < p->n_bufs; k++)
                 rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
             struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r], false, NULL, NULL, NULL, NULL, false};
+                                  pos[r], false, NULL, NULL, NULL, NULL, false, NULL};
             if ((st = run_op(&one, i, err)))
                 return st;
         }
