@@ -431,6 +431,7 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"attn_lanes", offsetof(struct cuda_options, attn_lanes)},
                   {"attn_stage", offsetof(struct cuda_options, attn_stage)},
                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows)},
+                  {"attn_rope_regs", offsetof(struct cuda_options, attn_rope_regs)},
                   {"mlp_rows_cluster", offsetof(struct cuda_options, mlp_rows_cluster)},
                   {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)

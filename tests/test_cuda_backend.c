@@ -2052,6 +2052,22 @@ static void test_graph_attn_pipe(void **st)
     check_graph_attn_pair("qwen35-tiny", 64, &on, true, 300, 0, "attn_pipe off", NULL);
 }
 
+/* cuda_options.attn_rope_regs (q/k norm + RoPE in each warp's registers) against the defaults:
+ * the norm's sum in another order, so equal to rounding (and not bit for bit: that it ran) —
+ * from position 0, after 300 positions (the cluster merge's window on this side, splits on the
+ * other), the f16 cache, Qwen3.5's partial rotation (a quarter of 256 and of 64 dimensions). */
+static void test_graph_attn_rope_regs(void **st)
+{
+    (void)st;
+    struct cuda_options on = cuda_default_options();
+    on.attn_rope_regs = 1;
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, 0, 1e-4, "attn_rope_regs", NULL);
+    check_graph_attn_pair("qwen3-tiny", 128, &on, false, 300, 1e-4, "attn_rope_regs", NULL);
+    check_graph_attn_pair("qwen3-tiny", 128, &on, true, 100, 1e-4, "attn_rope_regs", NULL);
+    check_graph_attn_pair("qwen35-tiny", 256, &on, false, 40, 1e-3, "attn_rope_regs", NULL);
+    check_graph_attn_pair("qwen35-tiny", 64, &on, true, 300, 1e-3, "attn_rope_regs", NULL);
+}
+
 /* cuda_options.attn_shared_kv (each block attends two query heads of one KV head, loading
  * the rows once for both) against the default kernel through the decode graph: the same rounds
  * and sums for each head, so the logits keep their bits. Every attention layer must take it
@@ -2899,7 +2915,7 @@ static void test_backend_errors(void **st)
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
      * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 3; mlp_rows_cluster
-     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1 */
+     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1; attn_rope_regs 0 or 1 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -2940,7 +2956,8 @@ static void test_backend_errors(void **st)
                    {"attn_stage", offsetof(struct cuda_options, attn_stage), {-2, 9}},
                    {"mlp_rows", offsetof(struct cuda_options, mlp_rows), {-1, 4}},
                    {"mlp_rows_cluster", offsetof(struct cuda_options, mlp_rows_cluster), {3, 16}},
-                   {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down), {-1, 2}}};
+                   {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down), {-1, 2}},
+                   {"attn_rope_regs", offsetof(struct cuda_options, attn_rope_regs), {-1, 2}}};
     for (size_t r = 0; r < sizeof(refused) / sizeof(refused[0]); r++)
         for (int i = 0; i < 2; i++) {
             struct cuda_options o = cuda_default_options();
@@ -3066,6 +3083,7 @@ int main(void)
         cmocka_unit_test(test_graph_attn_o),
         cmocka_unit_test(test_graph_attn_cluster),
         cmocka_unit_test(test_graph_attn_pipe),
+        cmocka_unit_test(test_graph_attn_rope_regs),
         cmocka_unit_test(test_graph_attn_shared_kv),
         cmocka_unit_test(test_graph_attn_lanes),
         cmocka_unit_test(test_graph_attn_stage),

@@ -106,6 +106,71 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
         }
 }
 
+/* The same prologue in each warp's registers (cuda_options.attn_rope_regs): every warp loads
+ * and normalises q itself, in the rounds' layout (lane l: elements l EPL .. l EPL + EPL - 1),
+ * and rotates it with the partner element d +- n_rot / 2 from the lane hl = n_rot / 2 / EPL
+ * away (one shuffle); no shared memory and no block barrier before the rounds. The warp whose
+ * rounds hold the current position does the same for k (v as loaded), keeps that row for its
+ * round and, in the group's first head, writes it to the cache. The angles and the norm
+ * weights are read before the wait (they depend on the position only). The norm's sum runs in
+ * another order than qk_norm_rope_kernel's: equal to rounding, not bit for bit. */
+template <int EPL>
+struct att_rope_regs {
+    float cs[EPL], sn[EPL], wq[EPL], wk[EPL];
+};
+
+template <int EPL>
+__device__ __forceinline__ void attention_rope_regs_before(const struct attn_args &a, int pos, att_rope_regs<EPL> &t)
+{
+    const int lane = threadIdx.x & 31, half = a.n_rot / 2;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        int d = lane * EPL + e;
+        t.wq[e] = a.wq[d];
+        t.wk[e] = a.wk[d];
+        t.cs[e] = 1.0f, t.sn[e] = 0.0f;
+        if (d < a.n_rot) {
+            int i = d < half ? d : d - half;
+            double inv_freq = a.inv_freq ? a.inv_freq[i] : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
+            double ang = (double)pos * inv_freq;
+            ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
+            sincosf((float)ang, &t.sn[e], &t.cs[e]);
+        }
+    }
+}
+
+/* One head's row at src into v (the lane's elements): normalised with weights w and rotated
+ * when normed (q, k), as loaded otherwise (v). */
+template <int EPL>
+__device__ __forceinline__ void attention_rope_regs_row(const struct attn_args &a, const float *src, bool normed,
+                                                        const float (&w)[EPL], const att_rope_regs<EPL> &t,
+                                                        float (&v)[EPL])
+{
+    const int lane = threadIdx.x & 31, half = a.n_rot / 2, hl = half / EPL;
+#pragma unroll
+    for (int e = 0; e < EPL; e += 2) {
+        float2 p = *(const float2 *)(src + lane * EPL + e);
+        v[e] = p.x, v[e + 1] = p.y;
+    }
+    if (!normed)
+        return;
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EPL; e++)
+        ss += v[e] * v[e];
+    float scale = rsqrtf(warp_sum(ss) / (float)(32 * EPL) + a.eps);
+#pragma unroll
+    for (int e = 0; e < EPL; e++)
+        v[e] = v[e] * (scale * w[e]);
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        float p = __shfl_xor_sync(0xffffffffu, v[e], hl);
+        int d = lane * EPL + e;
+        if (d < a.n_rot)
+            v[e] = d < half ? v[e] * t.cs[e] - p * t.sn[e] : v[e] * t.cs[e] + p * t.sn[e];
+    }
+}
+
 /* Which rows attention_load_round reads: every one (the current position's from shared
  * memory), the cached ones only, or the current position's only. */
 enum { ATT_ROWS_ALL, ATT_ROWS_CACHED, ATT_ROWS_CURRENT };

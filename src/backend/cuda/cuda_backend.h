@@ -303,6 +303,11 @@ struct cuda_options {
                           * BF16 with 2 tiles at depth 4,096: 849 vs 845 default / 821 without the
                           * cluster merge (f32 cache), 920 vs 897 / 862 (f16); depth 0 -6.4%;
                           * Qwen3.5-0.8B at 4,096 -3% */
+    int32_t attn_rope_regs; /* decode graph, the attention with RoPE inside (attention_kernel): 1:
+                          * every warp normalises and rotates q (and the current row's k) in its
+                          * own registers, no shared-memory copies and no block barrier between
+                          * the wait and the rounds; 0 (default): the shared prologue. Not yet
+                          * measured */
     int32_t mlp_rows;    /* decode graph, 16-bit weights, sm_90: norm + gate|up + SwiGLU + down
                           * + residual in one launch split over the intermediate channels, each
                           * block its channels' partial sums for every output row, added up in

@@ -465,7 +465,21 @@ struct attn_args {
                           * per KV head and split (attention_staged.cu; cuda_options.attn_stage),
                           * where attention_staged_applies; 0: not */
     int32_t n_ctx;       /* with stages: the cache's rows (its tensor maps' extent) */
+    bool rope_regs;      /* T == 1, rope: the q/k norm + RoPE in each warp's registers, no block
+                          * barrier (attention_rope_regs; cuda_options.attn_rope_regs), where
+                          * attention_rope_regs_applies */
 };
+/* Whether the register prologue takes these heads: the rotated pairs (d, d + n_rot / 2) a
+ * whole number of lanes apart, that number a power of two (a lane's EPL = hd / 32 elements
+ * are contiguous in the attention's rounds). */
+static inline bool attention_rope_regs_applies(int32_t hd, int32_t n_rot)
+{
+    int32_t epl = hd / 32, half = n_rot / 2;
+    if (hd % 32 || n_rot <= 0 || n_rot > hd || n_rot % 2 || half % epl)
+        return false;
+    int32_t hl = half / epl;
+    return hl >= 1 && hl <= 16 && (hl & (hl - 1)) == 0;
+}
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
 #endif

@@ -224,6 +224,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_xreg = 1; /* Qwen3-0.6B BF16 +1.7%, Qwen3.5-0.8B +0.2% (perf-log session 22) */
     o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
+    o.attn_rope_regs = 0;  /* not yet measured */
     o.mlp_rows = 0;        /* Qwen3-0.6B BF16 -14% to -31% (perf-log session 31) */
     o.mlp_rows_cluster = 0;
     o.mlp_rows_down = 0;
@@ -1424,6 +1425,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.lanes = lanes_of(cs, a);
     a.stages = stages_of(cs, a);
     a.n_ctx = cs->n_ctx;
+    a.rope_regs = a.rope && cs->opt.attn_rope_regs == 1 && attention_rope_regs_applies(a.hd, ra.n_rot);
     if (a.rope) {
         a.rk = ra.k, a.rv = ra.v, a.wq = ra.wq, a.wk = ra.wk, a.n_rot = ra.n_rot;
         a.theta = ra.theta, a.eps = ra.eps, a.inv_freq = ra.inv_freq;
@@ -2460,6 +2462,8 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        "cuda: mlp_rows %d (0: off, 1: a float accumulator, 2: fixed point, 3: floats added to the "
                        "residual)",
                        (int)o->mlp_rows);
+    if (o->attn_rope_regs < 0 || o->attn_rope_regs > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_rope_regs %d (0: off, 1: on)", (int)o->attn_rope_regs);
     int32_t mc = o->mlp_rows_cluster;
     if (mc < 0 || mc > 8 || (mc > 2 && mc != 4 && mc != 8))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: mlp_rows_cluster %d (0 or 1: none, 2, 4 or 8)", (int)mc);

@@ -427,7 +427,10 @@ __device__ __forceinline__ void attention_pipe_rounds(const KV *kbase, const KV 
  * next as soon as they are used (attention_pipe_rounds): a warp's second round no longer waits
  * for a round trip after the first one's arithmetic. Another instantiation; the default since
  * session 27 (Qwen3-0.6B BF16 tg128 +3.0%, docs/perf-log.md). */
-template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false, bool PIPE = false>
+/* RREG (cuda_options.attn_rope_regs, ROPE): the q/k norm + RoPE in each warp's registers
+ * (attention_rope_regs_row): no shared-memory copies of q, k, v and no block barrier between
+ * the wait and the rounds. Another instantiation. */
+template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false, bool PIPE = false, bool RREG = false>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
     if (TL)
@@ -442,7 +445,10 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     __shared__ float r_cs[ROPE ? 16 * EPL : 1], r_sn[ROPE ? 16 * EPL : 1];
     /* the current row in the cache's type (an f16 cache: rounded copies; f32: r_k, r_v) */
     __shared__ __align__(16) KV r_k16[ROPE && sizeof(KV) == 2 ? 32 * EPL : 8], r_v16[ROPE && sizeof(KV) == 2 ? 32 * EPL : 8];
-    const KV *cur_k = sizeof(KV) == 2 ? r_k16 : (const KV *)r_k, *cur_v = sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
+    /* RREG: each warp's own copy of the current row (only the warp whose rounds hold it fills it) */
+    __shared__ __align__(16) KV s_cur[RREG ? 2 * ATT_WARPS : 1][RREG ? 32 * EPL : 8];
+    const KV *cur_k = RREG ? s_cur[RREG ? 2 * (threadIdx.x >> 5) : 0] : sizeof(KV) == 2 ? r_k16 : (const KV *)r_k;
+    const KV *cur_v = RREG ? s_cur[RREG ? 2 * (threadIdx.x >> 5) + 1 : 0] : sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
     int h = CL ? blockIdx.y : blockIdx.x, t = CL ? 0 : blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int z = CL ? blockIdx.x : blockIdx.z, nz = CL ? gridDim.x : gridDim.z;
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
@@ -464,20 +470,47 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     if constexpr (PIPE)
         attention_load_round<EPL, ROPE>(kbase, vbase, a.kvw, lo + warp + ATT_WARPS * U, last, pos, cur_k, cur_v,
                                         ATT_ROWS_CACHED, rw2);
+    att_rope_regs<EPL> rt; /* RREG: the angles and norm weights, before the wait */
+    if constexpr (RREG)
+        attention_rope_regs_before<EPL>(a, pos, rt);
     if (a.early) /* q, k and v of this token come from the launch before */
         griddep_wait();
     if (TL)
         tl_stamp(a.stamps, 1);
-    if (ROPE)
-        attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
+    float q[EPL], acc[EPL];
+    if constexpr (RREG) {
+        attention_rope_regs_row<EPL>(a, a.q + (int64_t)h * a.q_stride, true, rt.wq, rt, q);
+        if (last == pos && warp == (pos - lo) % ATT_WARPS) { /* this warp's rounds hold pos */
+            float kr[EPL], vr[EPL];
+            attention_rope_regs_row<EPL>(a, a.rk + (int64_t)kvh * hd, true, rt.wk, rt, kr);
+            attention_rope_regs_row<EPL>(a, a.rv + (int64_t)kvh * hd, false, rt.wk, rt, vr);
+            const bool writes = h % (a.n_head / a.n_head_kv) == 0; /* the session's cache */
+            const int64_t off = (int64_t)pos * a.kvw + (int64_t)kvh * hd + lane * EPL;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                kv_put(&s_cur[2 * warp][lane * EPL + e], kr[e]);
+                kv_put(&s_cur[2 * warp + 1][lane * EPL + e], vr[e]);
+                if (writes) {
+                    kv_put((KV *)a.kc + off + e, kr[e]);
+                    kv_put((KV *)a.vc + off + e, vr[e]);
+                }
+            }
+            __syncwarp();
+        }
+    } else {
+        if (ROPE)
+            attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
+        const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            q[e] = qp[e];
+    }
     if (TL) /* the time line's third stamp: q, k and v normalised, rotated and cached */
         tl_stamp(a.stamps, 2);
-    const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
-    float q[EPL], acc[EPL];
     float scale = rsqrtf((float)hd);
 #pragma unroll
     for (int e = 0; e < EPL; e++) {
-        q[e] = qp[e] * scale;
+        q[e] *= scale;
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
@@ -724,10 +757,15 @@ static cudaError_t launch_attention_rope_p(const struct attn_args *a, dim3 grid,
         if (a->stamps)
             return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, true, true, PIPE>, g, block, 0, s,
                              *a);
+        if (a->rope_regs)
+            return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, false, true, PIPE, true>, g, block,
+                             0, s, *a);
         return launch_kc(a->pdl, ATT_CL_SPLITS, attention_kernel<EPL, true, KV, false, true, PIPE>, g, block, 0, s, *a);
     }
     if (a->stamps)
         return launch_k(a->pdl, attention_kernel<EPL, true, KV, true, false, PIPE>, grid, block, 0, s, *a);
+    if (a->rope_regs)
+        return launch_k(a->pdl, attention_kernel<EPL, true, KV, false, false, PIPE, true>, grid, block, 0, s, *a);
     return launch_k(a->pdl, attention_kernel<EPL, true, KV, false, false, PIPE>, grid, block, 0, s, *a);
 }
 
