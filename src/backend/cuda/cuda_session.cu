@@ -224,7 +224,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_xreg = 1; /* Qwen3-0.6B BF16 +1.7%, Qwen3.5-0.8B +0.2% (perf-log session 22) */
     o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
-    o.attn_rope_regs = 0;  /* not yet measured */
+    o.attn_rope_regs = 0;  /* Qwen3-0.6B BF16 -3.3% (perf-log session 31) */
     o.mlp_rows = 0;        /* Qwen3-0.6B BF16 -14% to -31% (perf-log session 31) */
     o.mlp_rows_cluster = 0;
     o.mlp_rows_down = 0;

@@ -365,10 +365,16 @@ static int mlpr_channels(const struct mlp_args *a)
     return 0;
 }
 
-bool mlp_rows_applies(const struct mlp_args *a, int cc_major)
+/* The accumulator and cluster size asked for are ones the kernel is built for. */
+static bool mlpr_options_ok(const struct mlp_args *a)
 {
     bool cs_ok = a->cluster <= 1 || a->cluster == 2 || a->cluster == 4 || a->cluster == 8;
-    return cc_major >= 9 && a->rows >= MLPR_F32 && a->rows <= MLPR_INPLACE && cs_ok && mlpr_channels(a) > 0;
+    return a->rows >= MLPR_F32 && a->rows <= MLPR_INPLACE && cs_ok;
+}
+
+bool mlp_rows_applies(const struct mlp_args *a, int cc_major)
+{
+    return cc_major >= 9 && mlpr_options_ok(a) && mlpr_channels(a) > 0;
 }
 
 template <int DT, int ACC, int CS>
@@ -398,7 +404,7 @@ static void (*mlpr_pick(int acc, int cs, bool dreg))(const struct mlp_args)
 
 cudaError_t launch_mlp_rows(const struct mlp_args *a, cudaStream_t s)
 {
-    int IB = mlp_rows_applies(a, 9) ? mlpr_channels(a) : 0;
+    int IB = mlpr_options_ok(a) ? mlpr_channels(a) : 0; /* (the caller checked the device) */
     if (!IB || !a->acc || !a->count)
         return cudaErrorInvalidValue;
     int cs = a->cluster > 1 ? a->cluster : 1;
