@@ -17,7 +17,9 @@
  *     GEMM sizes; checkpoints of CUDA sessions (snapshot, restore across sessions and
  *     backends, reset);
  *   - sampling on the GPU: the top-m selection against its reference kernel and a host sort,
- *     qwenrt_session_sample against the sampler on the whole row.
+ *     qwenrt_session_sample against the sampler on the whole row; sample.cu's draw against
+ *     the host sampler's, and several sampled steps per graph (session_generate) against
+ *     token by token, with the steps past a stop undone (session_generate_keep).
  * When no GPU can be used (or qwenrt is built without CUDA) only test_backend_errors runs: the
  * refusals that happen before any device work (bad cuda_options, bad bench shapes).
  */
@@ -33,6 +35,7 @@
 #include "base/cpu_features.h"
 #include "qwenrt.h"
 #include "quant/quant.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "tools/calibrate.h"
 #include "tools/convert.h"
@@ -2853,6 +2856,165 @@ static void test_session_sample_cuda(void **st)
     qwenrt_model_free(m);
 }
 
+/* sample.cu's draw against the host sampler's (sampler_sample_subset over the same k + 1
+ * candidates) on random candidates of awkward counts, tied logits included, every filter on
+ * and off, draws 0 .. 40 from one RNG state; and its refusals. */
+static void test_sample_kernel(void **st)
+{
+    (void)st;
+    const int32_t ks[] = {1, 2, 7, 40, 129, 255};
+    const float temps[] = {0.8f, 1.0f, 2.7f}, top_ps[] = {1.0f, 0.95f, 0.3f}, min_ps[] = {0.0f, 0.05f, 0.5f};
+    struct qwenrt_error err = {0};
+    uint32_t seed = 99;
+    int32_t ids[256], ranked[256], cases = 0;
+    float vals[256], rvals[256];
+    for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++)
+        for (int c = 0; c < 9; c++) {
+            int32_t k = ks[ki], m = k + 1;
+            bool tied = c % 3 == 2;
+            for (int32_t i = 0; i < m; i++) { /* distinct ids, in no order */
+                ids[i] = (int32_t)((uint32_t)(i * 7919 + c * 31) % 4096u);
+                seed = seed * 1664525u + 1013904223u;
+                vals[i] = tied ? (float)((seed >> 24) & 3) : (float)(seed >> 8) / (float)(1u << 24) * 12.0f - 6.0f;
+            }
+            struct qwenrt_sampler_params sp = qwenrt_sampler_default_params();
+            sp.temperature = temps[c % 3], sp.top_k = k, sp.top_p = top_ps[(c / 3) % 3];
+            sp.min_p = min_ps[(c + ki) % 3], sp.seed = 1000 + (uint64_t)c;
+            struct qwenrt_sampler *smp = NULL;
+            assert_int_equal(qwenrt_sampler_init(&sp, 4096, &smp, &err), QWENRT_OK);
+            /* the GPU's input: the k best by (logit / temperature, lower id) */
+            for (int32_t i = 0; i < m; i++)
+                ranked[i] = i;
+            for (int32_t i = 1; i < m; i++)
+                for (int32_t j = i; j > 0; j--) {
+                    float a = vals[ranked[j]] / sp.temperature, b = vals[ranked[j - 1]] / sp.temperature;
+                    if (!(a > b || (a == b && ids[ranked[j]] < ids[ranked[j - 1]])))
+                        break;
+                    int32_t t = ranked[j];
+                    ranked[j] = ranked[j - 1], ranked[j - 1] = t;
+                }
+            int32_t rids[256];
+            for (int32_t i = 0; i < k; i++)
+                rids[i] = ids[ranked[i]], rvals[i] = vals[ranked[i]];
+            struct cuda_sample_params dp;
+            assert_true(sampler_device_plan(smp, CUDA_TOP_MAX_M, &dp));
+            for (int32_t draw = 0; draw <= 40; draw += 8) {
+                int32_t got = -1, want;
+                assert_int_equal(cuda_sample_host(rids, rvals, &dp, draw, &got, &err), QWENRT_OK);
+                qwenrt_sampler_reset(smp);
+                sampler_skip_draws(smp, draw);
+                want = sampler_sample_subset(smp, ids, vals, m, NULL, NULL, 0);
+                if (got != want)
+                    fail_msg("k %d, case %d (t %g, top_p %g, min_p %g), draw %d: GPU %d, host %d", k, c,
+                             (double)sp.temperature, (double)sp.top_p, (double)sp.min_p, draw, got, want);
+                cases++;
+            }
+            qwenrt_sampler_free(smp);
+        }
+    assert_true(cases > 300);
+    struct cuda_sample_params bad = {.temperature = 1.0f, .top_p = 1.0f, .top_k = CUDA_TOP_MAX_M};
+    int32_t id;
+    assert_int_equal(cuda_sample_host(ids, vals, &bad, 0, &id, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "top_k 256"));
+    bad.top_k = 4, bad.temperature = 0.0f;
+    assert_int_equal(cuda_sample_host(ids, vals, &bad, 0, &id, &err), QWENRT_ERR_INVALID_ARG);
+    bad.temperature = 1.0f;
+    assert_int_equal(cuda_sample_host(ids, vals, &bad, -1, &id, &err), QWENRT_ERR_INVALID_ARG);
+}
+
+/* n tokens token by token: decode the previous token, qwenrt_session_sample, from first. */
+static void sample_token_by_token(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t first, int32_t n,
+                                  int32_t *out)
+{
+    struct qwenrt_error err = {0};
+    for (int32_t i = 0; i < n; i++) {
+        assert_int_equal(qwenrt_session_decode(s, i ? out[i - 1] : first, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_sample(s, smp, &out[i], &err), QWENRT_OK);
+    }
+}
+
+/* Several sampled steps per graph (session_generate: 16 steps as two graphs of 8 and a tail
+ * of 5 as single steps) give token by token's tokens, on both fixture families in BF16 (Qwen3.5:
+ * its recurrent state), for greedy, qwenrt run's defaults and a high temperature; a stop
+ * inside the steps (session_generate_keep) leaves the session, its logits and the sampler's
+ * RNG where token by token would have them: the next draws and the logits match bit for bit.
+ * Samplers the GPU cannot run are refused with UNSUPPORTED and nothing changed. */
+static void test_generate_sampled(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    struct qwenrt_sampler_params ps[3];
+    for (int k = 0; k < 3; k++)
+        ps[k] = qwenrt_sampler_default_params(), ps[k].seed = 40 + (uint64_t)k;
+    ps[1].temperature = 0.8f, ps[1].top_k = 40, ps[1].top_p = 0.95f, ps[1].min_p = 0.05f;
+    ps[2].temperature = 1.7f, ps[2].top_k = 5;
+    const int32_t prompt[6] = {3, 9, 27, 81, 243, 729};
+    for (int f = 1; f < 4; f += 2) {
+        struct qwenrt_model *m = NULL;
+        struct qwenrt_model_params mp = qwenrt_model_default_params();
+        mp.backend = "cuda";
+        assert_int_equal(qwenrt_model_load(fixtures[f], &mp, &m, &err), QWENRT_OK);
+        struct qwenrt_model_info info;
+        qwenrt_model_get_info(m, &info);
+        float *la = malloc((size_t)info.n_vocab * sizeof(float));
+        for (int k = 0; k < 3; k++) {
+            struct qwenrt_session *a = NULL, *b = NULL;
+            struct qwenrt_sampler *sa = NULL, *sb = NULL;
+            assert_int_equal(qwenrt_session_init(m, NULL, &a, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sa, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sb, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_prefill(a, prompt, 6, NULL, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_prefill(b, prompt, 6, NULL, &err), QWENRT_OK);
+            int32_t first, want[48], got[48];
+            assert_int_equal(qwenrt_session_sample(a, sa, &first, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_sample(b, sb, &got[0], &err), QWENRT_OK);
+            assert_int_equal(got[0], first);
+            sample_token_by_token(a, sa, first, 21, want);
+            assert_int_equal(session_generate(b, sb, first, 16, got, &err), QWENRT_OK);
+            assert_int_equal(session_generate(b, sb, got[15], 5, got + 16, &err), QWENRT_OK);
+            for (int32_t i = 0; i < 21; i++)
+                if (got[i] != want[i])
+                    fail_msg("%s, sampler %d: step %d drew %d on the GPU, %d token by token", fixtures[f], k, i,
+                             got[i], want[i]);
+            assert_int_equal(qwenrt_session_n_past(a), qwenrt_session_n_past(b));
+            memcpy(la, qwenrt_session_logits(a), (size_t)info.n_vocab * sizeof(float));
+            assert_memory_equal(la, qwenrt_session_logits(b), (size_t)info.n_vocab * sizeof(float));
+            /* a stop at the 6th of 16 draws: b undoes 10 steps, then both go on token by token */
+            int32_t from = want[20], more[16];
+            sample_token_by_token(a, sa, from, 6, want);
+            assert_int_equal(session_generate(b, sb, from, 16, more, &err), QWENRT_OK);
+            assert_memory_equal(more, want, 6 * sizeof(int32_t));
+            assert_int_equal(session_generate_keep(b, sb, from, more, 16, 6, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_n_past(a), qwenrt_session_n_past(b));
+            memcpy(la, qwenrt_session_logits(a), (size_t)info.n_vocab * sizeof(float));
+            assert_memory_equal(la, qwenrt_session_logits(b), (size_t)info.n_vocab * sizeof(float));
+            sample_token_by_token(a, sa, want[5], 8, want);
+            sample_token_by_token(b, sb, more[5], 8, got);
+            assert_memory_equal(got, want, 8 * sizeof(int32_t));
+            assert_int_equal(session_generate_keep(b, sb, from, more, 16, 0, &err), QWENRT_ERR_INVALID_ARG);
+            qwenrt_sampler_free(sa);
+            qwenrt_sampler_free(sb);
+            qwenrt_session_free(a);
+            qwenrt_session_free(b);
+        }
+        /* penalties, or no top-k: the host draws; nothing ran */
+        struct qwenrt_sampler_params pen = ps[1];
+        pen.repeat_penalty = 1.2f;
+        struct qwenrt_session *c = NULL;
+        struct qwenrt_sampler *sc = NULL;
+        assert_int_equal(qwenrt_session_init(m, NULL, &c, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_sampler_init(&pen, info.n_vocab, &sc, &err), QWENRT_OK);
+        int32_t out[4];
+        assert_int_equal(session_generate(c, sc, 1, 4, out, &err), QWENRT_ERR_UNSUPPORTED);
+        assert_int_equal(qwenrt_session_n_past(c), 0);
+        qwenrt_sampler_free(sc);
+        qwenrt_session_free(c);
+        free(la);
+        qwenrt_model_free(m);
+    }
+}
+
 /* cuda_session_init refuses o with want before touching the device, and (CUDA compiled in)
  * its message names the option and the bad value. */
 static void check_options_refused(const struct cuda_options *o, const char *option, int32_t bad,
@@ -3115,6 +3277,8 @@ int main(void)
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_generate_graph_steps),
         cmocka_unit_test(test_session_sample_cuda),
+        cmocka_unit_test(test_sample_kernel),
+        cmocka_unit_test(test_generate_sampled),
     };
     /* QWENRT_TEST_FILTER=pattern (cmocka's: * and ? wildcards) runs only the matching tests:
      * GPU time is scarce, a device call may check one change */

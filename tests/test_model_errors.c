@@ -12,6 +12,7 @@
 #include "testutil.h"
 
 #include "qwenrt.h"
+#include "runtime/session.h"
 
 static char tmpdir[64];
 
@@ -212,6 +213,13 @@ static void test_bad_ids_and_context(void **st)
     assert_int_equal(qwenrt_session_prefill(s, ok, 6, NULL, &err), QWENRT_OK);
     assert_int_equal(qwenrt_session_sample(s, greedy, &id, &err), QWENRT_OK);
     assert_int_equal(id, qwenrt_argmax(qwenrt_session_logits(s), 1024));
+    /* several steps per call need a CUDA session: refused here, nothing changed; bad keeps */
+    int32_t steps[2];
+    assert_int_equal(session_generate(s, greedy, 1, 2, steps, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "not a CUDA session"));
+    assert_int_equal(session_generate(s, greedy, 1, 0, steps, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(session_generate_keep(s, greedy, 1, steps, 2, 1, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(qwenrt_session_n_past(s), 6);
     qwenrt_sampler_free(greedy);
     assert_int_equal(qwenrt_session_prefill(s, ok, 3, NULL, &err), QWENRT_ERR_LIMIT);
     assert_non_null(strstr(err.message, "context full"));

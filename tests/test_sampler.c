@@ -427,6 +427,73 @@ static void test_subset_plan_limits(void **st)
     qwenrt_sampler_free(s);
 }
 
+/* Which samplers the GPU may draw for (sampler_device_plan: no bias, no penalties, a top-k
+ * below the limit, or greedy), with the RNG state it would start from; and moving the RNG by
+ * draws made elsewhere (sampler_skip_draws) gives the draws made here. */
+static void test_device_plan(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    struct qwenrt_sampler_params p = qwenrt_sampler_default_params();
+    struct qwenrt_logit_bias bias = {3, 1.0f};
+    struct cuda_sample_params dp;
+    struct {
+        float temperature, repeat, presence;
+        int32_t top_k, n_bias;
+        bool ok;
+    } cases[] = {
+        {0.0f, 1.0f, 0.0f, 0, 0, true},    {0.8f, 1.0f, 0.0f, 40, 0, true},  {0.8f, 1.0f, 0.0f, 0, 0, false},
+        {0.8f, 1.0f, 0.0f, 256, 0, false}, {0.8f, 1.0f, 0.0f, 255, 0, true}, {0.8f, 1.1f, 0.0f, 40, 0, false},
+        {0.8f, 1.0f, 0.5f, 40, 0, false},  {0.8f, 1.0f, 0.0f, 40, 1, false}, {0.0f, 1.1f, 0.0f, 0, 0, false},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        p.temperature = cases[c].temperature, p.top_k = cases[c].top_k, p.repeat_penalty = cases[c].repeat;
+        p.presence_penalty = cases[c].presence, p.logit_bias = &bias, p.n_logit_bias = cases[c].n_bias;
+        p.top_p = 0.9f, p.min_p = 0.05f;
+        struct qwenrt_sampler *s = NULL;
+        assert_int_equal(qwenrt_sampler_init(&p, 300, &s, &err), QWENRT_OK);
+        if (sampler_device_plan(s, 256, &dp) != cases[c].ok)
+            fail_msg("case %zu: the GPU plan says %d", c, !cases[c].ok);
+        if (cases[c].ok) {
+            assert_true(dp.temperature == (p.temperature > 0.0f ? p.temperature : 0.0f));
+            assert_int_equal(dp.top_k, p.temperature > 0.0f ? p.top_k : 1);
+            assert_true(dp.top_p == 0.9f && dp.min_p == 0.05f);
+        }
+        qwenrt_sampler_free(s);
+    }
+    /* the RNG: 5 draws skipped = 5 draws made; skipping back repeats them */
+    p = qwenrt_sampler_default_params();
+    p.temperature = 1.0f, p.top_k = 50, p.seed = 77;
+    float logits[300];
+    for (int i = 0; i < 300; i++)
+        logits[i] = (float)((i * 37) % 101) / 20.0f;
+    struct qwenrt_sampler *a = NULL, *b = NULL;
+    assert_int_equal(qwenrt_sampler_init(&p, 300, &a, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_sampler_init(&p, 300, &b, &err), QWENRT_OK);
+    int32_t seq[8];
+    for (int i = 0; i < 8; i++)
+        seq[i] = qwenrt_sampler_sample(a, logits);
+    sampler_skip_draws(b, 5);
+    struct cuda_sample_params pa, pb;
+    assert_true(sampler_device_plan(b, 256, &pb));
+    qwenrt_sampler_reset(a);
+    for (int i = 0; i < 5; i++)
+        qwenrt_sampler_sample(a, logits);
+    assert_true(sampler_device_plan(a, 256, &pa));
+    assert_true(pa.rng == pb.rng);
+    for (int i = 5; i < 8; i++)
+        assert_int_equal(qwenrt_sampler_sample(b, logits), seq[i]);
+    sampler_skip_draws(b, -3);
+    for (int i = 5; i < 8; i++)
+        assert_int_equal(qwenrt_sampler_sample(b, logits), seq[i]);
+    int distinct = 0;
+    for (int i = 1; i < 8; i++)
+        distinct += seq[i] != seq[0];
+    assert_true(distinct > 0); /* the draws differ: the checks above can fail */
+    qwenrt_sampler_free(a);
+    qwenrt_sampler_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,7 +502,7 @@ int main(void)
         cmocka_unit_test(test_penalties),     cmocka_unit_test(test_seed_repeats),
         cmocka_unit_test(test_no_top_k),     cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_logit_bias),    cmocka_unit_test(test_subset_equals_full_row),
-        cmocka_unit_test(test_subset_plan_limits),
+        cmocka_unit_test(test_subset_plan_limits), cmocka_unit_test(test_device_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

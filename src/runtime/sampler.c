@@ -105,10 +105,12 @@ void qwenrt_sampler_accept(struct qwenrt_sampler *s, int32_t id)
         s->n_recent++;
 }
 
+#define SAMPLER_GOLDEN 0x9e3779b97f4a7c15ull /* splitmix64's step (sample.cu repeats it) */
+
 /* uniform in [0, 1) */
 static double next_uniform(struct qwenrt_sampler *s)
 {
-    uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
+    uint64_t z = (s->rng += SAMPLER_GOLDEN);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
@@ -435,4 +437,27 @@ int32_t sampler_sample_subset(struct qwenrt_sampler *s, const int32_t *ids, cons
         return argmax_cand(c, u);
     scale_by_temperature(s, u);
     return draw(s, filter_with_top_k(s, u));
+}
+
+/* ------------------------------------------------------------------ draws made on the GPU */
+
+bool sampler_device_plan(const struct qwenrt_sampler *s, int32_t max_k, struct cuda_sample_params *out)
+{
+    if (s->p.n_logit_bias > 0 || penalties_on(s))
+        return false;
+    bool greedy = s->p.temperature <= 0.0f;
+    if (!greedy && (s->p.top_k < 1 || s->p.top_k >= max_k))
+        return false;
+    memset(out, 0, sizeof(*out));
+    out->temperature = greedy ? 0.0f : s->p.temperature;
+    out->top_k = greedy ? 1 : s->p.top_k;
+    out->top_p = s->p.top_p;
+    out->min_p = s->p.min_p;
+    out->rng = s->rng;
+    return true;
+}
+
+void sampler_skip_draws(struct qwenrt_sampler *s, int32_t n)
+{
+    s->rng += (uint64_t)(int64_t)n * SAMPLER_GOLDEN; /* modulo 2^64: n < 0 goes back */
 }

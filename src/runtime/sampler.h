@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "qwenrt.h"
 
 struct sampler_cand {
@@ -39,4 +40,12 @@ int32_t sampler_subset_plan(const struct qwenrt_sampler *s, int32_t *gather, int
 int32_t sampler_sample_subset(struct qwenrt_sampler *s, const int32_t *ids, const float *vals, int32_t m,
                               const int32_t *gather, const float *gather_vals, int32_t n_gather);
 
+/* Whether the GPU can make this sampler's next draws itself (cuda_session_generate_sampled):
+ * temperature > 0, 1 <= top_k < max_k, no logit bias, penalties off; then *out holds the
+ * parameters and the RNG state before the next draw. Greedy samplers (temperature <= 0)
+ * without bias or penalties: true with out->temperature 0 (the GPU's argmax picks the same
+ * token). */
+bool sampler_device_plan(const struct qwenrt_sampler *s, int32_t max_k, struct cuda_sample_params *out);
+/* Moves the RNG n draws on (n < 0: back), as if n draws were made or undone elsewhere. */
+void sampler_skip_draws(struct qwenrt_sampler *s, int32_t n);
 #endif

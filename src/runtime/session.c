@@ -388,6 +388,56 @@ qwenrt_status qwenrt_session_sample(struct qwenrt_session *s, struct qwenrt_samp
     return QWENRT_OK;
 }
 
+qwenrt_status session_generate(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t id, int32_t n,
+                               int32_t *out, struct qwenrt_error *err)
+{
+    if (!s || !smp || !out || n < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "generate: no session, sampler or output, or %d steps", n);
+    struct cuda_sample_params sp;
+    if (!s->cuda || s->dump || !sampler_device_plan(smp, CUDA_TOP_MAX_M, &sp))
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "generate: %s", !s->cuda ? "not a CUDA session"
+                       : s->dump ? "the session dumps its ops" : "the sampler needs the host (logit bias or penalties, or no top-k)");
+    const struct qwenrt_model *m = s->model;
+    if (id < 0 || id >= m->hp.n_vocab)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "token id %d is outside the vocabulary [0, %d)", id, m->hp.n_vocab);
+    if (n > s->state.n_ctx - s->n_past)
+        return err_set(err, QWENRT_ERR_LIMIT, "context full: %d tokens held, %d more asked, the session holds %d",
+                       s->n_past, n, s->state.n_ctx);
+    qwenrt_status st = cuda_session_snapshot(s->cuda, false, err);
+    if (st)
+        return st;
+    st = sp.temperature > 0.0f ? cuda_session_generate_sampled(s->cuda, id, s->n_past, n, &sp, out, err)
+                               : cuda_session_generate(s->cuda, id, s->n_past, n, n, out, NULL, err);
+    if (st)
+        return st;
+    if (sp.temperature > 0.0f)
+        sampler_skip_draws(smp, n);
+    s->n_past += n;
+    s->has_logits = s->logits_on_device = true;
+    return QWENRT_OK;
+}
+
+qwenrt_status session_generate_keep(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t id,
+                                    const int32_t *out, int32_t n, int32_t keep, struct qwenrt_error *err)
+{
+    if (!s || !smp || !out || !s->cuda || keep < 1 || keep > n || n > s->n_past)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "generate: keep %d of %d steps", keep, n);
+    if (keep == n)
+        return QWENRT_OK;
+    struct cuda_sample_params sp;
+    if (sampler_device_plan(smp, CUDA_TOP_MAX_M, &sp) && sp.temperature > 0.0f)
+        sampler_skip_draws(smp, keep - n);
+    int32_t base = s->n_past - n, from = keep - 1; /* step i decoded id (i = 0) or out[i - 1] */
+    bool recurrent = s->state.ssm_len > 0;
+    qwenrt_status st = recurrent ? cuda_session_snapshot(s->cuda, true, err) : QWENRT_OK;
+    if (recurrent)
+        from = 0;
+    s->n_past = base + from;
+    for (int32_t i = from; !st && i < keep; i++)
+        st = qwenrt_session_decode(s, i ? out[i - 1] : id, err);
+    return st;
+}
+
 int32_t qwenrt_session_n_past(const struct qwenrt_session *s) { return s ? s->n_past : 0; }
 
 int32_t qwenrt_session_kv_type(const struct qwenrt_session *s) { return s ? s->kv_type : QWENRT_KV_F32; }

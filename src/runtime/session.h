@@ -42,4 +42,24 @@ void session_set_dump(struct qwenrt_session *s, cpu_dump_fn fn, void *user);
  * first time they are asked for). Errors: BACKEND. */
 qwenrt_status session_fetch_logits(struct qwenrt_session *s, struct qwenrt_error *err);
 
+/* Several decode steps with the token chosen on the GPU between them (a CUDA session, a
+ * sampler sampler_device_plan accepts): decodes id, draws the next token as
+ * qwenrt_session_sample would, decodes it, ... n draws; out[i] = the token drawn after step i.
+ * Then the session holds id and out[0 .. n-2] (out[n-1] is drawn, not decoded), its logits are
+ * those after out[n-2], and the sampler's RNG has made n draws (none for greedy). The sampler
+ * does not accept the tokens (qwenrt_sampler_accept; with penalties off it needs none). The
+ * same tokens as token by token, but where a draw falls within float rounding of a boundary
+ * between two tokens (sample.cu's expf). Errors: UNSUPPORTED (a CPU session, a sampler the
+ * GPU cannot run, no decode graphs: decode token by token instead; nothing has changed),
+ * INVALID_ARG, LIMIT (past the context), NOMEM, BACKEND. */
+qwenrt_status session_generate(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t id, int32_t n,
+                               int32_t *out, struct qwenrt_error *err);
+
+/* After session_generate(s, smp, id, n, out): keeps only what token by token would have done
+ * had it stopped at out[keep - 1] (1 <= keep <= n): the session holds id and out[0 .. keep-2]
+ * with the logits after them, and the sampler's RNG has made keep draws. Decodes at most keep
+ * tokens again (a model without recurrent layers: one). Errors: INVALID_ARG, BACKEND. */
+qwenrt_status session_generate_keep(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t id,
+                                    const int32_t *out, int32_t n, int32_t keep, struct qwenrt_error *err);
+
 #endif

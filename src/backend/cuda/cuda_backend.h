@@ -414,6 +414,40 @@ qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t
                                     int32_t n, int32_t readback_every, int32_t *out_ids,
                                     float *last_logits, struct qwenrt_error *err);
 
+/* A sampler the GPU can run between decode steps (sample.cu): no logit bias, no penalties,
+ * temperature > 0 and 1 <= top_k < CUDA_TOP_MAX_M; top_p in (0, 1], min_p in [0, 1]. rng is
+ * the host sampler's splitmix64 state before the first draw (sampler_device_plan fills it). */
+struct cuda_sample_params {
+    float temperature, top_p, min_p;
+    int32_t top_k;
+    uint64_t rng;
+};
+
+/* Sampled decoding on the GPU: feeds id at position pos0, then each step's draw, n steps, the
+ * draws made as the host sampler with those parameters makes them (sample.cu: the same token
+ * but where the draw falls within float rounding of a boundary); out_ids[i] = the token drawn
+ * after step i (draw i, from sp->rng). Runs cuda_options.gen_graph_steps steps per graph
+ * launch, the token kept on the device; the ids come back once, at the end. The last step's
+ * logits stay on the device (cuda_session_logits). Errors: INVALID_ARG (sp out of range),
+ * LIMIT (past the context), UNSUPPORTED (no graphs: cuda_options.graph off, or the megakernel
+ * decodes), BACKEND. */
+qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, int32_t id, int32_t pos0, int32_t n,
+                                            const struct cuda_sample_params *sp, int32_t *out_ids,
+                                            struct qwenrt_error *err);
+
+/* One draw of sample.cu's kernel over host candidates ids / vals [sp->top_k] (ranked best
+ * first, raw logits) as draw number draw from sp->rng: what test_cuda_backend compares with
+ * the host sampler. Errors: INVALID_ARG, BACKEND. */
+qwenrt_status cuda_sample_host(const int32_t *ids, const float *vals, const struct cuda_sample_params *sp,
+                               int32_t draw, int32_t *id, struct qwenrt_error *err);
+
+/* The recurrent state (every DeltaNet layer's conv and state rows) copied to a device backup
+ * (save) or back from it (restore: after a save), so that steps decoded past a stop can be
+ * undone; the KV cache needs no copy (its rows are indexed by position). Nothing to do for a
+ * model without recurrent layers. Errors: INVALID_ARG (restore before any save), NOMEM,
+ * BACKEND. */
+qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struct qwenrt_error *err);
+
 /* One decode step for n sessions of one model together: session r decodes ids[r] at position
  * pos[r]. Ops that treat tokens independently (norms, matmuls: each weight read once for all
  * n rows) run once on css[0]'s weights and stream; attention, RoPE and the DeltaNet steps run

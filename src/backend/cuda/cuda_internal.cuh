@@ -628,4 +628,12 @@ cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
                         cudaStream_t s);
 
+/* sample.cu: one draw over topk.cu's candidates ids / vals (ranked, raw logits) with the
+ * sampler parameters at sp (device memory); next_id[0] = the token, and with step non-NULL
+ * out_ids[*step] = it, (*step)++, (*pos0)++ (the draw number is *step, 0 without step). */
+cudaError_t launch_sample(const int32_t *ids, const float *vals, const struct cuda_sample_params *sp,
+                          int32_t *next_id, int32_t *pos0, int32_t *out_ids, int32_t *step, cudaStream_t s);
+/* Whether sp is a sampler sample.cu runs (struct cuda_sample_params' ranges). */
+bool cuda_sample_params_ok(const struct cuda_sample_params *sp);
+
 #endif

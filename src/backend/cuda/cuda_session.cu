@@ -93,6 +93,9 @@ struct cuda_session {
     /* state */
     float *state;             /* one allocation: KV, conv, ssm */
     size_t state_bytes;
+    size_t rec_bytes;         /* the recurrent layers' conv and state rows: the first bytes of state */
+    void *snap;               /* cuda_session_snapshot's copy of them (made on first use) */
+    bool snap_saved;          /* snap holds a saved state */
     void **kc, **vc;          /* [n_layer] device KV caches in state (f32, or f16 with
                                * opt.kv_f16: kv_elem_bytes), or NULL */
     float **conv, **ssm;      /* [n_layer] device pointers into state, or NULL */
@@ -149,6 +152,11 @@ struct cuda_session {
      * cluster-merged splits, cuda_options.attn_cluster) */
     cudaGraphExec_t g_decode[2], g_gen[2];
     cudaGraphExec_t g_gen_k[2]; /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
+    cudaGraphExec_t g_samp[2], g_samp_k[2]; /* the same with sample.cu's draw instead of the
+                               * argmax (cuda_session_generate_sampled), for samp_t and samp_m */
+    float samp_t;             /* the temperature and the candidates (top_k) those graphs rank */
+    int32_t samp_m;
+    struct cuda_sample_params *d_sp, *h_sp; /* the draws' parameters: device, pinned staging */
     int32_t cl_mode;          /* the attention's cluster merge: 0 never, 1 always, 2 for graph
                                * launches whose positions lie in [cl_from, cl_until) */
     int32_t cl_from, cl_until; /* that window (cuda_options.attn_cluster_from / _until, or
@@ -554,18 +562,21 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
     CUDA_CHECK(cudaMemset(cs->state, 0, cs->state_bytes));
     if ((st = alloc_attention_splits(cs, err)) || (st = alloc_rope_table(cs, err)))
         return st;
+    /* the recurrent layers' state first, in one block (cuda_session_snapshot copies it at
+     * once), then the KV caches */
     uint8_t *q = (uint8_t *)cs->state;
-    for (int32_t l = 0; l < cs->n_layer; l++) {
+    for (int32_t l = 0; l < cs->n_layer; l++)
+        if (has_ssm[l]) {
+            cs->conv[l] = (float *)q, q += align256((size_t)cs->conv_rows * cs->conv_dim * 4);
+            cs->ssm[l] = (float *)q, q += align256((size_t)cs->ssm_len * 4);
+        }
+    cs->rec_bytes = (size_t)(q - (uint8_t *)cs->state);
+    for (int32_t l = 0; l < cs->n_layer; l++)
         if (has_kv[l]) {
             size_t b = align256((size_t)cs->n_ctx * cs->kv_width * kv_elem_bytes(cs));
             cs->kc[l] = q, q += b;
             cs->vc[l] = q, q += b;
         }
-        if (has_ssm[l]) {
-            cs->conv[l] = (float *)q, q += align256((size_t)cs->conv_rows * cs->conv_dim * 4);
-            cs->ssm[l] = (float *)q, q += align256((size_t)cs->ssm_len * 4);
-        }
-    }
     return QWENRT_OK;
 }
 
@@ -1566,7 +1577,28 @@ static int32_t pick_cl_mode(const struct cuda_session *cs)
 /* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph, steps
  * times over (gen only: each step reads the position and the token the one before it left on
  * the GPU, so the copies are the same step run in sequence). */
-static qwenrt_status capture(struct cuda_session *cs, bool gen, int32_t steps, cudaGraphExec_t *out,
+/* What a captured step does after the decode: nothing (the logits stay), the argmax, or
+ * sample.cu's draw over topk.cu's candidates; the latter two feed the token to the next step. */
+enum gen_mode { GEN_NONE, GEN_ARGMAX, GEN_SAMPLE };
+
+/* The token after one decode step, chosen on the GPU (mode GEN_ARGMAX or GEN_SAMPLE). */
+static cudaError_t enqueue_pick(struct cuda_session *cs, enum gen_mode mode)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    const float *row = cs->dbufs[p->buf_logits];
+    if (mode == GEN_ARGMAX)
+        return step_omitted(cs, "argmax") ? cudaSuccess
+                                          : launch_argmax(row, cs->n_vocab, cs->d_ids, cs->d_pos, cs->d_out,
+                                                          cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
+    float *vals = (float *)(cs->d_top + CUDA_TOP_MAX_M);
+    cudaError_t e = launch_topk(row, cs->n_vocab, cs->samp_t, cs->samp_m, NULL, 0, cs->d_topk, cs->d_top, vals,
+                                NULL, false, cs->stream);
+    return e != cudaSuccess ? e
+                            : launch_sample(cs->d_top, vals, cs->d_sp, cs->d_ids, cs->d_pos, cs->d_out, cs->d_step,
+                                            cs->stream);
+}
+
+static qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraphExec_t *out,
                              struct qwenrt_error *err)
 {
     cudaGraph_t g = NULL;
@@ -1574,13 +1606,9 @@ static qwenrt_status capture(struct cuda_session *cs, bool gen, int32_t steps, c
     qwenrt_status st = QWENRT_OK;
     for (int32_t k = 0; k < steps && !st; k++) {
         st = enqueue_decode(cs, err);
-        if (!st && gen && !step_omitted(cs, "argmax")) {
-            const struct plan *p = &cs->plans[PHASE_DECODE];
-            cudaError_t e = launch_argmax(cs->dbufs[p->buf_logits], cs->n_vocab, cs->d_ids, cs->d_pos,
-                                          cs->d_out, cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
-            if (e != cudaSuccess)
-                st = cuda_fail(err, e, __FILE__, __LINE__, "launch_argmax");
-        }
+        cudaError_t e = !st && gen != GEN_NONE ? enqueue_pick(cs, (enum gen_mode)gen) : cudaSuccess;
+        if (e != cudaSuccess)
+            st = cuda_fail(err, e, __FILE__, __LINE__, "the token's pick");
     }
     cudaError_t e = cudaStreamEndCapture(cs->stream, &g);
     if (st) {
@@ -1612,6 +1640,10 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
             cudaGraphExecDestroy(cs->g_gen[v]);
         if (cs->g_gen_k[v])
             cudaGraphExecDestroy(cs->g_gen_k[v]);
+        if (cs->g_samp[v])
+            cudaGraphExecDestroy(cs->g_samp[v]);
+        if (cs->g_samp_k[v])
+            cudaGraphExecDestroy(cs->g_samp_k[v]);
     }
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
@@ -1629,6 +1661,9 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFreeHost(cs->h_stage);
     cudaFree(cs->d_topk);
     cudaFree(cs->d_top);
+    cudaFree(cs->d_sp);
+    cudaFreeHost(cs->h_sp);
+    cudaFree(cs->snap);
     cudaFreeHost(cs->h_top);
     cudaFreeHost(cs->h_row);
     cudaFree(cs->state);
@@ -1968,7 +2003,7 @@ static qwenrt_status tl_collect(struct cuda_session *cs, int32_t reps, struct tl
     cudaError_t e = st ? cudaSuccess : cudaMalloc(&d, n * sizeof(*h));
     if (!st && e == cudaSuccess) {
         cs->tl = d;
-        st = capture(cs, false, 1, &g, err);
+        st = capture(cs, GEN_NONE, 1, &g, err);
         cs->tl = NULL; /* the graph keeps the pointers; nothing else stamps */
     }
     for (int32_t r = 0; !st && e == cudaSuccess && r < reps; r++) {
@@ -2728,7 +2763,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
             cs->mk_top_ready = true;
         } else if (cs->opt.graph) {
             int v = cs->cl_variant = attn_variant(cs, pos0, 1);
-            if (!cs->g_decode[v] && (st = capture(cs, false, 1, &cs->g_decode[v], err)))
+            if (!cs->g_decode[v] && (st = capture(cs, GEN_NONE, 1, &cs->g_decode[v], err)))
                 return st;
             CUDA_CHECK(cudaGraphLaunch(cs->g_decode[v], cs->stream));
         } else {
@@ -2818,22 +2853,32 @@ static qwenrt_status top_run(const float *row, int32_t V, float temperature, int
     return QWENRT_OK;
 }
 
+/* cuda_session_top's scratch and result blocks, each piece once (even when an earlier try
+ * failed half way). */
+static qwenrt_status top_ready(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (cs->d_top)
+        return QWENRT_OK;
+    if (!cs->topk_keys)
+        CUDA_CHECK(topk_prepare(&cs->topk_keys));
+    if (!cs->d_topk)
+        CUDA_CHECK(topk_alloc_scratch(&cs->d_topk));
+    if (!cs->h_top)
+        CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
                                           const int32_t *gather, int32_t n_gather, int32_t *ids,
                                           float *vals, float *gather_vals, struct qwenrt_error *err)
 {
     if (!cs->last_row)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
-    if (!cs->d_top) { /* each piece once, even when an earlier try failed half way */
-        if (!cs->topk_keys)
-            CUDA_CHECK(topk_prepare(&cs->topk_keys));
-        if (!cs->d_topk)
-            CUDA_CHECK(topk_alloc_scratch(&cs->d_topk));
-        if (!cs->h_top)
-            CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
-        CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
-    }
-    qwenrt_status st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err);
+    qwenrt_status st = top_ready(cs, err);
+    if (st)
+        return st;
+    st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err);
     if (st)
         return st;
     if (m == 1 && n_gather == 0 && temperature == 1.0f && cs->mk_top_ready) {
@@ -2913,14 +2958,14 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
             i += chunk - 1;
         } else if (cs->opt.graph && k > 1 && every - (i - done) >= k && n - i >= k) {
             int v = cs->cl_variant = attn_variant(cs, pos0 + i, k);
-            if (!cs->g_gen_k[v] && (st = capture(cs, true, k, &cs->g_gen_k[v], err)))
+            if (!cs->g_gen_k[v] && (st = capture(cs, GEN_ARGMAX, k, &cs->g_gen_k[v], err)))
                 return st;
             CUDA_CHECK(cudaGraphLaunch(cs->g_gen_k[v], cs->stream)); /* k steps up to the read-back */
             cs->gen_launches++;
             i += k - 1;
         } else if (cs->opt.graph) {
             int v = cs->cl_variant = attn_variant(cs, pos0 + i, 1);
-            if (!cs->g_gen[v] && (st = capture(cs, true, 1, &cs->g_gen[v], err)))
+            if (!cs->g_gen[v] && (st = capture(cs, GEN_ARGMAX, 1, &cs->g_gen[v], err)))
                 return st;
             CUDA_CHECK(cudaGraphLaunch(cs->g_gen[v], cs->stream));
             cs->gen_launches++;
@@ -2947,6 +2992,91 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
                                    cs->stream));
         CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     }
+    return QWENRT_OK;
+}
+
+/* The sampled loop's graphs rank by one temperature and candidate count: other values drop
+ * them (captured again on first use). */
+static qwenrt_status sample_graphs_for(struct cuda_session *cs, const struct cuda_sample_params *sp,
+                                       struct qwenrt_error *err)
+{
+    if (!cs->d_sp) {
+        if (!cs->h_sp)
+            CUDA_CHECK(cudaMallocHost(&cs->h_sp, sizeof(*cs->h_sp)));
+        CUDA_CHECK(cudaMalloc(&cs->d_sp, sizeof(*cs->d_sp)));
+    }
+    if (cs->samp_t == sp->temperature && cs->samp_m == sp->top_k)
+        return QWENRT_OK;
+    for (int v = 0; v < 2; v++) {
+        if (cs->g_samp[v])
+            cudaGraphExecDestroy(cs->g_samp[v]);
+        if (cs->g_samp_k[v])
+            cudaGraphExecDestroy(cs->g_samp_k[v]);
+        cs->g_samp[v] = cs->g_samp_k[v] = NULL;
+    }
+    cs->samp_t = sp->temperature, cs->samp_m = sp->top_k;
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, int32_t id, int32_t pos0, int32_t n,
+                                                       const struct cuda_sample_params *sp, int32_t *out_ids,
+                                                       struct qwenrt_error *err)
+{
+    if (!cuda_sample_params_ok(sp))
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: sampled generation needs temperature > 0, 1 <= top_k < %d, 0 < top_p <= 1, 0 <= min_p <= 1",
+                       CUDA_TOP_MAX_M);
+    if (!out_ids || n < 1 || pos0 < 0 || pos0 + n > cs->n_ctx)
+        return err_set(err, QWENRT_ERR_LIMIT, "cuda: %d steps at position %d exceed the context of %d",
+                       n, pos0, cs->n_ctx);
+    if (!cs->opt.graph || cs->mk)
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda: sampled generation runs in decode graphs (%s)",
+                       cs->mk ? "the megakernel decodes" : "graphs are off");
+    qwenrt_status st = top_ready(cs, err);
+    if (!st)
+        st = top_args(cs->n_vocab, sp->temperature, sp->top_k, NULL, 0, cs->topk_keys, err);
+    if (st || (st = sample_graphs_for(cs, sp, err)) || (st = stage_inputs(cs, &id, 1, pos0, err)))
+        return st;
+    *cs->h_sp = *sp;
+    CUDA_CHECK(cudaMemcpyAsync(cs->d_sp, cs->h_sp, sizeof(*sp), cudaMemcpyHostToDevice, cs->stream));
+    CUDA_CHECK(cudaMemsetAsync(cs->d_step, 0, sizeof(int32_t), cs->stream));
+    const int32_t k = cs->opt.gen_graph_steps > 1 ? cs->opt.gen_graph_steps : 1;
+    for (int32_t i = 0; i < n;) {
+        bool many = k > 1 && n - i >= k;
+        int v = cs->cl_variant = attn_variant(cs, pos0 + i, many ? k : 1);
+        cudaGraphExec_t *g = many ? &cs->g_samp_k[v] : &cs->g_samp[v];
+        if (!*g && (st = capture(cs, GEN_SAMPLE, many ? k : 1, g, err)))
+            return st;
+        CUDA_CHECK(cudaGraphLaunch(*g, cs->stream));
+        cs->gen_launches++;
+        i += many ? k : 1;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(out_ids, cs->d_out, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, cs->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* also: h_sp and h_stage are free again */
+    cs->unsynced = false;
+    cs->last_row = cs->dbufs[cs->plans[PHASE_DECODE].buf_logits];
+    cs->mk_top_ready = false;
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struct qwenrt_error *err)
+{
+    if (restore && !cs->snap_saved)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no saved state to restore");
+    if (!cs->rec_bytes)
+        return QWENRT_OK;
+    if (!cs->snap) {
+        cudaError_t e = cudaMalloc(&cs->snap, cs->rec_bytes);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            cs->snap = NULL;
+            return err_set(err, QWENRT_ERR_NOMEM, "cuda: no device memory for a copy of the recurrent state (%zu bytes)",
+                           cs->rec_bytes);
+        }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(restore ? cs->state : cs->snap, restore ? cs->snap : cs->state, cs->rec_bytes,
+                               cudaMemcpyDeviceToDevice, cs->stream));
+    cs->snap_saved = true;
     return QWENRT_OK;
 }
 

@@ -98,6 +98,27 @@ qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t
     return not_built(err);
 }
 
+qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, int32_t id, int32_t pos0, int32_t n,
+                                            const struct cuda_sample_params *sp, int32_t *out_ids,
+                                            struct qwenrt_error *err)
+{
+    (void)cs, (void)id, (void)pos0, (void)n, (void)sp, (void)out_ids;
+    return not_built(err);
+}
+
+qwenrt_status cuda_sample_host(const int32_t *ids, const float *vals, const struct cuda_sample_params *sp,
+                               int32_t draw, int32_t *id, struct qwenrt_error *err)
+{
+    (void)ids, (void)vals, (void)sp, (void)draw, (void)id;
+    return not_built(err);
+}
+
+qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struct qwenrt_error *err)
+{
+    (void)cs, (void)restore;
+    return not_built(err);
+}
+
 qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err)
