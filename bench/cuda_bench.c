@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -733,10 +733,27 @@ static void gemv_table(const struct model_hparams *hp)
         }
 }
 
+/* --pick: the token's pick alone (cuda_pick_bench) for both vocabularies and several m. */
+static int print_pick(int reps, struct qwenrt_error *err)
+{
+    const int32_t Vs[] = {151936, 248320}, ms[] = {1, 2, 41, 101, 255};
+    printf("| V | m | argmax us | top-m us | top-m + draw us |\n|---:|---:|---:|---:|---:|\n");
+    for (int v = 0; v < 2; v++)
+        for (int k = 0; k < 5; k++) {
+            double a = 0, t = 0, d = 0;
+            if (cuda_pick_bench(Vs[v], ms[k], reps, &a, &t, &d, err)) {
+                fprintf(stderr, "pick: %s\n", err->message);
+                return 1;
+            }
+            printf("| %d | %d | %.2f | %.2f | %.2f |\n", Vs[v], ms[k], a, t, d);
+        }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
-    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
+    int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, pick = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     const char *tg_variant = NULL;
     int smem_warps = -1, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
     int smem_launch = 0; /* --gemv-smem-launch N: when its blocks let the next launch start */
@@ -765,6 +782,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
+        else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -816,6 +834,8 @@ int main(int argc, char **argv)
     struct qwenrt_error err = {0};
     if (launch_floor)
         return print_launch_floor(reps, &err);
+    if (pick)
+        return print_pick(reps, &err);
     char path[512];
     snprintf(path, sizeof(path), "%s", gguf ? gguf : "");
     if (gguf && !arch_given) { /* label the rows with the file, not the default preset */

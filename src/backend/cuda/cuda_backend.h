@@ -441,6 +441,12 @@ qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, int32_t id,
 qwenrt_status cuda_sample_host(const int32_t *ids, const float *vals, const struct cuda_sample_params *sp,
                                int32_t draw, int32_t *id, struct qwenrt_error *err);
 
+/* The token's pick timed over a random row of V logits (us, median of reps; bench/cuda_bench
+ * --pick): the greedy loop's argmax, topk.cu's m best, and those with sample.cu's draw.
+ * Errors: INVALID_ARG (V, m or reps out of range), NOMEM, BACKEND. */
+qwenrt_status cuda_pick_bench(int32_t V, int32_t m, int32_t reps, double *argmax_us, double *topk_us,
+                              double *sample_us, struct qwenrt_error *err);
+
 /* The recurrent state (every DeltaNet layer's conv and state rows) copied to a device backup
  * (save) or back from it (restore: after a save), so that steps decoded past a stop can be
  * undone; the KV cache needs no copy (its rows are indexed by position). Nothing to do for a

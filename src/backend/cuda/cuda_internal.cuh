@@ -623,10 +623,17 @@ int64_t topk_scratch_keys(int32_t V, int32_t m, int32_t max_keys);
  * shared memory is smaller). */
 cudaError_t topk_prepare(int32_t *max_keys);
 cudaError_t topk_alloc_scratch(unsigned long long **scratch);
+/* With draw (not with reference): the last block then draws the next token from the ranked
+ * candidates as sample.cu does (draw->sp in device memory, m = its top_k), writing it where
+ * launch_sample would. */
+struct topk_draw {
+    const struct cuda_sample_params *sp;
+    int32_t *next_id, *pos0, *out_ids, *step;
+};
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
-                        cudaStream_t s);
+                        cudaStream_t s, const struct topk_draw *draw = NULL);
 
 /* sample.cu: one draw over topk.cu's candidates ids / vals (ranked, raw logits) with the
  * sampler parameters at sp (device memory); next_id[0] = the token, and with step non-NULL

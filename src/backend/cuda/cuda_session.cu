@@ -1590,12 +1590,9 @@ static cudaError_t enqueue_pick(struct cuda_session *cs, enum gen_mode mode)
         return step_omitted(cs, "argmax") ? cudaSuccess
                                           : launch_argmax(row, cs->n_vocab, cs->d_ids, cs->d_pos, cs->d_out,
                                                           cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
-    float *vals = (float *)(cs->d_top + CUDA_TOP_MAX_M);
-    cudaError_t e = launch_topk(row, cs->n_vocab, cs->samp_t, cs->samp_m, NULL, 0, cs->d_topk, cs->d_top, vals,
-                                NULL, false, cs->stream);
-    return e != cudaSuccess ? e
-                            : launch_sample(cs->d_top, vals, cs->d_sp, cs->d_ids, cs->d_pos, cs->d_out, cs->d_step,
-                                            cs->stream);
+    struct topk_draw dr = {cs->d_sp, cs->d_ids, cs->d_pos, cs->d_out, cs->d_step}; /* drawn in topk's last block */
+    return launch_topk(row, cs->n_vocab, cs->samp_t, cs->samp_m, NULL, 0, cs->d_topk, cs->d_top,
+                       (float *)(cs->d_top + CUDA_TOP_MAX_M), NULL, false, cs->stream, &dr);
 }
 
 static qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraphExec_t *out,

@@ -119,6 +119,13 @@ qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struc
     return not_built(err);
 }
 
+qwenrt_status cuda_pick_bench(int32_t V, int32_t m, int32_t reps, double *argmax_us, double *topk_us,
+                              double *sample_us, struct qwenrt_error *err)
+{
+    (void)V, (void)m, (void)reps, (void)argmax_us, (void)topk_us, (void)sample_us;
+    return not_built(err);
+}
+
 qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err)

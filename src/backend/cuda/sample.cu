@@ -1,102 +1,19 @@
 /*
- * sample.cu — one draw of the sampler on the GPU, so that a sampled generation (temperature,
- * top-k, top-p, min-p) can run several decode steps per graph with the token kept on the
- * device, as the greedy loop does with its argmax (cuda_session_generate_sampled).
- *
- * Input: topk.cu's m best tokens of the logits row, ranked by (logit / temperature, lower id
- * first), with their raw logits. The kernel repeats sampler.c's arithmetic for a sampler
- * without logit bias or penalties, in the same order and precision: the top k of that rank
- * (sampler_top_k keeps exactly them, in that order), each logit divided by the temperature
- * (IEEE, rounded to nearest), expf of its distance to the best, the sum in double, each
- * probability (float)(p / sum), the top-p prefix by a double running sum, the min-p cut, and
- * the draw u = splitmix64(state + (draw + 1) * golden) against a double running sum. The one
- * difference from the host is expf itself (CUDA's is within 2 ulp, glibc's within 1): a draw
- * can differ only where u lies within a few float ulps of a boundary between two tokens.
- *
- * One warp: the lanes divide and exponentiate, lane 0 runs the sums in the host's order. Like
- * the argmax kernel it writes the token as the next step's input, appends it to the out ids
- * at *step, and advances *step and the position.
+ * sample.cu — one draw of the sampler on the GPU (sample.cuh's arithmetic), so that a
+ * sampled generation (temperature, top-k, top-p, min-p) runs several decode steps per graph
+ * with the token kept on the device, as the greedy loop does with its argmax
+ * (cuda_session_generate_sampled). The decode graphs draw inside topk.cu's last block; the
+ * kernel here is the same draw on its own: what the tests compare with the host sampler
+ * (cuda_sample_host), and the pick's timing (cuda_pick_bench).
  */
-#include "backend/cuda/cuda_internal.cuh"
-
-#define SAMPLE_GOLDEN 0x9e3779b97f4a7c15ull
-
-/* The host sampler's renormalise: each of p[0..n) divided by their double sum. */
-__device__ static void sample_renormalise(float *p, int32_t n)
-{
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        sum += p[i];
-    for (int32_t i = 0; i < n; i++)
-        p[i] = (float)(p[i] / sum);
-}
-
-/* uniform in [0, 1): the host's next_uniform for the state after draw + 1 steps */
-__device__ static double sample_uniform(uint64_t state, int32_t draw)
-{
-    uint64_t z = state + (uint64_t)(draw + 1) * SAMPLE_GOLDEN;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * 0x1.0p-53;
-}
-
-/* Lane 0: top-p, min-p and the draw over p[0..n) (probabilities of the ranked candidates). */
-__device__ static int32_t sample_pick(float *p, int32_t n, const int32_t *ids, const struct cuda_sample_params *sp,
-                                      int32_t draw)
-{
-    if (sp->top_p < 1.0f) {
-        double cum = 0.0;
-        int32_t keep = n;
-        for (int32_t i = 0; i < n; i++)
-            if ((cum += p[i]) >= sp->top_p) {
-                keep = i + 1;
-                break;
-            }
-        sample_renormalise(p, keep);
-        n = keep;
-    }
-    if (sp->min_p > 0.0f) {
-        float cut = sp->min_p * p[0];
-        int32_t keep = 1;
-        while (keep < n && p[keep] >= cut)
-            keep++;
-        sample_renormalise(p, keep);
-        n = keep;
-    }
-    double u = sample_uniform(sp->rng, draw), cum = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        if (u < (cum += p[i]))
-            return ids[i];
-    return ids[n - 1];
-}
+#include "backend/cuda/sample.cuh"
 
 __global__ void __launch_bounds__(32) sample_kernel(const int32_t *ids, const float *vals,
                                                     const struct cuda_sample_params *sp, int32_t *next_id,
                                                     int32_t *pos0, int32_t *out_ids, int32_t *step)
 {
     __shared__ float p[CUDA_TOP_MAX_M];
-    const float t = sp->temperature;
-    const int32_t k = sp->top_k;
-    const float mx = __fdiv_rn(vals[0], t); /* the best candidate's scaled logit */
-    for (int32_t i = threadIdx.x; i < k; i += 32)
-        p[i] = expf(__fdiv_rn(vals[i], t) - mx);
-    __syncwarp();
-    if (threadIdx.x)
-        return;
-    double sum = 0.0;
-    for (int32_t i = 0; i < k; i++)
-        sum += p[i];
-    for (int32_t i = 0; i < k; i++)
-        p[i] = (float)(p[i] / sum);
-    int32_t draw = step ? *step : 0;
-    int32_t id = sample_pick(p, k, ids, sp, draw);
-    next_id[0] = id;
-    if (step) {
-        out_ids[draw] = id;
-        (*step)++;
-        (*pos0)++;
-    }
+    sample_draw_warp(ids, vals, sp, next_id, pos0, out_ids, step, p);
 }
 
 cudaError_t launch_sample(const int32_t *ids, const float *vals, const struct cuda_sample_params *sp,
@@ -151,4 +68,119 @@ extern "C" qwenrt_status cuda_sample_host(const int32_t *ids, const float *vals,
     if (e != cudaSuccess)
         return cuda_fail(err, e, __FILE__, __LINE__, "cuda_sample_host");
     return QWENRT_OK;
+}
+
+/* Times (us per token, graphs of 50 back to back, median of reps) the greedy pick (the argmax
+ * over 128 blocks, as the decode loop's) and the sampled one (topk.cu's m best, then the draw)
+ * over a random row of V logits. */
+extern "C" qwenrt_status cuda_pick_bench(int32_t V, int32_t m, int32_t reps, double *argmax_us, double *topk_us,
+                                         double *sample_us, struct qwenrt_error *err)
+{
+    const int32_t per_graph = 50;
+    int32_t max_keys = 0;
+    CUDA_CHECK(topk_prepare(&max_keys));
+    if (topk_scratch_keys(V, m, max_keys) < 0 || m >= CUDA_TOP_MAX_M || reps < 1 || reps > 64)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_pick_bench: V %d, m %d, reps %d", V, m, reps);
+    float *h = (float *)malloc((size_t)V * sizeof(float));
+    if (!h)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda_pick_bench: out of memory");
+    uint32_t seed = 12345;
+    for (int32_t i = 0; i < V; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        h[i] = (float)(seed >> 8) / (float)(1u << 24) * 30.0f - 15.0f;
+    }
+    float *row = NULL;
+    int32_t *words = NULL;
+    unsigned long long *keys = NULL;
+    struct cuda_sample_params sp = {0.8f, 0.95f, 0.05f, m, 7}, *d_sp = NULL;
+    struct argmax_scratch am = {NULL, NULL, 128};
+    cudaStream_t s = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    qwenrt_status st = QWENRT_OK;
+    cudaError_t e = cudaMalloc(&row, (size_t)V * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&words, (size_t)(2 * CUDA_TOP_MAX_M + 8 + per_graph) * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = topk_alloc_scratch(&keys);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_sp, sizeof(*d_sp));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&am.part, 128 * sizeof(int2));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&am.count, sizeof(unsigned));
+    if (e == cudaSuccess)
+        e = cudaMemset(am.count, 0, sizeof(unsigned));
+    if (e == cudaSuccess)
+        e = cudaMemcpy(row, h, (size_t)V * sizeof(float), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(d_sp, &sp, sizeof(sp), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e1);
+    int32_t *ids = words, *next = words + 2 * CUDA_TOP_MAX_M, *pos = next + 1, *step = next + 2, *out = next + 8;
+    float *vals = (float *)(words + CUDA_TOP_MAX_M);
+    double *res[3] = {argmax_us, topk_us, sample_us};
+    for (int kind = 0; kind < 3 && e == cudaSuccess; kind++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        for (int32_t i = 0; i < per_graph && e == cudaSuccess; i++) {
+            struct topk_draw dr = {d_sp, next, pos, out, NULL};
+            if (kind == 0)
+                e = launch_argmax(row, V, next, NULL, NULL, NULL, s, false, &am);
+            else /* the sampled decode loop's form: the draw in topk's last block */
+                e = launch_topk(row, V, sp.temperature, m, NULL, 0, keys, ids, vals, NULL, false, s,
+                                kind == 2 ? &dr : NULL);
+        }
+        cudaError_t ec = cudaStreamEndCapture(s, &g);
+        e = e != cudaSuccess ? e : ec;
+        if (e == cudaSuccess)
+            e = cudaGraphInstantiate(&ge, g, 0);
+        double t[64];
+        for (int32_t r = -1; r < reps && e == cudaSuccess; r++) {
+            float ms = 0.0f;
+            e = cudaEventRecord(e0, s);
+            if (e == cudaSuccess)
+                e = cudaGraphLaunch(ge, s);
+            if (e == cudaSuccess)
+                e = cudaEventRecord(e1, s);
+            if (e == cudaSuccess)
+                e = cudaEventSynchronize(e1);
+            if (e == cudaSuccess)
+                e = cudaEventElapsedTime(&ms, e0, e1);
+            if (r >= 0)
+                t[r] = ms * 1e3 / per_graph;
+        }
+        for (int32_t i = 1; i < reps; i++) /* median */
+            for (int32_t j = i; j > 0 && t[j] < t[j - 1]; j--) {
+                double x = t[j];
+                t[j] = t[j - 1], t[j - 1] = x;
+            }
+        if (e == cudaSuccess)
+            *res[kind] = t[reps / 2];
+        if (ge)
+            cudaGraphExecDestroy(ge);
+        if (g)
+            cudaGraphDestroy(g);
+    }
+    if (e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "cuda_pick_bench");
+    (void)step;
+    free(h);
+    cudaFree(row);
+    cudaFree(words);
+    cudaFree(keys);
+    cudaFree(d_sp);
+    cudaFree(am.part);
+    cudaFree(am.count);
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (s)
+        cudaStreamDestroy(s);
+    return st;
 }

@@ -19,10 +19,11 @@
  * given ids (the tokens the sampler's logit bias and penalties touch). m = 1 (greedy) takes a
  * maximum instead of the select. Until session 10 each block bitonic-sorted its whole slice
  * and a second launch sorted the nb x m keys: 66 + 6 us for greedy, 66 + 27 us for top-41
- * (ncu, H200). A reference kernel beside it (topk_ref_kernel: one thread, m passes over the
+ * (ncu, H200). With a draw (struct topk_draw, the sampled decode loop) the last block's first
+ * warp then draws the token from the ranked candidates (sample.cuh). A reference kernel beside it (topk_ref_kernel: one thread, m passes over the
  * row) is what test_cuda_backend compares against.
  */
-#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/sample.cuh"
 
 #define TOPK_SLICE 4096 /* logits per block */
 #define TOPK_THREADS 512
@@ -154,7 +155,7 @@ __device__ void topk_block_select(const unsigned long long *s, int32_t n, int32_
 __global__ void __launch_bounds__(TOPK_THREADS)
 topk_kernel(const float *logits, int32_t V, float temperature, int32_t m, unsigned long long *scratch,
             unsigned *arrivals, const int32_t *gather, int32_t n_gather, int32_t *out_ids,
-            float *out_vals, float *gather_vals)
+            float *out_vals, float *gather_vals, struct topk_draw dr)
 {
     extern __shared__ unsigned long long tk_keys[]; /* max(TOPK_SLICE, gridDim.x * m) */
     __shared__ struct topk_sel st;
@@ -201,6 +202,11 @@ topk_kernel(const float *logits, int32_t V, float temperature, int32_t m, unsign
     }
     if (threadIdx.x == 0)
         *arrivals = 0; /* ready for the next launch */
+    if (!dr.sp)
+        return;
+    __syncthreads(); /* the ranked candidates are written (and best is free) */
+    if (threadIdx.x < 32)
+        sample_draw_warp(out_ids, out_vals, dr.sp, dr.next_id, dr.pos0, dr.out_ids, dr.step, (float *)best);
 }
 
 /* The reference: one thread, m passes, each taking the largest key below the previous one. */
@@ -274,8 +280,10 @@ cudaError_t topk_alloc_scratch(unsigned long long **scratch)
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
-                        cudaStream_t s)
+                        cudaStream_t s, const struct topk_draw *draw)
 {
+    if (draw && reference)
+        return cudaErrorInvalidValue; /* the reference kernel only ranks */
     if (reference) {
         topk_ref_kernel<<<1, 1, 0, s>>>(logits, V, temperature, m, gather, n_gather, out_ids, out_vals,
                                         gather_vals);
@@ -285,6 +293,7 @@ cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32
     size_t smem = (size_t)(n_keys > TOPK_SLICE ? n_keys : TOPK_SLICE) * sizeof(unsigned long long);
     topk_kernel<<<nb, TOPK_THREADS, smem, s>>>(logits, V, temperature, m, scratch,
                                                (unsigned *)(scratch + TOPK_MAX_MERGE), gather, n_gather,
-                                               out_ids, out_vals, gather_vals);
+                                               out_ids, out_vals, gather_vals,
+                                               draw ? *draw : topk_draw{NULL, NULL, NULL, NULL, NULL});
     return cudaGetLastError();
 }
