@@ -119,23 +119,32 @@ struct att_rope_regs {
     float cs[EPL], sn[EPL], wq[EPL], wk[EPL];
 };
 
+/* The angles one per thread into r_cs / r_sn (n_rot / 2 of them, as the shared prologue
+ * computes them), a block barrier, then each lane's EPL into registers: all before the wait. */
 template <int EPL>
-__device__ __forceinline__ void attention_rope_regs_before(const struct attn_args &a, int pos, att_rope_regs<EPL> &t)
+__device__ __forceinline__ void attention_rope_regs_before(const struct attn_args &a, int pos, float *r_cs,
+                                                           float *r_sn, att_rope_regs<EPL> &t)
 {
     const int lane = threadIdx.x & 31, half = a.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double inv_freq = a.inv_freq ? a.inv_freq[i] : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
+        double ang = (double)pos * inv_freq;
+        ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
+        sincosf((float)ang, &r_sn[i], &r_cs[i]);
+    }
 #pragma unroll
     for (int e = 0; e < EPL; e++) {
         int d = lane * EPL + e;
         t.wq[e] = a.wq[d];
         t.wk[e] = a.wk[d];
-        t.cs[e] = 1.0f, t.sn[e] = 0.0f;
-        if (d < a.n_rot) {
-            int i = d < half ? d : d - half;
-            double inv_freq = a.inv_freq ? a.inv_freq[i] : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
-            double ang = (double)pos * inv_freq;
-            ang -= rint(ang * 0.15915494309189535) * 6.283185307179586;
-            sincosf((float)ang, &t.sn[e], &t.cs[e]);
-        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        int d = lane * EPL + e, i = d < half ? d : d - half;
+        bool rot = d < a.n_rot;
+        t.cs[e] = rot ? r_cs[i] : 1.0f;
+        t.sn[e] = rot ? r_sn[i] : 0.0f;
     }
 }
 

@@ -306,9 +306,11 @@ struct cuda_options {
     int32_t attn_rope_regs; /* decode graph, the attention with RoPE inside (attention_kernel): 1:
                           * every warp normalises and rotates q (and the current row's k) in its
                           * own registers, no shared-memory copies and no block barrier between
-                          * the wait and the rounds; 0 (default): the shared prologue. H200,
-                          * session 31: Qwen3-0.6B BF16 -3.3% at depth 0 (-2.1% with the f16 cache,
-                          * -3.2% at 1,024), Q4_K_M -3.3%, Qwen3.5-0.8B -1.3% */
+                          * the wait and the rounds (the RoPE angles one per thread into shared
+                          * memory before the wait); 0 (default): the shared prologue. H200,
+                          * session 32: Qwen3-0.6B BF16 -0.3% at depth 0 (-0.4% with the f16
+                          * cache), Qwen3.5-0.8B -0.1% (session 31's form, each lane's angles in
+                          * sequence: -3.3% / -2.1% / -1.3%) */
     int32_t mlp_rows;    /* decode graph, 16-bit weights, sm_90: norm + gate|up + SwiGLU + down
                           * + residual in one launch split over the intermediate channels, each
                           * block its channels' partial sums for every output row, added up in

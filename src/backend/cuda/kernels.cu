@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
                                         ATT_ROWS_CACHED, rw2);
     att_rope_regs<EPL> rt; /* RREG: the angles and norm weights, before the wait */
     if constexpr (RREG)
-        attention_rope_regs_before<EPL>(a, pos, rt);
+        attention_rope_regs_before<EPL>(a, pos, r_cs, r_sn, rt);
     if (a.early) /* q, k and v of this token come from the launch before */
         griddep_wait();
     if (TL)
