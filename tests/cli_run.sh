@@ -2,7 +2,8 @@
 # cli_run.sh — `qwenrt run` end to end on a tiny model that carries the real Qwen3 tokenizer
 # (synth --vocab 151936): greedy output is deterministic, the same seed gives the same sampled
 # text and another seed other text, a stop string ends the answer before it, an interactive
-# chat continues across turns and /reset works, --precision is parsed, bad flags are refused.
+# chat continues across turns and /reset works, --precision and --gpu-steps are parsed, bad
+# flags are refused.
 # $1 = the qwenrt binary.
 set -eu
 Q=$1
@@ -69,6 +70,12 @@ grep -q '"precision": "exact"' "$T/cmp.json" || fail "compare record lacks the p
 grep -q '"kl_max": 0' "$T/cmp.json" || fail "a model against itself: $(cat "$T/cmp.json")"
 if "$Q" serve -m "$T/m.gguf" --precision 1 2>"$T/err"; then fail "serve --precision 1 accepted"; fi
 grep -q "precision must be default or exact, got '1'" "$T/err" || fail "serve precision error: $(cat "$T/err")"
+
+# --gpu-steps: tokens per GPU submission (on the CPU the text is the same whatever the value)
+g=$("$Q" run -m "$T/m.gguf" -p "Hi" -n 24 --temp 1.0 --seed 5 --no-stats --gpu-steps 1)
+[ "$g" = "$s1" ] || fail "--gpu-steps 1 changed the CPU's sampled text: '$g' vs '$s1'"
+if "$Q" run -m "$T/m.gguf" -p x --gpu-steps 65 2>"$T/err"; then fail "--gpu-steps 65 accepted"; fi
+grep -q -- "--gpu-steps expects an integer in \[1, 64\], got '65'" "$T/err" || fail "gpu-steps error: $(cat "$T/err")"
 
 # refused input
 if "$Q" run -m "$T/m.gguf" -p x --temp abc 2>/dev/null; then fail "--temp abc accepted"; fi

@@ -43,7 +43,9 @@ static int usage(void)
             "                  [--presence-penalty X] [--seed S] [--stop TEXT]... [--think|--no-think]\n"
             "                  [--threads N] [--ctx-size N] [--backend cpu|cuda]\n"
             "                  [--precision default|exact] [--kv-type default|f32|f16]\n"
-            "                  [--profile ID|FILE] [--no-stats]\n");
+            "                  [--profile ID|FILE] [--gpu-steps N] [--no-stats]\n"
+            "  --gpu-steps N: tokens drawn per GPU submission where the sampler allows (no penalties\n"
+            "                 or bias, top-k below 256): default 16; 1 = token by token\n");
     return 2;
 }
 
@@ -90,6 +92,12 @@ static int parse_sampling(struct run_opts *o, int argc, char **argv, int *i)
         if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
             return -1;
         o->tp.max_tokens = (int32_t)n;
+        return 1;
+    }
+    if (!strcmp(a, "--gpu-steps")) {
+        if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, TEXTGEN_GPU_STEPS_MAX, &n))
+            return -1;
+        o->tp.gpu_steps = (int32_t)n;
         return 1;
     }
     if (!strcmp(a, "--stop")) {

@@ -20,6 +20,7 @@
 #include "base/alloc.h"
 #include "base/error.h"
 #include "base/timer.h"
+#include "runtime/session.h"
 #include "server/prompt_cache.h"
 
 #define SCHED_GONE_MAX 64 /* cancelled queued jobs dropped per iteration */
@@ -39,6 +40,8 @@ struct slot {
     bool text_open;
     int32_t *next_ids; /* [n_next] SLOT_NEXT: the next turn's prefix being prefilled */
     int32_t n_next;
+    int32_t pending;   /* a token drawn on the GPU and taken, not yet fed (-1: none) */
+    bool no_gpu_steps; /* session_generate refused this job's sampler or session */
 };
 
 struct sched {
@@ -190,6 +193,7 @@ static bool prepare_next_turn(struct sched *s, struct slot *sl, struct job *j);
 
 static void slot_free_job(struct sched *s, struct slot *sl, enum job_finish how, const char *msg)
 {
+    sl->pending = -1; /* taken, never fed: neither the session nor toks holds it */
     if (sl->text_open) {
         if (how == JOB_EOS || how == JOB_LENGTH)
             textgen_text_finish(&sl->text, job_emit, sl->job);
@@ -390,6 +394,8 @@ static qwenrt_status slot_start(struct sched *s, struct slot *sl, struct qwenrt_
     pthread_mutex_unlock(&s->metrics->mu);
     metrics_observe(s->metrics, &s->metrics->queue_s, j->t_slot - j->t_arrival);
     sl->phase = SLOT_PREFILL;
+    sl->pending = -1;
+    sl->no_gpu_steps = false;
     return QWENRT_OK;
 }
 
@@ -493,17 +499,12 @@ static bool job_add_logprob(struct job *j, const float *logits, int32_t V, int32
     return job_push_logprob(j, &e);
 }
 
-/* Samples one token and emits its text. Returns true when generation goes on: the token must
- * then be fed to the session (*id), which the loop does for all such slots in one batch. */
-static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
+/* Takes a drawn token into the slot's job: counted, the end of the turn, its logprobs, its
+ * text out. Returns true when generation goes on; otherwise *how says why it ended (with the
+ * message in err for JOB_ERROR) and the caller ends the job. */
+static bool slot_take(struct sched *s, struct slot *sl, int32_t id, enum job_finish *how, struct qwenrt_error *err)
 {
     struct job *j = sl->job;
-    struct qwenrt_error err = {0};
-    int32_t id;
-    if (qwenrt_session_sample(sl->sess, sl->smp, &id, &err)) {
-        slot_free_job(s, sl, JOB_ERROR, err.message);
-        return false;
-    }
     pthread_mutex_lock(&j->mu);
     int32_t n_gen = ++j->n_gen;
     bool first = !j->t_first;
@@ -513,32 +514,108 @@ static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
     if (first)
         metrics_observe(s->metrics, &s->metrics->ttft_s, j->t_first - j->t_arrival);
     if (tokenizer_is_eos(s->tok, id)) {
-        slot_free_job(s, sl, JOB_EOS, NULL);
+        *how = JOB_EOS;
         return false;
     }
     qwenrt_sampler_accept(sl->smp, id);
     const float *logits = j->logprobs ? qwenrt_session_logits(sl->sess) : NULL;
     if (j->logprobs && (!logits || !job_add_logprob(j, logits, s->n_vocab, id))) {
-        slot_free_job(s, sl, JOB_ERROR, logits ? "out of memory for logprobs" : "logprobs: the logits could not be read");
+        *how = JOB_ERROR;
+        err_set(err, QWENRT_ERR_NOMEM, "%s", logits ? "out of memory for logprobs" : "logprobs: the logits could not be read");
         return false;
     }
     bool stopped = false, cancelled = false;
     size_t len;
     /* ids past the tokenizer's vocabulary (the model's padding rows) have no text */
     bool has_text = tokenizer_token_bytes(s->tok, id, &len) || tokenizer_is_special(s->tok, id);
-    if (has_text && textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, &err)) {
-        slot_free_job(s, sl, JOB_ERROR, err.message);
+    if (has_text && textgen_text_push(&sl->text, id, job_emit, j, &stopped, &cancelled, err)) {
+        *how = JOB_ERROR;
         return false;
     }
     if (stopped || cancelled) {
-        slot_free_job(s, sl, stopped ? JOB_STOP : JOB_CANCELLED, NULL);
+        *how = stopped ? JOB_STOP : JOB_CANCELLED;
         return false;
     }
     if (n_gen >= j->tp.max_tokens || sl->n_toks + 1 >= s->p.n_ctx) {
-        slot_free_job(s, sl, JOB_LENGTH, NULL);
+        *how = JOB_LENGTH;
+        return false;
+    }
+    return true;
+}
+
+/* Samples one token and emits its text (a token drawn ahead on the GPU, sl->pending, instead
+ * when there is one). Returns true when generation goes on: the token must then be fed to the
+ * session (*id), which the loop does for all such slots in one batch. */
+static bool slot_sample(struct sched *s, struct slot *sl, int32_t *out_id)
+{
+    struct qwenrt_error err = {0};
+    int32_t id = sl->pending;
+    if (id >= 0) { /* already taken by slot_gpu_steps */
+        sl->pending = -1;
+        *out_id = id;
+        return true;
+    }
+    if (qwenrt_session_sample(sl->sess, sl->smp, &id, &err)) {
+        slot_free_job(s, sl, JOB_ERROR, err.message);
+        return false;
+    }
+    enum job_finish how;
+    if (!slot_take(s, sl, id, &how, &err)) {
+        slot_free_job(s, sl, how, how == JOB_ERROR ? err.message : NULL);
         return false;
     }
     *out_id = id;
+    return true;
+}
+
+/* The one generating slot, with the server otherwise idle (no other job, none queued): feeds
+ * id and draws the next tokens on the GPU, up to SCHED_GPU_STEPS per call (session_generate:
+ * no host round trip between them), taking each; steps past the token the job ended on are
+ * undone (session_generate_keep) before the job ends, so the session, its token list and the
+ * prompt cache agree. The last token drawn, when the job goes on, waits in sl->pending for the
+ * next step. Returns false where it cannot (no CUDA session, a sampler the GPU cannot run,
+ * logprobs asked, too few tokens left): the caller feeds id as usual. */
+static bool slot_gpu_steps(struct sched *s, struct slot *sl, int32_t id)
+{
+    struct job *j = sl->job;
+    pthread_mutex_lock(&j->mu);
+    int32_t left = j->tp.max_tokens - j->n_gen;
+    pthread_mutex_unlock(&j->mu);
+    int32_t n = s->p.n_ctx - sl->n_toks - 1;
+    n = n < left ? n : left;
+    n = n < SCHED_GPU_STEPS ? n : SCHED_GPU_STEPS;
+    if (sl->no_gpu_steps || j->logprobs || n < 2)
+        return false;
+    struct qwenrt_error err = {0};
+    int32_t out[SCHED_GPU_STEPS];
+    qwenrt_status st = session_generate(sl->sess, sl->smp, id, n, out, &err);
+    if (st == QWENRT_ERR_UNSUPPORTED) {
+        sl->no_gpu_steps = true; /* this slot's session or sampler: not for this job */
+        return false;
+    }
+    if (st) {
+        qwenrt_session_reset(sl->sess); /* its state is unknown now */
+        sl->n_toks = 0;
+        slot_free_job(s, sl, JOB_ERROR, err.message);
+        return true;
+    }
+    sl->toks[sl->n_toks++] = id;
+    for (int32_t i = 0; i < n; i++) {
+        enum job_finish how;
+        if (!slot_take(s, sl, out[i], &how, &err)) {
+            struct qwenrt_error e2 = {0};
+            if (session_generate_keep(sl->sess, sl->smp, id, out, n, i + 1, &e2)) {
+                qwenrt_session_reset(sl->sess);
+                sl->n_toks = 0;
+                how = JOB_ERROR, err = e2;
+            }
+            slot_free_job(s, sl, how, how == JOB_ERROR ? err.message : NULL);
+            return true;
+        }
+        if (i + 1 < n)
+            sl->toks[sl->n_toks++] = out[i]; /* decoded by step i + 1 */
+    }
+    sl->pending = out[n - 1];
     return true;
 }
 
@@ -737,7 +814,14 @@ static void *sched_main(void *arg)
                 slot_next_step(s, sl);
             }
         }
-        decode_all(s, gen, ids, n_gen);
+        /* alone on the server: several tokens per GPU submission where the slot allows */
+        pthread_mutex_lock(&s->mu);
+        bool solo = n_gen == 1 && !s->q_len;
+        for (int i = 0; solo && i < s->p.n_parallel; i++)
+            solo = &s->slots[i] == gen[0] || (!s->slots[i].job && s->slots[i].phase != SLOT_NEXT);
+        pthread_mutex_unlock(&s->mu);
+        if (!(solo && slot_gpu_steps(s, gen[0], ids[0])))
+            decode_all(s, gen, ids, n_gen);
         pthread_mutex_lock(&s->mu);
         publish_gauges(s);
         pthread_mutex_unlock(&s->mu);
@@ -796,6 +880,7 @@ qwenrt_status sched_init(struct qwenrt_model *model, const struct tokenizer *tok
     sp.kv_type = p->kv_type;
     sp.n_threads = p->n_threads;
     for (int i = 0; i < p->n_parallel; i++) {
+        s->slots[i].pending = -1;
         if ((st = qwenrt_session_init(model, &sp, &s->slots[i].sess, err)))
             goto out_free;
         if (!(s->slots[i].toks = xmalloc((size_t)p->n_ctx, sizeof(int32_t)))) {

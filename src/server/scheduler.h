@@ -6,7 +6,10 @@
  * active slot one step (a prefill chunk of at most SCHED_PREFILL_CHUNK tokens, or one
  * decoded token), so a long prompt cannot stall the other streams. The generating slots'
  * tokens of one iteration are decoded together in one batched step (qwenrt_batch_decode:
- * each weight read once for all of them), one by one where that is not possible (CUDA).
+ * each weight read once for all of them), one by one where that is not possible (CUDA). A
+ * request alone on a CUDA server (no other job running or queued, no logprobs, a sampler the
+ * GPU can draw for) gets SCHED_GPU_STEPS tokens per iteration, drawn on the GPU between the
+ * decode steps (session_generate); the steps past the token it ends on are undone.
  *
  * A job is shared by the HTTP thread that submitted it and the scheduler (reference count 2
  * while queued or running). The scheduler appends text to job->out under job->mu and signals
@@ -38,6 +41,8 @@
 #include "tools/textgen.h"
 
 #define SCHED_MAX_SLOTS 256     /* --parallel at most */
+#define SCHED_GPU_STEPS 16      /* tokens per GPU submission for a request alone on a CUDA
+                                   server (session_generate; textgen.c's TEXTGEN_GPU_STEPS) */
 #define SCHED_PREFILL_CHUNK 256 /* prompt tokens per scheduler iteration and slot */
 #define SCHED_ECHO_CHUNK 16     /* ... when every position's logits are kept (echo + logprobs:
                                  * 16 x 151,936 floats, 9.7 MB) */

@@ -114,10 +114,6 @@ static bool take_token(struct textgen_loop *L, struct qwenrt_sampler *smp, int32
     return false;
 }
 
-/* Tokens drawn per session_generate call: that many steps on the GPU without the host, their
- * text out at once (~9 ms of Qwen3-0.6B tokens on an H200). */
-#define TEXTGEN_GPU_STEPS 16
-
 /* After token id (taken, generation goes on, `left` more tokens allowed): decodes it and
  * draws the next ones on the GPU where the session and sampler allow (*gpu cleared when they
  * do not), taking each; steps past the one generation ended on are undone. Returns true when
@@ -126,7 +122,9 @@ static bool gpu_steps(struct textgen_loop *L, struct qwenrt_session *s, struct q
                       int32_t left, bool *gpu, int32_t *last, struct textgen_result *res, qwenrt_status *st,
                       struct qwenrt_error *err)
 {
-    int32_t out[TEXTGEN_GPU_STEPS], n = left < TEXTGEN_GPU_STEPS ? left : TEXTGEN_GPU_STEPS;
+    int32_t steps = L->p->gpu_steps > 0 ? L->p->gpu_steps : TEXTGEN_GPU_STEPS;
+    steps = steps < TEXTGEN_GPU_STEPS_MAX ? steps : TEXTGEN_GPU_STEPS_MAX;
+    int32_t out[TEXTGEN_GPU_STEPS_MAX], n = left < steps ? left : steps;
     int32_t room = s->state.n_ctx - s->n_past; /* near the end: token by token, as far as it goes */
     struct qwenrt_error e2 = {0};
     qwenrt_status r = n <= room ? session_generate(s, smp, id, n, out, &e2) : QWENRT_ERR_UNSUPPORTED;
@@ -170,7 +168,7 @@ qwenrt_status textgen_run(struct qwenrt_session *s, struct qwenrt_sampler *smp,
     if (qwenrt_session_n_past(s) < 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "generate: the session holds no tokens");
     struct textgen_loop L = {.tok = tok, .p = p, .emit = emit, .user = user};
-    bool gpu = true, done = false;
+    bool gpu = p->gpu_steps != 1, done = false;
     tokenizer_stream_init(&L.ts, tok, p->skip_special);
     t0 = time_now_s();
     int32_t id = -1;

@@ -25,7 +25,13 @@ struct textgen_params {
     int32_t max_tokens;                 /* generated tokens at most */
     const char *stop[TEXTGEN_MAX_STOP]; /* stop strings (NULL-terminated when fewer) */
     bool skip_special;                  /* do not emit control tokens' text */
+    int32_t gpu_steps;                  /* tokens drawn per submission on a CUDA session whose
+                                           sampler the GPU can run: 0 = TEXTGEN_GPU_STEPS,
+                                           1 = token by token (each token's text as it comes) */
 };
+
+#define TEXTGEN_GPU_STEPS 16 /* ~9 ms of Qwen3-0.6B tokens on an H200 per submission */
+#define TEXTGEN_GPU_STEPS_MAX 64
 
 /* Receives text as it is produced; returns false to stop (finish = CANCEL). */
 typedef bool (*textgen_emit_fn)(void *user, const char *text, size_t len);
