@@ -55,9 +55,17 @@ def ask(**extra):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())["choices"][0]["message"]["content"]
-steps, per_token = ask(), ask(logprobs=True)
+def gpu_step_tokens():
+    m = urllib.request.urlopen(url.replace("/v1/chat/completions", "/metrics"), timeout=30).read().decode()
+    return int(float([l for l in m.splitlines() if l.startswith("qwenrt_gpu_step_tokens_total")][0].split()[-1]))
+g0 = gpu_step_tokens()
+steps = ask()
+g1 = gpu_step_tokens()
+per_token = ask(logprobs=True)
+g2 = gpu_step_tokens()
+print("%s serve: GPU-step tokens %d -> %d (lone request), -> %d (with logprobs)" % ("ok  " if g1 > g0 and g2 == g1 else "FAIL", g0, g1, g2))
 again = ask(stop=[steps[10:13]]) if len(steps) > 13 else None
-ok = steps == per_token and (again is None or steps.startswith(again))
+ok = steps == per_token and (again is None or steps.startswith(again)) and g1 > g0 and g2 == g1
 print("%s serve: 16 per submission %r, token by token %r, stop -> %r" % ("ok  " if ok else "FAIL", steps[:40], per_token[:40], again and again[:40]))
 sys.exit(0 if ok else 1)
 PY

@@ -418,5 +418,7 @@ done
 http GET /metrics "" "$T/m" >/dev/null
 grep -q '^qwenrt_prompt_tokens_cached_total [1-9]' "$T/m" || fail "cached tokens not in metrics"
 grep -q '^qwenrt_prompt_cache_hits_total [1-9]' "$T/m" || fail "cache hits not in metrics"
+# several tokens per GPU submission happen only on a CUDA server: none here
+grep -q '^qwenrt_gpu_step_tokens_total 0$' "$T/m" || fail "GPU-step tokens on a CPU server: $(grep gpu_step "$T/m")"
 stop_server $S3
 echo "cli_server: ok"

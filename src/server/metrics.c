@@ -131,6 +131,9 @@ char *metrics_render(struct metrics *m, size_t *len)
     counter(&o, "qwenrt_completion_tokens_total", "Generated tokens.", m->completion_tokens);
     counter(&o, "qwenrt_prompt_cache_hits_total", "Requests that reused a cached prefix.",
             m->cache_hits);
+    counter(&o, "qwenrt_gpu_step_tokens_total",
+            "Tokens drawn on the GPU several per submission (a request alone on a CUDA server).",
+            m->gpu_step_tokens);
     counter(&o, "qwenrt_prompt_cache_misses_total", "Requests that found no cached prefix.",
             m->cache_misses);
     counter(&o, "qwenrt_requests_rejected_total", "Requests refused with 429 (queue full).",

@@ -31,6 +31,7 @@ struct metrics {
     uint64_t cached_tokens;            /* of which restored from the prompt cache */
     uint64_t completion_tokens;        /* generated tokens */
     uint64_t cache_hits, cache_misses; /* requests that did / did not reuse a cached prefix */
+    uint64_t gpu_step_tokens;          /* tokens drawn on the GPU several per submission */
     uint64_t rejected;                 /* 429: queue full */
     uint64_t cancelled;                /* requests whose client went away before the end */
     int64_t queue_depth;               /* gauge: waiting for a slot */

@@ -599,6 +599,9 @@ static bool slot_gpu_steps(struct sched *s, struct slot *sl, int32_t id)
         slot_free_job(s, sl, JOB_ERROR, err.message);
         return true;
     }
+    pthread_mutex_lock(&s->metrics->mu);
+    s->metrics->gpu_step_tokens += (uint64_t)n;
+    pthread_mutex_unlock(&s->metrics->mu);
     sl->toks[sl->n_toks++] = id;
     for (int32_t i = 0; i < n; i++) {
         enum job_finish how;
