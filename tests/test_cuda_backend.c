@@ -2793,6 +2793,18 @@ static void test_topk_select(void **st)
     assert_non_null(strstr(err.message, "outside the vocabulary"));
 }
 
+/* Two sessions of m and two samplers of p, to run the same tokens two ways. */
+static void open_twins(struct qwenrt_model *m, const struct qwenrt_sampler_params *p, int32_t n_vocab,
+                       struct qwenrt_session **a, struct qwenrt_session **b, struct qwenrt_sampler **sa,
+                       struct qwenrt_sampler **sb)
+{
+    struct qwenrt_error err = {0};
+    assert_int_equal(qwenrt_session_init(m, NULL, a, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_init(m, NULL, b, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_sampler_init(p, n_vocab, sa, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_sampler_init(p, n_vocab, sb, &err), QWENRT_OK);
+}
+
 /* qwenrt_session_sample on a CUDA session (only the best tokens leave the GPU) picks what the
  * sampler picks from the whole row, step by step, for greedy, qwenrt run's defaults, and a
  * sampler with penalties and a logit bias; a sampler without top-k reads the whole row. The
@@ -2819,10 +2831,7 @@ static void test_session_sample_cuda(void **st)
     for (int k = 0; k < 4; k++) {
         struct qwenrt_session *a = NULL, *b = NULL;
         struct qwenrt_sampler *sa = NULL, *sb = NULL;
-        assert_int_equal(qwenrt_session_init(m, NULL, &a, &err), QWENRT_OK);
-        assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
-        assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sa, &err), QWENRT_OK);
-        assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sb, &err), QWENRT_OK);
+        open_twins(m, &ps[k], info.n_vocab, &a, &b, &sa, &sb);
         int32_t id = -1, top_id[1];
         float top_val[1], *row = malloc((size_t)info.n_vocab * sizeof(float));
         assert_int_equal(qwenrt_session_sample(a, sa, &id, &err), QWENRT_ERR_INVALID_ARG); /* nothing run */
@@ -2960,10 +2969,7 @@ static void test_generate_sampled(void **st)
         for (int k = 0; k < 3; k++) {
             struct qwenrt_session *a = NULL, *b = NULL;
             struct qwenrt_sampler *sa = NULL, *sb = NULL;
-            assert_int_equal(qwenrt_session_init(m, NULL, &a, &err), QWENRT_OK);
-            assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
-            assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sa, &err), QWENRT_OK);
-            assert_int_equal(qwenrt_sampler_init(&ps[k], info.n_vocab, &sb, &err), QWENRT_OK);
+            open_twins(m, &ps[k], info.n_vocab, &a, &b, &sa, &sb);
             assert_int_equal(qwenrt_session_prefill(a, prompt, 6, NULL, &err), QWENRT_OK);
             assert_int_equal(qwenrt_session_prefill(b, prompt, 6, NULL, &err), QWENRT_OK);
             int32_t first, want[48], got[48];
