@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -41,7 +41,9 @@
  *    gemv2 vs gemv_smem, with and without PDL; then the timeline of a chain of gemv_smem
  *    launches from its per-block stamps (when blocks start, when their input wait ends, when
  *    x and the weights are ready, how long the dot products take).
- * 5. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
+ * 5. --batch N,N,...: only the server's batched decode step (qwenrt_batch_decode, then each
+ *    session's greedy qwenrt_session_sample) for n_gen steps, per batch size, then exit.
+ * 6. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
  *    per graph, several grid shapes, without and with PDL), then exit.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
  */
@@ -694,6 +696,84 @@ out:
     return r;
 }
 
+/* --batch N,N,...: the server's continuous batching step — qwenrt_batch_decode over n sessions,
+ * then each session's greedy pick (qwenrt_session_sample) — for n_gen steps from position 0,
+ * median of reps; prints each n's step time and the tokens per second of all n together. */
+static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, int reps)
+{
+    enum { BATCH_MAX = 64 };
+    struct qwenrt_error err = {0};
+    struct qwenrt_session *s[BATCH_MAX] = {NULL};
+    struct qwenrt_sampler *smp[BATCH_MAX] = {NULL};
+    struct qwenrt_batch *b = NULL;
+    struct qwenrt_session_params ps = qwenrt_session_default_params();
+    struct qwenrt_sampler_params sp = qwenrt_sampler_default_params();
+    sp.temperature = 0;
+    ps.n_ctx = n_gen + 2;
+    int rc = 1, nmax = 0;
+    for (const char *c = list; *c; c++) {
+        int n = atoi(c);
+        nmax = n > nmax ? n : nmax;
+        while (*c && *c != ',')
+            c++;
+        if (!*c)
+            break;
+    }
+    if (nmax < 1 || nmax > BATCH_MAX) {
+        fprintf(stderr, "--batch %s: expected sizes of 1 to %d\n", list, BATCH_MAX);
+        return 2;
+    }
+    if (qwenrt_batch_init(m, nmax, &b, &err))
+        goto out;
+    for (int r = 0; r < nmax; r++)
+        if (qwenrt_session_init(m, &ps, &s[r], &err) || qwenrt_sampler_init(&sp, m->hp.n_vocab, &smp[r], &err))
+            goto out;
+    printf("| sessions | step ms | in qwenrt_batch_decode ms | tok/s (all sessions) | per session |\n"
+           "|---:|---:|---:|---:|---:|\n");
+    for (const char *c = list; *c;) {
+        int n = atoi(c);
+        double times[64], submit[64];
+        int nr = reps < 64 ? reps : 64;
+        for (int rep = -1; rep < nr; rep++) {
+            int32_t ids[BATCH_MAX];
+            for (int r = 0; r < n; r++) {
+                qwenrt_session_reset(s[r]);
+                ids[r] = 100 + 7 * r;
+            }
+            double t0 = time_now_s(), sub = 0;
+            for (int32_t i = 0; i < n_gen; i++) {
+                double ts = time_now_s();
+                if (qwenrt_batch_decode(b, s, ids, n, &err))
+                    goto out;
+                sub += time_now_s() - ts;
+                for (int r = 0; r < n; r++)
+                    if (qwenrt_session_sample(s[r], smp[r], &ids[r], &err))
+                        goto out;
+            }
+            if (rep >= 0)
+                times[rep] = time_now_s() - t0, submit[rep] = sub;
+        }
+        double t = median(times, nr);
+        printf("| %d | %.3f | %.3f | %.1f | %.1f |\n", n, 1e3 * t / n_gen, 1e3 * median(submit, nr) / n_gen,
+               n * n_gen / t, n_gen / t);
+        fflush(stdout);
+        while (*c && *c != ',')
+            c++;
+        if (*c)
+            c++;
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "batch: %s\n", err.message);
+    for (int r = 0; r < nmax; r++) {
+        qwenrt_sampler_free(smp[r]);
+        qwenrt_session_free(s[r]);
+    }
+    qwenrt_batch_free(b);
+    return rc;
+}
+
 static void gemv_table(const struct model_hparams *hp)
 {
     int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
@@ -760,6 +840,7 @@ int main(int argc, char **argv)
     int gemv_mma = -1;   /* --gemv-mma 0|1: the tensor cores for gemv_smem's sums (-1: the default) */
     int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
     int timeline = 0;
+    const char *batch = NULL; /* --batch N,N,...: the batched decode step (print_batch) */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
@@ -783,6 +864,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -790,7 +872,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -873,6 +955,8 @@ int main(int argc, char **argv)
         gemv_table(&m->hp);
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
+    if (batch)
+        return print_batch(m, batch, n_gen, reps);
     if (timeline)
         return decode_timeline(m, &sw, depth, reps, kv_f16);
     if (sweep)

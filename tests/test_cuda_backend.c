@@ -355,7 +355,8 @@ static void test_op_matmul(void **state)
  *   T = 1, 14: gemv_smem with x staged in shared memory (gemv_smem_xreg 0); quantised rows at
  *   T = 1 with x in 8 bits made in one pass from registers (gemvq_one_pass), 15: in gemvq's
  *   int8 shape (8 warps of 2 rows), 16: in 4-warp blocks of 2 rows, against the CPU's own
- *   quantised products like 12 and 13. */
+ *   quantised products like 12 and 13. 16-bit rows at T > 1 take gemv_batch.cu from variant 2
+ *   on (0 and 1 turn it off). */
 #define GEMV_VARIANTS 17
 #define GEMV_VARIANT_INT8(v) ((v) == 12 || (v) == 13 || (v) == 15 || (v) == 16)
 
@@ -382,6 +383,7 @@ static struct cuda_options gemv_variant_options(int v)
 {
     struct cuda_options o = cuda_default_options();
     o.gemv_v2 = v > 0, o.gemv_smem = v >= 2, o.gemv_mma = v >= 4;
+    o.gemv_batch = v >= 2; /* 0 and 1 keep the first kernel and gemv2 for T > 1 */
     if (v == 3 || v == 5)
         o.gemv_smem_warps = 16, o.gemv_smem_kb = 160;
     if (v >= 6 && v < 9) { /* gemvq's other block shapes: the same rows, so the same results */
@@ -434,6 +436,8 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
     }
     if (v == 2 && T == 1 && sixteen)
         assert_true(cuda_gemv_smem_takes(dt, N, K));
+    if (v >= 2 && T > 1) /* 16-bit rows in whole 16-byte chunks */
+        assert_int_equal(cuda_gemv_batch_takes(dt, N, K, T), sixteen && K % 8 == 0);
     if (v == 2 && !sixteen)
         assert_false(cuda_gemv_smem_takes(dt, N, K));
 }
@@ -475,6 +479,19 @@ static void run_gemv_variant(enum qr_dtype dt, int32_t K, int32_t N, int32_t T, 
  * matrix is quantised once (a 40,001-row Q6_K matrix takes seconds) and copied into its runs. */
 static void test_op_gemv_sizes(void **state)
 {
+    /* gemv_batch.cu at every T it is built for, 2 or 4 rows per warp (N >= 4096), a last
+     * block of rows cut short, one chunk per row (K = 8) and rows of 17 chunks */
+    static const struct {
+        enum qr_dtype dt;
+        int32_t K, N, T;
+    } bs[] = {{QR_BF16, 1024, 4100, 2}, {QR_F16, 136, 4099, 5}, {QR_BF16, 3072, 77, 6}, {QR_BF16, 8, 3, 7},
+              {QR_F16, 2048, 131, 4}, {QR_BF16, 1024, 33, 8}};
+    for (size_t i = 0; i < sizeof(bs) / sizeof(bs[0]); i++) {
+        size_t nbytes;
+        uint8_t *w = random_weights(bs[i].dt, bs[i].K, bs[i].N, 0.5f, &nbytes);
+        run_gemv_variant(bs[i].dt, bs[i].K, bs[i].N, bs[i].T, 2, w, nbytes);
+        free(w);
+    }
     (void)state;
     static const struct {
         enum qr_dtype dt;
@@ -2567,6 +2584,121 @@ static void test_batch_decode_cuda(void **st)
     check_batch_cuda(fixtures[3], 9);
 }
 
+/* The batched step as a CUDA graph against the same step launched op by op (cuda_options.graph
+ * off): the same kernels in the same order, so the logits must be bit for bit equal — through a
+ * replay, a leader change, a member swapped for another (the graph updated), another batch size,
+ * a session freed and replaced, and both ways of returning the logits (host rows, or each
+ * session's row on the device). */
+static void batch_step_pair(struct cuda_session **ga, struct cuda_session **ea, const int32_t *who, int32_t n,
+                            int32_t *pos, int32_t *next, int32_t V, bool host, const char *what)
+{
+    struct qwenrt_error err = {0};
+    struct cuda_session *g[4], *e[4];
+    int32_t ids[4], ps[4];
+    float *lg = malloc((size_t)n * V * 4), *le = malloc((size_t)n * V * 4);
+    assert_non_null(lg);
+    assert_non_null(le);
+    for (int32_t r = 0; r < n; r++)
+        g[r] = ga[who[r]], e[r] = ea[who[r]], ids[r] = next[who[r]], ps[r] = pos[who[r]];
+    if (cuda_batch_decode(g, ids, ps, n, host ? lg : NULL, &err) || cuda_batch_decode(e, ids, ps, n, host ? le : NULL, &err))
+        fail_msg("%s: batch of %d: %s", what, n, err.message);
+    for (int32_t r = 0; r < n && !host; r++)
+        if (cuda_session_logits(g[r], lg + (size_t)r * V, &err) || cuda_session_logits(e[r], le + (size_t)r * V, &err))
+            fail_msg("%s: logits: %s", what, err.message);
+    for (int32_t r = 0; r < n; r++) {
+        if (memcmp(lg + (size_t)r * V, le + (size_t)r * V, (size_t)V * 4))
+            fail_msg("%s: batch of %d, row %d (session %d): the graph's logits differ from the launches'", what, n, r,
+                     who[r]);
+        pos[who[r]]++;
+        next[who[r]] = argmax_f(le + (size_t)r * V, V);
+    }
+    free(lg);
+    free(le);
+}
+
+static void check_batch_graph(const char *dir)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    if (qwenrt_model_load(dir, &mp, &m, &err))
+        fail_msg("load %s: %s", dir, err.message);
+    int32_t V = m->hp.n_vocab, pos[5], next[5];
+    assert_true(3 + 4 + 18 < 40);
+    struct cuda_options on = cuda_default_options(), off = on;
+    off.graph = false;
+    struct cuda_session *ga[5] = {NULL}, *ea[5] = {NULL};
+    float *l = malloc((size_t)V * 4);
+    assert_non_null(l);
+    for (int32_t i = 0; i < 5; i++) { /* session 4 replaces 3 later; prompts of 3 + i tokens */
+        if (i == 4) {
+            cuda_session_free(ga[3]);
+            cuda_session_free(ea[3]);
+        }
+        init_pair(m, 40, &on, &off, &ga[i], &ea[i], dir);
+        int32_t prompt[8];
+        for (int32_t t = 0; t < 3 + i; t++)
+            prompt[t] = (17 * (i + 1) + 31 * t) % V;
+        if (cuda_session_run(ga[i], prompt, 3 + i, 0, false, l, NULL, NULL, &err) ||
+            cuda_session_run(ea[i], prompt, 3 + i, 0, false, l, NULL, NULL, &err))
+            fail_msg("%s: prompt: %s", dir, err.message);
+        pos[i] = 3 + i, next[i] = argmax_f(l, V);
+        if (i < 3)
+            continue;
+        static const int32_t first[] = {0, 1, 2}, lead2[] = {2, 0, 1}, swap[] = {0, 1, 3}, alone[] = {1};
+        static const int32_t fresh[] = {0, 1, 4};
+        /* a step is launched op by op for new members, captured the second time, replayed after */
+        if (i == 3) {
+            batch_step_pair(ga, ea, first, 3, pos, next, V, false, dir);
+            batch_step_pair(ga, ea, first, 3, pos, next, V, false, dir); /* captured */
+            batch_step_pair(ga, ea, first, 3, pos, next, V, false, dir); /* replayed */
+            batch_step_pair(ga, ea, first, 3, pos, next, V, true, dir);  /* host rows: new members */
+            batch_step_pair(ga, ea, lead2, 3, pos, next, V, false, dir); /* another leader */
+            batch_step_pair(ga, ea, first, 3, pos, next, V, false, dir); /* session 2 left 0's graph */
+            batch_step_pair(ga, ea, first, 3, pos, next, V, false, dir); /* the graph updated */
+            batch_step_pair(ga, ea, swap, 3, pos, next, V, false, dir);  /* a member swapped */
+            batch_step_pair(ga, ea, swap, 3, pos, next, V, false, dir);  /* updated */
+            batch_step_pair(ga, ea, swap, 3, pos, next, V, false, dir);  /* replayed */
+            batch_step_pair(ga, ea, alone, 1, pos, next, V, false, dir); /* another size */
+            batch_step_pair(ga, ea, alone, 1, pos, next, V, false, dir);
+        } else { /* 3 freed, 4 made (perhaps at 3's address) */
+            batch_step_pair(ga, ea, fresh, 3, pos, next, V, false, dir);
+            batch_step_pair(ga, ea, fresh, 3, pos, next, V, false, dir);
+            batch_step_pair(ga, ea, fresh, 3, pos, next, V, false, dir);
+            batch_step_pair(ga, ea, fresh, 3, pos, next, V, true, dir);
+            batch_step_pair(ga, ea, fresh, 3, pos, next, V, true, dir); /* a new graph: host rows */
+            batch_step_pair(ga, ea, fresh, 3, pos, next, V, true, dir);
+        }
+    }
+    /* the batched sessions continue alone as their op-by-op twins do */
+    float *l2 = malloc((size_t)V * 4);
+    assert_non_null(l2);
+    for (int32_t i = 0; i < 5; i++) {
+        if (i == 3)
+            continue;
+        if (cuda_session_run(ga[i], &next[i], 1, pos[i], false, l, NULL, NULL, &err) ||
+            cuda_session_run(ea[i], &next[i], 1, pos[i], false, l2, NULL, NULL, &err))
+            fail_msg("%s: after the batch: %s", dir, err.message);
+        double e = rel_err(l, l2, (size_t)V);
+        if (!(e <= 1e-4)) /* the fused decode graph and the op-by-op launches: rounding only */
+            fail_msg("%s: session %d after the batch: rel err %.3g", dir, i, e);
+        cuda_session_free(ga[i]);
+        cuda_session_free(ea[i]);
+    }
+    printf("%s: batched step graph vs launches: bit for bit over 18 steps\n", dir);
+    free(l);
+    free(l2);
+    qwenrt_model_free(m);
+}
+
+static void test_batch_graph_cuda(void **st)
+{
+    (void)st;
+    check_batch_graph(fixtures[1]);
+    check_batch_graph(fixtures[3]);
+}
+
 /* Checkpoints of CUDA sessions: a snapshot restored into another CUDA session continues
  * bit-identically; a CPU session's checkpoint restored on the GPU continues within the
  * fixture tolerance (and the reverse). */
@@ -3269,6 +3401,7 @@ int main(void)
         cmocka_unit_test(test_megakernel_quantised),
         cmocka_unit_test(test_megakernel_real_width),
         cmocka_unit_test(test_batch_decode_cuda),
+        cmocka_unit_test(test_batch_graph_cuda),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_int8_from_cpu_state),
         cmocka_unit_test(test_prefill_split_cuda),

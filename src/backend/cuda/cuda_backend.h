@@ -93,6 +93,9 @@ struct cuda_options {
                           * + residual in one launch (mlp_fused.cu) instead of two. Off by
                           * default: slower (Qwen3-0.6B BF16 1,080 vs 1,198 tok/s; its
                           * clusters stream from 96 multiprocessors; docs/perf-log.md) */
+    bool gemv_batch;     /* 2 to 8 tokens, 16-bit weights: the GEMV that reads each weight chunk
+                          * once for all tokens and x from L1 (gemv_batch.cu; the server's
+                          * batched decode step). On by default; off: gemv2 or the plain GEMV */
     bool gemv_smem;      /* decode, one token, 16-bit weights: the GEMV that copies its rows into
                           * shared memory before it waits for its input (gemv_smem.cu), with
                           * PDL, so that the next GEMV's weights load while the kernel before it
@@ -487,6 +490,8 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 /* For the tests: whether the decode GEMV of one token of N x K weights of dtype (aligned, no
  * norm) runs the shared-memory kernel (gemv_smem.cu) when cuda_options.gemv_smem is on. */
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
+/* The same for T tokens (cuda_options.gemv_batch on): whether gemv_batch.cu takes them. */
+bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32_t T);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
 bool cuda_gemv_mma_takes(int32_t N, int32_t K);
 /* The same with cuda_options.gemv_smem_xreg on: the chunks of x per lane gemv_smem holds in

@@ -287,6 +287,8 @@ struct gemv_args {
     bool q_one_pass;       /* gemvq with q_int8: x normalised and quantised in one pass from
                             * registers (quant_rows_i8.cuh; cuda_options.gemvq_one_pass), where
                             * a warp has 2 rows, in the mixed q|k|v launch and the LM head's loop */
+    bool batch;            /* 2 to 8 tokens, 16-bit weights: gemv_batch.cu where it applies
+                            * (cuda_options.gemv_batch) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     bool smem_xreg;        /* gemv_smem: x in each warp's registers, not staged in shared
@@ -327,6 +329,10 @@ cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 #define GEMV_SMEM_KB_LIMIT 226   /* its dynamic shared memory per block at most, KB: sm_90 allows
                                   * 227 KB with the static part */
 bool gemv_smem_applies(const struct gemv_args *a);
+/* The GEMV of 2 to 8 tokens with 16-bit weights (gemv_batch.cu; a.batch asks for it,
+ * launch_gemv takes it when it applies). */
+bool gemv_batch_applies(const struct gemv_args *a);
+cudaError_t launch_gemv_batch(const struct gemv_args *a, cudaStream_t s);
 int32_t gemv_smem_blocks(const struct gemv_args *a); /* its grid (0: it does not apply) */
 /* Whether a one-token product of rows x K (not an LM head: those stay gemv2) needs more than
  * one gemv_smem block of 8 warps per multiprocessor (the session's choice of block shape). */

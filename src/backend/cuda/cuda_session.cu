@@ -35,6 +35,7 @@
 #include <stdlib.h>
 
 #define QR_LAYERS_MAX_CUDA 1024 /* layers a session handles (hparams allow 256) */
+#define BATCH_BRANCHES 16 /* streams the batched step's per-sequence ops run on side by side */
 
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
@@ -116,6 +117,21 @@ struct cuda_session {
     float *dbufs[PLAN_MAX_BUFS]; /* decode: one token */
     float *bbufs[PLAN_MAX_BUFS]; /* batched decode led by this session: [cap_batch][width] */
     int32_t cap_batch;
+    /* the batched step this session leads (batch_step): its members, the graph of their step */
+    const struct cuda_session **b_key; /* [cap_batch] the last step's sessions, in order */
+    int32_t b_n;                       /* their number, negative when the logits went to the host */
+    uint64_t b_gen;                    /* bumped by every change of members */
+    cudaGraphExec_t g_batch;           /* the step captured for b_n sessions ... */
+    int32_t g_batch_n;
+    uint64_t g_batch_gen;              /* ... at this b_gen (another: to be captured again) */
+    cudaStream_t b_side[BATCH_BRANCHES]; /* the per-sequence ops' branches (made on first use) */
+    cudaEvent_t b_ev[BATCH_BRANCHES + 1]; /* [0] the fork, [1 + b] branch b's join */
+    bool b_side_ready;
+    /* as a member of a batch: the leader and its b_gen of the last capture that took this
+     * session, and its row there (a graph is replayed only if every member still says so) */
+    const struct cuda_session *b_leader;
+    uint64_t b_leader_gen;
+    int32_t b_row;
     int32_t *d_ids;           /* [n_ctx] */
     int32_t *d_pos;           /* position of token 0 of the run */
     int32_t *d_step;          /* greedy loop: steps done */
@@ -212,6 +228,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gdn_split = true;
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
     o.gemv_smem = true; /* with PDL: +19% / +31% decode (docs/perf-log.md, sessions 13-14) */
+    o.gemv_batch = true; /* the batched step at n = 8: see docs/perf-log.md, session 33 */
     o.gemv_smem_warps = 0; /* 0, 0: the session picks (pick_gemv_smem_shape) */
     o.gemv_smem_kb = 0;
     o.gemv_smem_launch = 0; /* the session picks (pick_gemv_smem_shape) */
@@ -581,6 +598,8 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
 }
 
 /* Frees bufs; own (NULL: every buffer owns its memory) names the views to leave alone. */
+static void batch_free(struct cuda_session *cs);
+
 static void free_bufs(float **b, const int32_t *own = NULL)
 {
     for (int i = 0; i < PLAN_MAX_BUFS; i++) {
@@ -689,6 +708,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->mma = cs->opt.gemv_mma, a->smem_xreg = cs->opt.gemv_smem_xreg == 1;
     a->q_one_pass = cs->opt.gemvq_one_pass == 1;
     a->smem_norm_late = cs->gs_norm_late;
+    a->batch = cs->opt.gemv_batch;
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
@@ -1648,6 +1668,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
     free_bufs(cs->dbufs);
     free_bufs(cs->bbufs);
+    batch_free(cs);
     cudaFree(cs->d_ids);
     cudaFree(cs->d_pos);
     cudaFree(cs->d_step);
@@ -3083,6 +3104,221 @@ static bool per_sequence(enum op_kind k)
     return k == OP_QK_NORM_ROPE || k == OP_ATTENTION || k == OP_GDN_CONV || k == OP_GDN_CORE;
 }
 
+/* The batched step's graph and branches (cuda_session_free). */
+static void batch_free(struct cuda_session *cs)
+{
+    if (cs->g_batch)
+        cudaGraphExecDestroy(cs->g_batch);
+    cs->g_batch = NULL;
+    xfree(cs->b_key);
+    cs->b_key = NULL;
+    if (!cs->b_side_ready)
+        return;
+    for (int b = 0; b < BATCH_BRANCHES; b++)
+        cudaStreamDestroy(cs->b_side[b]);
+    for (int b = 0; b <= BATCH_BRANCHES; b++)
+        cudaEventDestroy(cs->b_ev[b]);
+    cs->b_side_ready = false;
+}
+
+/* The side streams and events of the per-sequence branches, made once per leader. */
+static qwenrt_status batch_branches(struct cuda_session *c0, struct qwenrt_error *err)
+{
+    if (c0->b_side_ready)
+        return QWENRT_OK;
+    int ns = 0, ne = 0; /* streams and events made */
+    cudaError_t e = cudaSuccess;
+    while (ns < BATCH_BRANCHES && (e = cudaStreamCreateWithFlags(&c0->b_side[ns], cudaStreamNonBlocking)) == cudaSuccess)
+        ns++;
+    while (e == cudaSuccess && ne <= BATCH_BRANCHES &&
+           (e = cudaEventCreateWithFlags(&c0->b_ev[ne], cudaEventDisableTiming)) == cudaSuccess)
+        ne++;
+    if (e != cudaSuccess) { /* undo what was made: the next step tries again */
+        for (int b = 0; b < ns; b++)
+            cudaStreamDestroy(c0->b_side[b]);
+        for (int b = 0; b < ne; b++)
+            cudaEventDestroy(c0->b_ev[b]);
+        return cuda_fail(err, e, __FILE__, __LINE__, "the batched step's streams");
+    }
+    c0->b_side_ready = true;
+    return QWENRT_OK;
+}
+
+/* The fused decode steps a batch runs per session: the attention with its q/k norm, RoPE, cache
+ * write (and Qwen3.5's output gate), the DeltaNet step with its conv and gated norm. */
+static bool batch_branch_step(const struct cuda_session *c0, int32_t i, struct step *st)
+{
+    return c0->opt.fuse && match_step(&c0->plans[PHASE_DECODE], i, st) &&
+           (st->kind == STEP_ROPE_ATTN || st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED);
+}
+
+/* The end of the run of per-sequence work that starts at op i (per-sequence ops, and the fused
+ * steps that take row-wise ops with them). */
+static int32_t batch_branch_end(const struct cuda_session *c0, int32_t i)
+{
+    const struct plan *p = &c0->plans[PHASE_DECODE];
+    struct step st;
+    while (i < p->n_ops) {
+        if (batch_branch_step(c0, i, &st))
+            i += st.n_ops;
+        else if (per_sequence(p->ops[i].kind))
+            i++;
+        else
+            break;
+    }
+    return i;
+}
+
+/* Ops i .. j - 1 (batch_branch_end) for every session, session r on branch r % BATCH_BRANCHES:
+ * the sessions' work runs side by side, each session's in plan order, fused as its own decode
+ * graph fuses it. */
+static qwenrt_status batch_branch_ops(struct cuda_session *c0, struct cuda_session *const *css, int32_t n,
+                                      int32_t i, int32_t j, struct qwenrt_error *err)
+{
+    const struct plan *p = &c0->plans[PHASE_DECODE];
+    int nb = n < BATCH_BRANCHES ? n : BATCH_BRANCHES;
+    CUDA_CHECK(cudaEventRecord(c0->b_ev[0], c0->stream));
+    for (int b = 0; b < nb; b++)
+        CUDA_CHECK(cudaStreamWaitEvent(c0->b_side[b], c0->b_ev[0], 0));
+    for (int32_t r = 0; r < n; r++) {
+        float *rows[PLAN_MAX_BUFS] = {NULL};
+        for (int32_t k = 0; k < p->n_bufs; k++)
+            rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
+        struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false,
+                              c0->b_side[r % BATCH_BRANCHES], 0, false, NULL, NULL, NULL, NULL, false, NULL};
+        for (int32_t k = i; k < j;) {
+            struct step st;
+            bool fused = batch_branch_step(c0, k, &st);
+            qwenrt_status e = fused ? run_step(&one, &st, err) : run_op(&one, k, err);
+            if (e)
+                return e;
+            k += fused ? st.n_ops : 1;
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        CUDA_CHECK(cudaEventRecord(c0->b_ev[1 + b], c0->b_side[b]));
+        CUDA_CHECK(cudaStreamWaitEvent(c0->stream, c0->b_ev[1 + b], 0));
+    }
+    return QWENRT_OK;
+}
+
+/* The batched step on c0's stream: the row-wise ops once for all n rows, each run of per-sequence
+ * work on the branches, then (to_rows) each session's logits row into its own decode buffer. */
+static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session *const *css, int32_t n,
+                                   bool to_rows, struct qwenrt_error *err)
+{
+    const struct plan *p = &c0->plans[PHASE_DECODE];
+    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
+                          NULL, NULL, NULL, NULL, false, NULL};
+    for (int32_t i = 0; i < p->n_ops;) {
+        qwenrt_status st;
+        struct step fs;
+        if (!per_sequence(p->ops[i].kind) && !batch_branch_step(c0, i, &fs)) {
+            if ((st = run_op(&all, i++, err)))
+                return st;
+            continue;
+        }
+        int32_t j = batch_branch_end(c0, i);
+        if ((st = batch_branch_ops(c0, css, n, i, j, err)))
+            return st;
+        i = j;
+    }
+    size_t row = (size_t)c0->n_vocab * sizeof(float);
+    for (int32_t r = 0; to_rows && r < n; r++)
+        CUDA_CHECK(cudaMemcpyAsync(css[r]->dbufs[p->buf_logits], c0->bbufs[p->buf_logits] + (size_t)r * c0->n_vocab,
+                                   row, cudaMemcpyDeviceToDevice, c0->stream));
+    return QWENRT_OK;
+}
+
+/* True when c0's last batched step (b_n rows, signed by to_rows) had exactly these sessions in
+ * this order: each still names c0's latest step and its row there (a session freed and another
+ * made at its address names none). */
+static bool batch_same_members(const struct cuda_session *c0, struct cuda_session *const *css, int32_t n, bool to_rows)
+{
+    if (c0->b_n != (to_rows ? n : -n))
+        return false;
+    for (int32_t r = 0; r < n; r++)
+        if (c0->b_key[r] != css[r] || css[r]->b_leader != c0 || css[r]->b_leader_gen != c0->b_gen ||
+            css[r]->b_row != r)
+            return false;
+    return true;
+}
+
+/* Makes these sessions c0's members (a new b_gen: older graphs and members no longer match). */
+static void batch_set_members(struct cuda_session *c0, struct cuda_session *const *css, int32_t n, bool to_rows)
+{
+    c0->b_gen++;
+    c0->b_n = to_rows ? n : -n;
+    for (int32_t r = 0; r < n; r++) {
+        c0->b_key[r] = css[r];
+        css[r]->b_leader = c0, css[r]->b_leader_gen = c0->b_gen, css[r]->b_row = r;
+    }
+}
+
+/* Captures the batched step of c0's members into c0->g_batch: an update of the graph there when
+ * its shape allows (the same n: only the sessions' pointers differ), else a new one. */
+static qwenrt_status batch_capture(struct cuda_session *c0, struct cuda_session *const *css, int32_t n,
+                                   bool to_rows, struct qwenrt_error *err)
+{
+    cudaGraph_t g = NULL;
+    CUDA_CHECK(cudaStreamBeginCapture(c0->stream, cudaStreamCaptureModeThreadLocal));
+    qwenrt_status st = enqueue_batch(c0, css, n, to_rows, err);
+    cudaError_t e = cudaStreamEndCapture(c0->stream, &g);
+    if (!st && e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamEndCapture (batched step)");
+    if (st) {
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError();
+        return st;
+    }
+    bool updated = false;
+    if (c0->g_batch && c0->g_batch_n == c0->b_n) {
+        cudaGraphExecUpdateResultInfo info;
+        updated = cudaGraphExecUpdate(c0->g_batch, g, &info) == cudaSuccess;
+        if (!updated)
+            cudaGetLastError();
+    }
+    if (!updated) {
+        if (c0->g_batch)
+            cudaGraphExecDestroy(c0->g_batch);
+        c0->g_batch = NULL;
+        e = cudaGraphInstantiate(&c0->g_batch, g, 0);
+        if (e != cudaSuccess) {
+            cudaGraphDestroy(g);
+            c0->g_batch = NULL;
+            return cuda_fail(err, e, __FILE__, __LINE__, "cudaGraphInstantiate (batched step)");
+        }
+    }
+    cudaGraphDestroy(g);
+    c0->g_batch_n = c0->b_n;
+    c0->g_batch_gen = c0->b_gen;
+    return QWENRT_OK;
+}
+
+/* The step: launched op by op when these members are new to c0 (which also makes what the ops
+ * allocate on first use, outside any capture), captured the second time in a row, replayed
+ * after that. */
+static qwenrt_status batch_step(struct cuda_session *c0, struct cuda_session *const *css, int32_t n, bool to_rows,
+                                struct qwenrt_error *err)
+{
+    if (!c0->opt.graph)
+        return enqueue_batch(c0, css, n, to_rows, err);
+    if (!batch_same_members(c0, css, n, to_rows)) {
+        qwenrt_status st = enqueue_batch(c0, css, n, to_rows, err);
+        if (!st)
+            batch_set_members(c0, css, n, to_rows);
+        return st;
+    }
+    if (c0->g_batch_gen != c0->b_gen) {
+        qwenrt_status st = batch_capture(c0, css, n, to_rows, err);
+        if (st)
+            return st;
+    }
+    CUDA_CHECK(cudaGraphLaunch(c0->g_batch, c0->stream));
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                            const int32_t *pos, int32_t n, float *logits,
                                            struct qwenrt_error *err)
@@ -3102,11 +3338,20 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     if (n > c0->cap_batch) { /* the batch's activations: n rows of every decode buffer */
         CUDA_CHECK(cudaStreamSynchronize(c0->stream));
         free_bufs(c0->bbufs);
+        if (c0->g_batch)
+            cudaGraphExecDestroy(c0->g_batch);
+        c0->g_batch = NULL;
+        xfree(c0->b_key);
+        c0->b_n = 0;
         c0->cap_batch = 0;
+        if (!(c0->b_key = (const struct cuda_session **)xcalloc((size_t)n, sizeof(*c0->b_key))))
+            return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: out of memory");
         if ((st = alloc_bufs(p, c0->bbufs, n, n, err)))
             return st;
         c0->cap_batch = n;
     }
+    if ((st = batch_branches(c0, err)))
+        return st;
     /* every session's state is used on c0's stream: they must be idle (a run that returned
      * without waiting may still be in flight on its own stream) */
     for (int32_t r = 0; r < n; r++)
@@ -3120,35 +3365,15 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         CUDA_CHECK(cudaMemcpyAsync(css[r]->d_pos, &css[r]->h_stage[1], 4, cudaMemcpyHostToDevice, c0->stream));
     }
     CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
-    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
-                          NULL, NULL, NULL, NULL, false, NULL};
-    for (int32_t i = 0; i < p->n_ops; i++) {
-        if (!per_sequence(p->ops[i].kind)) {
-            if ((st = run_op(&all, i, err)))
-                return st;
-            continue;
-        }
-        for (int32_t r = 0; r < n; r++) {
-            float *rows[PLAN_MAX_BUFS] = {NULL};
-            for (int32_t k = 0; k < p->n_bufs; k++)
-                rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
-            struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false, c0->stream,
-                                  pos[r], false, NULL, NULL, NULL, NULL, false, NULL};
-            if ((st = run_op(&one, i, err)))
-                return st;
-        }
-    }
+    bool to_rows = !logits;
+    if ((st = batch_step(c0, css, n, to_rows, err)))
+        return st;
     size_t row = (size_t)c0->n_vocab * sizeof(float);
-    if (logits) {
+    if (logits)
         CUDA_CHECK(cudaMemcpyAsync(logits, c0->bbufs[p->buf_logits], n * row, cudaMemcpyDeviceToHost, c0->stream));
-    } else { /* each session's row into its own decode logits, for cuda_session_top / _logits */
-        for (int32_t r = 0; r < n; r++) {
-            float *dst = css[r]->dbufs[p->buf_logits];
-            CUDA_CHECK(cudaMemcpyAsync(dst, c0->bbufs[p->buf_logits] + (size_t)r * c0->n_vocab, row,
-                                       cudaMemcpyDeviceToDevice, c0->stream));
-            css[r]->last_row = dst;
-            css[r]->mk_top_ready = false;
-        }
+    for (int32_t r = 0; to_rows && r < n; r++) { /* for cuda_session_top / _logits */
+        css[r]->last_row = css[r]->dbufs[p->buf_logits];
+        css[r]->mk_top_ready = false;
     }
     CUDA_CHECK(cudaStreamSynchronize(c0->stream));
     return QWENRT_OK;

@@ -240,6 +240,12 @@ bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
     return false;
 }
 
+bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32_t T)
+{
+    (void)dtype, (void)N, (void)K, (void)T;
+    return false;
+}
+
 bool cuda_gemv_mma_takes(int32_t N, int32_t K)
 {
     (void)N, (void)K;
