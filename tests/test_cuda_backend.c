@@ -442,6 +442,119 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
         assert_false(cuda_gemv_smem_takes(dt, N, K));
 }
 
+/* gemv_batch.cu (2-8 tokens, 16-bit rows) and the plain reference GEMV (gemv_kernel) on random
+ * cases of awkward sizes against a double-precision sum on the host: every form the batched
+ * decode step launches — a fused RMS norm, several segments (q|k|v; rows of a warp across a
+ * segment's end), SwiGLU's gate and up, the residual added (GEMV_ACCUM), 4 rows per warp from
+ * 4,096 rows on, one chunk per row (K = 8). */
+static double gemv_case_ref_err(const struct cuda_gemv_case *c, float *const *y0, float *const *got)
+{
+    double num = 0, den = 0; /* the relative error of all outputs as one vector (rel_err's) */
+    float *wf = malloc((size_t)c->K * sizeof(float));
+    double *xn = malloc((size_t)c->K * sizeof(double));
+    assert_non_null(wf);
+    assert_non_null(xn);
+    for (int32_t t = 0; t < c->T; t++) {
+        const float *x = c->x + (size_t)t * c->K;
+        double ss = 0;
+        for (int32_t k = 0; k < c->K; k++)
+            ss += (double)x[k] * x[k];
+        double inv = c->norm_w ? 1.0 / sqrt(ss / c->K + c->eps) : 1.0;
+        for (int32_t k = 0; k < c->K; k++)
+            xn[k] = x[k] * inv * (c->norm_w ? c->norm_w[k] : 1.0);
+        int outs = c->mode == 2 ? 1 : c->n_seg;
+        for (int i = 0; i < outs; i++)
+            for (int32_t r = 0; r < c->N[i]; r++) {
+                double v[2] = {0, 0};
+                for (int p = 0; p < (c->mode == 2 ? 2 : 1); p++) {
+                    const uint8_t *row = (const uint8_t *)c->w[i + p] + (size_t)r * c->K * 2;
+                    assert_true(quant_dequantize_row((enum qr_dtype)c->dtype, row, wf, c->K));
+                    for (int32_t k = 0; k < c->K; k++)
+                        v[p] += (double)wf[k] * xn[k];
+                }
+                double want = c->mode == 2 ? v[0] / (1.0 + exp(-v[0])) * v[1] : v[0];
+                if (c->mode == 1)
+                    want += y0[i][(size_t)t * c->N[i] + r];
+                double d = got[i][(size_t)t * c->N[i] + r] - want;
+                num += d * d, den += want * want;
+            }
+    }
+    free(wf);
+    free(xn);
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void check_gemv_batch_case(enum qr_dtype dt, int32_t K, int32_t T, int mode, bool norm, int n_seg,
+                                  const int32_t *N)
+{
+    struct qwenrt_error err = {0};
+    struct cuda_gemv_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = dt, c.K = K, c.T = T, c.mode = mode, c.n_seg = n_seg, c.eps = 1e-6f;
+    float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)K * 4), *y0[4] = {0}, *yb[4] = {0}, *yr[4] = {0};
+    assert_non_null(x);
+    assert_non_null(g);
+    for (int32_t i = 0; i < T * K; i++)
+        x[i] = frand() * 2.0f;
+    for (int32_t k = 0; k < K; k++)
+        g[k] = 1.0f + 0.5f * frand();
+    c.x = x, c.norm_w = norm ? g : NULL;
+    size_t nb;
+    for (int i = 0; i < n_seg; i++) {
+        c.N[i] = N[i];
+        c.w[i] = random_weights(dt, K, N[i], 0.5f, &nb);
+        y0[i] = malloc((size_t)T * N[i] * 4), yb[i] = malloc((size_t)T * N[i] * 4), yr[i] = malloc((size_t)T * N[i] * 4);
+        for (int32_t j = 0; j < T * N[i]; j++)
+            y0[i][j] = frand();
+    }
+    float **runs[2] = {yb, yr};
+    for (int run = 0; run < 2; run++) { /* 0: gemv_batch, 1: the reference kernel */
+        for (int i = 0; i < n_seg; i++) {
+            memcpy(runs[run][i], y0[i], (size_t)T * N[i] * 4);
+            c.y[i] = runs[run][i];
+        }
+        if (cuda_gemv_host(&c, run == 0, &err))
+            fail_msg("gemv %s K=%d T=%d mode %d norm %d: %s", dtype_traits(dt)->name, K, T, mode, norm, err.message);
+    }
+    double eb = gemv_case_ref_err(&c, y0, yb), er = gemv_case_ref_err(&c, y0, yr);
+    printf("gemv_batch %s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g)\n",
+           dtype_traits(dt)->name, K, T, mode, norm, n_seg, N[0], eb, er);
+    if (!(eb <= 2e-5) || !(er <= 2e-5))
+        fail_msg("gemv_batch %s K=%d T=%d mode %d: rel err %.3g / %.3g", dtype_traits(dt)->name, K, T, mode, eb, er);
+    for (int i = 0; i < n_seg; i++) {
+        free((void *)c.w[i]);
+        free(y0[i]), free(yb[i]), free(yr[i]);
+    }
+    free(x);
+    free(g);
+}
+
+static void test_gemv_batch_kernel(void **st)
+{
+    (void)st;
+    static const int32_t qkv[] = {100, 37, 37}, gu[] = {4099, 4099}, one[] = {77}, four[] = {1, 2, 3, 4},
+                         big[] = {4100}, gu_small[] = {45, 45};
+    check_gemv_batch_case(QR_BF16, 1032, 3, 0, true, 3, qkv);
+    check_gemv_batch_case(QR_F16, 136, 8, 2, true, 2, gu);
+    check_gemv_batch_case(QR_BF16, 3072, 5, 1, false, 1, one);
+    check_gemv_batch_case(QR_BF16, 8, 2, 0, true, 4, four);
+    check_gemv_batch_case(QR_BF16, 2048, 7, 1, true, 1, big);
+    check_gemv_batch_case(QR_BF16, 1024, 6, 2, true, 2, gu_small);
+    check_gemv_batch_case(QR_F16, 3584, 4, 0, false, 1, one);
+    /* what gemv_batch does not take is refused by name, nothing launched */
+    struct qwenrt_error err = {0};
+    struct cuda_gemv_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = QR_BF16, c.K = 12, c.T = 2, c.n_seg = 1, c.N[0] = 3; /* K not in 16-byte chunks */
+    float x[24] = {0}, y[6] = {0};
+    uint16_t w[36] = {0};
+    c.x = x, c.w[0] = w, c.y[0] = y;
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "gemv_batch"));
+    c.mode = 2; /* SwiGLU with one segment */
+    assert_int_equal(cuda_gemv_host(&c, false, &err), QWENRT_ERR_INVALID_ARG);
+}
+
 /* One run: a matmul case of the weights w (nbytes, copied) under variant v, against the CPU. */
 static void run_gemv_variant(enum qr_dtype dt, int32_t K, int32_t N, int32_t T, int v, const uint8_t *w,
                              size_t nbytes)
@@ -2582,6 +2695,8 @@ static void test_batch_decode_cuda(void **st)
     check_batch_cuda(fixtures[0], 9);
     check_batch_cuda(fixtures[2], 3);
     check_batch_cuda(fixtures[3], 9);
+    check_batch_cuda(fixtures[1], 5); /* 16-bit rows at n <= 8: gemv_batch.cu */
+    check_batch_cuda(fixtures[3], 4);
 }
 
 /* The batched step as a CUDA graph against the same step launched op by op (cuda_options.graph
@@ -2697,6 +2812,45 @@ static void test_batch_graph_cuda(void **st)
     (void)st;
     check_batch_graph(fixtures[1]);
     check_batch_graph(fixtures[3]);
+}
+
+/* The server batches CUDA sessions only where a batched step is faster than each session's own
+ * decode graph: 16-bit products (gemv_batch.cu), not quantised or f32 ones. */
+static void test_batch_pays(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    static const struct {
+        const char *dir;
+        bool pays;
+    } cases[] = {{"tests/data/qwen3-tiny-bf16", true}, {"tests/data/qwen35-tiny-bf16", true},
+                 {"tests/data/qwen3-tiny-f32", false}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct qwenrt_model *m = NULL;
+        struct cuda_session *cs = NULL;
+        if (qwenrt_model_load(cases[i].dir, &mp, &m, &err))
+            fail_msg("load %s: %s", cases[i].dir, err.message);
+        struct cuda_options o = cuda_default_options();
+        assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
+        assert_int_equal(cuda_batch_pays(cs), cases[i].pays);
+        o.gemv_batch = false; /* without the kernel, no batched step pays */
+        cuda_session_free(cs);
+        assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
+        assert_false(cuda_batch_pays(cs));
+        cuda_session_free(cs);
+        qwenrt_model_free(m);
+    }
+    char path[256];
+    struct qwenrt_model *q = load_synth("qwen3-tiny", EXPORT_Q4_K_M, 0, false, path, sizeof(path));
+    struct cuda_session *cs = NULL;
+    struct cuda_options o = cuda_default_options();
+    assert_int_equal(cuda_session_init(q->plans, 16, &o, &cs, &err), QWENRT_OK);
+    assert_false(cuda_batch_pays(cs));
+    cuda_session_free(cs);
+    qwenrt_model_free(q);
+    remove(path);
 }
 
 /* Checkpoints of CUDA sessions: a snapshot restored into another CUDA session continues
@@ -3402,6 +3556,8 @@ int main(void)
         cmocka_unit_test(test_megakernel_real_width),
         cmocka_unit_test(test_batch_decode_cuda),
         cmocka_unit_test(test_batch_graph_cuda),
+        cmocka_unit_test(test_gemv_batch_kernel),
+        cmocka_unit_test(test_batch_pays),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_int8_from_cpu_state),
         cmocka_unit_test(test_prefill_split_cuda),

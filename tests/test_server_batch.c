@@ -16,6 +16,7 @@
 
 #include "base/alloc.h"
 #include "qwenrt.h"
+#include "runtime/session.h"
 
 #define LOGITS_REL_TOL 1e-4 /* against transformers, as in test_model_fixtures.c */
 /* batched against one-by-one: the multi-row GEMV sums in another order (f32 rounding, ~1e-6
@@ -50,6 +51,7 @@ static void run_fixture(const char *dir)
     }
     struct qwenrt_batch *batch = NULL;
     assert_int_equal(qwenrt_batch_init(f.m, 4, &batch, &err), QWENRT_OK);
+    assert_true(session_batch_pays(b[0])); /* on the CPU the server always batches */
     /* the full-prompt session's first logits are the prefill's: transformers' row 0 */
     assert_true(rel_err(qwenrt_session_logits(b[0]), f.dlog, (size_t)f.V) < LOGITS_REL_TOL);
     for (int32_t g = 0; g + 1 < f.G; g++) {

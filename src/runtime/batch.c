@@ -153,6 +153,11 @@ static qwenrt_status batch_decode_cuda(struct qwenrt_batch *b, struct qwenrt_ses
     return st;
 }
 
+bool session_batch_pays(const struct qwenrt_session *s)
+{
+    return !s->cuda || cuda_batch_pays(s->cuda);
+}
+
 qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session *const *s,
                                   const int32_t *ids, int32_t n, struct qwenrt_error *err)
 {

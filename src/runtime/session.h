@@ -62,4 +62,9 @@ qwenrt_status session_generate(struct qwenrt_session *s, struct qwenrt_sampler *
 qwenrt_status session_generate_keep(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t id,
                                     const int32_t *out, int32_t n, int32_t keep, struct qwenrt_error *err);
 
+/* Whether one qwenrt_batch_decode step for sessions like s is faster than each session's own
+ * decode one after another (the server's choice): always on the CPU; on CUDA where the model's
+ * products are 16-bit (cuda_batch_pays). */
+bool session_batch_pays(const struct qwenrt_session *s);
+
 #endif

@@ -624,7 +624,8 @@ static bool slot_gpu_steps(struct sched *s, struct slot *sl, int32_t id)
 
 /* Feeds each sampled token to its slot's session: one batched step for all of them
  * (qwenrt_batch_decode, CPU or CUDA), one by one where batching is not possible (one slot, or
- * a batch that reported UNSUPPORTED). */
+ * a batch that reported UNSUPPORTED) or slower (session_batch_pays: quantised weights on CUDA,
+ * where each session's own decode graph is faster). */
 static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, int n)
 {
     struct qwenrt_error err = {0};
@@ -632,7 +633,7 @@ static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, i
     for (int i = 0; i < n; i++)
         sess[i] = who[i]->sess;
     bool batched = false;
-    if (n > 1 && s->batch) {
+    if (n > 1 && s->batch && session_batch_pays(sess[0])) {
         qwenrt_status st = qwenrt_batch_decode(s->batch, sess, ids, n, &err);
         batched = !st;
         if (st == QWENRT_ERR_UNSUPPORTED) { /* e.g. CUDA sessions: stop trying */

@@ -469,6 +469,13 @@ qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err);
 
+/* Whether cuda_batch_decode beats the sessions' own decode graphs one after another: where
+ * every product of the decode plan has 16-bit weights (gemv_batch.cu takes them). Quantised rows
+ * have no multi-token GEMV as fast as their one-token gemvq: H200, Qwen3-0.6B Q4_K_M, two
+ * sessions batched decode 832 tok/s in all where one alone decodes ~1,950 (docs/perf-log.md,
+ * session 33). */
+bool cuda_batch_pays(const struct cuda_session *cs);
+
 /* Parts of a layer's state, for checkpoints. */
 enum cuda_state_part { CUDA_STATE_K, CUDA_STATE_V, CUDA_STATE_CONV, CUDA_STATE_SSM };
 
@@ -492,6 +499,22 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
 /* The same for T tokens (cuda_options.gemv_batch on): whether gemv_batch.cu takes them. */
 bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32_t T);
+
+/* For the tests: one GEMV launch of T tokens on host data. x: [T][K], RMS-normalised with
+ * norm_w [K] and eps first when norm_w is non-NULL; n_seg segments of N[i] rows of K 16-bit
+ * weights w[i] (dtype BF16 or F16, rows back to back); mode 0 stores y[i] [T][N[i]], 1 adds to
+ * it, 2 is SwiGLU (two segments, N equal: y[0] = silu(gate) * up). batch: through gemv_batch.cu
+ * (UNSUPPORTED where it does not apply), else the plain reference GEMV (gemv_kernel).
+ * Errors: INVALID_ARG, UNSUPPORTED, NOMEM, BACKEND. */
+struct cuda_gemv_case {
+    int32_t dtype, K, T, mode, n_seg;
+    int32_t N[4];
+    const void *w[4];
+    const float *x, *norm_w;
+    float eps;
+    float *y[4];
+};
+qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
 bool cuda_gemv_mma_takes(int32_t N, int32_t K);
 /* The same with cuda_options.gemv_smem_xreg on: the chunks of x per lane gemv_smem holds in

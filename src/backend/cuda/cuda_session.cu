@@ -1356,7 +1356,7 @@ static void norm_gemv_args(struct run_ctx *r, const struct step *st, struct gemv
     const struct plan *p = r->p;
     const struct plan_op *op = &p->ops[st->op];
     memset(&a, 0, sizeof(a));
-    a.x = r->b[op->in], a.ldx = bw(p, op->in), a.K = r->d[st->mm[0]].K, a.T = 1;
+    a.x = r->b[op->in], a.ldx = bw(p, op->in), a.K = r->d[st->mm[0]].K, a.T = r->T;
     a.norm_w = r->d[st->op].vec, a.eps = op->eps, a.dtype = r->d[st->mm[0]].dtype;
     a.mode = st->swiglu ? GEMV_SWIGLU : GEMV_STORE;
     a.n_seg = st->n_mm;
@@ -1503,7 +1503,7 @@ static qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct q
         const struct plan_op *add = &p->ops[st->op + 1];
         r->ahead = st->ahead || (st->ahead_cl && cs->cl_variant == 1);
         r->y_copy = st->copy_out ? (float *)cs->mlp_acc : NULL;
-        qwenrt_status s = run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out], bw(p, add->out), 1,
+        qwenrt_status s = run_matmul(r, &r->d[st->op], b[op->in], bw(p, op->in), b[add->out], bw(p, add->out), r->T,
                                      true, err);
         r->ahead = false, r->y_copy = NULL;
         return s;
@@ -3104,6 +3104,15 @@ static bool per_sequence(enum op_kind k)
     return k == OP_QK_NORM_ROPE || k == OP_ATTENTION || k == OP_GDN_CONV || k == OP_GDN_CORE;
 }
 
+extern "C" bool cuda_batch_pays(const struct cuda_session *cs)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (is_mm(&p->ops[i]) && cs->dops[PHASE_DECODE][i].dtype != QR_BF16 && cs->dops[PHASE_DECODE][i].dtype != QR_F16)
+            return false;
+    return cs->opt.gemv_batch;
+}
+
 /* The batched step's graph and branches (cuda_session_free). */
 static void batch_free(struct cuda_session *cs)
 {
@@ -3190,6 +3199,7 @@ static qwenrt_status batch_branch_ops(struct cuda_session *c0, struct cuda_sessi
             struct step st;
             bool fused = batch_branch_step(c0, k, &st);
             qwenrt_status e = fused ? run_step(&one, &st, err) : run_op(&one, k, err);
+            one.pf = NULL; /* run_step pointed it at st */
             if (e)
                 return e;
             k += fused ? st.n_ops : 1;
@@ -3202,8 +3212,34 @@ static qwenrt_status batch_branch_ops(struct cuda_session *c0, struct cuda_sessi
     return QWENRT_OK;
 }
 
-/* The batched step on c0's stream: the row-wise ops once for all n rows, each run of per-sequence
- * work on the branches, then (to_rows) each session's logits row into its own decode buffer. */
+/* A fused row-wise step at op i for the batch's n rows (all): the norm + products or a product +
+ * residual, where gemv_batch.cu takes it (16-bit rows, n <= 8); elsewhere the ops run one by one
+ * (the GEMV kernels' or the GEMM's T-row forms). */
+static bool batch_row_step(const struct cuda_session *c0, struct run_ctx *all, int32_t i, struct step *st)
+{
+    const struct plan *p = all->p;
+    if (!c0->opt.fuse || !c0->opt.gemv_batch || all->T < 2 || all->T > c0->opt.gemv_max_T || all->T > GEMV_MAX_T ||
+        !match_step(p, i, st) || (st->kind != STEP_NORM_GEMV && st->kind != STEP_GEMV_ADD))
+        return false;
+    struct gemv_args a;
+    if (st->kind == STEP_NORM_GEMV) {
+        norm_gemv_args(all, st, a);
+    } else {
+        const struct dop *d = &all->d[st->op];
+        const struct plan_op *op = &p->ops[st->op], *add = &p->ops[st->op + 1];
+        memset(&a, 0, sizeof(a));
+        a.x = all->b[op->in], a.ldx = bw(p, op->in), a.K = d->K, a.T = all->T, a.dtype = d->dtype;
+        a.mode = GEMV_ACCUM, a.n_seg = 1;
+        a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
+        a.seg[0].y = all->b[add->out], a.seg[0].ldy = bw(p, add->out);
+    }
+    return gemv_batch_applies(&a);
+}
+
+/* The batched step on c0's stream: the row-wise ops once for all n rows (fused as the decode
+ * graph fuses them: the norm into the products after it, q|k|v and gate|up + SwiGLU as one
+ * launch, the residual add into the product before it), each run of per-sequence work on the
+ * branches, then (to_rows) each session's logits row into its own decode buffer. */
 static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session *const *css, int32_t n,
                                    bool to_rows, struct qwenrt_error *err)
 {
@@ -3213,6 +3249,14 @@ static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session 
     for (int32_t i = 0; i < p->n_ops;) {
         qwenrt_status st;
         struct step fs;
+        if (batch_row_step(c0, &all, i, &fs)) {
+            st = run_step(&all, &fs, err); /* the norm + products, a product + residual: all n rows */
+            all.pf = NULL;
+            if (st)
+                return st;
+            i += fs.n_ops;
+            continue;
+        }
         if (!per_sequence(p->ops[i].kind) && !batch_branch_step(c0, i, &fs)) {
             if ((st = run_op(&all, i++, err)))
                 return st;

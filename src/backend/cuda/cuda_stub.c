@@ -134,6 +134,12 @@ qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *
     return not_built(err);
 }
 
+bool cuda_batch_pays(const struct cuda_session *cs)
+{
+    (void)cs;
+    return false;
+}
+
 qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t layer,
                                     enum cuda_state_part part, int64_t n_floats, float *host,
                                     bool to_host, struct qwenrt_error *err)
@@ -244,6 +250,12 @@ bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32_t T)
 {
     (void)dtype, (void)N, (void)K, (void)T;
     return false;
+}
+
+qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err)
+{
+    (void)c, (void)batch;
+    return not_built(err);
 }
 
 bool cuda_gemv_mma_takes(int32_t N, int32_t K)

@@ -10,13 +10,17 @@
  * us in gemv2 — under 300 GB/s — and the step as a whole was slower at 8 sessions than at 16
  * (whose products go to the GEMM).
  *
- * How: a warp owns RPW consecutive rows (2, or 4 for N >= 4096); its lanes walk the rows'
- * 16-byte chunks c = lane, lane + 32, ..., GB_U chunks' loads issued before the first use,
+ * How: a block owns RPW consecutive rows (2, or 4 for launches of >= 4096 rows) of the launch's
+ * segments (q|k|v as one launch; SwiGLU's gate and up rows in pairs); its warps split the rows'
+ * 16-byte chunks, each lane taking every 128th from its own, 2 or 4 chunks' loads issued before
+ * the first use,
  * the weights loaded past L1 (ld.global.nc.L1::no_allocate) so that L1 keeps x: every block
  * reads all of x (T * K * 4 bytes, 96 KB at most), so x is read from L1, once per chunk for
  * all RPW rows — per 16 * RPW bytes of weights, 32 * T bytes of x. Each (row, token) sum is a
- * chain of f32 FMAs over the lane's chunks in order, then warp_sum; one lane per (row, token)
- * stores (GEMV_STORE) or adds to y (GEMV_ACCUM). The order of the sums differs from gemv2's
+ * chain of f32 FMAs over the lane's chunks in order, then warp_sum, then the warps' sums added
+ * in warp order through shared memory; a fused RMS norm is applied as gemv_kernel applies it
+ * (see gemv_batch_kernel); one thread per (row, token) stores the result (GEMV_STORE,
+ * GEMV_SWIGLU) or adds it to y (GEMV_ACCUM). The order of the sums differs from gemv2's
  * and from the one-token kernels': results differ by rounding (test_op_gemv_sizes holds every
  * variant to the CPU).
  */
@@ -30,7 +34,6 @@ extern "C" {
 }
 
 #define GB_WARPS 4 /* warps per block */
-#define GB_U 4     /* chunks per lane whose loads are in flight together */
 
 /* 16 bytes of weights, not kept in L1 (which holds x for every block of the launch). */
 static __device__ __forceinline__ uint4 gb_load_w(const uint4 *p)
@@ -63,98 +66,204 @@ static __device__ __forceinline__ float gb_dot8(uint4 w, float4 x0, float4 x1, f
     return acc;
 }
 
-template <int DT, int T, int RPW>
-__global__ void __launch_bounds__(32 * GB_WARPS) gemv_batch_kernel(const __grid_constant__ struct gemv_args a)
+/* Row lr of the launch (over its segments, or over the SwiGLU pair's N): its P weight rows, its
+ * output and the output's row stride; false past the last row (which then reads row 0). */
+template <int P>
+static __device__ __forceinline__ bool gb_row(const struct gemv_args &a, int64_t lr, const uint4 *(&rp)[P],
+                                              float *&yp, int32_t &ldy)
 {
-    griddep_launch();
-    griddep_wait();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const struct gemv_seg &sg = a.seg[0];
-    const int64_t row0 = ((int64_t)blockIdx.x * GB_WARPS + warp) * RPW;
-    if (row0 >= sg.N)
-        return;
-    const uint4 *rp[RPW];
+    int sg = 0;
+    int64_t r = lr;
+    if (P == 1)
+        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
+            r -= a.seg[sg++].N;
+    bool ok = r < a.seg[sg].N;
+    r = ok ? r : 0;
 #pragma unroll
-    for (int r = 0; r < RPW; r++) { /* rows past the end read the last one and store nothing */
-        int64_t row = row0 + r < sg.N ? row0 + r : sg.N - 1;
-        rp[r] = (const uint4 *)((const uint8_t *)sg.w + row * sg.row_bytes);
-    }
-    const int chunks = a.K / 8;
-    float acc[RPW][T];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            acc[r][t] = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * GB_U) {
-        uint4 w[GB_U][RPW];
-#pragma unroll
-        for (int u = 0; u < GB_U; u++)
-#pragma unroll
-            for (int r = 0; r < RPW; r++)
-                w[u][r] = c0 + 32 * u < chunks ? gb_load_w(rp[r] + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int u = 0; u < GB_U; u++) {
-            int c = c0 + 32 * u;
-            if (c >= chunks)
-                break;
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                const float4 *xp = (const float4 *)(a.x + (int64_t)t * a.ldx + (int64_t)c * 8);
-                float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-#pragma unroll
-                for (int r = 0; r < RPW; r++)
-                    acc[r][t] = gb_dot8<DT>(w[u][r], x0, x1, acc[r][t]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (lane == r * T + t && row0 + r < sg.N) {
-                float *y = sg.y + (int64_t)t * sg.ldy + row0 + r;
-                *y = a.mode == GEMV_ACCUM ? *y + v : v;
-            }
-        }
+    for (int p = 0; p < P; p++)
+        rp[p] = (const uint4 *)((const uint8_t *)a.seg[sg + p].w + r * a.seg[sg + p].row_bytes);
+    yp = a.seg[sg].y + r, ldy = a.seg[sg].ldy;
+    return ok;
 }
 
-/* Rows per warp for N rows: 4 where the grid stays large (x read once for more rows). */
-static int gb_rows_per_warp(int64_t N) { return N >= 4096 ? 4 : 2; }
+/* TM: tokens the sums are sized for (a.T <= TM); RPW rows per block; P = 2: SwiGLU's gate and
+ * up rows; NORM: x RMS-normalised with norm_w first — applied as gemv_kernel applies it, x times
+ * norm_w in the dot products and 1 / rms on the sums, the squares of x summed from the chunks the
+ * block reads anyway (together its lanes read all of x). The block's warps split the rows'
+ * chunks (warp w takes chunks w * 32 + lane, then every GB_WARPS * 32 on): a launch of 1,024
+ * rows has 512 blocks, not 128, so four times the loads are in flight. */
+template <int DT, int TM, int RPW, int P, bool NORM>
+__global__ void __launch_bounds__(32 * GB_WARPS) gemv_batch_kernel(const __grid_constant__ struct gemv_args a)
+{
+    __shared__ float s_part[GB_WARPS][RPW * P + 1][TM]; /* each warp's sums; [RPW * P]: x's squares */
+    griddep_launch();
+    griddep_wait();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, T = a.T;
+    const int64_t row0 = (int64_t)blockIdx.x * RPW;
+    const uint4 *rp[RPW][P];
+    float *yp[RPW];
+    int32_t ldy[RPW];
+    bool ok[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+        ok[r] = gb_row<P>(a, row0 + r, rp[r], yp[r], ldy[r]);
+    if (!ok[0]) /* the whole block */
+        return;
+    const int chunks = a.K / 8;
+    constexpr int U = RPW * P <= 2 ? 4 : 2; /* chunks per lane whose loads are in flight together
+                                             * (fewer for 4 rows or pairs: no spills at TM = 8) */
+    constexpr int STRIDE = 32 * GB_WARPS;
+    float acc[RPW][P][TM], ss[TM];
+#pragma unroll
+    for (int t = 0; t < TM; t++) {
+        ss[t] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                acc[r][p][t] = 0.0f;
+    }
+    for (int c0 = warp * 32 + lane; c0 < chunks; c0 += STRIDE * U) {
+        uint4 w[U][RPW][P];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    w[u][r][p] = c0 + STRIDE * u < chunks ? gb_load_w(rp[r][p] + c0 + STRIDE * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + STRIDE * u;
+            if (c >= chunks)
+                break;
+            float4 g0 = make_float4(1.0f, 1.0f, 1.0f, 1.0f), g1 = g0;
+            if (NORM)
+                g0 = __ldg((const float4 *)(a.norm_w + c * 8)), g1 = __ldg((const float4 *)(a.norm_w + c * 8 + 4));
+#pragma unroll
+            for (int t = 0; t < TM; t++) {
+                if (t >= T)
+                    break;
+                const float4 *xp = (const float4 *)(a.x + (int64_t)t * a.ldx + (int64_t)c * 8);
+                float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+                if (NORM) {
+                    ss[t] = fmaf(x0.x, x0.x, ss[t]), ss[t] = fmaf(x0.y, x0.y, ss[t]);
+                    ss[t] = fmaf(x0.z, x0.z, ss[t]), ss[t] = fmaf(x0.w, x0.w, ss[t]);
+                    ss[t] = fmaf(x1.x, x1.x, ss[t]), ss[t] = fmaf(x1.y, x1.y, ss[t]);
+                    ss[t] = fmaf(x1.z, x1.z, ss[t]), ss[t] = fmaf(x1.w, x1.w, ss[t]);
+                    x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+                    x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+                }
+#pragma unroll
+                for (int r = 0; r < RPW; r++)
+#pragma unroll
+                    for (int p = 0; p < P; p++)
+                        acc[r][p][t] = gb_dot8<DT>(w[u][r][p], x0, x1, acc[r][p][t]);
+            }
+        }
+    }
+    /* each warp's sums into shared memory, then one thread per (row, token) adds the warps'
+     * in warp order (the same bits every run) */
+#pragma unroll
+    for (int t = 0; t < TM; t++) {
+        if (t >= T)
+            break;
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                float v = warp_sum(acc[r][p][t]);
+                if (lane == 0)
+                    s_part[warp][r * P + p][t] = v;
+            }
+        if (NORM) {
+            float v = warp_sum(ss[t]);
+            if (lane == 0)
+                s_part[warp][RPW * P][t] = v;
+        }
+    }
+    __syncthreads();
+    int r = threadIdx.x / TM, t = threadIdx.x % TM;
+    if (r >= RPW || t >= T || !ok[r])
+        return;
+    float sum[P + 1];
+#pragma unroll
+    for (int p = 0; p <= P; p++) {
+        sum[p] = 0.0f;
+        if (p == P && !NORM)
+            break;
+        int i = p < P ? r * P + p : RPW * P;
+#pragma unroll
+        for (int w2 = 0; w2 < GB_WARPS; w2++)
+            sum[p] += s_part[w2][i][t];
+    }
+    float inv = NORM ? rsqrtf(sum[P] / (float)a.K + a.eps) : 1.0f;
+    float v = sum[0] * inv;
+    if (P == 2) {
+        float up = sum[P - 1] * inv;
+        v = v / (1.0f + __expf(-v)) * up;
+    }
+    float *y = yp[r] + (int64_t)t * ldy[r];
+    *y = a.mode == GEMV_ACCUM ? *y + v : v;
+}
+
+/* Rows per block for a launch of `rows` rows: 4 where the grid stays large (x read once for more
+ * rows), else 2. */
+static int gb_rows_per_block(int64_t rows) { return rows >= 4096 ? 4 : 2; }
+
+static int64_t gb_rows(const struct gemv_args *a)
+{
+    if (a->mode == GEMV_SWIGLU)
+        return a->seg[0].N;
+    int64_t rows = 0;
+    for (int i = 0; i < a->n_seg; i++)
+        rows += a->seg[i].N;
+    return rows;
+}
 
 bool gemv_batch_applies(const struct gemv_args *a)
 {
-    const struct gemv_seg &sg = a->seg[0];
-    return a->T >= 2 && a->T <= 8 && (a->dtype == QR_BF16 || a->dtype == QR_F16) &&
-           (a->mode == GEMV_STORE || a->mode == GEMV_ACCUM) && a->n_seg == 1 && !a->norm_w && !a->k_mixed &&
-           !a->y_copy && a->K >= 8 && a->K % 8 == 0 && a->ldx % 4 == 0 && (uintptr_t)a->x % 16 == 0 &&
-           sg.row_bytes % 16 == 0 && (uintptr_t)sg.w % 16 == 0 && sg.N >= 1 && sg.ldy >= sg.N;
+    if (a->T < 2 || a->T > 8 || (a->dtype != QR_BF16 && a->dtype != QR_F16) || a->k_mixed || a->y_copy ||
+        a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG || a->K < 8 || a->K % 8 || a->ldx % 4 || (uintptr_t)a->x % 16 ||
+        (uintptr_t)a->norm_w % 16)
+        return false;
+    if (a->mode == GEMV_SWIGLU ? a->n_seg != 2 || a->seg[1].N != a->seg[0].N
+                               : a->mode != GEMV_STORE && a->mode != GEMV_ACCUM)
+        return false;
+    for (int i = 0; i < a->n_seg; i++)
+        if (a->seg[i].row_bytes % 16 || (uintptr_t)a->seg[i].w % 16 || a->seg[i].N < 1 || a->seg[i].ldy < a->seg[i].N)
+            return false;
+    return true;
 }
 
-template <int DT, int T>
+template <int DT, int TM, int P, bool NORM>
 static cudaError_t gb_launch(const struct gemv_args *a, cudaStream_t s)
 {
-    int rpw = gb_rows_per_warp(a->seg[0].N);
-    int64_t per_block = (int64_t)GB_WARPS * rpw;
-    dim3 grid((unsigned)((a->seg[0].N + per_block - 1) / per_block)), block(32 * GB_WARPS);
+    int64_t rows = gb_rows(a);
+    int rpw = gb_rows_per_block(rows);
+    int64_t per_block = rpw;
+    dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32 * GB_WARPS);
     if (rpw == 4)
-        return launch_k(a->pdl, gemv_batch_kernel<DT, T, 4>, grid, block, 0, s, *a);
-    return launch_k(a->pdl, gemv_batch_kernel<DT, T, 2>, grid, block, 0, s, *a);
+        return launch_k(a->pdl, gemv_batch_kernel<DT, TM, 4, P, NORM>, grid, block, 0, s, *a);
+    return launch_k(a->pdl, gemv_batch_kernel<DT, TM, 2, P, NORM>, grid, block, 0, s, *a);
+}
+
+template <int DT, int TM>
+static cudaError_t gb_launch_form(const struct gemv_args *a, cudaStream_t s)
+{
+    if (a->mode == GEMV_SWIGLU)
+        return a->norm_w ? gb_launch<DT, TM, 2, true>(a, s) : gb_launch<DT, TM, 2, false>(a, s);
+    return a->norm_w ? gb_launch<DT, TM, 1, true>(a, s) : gb_launch<DT, TM, 1, false>(a, s);
 }
 
 template <int DT>
 static cudaError_t gb_launch_dt(const struct gemv_args *a, cudaStream_t s)
 {
-    switch (a->T) {
-    case 2: return gb_launch<DT, 2>(a, s);
-    case 3: return gb_launch<DT, 3>(a, s);
-    case 4: return gb_launch<DT, 4>(a, s);
-    case 5: return gb_launch<DT, 5>(a, s);
-    case 6: return gb_launch<DT, 6>(a, s);
-    case 7: return gb_launch<DT, 7>(a, s);
-    default: return gb_launch<DT, 8>(a, s);
-    }
+    if (a->T <= 2)
+        return gb_launch_form<DT, 2>(a, s);
+    if (a->T <= 4)
+        return gb_launch_form<DT, 4>(a, s);
+    return gb_launch_form<DT, 8>(a, s);
 }
 
 cudaError_t launch_gemv_batch(const struct gemv_args *a, cudaStream_t s)
@@ -173,4 +282,70 @@ extern "C" bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32
     a.seg[0].w = (const void *)(uintptr_t)4096, a.seg[0].N = N, a.seg[0].ldy = N;
     a.seg[0].row_bytes = (int64_t)K * (dtype == QR_F32 ? 4 : 2);
     return !gemvq_applies(&a) && !gemv_smem_applies(&a) && gemv_batch_applies(&a);
+}
+
+/* ------------------------------------------------------------------ the tests' hook */
+
+struct gb_host_bufs {
+    void *w[4];
+    float *x, *norm_w, *y[4];
+};
+
+static void gb_host_free(struct gb_host_bufs *d)
+{
+    for (int i = 0; i < 4; i++)
+        cudaFree(d->w[i]), cudaFree(d->y[i]);
+    cudaFree(d->x);
+    cudaFree(d->norm_w);
+}
+
+/* The case's arrays on the device (d), its arguments in a. */
+static cudaError_t gb_host_upload(const struct cuda_gemv_case *c, struct gb_host_bufs *d, struct gemv_args *a)
+{
+    cudaError_t e = cudaSuccess;
+    size_t xb = (size_t)c->T * c->K * 4;
+    if ((e = cudaMalloc(&d->x, xb)) || (e = cudaMemcpy(d->x, c->x, xb, cudaMemcpyHostToDevice)))
+        return e;
+    if (c->norm_w && ((e = cudaMalloc(&d->norm_w, (size_t)c->K * 4)) ||
+                      (e = cudaMemcpy(d->norm_w, c->norm_w, (size_t)c->K * 4, cudaMemcpyHostToDevice))))
+        return e;
+    a->x = d->x, a->ldx = c->K, a->K = c->K, a->T = c->T, a->dtype = c->dtype, a->mode = c->mode;
+    a->n_seg = c->n_seg, a->norm_w = d->norm_w, a->eps = c->eps;
+    for (int i = 0; i < c->n_seg; i++) {
+        size_t wb = (size_t)c->N[i] * c->K * 2, yb = (size_t)c->T * c->N[i] * 4;
+        bool out = c->mode != GEMV_SWIGLU || i == 0;
+        if ((e = cudaMalloc(&d->w[i], wb)) || (e = cudaMemcpy(d->w[i], c->w[i], wb, cudaMemcpyHostToDevice)))
+            return e;
+        if (out && ((e = cudaMalloc(&d->y[i], yb)) || (e = cudaMemcpy(d->y[i], c->y[i], yb, cudaMemcpyHostToDevice))))
+            return e;
+        a->seg[i].w = d->w[i], a->seg[i].N = c->N[i], a->seg[i].row_bytes = (int64_t)c->K * 2;
+        a->seg[i].y = d->y[i], a->seg[i].ldy = c->N[i];
+    }
+    return e;
+}
+
+extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err)
+{
+    if (!c || c->T < 1 || c->T > GEMV_MAX_T || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 ||
+        (c->dtype != QR_BF16 && c->dtype != QR_F16) || c->mode < GEMV_STORE || c->mode > GEMV_SWIGLU ||
+        (c->mode == GEMV_SWIGLU && (c->n_seg != 2 || c->N[0] != c->N[1])))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_host: a malformed case");
+    struct gb_host_bufs d;
+    struct gemv_args a;
+    memset(&d, 0, sizeof(d));
+    memset(&a, 0, sizeof(a));
+    cudaError_t e = gb_host_upload(c, &d, &a);
+    a.batch = batch; /* v2, smem, gemvq off: gemv_kernel when not batch */
+    qwenrt_status st = QWENRT_OK;
+    if (e == cudaSuccess && batch && !gemv_batch_applies(&a))
+        st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemv_batch does not take this case");
+    if (e == cudaSuccess && !st && (e = launch_gemv(&a, 0)) == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    for (int i = 0; e == cudaSuccess && !st && i < c->n_seg; i++)
+        if (d.y[i])
+            e = cudaMemcpy(c->y[i], d.y[i], (size_t)c->T * c->N[i] * 4, cudaMemcpyDeviceToHost);
+    gb_host_free(&d);
+    if (e != cudaSuccess && !st)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "cuda_gemv_host");
+    return st;
 }
