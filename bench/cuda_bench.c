@@ -699,7 +699,7 @@ out:
 /* --batch N,N,...: the server's continuous batching step — qwenrt_batch_decode over n sessions,
  * then each session's greedy pick (qwenrt_session_sample) — for n_gen steps from position 0,
  * median of reps; prints each n's step time and the tokens per second of all n together. */
-static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, int reps)
+static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, int reps, FILE *jf)
 {
     enum { BATCH_MAX = 64 };
     struct qwenrt_error err = {0};
@@ -756,6 +756,9 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
         double t = median(times, nr);
         printf("| %d | %.3f | %.3f | %.1f | %.1f |\n", n, 1e3 * t / n_gen, 1e3 * median(submit, nr) / n_gen,
                n * n_gen / t, n_gen / t);
+        if (jf)
+            fprintf(jf, "%s\n    {\"sessions\": %d, \"step_ms\": %.3f, \"tok_s\": %.1f, \"per_session_tok_s\": %.1f}",
+                    c == list ? "" : ",", n, 1e3 * t / n_gen, n * n_gen / t, n_gen / t);
         fflush(stdout);
         while (*c && *c != ',')
             c++;
@@ -955,8 +958,28 @@ int main(int argc, char **argv)
         gemv_table(&m->hp);
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
-    if (batch)
-        return print_batch(m, batch, n_gen, reps);
+    if (batch) { /* --json: the table as a record */
+        FILE *jf = json ? fopen(json, "w") : NULL;
+        if (json && !jf) {
+            fprintf(stderr, "--json %s: cannot write it\n", json);
+            return 1;
+        }
+        if (jf) {
+            fprintf(jf, "{\n  \"arch\": \"%s\",\n  \"weights\": \"%s\",\n  \"backend\": \"cuda\",\n  \"command\": \"", arch, type);
+            for (int i = 0; i < argc; i++)
+                fprintf(jf, "%s%s", i ? " " : "", argv[i]);
+            fprintf(jf, "\",\n  \"device\": \"%s\",\n  \"schema\": \"qwenrt.cuda_bench_batch/1\",\n", dev);
+            fprintf(jf, "  \"timing\": \"wall clock of n_gen steps from position 0: qwenrt_batch_decode over n sessions, then each "
+                        "session's greedy qwenrt_session_sample; median of reps after one warm-up\",\n");
+            fprintf(jf, "  \"n_gen\": %d,\n  \"reps\": %d,\n  \"rows\": [", n_gen, reps);
+        }
+        int rc = print_batch(m, batch, n_gen, reps, jf);
+        if (jf) {
+            fprintf(jf, "\n  ],\n  \"status\": \"%s\"\n}\n", rc ? "failed" : "ok");
+            fclose(jf);
+        }
+        return rc;
+    }
     if (timeline)
         return decode_timeline(m, &sw, depth, reps, kv_f16);
     if (sweep)
