@@ -461,10 +461,13 @@ qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struc
 
 /* One decode step for n sessions of one model together: session r decodes ids[r] at position
  * pos[r]. Ops that treat tokens independently (norms, matmuls: each weight read once for all
- * n rows) run once on css[0]'s weights and stream; attention, RoPE and the DeltaNet steps run
- * per session on its own state. logits: [n][n_vocab] on the host, or NULL: each session keeps
- * its row on the device (cuda_session_top / cuda_session_logits). Waits for the GPU.
- * Errors: INVALID_ARG (another model's session), LIMIT (position), BACKEND. */
+ * n rows; gemv_batch.cu for 2-8 rows of 16-bit weights) run once on css[0]'s weights and
+ * stream; attention, RoPE and the DeltaNet steps run per session on its own state, the
+ * sessions' side by side on css[0]'s side streams. The step is captured in a CUDA graph led by
+ * css[0] the second time the same sessions come in the same order, and replayed after that
+ * (cuda_options.graph; see batch_step). logits: [n][n_vocab] on the host, or NULL: each session
+ * keeps its row on the device (cuda_session_top / cuda_session_logits). Waits for the GPU.
+ * Errors: INVALID_ARG (another model's session), LIMIT (position), NOMEM, BACKEND. */
 qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err);

@@ -26,6 +26,7 @@
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_smem.cuh"
 
 #include <string.h>
 
@@ -66,26 +67,6 @@ static __device__ __forceinline__ float gb_dot8(uint4 w, float4 x0, float4 x1, f
     return acc;
 }
 
-/* Row lr of the launch (over its segments, or over the SwiGLU pair's N): its P weight rows, its
- * output and the output's row stride; false past the last row (which then reads row 0). */
-template <int P>
-static __device__ __forceinline__ bool gb_row(const struct gemv_args &a, int64_t lr, const uint4 *(&rp)[P],
-                                              float *&yp, int32_t &ldy)
-{
-    int sg = 0;
-    int64_t r = lr;
-    if (P == 1)
-        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
-            r -= a.seg[sg++].N;
-    bool ok = r < a.seg[sg].N;
-    r = ok ? r : 0;
-#pragma unroll
-    for (int p = 0; p < P; p++)
-        rp[p] = (const uint4 *)((const uint8_t *)a.seg[sg + p].w + r * a.seg[sg + p].row_bytes);
-    yp = a.seg[sg].y + r, ldy = a.seg[sg].ldy;
-    return ok;
-}
-
 /* TM: tokens the sums are sized for (a.T <= TM); RPW rows per block; P = 2: SwiGLU's gate and
  * up rows; NORM: x RMS-normalised with norm_w first — applied as gemv_kernel applies it, x times
  * norm_w in the dot products and 1 / rms on the sums, the squares of x summed from the chunks the
@@ -106,7 +87,7 @@ __global__ void __launch_bounds__(32 * GB_WARPS) gemv_batch_kernel(const __grid_
     bool ok[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++)
-        ok[r] = gb_row<P>(a, row0 + r, rp[r], yp[r], ldy[r]);
+        ok[r] = gemv_seg_row<P>(a, row0 + r, rp[r], yp[r], ldy[r]);
     if (!ok[0]) /* the whole block */
         return;
     const int chunks = a.K / 8;

@@ -111,23 +111,6 @@ __device__ __forceinline__ void gm_stage_x(const struct gemv_args &a, uint32_t *
     __syncthreads();
 }
 
-/* Row lr of the launch: its P weight rows and its output; false past the last row. */
-template <int P>
-__device__ __forceinline__ bool gm_row(const struct gemv_args &a, int64_t lr, const uint4 *(&src)[P], float *&y)
-{
-    int sg = 0;
-    int64_t r = lr;
-    if (P == 1)
-        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
-            r -= a.seg[sg++].N;
-    bool ok = r < a.seg[sg].N;
-    r = ok ? r : 0;
-#pragma unroll
-    for (int p = 0; p < P; p++)
-        src[p] = (const uint4 *)((const uint8_t *)a.seg[sg + p].w + r * a.seg[sg + p].row_bytes);
-    y = a.seg[sg].y + r;
-    return ok;
-}
 
 /* P physical rows per row (2: the SwiGLU gate/up pair), S warps per 8-row tile. */
 template <int P, int S>
@@ -151,7 +134,7 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_mma_kernel(co
     for (int i = 0; i < 8; i++) {
         const uint4 *src[P];
         float *y;
-        if (!gm_row<P>(a, row0 + i, src, y))
+        if (!gemv_seg_row<P>(a, row0 + i, src, y))
             break;
 #pragma unroll
         for (int p = 0; p < P; p++)
@@ -166,7 +149,7 @@ __global__ void __launch_bounds__(32 * GEMV_SMEM_WARPS_LIMIT) gemv_mma_kernel(co
     /* the lane that stores row row0 + lane (part 0, lanes 0-7) */
     const uint4 *src_y[P];
     float *yp;
-    const bool stores = part == 0 && lane < 8 && gm_row<P>(a, row0 + lane, src_y, yp);
+    const bool stores = part == 0 && lane < 8 && gemv_seg_row<P>(a, row0 + lane, src_y, yp);
     float yold = a.mode == GEMV_ACCUM && stores ? *yp : 0.0f;
 
     /* 2. x's terms */

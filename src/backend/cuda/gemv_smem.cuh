@@ -2,7 +2,8 @@
  * gemv_smem.cuh — what gemv_smem.cu (the one-token 16-bit GEMV with its rows in shared
  * memory) shares with gemv_mma.cu (the same launch with the dot products on the tensor
  * cores): the shape of a launch, chosen once in gemv_smem.cu, and the raised shared-memory
- * limit both kernels need for blocks above 48 KB.
+ * limit both kernels need for blocks above 48 KB; and the row mapping over a launch's segments
+ * that gemv_mma.cu and gemv_batch.cu share.
  */
 #ifndef QWENRT_BACKEND_CUDA_GEMV_SMEM_CUH
 #define QWENRT_BACKEND_CUDA_GEMV_SMEM_CUH
@@ -11,6 +12,35 @@
 #include "backend/cuda/gemv_stage.cuh"
 
 #define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
+
+/* Row lr of a launch over its segments (P = 2: the SwiGLU pair's gate and up rows, over their
+ * N): its P weight rows, its output and the output's row stride; false past the last row, which
+ * then reads row 0 (gemv_mma.cu, gemv_batch.cu). */
+template <int P>
+static __device__ __forceinline__ bool gemv_seg_row(const struct gemv_args &a, int64_t lr, const uint4 *(&src)[P],
+                                                    float *&y, int32_t &ldy)
+{
+    int sg = 0;
+    int64_t r = lr;
+    if (P == 1)
+        while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
+            r -= a.seg[sg++].N;
+    bool ok = r < a.seg[sg].N;
+    r = ok ? r : 0;
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        src[p] = (const uint4 *)((const uint8_t *)a.seg[sg + p].w + r * a.seg[sg + p].row_bytes);
+    y = a.seg[sg].y + r, ldy = a.seg[sg].ldy;
+    return ok;
+}
+
+template <int P>
+static __device__ __forceinline__ bool gemv_seg_row(const struct gemv_args &a, int64_t lr, const uint4 *(&src)[P],
+                                                    float *&y)
+{
+    int32_t ldy;
+    return gemv_seg_row<P>(a, lr, src, y, ldy);
+}
 
 /* How a launch runs: L (gemv_smem: 32 / L rows per warp; gemv_mma: L / 4 warps per 8-row tile),
  * warps per block, blocks, the bytes between rows in shared memory, the block's dynamic
