@@ -2664,6 +2664,8 @@ static void check_batch_cuda(const char *dir, int32_t n)
             ids[i] = qwenrt_argmax(qwenrt_session_logits(rs[i]), V);
         if (qwenrt_batch_decode(batch, bs, ids, n, &err))
             fail_msg("%s: batch decode: %s", dir, err.message);
+        for (int32_t i = 0; step % 2 && i < n; i++) /* every pick started first, as the server does */
+            session_sample_start(bs[i], greedy);
         for (int32_t i = 0; i < n; i++) {
             assert_int_equal(qwenrt_session_decode(rs[i], ids[i], &err), QWENRT_OK);
             /* the batch left each row on the GPU: sampling reads its best token there */
@@ -3093,8 +3095,9 @@ static void open_twins(struct qwenrt_model *m, const struct qwenrt_sampler_param
 
 /* qwenrt_session_sample on a CUDA session (only the best tokens leave the GPU) picks what the
  * sampler picks from the whole row, step by step, for greedy, qwenrt run's defaults, and a
- * sampler with penalties and a logit bias; a sampler without top-k reads the whole row. The
- * two sessions run the same tokens, so their logits are identical. */
+ * sampler with penalties and a logit bias; a sampler without top-k reads the whole row; with
+ * the pick started ahead (session_sample_start) too, for the same sampler, another one, and a
+ * row changed since. The two sessions run the same tokens, so their logits are identical. */
 static void test_session_sample_cuda(void **st)
 {
     (void)st;
@@ -3118,6 +3121,9 @@ static void test_session_sample_cuda(void **st)
         struct qwenrt_session *a = NULL, *b = NULL;
         struct qwenrt_sampler *sa = NULL, *sb = NULL;
         open_twins(m, &ps[k], info.n_vocab, &a, &b, &sa, &sb);
+        struct qwenrt_sampler *greedy = NULL;
+        assert_int_equal(qwenrt_sampler_init(&ps[0], info.n_vocab, &greedy, &err), QWENRT_OK);
+        session_sample_start(a, sa); /* nothing has run: nothing starts */
         int32_t id = -1, top_id[1];
         float top_val[1], *row = malloc((size_t)info.n_vocab * sizeof(float));
         assert_int_equal(qwenrt_session_sample(a, sa, &id, &err), QWENRT_ERR_INVALID_ARG); /* nothing run */
@@ -3132,17 +3138,29 @@ static void test_session_sample_cuda(void **st)
             qwenrt_sampler_accept(sa, prompt[i]), qwenrt_sampler_accept(sb, prompt[i]);
         for (int step = 0; step < 24; step++) {
             int32_t want = qwenrt_sampler_sample(sb, qwenrt_session_logits(b));
+            /* the pick started ahead (session_sample_start): taken when it is the one asked for
+             * (step % 4 == 0; 2: started at the end of the step before, after the decode), let
+             * finish and not taken when another sampler's (1) or the row changed since (3) */
+            if (step % 4 == 0)
+                session_sample_start(a, sa);
+            else if (step % 4 == 1)
+                session_sample_start(a, greedy);
             assert_int_equal(qwenrt_session_sample(a, sa, &id, &err), QWENRT_OK);
             if (id != want)
                 fail_msg("sampler %d, step %d: session_sample %d, whole row %d", k, step, id, want);
             qwenrt_sampler_accept(sa, id), qwenrt_sampler_accept(sb, id);
+            if (step % 4 == 2) /* for the old row: the next step's sample must not take it */
+                session_sample_start(a, sa);
             assert_int_equal(qwenrt_session_decode(a, id, &err), QWENRT_OK);
             assert_int_equal(qwenrt_session_decode(b, id, &err), QWENRT_OK);
+            if (step % 4 == 1)
+                session_sample_start(a, sa);
         }
         /* the row is still readable after sampling from its best tokens */
         const float *la = qwenrt_session_logits(a), *lb = qwenrt_session_logits(b);
         assert_non_null(la);
         assert_memory_equal(la, lb, (size_t)info.n_vocab * sizeof(float));
+        qwenrt_sampler_free(greedy);
         qwenrt_sampler_free(sa);
         qwenrt_sampler_free(sb);
         qwenrt_session_free(a);

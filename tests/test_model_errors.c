@@ -210,7 +210,11 @@ static void test_bad_ids_and_context(void **st)
     assert_int_equal(qwenrt_session_sample(s, NULL, &id, &err), QWENRT_ERR_INVALID_ARG);
     assert_int_equal(qwenrt_session_sample(s, greedy, NULL, &err), QWENRT_ERR_INVALID_ARG);
     assert_int_equal(id, -7);
+    session_sample_start(s, greedy); /* nothing has run, no sampler, no session: no-ops */
+    session_sample_start(s, NULL);
+    session_sample_start(NULL, greedy);
     assert_int_equal(qwenrt_session_prefill(s, ok, 6, NULL, &err), QWENRT_OK);
+    session_sample_start(s, greedy); /* a CPU session: nothing to start, the sample as before */
     assert_int_equal(qwenrt_session_sample(s, greedy, &id, &err), QWENRT_OK);
     assert_int_equal(id, qwenrt_argmax(qwenrt_session_logits(s), 1024));
     /* several steps per call need a CUDA session: refused here, nothing changed; bad keeps */

@@ -362,6 +362,18 @@ const float *qwenrt_session_logits(const struct qwenrt_session *s)
     return session_fetch_logits(ms, NULL) ? NULL : s->last_logits;
 }
 
+void session_sample_start(struct qwenrt_session *s, struct qwenrt_sampler *smp)
+{
+    if (!s || !smp || !s->has_logits || !s->logits_on_device)
+        return;
+    int32_t gather[CUDA_TOP_MAX_GATHER], m = 0;
+    float t = 1.0f;
+    int32_t n = sampler_subset_plan(smp, gather, CUDA_TOP_MAX_GATHER, CUDA_TOP_MAX_M, &m, &t);
+    struct qwenrt_error err = {0}; /* a refusal here is qwenrt_session_sample's to report */
+    if (n >= 0)
+        (void)cuda_session_top_start(s->cuda, t, m, gather, n, &err);
+}
+
 qwenrt_status qwenrt_session_sample(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t *id,
                                     struct qwenrt_error *err)
 {

@@ -62,6 +62,12 @@ qwenrt_status session_generate(struct qwenrt_session *s, struct qwenrt_sampler *
 qwenrt_status session_generate_keep(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t id,
                                     const int32_t *out, int32_t n, int32_t keep, struct qwenrt_error *err);
 
+/* Starts what qwenrt_session_sample(s, smp) will wait for — on a CUDA session with its logits
+ * on the device, the pick of the best tokens (cuda_session_top_start) — so that several
+ * sessions' picks run at once; the sample itself is unchanged. A no-op elsewhere, and when
+ * the pick cannot start (the sample then reports why). */
+void session_sample_start(struct qwenrt_session *s, struct qwenrt_sampler *smp);
+
 /* Whether one qwenrt_batch_decode step for sessions like s is faster than each session's own
  * decode one after another (the server's choice): always on the CPU; on CUDA where the model's
  * products are 16-bit (cuda_batch_pays). */

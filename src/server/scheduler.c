@@ -807,6 +807,11 @@ static void *sched_main(void *arg)
         struct slot *gen[SCHED_MAX_SLOTS];
         int32_t ids[SCHED_MAX_SLOTS];
         int n_gen = 0;
+        for (int i = 0; i < s->p.n_parallel; i++) { /* every pick on the GPU at once, then each waited for */
+            struct slot *sl = &s->slots[i];
+            if (sl->job && sl->phase == SLOT_GEN && sl->pending < 0)
+                session_sample_start(sl->sess, sl->smp);
+        }
         for (int i = 0; i < s->p.n_parallel; i++) {
             struct slot *sl = &s->slots[i];
             if (sl->job && sl->phase == SLOT_GEN && !job_cancelled(sl->job)) {

@@ -405,6 +405,13 @@ qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32
                                const int32_t *gather, int32_t n_gather, int32_t *ids, float *vals,
                                float *gather_vals, struct qwenrt_error *err);
 
+/* Starts cuda_session_top's pick for these arguments without waiting for it (the server starts
+ * every generating session's pick before it waits for any): the next cuda_session_top with the
+ * same arguments on the same row takes its results; another call, or a row changed since,
+ * lets it finish and runs its own. Errors as cuda_session_top's (nothing started). */
+qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature, int32_t m,
+                                     const int32_t *gather, int32_t n_gather, struct qwenrt_error *err);
+
 /* The same selection on a host row of V logits, through the fast kernels or (reference) the
  * one-thread reference kernel: what test_cuda_backend compares. Errors as cuda_session_top. */
 qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,

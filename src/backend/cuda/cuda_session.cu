@@ -142,6 +142,13 @@ struct cuda_session {
     int32_t *d_mk_top;        /* [2] the megakernel's argmax of the latest single decode step
                                * (id, the logit's bits) */
     bool mk_top_ready;        /* d_mk_top belongs to last_row */
+    uint64_t row_gen;         /* bumped whenever last_row's contents or the state change */
+    /* a pick started ahead (cuda_session_top_start): its arguments and last_row's row_gen then;
+     * its results arrive in h_top (gather ids in h_top's gather block) */
+    bool top_pending;
+    float top_t;
+    int32_t top_m, top_n_gather;
+    uint64_t top_gen;
     /* sampling support (made on first use): cuda_session_top's scratch keys, its device and
      * pinned result blocks ([m ids][m vals][gather ids][gather vals], 32-bit words), and a
      * pinned logits row for cuda_session_logits */
@@ -2793,6 +2800,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         return st;
     }
     cs->last_row = b[p->buf_logits] + (size_t)(rows - 1) * cs->n_vocab;
+    cs->row_gen++;
     if (!logits && !all_logits) { /* the row stays on the device (cuda_session_top) */
         cs->unsynced = true;
         return QWENRT_OK;
@@ -2844,11 +2852,10 @@ static qwenrt_status top_args(int32_t V, float temperature, int32_t m, const int
 
 /* launch_topk over a device row with the result block's layout; d_top / h_top (pinned) hold
  * TOP_WORDS words, scratch the keys. */
-static qwenrt_status top_run(const float *row, int32_t V, float temperature, int32_t m,
-                             const int32_t *gather, int32_t n_gather, bool reference,
-                             unsigned long long *scratch, int32_t *d_top, int32_t *h_top,
-                             cudaStream_t s, int32_t *ids, float *vals, float *gather_vals,
-                             struct qwenrt_error *err)
+/* The selection's launch and its results' copies to h_top, not waited for (top_collect). */
+static qwenrt_status top_launch(const float *row, int32_t V, float temperature, int32_t m, const int32_t *gather,
+                                int32_t n_gather, bool reference, unsigned long long *scratch, int32_t *d_top,
+                                int32_t *h_top, cudaStream_t s, struct qwenrt_error *err)
 {
     int32_t *d_gather = d_top + 2 * CUDA_TOP_MAX_M, *h_gather = h_top + 2 * CUDA_TOP_MAX_M;
     if (n_gather) {
@@ -2863,11 +2870,31 @@ static qwenrt_status top_run(const float *row, int32_t V, float temperature, int
     if (n_gather)
         CUDA_CHECK(cudaMemcpyAsync(h_gather + CUDA_TOP_MAX_GATHER, d_gvals, (size_t)n_gather * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    return QWENRT_OK;
+}
+
+/* top_launch's results, once its stream has been waited for. */
+static void top_collect(const int32_t *h_top, int32_t m, int32_t n_gather, int32_t *ids, float *vals,
+                        float *gather_vals)
+{
+    const int32_t *h_gather = h_top + 2 * CUDA_TOP_MAX_M;
     memcpy(ids, h_top, (size_t)m * sizeof(int32_t));
     memcpy(vals, h_top + CUDA_TOP_MAX_M, (size_t)m * sizeof(float));
     if (n_gather)
         memcpy(gather_vals, h_gather + CUDA_TOP_MAX_GATHER, (size_t)n_gather * sizeof(float));
+}
+
+static qwenrt_status top_run(const float *row, int32_t V, float temperature, int32_t m,
+                             const int32_t *gather, int32_t n_gather, bool reference,
+                             unsigned long long *scratch, int32_t *d_top, int32_t *h_top,
+                             cudaStream_t s, int32_t *ids, float *vals, float *gather_vals,
+                             struct qwenrt_error *err)
+{
+    qwenrt_status st = top_launch(row, V, temperature, m, gather, n_gather, reference, scratch, d_top, h_top, s, err);
+    if (st)
+        return st;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    top_collect(h_top, m, n_gather, ids, vals, gather_vals);
     return QWENRT_OK;
 }
 
@@ -2887,12 +2914,53 @@ static qwenrt_status top_ready(struct cuda_session *cs, struct qwenrt_error *err
     return QWENRT_OK;
 }
 
+/* Whether the pick started ahead is the one asked for now, on the same row. */
+static bool top_pending_fits(const struct cuda_session *cs, float temperature, int32_t m, const int32_t *gather,
+                             int32_t n_gather)
+{
+    return cs->top_pending && cs->top_gen == cs->row_gen && cs->top_t == temperature && cs->top_m == m &&
+           cs->top_n_gather == n_gather &&
+           (!n_gather || !memcmp(cs->h_top + 2 * CUDA_TOP_MAX_M, gather, (size_t)n_gather * sizeof(int32_t)));
+}
+
+extern "C" qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature, int32_t m,
+                                                const int32_t *gather, int32_t n_gather, struct qwenrt_error *err)
+{
+    if (!cs->last_row)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    qwenrt_status st = top_ready(cs, err);
+    if (st || (st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err)))
+        return st;
+    if (cs->top_pending) /* h_top may still be written by the one before */
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    cs->top_pending = false;
+    if (m == 1 && n_gather == 0 && temperature == 1.0f && cs->mk_top_ready)
+        return QWENRT_OK; /* cuda_session_top needs no launch */
+    if ((st = top_launch(cs->last_row, cs->n_vocab, temperature, m, gather, n_gather, false, cs->d_topk, cs->d_top,
+                         cs->h_top, cs->stream, err)))
+        return st;
+    cs->top_pending = true;
+    cs->unsynced = true; /* a step on another stream (a batch) waits for it first */
+    cs->top_t = temperature, cs->top_m = m, cs->top_n_gather = n_gather, cs->top_gen = cs->row_gen;
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
                                           const int32_t *gather, int32_t n_gather, int32_t *ids,
                                           float *vals, float *gather_vals, struct qwenrt_error *err)
 {
     if (!cs->last_row)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    if (cs->top_pending) { /* started ahead: its results if they are these, else let it finish */
+        bool fits = top_pending_fits(cs, temperature, m, gather, n_gather);
+        cs->top_pending = false;
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+        if (fits) {
+            cs->unsynced = false;
+            top_collect(cs->h_top, m, n_gather, ids, vals, gather_vals);
+            return QWENRT_OK;
+        }
+    }
     qwenrt_status st = top_ready(cs, err);
     if (st)
         return st;
@@ -3003,6 +3071,7 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
         }
     }
     cs->last_row = cs->dbufs[p->buf_logits];
+    cs->row_gen++;
     cs->mk_top_ready = false;
     if (last_logits) {
         CUDA_CHECK(cudaMemcpyAsync(last_logits, cs->dbufs[p->buf_logits],
@@ -3073,6 +3142,7 @@ extern "C" qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, 
     CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* also: h_sp and h_stage are free again */
     cs->unsynced = false;
     cs->last_row = cs->dbufs[cs->plans[PHASE_DECODE].buf_logits];
+    cs->row_gen++;
     cs->mk_top_ready = false;
     return QWENRT_OK;
 }
@@ -3417,6 +3487,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         CUDA_CHECK(cudaMemcpyAsync(logits, c0->bbufs[p->buf_logits], n * row, cudaMemcpyDeviceToHost, c0->stream));
     for (int32_t r = 0; to_rows && r < n; r++) { /* for cuda_session_top / _logits */
         css[r]->last_row = css[r]->dbufs[p->buf_logits];
+        css[r]->row_gen++;
         css[r]->mk_top_ready = false;
     }
     CUDA_CHECK(cudaStreamSynchronize(c0->stream));
@@ -3425,6 +3496,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
 
 extern "C" qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *err)
 {
+    cs->row_gen++; /* a pick started ahead is for the old state */
     for (int32_t l = 0; l < cs->n_layer; l++) {
         if (cs->conv[l])
             CUDA_CHECK(cudaMemsetAsync(cs->conv[l], 0, (size_t)cs->conv_rows * cs->conv_dim * 4, cs->stream));
@@ -3479,6 +3551,8 @@ extern "C" qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t 
 {
     void *dev = NULL;
     int64_t cap = 0;
+    if (!to_host)
+        cs->row_gen++; /* a pick started ahead is for the old state */
     if (layer >= 0 && layer < cs->n_layer) {
         switch (part) {
         case CUDA_STATE_K: dev = cs->kc[layer], cap = (int64_t)cs->n_ctx * cs->kv_width; break;

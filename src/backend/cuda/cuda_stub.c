@@ -81,6 +81,13 @@ qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32
     return not_built(err);
 }
 
+qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature, int32_t m,
+                                     const int32_t *gather, int32_t n_gather, struct qwenrt_error *err)
+{
+    (void)cs, (void)temperature, (void)m, (void)gather, (void)n_gather;
+    return not_built(err);
+}
+
 qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
                              const int32_t *gather, int32_t n_gather, bool reference, int32_t *ids,
                              float *vals, float *gather_vals, struct qwenrt_error *err)
