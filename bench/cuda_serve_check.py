@@ -3,6 +3,7 @@
 hand there (bench/cuda_device_run.sh serve), standard library only.
 
   cuda_serve_check.py QWENRT MODEL.gguf [--parallel 4] [--requests 8] [--backend cuda]
+                      [--precision default|exact]
 
 1. The same greedy chat requests (temperature 0) one at a time and all at once: the
    concurrent ones are decoded together (continuous batching on the GPU) and must give the
@@ -23,10 +24,11 @@ import time
 import urllib.request
 
 
-def start(qwenrt, model, parallel, backend):
+def start(qwenrt, model, parallel, backend, precision):
     log = tempfile.NamedTemporaryFile(prefix="qwenrt-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([qwenrt, "serve", "-m", model, "--backend", backend, "--port", "0",
-                             "--parallel", str(parallel)], stderr=log, stdout=subprocess.DEVNULL)
+                             "--parallel", str(parallel), "--precision", precision],
+                            stderr=log, stdout=subprocess.DEVNULL)
     for _ in range(600):
         text = open(log.name, encoding="utf-8", errors="replace").read()
         if "serving" in text:
@@ -62,7 +64,8 @@ def main():
     parallel = int(args[args.index("--parallel") + 1]) if "--parallel" in args else 4
     n_req = int(args[args.index("--requests") + 1]) if "--requests" in args else 8
     backend = args[args.index("--backend") + 1] if "--backend" in args else "cuda"
-    proc, url, log = start(qwenrt, model, parallel, backend)
+    precision = args[args.index("--precision") + 1] if "--precision" in args else "default"
+    proc, url, log = start(qwenrt, model, parallel, backend, precision)
     ok = True
     try:
         models = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=30).read())

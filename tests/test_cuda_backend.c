@@ -355,8 +355,8 @@ static void test_op_matmul(void **state)
  *   T = 1, 14: gemv_smem with x staged in shared memory (gemv_smem_xreg 0); quantised rows at
  *   T = 1 with x in 8 bits made in one pass from registers (gemvq_one_pass), 15: in gemvq's
  *   int8 shape (8 warps of 2 rows), 16: in 4-warp blocks of 2 rows, against the CPU's own
- *   quantised products like 12 and 13. 16-bit rows at T > 1 take gemv_batch.cu from variant 2
- *   on (0 and 1 turn it off). */
+ *   quantised products like 12 and 13. Rows at T > 1 take gemv_batch.cu (16-bit) or
+ *   gemvq_batch.cu (quantised) from variant 2 on (0 and 1 turn them off). */
 #define GEMV_VARIANTS 17
 #define GEMV_VARIANT_INT8(v) ((v) == 12 || (v) == 13 || (v) == 15 || (v) == 16)
 
@@ -436,17 +436,21 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
     }
     if (v == 2 && T == 1 && sixteen)
         assert_true(cuda_gemv_smem_takes(dt, N, K));
-    if (v >= 2 && T > 1) /* 16-bit rows in whole 16-byte chunks */
-        assert_int_equal(cuda_gemv_batch_takes(dt, N, K, T), sixteen && K % 8 == 0);
+    if (v >= 2 && T > 1) /* 16-bit rows in whole 16-byte chunks (gemv_batch); quantised rows in
+                          * whole 256-element spans (gemvq_batch) */
+        assert_int_equal(cuda_gemv_batch_takes(dt, N, K, T),
+                         sixteen ? K % 8 == 0 : dtype_is_float(dt) ? false : K % 256 == 0);
     if (v == 2 && !sixteen)
         assert_false(cuda_gemv_smem_takes(dt, N, K));
 }
 
-/* gemv_batch.cu (2-8 tokens, 16-bit rows) and the plain reference GEMV (gemv_kernel) on random
- * cases of awkward sizes against a double-precision sum on the host: every form the batched
- * decode step launches — a fused RMS norm, several segments (q|k|v; rows of a warp across a
- * segment's end), SwiGLU's gate and up, the residual added (GEMV_ACCUM), 4 rows per warp from
- * 4,096 rows on, one chunk per row (K = 8). */
+/* gemv_batch.cu (2-8 tokens, 16-bit rows), gemvq_batch.cu (quantised rows) and the plain
+ * reference GEMV (gemv_kernel) on random cases of awkward sizes against a double-precision sum on
+ * the host: every form the batched decode step launches — a fused RMS norm, several segments
+ * (q|k|v; rows of a warp or block across a segment's end), SwiGLU's gate and up, the residual
+ * added (GEMV_ACCUM), 4 rows per block (2 per warp for quantised rows) from 4,096 rows on, one
+ * chunk per row (K = 8), Q6_K rows that start on 2-byte boundaries, Q4_K_M's q|k|v of Q4_K and
+ * Q6_K segments in one launch. */
 static double gemv_case_ref_err(const struct cuda_gemv_case *c, float *const *y0, float *const *got)
 {
     double num = 0, den = 0; /* the relative error of all outputs as one vector (rel_err's) */
@@ -467,8 +471,11 @@ static double gemv_case_ref_err(const struct cuda_gemv_case *c, float *const *y0
             for (int32_t r = 0; r < c->N[i]; r++) {
                 double v[2] = {0, 0};
                 for (int p = 0; p < (c->mode == 2 ? 2 : 1); p++) {
-                    const uint8_t *row = (const uint8_t *)c->w[i + p] + (size_t)r * c->K * 2;
-                    assert_true(quant_dequantize_row((enum qr_dtype)c->dtype, row, wf, c->K));
+                    enum qr_dtype dt = (enum qr_dtype)(c->mixed ? c->seg_dtype[i + p] : c->dtype);
+                    size_t rb = 0;
+                    assert_true(dtype_row_bytes(dt, c->K, &rb));
+                    const uint8_t *row = (const uint8_t *)c->w[i + p] + (size_t)r * rb;
+                    assert_true(quant_dequantize_row(dt, row, wf, c->K));
                     for (int32_t k = 0; k < c->K; k++)
                         v[p] += (double)wf[k] * xn[k];
                 }
@@ -484,13 +491,17 @@ static double gemv_case_ref_err(const struct cuda_gemv_case *c, float *const *y0
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void check_gemv_batch_case(enum qr_dtype dt, int32_t K, int32_t T, int mode, bool norm, int n_seg,
-                                  const int32_t *N)
+/* seg_dt: each segment's dtype (a mixed launch), or NULL: all dt. */
+static void check_gemv_batch_mixed(enum qr_dtype dt, int32_t K, int32_t T, int mode, bool norm, int n_seg,
+                                   const int32_t *N, const enum qr_dtype *seg_dt)
 {
     struct qwenrt_error err = {0};
     struct cuda_gemv_case c;
     memset(&c, 0, sizeof(c));
     c.dtype = dt, c.K = K, c.T = T, c.mode = mode, c.n_seg = n_seg, c.eps = 1e-6f;
+    c.mixed = seg_dt != NULL;
+    for (int i = 0; seg_dt && i < n_seg; i++)
+        c.seg_dtype[i] = seg_dt[i];
     float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)K * 4), *y0[4] = {0}, *yb[4] = {0}, *yr[4] = {0};
     assert_non_null(x);
     assert_non_null(g);
@@ -502,7 +513,7 @@ static void check_gemv_batch_case(enum qr_dtype dt, int32_t K, int32_t T, int mo
     size_t nb;
     for (int i = 0; i < n_seg; i++) {
         c.N[i] = N[i];
-        c.w[i] = random_weights(dt, K, N[i], 0.5f, &nb);
+        c.w[i] = random_weights(seg_dt ? seg_dt[i] : dt, K, N[i], 0.5f, &nb);
         y0[i] = malloc((size_t)T * N[i] * 4), yb[i] = malloc((size_t)T * N[i] * 4), yr[i] = malloc((size_t)T * N[i] * 4);
         for (int32_t j = 0; j < T * N[i]; j++)
             y0[i][j] = frand();
@@ -517,8 +528,8 @@ static void check_gemv_batch_case(enum qr_dtype dt, int32_t K, int32_t T, int mo
             fail_msg("gemv %s K=%d T=%d mode %d norm %d: %s", dtype_traits(dt)->name, K, T, mode, norm, err.message);
     }
     double eb = gemv_case_ref_err(&c, y0, yb), er = gemv_case_ref_err(&c, y0, yr);
-    printf("gemv_batch %s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g)\n",
-           dtype_traits(dt)->name, K, T, mode, norm, n_seg, N[0], eb, er);
+    printf("gemv_batch %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g)\n",
+           dtype_traits(dt)->name, seg_dt ? " mixed" : "", K, T, mode, norm, n_seg, N[0], eb, er);
     if (!(eb <= 2e-5) || !(er <= 2e-5))
         fail_msg("gemv_batch %s K=%d T=%d mode %d: rel err %.3g / %.3g", dtype_traits(dt)->name, K, T, mode, eb, er);
     for (int i = 0; i < n_seg; i++) {
@@ -527,6 +538,12 @@ static void check_gemv_batch_case(enum qr_dtype dt, int32_t K, int32_t T, int mo
     }
     free(x);
     free(g);
+}
+
+static void check_gemv_batch_case(enum qr_dtype dt, int32_t K, int32_t T, int mode, bool norm, int n_seg,
+                                  const int32_t *N)
+{
+    check_gemv_batch_mixed(dt, K, T, mode, norm, n_seg, N, NULL);
 }
 
 static void test_gemv_batch_kernel(void **st)
@@ -541,18 +558,42 @@ static void test_gemv_batch_kernel(void **st)
     check_gemv_batch_case(QR_BF16, 2048, 7, 1, true, 1, big);
     check_gemv_batch_case(QR_BF16, 1024, 6, 2, true, 2, gu_small);
     check_gemv_batch_case(QR_F16, 3584, 4, 0, false, 1, one);
+    /* quantised rows (gemvq_batch.cu): a row per block below 4,096 rows, 2 from there on (4 from
+     * 32,768: test_op_gemv_sizes's LM-head sizes at T = 3 and 8) */
+    static const int32_t big2[] = {4099}, mixed_n[] = {4001, 61, 60}, q6_n[] = {33};
+    check_gemv_batch_case(QR_Q8_0, 1024, 3, 0, true, 3, qkv);
+    check_gemv_batch_case(QR_Q4_K, 1024, 8, 2, true, 2, gu_small);
+    check_gemv_batch_case(QR_Q6_K, 3072, 5, 1, false, 1, one);
+    check_gemv_batch_case(QR_Q4_K, 256, 2, 0, true, 4, four);
+    check_gemv_batch_case(QR_Q6_K, 1024, 7, 0, false, 1, big);
+    check_gemv_batch_case(QR_Q8_0, 3584, 4, 1, true, 1, big2);
+    check_gemv_batch_case(QR_Q6_K, 256, 6, 1, true, 1, q6_n); /* 210-byte rows: odd rows 2-byte aligned */
+    check_gemv_batch_case(QR_Q8_0, 256, 8, 2, false, 2, gu_small); /* one span a row */
+    check_gemv_batch_case(QR_Q4_K, 3584, 6, 2, true, 2, gu_small);
+    static const enum qr_dtype kqv[] = {QR_Q4_K, QR_Q4_K, QR_Q6_K}, kqv2[] = {QR_Q6_K, QR_Q4_K, QR_Q6_K};
+    check_gemv_batch_mixed(QR_Q4_K, 1024, 5, 0, true, 3, qkv, kqv);
+    check_gemv_batch_mixed(QR_Q4_K, 1024, 8, 0, true, 3, mixed_n, kqv2); /* 2 rows per warp, across dtypes */
     /* what gemv_batch does not take is refused by name, nothing launched */
     struct qwenrt_error err = {0};
     struct cuda_gemv_case c;
     memset(&c, 0, sizeof(c));
     c.dtype = QR_BF16, c.K = 12, c.T = 2, c.n_seg = 1, c.N[0] = 3; /* K not in 16-byte chunks */
-    float x[24] = {0}, y[6] = {0};
+    float x[2 * 96] = {0}, y[6] = {0}; /* the largest case below: T = 2, K = 96, N = 3 */
     uint16_t w[36] = {0};
     c.x = x, c.w[0] = w, c.y[0] = y;
     assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.message, "gemv_batch"));
     c.mode = 2; /* SwiGLU with one segment */
     assert_int_equal(cuda_gemv_host(&c, false, &err), QWENRT_ERR_INVALID_ARG);
+    c.mode = 0, c.dtype = QR_Q8_0, c.K = 96; /* 3 Q8_0 blocks a row: not a whole 256-element span */
+    uint8_t q[3 * 102] = {0};
+    c.w[0] = q;
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "gemvq_batch"));
+    c.dtype = QR_Q4_K, c.K = 100; /* not whole super-blocks */
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_INVALID_ARG);
+    c.dtype = QR_Q4_K, c.K = 256, c.mixed = true, c.seg_dtype[0] = QR_Q8_0; /* mixed: Q4_K / Q6_K only */
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_INVALID_ARG);
 }
 
 /* One run: a matmul case of the weights w (nbytes, copied) under variant v, against the CPU. */
@@ -2817,7 +2858,10 @@ static void test_batch_graph_cuda(void **st)
 }
 
 /* The server batches CUDA sessions only where a batched step is faster than each session's own
- * decode graph: 16-bit products (gemv_batch.cu), not quantised or f32 ones. */
+ * decode graph: products a multi-token GEMV takes — 16-bit (gemv_batch.cu) from 2 sessions, Q8_0
+ * / Q4_K / Q6_K (gemvq_batch.cu) from 3 to 8 where the one-token products take x in f32 too
+ * (gemvq_int8 off: batched and alone give the same answers) — not f32 ones, and none with
+ * cuda_options.gemv_batch off. */
 static void test_batch_pays(void **st)
 {
     (void)st;
@@ -2836,23 +2880,41 @@ static void test_batch_pays(void **st)
             fail_msg("load %s: %s", cases[i].dir, err.message);
         struct cuda_options o = cuda_default_options();
         assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
-        assert_int_equal(cuda_batch_pays(cs), cases[i].pays);
+        assert_int_equal(cuda_batch_pays(cs, 2), cases[i].pays);
+        assert_int_equal(cuda_batch_pays(cs, 16), cases[i].pays);
+        assert_false(cuda_batch_pays(cs, 1));
         o.gemv_batch = false; /* without the kernel, no batched step pays */
         cuda_session_free(cs);
         assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
-        assert_false(cuda_batch_pays(cs));
+        assert_false(cuda_batch_pays(cs, 4));
         cuda_session_free(cs);
         qwenrt_model_free(m);
     }
-    char path[256];
-    struct qwenrt_model *q = load_synth("qwen3-tiny", EXPORT_Q4_K_M, 0, false, path, sizeof(path));
-    struct cuda_session *cs = NULL;
-    struct cuda_options o = cuda_default_options();
-    assert_int_equal(cuda_session_init(q->plans, 16, &o, &cs, &err), QWENRT_OK);
-    assert_false(cuda_batch_pays(cs));
-    cuda_session_free(cs);
-    qwenrt_model_free(q);
-    remove(path);
+    static const enum export_type quant[] = {EXPORT_Q4_K_M, EXPORT_Q8_0};
+    for (size_t i = 0; i < sizeof(quant) / sizeof(quant[0]); i++) {
+        char path[256];
+        struct qwenrt_model *q = load_synth("qwen3-tiny", quant[i], 0, false, path, sizeof(path));
+        struct cuda_session *cs = NULL;
+        struct cuda_options o = cuda_default_options();
+        assert_true(o.gemvq_int8 >= 0); /* by default x in 8 bits alone: no batch */
+        assert_int_equal(cuda_session_init(q->plans, 16, &o, &cs, &err), QWENRT_OK);
+        for (int32_t n = 1; n <= 16; n++)
+            assert_false(cuda_batch_pays(cs, n));
+        cuda_session_free(cs);
+        o.gemvq_int8 = -1; /* x in f32 alone too (--precision exact) */
+        assert_int_equal(cuda_session_init(q->plans, 16, &o, &cs, &err), QWENRT_OK);
+        assert_false(cuda_batch_pays(cs, 2)); /* two sessions: each through its own graph */
+        assert_true(cuda_batch_pays(cs, 3));
+        assert_true(cuda_batch_pays(cs, 8));
+        assert_false(cuda_batch_pays(cs, 9)); /* 9 or more rows take the GEMM */
+        cuda_session_free(cs);
+        o.gemv_batch = false;
+        assert_int_equal(cuda_session_init(q->plans, 16, &o, &cs, &err), QWENRT_OK);
+        assert_false(cuda_batch_pays(cs, 4));
+        cuda_session_free(cs);
+        qwenrt_model_free(q);
+        remove(path);
+    }
 }
 
 /* Checkpoints of CUDA sessions: a snapshot restored into another CUDA session continues

@@ -51,7 +51,7 @@ static void run_fixture(const char *dir)
     }
     struct qwenrt_batch *batch = NULL;
     assert_int_equal(qwenrt_batch_init(f.m, 4, &batch, &err), QWENRT_OK);
-    assert_true(session_batch_pays(b[0])); /* on the CPU the server always batches */
+    assert_true(session_batch_pays(b[0], 2)); /* on the CPU the server always batches */
     /* the full-prompt session's first logits are the prefill's: transformers' row 0 */
     assert_true(rel_err(qwenrt_session_logits(b[0]), f.dlog, (size_t)f.V) < LOGITS_REL_TOL);
     for (int32_t g = 0; g + 1 < f.G; g++) {

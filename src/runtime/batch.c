@@ -153,9 +153,9 @@ static qwenrt_status batch_decode_cuda(struct qwenrt_batch *b, struct qwenrt_ses
     return st;
 }
 
-bool session_batch_pays(const struct qwenrt_session *s)
+bool session_batch_pays(const struct qwenrt_session *s, int32_t n)
 {
-    return !s->cuda || cuda_batch_pays(s->cuda);
+    return !s->cuda || cuda_batch_pays(s->cuda, n);
 }
 
 qwenrt_status qwenrt_batch_decode(struct qwenrt_batch *b, struct qwenrt_session *const *s,

@@ -68,9 +68,9 @@ qwenrt_status session_generate_keep(struct qwenrt_session *s, struct qwenrt_samp
  * the pick cannot start (the sample then reports why). */
 void session_sample_start(struct qwenrt_session *s, struct qwenrt_sampler *smp);
 
-/* Whether one qwenrt_batch_decode step for sessions like s is faster than each session's own
+/* Whether one qwenrt_batch_decode step for n sessions like s is faster than each session's own
  * decode one after another (the server's choice): always on the CPU; on CUDA where the model's
- * products are 16-bit (cuda_batch_pays). */
-bool session_batch_pays(const struct qwenrt_session *s);
+ * products take a multi-token GEMV and n is large enough (cuda_batch_pays). */
+bool session_batch_pays(const struct qwenrt_session *s, int32_t n);
 
 #endif

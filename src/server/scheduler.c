@@ -622,31 +622,46 @@ static bool slot_gpu_steps(struct sched *s, struct slot *sl, int32_t id)
     return true;
 }
 
-/* Feeds each sampled token to its slot's session: one batched step for all of them
- * (qwenrt_batch_decode, CPU or CUDA), one by one where batching is not possible (one slot, or
- * a batch that reported UNSUPPORTED) or slower (session_batch_pays: quantised weights on CUDA,
- * where each session's own decode graph is faster). */
+/* How many of the n sessions from sess on one batched step takes: all n where that pays, else
+ * the most that pay (a quantised CUDA model: at most 8 a step), or 1: one by one. */
+static int batch_group(const struct sched *s, struct qwenrt_session *const *sess, int n)
+{
+    for (int g = n; s->batch && g > 1; g--)
+        if (session_batch_pays(sess[0], g))
+            return g;
+    return 1;
+}
+
+/* Feeds each sampled token to its slot's session: batched steps (qwenrt_batch_decode, CPU or
+ * CUDA) of as many slots as pay (batch_group), one by one where batching is not possible (one
+ * slot, or a batch that reported UNSUPPORTED), slower or not the same (session_batch_pays: on
+ * CUDA f32 weights, quantised ones with two slots generating, or whose one-token products round
+ * x to 8 bits where the batched ones keep it f32). */
 static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, int n)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_session *sess[SCHED_MAX_SLOTS];
     for (int i = 0; i < n; i++)
         sess[i] = who[i]->sess;
-    bool batched = false;
-    if (n > 1 && s->batch && session_batch_pays(sess[0])) {
-        qwenrt_status st = qwenrt_batch_decode(s->batch, sess, ids, n, &err);
-        batched = !st;
-        if (st == QWENRT_ERR_UNSUPPORTED) { /* e.g. CUDA sessions: stop trying */
-            qwenrt_batch_free(s->batch);
-            s->batch = NULL;
+    for (int i0 = 0; i0 < n;) {
+        int g = batch_group(s, sess + i0, n - i0);
+        bool batched = false;
+        if (g > 1) {
+            qwenrt_status st = qwenrt_batch_decode(s->batch, sess + i0, ids + i0, g, &err);
+            batched = !st;
+            if (st == QWENRT_ERR_UNSUPPORTED) { /* e.g. CUDA sessions: stop trying */
+                qwenrt_batch_free(s->batch);
+                s->batch = NULL;
+            }
         }
-    }
-    for (int i = 0; i < n; i++) {
-        if (!batched && qwenrt_session_decode(sess[i], ids[i], &err)) {
-            slot_free_job(s, who[i], JOB_ERROR, err.message);
-            continue;
+        for (int i = i0; i < i0 + g; i++) {
+            if (!batched && qwenrt_session_decode(sess[i], ids[i], &err)) {
+                slot_free_job(s, who[i], JOB_ERROR, err.message);
+                continue;
+            }
+            who[i]->toks[who[i]->n_toks++] = ids[i];
         }
-        who[i]->toks[who[i]->n_toks++] = ids[i];
+        i0 += g;
     }
 }
 

@@ -479,12 +479,13 @@ qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err);
 
-/* Whether cuda_batch_decode beats the sessions' own decode graphs one after another: where
- * every product of the decode plan has 16-bit weights (gemv_batch.cu takes them). Quantised rows
- * have no multi-token GEMV as fast as their one-token gemvq: H200, Qwen3-0.6B Q4_K_M, two
- * sessions batched decode 832 tok/s in all where one alone decodes ~1,950 (docs/perf-log.md,
- * session 33). */
-bool cuda_batch_pays(const struct cuda_session *cs);
+/* Whether cuda_batch_decode of n sessions beats their own decode graphs one after another: where
+ * every product of the decode plan has rows a multi-token GEMV takes — 16-bit (gemv_batch.cu)
+ * or Q8_0 / Q4_K / Q6_K (gemvq_batch.cu) — cuda_options.gemv_batch is on, and n >= 2 (16-bit
+ * products) or 3 <= n <= 8 (a quantised one: more take the GEMM) where the one-token products
+ * also take x in f32 (gemvq_int8 off: the same answers batched or alone). F32 rows have only the
+ * plain kernels (docs/perf-log.md, sessions 33 and 34). */
+bool cuda_batch_pays(const struct cuda_session *cs, int32_t n);
 
 /* Parts of a layer's state, for checkpoints. */
 enum cuda_state_part { CUDA_STATE_K, CUDA_STATE_V, CUDA_STATE_CONV, CUDA_STATE_SSM };
@@ -507,18 +508,22 @@ qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool 
 /* For the tests: whether the decode GEMV of one token of N x K weights of dtype (aligned, no
  * norm) runs the shared-memory kernel (gemv_smem.cu) when cuda_options.gemv_smem is on. */
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);
-/* The same for T tokens (cuda_options.gemv_batch on): whether gemv_batch.cu takes them. */
+/* The same for T tokens (cuda_options.gemv_batch on): whether gemv_batch.cu (16-bit rows) or
+ * gemvq_batch.cu (quantised rows) takes them. */
 bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32_t T);
 
 /* For the tests: one GEMV launch of T tokens on host data. x: [T][K], RMS-normalised with
- * norm_w [K] and eps first when norm_w is non-NULL; n_seg segments of N[i] rows of K 16-bit
- * weights w[i] (dtype BF16 or F16, rows back to back); mode 0 stores y[i] [T][N[i]], 1 adds to
- * it, 2 is SwiGLU (two segments, N equal: y[0] = silu(gate) * up). batch: through gemv_batch.cu
- * (UNSUPPORTED where it does not apply), else the plain reference GEMV (gemv_kernel).
- * Errors: INVALID_ARG, UNSUPPORTED, NOMEM, BACKEND. */
+ * norm_w [K] and eps first when norm_w is non-NULL; n_seg segments of N[i] rows of K weights
+ * w[i] (dtype BF16, F16, Q8_0, Q4_K or Q6_K, rows back to back; mixed: Q4_K / Q6_K each
+ * segment's own); mode 0 stores y[i] [T][N[i]], 1 adds to it, 2 is SwiGLU (two segments, N
+ * equal: y[0] = silu(gate) * up). batch: through gemv_batch.cu or gemvq_batch.cu (UNSUPPORTED
+ * where neither applies), else the plain reference GEMV (gemv_kernel; a mixed case one launch
+ * per segment). Errors: INVALID_ARG, UNSUPPORTED, NOMEM, BACKEND. */
 struct cuda_gemv_case {
     int32_t dtype, K, T, mode, n_seg;
     int32_t N[4];
+    bool mixed;            /* segments of their own dtypes (Q4_K / Q6_K: Q4_K_M's q|k|v) */
+    int32_t seg_dtype[4];  /* each segment's dtype when mixed */
     const void *w[4];
     const float *x, *norm_w;
     float eps;

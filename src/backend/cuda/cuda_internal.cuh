@@ -287,8 +287,8 @@ struct gemv_args {
     bool q_one_pass;       /* gemvq with q_int8: x normalised and quantised in one pass from
                             * registers (quant_rows_i8.cuh; cuda_options.gemvq_one_pass), where
                             * a warp has 2 rows, in the mixed q|k|v launch and the LM head's loop */
-    bool batch;            /* 2 to 8 tokens, 16-bit weights: gemv_batch.cu where it applies
-                            * (cuda_options.gemv_batch) */
+    bool batch;            /* 2 to 8 tokens: gemv_batch.cu (16-bit weights) or gemvq_batch.cu
+                            * (quantised) where it applies (cuda_options.gemv_batch) */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     bool smem_xreg;        /* gemv_smem: x in each warp's registers, not staged in shared
@@ -333,6 +333,10 @@ bool gemv_smem_applies(const struct gemv_args *a);
  * launch_gemv takes it when it applies). */
 bool gemv_batch_applies(const struct gemv_args *a);
 cudaError_t launch_gemv_batch(const struct gemv_args *a, cudaStream_t s);
+/* The same for quantised rows (gemvq_batch.cu: Q8_0, Q4_K, Q6_K, Q4_K_M's mixed q|k|v; a.batch
+ * asks for it, launch_gemv takes it when it applies). */
+bool gemvq_batch_applies(const struct gemv_args *a);
+cudaError_t launch_gemvq_batch(const struct gemv_args *a, cudaStream_t s);
 int32_t gemv_smem_blocks(const struct gemv_args *a); /* its grid (0: it does not apply) */
 /* Whether a one-token product of rows x K (not an LM head: those stay gemv2) needs more than
  * one gemv_smem block of 8 warps per multiprocessor (the session's choice of block shape). */

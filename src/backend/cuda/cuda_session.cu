@@ -1385,7 +1385,7 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
 {
     struct gemv_args a;
     norm_gemv_args(r, st, a);
-    if (!a.k_mixed || gemvq_applies(&a)) {
+    if (!a.k_mixed || gemvq_applies(&a) || (a.batch && gemvq_batch_applies(&a))) {
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -3174,13 +3174,40 @@ static bool per_sequence(enum op_kind k)
     return k == OP_QK_NORM_ROPE || k == OP_ATTENTION || k == OP_GDN_CONV || k == OP_GDN_CORE;
 }
 
-extern "C" bool cuda_batch_pays(const struct cuda_session *cs)
+/* Weights a multi-token GEMV takes (gemv_batch.cu, gemvq_batch.cu). */
+static bool batch_dtype(int32_t dt)
+{
+    return dt == QR_BF16 || dt == QR_F16 || dt == QR_Q8_0 || dt == QR_Q4_K || dt == QR_Q6_K;
+}
+
+/* The sessions whose batched step beats their own decode graphs one after another when a product
+ * is quantised: from 3 to GEMV_MAX_T (gemvq_batch.cu; more rows take the GEMM, which dequantises
+ * every weight). H200 (docs/perf-log.md, session 34), Qwen3-0.6B Q4_K_M: each request through
+ * its own graph token by token 1,936 tok/s whatever their number; batched, in all, 1,656 with 2
+ * sessions, 2,100 with 3, 3,013 with 8, 1,552 with 12 (Qwen3.5-0.8B alike). 16-bit rows pay
+ * from 2 on (Qwen3-0.6B BF16: 1,796 one by one, 1,841 with 2, 5,108 with 16).
+ * Only where the one-token products take x in f32 too (cuda_options.gemvq_int8 off: `--precision
+ * exact`): the batched products do, and with the default 8-bit x of the one-token ones a greedy
+ * request's answer would depend on how many others generate beside it (cuda_serve_check.py on
+ * random Q4_K_M weights: 5 of 12 the same; an 8-bit form of gemvq_batch was 2x slower and still
+ * not the same, session 34). */
+#define BATCH_QUANT_MIN 3
+
+extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
 {
     const struct plan *p = &cs->plans[PHASE_DECODE];
-    for (int32_t i = 0; i < p->n_ops; i++)
-        if (is_mm(&p->ops[i]) && cs->dops[PHASE_DECODE][i].dtype != QR_BF16 && cs->dops[PHASE_DECODE][i].dtype != QR_F16)
+    bool quant = false;
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        if (!is_mm(&p->ops[i]))
+            continue;
+        int32_t dt = cs->dops[PHASE_DECODE][i].dtype;
+        if (!batch_dtype(dt))
             return false;
-    return cs->opt.gemv_batch;
+        quant |= dt != QR_BF16 && dt != QR_F16;
+    }
+    if (quant)
+        return cs->opt.gemv_batch && !cs->gq_int8 && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
+    return cs->opt.gemv_batch && n >= 2;
 }
 
 /* The batched step's graph and branches (cuda_session_free). */
@@ -3263,7 +3290,7 @@ static qwenrt_status batch_branch_ops(struct cuda_session *c0, struct cuda_sessi
         float *rows[PLAN_MAX_BUFS] = {NULL};
         for (int32_t k = 0; k < p->n_bufs; k++)
             rows[k] = c0->bbufs[k] + (size_t)r * p->bufs[k].width;
-        struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, false,
+        struct run_ctx one = {css[r], p, css[r]->dops[PHASE_DECODE], rows, 1, false, c0->decode_pdl,
                               c0->b_side[r % BATCH_BRANCHES], 0, false, NULL, NULL, NULL, NULL, false, NULL};
         for (int32_t k = i; k < j;) {
             struct step st;
@@ -3283,8 +3310,8 @@ static qwenrt_status batch_branch_ops(struct cuda_session *c0, struct cuda_sessi
 }
 
 /* A fused row-wise step at op i for the batch's n rows (all): the norm + products or a product +
- * residual, where gemv_batch.cu takes it (16-bit rows, n <= 8); elsewhere the ops run one by one
- * (the GEMV kernels' or the GEMM's T-row forms). */
+ * residual, where gemv_batch.cu (16-bit rows) or gemvq_batch.cu (quantised rows) takes it (n <= 8);
+ * elsewhere the ops run one by one (the GEMV kernels' or the GEMM's T-row forms). */
 static bool batch_row_step(const struct cuda_session *c0, struct run_ctx *all, int32_t i, struct step *st)
 {
     const struct plan *p = all->p;
@@ -3303,18 +3330,20 @@ static bool batch_row_step(const struct cuda_session *c0, struct run_ctx *all, i
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = all->b[add->out], a.seg[0].ldy = bw(p, add->out);
     }
-    return gemv_batch_applies(&a);
+    return gemv_batch_applies(&a) || gemvq_batch_applies(&a);
 }
 
 /* The batched step on c0's stream: the row-wise ops once for all n rows (fused as the decode
  * graph fuses them: the norm into the products after it, q|k|v and gate|up + SwiGLU as one
  * launch, the residual add into the product before it), each run of per-sequence work on the
- * branches, then (to_rows) each session's logits row into its own decode buffer. */
+ * branches, then (to_rows) each session's logits row into its own decode buffer. The kernels
+ * launch with PDL where the decode graph's do (decode_pdl: every kernel waits for its input with
+ * griddep_wait; a dependency through an event — the branches' fork and join — stays whole). */
 static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session *const *css, int32_t n,
                                    bool to_rows, struct qwenrt_error *err)
 {
     const struct plan *p = &c0->plans[PHASE_DECODE];
-    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, false, c0->stream, 0, false,
+    struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, c0->decode_pdl, c0->stream, 0, false,
                           NULL, NULL, NULL, NULL, false, NULL};
     for (int32_t i = 0; i < p->n_ops;) {
         qwenrt_status st;

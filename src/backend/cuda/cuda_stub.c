@@ -141,9 +141,9 @@ qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *
     return not_built(err);
 }
 
-bool cuda_batch_pays(const struct cuda_session *cs)
+bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
 {
-    (void)cs;
+    (void)cs, (void)n;
     return false;
 }
 

@@ -26,6 +26,7 @@
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_batch.cuh"
 #include "backend/cuda/gemv_smem.cuh"
 
 #include <string.h>
@@ -143,64 +144,12 @@ __global__ void __launch_bounds__(32 * GB_WARPS) gemv_batch_kernel(const __grid_
             }
         }
     }
-    /* each warp's sums into shared memory, then one thread per (row, token) adds the warps'
-     * in warp order (the same bits every run) */
-#pragma unroll
-    for (int t = 0; t < TM; t++) {
-        if (t >= T)
-            break;
-#pragma unroll
-        for (int r = 0; r < RPW; r++)
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                float v = warp_sum(acc[r][p][t]);
-                if (lane == 0)
-                    s_part[warp][r * P + p][t] = v;
-            }
-        if (NORM) {
-            float v = warp_sum(ss[t]);
-            if (lane == 0)
-                s_part[warp][RPW * P][t] = v;
-        }
-    }
-    __syncthreads();
-    int r = threadIdx.x / TM, t = threadIdx.x % TM;
-    if (r >= RPW || t >= T || !ok[r])
-        return;
-    float sum[P + 1];
-#pragma unroll
-    for (int p = 0; p <= P; p++) {
-        sum[p] = 0.0f;
-        if (p == P && !NORM)
-            break;
-        int i = p < P ? r * P + p : RPW * P;
-#pragma unroll
-        for (int w2 = 0; w2 < GB_WARPS; w2++)
-            sum[p] += s_part[w2][i][t];
-    }
-    float inv = NORM ? rsqrtf(sum[P] / (float)a.K + a.eps) : 1.0f;
-    float v = sum[0] * inv;
-    if (P == 2) {
-        float up = sum[P - 1] * inv;
-        v = v / (1.0f + __expf(-v)) * up;
-    }
-    float *y = yp[r] + (int64_t)t * ldy[r];
-    *y = a.mode == GEMV_ACCUM ? *y + v : v;
+    gemv_batch_finish<GB_WARPS, TM, RPW, P, NORM>(a, s_part, acc, ss, ok, yp, ldy);
 }
 
 /* Rows per block for a launch of `rows` rows: 4 where the grid stays large (x read once for more
  * rows), else 2. */
 static int gb_rows_per_block(int64_t rows) { return rows >= 4096 ? 4 : 2; }
-
-static int64_t gb_rows(const struct gemv_args *a)
-{
-    if (a->mode == GEMV_SWIGLU)
-        return a->seg[0].N;
-    int64_t rows = 0;
-    for (int i = 0; i < a->n_seg; i++)
-        rows += a->seg[i].N;
-    return rows;
-}
 
 bool gemv_batch_applies(const struct gemv_args *a)
 {
@@ -220,7 +169,7 @@ bool gemv_batch_applies(const struct gemv_args *a)
 template <int DT, int TM, int P, bool NORM>
 static cudaError_t gb_launch(const struct gemv_args *a, cudaStream_t s)
 {
-    int64_t rows = gb_rows(a);
+    int64_t rows = gemv_launch_rows(a);
     int rpw = gb_rows_per_block(rows);
     int64_t per_block = rpw;
     dim3 grid((unsigned)((rows + per_block - 1) / per_block)), block(32 * GB_WARPS);
@@ -261,8 +210,11 @@ extern "C" bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32
     a.x = (const float *)(uintptr_t)256, a.ldx = K, a.K = K, a.T = T, a.dtype = dtype;
     a.mode = GEMV_STORE, a.n_seg = 1, a.v2 = true, a.batch = true;
     a.seg[0].w = (const void *)(uintptr_t)4096, a.seg[0].N = N, a.seg[0].ldy = N;
-    a.seg[0].row_bytes = (int64_t)K * (dtype == QR_F32 ? 4 : 2);
-    return !gemvq_applies(&a) && !gemv_smem_applies(&a) && gemv_batch_applies(&a);
+    size_t rb = 0;
+    if (!dtype_row_bytes((enum qr_dtype)dtype, K, &rb))
+        return false;
+    a.seg[0].row_bytes = (int64_t)rb;
+    return !gemvq_applies(&a) && !gemv_smem_applies(&a) && (gemv_batch_applies(&a) || gemvq_batch_applies(&a));
 }
 
 /* ------------------------------------------------------------------ the tests' hook */
@@ -280,7 +232,10 @@ static void gb_host_free(struct gb_host_bufs *d)
     cudaFree(d->norm_w);
 }
 
-/* The case's arrays on the device (d), its arguments in a. */
+/* A segment's dtype in the case. */
+static int32_t gb_seg_dtype(const struct cuda_gemv_case *c, int i) { return c->mixed ? c->seg_dtype[i] : c->dtype; }
+
+/* The case's arrays on the device (d), its arguments in a (its dtypes checked by the caller). */
 static cudaError_t gb_host_upload(const struct cuda_gemv_case *c, struct gb_host_bufs *d, struct gemv_args *a)
 {
     cudaError_t e = cudaSuccess;
@@ -290,26 +245,58 @@ static cudaError_t gb_host_upload(const struct cuda_gemv_case *c, struct gb_host
     if (c->norm_w && ((e = cudaMalloc(&d->norm_w, (size_t)c->K * 4)) ||
                       (e = cudaMemcpy(d->norm_w, c->norm_w, (size_t)c->K * 4, cudaMemcpyHostToDevice))))
         return e;
-    a->x = d->x, a->ldx = c->K, a->K = c->K, a->T = c->T, a->dtype = c->dtype, a->mode = c->mode;
-    a->n_seg = c->n_seg, a->norm_w = d->norm_w, a->eps = c->eps;
+    a->x = d->x, a->ldx = c->K, a->K = c->K, a->T = c->T, a->dtype = gb_seg_dtype(c, 0), a->mode = c->mode;
+    a->n_seg = c->n_seg, a->norm_w = d->norm_w, a->eps = c->eps, a->k_mixed = c->mixed;
     for (int i = 0; i < c->n_seg; i++) {
-        size_t wb = (size_t)c->N[i] * c->K * 2, yb = (size_t)c->T * c->N[i] * 4;
+        size_t rb = 0;
+        dtype_row_bytes((enum qr_dtype)gb_seg_dtype(c, i), c->K, &rb);
+        size_t wb = (size_t)c->N[i] * rb, yb = (size_t)c->T * c->N[i] * 4;
         bool out = c->mode != GEMV_SWIGLU || i == 0;
         if ((e = cudaMalloc(&d->w[i], wb)) || (e = cudaMemcpy(d->w[i], c->w[i], wb, cudaMemcpyHostToDevice)))
             return e;
         if (out && ((e = cudaMalloc(&d->y[i], yb)) || (e = cudaMemcpy(d->y[i], c->y[i], yb, cudaMemcpyHostToDevice))))
             return e;
-        a->seg[i].w = d->w[i], a->seg[i].N = c->N[i], a->seg[i].row_bytes = (int64_t)c->K * 2;
-        a->seg[i].y = d->y[i], a->seg[i].ldy = c->N[i];
+        a->seg[i].w = d->w[i], a->seg[i].N = c->N[i], a->seg[i].row_bytes = (int64_t)rb;
+        a->seg[i].y = d->y[i], a->seg[i].ldy = c->N[i], a->seg[i].dtype = gb_seg_dtype(c, i);
+    }
+    return e;
+}
+
+/* Whether the case's dtypes are ones the test hook takes (16-bit or quantised rows of whole
+ * blocks; mixed: Q4_K / Q6_K segments). */
+static bool gb_host_dtypes_ok(const struct cuda_gemv_case *c)
+{
+    for (int i = 0; i < c->n_seg; i++) {
+        int32_t dt = gb_seg_dtype(c, i);
+        size_t rb;
+        bool ok = c->mixed ? dt == QR_Q4_K || dt == QR_Q6_K
+                           : dt == QR_BF16 || dt == QR_F16 || dt == QR_Q8_0 || dt == QR_Q4_K || dt == QR_Q6_K;
+        if (!ok || !dtype_row_bytes((enum qr_dtype)dt, c->K, &rb))
+            return false;
+    }
+    return true;
+}
+
+/* The reference: gemv_kernel, one launch per segment for a mixed case (it reads every segment
+ * as the launch's dtype). */
+static cudaError_t gb_host_reference(const struct gemv_args *a)
+{
+    if (!a->k_mixed)
+        return launch_gemv(a, 0);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; e == cudaSuccess && i < a->n_seg; i++) {
+        struct gemv_args one = *a;
+        one.k_mixed = false, one.dtype = a->seg[i].dtype, one.n_seg = 1, one.seg[0] = a->seg[i];
+        e = launch_gemv(&one, 0);
     }
     return e;
 }
 
 extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err)
 {
-    if (!c || c->T < 1 || c->T > GEMV_MAX_T || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 ||
-        (c->dtype != QR_BF16 && c->dtype != QR_F16) || c->mode < GEMV_STORE || c->mode > GEMV_SWIGLU ||
-        (c->mode == GEMV_SWIGLU && (c->n_seg != 2 || c->N[0] != c->N[1])))
+    if (!c || c->T < 1 || c->T > GEMV_MAX_T || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 || !gb_host_dtypes_ok(c) ||
+        c->mode < GEMV_STORE || c->mode > GEMV_SWIGLU ||
+        (c->mode == GEMV_SWIGLU && (c->n_seg != 2 || c->N[0] != c->N[1] || c->mixed)))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_host: a malformed case");
     struct gb_host_bufs d;
     struct gemv_args a;
@@ -318,9 +305,9 @@ extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool bat
     cudaError_t e = gb_host_upload(c, &d, &a);
     a.batch = batch; /* v2, smem, gemvq off: gemv_kernel when not batch */
     qwenrt_status st = QWENRT_OK;
-    if (e == cudaSuccess && batch && !gemv_batch_applies(&a))
-        st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemv_batch does not take this case");
-    if (e == cudaSuccess && !st && (e = launch_gemv(&a, 0)) == cudaSuccess)
+    if (e == cudaSuccess && batch && !gemv_batch_applies(&a) && !gemvq_batch_applies(&a))
+        st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: neither gemv_batch nor gemvq_batch takes this case");
+    if (e == cudaSuccess && !st && (e = batch ? launch_gemv(&a, 0) : gb_host_reference(&a)) == cudaSuccess)
         e = cudaDeviceSynchronize();
     for (int i = 0; e == cudaSuccess && !st && i < c->n_seg; i++)
         if (d.y[i])

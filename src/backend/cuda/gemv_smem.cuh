@@ -3,7 +3,7 @@
  * memory) shares with gemv_mma.cu (the same launch with the dot products on the tensor
  * cores): the shape of a launch, chosen once in gemv_smem.cu, and the raised shared-memory
  * limit both kernels need for blocks above 48 KB; and the row mapping over a launch's segments
- * that gemv_mma.cu and gemv_batch.cu share.
+ * that gemv_mma.cu, gemv_batch.cu and gemvq_batch.cu share.
  */
 #ifndef QWENRT_BACKEND_CUDA_GEMV_SMEM_CUH
 #define QWENRT_BACKEND_CUDA_GEMV_SMEM_CUH
@@ -13,20 +13,30 @@
 
 #define GS_SMEM_DEFAULT (47 * 1024) /* more needs the kernel's attribute raised */
 
-/* Row lr of a launch over its segments (P = 2: the SwiGLU pair's gate and up rows, over their
- * N): its P weight rows, its output and the output's row stride; false past the last row, which
- * then reads row 0 (gemv_mma.cu, gemv_batch.cu). */
+/* The segment sg of a launch's row lr and its row r there (P = 2: the SwiGLU pair's gate and up
+ * rows, over their N: segment 0); false past the last row, which then gives row 0
+ * (gemv_mma.cu, gemv_batch.cu, gemvq_batch.cu). */
 template <int P>
-static __device__ __forceinline__ bool gemv_seg_row(const struct gemv_args &a, int64_t lr, const uint4 *(&src)[P],
-                                                    float *&y, int32_t &ldy)
+static __device__ __forceinline__ bool gemv_seg_of(const struct gemv_args &a, int64_t lr, int &sg, int64_t &r)
 {
-    int sg = 0;
-    int64_t r = lr;
+    sg = 0, r = lr;
     if (P == 1)
         while (sg < a.n_seg - 1 && r >= a.seg[sg].N)
             r -= a.seg[sg++].N;
     bool ok = r < a.seg[sg].N;
     r = ok ? r : 0;
+    return ok;
+}
+
+/* Row lr of a launch over its segments (gemv_seg_of): its P weight rows, its output and the
+ * output's row stride; false past the last row, which then reads row 0. */
+template <int P>
+static __device__ __forceinline__ bool gemv_seg_row(const struct gemv_args &a, int64_t lr, const uint4 *(&src)[P],
+                                                    float *&y, int32_t &ldy)
+{
+    int sg;
+    int64_t r;
+    bool ok = gemv_seg_of<P>(a, lr, sg, r);
 #pragma unroll
     for (int p = 0; p < P; p++)
         src[p] = (const uint4 *)((const uint8_t *)a.seg[sg + p].w + r * a.seg[sg + p].row_bytes);

@@ -498,6 +498,8 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
         return launch_gemv_smem(a, s);
     if (a->batch && gemv_batch_applies(a))
         return launch_gemv_batch(a, s);
+    if (a->batch && gemvq_batch_applies(a))
+        return launch_gemvq_batch(a, s);
     if (a->k_mixed)
         return cudaErrorInvalidValue; /* the other kernels read every segment as a->dtype */
     int cm, rr, b2;
