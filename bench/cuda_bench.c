@@ -40,7 +40,9 @@
  *    launches over > 256 MB of weight copies, so not from L2): achieved GB/s, first kernel vs
  *    gemv2 vs gemv_smem, with and without PDL; then the timeline of a chain of gemv_smem
  *    launches from its per-block stamps (when blocks start, when their input wait ends, when
- *    x and the weights are ready, how long the dot products take).
+ *    x and the weights are ready, how long the dot products take); and the multi-token GEMV
+ *    of the server's batched step (gemv_batch.cu, and gemv_batch_mma.cu's tensor-core sums) at
+ *    T = 2, 4, 8 against one token's.
  * 5. --batch N,N,...: only the server's batched decode step (qwenrt_batch_decode, then each
  *    session's greedy qwenrt_session_sample) for n_gen steps, per batch size, then exit.
  * 6. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
@@ -805,6 +807,23 @@ static void gemv_table(const struct model_hparams *hp)
                                 sh[i].N > 100000 ? 20 : 200, &us[v], &gb[v], NULL, &err))
                 printf("gemv bench failed: %s\n", err.message);
             printf(" %.2f / %.0f |", us[v], gb[v]);
+        }
+        printf("\n");
+    }
+    /* the multi-token GEMV (the server's batched step) against one token's, in isolation */
+    printf("\n| GEMV bf16 by tokens, us / GB/s (PDL) | N x K | T = 1 gemv_smem | gemv_batch T = 2 | 4 | 8 | "
+           "gemv_batch_mma T = 2 | 4 | 8 | 16 |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+        printf("| %s | %d x %d |", sh[i].name, sh[i].N, sh[i].K);
+        static const int32_t Ts[8] = {1, 2, 4, 8, 2, 4, 8, 16};
+        for (int v = 0; v < 8; v++) {
+            double us = 0, gb = 0;
+            struct qwenrt_error err = {0};
+            if (cuda_gemv_bench(QR_BF16, sh[i].N, sh[i].K, Ts[v], false, v == 0 ? 2 : v < 4 ? 3 : 4, true,
+                                sh[i].N > 100000 ? 20 : 200, &us, &gb, NULL, &err))
+                printf("gemv bench failed: %s\n", err.message);
+            printf(" %.2f / %.0f |", us, gb);
         }
         printf("\n");
     }

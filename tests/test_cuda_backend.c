@@ -502,7 +502,8 @@ static void check_gemv_batch_mixed(enum qr_dtype dt, int32_t K, int32_t T, int m
     c.mixed = seg_dt != NULL;
     for (int i = 0; seg_dt && i < n_seg; i++)
         c.seg_dtype[i] = seg_dt[i];
-    float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)K * 4), *y0[4] = {0}, *yb[4] = {0}, *yr[4] = {0};
+    float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)K * 4), *y0[4] = {0}, *yb[4] = {0}, *yr[4] = {0},
+          *ym[4] = {0};
     assert_non_null(x);
     assert_non_null(g);
     for (int32_t i = 0; i < T * K; i++)
@@ -515,26 +516,35 @@ static void check_gemv_batch_mixed(enum qr_dtype dt, int32_t K, int32_t T, int m
         c.N[i] = N[i];
         c.w[i] = random_weights(seg_dt ? seg_dt[i] : dt, K, N[i], 0.5f, &nb);
         y0[i] = malloc((size_t)T * N[i] * 4), yb[i] = malloc((size_t)T * N[i] * 4), yr[i] = malloc((size_t)T * N[i] * 4);
+        ym[i] = malloc((size_t)T * N[i] * 4);
         for (int32_t j = 0; j < T * N[i]; j++)
             y0[i][j] = frand();
     }
-    float **runs[2] = {yb, yr};
-    for (int run = 0; run < 2; run++) { /* 0: gemv_batch, 1: the reference kernel */
+    /* BF16 rows of whole 32-element blocks: the tensor cores' form too (gemv_batch_mma.cu);
+     * more than 8 tokens: only it (the other kernels take at most 8) */
+    const bool mma = dt == QR_BF16 && !seg_dt && K % 32 == 0 && T >= 2;
+    float **runs[3] = {yb, yr, ym};
+    for (int run = T > 8 ? 2 : 0; run < (mma ? 3 : 2); run++) { /* 0: gemv_batch, 1: the reference kernel, 2: mma */
         for (int i = 0; i < n_seg; i++) {
             memcpy(runs[run][i], y0[i], (size_t)T * N[i] * 4);
             c.y[i] = runs[run][i];
         }
-        if (cuda_gemv_host(&c, run == 0, &err))
-            fail_msg("gemv %s K=%d T=%d mode %d norm %d: %s", dtype_traits(dt)->name, K, T, mode, norm, err.message);
+        c.mma = run == 2;
+        if (cuda_gemv_host(&c, run != 1, &err))
+            fail_msg("gemv %s K=%d T=%d mode %d norm %d%s: %s", dtype_traits(dt)->name, K, T, mode, norm,
+                     run == 2 ? " (mma)" : "", err.message);
     }
-    double eb = gemv_case_ref_err(&c, y0, yb), er = gemv_case_ref_err(&c, y0, yr);
-    printf("gemv_batch %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g)\n",
-           dtype_traits(dt)->name, seg_dt ? " mixed" : "", K, T, mode, norm, n_seg, N[0], eb, er);
-    if (!(eb <= 2e-5) || !(er <= 2e-5))
-        fail_msg("gemv_batch %s K=%d T=%d mode %d: rel err %.3g / %.3g", dtype_traits(dt)->name, K, T, mode, eb, er);
+    double eb = T > 8 ? 0.0 : gemv_case_ref_err(&c, y0, yb), er = T > 8 ? 0.0 : gemv_case_ref_err(&c, y0, yr);
+    double em = mma ? gemv_case_ref_err(&c, y0, ym) : 0.0;
+    printf("gemv_batch %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g%s%.3g)\n",
+           dtype_traits(dt)->name, seg_dt ? " mixed" : "", K, T, mode, norm, n_seg, N[0], eb, er,
+           mma ? ", tensor cores " : "", em);
+    if (!(eb <= 2e-5) || !(er <= 2e-5) || !(em <= 2e-5))
+        fail_msg("gemv_batch %s K=%d T=%d mode %d: rel err %.3g / %.3g / mma %.3g", dtype_traits(dt)->name, K, T,
+                 mode, eb, er, em);
     for (int i = 0; i < n_seg; i++) {
         free((void *)c.w[i]);
-        free(y0[i]), free(yb[i]), free(yr[i]);
+        free(y0[i]), free(yb[i]), free(yr[i]), free(ym[i]);
     }
     free(x);
     free(g);
@@ -558,6 +568,20 @@ static void test_gemv_batch_kernel(void **st)
     check_gemv_batch_case(QR_BF16, 2048, 7, 1, true, 1, big);
     check_gemv_batch_case(QR_BF16, 1024, 6, 2, true, 2, gu_small);
     check_gemv_batch_case(QR_F16, 3584, 4, 0, false, 1, one);
+    /* the tensor cores' form (gemv_batch_mma.cu; the cases above with K % 32 == 0 run it too):
+     * 8 tokens, 16-row tiles cut by the segments' ends; 8 warps a block (fewer than 264 tiles),
+     * 4 (from 264), 2 tiles a block (from 528: 8,500 rows) */
+    static const int32_t qkv8[] = {2048, 1024, 1024}, huge[] = {8500}, gu8[] = {3072, 3072}, tail[] = {13, 19};
+    check_gemv_batch_case(QR_BF16, 1024, 8, 0, true, 3, qkv8);
+    check_gemv_batch_case(QR_BF16, 1024, 8, 2, true, 2, gu8);
+    check_gemv_batch_case(QR_BF16, 3072, 8, 1, false, 1, one);
+    check_gemv_batch_case(QR_BF16, 64, 2, 0, false, 1, huge);
+    check_gemv_batch_case(QR_BF16, 96, 3, 1, true, 2, tail);
+    /* 9-16 tokens (the batched step of up to 16 sessions): lane g takes tokens g and g + 8 */
+    check_gemv_batch_case(QR_BF16, 1024, 16, 0, true, 3, qkv8);
+    check_gemv_batch_case(QR_BF16, 1024, 12, 2, true, 2, gu8);
+    check_gemv_batch_case(QR_BF16, 3072, 9, 1, false, 1, one);
+    check_gemv_batch_case(QR_BF16, 64, 13, 1, true, 1, huge);
     /* quantised rows (gemvq_batch.cu): a row per block below 4,096 rows, 2 from there on (4 from
      * 32,768: test_op_gemv_sizes's LM-head sizes at T = 3 and 8) */
     static const int32_t big2[] = {4099}, mixed_n[] = {4001, 61, 60}, q6_n[] = {33};
@@ -579,10 +603,14 @@ static void test_gemv_batch_kernel(void **st)
     memset(&c, 0, sizeof(c));
     c.dtype = QR_BF16, c.K = 12, c.T = 2, c.n_seg = 1, c.N[0] = 3; /* K not in 16-byte chunks */
     float x[2 * 96] = {0}, y[6] = {0}; /* the largest case below: T = 2, K = 96, N = 3 */
-    uint16_t w[36] = {0};
+    uint16_t w[3 * 96] = {0}; /* the largest: K = 48 (refused after upload) */
     c.x = x, c.w[0] = w, c.y[0] = y;
     assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.message, "gemv_batch"));
+    c.K = 48, c.mma = true; /* 16-byte chunks, but not whole 32-element blocks: not the tensor cores' */
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "gemv_batch_mma"));
+    c.K = 12, c.mma = false;
     c.mode = 2; /* SwiGLU with one segment */
     assert_int_equal(cuda_gemv_host(&c, false, &err), QWENRT_ERR_INVALID_ARG);
     c.mode = 0, c.dtype = QR_Q8_0, c.K = 96; /* 3 Q8_0 blocks a row: not a whole 256-element span */
@@ -2857,6 +2885,111 @@ static void test_batch_graph_cuda(void **st)
     check_batch_graph(fixtures[3]);
 }
 
+/* The batched step's per-sequence steps as one launch for all sessions (cuda_options.batch_seq:
+ * attention_kernel's and gds_kernel's multi-session forms) against one launch per session on
+ * side streams: the same arithmetic, so the logits must be bit for bit equal. With split_min
+ * 16 (the least) and no one-split floor the heads split from position 16 on (positions 12-26
+ * here: up to 2 splits; the multi-session launch gives each of 3 sessions a third of the
+ * session's splits, still more than that); 17 sessions take two launches (16 + 1), at the
+ * default one split below 128. */
+static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir, int32_t n, bool split, bool kv_f16)
+{
+    struct qwenrt_error err = {0};
+    int32_t V = m->hp.n_vocab, pos[17], ids[17];
+    assert_true(n <= 17);
+    struct cuda_options on = cuda_default_options();
+    if (split)
+        on.attn_one_split = 0, on.attn_split_min = 16;
+    on.kv_f16 = kv_f16;
+    struct cuda_options off = on;
+    off.batch_seq = false;
+    struct cuda_session *ga[17], *ea[17];
+    float *lg = malloc((size_t)n * V * 4), *le = malloc((size_t)n * V * 4);
+    assert_non_null(lg);
+    assert_non_null(le);
+    for (int32_t i = 0; i < n; i++) {
+        init_pair(m, 32, &on, &off, &ga[i], &ea[i], dir);
+        int32_t prompt[20];
+        pos[i] = 12 + i % 7;
+        for (int32_t t = 0; t < pos[i]; t++)
+            prompt[t] = (13 * (i + 1) + 29 * t) % V;
+        if (cuda_session_run(ga[i], prompt, pos[i], 0, false, lg, NULL, NULL, &err) ||
+            cuda_session_run(ea[i], prompt, pos[i], 0, false, le, NULL, NULL, &err))
+            fail_msg("%s: prompt: %s", dir, err.message);
+        ids[i] = argmax_f(le, V);
+    }
+    /* the decode plan's per-sequence steps that have a one-launch form: its attention ops, and
+     * its DeltaNet cores where every value head has its own key head (the conv then runs
+     * inside the core: one fused step; with Hv = 2 Hk, as in qwen35-tiny, conv and core stay
+     * two steps and run per session) */
+    int32_t per_seq = 0;
+    const struct plan *dp = &m->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < dp->n_ops; i++)
+        per_seq += dp->ops[i].kind == OP_ATTENTION ||
+                   (dp->ops[i].kind == OP_GDN_CORE && dp->ops[i].n_v_heads == dp->ops[i].n_k_heads);
+    for (int step = 0; step < 6; step++) { /* launched, captured, then replayed */
+        if (cuda_batch_decode(ga, ids, pos, n, lg, &err) || cuda_batch_decode(ea, ids, pos, n, le, &err))
+            fail_msg("%s: batch of %d: %s", dir, n, err.message);
+        if (cuda_batch_seq_steps(ga[0]) != per_seq || cuda_batch_seq_steps(ea[0]) != 0)
+            fail_msg("%s: %d of %d per-sequence steps in one launch (%d with batch_seq off)", dir,
+                     cuda_batch_seq_steps(ga[0]), per_seq, cuda_batch_seq_steps(ea[0]));
+        for (int32_t r = 0; r < n; r++) {
+            const float *a = lg + (size_t)r * V, *b = le + (size_t)r * V;
+            for (int32_t v = 0; v < V; v++)
+                if (memcmp(&a[v], &b[v], 4))
+                    fail_msg("%s: batch of %d, step %d, session %d at position %d: logit %d is %.9g in one launch, "
+                             "%.9g per session", dir, n, step, r, pos[r], v, a[v], b[v]);
+            pos[r]++, ids[r] = argmax_f(b, V);
+        }
+    }
+    printf("%s: %d sessions%s%s: one launch per step = one per session, bit for bit\n", dir, n,
+           split ? ", split heads" : "", kv_f16 ? ", f16 cache" : "");
+    for (int32_t i = 0; i < n; i++) {
+        cuda_session_free(ga[i]);
+        cuda_session_free(ea[i]);
+    }
+    free(lg);
+    free(le);
+}
+
+static void check_batch_seq(const char *dir, int32_t n, bool split, bool kv_f16)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    if (qwenrt_model_load(dir, &mp, &m, &err))
+        fail_msg("load %s: %s", dir, err.message);
+    check_batch_seq_model(m, dir, n, split, kv_f16);
+    qwenrt_model_free(m);
+}
+
+/* A synth Qwen3.5 with Hv == Hk (the conv inside the DeltaNet core: its one-launch form runs),
+ * DeltaNet heads of ssm_dim (0: the tiny preset's, 128: Qwen3.5-0.8B's) */
+static void check_batch_seq_gdn(int32_t ssm_dim, int32_t n, bool split)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, true, ssm_dim, path, sizeof(path));
+    check_batch_seq_model(m, ssm_dim ? "synth qwen35, 128 x 128 DeltaNet heads" : "synth qwen35, conv in the core", n,
+                          split, false);
+    qwenrt_model_free(m);
+    remove(path);
+}
+
+static void test_batch_seq_cuda(void **st)
+{
+    (void)st;
+    for (int i = 0; i < 4; i++)
+        check_batch_seq(fixtures[i], 3, true, false);
+    check_batch_seq(fixtures[1], 17, false, false);
+    check_batch_seq(fixtures[3], 17, false, false);
+    check_batch_seq(fixtures[1], 3, true, true);
+    check_batch_seq(fixtures[3], 3, true, true);
+    check_batch_seq_gdn(0, 3, true);
+    check_batch_seq_gdn(128, 5, false);
+    check_batch_seq_gdn(0, 17, false);
+}
+
 /* The server batches CUDA sessions only where a batched step is faster than each session's own
  * decode graph: products a multi-token GEMV takes — 16-bit (gemv_batch.cu) from 2 sessions, Q8_0
  * / Q4_K / Q6_K (gemvq_batch.cu) from 3 to 8 where the one-token products take x in f32 too
@@ -3636,6 +3769,7 @@ int main(void)
         cmocka_unit_test(test_megakernel_real_width),
         cmocka_unit_test(test_batch_decode_cuda),
         cmocka_unit_test(test_batch_graph_cuda),
+        cmocka_unit_test(test_batch_seq_cuda),
         cmocka_unit_test(test_gemv_batch_kernel),
         cmocka_unit_test(test_batch_pays),
         cmocka_unit_test(test_checkpoint_cuda),

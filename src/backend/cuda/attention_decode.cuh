@@ -25,6 +25,23 @@
 #define ATT_SPLIT_MIN 64 /* positions per split at least (two rounds of 8 warps x 4 positions) */
 #endif
 
+/* The cache and the rows of this token that a block of the decode attention uses: the launch's
+ * own (kc, vc, pos0, q, rk, rv), or with MS (attn_args.n_seq: several sessions in one launch)
+ * session s's (attn_args.seq; its rows s row strides on). */
+struct att_seq_view {
+    const void *kc, *vc;
+    const int32_t *pos;
+    const float *q, *rk, *rv;
+};
+template <bool MS>
+__device__ __forceinline__ struct att_seq_view attention_seq_of(const struct attn_args &a, int s)
+{
+    if (!MS)
+        return {a.kc, a.vc, a.pos0, a.q, a.rk, a.rv};
+    return {a.seq[s].kc, a.seq[s].vc, a.seq[s].pos, a.q + (int64_t)s * a.ldq, a.rk + (int64_t)s * a.ldrk,
+            a.rv + (int64_t)s * a.ldrv};
+}
+
 /* The decode step's q/k norm + RoPE inside the attention kernel (ROPE, T = 1; a.rope): the
  * block's query head and its KV head, normalised and rotated exactly as qk_norm_rope_kernel
  * does (the same sums in the same order: bit-identical), into shared memory; the block whose
@@ -33,20 +50,22 @@
  * attention, attention_shared_kv.cu: 2; the staged attention, attention_staged.cu: up to 4):
  * the block's query heads h .. h + NQ - 1, head h + j (j >= 1) into r_q2 + (j - 1) hd by warp
  * 2 + j with warp 0's arithmetic. */
-template <int EPL, typename KV, int NQ = 1>
+template <int EPL, typename KV, int NQ = 1, bool MS = false>
 __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kvh, int pos, bool has_pos,
                                         float *r_q, float *r_k, float *r_v, KV *r_k16, KV *r_v16, float *r_cs,
-                                        float *r_sn, float *r_q2 = nullptr)
+                                        float *r_sn, float *r_q2 = nullptr, int seq = 0)
 {
     static_assert(NQ >= 1 && NQ <= ATT_WARPS - 2, "one query head per block, or one per warp from warp 3");
+    static_assert(!MS || NQ == 1, "the multi-session form: one query head per block");
+    const struct att_seq_view sv = attention_seq_of<MS>(a, seq);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
     /* warp 0: q, 1: k (both normalised), 2: v; with NQ > 1, warps 3 .. NQ + 1: the other
      * queries. Every load of the warp (its row and its norm weights) is issued before the first
      * use, and before the RoPE angles' loads: one L2 round trip, not one per element a lane
      * reads */
     const bool q2 = NQ > 1 && warp >= 3 && warp < NQ + 2, active = warp < 3 || q2, normed = warp < 2 || q2;
-    const float *src = q2 ? a.q + (int64_t)(h + warp - 2) * a.q_stride
-                          : warp == 0 ? a.q + (int64_t)h * a.q_stride : (warp == 1 ? a.rk : a.rv) + (int64_t)kvh * hd;
+    const float *src = q2 ? sv.q + (int64_t)(h + warp - 2) * a.q_stride
+                          : warp == 0 ? sv.q + (int64_t)h * a.q_stride : (warp == 1 ? sv.rk : sv.rv) + (int64_t)kvh * hd;
     const float *w = warp == 0 || q2 ? a.wq : a.wk;
     float v[EPL], g[EPL];
     if (active)
@@ -101,8 +120,8 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
     if (has_pos && h % (a.n_head / a.n_head_kv) == 0) /* the session's cache: writable */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             int64_t off = (int64_t)pos * a.kvw + (int64_t)kvh * hd + d;
-            kv_put((KV *)a.kc + off, r_k[d]);
-            kv_put((KV *)a.vc + off, r_v[d]);
+            kv_put((KV *)sv.kc + off, r_k[d]);
+            kv_put((KV *)sv.vc + off, r_v[d]);
         }
 }
 

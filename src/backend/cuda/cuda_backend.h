@@ -96,6 +96,15 @@ struct cuda_options {
     bool gemv_batch;     /* 2 to 8 tokens, 16-bit weights: the GEMV that reads each weight chunk
                           * once for all tokens and x from L1 (gemv_batch.cu; the server's
                           * batched decode step). On by default; off: gemv2 or the plain GEMV */
+    bool gemv_batch_mma; /* with gemv_batch, BF16 rows: the multi-token GEMV's sums on the
+                          * tensor cores (gemv_batch_mma.cu: x as three bf16 terms, f32
+                          * accuracy) where K is a multiple of 32, from 3 tokens, and up to 16
+                          * tokens (the others take 8). On by default: Qwen3-0.6B BF16, 8
+                          * sessions batched, 4,367 -> 6,842 tok/s (docs/perf-log.md, session 35) */
+    bool batch_seq;      /* the batched decode step: each layer's attention (RoPE inside) and
+                          * DeltaNet step as one launch for all sessions, chained with PDL,
+                          * instead of one launch per session on side streams (forked and joined
+                          * by events). On by default */
     bool gemv_smem;      /* decode, one token, 16-bit weights: the GEMV that copies its rows into
                           * shared memory before it waits for its input (gemv_smem.cu), with
                           * PDL, so that the next GEMV's weights load while the kernel before it
@@ -469,8 +478,9 @@ qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struc
 /* One decode step for n sessions of one model together: session r decodes ids[r] at position
  * pos[r]. Ops that treat tokens independently (norms, matmuls: each weight read once for all
  * n rows; gemv_batch.cu for 2-8 rows of 16-bit weights) run once on css[0]'s weights and
- * stream; attention, RoPE and the DeltaNet steps run per session on its own state, the
- * sessions' side by side on css[0]'s side streams. The step is captured in a CUDA graph led by
+ * stream; attention, RoPE and the DeltaNet steps run per session on its own state: one launch
+ * for all sessions (cuda_options.batch_seq), or the sessions' side by side on css[0]'s side
+ * streams. The step is captured in a CUDA graph led by
  * css[0] the second time the same sessions come in the same order, and replayed after that
  * (cuda_options.graph; see batch_step). logits: [n][n_vocab] on the host, or NULL: each session
  * keeps its row on the device (cuda_session_top / cuda_session_logits). Waits for the GPU.
@@ -478,6 +488,10 @@ qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool restore, struc
 qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                 const int32_t *pos, int32_t n, float *logits,
                                 struct qwenrt_error *err);
+/* The per-sequence steps (attention, DeltaNet) that the last batched step led by cs (its css[0])
+ * launched for all sessions at once (cuda_options.batch_seq), rather than per session: for
+ * tests and benchmarks. */
+int32_t cuda_batch_seq_steps(const struct cuda_session *cs);
 
 /* Whether cuda_batch_decode of n sessions beats their own decode graphs one after another: where
  * every product of the decode plan has rows a multi-token GEMV takes — 16-bit (gemv_batch.cu)
@@ -528,6 +542,8 @@ struct cuda_gemv_case {
     const float *x, *norm_w;
     float eps;
     float *y[4];
+    bool mma;              /* with batch, BF16 rows: through gemv_batch_mma.cu (UNSUPPORTED where
+                            * it does not apply), T up to 16 */
 };
 qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
@@ -547,7 +563,9 @@ int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, in
 /* Times one GEMV of N x K weights of dtype (random data, T tokens, fused norm when norm) in
  * isolation: *us = median microseconds per launch over reps dependent launches captured in a
  * graph (each on another copy of the weights: not from L2), *gbs = weight bytes / time.
- * kernel: 0 the first GEMV kernel, 1 gemv2 / gemvq (gemv_v2), 2 gemv_smem when it applies;
+ * kernel: 0 the first GEMV kernel, 1 gemv2 / gemvq (gemv_v2), 2 gemv_smem when it applies, 3
+ * the multi-token GEMV (gemv_args.batch: gemv_batch.cu / gemvq_batch.cu where they apply), 4
+ * the same with the tensor cores' sums for BF16 rows (gemv_batch_mma.cu);
  * pdl as in cuda_options. timeline (NULL: none), with gemv_smem: 6 medians over the chain, in
  * us: the first block's start after the launch before ended (negative: early), the share of
  * blocks started before that, a block's input-wait release after it, x and weights ready

@@ -289,6 +289,8 @@ struct gemv_args {
                             * a warp has 2 rows, in the mixed q|k|v launch and the LM head's loop */
     bool batch;            /* 2 to 8 tokens: gemv_batch.cu (16-bit weights) or gemvq_batch.cu
                             * (quantised) where it applies (cuda_options.gemv_batch) */
+    bool batch_mma;        /* with batch, BF16 rows: the multi-token sums on the tensor cores
+                            * (gemv_batch_mma.cu; cuda_options.gemv_batch_mma) where it applies */
     bool mma;              /* its sums on the tensor cores for BF16 rows (gemv_mma.cu;
                             * cuda_options.gemv_mma) where the shape allows */
     bool smem_xreg;        /* gemv_smem: x in each warp's registers, not staged in shared
@@ -333,6 +335,15 @@ bool gemv_smem_applies(const struct gemv_args *a);
  * launch_gemv takes it when it applies). */
 bool gemv_batch_applies(const struct gemv_args *a);
 cudaError_t launch_gemv_batch(const struct gemv_args *a, cudaStream_t s);
+/* The same for BF16 rows with the sums on the tensor cores (gemv_batch_mma.cu; a.batch and
+ * a.batch_mma ask for it, launch_gemv takes it when it applies: K a multiple of 32) — for up to
+ * GEMV_BATCH_MMA_MAX_T tokens (more than the other GEMVs: callers send T > GEMV_MAX_T only where
+ * it applies), from GEMV_BATCH_MMA_MIN_T on (H200, the batched step at 2 sessions: gemv_batch
+ * 2,092 tok/s, this 2,011; at 3: 2,703 and 2,827; docs/perf-log.md, session 35). */
+#define GEMV_BATCH_MMA_MAX_T 16
+#define GEMV_BATCH_MMA_MIN_T 3
+bool gemv_batch_mma_applies(const struct gemv_args *a);
+cudaError_t launch_gemv_batch_mma(const struct gemv_args *a, cudaStream_t s);
 /* The same for quantised rows (gemvq_batch.cu: Q8_0, Q4_K, Q6_K, Q4_K_M's mixed q|k|v; a.batch
  * asks for it, launch_gemv takes it when it applies). */
 bool gemvq_batch_applies(const struct gemv_args *a);
@@ -425,6 +436,14 @@ cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int
                             int32_t ldv, int32_t kvw, const int32_t *pos0, int32_t T,
                             cudaStream_t s, bool pdl = false);
 
+/* One session of a multi-session decode attention launch (attn_args.n_seq): its cache and its
+ * position on the device. */
+#define ATT_MAX_SEQ 16
+struct attn_seq {
+    void *kc, *vc;
+    const int32_t *pos;
+};
+
 struct attn_args {
     float *out;           /* [T][ldo] */
     const float *q;       /* [T][ldq], heads q_stride apart */
@@ -478,6 +497,12 @@ struct attn_args {
     bool rope_regs;      /* T == 1, rope: the q/k norm + RoPE in each warp's registers, no block
                           * barrier (attention_rope_regs; cuda_options.attn_rope_regs), where
                           * attention_rope_regs_applies */
+    /* T == 1, rope, n_seq >= 1 (the server's batched step: one launch for several sessions,
+     * blockIdx.y the session s, not cluster_merge, rope_regs, shared_kv, lanes or stages):
+     * session s's rows are q + s ldq, rk + s ldrk, rv + s ldrv and out + s ldo, its cache and
+     * position seq[s] (kc, vc and pos0 unused); part and count hold n_seq times a session's */
+    int32_t n_seq, ldrk, ldrv;
+    struct attn_seq seq[ATT_MAX_SEQ];
 };
 /* Whether the register prologue takes these heads: the rotated pairs (d, d + n_rot / 2) a
  * whole number of lanes apart, that number a power of two (a lane's EPL = hd / 32 elements
@@ -535,6 +560,13 @@ cudaError_t launch_attn_o(const struct attn_o_args *a, cudaStream_t s);
 cudaError_t launch_gdn_conv(float *x, int32_t ldx, float *state, const float *taps, int32_t C,
                             int32_t K, int32_t T, cudaStream_t s, bool pdl = false);
 
+/* One session of a multi-session DeltaNet step launch (gdn_args.n_seq): its recurrent state
+ * and conv window. */
+#define GDN_MAX_SEQ 16
+struct gdn_seq {
+    float *state, *conv_state;
+};
+
 struct gdn_args {
     float *out;            /* [T][ldo] o, Hv*dv */
     const float *qkv;      /* [T][ldi] conv output q | k | v */
@@ -567,6 +599,12 @@ struct gdn_args {
                               * session decides: mark_early_reads) */
     bool staged;             /* launch_gdn_split: the state slice through shared memory in rows
                               * (cuda_options.gdn_staged) */
+    /* launch_gdn_split, n_seq >= 1 (the server's batched step: one launch for several sessions,
+     * blockIdx.y the session s): session s's rows are out + s ldo, qkv + s ldi, b + s ldb,
+     * a + s lda and z + s ldz, its state and conv state seq[s] (state and conv_state: session
+     * 0's, which say whether there is a conv) */
+    int32_t n_seq;
+    struct gdn_seq seq[GDN_MAX_SEQ];
 };
 bool gdn_supports(int32_t dk, int32_t dv);
 cudaError_t launch_gdn_core(const struct gdn_args *a, cudaStream_t s);

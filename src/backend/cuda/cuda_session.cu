@@ -107,6 +107,8 @@ struct cuda_session {
     float *att_part;          /* decode attention split-K partials [n_head][splits][hd + 2] */
     unsigned *att_count;      /* [n_head] arrival counters of the splits (kept zeroed) */
     int32_t att_splits;       /* splits per head for decode attention (1: none) */
+    int64_t att_part_floats;  /* att_part's size */
+    int32_t att_heads;        /* att_count's size */
     int32_t kv_width, conv_rows, conv_dim;
     int64_t ssm_len;
     /* activations */
@@ -117,6 +119,10 @@ struct cuda_session {
     float *dbufs[PLAN_MAX_BUFS]; /* decode: one token */
     float *bbufs[PLAN_MAX_BUFS]; /* batched decode led by this session: [cap_batch][width] */
     int32_t cap_batch;
+    int32_t b_seq_steps;      /* per-sequence steps its last batched step launched for all
+                               * sessions at once (cuda_batch_seq_steps) */
+    float *b_part;            /* its multi-session attention's partials: [cap_batch] att_part's */
+    unsigned *b_count;        /* [cap_batch][att_heads] their arrival counters (kept zeroed) */
     /* the batched step this session leads (batch_step): its members, the graph of their step */
     const struct cuda_session **b_key; /* [cap_batch] the last step's sessions, in order */
     int32_t b_n;                       /* their number, negative when the logits went to the host */
@@ -236,6 +242,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
     o.gemv_smem = true; /* with PDL: +19% / +31% decode (docs/perf-log.md, sessions 13-14) */
     o.gemv_batch = true; /* the batched step at n = 8: see docs/perf-log.md, session 33 */
+    o.batch_seq = true;
+    o.gemv_batch_mma = true; /* the batched step at 8 sessions +57% (docs/perf-log.md, session 35) */
     o.gemv_smem_warps = 0; /* 0, 0: the session picks (pick_gemv_smem_shape) */
     o.gemv_smem_kb = 0;
     o.gemv_smem_launch = 0; /* the session picks (pick_gemv_smem_shape) */
@@ -553,7 +561,8 @@ static qwenrt_status alloc_attention_splits(struct cuda_session *cs, struct qwen
         return QWENRT_OK;
     int32_t s = ATT_SPLIT_BLOCKS_PER_SM * (cs->n_sm > 0 ? cs->n_sm : 132) / heads;
     cs->att_splits = s < 1 ? 1 : s > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : s;
-    CUDA_CHECK(cudaMalloc(&cs->att_part, (size_t)heads * cs->att_splits * (hd + 2) * sizeof(float)));
+    cs->att_part_floats = (int64_t)heads * cs->att_splits * (hd + 2), cs->att_heads = heads;
+    CUDA_CHECK(cudaMalloc(&cs->att_part, (size_t)cs->att_part_floats * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&cs->att_count, (size_t)heads * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(cs->att_count, 0, (size_t)heads * sizeof(unsigned)));
     return QWENRT_OK;
@@ -715,7 +724,19 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->mma = cs->opt.gemv_mma, a->smem_xreg = cs->opt.gemv_smem_xreg == 1;
     a->q_one_pass = cs->opt.gemvq_one_pass == 1;
     a->smem_norm_late = cs->gs_norm_late;
-    a->batch = cs->opt.gemv_batch;
+    a->batch = cs->opt.gemv_batch, a->batch_mma = cs->opt.gemv_batch_mma;
+}
+
+/* Whether the GEMV a (its session's arguments) takes its T tokens in run r: up to gemv_max_T,
+ * or in the batched decode step up to GEMV_BATCH_MMA_MAX_T where the tensor cores' multi-token
+ * form applies (BF16 rows: 9-16 sessions read each weight once, not through the GEMM; prompts
+ * keep the GEMM). */
+static bool gemv_takes_T(const struct run_ctx *r, const struct gemv_args &a)
+{
+    if (a.T <= r->cs->opt.gemv_max_T && a.T <= GEMV_MAX_T)
+        return true;
+    return r->p == &r->cs->plans[PHASE_DECODE] && a.T <= GEMV_BATCH_MMA_MAX_T && a.batch && a.batch_mma &&
+           gemv_batch_mma_applies(&a);
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
@@ -724,7 +745,7 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
                                 struct qwenrt_error *err)
 {
     struct cuda_session *cs = r->cs;
-    if (T <= cs->opt.gemv_max_T && T <= GEMV_MAX_T) {
+    if (T <= GEMV_BATCH_MMA_MAX_T) {
         struct gemv_args a;
         memset(&a, 0, sizeof(a));
         a.x = x, a.ldx = ldx, a.K = d->K, a.T = T, a.dtype = d->dtype;
@@ -739,8 +760,10 @@ static qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const fl
         if (r->ahead)
             a.smem_after_wait = a.q_after_wait = false;
         a.y_copy = accumulate ? r->y_copy : NULL;
-        CUDA_CHECK(launch_gemv(&a, r->stream));
-        return QWENRT_OK;
+        if (gemv_takes_T(r, a)) {
+            CUDA_CHECK(launch_gemv(&a, r->stream));
+            return QWENRT_OK;
+        }
     }
     qwenrt_status st = gemm_ready(cs, err);
     if (st)
@@ -1675,6 +1698,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
     free_bufs(cs->dbufs);
     free_bufs(cs->bbufs);
+    cudaFree(cs->b_part);
+    cudaFree(cs->b_count);
     batch_free(cs);
     cudaFree(cs->d_ids);
     cudaFree(cs->d_pos);
@@ -3309,13 +3334,103 @@ static qwenrt_status batch_branch_ops(struct cuda_session *c0, struct cuda_sessi
     return QWENRT_OK;
 }
 
+/* The per-sequence work at ops i .. j - 1 (batch_branch_end) when it is one fused step with a
+ * multi-session form (the attention with RoPE inside: attn_args.n_seq; the DeltaNet step over
+ * clusters: gdn_args.n_seq), and every session keeps its cache as c0 does. */
+static bool batch_seq_step(const struct cuda_session *c0, struct cuda_session *const *css, int32_t n, int32_t i,
+                           int32_t j, struct step *st)
+{
+    if (!c0->opt.batch_seq || !batch_branch_step(c0, i, st) || i + st->n_ops != j)
+        return false;
+    for (int32_t r = 0; r < n; r++)
+        if (css[r]->opt.kv_f16 != c0->opt.kv_f16 || css[r]->kv_width != c0->kv_width)
+            return false;
+    return true;
+}
+
+/* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
+ * sessions each (attention_kernel's multi-session form: blockIdx.y the session) on c0's
+ * stream, chained with PDL. A session's splits are c0's over the sessions in the launch (the
+ * launch's blocks stay about as many as one session's). False, launching nothing, where the
+ * attention does not take the norm + RoPE inside (cuda_options.attn_rope off). */
+static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_session *const *css, int32_t n,
+                                         const struct step *st, bool *done, struct qwenrt_error *err)
+{
+    struct cuda_session *c0 = all->cs;
+    struct rope_args ra;
+    struct attn_args a;
+    rope_attn_args(all, st->op, st->gate_op, ra, a); /* c0's, on row 0 of the batch's buffers */
+    *done = a.rope;
+    if (!a.rope)
+        return QWENRT_OK;
+    int32_t layer = all->p->ops[st->op + 1].layer;
+    a.cluster_merge = a.shared_kv = a.rope_regs = false, a.lanes = a.stages = 0;
+    a.early = false, a.pos0 = NULL, a.kc = a.vc = NULL;
+    a.ldrk = ra.ldk, a.ldrv = ra.ldv;
+    a.part = c0->b_part, a.count = c0->b_count;
+    for (int32_t g = 0; g < n; g += ATT_MAX_SEQ) {
+        struct attn_args b = a;
+        b.n_seq = n - g < ATT_MAX_SEQ ? n - g : ATT_MAX_SEQ;
+        b.splits = a.part ? (c0->att_splits / b.n_seq > 1 ? c0->att_splits / b.n_seq : 1) : 1;
+        b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;
+        for (int32_t k = 0; k < b.n_seq; k++)
+            b.seq[k] = {css[g + k]->kc[layer], css[g + k]->vc[layer], css[g + k]->d_pos};
+        CUDA_CHECK(launch_attention(&b, all->stream));
+    }
+    return QWENRT_OK;
+}
+
+/* The DeltaNet step st (STEP_GDN_GATED, STEP_CONV_GDN_GATED) of all n sessions: launches of up
+ * to GDN_MAX_SEQ sessions each (gds_kernel's multi-session form: blockIdx.y the session) on
+ * c0's stream, chained with PDL, the step as each session's decode graph runs it. False,
+ * launching nothing, where the step over clusters does not apply (gdn_split_applies). */
+static qwenrt_status batch_seq_gdn(struct run_ctx *all, struct cuda_session *const *css, int32_t n,
+                                   const struct step *st, bool *done, struct qwenrt_error *err)
+{
+    struct cuda_session *c0 = all->cs;
+    const struct plan *p = all->p;
+    int32_t core = st->kind == STEP_CONV_GDN_GATED ? st->op + 1 : st->op;
+    const struct plan_op *op = &p->ops[st->op], *gn = &p->ops[core + 1];
+    struct gdn_args a = gdn_args_of(all, core, 1); /* c0's, on row 0 of the batch's buffers */
+    a.z = all->b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = all->d[core + 1].vec, a.geps = gn->eps;
+    a.split = c0->opt.gdn_split && c0->cc_major >= 9;
+    a.staged = c0->opt.gdn_staged == 1;
+    if (st->kind == STEP_CONV_GDN_GATED) {
+        a.conv_state = c0->conv[op->layer], a.conv_taps = all->d[st->op].vec;
+        a.conv_C = bw(p, op->out), a.conv_k = op->conv_k;
+    }
+    *done = a.split && gdn_split_applies(&a);
+    if (!*done)
+        return QWENRT_OK;
+    for (int32_t g = 0; g < n; g += GDN_MAX_SEQ) {
+        struct gdn_args b = a;
+        b.n_seq = n - g < GDN_MAX_SEQ ? n - g : GDN_MAX_SEQ;
+        b.out += (int64_t)g * a.ldo, b.qkv += (int64_t)g * a.ldi, b.z += (int64_t)g * a.ldz;
+        b.b += (int64_t)g * a.ldb, b.a += (int64_t)g * a.lda;
+        for (int32_t k = 0; k < b.n_seq; k++)
+            b.seq[k] = {css[g + k]->ssm[p->ops[core].layer], a.conv_state ? css[g + k]->conv[op->layer] : NULL};
+        CUDA_CHECK(launch_gdn_split(&b, all->stream));
+    }
+    return QWENRT_OK;
+}
+
+/* The per-sequence step st of all n sessions in launches for many sessions (batch_seq_step):
+ * *done false where its kernel's conditions turn out not to hold (nothing launched). */
+static qwenrt_status batch_seq_run(struct run_ctx *all, struct cuda_session *const *css, int32_t n,
+                                   const struct step *st, bool *done, struct qwenrt_error *err)
+{
+    if (st->kind == STEP_ROPE_ATTN)
+        return batch_seq_attention(all, css, n, st, done, err);
+    return batch_seq_gdn(all, css, n, st, done, err);
+}
+
 /* A fused row-wise step at op i for the batch's n rows (all): the norm + products or a product +
  * residual, where gemv_batch.cu (16-bit rows) or gemvq_batch.cu (quantised rows) takes it (n <= 8);
  * elsewhere the ops run one by one (the GEMV kernels' or the GEMM's T-row forms). */
 static bool batch_row_step(const struct cuda_session *c0, struct run_ctx *all, int32_t i, struct step *st)
 {
     const struct plan *p = all->p;
-    if (!c0->opt.fuse || !c0->opt.gemv_batch || all->T < 2 || all->T > c0->opt.gemv_max_T || all->T > GEMV_MAX_T ||
+    if (!c0->opt.fuse || !c0->opt.gemv_batch || all->T < 2 || all->T > GEMV_BATCH_MMA_MAX_T ||
         !match_step(p, i, st) || (st->kind != STEP_NORM_GEMV && st->kind != STEP_GEMV_ADD))
         return false;
     struct gemv_args a;
@@ -3330,7 +3445,9 @@ static bool batch_row_step(const struct cuda_session *c0, struct run_ctx *all, i
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = all->b[add->out], a.seg[0].ldy = bw(p, add->out);
     }
-    return gemv_batch_applies(&a) || gemvq_batch_applies(&a);
+    if (all->T <= c0->opt.gemv_max_T && all->T <= GEMV_MAX_T)
+        return gemv_batch_applies(&a) || gemvq_batch_applies(&a);
+    return c0->opt.gemv_batch_mma && gemv_batch_mma_applies(&a); /* 9-16 sessions */
 }
 
 /* The batched step on c0's stream: the row-wise ops once for all n rows (fused as the decode
@@ -3345,6 +3462,7 @@ static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session 
     const struct plan *p = &c0->plans[PHASE_DECODE];
     struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, c0->decode_pdl, c0->stream, 0, false,
                           NULL, NULL, NULL, NULL, false, NULL};
+    c0->b_seq_steps = 0;
     for (int32_t i = 0; i < p->n_ops;) {
         qwenrt_status st;
         struct step fs;
@@ -3362,8 +3480,12 @@ static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session 
             continue;
         }
         int32_t j = batch_branch_end(c0, i);
-        if ((st = batch_branch_ops(c0, css, n, i, j, err)))
+        bool done = false;
+        if (batch_seq_step(c0, css, n, i, j, &fs) && (st = batch_seq_run(&all, css, n, &fs, &done, err)))
             return st;
+        if (!done && (st = batch_branch_ops(c0, css, n, i, j, err)))
+            return st;
+        c0->b_seq_steps += done;
         i = j;
     }
     size_t row = (size_t)c0->n_vocab * sizeof(float);
@@ -3462,6 +3584,35 @@ static qwenrt_status batch_step(struct cuda_session *c0, struct cuda_session *co
     return QWENRT_OK;
 }
 
+extern "C" int32_t cuda_batch_seq_steps(const struct cuda_session *cs)
+{
+    return cs->b_seq_steps;
+}
+
+/* The multi-session attention's partials and counters for n sessions (batch_seq_attention):
+ * n times a session's, the counters zeroed; none where the attention has no splits. */
+static qwenrt_status alloc_batch_splits(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
+{
+    cudaFree(c0->b_part);
+    cudaFree(c0->b_count);
+    c0->b_part = NULL, c0->b_count = NULL;
+    if (!c0->att_part)
+        return QWENRT_OK;
+    cudaError_t e = cudaMalloc(&c0->b_part, (size_t)n * c0->att_part_floats * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&c0->b_count, (size_t)n * c0->att_heads * sizeof(unsigned));
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(c0->b_count, 0, (size_t)n * c0->att_heads * sizeof(unsigned), c0->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(c0->b_part);
+        c0->b_part = NULL;
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: no device memory for the attention's partials of %d sessions",
+                       n);
+    }
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                            const int32_t *pos, int32_t n, float *logits,
                                            struct qwenrt_error *err)
@@ -3489,7 +3640,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         c0->cap_batch = 0;
         if (!(c0->b_key = (const struct cuda_session **)xcalloc((size_t)n, sizeof(*c0->b_key))))
             return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: out of memory");
-        if ((st = alloc_bufs(p, c0->bbufs, n, n, err)))
+        if ((st = alloc_bufs(p, c0->bbufs, n, n, err)) || (st = alloc_batch_splits(c0, n, err)))
             return st;
         c0->cap_batch = n;
     }
@@ -3763,7 +3914,7 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
 {
     size_t rb = 0;
     if (!gemv_supports(dtype) || !dtype_row_bytes((enum qr_dtype)dtype, K, &rb) || T < 1 ||
-        T > GEMV_MAX_T || N < 1 || reps < 1 || kernel < 0 || kernel > 2)
+        T > (kernel == 4 ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || N < 1 || reps < 1 || kernel < 0 || kernel > 4)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_bench: bad arguments");
     size_t mat = rb * (size_t)N;
     int copies = (int)((256u << 20) / mat) + 1; /* rotate through > 256 MB: not the L2 */
@@ -3787,7 +3938,7 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     memset(&a, 0, sizeof(a));
     a.x = b->x, a.ldx = K, a.K = K, a.T = T, a.norm_w = norm ? b->nw : NULL, a.eps = 1e-6f;
     a.dtype = dtype, a.mode = GEMV_STORE, a.n_seg = 1, a.pdl = pdl, a.v2 = kernel > 0, a.n_sm = n_sm;
-    a.smem = kernel == 2;
+    a.smem = kernel == 2, a.batch = kernel >= 3, a.batch_mma = kernel == 4;
     a.seg[0].N = N, a.seg[0].row_bytes = (int64_t)rb, a.seg[0].y = b->y, a.seg[0].ldy = N;
     a.seg[0].w = b->w;
     int32_t nb = timeline ? gemv_smem_blocks(&a) : 0;

@@ -147,6 +147,12 @@ bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
     return false;
 }
 
+int32_t cuda_batch_seq_steps(const struct cuda_session *cs)
+{
+    (void)cs;
+    return 0;
+}
+
 qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t layer,
                                     enum cuda_state_part part, int64_t n_floats, float *host,
                                     bool to_host, struct qwenrt_error *err)

@@ -108,8 +108,10 @@ __device__ __forceinline__ void gds_tile_store(float *S, const float *tile, int 
     }
 }
 
-/* STAGED: cuda_options.gdn_staged (a separate instantiation; without it each thread moves its own column). */
-template <bool STAGED>
+/* STAGED: cuda_options.gdn_staged (a separate instantiation; without it each thread moves its own column).
+ * MS (gdn_args.n_seq): one launch for several sessions, blockIdx.y the session: its rows, state
+ * and conv window. Another instantiation. */
+template <bool STAGED, bool MS = false>
 __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -126,7 +128,10 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     const bool own = cc < CB; /* a thread of one of the block's columns */
     const int TS = CB + 1;     /* STAGED: the tile's row stride */
     const int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
-    float *S = a.state + (int64_t)j * dk * dv;
+    const int sq = MS ? (int)blockIdx.y : 0; /* the session */
+    float *S = (MS ? a.seq[sq].state : a.state) + (int64_t)j * dk * dv;
+    float *const conv_state = MS ? a.seq[sq].conv_state : a.conv_state;
+    float *const qkv = (float *)a.qkv + (MS ? (int64_t)sq * a.ldi : 0);
     /* the weights (gates' constants, norm weight, conv taps) before the wait; the state slice
      * and the conv windows too with a.early (the launch before waited first: the step of the
      * token before, which wrote them, has finished); then the gates and z: the chain starts
@@ -151,9 +156,9 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
         else
             gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
-            gdn_conv_load(a, ch_qk, cv_qk);
+            gdn_conv_load_at(a, conv_state, ch_qk, cv_qk);
         if (a.conv_state && conv_v)
-            gdn_conv_load(a, vch, cv_v);
+            gdn_conv_load_at(a, conv_state, vch, cv_v);
     }
     griddep_wait();
     tl_stamp(a.stamps, 1);
@@ -163,24 +168,24 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
         else
             gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
-            gdn_conv_load(a, ch_qk, cv_qk);
+            gdn_conv_load_at(a, conv_state, ch_qk, cv_qk);
         if (a.conv_state && conv_v)
-            gdn_conv_load(a, vch, cv_v);
+            gdn_conv_load_at(a, conv_state, vch, cv_v);
     }
-    float b0 = a.b[j], a0 = a.a[j];
-    float z0 = own ? a.z[(int64_t)j * dv + c] : 0.0f;
+    float b0 = a.b[(MS ? (int64_t)sq * a.ldb : 0) + j], a0 = a.a[(MS ? (int64_t)sq * a.lda : 0) + j];
+    float z0 = own ? a.z[(MS ? (int64_t)sq * a.ldz : 0) + (int64_t)j * dv + c] : 0.0f;
     /* q and k (every block all of them), this block's v */
     float win_qk[GDN_CONV_MAX_K], win_v[GDN_CONV_MAX_K], y_qk = 0.0f, v = 0.0f;
     if (a.conv_state) {
         if (ch_qk >= 0)
-            y_qk = gdn_conv_finish(a, cv_qk, a.qkv[ch_qk], win_qk);
+            y_qk = gdn_conv_finish(a, cv_qk, qkv[ch_qk], win_qk);
         if (conv_v)
-            v = gdn_conv_finish(a, cv_v, a.qkv[vch], win_v);
+            v = gdn_conv_finish(a, cv_v, qkv[vch], win_v);
     } else {
         if (ch_qk >= 0)
-            y_qk = a.qkv[ch_qk];
+            y_qk = qkv[ch_qk];
         if (conv_v)
-            v = a.qkv[vch];
+            v = qkv[vch];
     }
     if (ch_qk >= 0) /* blockDim >= 2 dk: one channel per thread */
         (tid < dk ? qs : ks)[tid < dk ? tid : tid - dk] = y_qk;
@@ -208,7 +213,7 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     for (int q = 0; q < GS; q++)
         tot += part[q];
     if (own && sub == 0)
-        a.out[(int64_t)j * dv + c] = opart * rsqrtf(tot / (float)dv + a.geps) * gw * silu_f(z0);
+        a.out[(MS ? (int64_t)sq * a.ldo : 0) + (int64_t)j * dv + c] = opart * rsqrtf(tot / (float)dv + a.geps) * gw * silu_f(z0);
     if (STAGED) { /* every read of the tile was before block_sum's barriers */
 #pragma unroll
         for (int i = 0; i < GDS_MAX_ROWS; i++)
@@ -224,9 +229,9 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
     }
     if (a.conv_state) {
         if (rank == 0 && ch_qk >= 0)
-            gdn_conv_store(a, ch_qk, y_qk, win_qk);
+            gdn_conv_store_at(a, conv_state, qkv, ch_qk, y_qk, win_qk);
         if (own && sub == 0)
-            gdn_conv_store(a, vch, v, win_v);
+            gdn_conv_store_at(a, conv_state, qkv, vch, v, win_v);
     }
     tl_stamp(a.stamps, 3);
 #else
@@ -269,7 +274,12 @@ cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
 {
     int gs = gds_group(a);
     size_t tile = a->staged ? gds_tile_bytes(a) : 0;
-    dim3 grid((unsigned)(a->Hv * gs)), block((unsigned)(a->dv / gs * GDS_TPC));
+    dim3 grid((unsigned)(a->Hv * gs), (unsigned)(a->n_seq ? a->n_seq : 1)), block((unsigned)(a->dv / gs * GDS_TPC));
+    if (a->n_seq > GDN_MAX_SEQ)
+        return cudaErrorInvalidValue;
+    if (a->n_seq)
+        return tile ? launch_kc(a->pdl, gs, gds_kernel<true, true>, grid, block, tile, s, *a)
+                    : launch_kc(a->pdl, gs, gds_kernel<false, true>, grid, block, 0, s, *a);
     if (tile)
         return launch_kc(a->pdl, gs, gds_kernel<true>, grid, block, tile, s, *a);
     return launch_kc(a->pdl, gs, gds_kernel<false>, grid, block, 0, s, *a);

@@ -44,15 +44,22 @@ struct gdn_conv_in {
     float tap[GDN_CONV_MAX_K], win[GDN_CONV_MAX_K];
 };
 
-__device__ __forceinline__ void gdn_conv_load(const struct gdn_args &a, int ch, struct gdn_conv_in &c)
+/* (conv_state: the window's rows, a.conv_state or another session's: gdn_args.seq) */
+__device__ __forceinline__ void gdn_conv_load_at(const struct gdn_args &a, const float *conv_state, int ch,
+                                                 struct gdn_conv_in &c)
 {
     int C = a.conv_C, R = a.conv_k - 1;
     const float *tap = a.conv_taps + (int64_t)ch * a.conv_k;
 #pragma unroll
     for (int r = 0; r < GDN_CONV_MAX_K; r++) {
         c.tap[r] = r <= R ? tap[r] : 0.0f;
-        c.win[r] = r < R ? a.conv_state[(int64_t)r * C + ch] : 0.0f;
+        c.win[r] = r < R ? conv_state[(int64_t)r * C + ch] : 0.0f;
     }
+}
+
+__device__ __forceinline__ void gdn_conv_load(const struct gdn_args &a, int ch, struct gdn_conv_in &c)
+{
+    gdn_conv_load_at(a, a.conv_state, ch, c);
 }
 
 /* The conv output (silu after) of input in with c, and the channel's shifted window in
@@ -78,14 +85,21 @@ __device__ __forceinline__ float gdn_conv_token(const struct gdn_args &a, int ch
 }
 
 /* Stores channel ch's conv output y (in place on qkv) and its shifted window. */
-__device__ __forceinline__ void gdn_conv_store(const struct gdn_args &a, int ch, float y, const float (&win)[GDN_CONV_MAX_K])
+/* (conv_state, qkv: a's or another session's, gdn_args.seq) */
+__device__ __forceinline__ void gdn_conv_store_at(const struct gdn_args &a, float *conv_state, float *qkv, int ch,
+                                                  float y, const float (&win)[GDN_CONV_MAX_K])
 {
     int R = a.conv_k - 1;
 #pragma unroll
     for (int r = 0; r < GDN_CONV_MAX_K - 1; r++)
         if (r < R)
-            a.conv_state[(int64_t)r * a.conv_C + ch] = win[r];
-    ((float *)a.qkv)[ch] = y;
+            conv_state[(int64_t)r * a.conv_C + ch] = win[r];
+    qkv[ch] = y;
+}
+
+__device__ __forceinline__ void gdn_conv_store(const struct gdn_args &a, int ch, float y, const float (&win)[GDN_CONV_MAX_K])
+{
+    gdn_conv_store_at(a, a.conv_state, (float *)a.qkv, ch, y, win);
 }
 
 

@@ -294,7 +294,7 @@ static cudaError_t gb_host_reference(const struct gemv_args *a)
 
 extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err)
 {
-    if (!c || c->T < 1 || c->T > GEMV_MAX_T || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 || !gb_host_dtypes_ok(c) ||
+    if (!c || c->T < 1 || c->T > (c->mma && batch ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 || !gb_host_dtypes_ok(c) ||
         c->mode < GEMV_STORE || c->mode > GEMV_SWIGLU ||
         (c->mode == GEMV_SWIGLU && (c->n_seg != 2 || c->N[0] != c->N[1] || c->mixed)))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_host: a malformed case");
@@ -303,11 +303,15 @@ extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool bat
     memset(&d, 0, sizeof(d));
     memset(&a, 0, sizeof(a));
     cudaError_t e = gb_host_upload(c, &d, &a);
-    a.batch = batch; /* v2, smem, gemvq off: gemv_kernel when not batch */
+    a.batch = batch, a.batch_mma = batch && c->mma; /* v2, smem, gemvq off: gemv_kernel when not batch */
     qwenrt_status st = QWENRT_OK;
-    if (e == cudaSuccess && batch && !gemv_batch_applies(&a) && !gemvq_batch_applies(&a))
+    if (e == cudaSuccess && a.batch_mma && !gemv_batch_mma_applies(&a))
+        st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemv_batch_mma does not take this case");
+    else if (e == cudaSuccess && batch && !gemv_batch_applies(&a) && !gemvq_batch_applies(&a))
         st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: neither gemv_batch nor gemvq_batch takes this case");
-    if (e == cudaSuccess && !st && (e = batch ? launch_gemv(&a, 0) : gb_host_reference(&a)) == cudaSuccess)
+    if (e == cudaSuccess && !st &&
+        (e = a.batch_mma ? launch_gemv_batch_mma(&a, 0) : batch ? launch_gemv(&a, 0) : gb_host_reference(&a)) ==
+            cudaSuccess)
         e = cudaDeviceSynchronize();
     for (int i = 0; e == cudaSuccess && !st && i < c->n_seg; i++)
         if (d.y[i])

@@ -430,9 +430,14 @@ __device__ __forceinline__ void attention_pipe_rounds(const KV *kbase, const KV 
 /* RREG (cuda_options.attn_rope_regs, ROPE): the q/k norm + RoPE in each warp's registers
  * (attention_rope_regs_row): no shared-memory copies of q, k, v and no block barrier between
  * the wait and the rounds. Another instantiation. */
-template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false, bool PIPE = false, bool RREG = false>
+/* MS (attn_args.n_seq, ROPE, not CL or RREG): one launch for several sessions, blockIdx.y
+ * (t) the session: its rows, cache and position (attention_seq_of), its splits' partials and
+ * counter at head t n_head + h. Another instantiation. */
+template <int EPL, bool ROPE, typename KV, bool TL = false, bool CL = false, bool PIPE = false, bool RREG = false,
+          bool MS = false>
 __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_constant__ struct attn_args a)
 {
+    static_assert(!MS || (ROPE && !CL && !RREG), "the multi-session form: RoPE inside, splits merged by the last");
     if (TL)
         tl_stamp(a.stamps, 0);
     griddep_launch();
@@ -451,7 +456,9 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     const KV *cur_v = RREG ? s_cur[RREG ? 2 * (threadIdx.x >> 5) + 1 : 0] : sizeof(KV) == 2 ? r_v16 : (const KV *)r_v;
     int h = CL ? blockIdx.y : blockIdx.x, t = CL ? 0 : blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int z = CL ? blockIdx.x : blockIdx.z, nz = CL ? gridDim.x : gridDim.z;
-    int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = *a.pos0 + t, last = pos;
+    const struct att_seq_view sv = attention_seq_of<MS>(a, t);
+    int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = MS ? *sv.pos : *a.pos0 + t, last = pos;
+    const int ph = MS ? t * a.n_head + h : h; /* the head's partials and counter */
     int S = attention_splits(a, last, nz);
     if (CL && S > 1)
         S = nz; /* every block of the cluster meets at its barrier (a split may be empty) */
@@ -459,8 +466,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         return; /* a short context: this split has no positions and takes no part */
     int lo;
     attention_split_range(S, z, &lo, &last); /* this split's positions lo..last */
-    const KV *kbase = (const KV *)a.kc + (int64_t)kvh * hd + lane * EPL;
-    const KV *vbase = (const KV *)a.vc + (int64_t)kvh * hd + lane * EPL;
+    const KV *kbase = (const KV *)sv.kc + (int64_t)kvh * hd + lane * EPL;
+    const KV *vbase = (const KV *)sv.vc + (int64_t)kvh * hd + lane * EPL;
     /* the first round's cached rows load before the prologue: their addresses do not depend
      * on it, so their L2 round trip overlaps the prologue's */
     constexpr int U = att_u<KV>();
@@ -499,7 +506,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         }
     } else {
         if (ROPE)
-            attention_rope_prologue<EPL, KV>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs, r_sn);
+            attention_rope_prologue<EPL, KV, 1, MS>(a, h, kvh, pos, last == pos, r_q, r_k, r_v, r_k16, r_v16, r_cs,
+                                                    r_sn, nullptr, t);
         const float *qp = ROPE ? r_q + lane * EPL : a.q + (int64_t)t * a.ldq + (int64_t)h * a.q_stride + lane * EPL;
 #pragma unroll
         for (int e = 0; e < EPL; e++)
@@ -552,7 +560,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         return;
     }
     if (S > 1) { /* this split's partial result, then the last block of the head merges */
-        float *part = a.part + ((int64_t)h * gridDim.z + blockIdx.z) * (hd + 2);
+        float *part = a.part + ((int64_t)ph * gridDim.z + blockIdx.z) * (hd + 2);
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float o = 0.0f;
 #pragma unroll
@@ -562,13 +570,13 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
         }
         if (threadIdx.x == 0)
             part[0] = M, part[1] = L;
-        if (!attention_split_arrive(a, h, S)) {
+        if (!attention_split_arrive(a, ph, S)) {
             if (TL)
                 tl_stamp(a.stamps, 3);
             return;
         }
         __threadfence();
-        attention_merge<EPL>(a, a.part + (int64_t)h * gridDim.z * (hd + 2), hd + 2, S, op, gp);
+        attention_merge<EPL>(a, a.part + (int64_t)ph * gridDim.z * (hd + 2), hd + 2, S, op, gp);
         if (TL)
             tl_stamp(a.stamps, 3);
         return;
@@ -752,6 +760,9 @@ bool attention_supports(int32_t hd) { return hd == 64 || hd == 128 || hd == 256;
 template <int EPL, typename KV, bool PIPE>
 static cudaError_t launch_attention_rope_p(const struct attn_args *a, dim3 grid, dim3 block, cudaStream_t s)
 {
+    if (a->n_seq)
+        return launch_k(a->pdl, attention_kernel<EPL, true, KV, false, false, PIPE, false, true>, grid, block, 0, s,
+                        *a);
     if (a->cluster_merge) {
         dim3 g(ATT_CL_SPLITS, a->n_head);
         if (a->stamps)
@@ -782,7 +793,9 @@ static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s
     if (a->T > 1 && a->tiled)
         return launch_attention_tiled<KV>(a, s);
     int splits = a->T == 1 && a->splits > 1 && a->part && a->count ? a->splits : 1;
-    dim3 grid(a->n_head, a->T, splits), block(32 * ATT_WARPS);
+    dim3 grid(a->n_head, a->n_seq ? a->n_seq : a->T, splits), block(32 * ATT_WARPS);
+    if (a->n_seq && (!a->rope || a->cluster_merge || a->rope_regs || a->n_seq > ATT_MAX_SEQ))
+        return cudaErrorInvalidValue; /* the multi-session form has none of these */
     if (a->rope) {
         if (a->T != 1 || a->n_rot > a->hd)
             return cudaErrorInvalidValue;
@@ -803,6 +816,8 @@ static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s
 
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 {
+    if (a->n_seq) /* several sessions: attention_kernel's multi-session form only */
+        return a->kv_f16 ? launch_attention_kv<__half>(a, s) : launch_attention_kv<float>(a, s);
     if (a->stages && attention_staged_applies(a))
         return launch_attention_staged(a, s);
     if (a->lanes && attention_lanes_applies(a))

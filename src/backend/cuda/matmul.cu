@@ -496,6 +496,10 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
         return launch_gemvq(a, s);
     if (gemv_smem_applies(a))
         return launch_gemv_smem(a, s);
+    if (a->batch && a->batch_mma && a->T >= GEMV_BATCH_MMA_MIN_T && gemv_batch_mma_applies(a))
+        return launch_gemv_batch_mma(a, s);
+    if (a->T > GEMV_MAX_T) /* only the tensor cores' multi-token form takes more */
+        return cudaErrorInvalidValue;
     if (a->batch && gemv_batch_applies(a))
         return launch_gemv_batch(a, s);
     if (a->batch && gemvq_batch_applies(a))
