@@ -3015,7 +3015,12 @@ static void test_batch_pays(void **st)
         assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
         assert_int_equal(cuda_batch_pays(cs, 2), cases[i].pays);
         assert_int_equal(cuda_batch_pays(cs, 16), cases[i].pays);
+        assert_false(cuda_batch_pays(cs, 17)); /* BF16: the tensor cores' GEMV takes 16 at most */
         assert_false(cuda_batch_pays(cs, 1));
+        cuda_session_free(cs);
+        o.gemv_batch_mma = false; /* then 17 rows take the GEMM, still one step */
+        assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
+        assert_int_equal(cuda_batch_pays(cs, 17), cases[i].pays);
         o.gemv_batch = false; /* without the kernel, no batched step pays */
         cuda_session_free(cs);
         assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
@@ -3553,11 +3558,14 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_launch_floor_bench(140, 130, 128, 8, false, 3, &us, &err), want);
     assert_true(us == -1);
     assert_int_equal(cuda_session_count_steps(NULL, "gemv+residual"), 0);
-    /* the GEMV bench refuses a kernel it does not have (0 first, 1 gemv2, 2 gemv_smem) */
+    /* the GEMV bench refuses a kernel it does not have (0 first, 1 gemv2, 2 gemv_smem, 3 the
+     * multi-token GEMV, 4 its tensor cores' form), and more than 8 tokens but for kernel 4 */
     double gbs = -1;
     us = -1;
-    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 1, false, 3, false, 2, &us, &gbs, NULL, &err), want);
+    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 1, false, 5, false, 2, &us, &gbs, NULL, &err), want);
     assert_true(us == 0 && gbs == 0);
+    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 9, false, 3, false, 2, &us, &gbs, NULL, &err), want);
+    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 17, false, 4, false, 2, &us, &gbs, NULL, &err), want);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "cuda_gemv_bench"));
     /* the argmax hook refuses an empty row */

@@ -494,11 +494,12 @@ qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *
 int32_t cuda_batch_seq_steps(const struct cuda_session *cs);
 
 /* Whether cuda_batch_decode of n sessions beats their own decode graphs one after another: where
- * every product of the decode plan has rows a multi-token GEMV takes — 16-bit (gemv_batch.cu)
- * or Q8_0 / Q4_K / Q6_K (gemvq_batch.cu) — cuda_options.gemv_batch is on, and n >= 2 (16-bit
- * products) or 3 <= n <= 8 (a quantised one: more take the GEMM) where the one-token products
- * also take x in f32 (gemvq_int8 off: the same answers batched or alone). F32 rows have only the
- * plain kernels (docs/perf-log.md, sessions 33 and 34). */
+ * every product of the decode plan has rows a multi-token GEMV takes — 16-bit (gemv_batch.cu,
+ * gemv_batch_mma.cu) or Q8_0 / Q4_K / Q6_K (gemvq_batch.cu) — cuda_options.gemv_batch is on, and
+ * n >= 2 (16-bit products; at most 16 where the tensor cores' GEMV takes every product: more
+ * would take the GEMM, slower than two steps) or 3 <= n <= 8 (a quantised one: more take the
+ * GEMM) where the one-token products also take x in f32 (gemvq_int8 off: the same answers
+ * batched or alone). F32 rows have only the plain kernels (docs/perf-log.md, sessions 33-35). */
 bool cuda_batch_pays(const struct cuda_session *cs, int32_t n);
 
 /* Parts of a layer's state, for checkpoints. */

@@ -3205,8 +3205,9 @@ static bool batch_dtype(int32_t dt)
     return dt == QR_BF16 || dt == QR_F16 || dt == QR_Q8_0 || dt == QR_Q4_K || dt == QR_Q6_K;
 }
 
-/* The sessions whose batched step beats their own decode graphs one after another when a product
- * is quantised: from 3 to GEMV_MAX_T (gemvq_batch.cu; more rows take the GEMM, which dequantises
+/* The sessions whose batched step beats their own decode graphs one after another (16-bit rows:
+ * from 2; BF16 ones up to 16, what the tensor cores' GEMV takes), and when a product is
+ * quantised: from 3 to GEMV_MAX_T (gemvq_batch.cu; more rows take the GEMM, which dequantises
  * every weight). H200 (docs/perf-log.md, session 34), Qwen3-0.6B Q4_K_M: each request through
  * its own graph token by token 1,936 tok/s whatever their number; batched, in all, 1,656 with 2
  * sessions, 2,100 with 3, 3,013 with 8, 1,552 with 12 (Qwen3.5-0.8B alike). 16-bit rows pay
@@ -3221,18 +3222,22 @@ static bool batch_dtype(int32_t dt)
 extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
 {
     const struct plan *p = &cs->plans[PHASE_DECODE];
-    bool quant = false;
+    bool quant = false, mma = cs->opt.gemv_batch_mma;
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!is_mm(&p->ops[i]))
             continue;
-        int32_t dt = cs->dops[PHASE_DECODE][i].dtype;
-        if (!batch_dtype(dt))
+        const struct dop *d = &cs->dops[PHASE_DECODE][i];
+        if (!batch_dtype(d->dtype))
             return false;
-        quant |= dt != QR_BF16 && dt != QR_F16;
+        quant |= d->dtype != QR_BF16 && d->dtype != QR_F16;
+        mma &= d->dtype == QR_BF16 && d->K % 32 == 0;
     }
     if (quant)
         return cs->opt.gemv_batch && !cs->gq_int8 && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
-    return cs->opt.gemv_batch && n >= 2;
+    /* BF16 rows the tensor cores' GEMV takes: at most 16 a step (more take the GEMM: Qwen3-0.6B
+     * BF16 32 sessions 10,276 tok/s in one step, 16 12,600, session 35), so a server of 32
+     * slots runs two steps of 16 */
+    return cs->opt.gemv_batch && n >= 2 && (!mma || n <= GEMV_BATCH_MMA_MAX_T);
 }
 
 /* The batched step's graph and branches (cuda_session_free). */

@@ -37,16 +37,6 @@ extern "C" {
 
 #define GB_WARPS 4 /* warps per block */
 
-/* 16 bytes of weights, not kept in L1 (which holds x for every block of the launch). */
-static __device__ __forceinline__ uint4 gb_load_w(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* The two halves of a 32-bit word of two 16-bit elements, as floats. */
 template <int DT>
 static __device__ __forceinline__ float2 gb_pair(uint32_t w)
@@ -113,7 +103,7 @@ __global__ void __launch_bounds__(32 * GB_WARPS) gemv_batch_kernel(const __grid_
             for (int r = 0; r < RPW; r++)
 #pragma unroll
                 for (int p = 0; p < P; p++)
-                    w[u][r][p] = c0 + STRIDE * u < chunks ? gb_load_w(rp[r][p] + c0 + STRIDE * u) : make_uint4(0, 0, 0, 0);
+                    w[u][r][p] = c0 + STRIDE * u < chunks ? gemv_ld_w128(rp[r][p] + c0 + STRIDE * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int c = c0 + STRIDE * u;
@@ -153,17 +143,7 @@ static int gb_rows_per_block(int64_t rows) { return rows >= 4096 ? 4 : 2; }
 
 bool gemv_batch_applies(const struct gemv_args *a)
 {
-    if (a->T < 2 || a->T > 8 || (a->dtype != QR_BF16 && a->dtype != QR_F16) || a->k_mixed || a->y_copy ||
-        a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG || a->K < 8 || a->K % 8 || a->ldx % 4 || (uintptr_t)a->x % 16 ||
-        (uintptr_t)a->norm_w % 16)
-        return false;
-    if (a->mode == GEMV_SWIGLU ? a->n_seg != 2 || a->seg[1].N != a->seg[0].N
-                               : a->mode != GEMV_STORE && a->mode != GEMV_ACCUM)
-        return false;
-    for (int i = 0; i < a->n_seg; i++)
-        if (a->seg[i].row_bytes % 16 || (uintptr_t)a->seg[i].w % 16 || a->seg[i].N < 1 || a->seg[i].ldy < a->seg[i].N)
-            return false;
-    return true;
+    return (a->dtype == QR_BF16 || a->dtype == QR_F16) && gemv_batch_shape_ok(a, GEMV_MAX_T, 8);
 }
 
 template <int DT, int TM, int P, bool NORM>
@@ -305,9 +285,10 @@ extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool bat
     cudaError_t e = gb_host_upload(c, &d, &a);
     a.batch = batch, a.batch_mma = batch && c->mma; /* v2, smem, gemvq off: gemv_kernel when not batch */
     qwenrt_status st = QWENRT_OK;
-    if (e == cudaSuccess && a.batch_mma && !gemv_batch_mma_applies(&a))
-        st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemv_batch_mma does not take this case");
-    else if (e == cudaSuccess && batch && !gemv_batch_applies(&a) && !gemvq_batch_applies(&a))
+    if (e == cudaSuccess && a.batch_mma) {
+        if (!gemv_batch_mma_applies(&a))
+            st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemv_batch_mma does not take this case");
+    } else if (e == cudaSuccess && batch && !gemv_batch_applies(&a) && !gemvq_batch_applies(&a))
         st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: neither gemv_batch nor gemvq_batch takes this case");
     if (e == cudaSuccess && !st &&
         (e = a.batch_mma ? launch_gemv_batch_mma(&a, 0) : batch ? launch_gemv(&a, 0) : gb_host_reference(&a)) ==

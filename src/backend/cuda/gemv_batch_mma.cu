@@ -39,16 +39,6 @@ extern "C" {
 #include "backend/cuda/cuda_backend.h"
 }
 
-/* 16 bytes of weights, not kept in L1 (which holds x for every block of the launch). */
-static __device__ __forceinline__ uint4 gbm_load_w(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* Two floats as bf16 (round to nearest), lower element in the low half; and back. */
 static __device__ __forceinline__ uint32_t gbm_pack(float a, float b)
 {
@@ -132,8 +122,9 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_batch_mma_kernel(const __grid
                 for (int i = 0; i < 4; i++)
                     d[m][p][j][i] = 0.0f;
     }
-    uint4 w[U][MT][2][P];
-    auto load = [&](int kb0) {
+    /* a round of U blocks in w while the next round's loads are in flight in wn */
+    uint4 w[U][MT][2][P], wn[U][MT][2][P];
+    auto load = [&](uint4(&dst)[U][MT][2][P], int kb0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int kb = kb0 + WARPS * u;
@@ -143,14 +134,15 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_batch_mma_kernel(const __grid
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int p = 0; p < P; p++)
-                        w[u][m][h][p] = kb < KB ? gbm_load_w(rp[m][h][p] + 4 * kb) : make_uint4(0, 0, 0, 0);
+                        dst[u][m][h][p] = kb < KB ? gemv_ld_w128(rp[m][h][p] + 4 * kb) : make_uint4(0, 0, 0, 0);
         }
     };
-    load(warp); /* the weights do not depend on the launch before */
+    load(w, warp); /* the weights do not depend on the launch before */
     griddep_wait();
     for (int kb0 = warp; kb0 < KB; kb0 += WARPS * U) {
-        if (kb0 != warp)
-            load(kb0);
+        const bool more = kb0 + WARPS * U < KB;
+        if (more)
+            load(wn, kb0 + WARPS * U);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int kb = kb0 + WARPS * u;
@@ -191,6 +183,16 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_batch_mma_kernel(const __grid
                         gbm_block(d[m][p][j], w[u][m][0][p], w[u][m][1][p], t);
             }
         }
+        if (more)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int p = 0; p < P; p++)
+                            w[u][m][h][p] = wn[u][m][h][p];
     }
     /* D(row, n): lane (g, c) holds rows g, g + 8 of each tile, tokens 8j + 2c, 8j + 2c + 1 */
 #pragma unroll
@@ -219,23 +221,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_batch_mma_kernel(const __grid
         const int r = i / TM, tk = i % TM;
         if (tk >= T)
             continue;
-        float sum[P + 1];
-#pragma unroll
-        for (int p = 0; p <= P; p++) {
-            sum[p] = 0.0f;
-            if (p == P && !NORM)
-                break;
-            const int j = p < P ? r * P + p : RPB * P;
-#pragma unroll
-            for (int w2 = 0; w2 < WARPS; w2++)
-                sum[p] += s_part[w2][j][tk];
-        }
-        const float inv = NORM ? rsqrtf(sum[P] / (float)a.K + a.eps) : 1.0f;
-        float v = sum[0] * inv;
-        if (P == 2) {
-            const float up = sum[P - 1] * inv;
-            v = v / (1.0f + __expf(-v)) * up;
-        }
+        const float v = gemv_batch_value<WARPS, TM, RPB, P, NORM>(a, s_part, r, tk);
         int sg;
         int64_t rr;
         if (!gemv_seg_of<P>(a, row0 + r, sg, rr))
@@ -247,28 +233,19 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_batch_mma_kernel(const __grid
 
 bool gemv_batch_mma_applies(const struct gemv_args *a)
 {
-    if (a->T < 2 || a->T > GEMV_BATCH_MMA_MAX_T || a->dtype != QR_BF16 || a->k_mixed || a->y_copy || a->n_seg < 1 ||
-        a->n_seg > GEMV_MAX_SEG || a->K < 32 || a->K % 32 || a->ldx % 4 || (uintptr_t)a->x % 16 ||
-        (uintptr_t)a->norm_w % 16)
-        return false;
-    if (a->mode == GEMV_SWIGLU ? a->n_seg != 2 || a->seg[1].N != a->seg[0].N
-                               : a->mode != GEMV_STORE && a->mode != GEMV_ACCUM)
-        return false;
-    for (int i = 0; i < a->n_seg; i++)
-        if (a->seg[i].row_bytes % 16 || (uintptr_t)a->seg[i].w % 16 || a->seg[i].N < 1 || a->seg[i].ldy < a->seg[i].N)
-            return false;
-    return true;
+    return a->dtype == QR_BF16 && gemv_batch_shape_ok(a, GEMV_BATCH_MMA_MAX_T, 32);
 }
 
 /* Tiles per block: 2 where the grid keeps at least 2 blocks per multiprocessor, else 1; warps
- * per block: 8 where the grid would have fewer than 2 blocks per multiprocessor, else 4 (more
- * loads in flight for small launches). */
+ * per block: 16 where the grid would have fewer blocks than multiprocessors (o, down: 64), 8
+ * where fewer than 2 per multiprocessor, else 4 (more loads in flight for small launches). */
 template <int P, bool NORM, int NG>
 static cudaError_t gbm_launch(const struct gemv_args *a, cudaStream_t s)
 {
     const int64_t rows = gemv_launch_rows(a);
     const int n_sm = a->n_sm > 0 ? a->n_sm : 132;
     const bool two = (rows + 31) / 32 >= 2 * n_sm, wide = !two && (rows + 15) / 16 < 2 * n_sm;
+    const bool wider = wide && (rows + 15) / 16 < n_sm;
     constexpr int U = P == 1 ? 4 : 2;
     if (two) {
         dim3 grid((unsigned)((rows + 31) / 32));
@@ -276,6 +253,8 @@ static cudaError_t gbm_launch(const struct gemv_args *a, cudaStream_t s)
                         *a);
     }
     dim3 grid((unsigned)((rows + 15) / 16));
+    if (wider)
+        return launch_k(a->pdl, gemv_batch_mma_kernel<16, 1, P, NORM, U, NG>, grid, dim3(512), 0, s, *a);
     if (wide)
         return launch_k(a->pdl, gemv_batch_mma_kernel<8, 1, P, NORM, U, NG>, grid, dim3(256), 0, s, *a);
     return launch_k(a->pdl, gemv_batch_mma_kernel<4, 1, P, NORM, U, NG>, grid, dim3(128), 0, s, *a);

@@ -55,14 +55,7 @@ static __device__ __forceinline__ uint2 gqb_ld64(const uint8_t *p)
     return v;
 }
 
-static __device__ __forceinline__ uint4 gqb_ld128(const uint8_t *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
+static __device__ __forceinline__ uint4 gqb_ld128(const uint8_t *p) { return gemv_ld_w128(p); }
 
 /* The aligned words holding the 8 bytes at the 2-byte aligned address p: 2, or 3 when p is not
  * 4-byte aligned (no third word otherwise: it could lie past the tensor's end). */

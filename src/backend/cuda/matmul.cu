@@ -480,8 +480,11 @@ static cudaError_t gemv2_dt(const struct gemv_args *a, int cm, int r, int blocks
 
 cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
 {
-    if (a->T < 1 || a->T > GEMV_MAX_T || a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG)
+    if (a->T < 1 || a->T > GEMV_BATCH_MMA_MAX_T || a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG)
         return cudaErrorInvalidValue;
+    if (a->T > GEMV_MAX_T) /* only the tensor cores' multi-token form takes more tokens */
+        return a->batch && a->batch_mma && gemv_batch_mma_applies(a) ? launch_gemv_batch_mma(a, s)
+                                                                     : cudaErrorInvalidValue;
     int64_t rows = 0;
     if (a->mode == GEMV_SWIGLU)
         rows = a->seg[0].N;
@@ -498,8 +501,6 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
         return launch_gemv_smem(a, s);
     if (a->batch && a->batch_mma && a->T >= GEMV_BATCH_MMA_MIN_T && gemv_batch_mma_applies(a))
         return launch_gemv_batch_mma(a, s);
-    if (a->T > GEMV_MAX_T) /* only the tensor cores' multi-token form takes more */
-        return cudaErrorInvalidValue;
     if (a->batch && gemv_batch_applies(a))
         return launch_gemv_batch(a, s);
     if (a->batch && gemvq_batch_applies(a))
