@@ -242,7 +242,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.mlp_fused = false; /* slower: 1,080 vs 1,198 tok/s (docs/perf-log.md, session 12) */
     o.gemv_smem = true; /* with PDL: +19% / +31% decode (docs/perf-log.md, sessions 13-14) */
     o.gemv_batch = true; /* the batched step at n = 8: see docs/perf-log.md, session 33 */
-    o.batch_seq = true;
+    o.batch_seq = true; /* the batched step +3.5% to +16% (docs/perf-log.md, session 35) */
     o.gemv_batch_mma = true; /* the batched step at 8 sessions +57% (docs/perf-log.md, session 35) */
     o.gemv_smem_warps = 0; /* 0, 0: the session picks (pick_gemv_smem_shape) */
     o.gemv_smem_kb = 0;
