@@ -523,6 +523,7 @@ static void check_gemv_batch_mixed(enum qr_dtype dt, int32_t K, int32_t T, int m
     /* BF16 rows of whole 32-element blocks: the tensor cores' form too (gemv_batch_mma.cu);
      * more than 8 tokens: only it (the other kernels take at most 8) */
     const bool mma = dt == QR_BF16 && !seg_dt && K % 32 == 0 && T >= 2;
+    assert_true(T <= 8 || mma); /* a case of more tokens must run the only kernel that takes them */
     float **runs[3] = {yb, yr, ym};
     for (int run = T > 8 ? 2 : 0; run < (mma ? 3 : 2); run++) { /* 0: gemv_batch, 1: the reference kernel, 2: mma */
         for (int i = 0; i < n_seg; i++) {
@@ -536,9 +537,13 @@ static void check_gemv_batch_mixed(enum qr_dtype dt, int32_t K, int32_t T, int m
     }
     double eb = T > 8 ? 0.0 : gemv_case_ref_err(&c, y0, yb), er = T > 8 ? 0.0 : gemv_case_ref_err(&c, y0, yr);
     double em = mma ? gemv_case_ref_err(&c, y0, ym) : 0.0;
-    printf("gemv_batch %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g%s%.3g)\n",
-           dtype_traits(dt)->name, seg_dt ? " mixed" : "", K, T, mode, norm, n_seg, N[0], eb, er,
-           mma ? ", tensor cores " : "", em);
+    if (T > 8)
+        printf("gemv_batch_mma bf16 K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (only the tensor "
+               "cores' form takes %d tokens)\n", K, T, mode, norm, n_seg, N[0], em, T);
+    else
+        printf("gemv_batch %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (reference kernel %.3g%s%.3g)\n",
+               dtype_traits(dt)->name, seg_dt ? " mixed" : "", K, T, mode, norm, n_seg, N[0], eb, er,
+               mma ? ", tensor cores " : "", em);
     if (!(eb <= 2e-5) || !(er <= 2e-5) || !(em <= 2e-5))
         fail_msg("gemv_batch %s K=%d T=%d mode %d: rel err %.3g / %.3g / mma %.3g", dtype_traits(dt)->name, K, T,
                  mode, eb, er, em);
