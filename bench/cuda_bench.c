@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -730,15 +730,17 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
     for (int r = 0; r < nmax; r++)
         if (qwenrt_session_init(m, &ps, &s[r], &err) || qwenrt_sampler_init(&sp, m->hp.n_vocab, &smp[r], &err))
             goto out;
-    printf("| sessions | step ms | in qwenrt_batch_decode ms | tok/s (all sessions) | per session | tok/s, picks started together |\n"
-           "|---:|---:|---:|---:|---:|---:|\n");
+    printf("| sessions | step ms | in qwenrt_batch_decode ms | tok/s (all sessions) | per session | tok/s, picks started together "
+           "| tok/s, picks in one launch |\n"
+           "|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const char *c = list; *c;) {
         int n = atoi(c);
-        double times[2][64], submit[64];
+        double times[3][64], submit[64];
         int nr = reps < 64 ? reps : 64;
         /* mode 0: each session's pick waited for in turn; 1: every pick started first
-         * (session_sample_start), as the server does */
-        for (int mode = 0; mode < 2; mode++)
+         * (session_sample_start); 2: every pick started in one launch (session_sample_start_all),
+         * as the server does */
+        for (int mode = 0; mode < 3; mode++)
             for (int rep = -1; rep < nr; rep++) {
                 int32_t ids[BATCH_MAX];
                 for (int r = 0; r < n; r++) {
@@ -751,8 +753,10 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
                     if (qwenrt_batch_decode(b, s, ids, n, &err))
                         goto out;
                     sub += time_now_s() - ts;
-                    for (int r = 0; mode && r < n; r++)
+                    for (int r = 0; mode == 1 && r < n; r++)
                         session_sample_start(s[r], smp[r]);
+                    if (mode == 2)
+                        session_sample_start_all(s, smp, n);
                     for (int r = 0; r < n; r++)
                         if (qwenrt_session_sample(s[r], smp[r], &ids[r], &err))
                             goto out;
@@ -760,13 +764,14 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
                 if (rep >= 0)
                     times[mode][rep] = time_now_s() - t0, submit[rep] = mode ? submit[rep] : sub;
             }
-        double t = median(times[0], nr), t1 = median(times[1], nr);
-        printf("| %d | %.3f | %.3f | %.1f | %.1f | %.1f |\n", n, 1e3 * t / n_gen, 1e3 * median(submit, nr) / n_gen,
-               n * n_gen / t, n_gen / t, n * n_gen / t1);
+        double t = median(times[0], nr), t1 = median(times[1], nr), t2 = median(times[2], nr);
+        printf("| %d | %.3f | %.3f | %.1f | %.1f | %.1f | %.1f |\n", n, 1e3 * t / n_gen,
+               1e3 * median(submit, nr) / n_gen, n * n_gen / t, n_gen / t, n * n_gen / t1, n * n_gen / t2);
         if (jf)
             fprintf(jf, "%s\n    {\"sessions\": %d, \"step_ms\": %.3f, \"tok_s\": %.1f, \"per_session_tok_s\": %.1f, "
-                        "\"tok_s_picks_started_together\": %.1f}",
-                    c == list ? "" : ",", n, 1e3 * t / n_gen, n * n_gen / t, n_gen / t, n * n_gen / t1);
+                        "\"tok_s_picks_started_together\": %.1f, \"tok_s_picks_one_launch\": %.1f}",
+                    c == list ? "" : ",", n, 1e3 * t / n_gen, n * n_gen / t, n_gen / t, n * n_gen / t1,
+                    n * n_gen / t2);
         fflush(stdout);
         while (*c && *c != ',')
             c++;
@@ -782,6 +787,88 @@ out:
         qwenrt_session_free(s[r]);
     }
     qwenrt_batch_free(b);
+    return rc;
+}
+
+/* The largest |a - b| over the largest |b| of a row, and b's margin between its best two. */
+static double row_rel_err(const float *a, const float *b, int32_t V, double *margin)
+{
+    double d = 0, mx = 0, b1 = -INFINITY, b2 = -INFINITY;
+    for (int32_t v = 0; v < V; v++) {
+        double e = fabs((double)a[v] - b[v]), y = fabs((double)b[v]);
+        d = e > d ? e : d, mx = y > mx ? y : mx;
+        if (b[v] > b1)
+            b2 = b1, b1 = b[v];
+        else if (b[v] > b2)
+            b2 = b[v];
+    }
+    *margin = b1 - b2;
+    return mx > 0 ? d / mx : d;
+}
+
+/* --batch-check N: n sessions (prompts of 24 + 3 r tokens) decoding 48 steps in one batch and
+ * twins decoding alone, both fed the twin's greedy token (teacher forcing: one near tie does
+ * not end the comparison); per 8 steps the worst logits error (largest difference over the
+ * largest logit) and the steps whose best tokens differ, with the twin's margin there. At the
+ * real geometry, where the tests' tiny fixtures do not reach: a wrong position, cache or state
+ * shows as an error of 1e-1 and more from its step on; rounding as a slow drift. */
+static int batch_check(struct qwenrt_model *m, int n)
+{
+    enum { MAXN = 16, STEPS = 48 };
+    struct qwenrt_error err = {0};
+    struct qwenrt_session *b[MAXN] = {NULL}, *a[MAXN] = {NULL};
+    struct qwenrt_batch *batch = NULL;
+    int32_t V = m->hp.n_vocab, ids[MAXN], rc = 1;
+    float *la = malloc((size_t)V * sizeof(float));
+    if (n < 1 || n > MAXN || !la) {
+        fprintf(stderr, "--batch-check: 1 to %d sessions\n", MAXN);
+        free(la);
+        return 2;
+    }
+    if (qwenrt_batch_init(m, n, &batch, &err))
+        goto out;
+    for (int r = 0; r < n; r++) {
+        int32_t prompt[80], np = 24 + 3 * r;
+        for (int32_t t = 0; t < np; t++)
+            prompt[t] = (int32_t)((977u * (uint32_t)(r + 1) + 131u * (uint32_t)t) % (uint32_t)V);
+        if (qwenrt_session_init(m, NULL, &b[r], &err) || qwenrt_session_init(m, NULL, &a[r], &err) ||
+            qwenrt_session_prefill(b[r], prompt, np, NULL, &err) || qwenrt_session_prefill(a[r], prompt, np, NULL, &err))
+            goto out;
+    }
+    printf("| steps | worst logits error, batch of %d vs alone | best tokens differing (twin's margin) |\n|---|---:|---|\n", n);
+    double worst = 0;
+    char flips[512] = "";
+    for (int step = 0; step < STEPS; step++) {
+        for (int r = 0; r < n; r++)
+            ids[r] = qwenrt_argmax(qwenrt_session_logits(a[r]), V);
+        if (qwenrt_batch_decode(batch, b, ids, n, &err))
+            goto out;
+        for (int r = 0; r < n; r++) {
+            if (qwenrt_session_decode(a[r], ids[r], &err))
+                goto out;
+            memcpy(la, qwenrt_session_logits(b[r]), (size_t)V * sizeof(float));
+            const float *lb = qwenrt_session_logits(a[r]);
+            double margin, e = row_rel_err(la, lb, V, &margin);
+            worst = e > worst ? e : worst;
+            if (qwenrt_argmax(la, V) != qwenrt_argmax(lb, V) && strlen(flips) < sizeof(flips) - 48)
+                snprintf(flips + strlen(flips), sizeof(flips) - strlen(flips), "%s%d/%d (%.2g)", *flips ? ", " : "",
+                         step, r, margin);
+        }
+        if (step % 8 == 7) {
+            printf("| %d-%d | %.3g | %s |\n", step - 7, step, worst, *flips ? flips : "none");
+            worst = 0, flips[0] = 0;
+        }
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "batch check: %s\n", err.message);
+    for (int r = 0; r < n; r++) {
+        qwenrt_session_free(a[r]);
+        qwenrt_session_free(b[r]);
+    }
+    qwenrt_batch_free(batch);
+    free(la);
     return rc;
 }
 
@@ -869,6 +956,7 @@ int main(int argc, char **argv)
     int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
     int timeline = 0;
     const char *batch = NULL; /* --batch N,N,...: the batched decode step (print_batch) */
+    int batch_chk = 0;        /* --batch-check N: batched against alone at this geometry (batch_check) */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
@@ -893,6 +981,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
+        else if (!strcmp(argv[i], "--batch-check") && i + 1 < argc) batch_chk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -900,7 +989,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -983,6 +1072,8 @@ int main(int argc, char **argv)
         gemv_table(&m->hp);
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
+    if (batch_chk)
+        return batch_check(m, batch_chk);
     if (batch) { /* --json: the table as a record */
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (json && !jf) {

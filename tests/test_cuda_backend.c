@@ -2995,6 +2995,76 @@ static void test_batch_seq_cuda(void **st)
     check_batch_seq_gdn(0, 17, false);
 }
 
+/* A batched step that fails part way (cuda_options.batch_fail_at: a BACKEND error at that op,
+ * after the layers before it ran) changes no session: every DeltaNet layer's conv and state rows
+ * are as before, bit for bit, so the server's retry one session at a time decodes what a session
+ * that never saw the failure decodes (without the copies back, the layers before the failure
+ * would advance their state twice). Qwen3 (no recurrent state) alike; with and without graphs. */
+static void check_batch_fail_kept(const char *dir, bool graph)
+{
+    enum { N = 3 };
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    if (qwenrt_model_load(dir, &mp, &m, &err))
+        fail_msg("load %s: %s", dir, err.message);
+    const struct plan *dp = &m->plans[PHASE_DECODE];
+    int32_t V = m->hp.n_vocab, fail_at = 0, pos[N], ids[N];
+    for (int32_t i = 0, seen = 0; i < dp->n_ops && !fail_at; i++) /* after two per-sequence steps */
+        if (dp->ops[i].kind == OP_GDN_CORE || dp->ops[i].kind == OP_ATTENTION)
+            fail_at = ++seen == 2 ? i + 1 : 0;
+    assert_true(fail_at > 0 && fail_at < dp->n_ops);
+    struct cuda_options failing = cuda_default_options(), plain = cuda_default_options();
+    failing.graph = plain.graph = graph;
+    failing.batch_fail_at = fail_at;
+    struct cuda_session *ga[N], *ea[N];
+    float *la = malloc((size_t)V * 4), *le = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(le);
+    for (int32_t i = 0; i < N; i++) {
+        init_pair(m, 32, &failing, &plain, &ga[i], &ea[i], dir);
+        int32_t prompt[16];
+        pos[i] = 9 + 2 * i;
+        for (int32_t t = 0; t < pos[i]; t++)
+            prompt[t] = (17 * (i + 1) + 31 * t) % V;
+        if (cuda_session_run(ga[i], prompt, pos[i], 0, false, la, NULL, NULL, &err) ||
+            cuda_session_run(ea[i], prompt, pos[i], 0, false, le, NULL, NULL, &err))
+            fail_msg("%s: prompt: %s", dir, err.message);
+        ids[i] = argmax_f(le, V);
+    }
+    qwenrt_status st = cuda_batch_decode(ga, ids, pos, N, NULL, &err);
+    if (st != QWENRT_ERR_BACKEND || !strstr(err.message, "batch_fail_at"))
+        fail_msg("%s: the failing batch returned %d (%s)", dir, (int)st, err.message);
+    for (int32_t i = 0; i < N; i++) /* the retry, one session at a time, for two steps */
+        for (int32_t t = 0; t < 2; t++) {
+            if (cuda_session_run(ga[i], &ids[i], 1, pos[i] + t, false, la, NULL, NULL, &err) ||
+                cuda_session_run(ea[i], &ids[i], 1, pos[i] + t, false, le, NULL, NULL, &err))
+                fail_msg("%s: retry: %s", dir, err.message);
+            for (int32_t v = 0; v < V; v++)
+                if (memcmp(&la[v], &le[v], 4))
+                    fail_msg("%s: session %d, step %d after the failed batch: logit %d is %.9g, %.9g without it", dir,
+                             i, t, v, la[v], le[v]);
+        }
+    printf("%s%s: a batch failing at op %d of %d changed no session\n", dir, graph ? "" : " (no graph)", fail_at,
+           dp->n_ops);
+    for (int32_t i = 0; i < N; i++) {
+        cuda_session_free(ga[i]);
+        cuda_session_free(ea[i]);
+    }
+    free(la);
+    free(le);
+    qwenrt_model_free(m);
+}
+
+static void test_batch_fail_kept_cuda(void **st)
+{
+    (void)st;
+    check_batch_fail_kept(fixtures[3], true);
+    check_batch_fail_kept(fixtures[3], false);
+    check_batch_fail_kept(fixtures[1], true);
+}
+
 /* The server batches CUDA sessions only where a batched step is faster than each session's own
  * decode graph: products a multi-token GEMV takes — 16-bit (gemv_batch.cu) from 2 sessions, Q8_0
  * / Q4_K / Q6_K (gemvq_batch.cu) from 3 to 8 where the one-token products take x in f32 too
@@ -3286,6 +3356,57 @@ static void test_topk_select(void **st)
     assert_non_null(strstr(err.message, "outside the vocabulary"));
 }
 
+/* The one-launch selection over several rows (launch_topk_rows: the server's picks after a
+ * batched step, results written into mapped pinned memory) against a host sort of each row:
+ * 1, 3 and 16 rows of different contents (every third row full of ties), vocabulary sizes
+ * around the slices and Qwen's, m from 1 to the limit; n and m out of range are refused. */
+static void test_topk_rows(void **st)
+{
+    (void)st;
+    const int32_t Vs[] = {7, 4097, 151936}, ms[] = {1, 41, 256}, ns[] = {1, 3, 16};
+    struct qwenrt_error err = {0};
+    uint32_t seed = 5;
+    int32_t *ids = malloc(16 * 256 * sizeof(int32_t)), host_ids[256];
+    float *vals = malloc(16 * 256 * sizeof(float));
+    assert_non_null(ids);
+    assert_non_null(vals);
+    for (size_t vi = 0; vi < 3; vi++) {
+        int32_t V = Vs[vi];
+        float *l = malloc((size_t)16 * V * sizeof(float));
+        assert_non_null(l);
+        for (int32_t r = 0; r < 16; r++)
+            for (int32_t i = 0; i < V; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                l[(size_t)r * V + i] = r % 3 == 2 ? (float)((seed >> 24) & 7) * 0.5f
+                                                  : (float)(seed >> 8) / (float)(1u << 24) * 20.0f - 10.0f;
+            }
+        for (size_t mi = 0; mi < 3; mi++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                int32_t m = ms[mi], n = ns[ni];
+                float t = mi == 1 ? 0.7f : 1.0f;
+                if (m > V)
+                    continue;
+                if (cuda_topk_rows_host(l, n, V, t, m, ids, vals, &err))
+                    fail_msg("%d rows of %d, top-%d: %s", n, V, m, err.message);
+                for (int32_t r = 0; r < n; r++) {
+                    const float *row = l + (size_t)r * V;
+                    test_best_tokens(row, V, t, m, host_ids);
+                    for (int32_t i = 0; i < m; i++)
+                        if (ids[r * m + i] != host_ids[i] || !(vals[r * m + i] == row[host_ids[i]]))
+                            fail_msg("row %d of %d (V %d, top-%d): rank %d is %d, host %d", r, n, V, m, i,
+                                     ids[r * m + i], host_ids[i]);
+                }
+            }
+        free(l);
+    }
+    float row[8] = {0};
+    assert_int_equal(cuda_topk_rows_host(row, 0, 8, 1.0f, 1, ids, vals, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(cuda_topk_rows_host(row, 17, 8, 1.0f, 1, ids, vals, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(cuda_topk_rows_host(row, 1, 8, 1.0f, 9, ids, vals, &err), QWENRT_ERR_UNSUPPORTED);
+    free(ids);
+    free(vals);
+}
+
 /* Two sessions of m and two samplers of p, to run the same tokens two ways. */
 static void open_twins(struct qwenrt_model *m, const struct qwenrt_sampler_params *p, int32_t n_vocab,
                        struct qwenrt_session **a, struct qwenrt_session **b, struct qwenrt_sampler **sa,
@@ -3371,6 +3492,73 @@ static void test_session_sample_cuda(void **st)
         qwenrt_session_free(a);
         qwenrt_session_free(b);
     }
+    qwenrt_model_free(m);
+}
+
+/* session_sample_start_all, the server's picks: five sessions decoding together (a batch),
+ * three sharing one sampling setting (one launch), one greedy (a launch of its own), one with
+ * penalties and a logit bias (gathered ids: started alone); each sample is what its sampler
+ * picks from the whole row of a twin decoding the same tokens in a batch of its own. A group
+ * whose sessions were decoded one by one (rows on their own streams) too, on odd steps. */
+static void test_session_sample_all_cuda(void **st)
+{
+    (void)st;
+    enum { N = 5 };
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    assert_int_equal(qwenrt_model_load(fixtures[3], &mp, &m, &err), QWENRT_OK);
+    int32_t V = m->hp.n_vocab;
+    struct qwenrt_logit_bias bias[2] = {{11, -100.0f}, {12, 2.0f}};
+    struct qwenrt_sampler_params ps[N];
+    for (int k = 0; k < N; k++) {
+        ps[k] = qwenrt_sampler_default_params(), ps[k].seed = 40 + (uint64_t)k;
+        ps[k].temperature = 0.8f, ps[k].top_k = 40, ps[k].top_p = 0.95f;
+    }
+    ps[3].temperature = 0.0f; /* greedy */
+    ps[4].repeat_penalty = 1.3f, ps[4].logit_bias = bias, ps[4].n_logit_bias = 2;
+    struct qwenrt_session *a[N], *b[N];
+    struct qwenrt_sampler *sa[N], *sb[N];
+    struct qwenrt_batch *ba = NULL, *bb = NULL;
+    assert_int_equal(qwenrt_batch_init(m, N, &ba, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_batch_init(m, N, &bb, &err), QWENRT_OK);
+    for (int k = 0; k < N; k++) {
+        open_twins(m, &ps[k], V, &a[k], &b[k], &sa[k], &sb[k]);
+        int32_t prompt[8];
+        for (int32_t t = 0; t < 3 + k; t++)
+            prompt[t] = (19 * (k + 1) + 7 * t) % V;
+        assert_int_equal(qwenrt_session_prefill(a[k], prompt, 3 + k, NULL, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(b[k], prompt, 3 + k, NULL, &err), QWENRT_OK);
+    }
+    for (int step = 0; step < 8; step++) {
+        int32_t ids[N];
+        session_sample_start_all(a, sa, N);
+        for (int k = 0; k < N; k++) {
+            int32_t want = qwenrt_sampler_sample(sb[k], qwenrt_session_logits(b[k]));
+            assert_int_equal(qwenrt_session_sample(a[k], sa[k], &ids[k], &err), QWENRT_OK);
+            if (ids[k] != want)
+                fail_msg("step %d, session %d: picked %d, the whole row %d", step, k, ids[k], want);
+            qwenrt_sampler_accept(sa[k], ids[k]), qwenrt_sampler_accept(sb[k], ids[k]);
+        }
+        for (int k = 0; step % 2 && k < N; k++) { /* one by one */
+            assert_int_equal(qwenrt_session_decode(a[k], ids[k], &err), QWENRT_OK);
+            assert_int_equal(qwenrt_session_decode(b[k], ids[k], &err), QWENRT_OK);
+        }
+        if (step % 2 == 0) {
+            assert_int_equal(qwenrt_batch_decode(ba, a, ids, N, &err), QWENRT_OK);
+            assert_int_equal(qwenrt_batch_decode(bb, b, ids, N, &err), QWENRT_OK);
+        }
+    }
+    printf("session_sample_start_all: 5 sessions, 8 steps, every pick the sampler's own on the whole row\n");
+    for (int k = 0; k < N; k++) {
+        qwenrt_sampler_free(sa[k]);
+        qwenrt_sampler_free(sb[k]);
+        qwenrt_session_free(a[k]);
+        qwenrt_session_free(b[k]);
+    }
+    qwenrt_batch_free(ba);
+    qwenrt_batch_free(bb);
     qwenrt_model_free(m);
 }
 
@@ -3783,12 +3971,14 @@ int main(void)
         cmocka_unit_test(test_batch_decode_cuda),
         cmocka_unit_test(test_batch_graph_cuda),
         cmocka_unit_test(test_batch_seq_cuda),
+        cmocka_unit_test(test_batch_fail_kept_cuda),
         cmocka_unit_test(test_gemv_batch_kernel),
         cmocka_unit_test(test_batch_pays),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_int8_from_cpu_state),
         cmocka_unit_test(test_prefill_split_cuda),
         cmocka_unit_test(test_topk_select),
+        cmocka_unit_test(test_topk_rows),
         cmocka_unit_test(test_op_argmax),
         cmocka_unit_test(test_attention_rope_fused),
         cmocka_unit_test(test_attn_early),
@@ -3799,6 +3989,7 @@ int main(void)
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_generate_graph_steps),
         cmocka_unit_test(test_session_sample_cuda),
+        cmocka_unit_test(test_session_sample_all_cuda),
         cmocka_unit_test(test_sample_kernel),
         cmocka_unit_test(test_generate_sampled),
     };

@@ -374,6 +374,50 @@ void session_sample_start(struct qwenrt_session *s, struct qwenrt_sampler *smp)
         (void)cuda_session_top_start(s->cuda, t, m, gather, n, &err);
 }
 
+/* The sessions of s[from..n) not yet started whose picks have no gathered ids and this
+ * temperature and m: up to CUDA_TOP_MAX_ROWS of them into grp (marked started). */
+static int32_t pick_group(struct qwenrt_session *const *s, const float *t, const int32_t *m, const int32_t *n_g,
+                          bool *started, int32_t from, int32_t n, struct cuda_session **grp)
+{
+    int32_t k = 0;
+    for (int32_t i = from; i < n && k < CUDA_TOP_MAX_ROWS; i++)
+        if (!started[i] && n_g[i] == 0 && t[i] == t[from] && m[i] == m[from]) {
+            grp[k++] = s[i]->cuda;
+            started[i] = true;
+        }
+    return k;
+}
+
+void session_sample_start_all(struct qwenrt_session *const *s, struct qwenrt_sampler *const *smp, int32_t n)
+{
+    float t[CUDA_TOP_MAX_ROWS * 4];
+    int32_t m[CUDA_TOP_MAX_ROWS * 4], n_g[CUDA_TOP_MAX_ROWS * 4], gather[CUDA_TOP_MAX_GATHER];
+    bool started[CUDA_TOP_MAX_ROWS * 4];
+    struct cuda_session *grp[CUDA_TOP_MAX_ROWS];
+    struct qwenrt_error err = {0}; /* a refusal here is qwenrt_session_sample's to report */
+    for (int32_t i0 = 0; i0 < n; i0 += CUDA_TOP_MAX_ROWS * 4) { /* in chunks of the arrays' size */
+        int32_t c = n - i0 < CUDA_TOP_MAX_ROWS * 4 ? n - i0 : CUDA_TOP_MAX_ROWS * 4;
+        struct qwenrt_session *const *sc = s + i0;
+        for (int32_t i = 0; i < c; i++) {
+            bool on = sc[i] && smp[i0 + i] && sc[i]->has_logits && sc[i]->logits_on_device;
+            t[i] = 1.0f, m[i] = 0;
+            n_g[i] = on ? sampler_subset_plan(smp[i0 + i], gather, CUDA_TOP_MAX_GATHER, CUDA_TOP_MAX_M, &m[i], &t[i]) : -1;
+            started[i] = n_g[i] != 0; /* only picks without gathered ids go in groups */
+            if (n_g[i] > 0)
+                (void)cuda_session_top_start(sc[i]->cuda, t[i], m[i], gather, n_g[i], &err);
+        }
+        for (int32_t i = 0; i < c; i++) {
+            if (started[i])
+                continue;
+            int32_t k = pick_group(sc, t, m, n_g, started, i, c, grp);
+            if (k > 1 && !cuda_sessions_top_start(grp, k, t[i], m[i], &err))
+                continue;
+            for (int32_t r = 0; r < k; r++) /* alone, or the group refused: one by one */
+                (void)cuda_session_top_start(grp[r], t[i], m[i], NULL, 0, &err);
+        }
+    }
+}
+
 qwenrt_status qwenrt_session_sample(struct qwenrt_session *s, struct qwenrt_sampler *smp, int32_t *id,
                                     struct qwenrt_error *err)
 {

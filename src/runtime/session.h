@@ -68,6 +68,12 @@ qwenrt_status session_generate_keep(struct qwenrt_session *s, struct qwenrt_samp
  * the pick cannot start (the sample then reports why). */
 void session_sample_start(struct qwenrt_session *s, struct qwenrt_sampler *smp);
 
+/* session_sample_start(s[i], smp[i]) for i < n, where the CUDA picks that share a temperature
+ * and m and gather no ids (the same sampling settings, no penalties or logit bias) start as
+ * one launch of up to 16 sessions (cuda_sessions_top_start); the others, or a group the GPU
+ * refuses, one by one. */
+void session_sample_start_all(struct qwenrt_session *const *s, struct qwenrt_sampler *const *smp, int32_t n);
+
 /* Whether one qwenrt_batch_decode step for n sessions like s is faster than each session's own
  * decode one after another (the server's choice): always on the CPU; on CUDA where the model's
  * products take a multi-token GEMV and n is large enough (cuda_batch_pays). */

@@ -632,11 +632,25 @@ static int batch_group(const struct sched *s, struct qwenrt_session *const *sess
     return 1;
 }
 
+/* A slot whose session's state is no longer known (a batched step that failed on the GPU):
+ * its job ends with the error and the session starts empty, so that no later job reuses its
+ * cached tokens. */
+static void slot_fail_reset(struct sched *s, struct slot *sl, const char *why)
+{
+    qwenrt_session_reset(sl->sess);
+    sl->n_toks = 0;
+    slot_free_job(s, sl, JOB_ERROR, why);
+}
+
 /* Feeds each sampled token to its slot's session: batched steps (qwenrt_batch_decode, CPU or
  * CUDA) of as many slots as pay (batch_group), one by one where batching is not possible (one
  * slot, or a batch that reported UNSUPPORTED), slower or not the same (session_batch_pays: on
  * CUDA f32 weights, quantised ones with two slots generating, or whose one-token products round
- * x to 8 bits where the batched ones keep it f32). */
+ * x to 8 bits where the batched ones keep it f32). A batch that failed with any other error
+ * changed no session (qwenrt.h), so its slots go on one by one too — except after BACKEND,
+ * which may leave a CUDA session's GPU state partly updated: decoding its token again would
+ * advance a recurrent state twice, so those jobs end with the error, and the server batches
+ * no more. */
 static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, int n)
 {
     struct qwenrt_error err = {0};
@@ -649,9 +663,15 @@ static void decode_all(struct sched *s, struct slot **who, const int32_t *ids, i
         if (g > 1) {
             qwenrt_status st = qwenrt_batch_decode(s->batch, sess + i0, ids + i0, g, &err);
             batched = !st;
-            if (st == QWENRT_ERR_UNSUPPORTED) { /* e.g. CUDA sessions: stop trying */
+            if (st == QWENRT_ERR_UNSUPPORTED || st == QWENRT_ERR_BACKEND) { /* stop trying */
                 qwenrt_batch_free(s->batch);
                 s->batch = NULL;
+            }
+            if (st == QWENRT_ERR_BACKEND) {
+                for (int i = i0; i < i0 + g; i++)
+                    slot_fail_reset(s, who[i], err.message);
+                i0 += g;
+                continue;
             }
         }
         for (int i = i0; i < i0 + g; i++) {
@@ -822,11 +842,15 @@ static void *sched_main(void *arg)
         struct slot *gen[SCHED_MAX_SLOTS];
         int32_t ids[SCHED_MAX_SLOTS];
         int n_gen = 0;
+        struct qwenrt_session *pick_sess[SCHED_MAX_SLOTS];
+        struct qwenrt_sampler *pick_smp[SCHED_MAX_SLOTS];
+        int n_pick = 0;
         for (int i = 0; i < s->p.n_parallel; i++) { /* every pick on the GPU at once, then each waited for */
             struct slot *sl = &s->slots[i];
             if (sl->job && sl->phase == SLOT_GEN && sl->pending < 0)
-                session_sample_start(sl->sess, sl->smp);
+                pick_sess[n_pick] = sl->sess, pick_smp[n_pick++] = sl->smp;
         }
+        session_sample_start_all(pick_sess, pick_smp, n_pick);
         for (int i = 0; i < s->p.n_parallel; i++) {
             struct slot *sl = &s->slots[i];
             if (sl->job && sl->phase == SLOT_GEN && !job_cancelled(sl->job)) {

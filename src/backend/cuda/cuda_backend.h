@@ -105,6 +105,9 @@ struct cuda_options {
                           * DeltaNet step as one launch for all sessions, chained with PDL,
                           * instead of one launch per session on side streams (forked and joined
                           * by events). On by default */
+    int32_t batch_fail_at; /* tests only: a batched step launched op by op (new members, or no
+                          * graph) stops at this op of the decode plan with BACKEND, as a launch
+                          * that fails part way would; 0 (default): never */
     bool gemv_smem;      /* decode, one token, 16-bit weights: the GEMV that copies its rows into
                           * shared memory before it waits for its input (gemv_smem.cu), with
                           * PDL, so that the next GEMV's weights load while the kernel before it
@@ -421,11 +424,28 @@ qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32
 qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature, int32_t m,
                                      const int32_t *gather, int32_t n_gather, struct qwenrt_error *err);
 
+/* cuda_session_top_start for n sessions of one vocabulary with the same temperature and m and
+ * no gathered ids (the server's picks after a batched step), as one launch on css[0]'s stream
+ * that writes each session's results into its pinned result block; each session's own stream
+ * waits for it, so cuda_session_top takes the results as from its own start. n: 1 to
+ * CUDA_TOP_MAX_ROWS.
+ * Errors: INVALID_ARG (a session twice, without logits or of another vocabulary, n out of
+ * range), UNSUPPORTED (as cuda_session_top's, or a device that cannot write pinned host
+ * memory), BACKEND. A session already made ready stays so, with no pick pending. */
+#define CUDA_TOP_MAX_ROWS 16 /* sessions one cuda_sessions_top_start takes at most */
+qwenrt_status cuda_sessions_top_start(struct cuda_session *const *css, int32_t n, float temperature,
+                                      int32_t m, struct qwenrt_error *err);
+
 /* The same selection on a host row of V logits, through the fast kernels or (reference) the
  * one-thread reference kernel: what test_cuda_backend compares. Errors as cuda_session_top. */
 qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
                              const int32_t *gather, int32_t n_gather, bool reference, int32_t *ids,
                              float *vals, float *gather_vals, struct qwenrt_error *err);
+/* n host rows of V logits ([n][V]) through the one-launch form (cuda_sessions_top_start's
+ * kernel, results written into mapped pinned memory as there): ids and vals [n][m]. n: 1 to
+ * CUDA_TOP_MAX_ROWS. Errors as cuda_session_top, INVALID_ARG for n. */
+qwenrt_status cuda_topk_rows_host(const float *logits, int32_t n, int32_t V, float temperature, int32_t m,
+                                  int32_t *ids, float *vals, struct qwenrt_error *err);
 
 /* Greedy decoding on the GPU: feeds id at position pos0, then each step's argmax, n steps.
  * out_ids[i] = argmax after step i. The token stays on the GPU; the host reads ids back every

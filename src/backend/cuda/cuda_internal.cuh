@@ -682,6 +682,19 @@ cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
                         cudaStream_t s, const struct topk_draw *draw = NULL);
+/* The same selection for n rows in one launch (blockIdx.y: the row), each row with its own
+ * logits, scratch and results (ids, vals: device pointers, which may be mapped host memory),
+ * all of V logits with the same temperature and m, no gather: the server's picks of every
+ * session after a batched step. */
+#define TOPK_MAX_ROWS CUDA_TOP_MAX_ROWS
+struct topk_rows {
+    int32_t n;
+    const float *logits[TOPK_MAX_ROWS];
+    unsigned long long *scratch[TOPK_MAX_ROWS];
+    int32_t *out_ids[TOPK_MAX_ROWS];
+    float *out_vals[TOPK_MAX_ROWS];
+};
+cudaError_t launch_topk_rows(const struct topk_rows *rows, int32_t V, float temperature, int32_t m, cudaStream_t s);
 
 /* sample.cu: one draw over topk.cu's candidates ids / vals (ranked, raw logits) with the
  * sampler parameters at sp (device memory); next_id[0] = the token, and with step non-NULL

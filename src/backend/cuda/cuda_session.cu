@@ -160,6 +160,8 @@ struct cuda_session {
      * pinned logits row for cuda_session_logits */
     unsigned long long *d_topk;
     int32_t *d_top, *h_top;
+    int32_t *h_top_dev;       /* h_top as the device addresses it (cuda_sessions_top_start) */
+    cudaEvent_t top_ev;       /* the end of a pick this session launched for a group */
     int32_t topk_keys;        /* keys the top-m kernel's last block holds on this device (topk_prepare) */
     float *h_row;
     struct gemm_ctx gemm;
@@ -1716,6 +1718,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->snap);
     cudaFreeHost(cs->h_top);
     cudaFreeHost(cs->h_row);
+    if (cs->top_ev)
+        cudaEventDestroy(cs->top_ev);
     cudaFree(cs->state);
     cudaFree(cs->att_part);
     cudaFree(cs->rope_freq);
@@ -2970,6 +2974,62 @@ extern "C" qwenrt_status cuda_session_top_start(struct cuda_session *cs, float t
     return QWENRT_OK;
 }
 
+/* One session of a group pick: its scratch and result blocks, h_top's device address, its
+ * pick before (left to finish), and its row finished on its own stream. */
+static qwenrt_status top_group_member(struct cuda_session *cs, const struct cuda_session *c0, float temperature,
+                                      int32_t m, struct qwenrt_error *err)
+{
+    if (!cs->last_row || cs->n_vocab != c0->n_vocab)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: a session of the group has %s",
+                       cs->last_row ? "another vocabulary" : "no logits yet");
+    qwenrt_status st = top_ready(cs, err);
+    if (st || (st = top_args(cs->n_vocab, temperature, m, NULL, 0, cs->topk_keys, err)))
+        return st;
+    if (!cs->h_top_dev && cudaHostGetDevicePointer((void **)&cs->h_top_dev, cs->h_top, 0) != cudaSuccess) {
+        cudaGetLastError();
+        cs->h_top_dev = NULL;
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda top: the device cannot write the host's result block");
+    }
+    if (cs->top_pending || cs->unsynced) /* its scratch and h_top free, its row written */
+        CUDA_CHECK(cudaStreamSynchronize(cs->stream));
+    cs->top_pending = false;
+    cs->unsynced = false;
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_sessions_top_start(struct cuda_session *const *css, int32_t n, float temperature,
+                                                 int32_t m, struct qwenrt_error *err)
+{
+    if (n < 1 || n > TOPK_MAX_ROWS || !css)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: a group of %d sessions (1 to %d)", n, TOPK_MAX_ROWS);
+    struct cuda_session *c0 = css[0];
+    struct topk_rows rows;
+    rows.n = n;
+    for (int32_t r = 0; r < n; r++) {
+        for (int32_t k = 0; k < r; k++)
+            if (css[k] == css[r])
+                return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: session %d of the group appears twice", r);
+        qwenrt_status st = top_group_member(css[r], c0, temperature, m, err);
+        if (st)
+            return st;
+        rows.logits[r] = css[r]->last_row, rows.scratch[r] = css[r]->d_topk;
+        rows.out_ids[r] = css[r]->h_top_dev, rows.out_vals[r] = (float *)(css[r]->h_top_dev + CUDA_TOP_MAX_M);
+    }
+    if (!c0->top_ev)
+        CUDA_CHECK(cudaEventCreateWithFlags(&c0->top_ev, cudaEventDisableTiming));
+    CUDA_CHECK(launch_topk_rows(&rows, c0->n_vocab, temperature, m, c0->stream));
+    CUDA_CHECK(cudaEventRecord(c0->top_ev, c0->stream));
+    for (int32_t r = 0; r < n; r++) { /* each session's stream waits for the pick: cuda_session_top's wait */
+        if (css[r] != c0)
+            CUDA_CHECK(cudaStreamWaitEvent(css[r]->stream, c0->top_ev, 0));
+        struct cuda_session *cs = css[r];
+        cs->top_pending = true;
+        cs->unsynced = true; /* a step on another stream (a batch) waits for it first */
+        cs->top_t = temperature, cs->top_m = m, cs->top_n_gather = 0, cs->top_gen = cs->row_gen;
+    }
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float temperature, int32_t m,
                                           const int32_t *gather, int32_t n_gather, int32_t *ids,
                                           float *vals, float *gather_vals, struct qwenrt_error *err)
@@ -3041,6 +3101,53 @@ extern "C" qwenrt_status cuda_topk_host(const float *logits, int32_t V, float te
     cudaFree(row);
     cudaFree(keys);
     cudaFree(d_top);
+    cudaFreeHost(h_top);
+    return st;
+}
+
+extern "C" qwenrt_status cuda_topk_rows_host(const float *logits, int32_t n, int32_t V, float temperature, int32_t m,
+                                             int32_t *ids, float *vals, struct qwenrt_error *err)
+{
+    if (n < 1 || n > TOPK_MAX_ROWS || !logits || !ids || !vals)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: %d rows (1 to %d)", n, TOPK_MAX_ROWS);
+    int32_t max_keys = 0;
+    cudaError_t e = topk_prepare(&max_keys);
+    if (e != cudaSuccess)
+        return cuda_fail(err, e, __FILE__, __LINE__, "topk_prepare");
+    qwenrt_status st = top_args(V, temperature, m, NULL, 0, max_keys, err);
+    if (st)
+        return st;
+    float *rows_d = NULL;
+    unsigned long long *keys[TOPK_MAX_ROWS] = {NULL};
+    int32_t *h_top = NULL, *h_dev = NULL;
+    struct topk_rows rows;
+    rows.n = n;
+    e = cudaMalloc(&rows_d, (size_t)n * V * sizeof(float));
+    for (int32_t r = 0; r < n && e == cudaSuccess; r++)
+        e = topk_alloc_scratch(&keys[r]);
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&h_top, (size_t)n * 2 * m * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaHostGetDevicePointer((void **)&h_dev, h_top, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(rows_d, logits, (size_t)n * V * sizeof(float), cudaMemcpyHostToDevice);
+    for (int32_t r = 0; r < n && e == cudaSuccess; r++) {
+        rows.logits[r] = rows_d + (size_t)r * V, rows.scratch[r] = keys[r];
+        rows.out_ids[r] = h_dev + (size_t)r * 2 * m, rows.out_vals[r] = (float *)(h_dev + (size_t)r * 2 * m + m);
+    }
+    if (e == cudaSuccess)
+        e = launch_topk_rows(&rows, V, temperature, m, 0);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    for (int32_t r = 0; r < n && e == cudaSuccess; r++) {
+        memcpy(ids + (size_t)r * m, h_top + (size_t)r * 2 * m, (size_t)m * sizeof(int32_t));
+        memcpy(vals + (size_t)r * m, h_top + (size_t)r * 2 * m + m, (size_t)m * sizeof(float));
+    }
+    if (e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "cuda_topk_rows_host");
+    cudaFree(rows_d);
+    for (int32_t r = 0; r < n; r++)
+        cudaFree(keys[r]);
     cudaFreeHost(h_top);
     return st;
 }
@@ -3471,6 +3578,9 @@ static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session 
     for (int32_t i = 0; i < p->n_ops;) {
         qwenrt_status st;
         struct step fs;
+        if (c0->opt.batch_fail_at > 0 && i >= c0->opt.batch_fail_at)
+            return err_set(err, QWENRT_ERR_BACKEND, "cuda batch: stopped at op %d of %d (cuda_options.batch_fail_at)", i,
+                           p->n_ops);
         if (batch_row_step(c0, &all, i, &fs)) {
             st = run_step(&all, &fs, err); /* the norm + products, a product + residual: all n rows */
             all.pf = NULL;
@@ -3566,6 +3676,43 @@ static qwenrt_status batch_capture(struct cuda_session *c0, struct cuda_session 
     return QWENRT_OK;
 }
 
+/* The step launched op by op, with every session's recurrent state (DeltaNet conv and state
+ * rows) copied first (cuda_session_snapshot) and put back when a launch fails part way: the
+ * layers before it would otherwise have advanced their state, and a caller that then decodes
+ * the same token one session at a time would advance it twice. So a failed step changes no
+ * session (qwenrt_batch_decode's promise); BACKEND when even the copies back fail. Captured
+ * steps need none of this: a capture that fails has run nothing. */
+static qwenrt_status enqueue_batch_kept(struct cuda_session *c0, struct cuda_session *const *css, int32_t n,
+                                        bool to_rows, struct qwenrt_error *err)
+{
+    qwenrt_status st = QWENRT_OK;
+    if (c0->rec_bytes) {
+        for (int32_t r = 0; r < n && !st; r++)
+            st = cuda_session_snapshot(css[r], false, err);
+        for (int32_t r = 0; r < n && !st; r++) /* the copies are on each session's stream */
+            CUDA_CHECK(cudaStreamSynchronize(css[r]->stream));
+        if (st)
+            return st;
+    }
+    st = enqueue_batch(c0, css, n, to_rows, err);
+    if (!st || !c0->rec_bytes)
+        return st;
+    cudaError_t e = cudaStreamSynchronize(c0->stream); /* what did run, before the copies back */
+    struct qwenrt_error back = {};
+    for (int32_t r = 0; r < n && e == cudaSuccess; r++)
+        if (cuda_session_snapshot(css[r], true, &back) || (e = cudaStreamSynchronize(css[r]->stream)) != cudaSuccess)
+            e = e == cudaSuccess ? cudaErrorUnknown : e;
+    if (e != cudaSuccess) {
+        char why[sizeof(err->message)] = "";
+        if (err)
+            snprintf(why, sizeof(why), "%s", err->message);
+        cudaGetLastError();
+        return err_set(err, QWENRT_ERR_BACKEND, "%s; the sessions' recurrent state could not be put back (%s)", why,
+                       cudaGetErrorString(e));
+    }
+    return st;
+}
+
 /* The step: launched op by op when these members are new to c0 (which also makes what the ops
  * allocate on first use, outside any capture), captured the second time in a row, replayed
  * after that. */
@@ -3573,9 +3720,9 @@ static qwenrt_status batch_step(struct cuda_session *c0, struct cuda_session *co
                                 struct qwenrt_error *err)
 {
     if (!c0->opt.graph)
-        return enqueue_batch(c0, css, n, to_rows, err);
+        return enqueue_batch_kept(c0, css, n, to_rows, err);
     if (!batch_same_members(c0, css, n, to_rows)) {
-        qwenrt_status st = enqueue_batch(c0, css, n, to_rows, err);
+        qwenrt_status st = enqueue_batch_kept(c0, css, n, to_rows, err);
         if (!st)
             batch_set_members(c0, css, n, to_rows);
         return st;

@@ -88,12 +88,26 @@ qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature,
     return not_built(err);
 }
 
+qwenrt_status cuda_sessions_top_start(struct cuda_session *const *css, int32_t n, float temperature,
+                                      int32_t m, struct qwenrt_error *err)
+{
+    (void)css, (void)n, (void)temperature, (void)m;
+    return not_built(err);
+}
+
 qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
                              const int32_t *gather, int32_t n_gather, bool reference, int32_t *ids,
                              float *vals, float *gather_vals, struct qwenrt_error *err)
 {
     (void)logits, (void)V, (void)temperature, (void)m, (void)gather, (void)n_gather, (void)reference,
         (void)ids, (void)vals, (void)gather_vals;
+    return not_built(err);
+}
+
+qwenrt_status cuda_topk_rows_host(const float *logits, int32_t n, int32_t V, float temperature, int32_t m,
+                                  int32_t *ids, float *vals, struct qwenrt_error *err)
+{
+    (void)logits, (void)n, (void)V, (void)temperature, (void)m, (void)ids, (void)vals;
     return not_built(err);
 }
 

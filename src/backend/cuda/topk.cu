@@ -20,7 +20,10 @@
  * maximum instead of the select. Until session 10 each block bitonic-sorted its whole slice
  * and a second launch sorted the nb x m keys: 66 + 6 us for greedy, 66 + 27 us for top-41
  * (ncu, H200). With a draw (struct topk_draw, the sampled decode loop) the last block's first
- * warp then draws the token from the ranked candidates (sample.cuh). A reference kernel beside it (topk_ref_kernel: one thread, m passes over the
+ * warp then draws the token from the ranked candidates (sample.cuh). launch_topk_rows runs the
+ * same for up to TOPK_MAX_ROWS rows in one launch (blockIdx.y: the row; a table of each row's
+ * logits, scratch and results in the launch's parameters): the server's picks after a batched
+ * step. A reference kernel beside it (topk_ref_kernel: one thread, m passes over the
  * row) is what test_cuda_backend compares against.
  */
 #include "backend/cuda/sample.cuh"
@@ -152,10 +155,12 @@ __device__ void topk_block_select(const unsigned long long *s, int32_t n, int32_
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(TOPK_THREADS)
-topk_kernel(const float *logits, int32_t V, float temperature, int32_t m, unsigned long long *scratch,
-            unsigned *arrivals, const int32_t *gather, int32_t n_gather, int32_t *out_ids,
-            float *out_vals, float *gather_vals, struct topk_draw dr)
+/* One row's selection (a block of the row's launch: topk_kernel, or topk_rows_kernel's row
+ * blockIdx.y). */
+__device__ __forceinline__ void topk_row(const float *logits, int32_t V, float temperature, int32_t m,
+                                         unsigned long long *scratch, unsigned *arrivals, const int32_t *gather,
+                                         int32_t n_gather, int32_t *out_ids, float *out_vals, float *gather_vals,
+                                         struct topk_draw dr)
 {
     extern __shared__ unsigned long long tk_keys[]; /* max(TOPK_SLICE, gridDim.x * m) */
     __shared__ struct topk_sel st;
@@ -209,6 +214,23 @@ topk_kernel(const float *logits, int32_t V, float temperature, int32_t m, unsign
         sample_draw_warp(out_ids, out_vals, dr.sp, dr.next_id, dr.pos0, dr.out_ids, dr.step, (float *)best);
 }
 
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_kernel(const float *logits, int32_t V, float temperature, int32_t m, unsigned long long *scratch,
+            unsigned *arrivals, const int32_t *gather, int32_t n_gather, int32_t *out_ids,
+            float *out_vals, float *gather_vals, struct topk_draw dr)
+{
+    topk_row(logits, V, temperature, m, scratch, arrivals, gather, n_gather, out_ids, out_vals, gather_vals, dr);
+}
+
+__global__ void __launch_bounds__(TOPK_THREADS)
+topk_rows_kernel(const __grid_constant__ struct topk_rows rows, int32_t V, float temperature, int32_t m)
+{
+    const int32_t y = (int32_t)blockIdx.y;
+    unsigned long long *scratch = rows.scratch[y];
+    topk_row(rows.logits[y], V, temperature, m, scratch, (unsigned *)(scratch + TOPK_MAX_MERGE), NULL, 0,
+             rows.out_ids[y], rows.out_vals[y], NULL, topk_draw{NULL, NULL, NULL, NULL, NULL});
+}
+
 /* The reference: one thread, m passes, each taking the largest key below the previous one. */
 __global__ void topk_ref_kernel(const float *logits, int32_t V, float temperature, int32_t m,
                                 const int32_t *gather, int32_t n_gather, int32_t *out_ids,
@@ -258,11 +280,16 @@ cudaError_t topk_prepare(int32_t *max_keys)
         return cudaErrorInvalidConfiguration;
     e = cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)(keys * sizeof(unsigned long long)));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(topk_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)(keys * sizeof(unsigned long long)));
     if (e != cudaSuccess)
         return e;
     /* the largest shared-memory carveout, as the decode megakernel needs (a multiprocessor
      * switching carveouts between kernels has to drain first); a hint, so a refusal is fine */
     cudaFuncSetAttribute(topk_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
+    cudaFuncSetAttribute(topk_rows_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
     cudaGetLastError(); /* a refused hint must not surface as the next launch's error */
     *max_keys = (int32_t)keys;
@@ -295,5 +322,15 @@ cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32
                                                (unsigned *)(scratch + TOPK_MAX_MERGE), gather, n_gather,
                                                out_ids, out_vals, gather_vals,
                                                draw ? *draw : topk_draw{NULL, NULL, NULL, NULL, NULL});
+    return cudaGetLastError();
+}
+
+cudaError_t launch_topk_rows(const struct topk_rows *rows, int32_t V, float temperature, int32_t m, cudaStream_t s)
+{
+    if (rows->n < 1 || rows->n > TOPK_MAX_ROWS)
+        return cudaErrorInvalidValue;
+    int32_t nb = topk_slices(V), n_keys = nb * m;
+    size_t smem = (size_t)(n_keys > TOPK_SLICE ? n_keys : TOPK_SLICE) * sizeof(unsigned long long);
+    topk_rows_kernel<<<dim3((unsigned)nb, (unsigned)rows->n), TOPK_THREADS, smem, s>>>(*rows, V, temperature, m);
     return cudaGetLastError();
 }
