@@ -125,6 +125,10 @@ struct cuda_session {
     unsigned *b_count;        /* [cap_batch][att_heads] their arrival counters (kept zeroed) */
     /* the batched step this session leads (batch_step): its members, the graph of their step */
     const struct cuda_session **b_key; /* [cap_batch] the last step's sessions, in order */
+    int32_t *b_pos;           /* [cap_batch] the sessions' positions in its batched step (device) */
+    int32_t *b_stage;         /* pinned: [cap_batch] ids, then [cap_batch] positions */
+    bool b_own_pos;           /* its last batched step ran per-session steps (side streams),
+                               * which read each session's own d_pos */
     int32_t b_n;                       /* their number, negative when the logits went to the host */
     uint64_t b_gen;                    /* bumped by every change of members */
     cudaGraphExec_t g_batch;           /* the step captured for b_n sessions ... */
@@ -1702,6 +1706,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     free_bufs(cs->bbufs);
     cudaFree(cs->b_part);
     cudaFree(cs->b_count);
+    cudaFree(cs->b_pos);
+    cudaFreeHost(cs->b_stage);
     batch_free(cs);
     cudaFree(cs->d_ids);
     cudaFree(cs->d_pos);
@@ -3485,8 +3491,8 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
         b.n_seq = n - g < ATT_MAX_SEQ ? n - g : ATT_MAX_SEQ;
         b.splits = a.part ? (c0->att_splits / b.n_seq > 1 ? c0->att_splits / b.n_seq : 1) : 1;
         b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;
-        for (int32_t k = 0; k < b.n_seq; k++)
-            b.seq[k] = {css[g + k]->kc[layer], css[g + k]->vc[layer], css[g + k]->d_pos};
+        for (int32_t k = 0; k < b.n_seq; k++) /* positions: c0's one copy for the step (cuda_batch_decode) */
+            b.seq[k] = {css[g + k]->kc[layer], css[g + k]->vc[layer], c0->b_pos + g + k};
         CUDA_CHECK(launch_attention(&b, all->stream));
     }
     return QWENRT_OK;
@@ -3575,6 +3581,7 @@ static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session 
     struct run_ctx all = {c0, p, c0->dops[PHASE_DECODE], c0->bbufs, n, true, c0->decode_pdl, c0->stream, 0, false,
                           NULL, NULL, NULL, NULL, false, NULL};
     c0->b_seq_steps = 0;
+    c0->b_own_pos = false;
     for (int32_t i = 0; i < p->n_ops;) {
         qwenrt_status st;
         struct step fs;
@@ -3598,6 +3605,7 @@ static qwenrt_status enqueue_batch(struct cuda_session *c0, struct cuda_session 
         bool done = false;
         if (batch_seq_step(c0, css, n, i, j, &fs) && (st = batch_seq_run(&all, css, n, &fs, &done, err)))
             return st;
+        c0->b_own_pos |= !done;
         if (!done && (st = batch_branch_ops(c0, css, n, i, j, err)))
             return st;
         c0->b_seq_steps += done;
@@ -3765,6 +3773,25 @@ static qwenrt_status alloc_batch_splits(struct cuda_session *c0, int32_t n, stru
     return QWENRT_OK;
 }
 
+/* The batch's positions on the device and the pinned stage of its ids and positions, for n
+ * sessions. */
+static qwenrt_status alloc_batch_stage(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
+{
+    cudaFree(c0->b_pos);
+    cudaFreeHost(c0->b_stage);
+    c0->b_pos = NULL, c0->b_stage = NULL;
+    cudaError_t e = cudaMalloc(&c0->b_pos, (size_t)n * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMallocHost(&c0->b_stage, 2 * (size_t)n * sizeof(int32_t));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(c0->b_pos);
+        c0->b_pos = NULL, c0->b_stage = NULL;
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: no memory for the positions of %d sessions", n);
+    }
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, const int32_t *ids,
                                            const int32_t *pos, int32_t n, float *logits,
                                            struct qwenrt_error *err)
@@ -3792,7 +3819,8 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         c0->cap_batch = 0;
         if (!(c0->b_key = (const struct cuda_session **)xcalloc((size_t)n, sizeof(*c0->b_key))))
             return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: out of memory");
-        if ((st = alloc_bufs(p, c0->bbufs, n, n, err)) || (st = alloc_batch_splits(c0, n, err)))
+        if ((st = alloc_bufs(p, c0->bbufs, n, n, err)) || (st = alloc_batch_splits(c0, n, err)) ||
+            (st = alloc_batch_stage(c0, n, err)))
             return st;
         c0->cap_batch = n;
     }
@@ -3806,12 +3834,21 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
             css[r]->unsynced = false;
         }
     CUDA_CHECK(cudaStreamSynchronize(c0->stream));
-    for (int32_t r = 0; r < n; r++) {
+    /* the ids and positions in two copies from pinned memory: the multi-session attention
+     * reads the positions from c0's array; per-session steps (batch_seq off, or a step without
+     * a multi-session form) from each session's own, copied too when the last step with these
+     * members ran such steps, or when the members are new */
+    bool to_rows = !logits;
+    bool own_pos = c0->b_own_pos || !batch_same_members(c0, css, n, to_rows);
+    memcpy(c0->b_stage, ids, (size_t)n * sizeof(int32_t));
+    memcpy(c0->b_stage + c0->cap_batch, pos, (size_t)n * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, c0->b_stage, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
+    CUDA_CHECK(cudaMemcpyAsync(c0->b_pos, c0->b_stage + c0->cap_batch, (size_t)n * 4, cudaMemcpyHostToDevice,
+                               c0->stream));
+    for (int32_t r = 0; own_pos && r < n; r++) {
         css[r]->h_stage[1] = pos[r];
         CUDA_CHECK(cudaMemcpyAsync(css[r]->d_pos, &css[r]->h_stage[1], 4, cudaMemcpyHostToDevice, c0->stream));
     }
-    CUDA_CHECK(cudaMemcpyAsync(c0->d_ids, ids, (size_t)n * 4, cudaMemcpyHostToDevice, c0->stream));
-    bool to_rows = !logits;
     if ((st = batch_step(c0, css, n, to_rows, err)))
         return st;
     size_t row = (size_t)c0->n_vocab * sizeof(float);
