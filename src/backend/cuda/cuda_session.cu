@@ -3499,7 +3499,7 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
 }
 
 /* The DeltaNet step st (STEP_GDN_GATED, STEP_CONV_GDN_GATED) of all n sessions: launches of up
- * to GDN_MAX_SEQ sessions each (gds_kernel's multi-session form: blockIdx.y the session) on
+ * to GDN_MAX_SEQ sessions each (gds_ms_kernel: blockIdx.y the session) on
  * c0's stream, chained with PDL, the step as each session's decode graph runs it. False,
  * launching nothing, where the step over clusters does not apply (gdn_split_applies). */
 static qwenrt_status batch_seq_gdn(struct run_ctx *all, struct cuda_session *const *css, int32_t n,

@@ -37,6 +37,12 @@ namespace cg = cooperative_groups;
 #define GDS_MAX_ROWS 16 /* rows per thread: dk <= 256 */
 #define GDS_MAX_DK 256
 #define GDS_MAX_GS 8    /* blocks per head (cluster size, portable) */
+/* The multi-session form's registers: at most 64 a thread (blocks of up to GDS_MS_THREADS, 2 of
+ * them per multiprocessor), where the one-session form takes 95. Qwen3.5-0.8B's step for 8
+ * sessions is 1,024 blocks of 256 threads: at 95 registers 2 fit on a multiprocessor (~4 waves,
+ * 33.5 us under ncu, 37% of the batched step), at 64 four (one wave). */
+#define GDS_MS_THREADS 512
+#define GDS_MS_BLOCKS 2
 /* Each block's part of the gated norm's sum of squares goes to slot [rank] of every peer with
  * st.async, which counts its bytes on the peer's mbarrier (expecting GS * 4 of them): a block
  * waits for exactly the parts it needs. The cluster barrier this replaced (session 22) put a
@@ -108,11 +114,12 @@ __device__ __forceinline__ void gds_tile_store(float *S, const float *tile, int 
     }
 }
 
-/* STAGED: cuda_options.gdn_staged (a separate instantiation; without it each thread moves its own column).
- * MS (gdn_args.n_seq): one launch for several sessions, blockIdx.y the session: its rows, state
- * and conv window. Another instantiation. */
-template <bool STAGED, bool MS = false>
-__global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
+/* The step of one head's CB columns (a block of its cluster). STAGED: cuda_options.gdn_staged
+ * (a separate instantiation; without it each thread moves its own column). MS (gdn_args.n_seq):
+ * one launch for several sessions, blockIdx.y the session: its rows, state and conv window
+ * (gds_ms_kernel, whose registers are capped: GDS_MS_THREADS). */
+template <bool STAGED, bool MS>
+__device__ __forceinline__ void gds_step(const struct gdn_args &a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
@@ -239,6 +246,18 @@ __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 #endif
 }
 
+template <bool STAGED>
+__global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
+{
+    gds_step<STAGED, false>(a);
+}
+
+template <bool STAGED>
+__global__ void __launch_bounds__(GDS_MS_THREADS, GDS_MS_BLOCKS) gds_ms_kernel(const __grid_constant__ struct gdn_args a)
+{
+    gds_step<STAGED, true>(a);
+}
+
 /* Blocks per head: the largest of 8, 4, 2 dividing dv with at least 4 columns per block. */
 static int gds_group(const struct gdn_args *a)
 {
@@ -278,8 +297,8 @@ cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
     if (a->n_seq > GDN_MAX_SEQ)
         return cudaErrorInvalidValue;
     if (a->n_seq)
-        return tile ? launch_kc(a->pdl, gs, gds_kernel<true, true>, grid, block, tile, s, *a)
-                    : launch_kc(a->pdl, gs, gds_kernel<false, true>, grid, block, 0, s, *a);
+        return tile ? launch_kc(a->pdl, gs, gds_ms_kernel<true>, grid, block, tile, s, *a)
+                    : launch_kc(a->pdl, gs, gds_ms_kernel<false>, grid, block, 0, s, *a);
     if (tile)
         return launch_kc(a->pdl, gs, gds_kernel<true>, grid, block, tile, s, *a);
     return launch_kc(a->pdl, gs, gds_kernel<false>, grid, block, 0, s, *a);
