@@ -95,23 +95,49 @@ __device__ __forceinline__ void gds_load_state(const float *S, int nr, bool own,
  * columns, each lane in its own sector (ncu: 67% of the kernel's L2 sectors excessive), for
  * the state's loads and for its stores, which end the kernel. tile: [dk][CB + 1] floats (the
  * extra column keeps a warp's column reads on different banks). */
-__device__ __forceinline__ void gds_tile_load(const float *S, float *tile, int dk, int dv, int CB, int c0)
+__device__ __forceinline__ void gds_tile_load(const float *S, float *tile, int dk, int dv, int CB, int c0, int TS)
 {
-    const int n = dk * CB, TS = CB + 1;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-        const int r = e / CB, col = e - r * CB;
-        cp_async4(smem_u32(tile + r * TS + col), S + (int64_t)r * dv + c0 + col);
+    if (TS == CB + 4) { /* gds_wide: 16 bytes a copy */
+        const int C4 = CB / 4, n = dk * C4;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            const int r = e / C4, col = 4 * (e - r * C4);
+            cp_async16(smem_u32(tile + r * TS + col), S + (int64_t)r * dv + c0 + col);
+        }
+    } else {
+        const int n = dk * CB;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            const int r = e / CB, col = e - r * CB;
+            cp_async4(smem_u32(tile + r * TS + col), S + (int64_t)r * dv + c0 + col);
+        }
     }
     cp_async_commit();
 }
 
-__device__ __forceinline__ void gds_tile_store(float *S, const float *tile, int dk, int dv, int CB, int c0)
+__device__ __forceinline__ void gds_tile_store(float *S, const float *tile, int dk, int dv, int CB, int c0, int TS)
 {
-    const int n = dk * CB, TS = CB + 1;
+    if (TS == CB + 4) {
+        const int C4 = CB / 4, n = dk * C4;
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            const int r = e / C4, col = 4 * (e - r * C4);
+            *(float4 *)(S + (int64_t)r * dv + c0 + col) = *(const float4 *)(tile + r * TS + col);
+        }
+        return;
+    }
+    const int n = dk * CB;
     for (int e = threadIdx.x; e < n; e += blockDim.x) {
         const int r = e / CB, col = e - r * CB;
         S[(int64_t)r * dv + c0 + col] = tile[r * TS + col];
     }
+}
+
+/* The multi-session form moves its state tile 16 bytes at a time (a row stride of CB + 4
+ * floats) where the columns and the state allow: at 8 sessions the 4-byte copies and stores of
+ * 16 MB were ~2 x 16k memory instructions per multiprocessor (docs/perf-log.md, session 36). */
+__device__ __forceinline__ bool gds_wide(const float *S, int dk, int dv, int CB)
+{
+    uint32_t smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
+    return CB % 4 == 0 && dv % 4 == 0 && ((uintptr_t)S & 15) == 0 && smem >= (uint32_t)(dk * (CB + 4) * 4);
 }
 
 /* The step of one head's CB columns (a block of its cluster). STAGED: cuda_options.gdn_staged
@@ -124,7 +150,7 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
     __shared__ __align__(8) uint64_t part_bar; /* every peer's part landed (gds_push_part) */
-    extern __shared__ float gds_tile[]; /* STAGED: [dk][CB + 1] (gds_tile_load) */
+    extern __shared__ float gds_tile[]; /* STAGED: [dk][TS] (gds_tile_load) */
     tl_stamp(a.stamps, 0);
     griddep_launch();
     l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
@@ -133,10 +159,12 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
     const int dk = a.dk, dv = a.dv, CB = dv / GS, nr = dk / GDS_TPC;
     const int tid = threadIdx.x, cc = tid / GDS_TPC, sub = tid % GDS_TPC, c = rank * CB + cc;
     const bool own = cc < CB; /* a thread of one of the block's columns */
-    const int TS = CB + 1;     /* STAGED: the tile's row stride */
+    /* STAGED: the tile's row stride (CB + 1: a warp's column reads on different banks; CB + 4:
+     * 16-byte rows for the multi-session form's wide copies) */
     const int kh = a.tiled ? j % a.Hk : j / (a.Hv / a.Hk);
     const int sq = MS ? (int)blockIdx.y : 0; /* the session */
     float *S = (MS ? a.seq[sq].state : a.state) + (int64_t)j * dk * dv;
+    const int TS = MS && gds_wide(S, dk, dv, CB) ? CB + 4 : CB + 1;
     float *const conv_state = MS ? a.seq[sq].conv_state : a.conv_state;
     float *const qkv = (float *)a.qkv + (MS ? (int64_t)sq * a.ldi : 0);
     /* the weights (gates' constants, norm weight, conv taps) before the wait; the state slice
@@ -159,7 +187,7 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
     struct gdn_conv_in cv_qk, cv_v;
     if (a.early) {
         if (STAGED)
-            gds_tile_load(S, gds_tile, dk, dv, CB, rank * CB);
+            gds_tile_load(S, gds_tile, dk, dv, CB, rank * CB, TS);
         else
             gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
@@ -171,7 +199,7 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
     tl_stamp(a.stamps, 1);
     if (!a.early) {
         if (STAGED)
-            gds_tile_load(S, gds_tile, dk, dv, CB, rank * CB);
+            gds_tile_load(S, gds_tile, dk, dv, CB, rank * CB, TS);
         else
             gds_load_state(S, nr, own, sub, dv, c, s);
         if (a.conv_state && ch_qk >= 0)
@@ -227,7 +255,7 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
             if (i < nr && own)
                 gds_tile[(sub + GDS_TPC * i) * TS + cc] = s[i];
         __syncthreads();
-        gds_tile_store(S, gds_tile, dk, dv, CB, rank * CB);
+        gds_tile_store(S, gds_tile, dk, dv, CB, rank * CB, TS);
     } else {
 #pragma unroll
         for (int i = 0; i < GDS_MAX_ROWS; i++)
@@ -282,10 +310,10 @@ bool gdn_split_applies(const struct gdn_args *a)
  * dv / GS + 1 floats; 0 where the split does not apply or the tile would pass 44 KB (the
  * 48 KB a launch gets without raising its limit, less the kernel's static arrays): then the
  * state moves as without the option. */
-static size_t gds_tile_bytes(const struct gdn_args *a)
+static size_t gds_tile_bytes(const struct gdn_args *a, int pad = 1)
 {
     int gs = gds_group(a);
-    size_t bytes = gs ? (size_t)a->dk * (a->dv / gs + 1) * sizeof(float) : 0;
+    size_t bytes = gs ? (size_t)a->dk * (a->dv / gs + pad) * sizeof(float) : 0;
     return bytes <= 44 * 1024 ? bytes : 0;
 }
 
@@ -293,6 +321,8 @@ cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
 {
     int gs = gds_group(a);
     size_t tile = a->staged ? gds_tile_bytes(a) : 0;
+    if (tile && a->n_seq && gds_tile_bytes(a, 4)) /* room for gds_wide's rows */
+        tile = gds_tile_bytes(a, 4);
     dim3 grid((unsigned)(a->Hv * gs), (unsigned)(a->n_seq ? a->n_seq : 1)), block((unsigned)(a->dv / gs * GDS_TPC));
     if (a->n_seq > GDN_MAX_SEQ)
         return cudaErrorInvalidValue;
