@@ -9,6 +9,7 @@
  * full-prompt session's logits match transformers' decode logits. A batch that mixes the
  * sessions in another order gives the same result. Refusals: a session twice, an id outside
  * the vocabulary, more sessions than the batch holds, a full context; nothing changes then.
+ * The server's start of every pick (session_sample_start_all) leaves CPU sessions alone.
  */
 #include <stdlib.h>
 
@@ -78,6 +79,22 @@ static void run_fixture(const char *dir)
         if (e > LOGITS_REL_TOL)
             fail_msg("%s step %d: against transformers rel err %g", dir, g, e);
     }
+
+    /* the server's start of every pick (session_sample_start_all) does nothing to CPU
+     * sessions, nor to NULL entries: the samples after it are the rows' own best tokens */
+    struct qwenrt_sampler *greedy = NULL;
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    gp.temperature = 0.0f;
+    assert_int_equal(qwenrt_sampler_init(&gp, f.V, &greedy, &err), QWENRT_OK);
+    struct qwenrt_session *with_null[N_SEQ + 1] = {b[0], NULL, b[1], b[2]};
+    struct qwenrt_sampler *smps[N_SEQ + 1] = {greedy, greedy, NULL, greedy};
+    session_sample_start_all(with_null, smps, N_SEQ + 1);
+    for (int i = 0; i < N_SEQ; i++) {
+        int32_t id = -1;
+        assert_int_equal(qwenrt_session_sample(b[i], greedy, &id, &err), QWENRT_OK);
+        assert_int_equal(id, argmax_f(qwenrt_session_logits(b[i]), f.V));
+    }
+    qwenrt_sampler_free(greedy);
 
     /* refusals leave every session as it was */
     int32_t np = qwenrt_session_n_past(b[0]);
