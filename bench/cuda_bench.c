@@ -725,6 +725,7 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
         fprintf(stderr, "--batch %s: expected sizes of 1 to %d\n", list, BATCH_MAX);
         return 2;
     }
+    ps.n_ctx = n_gen + 2 > nmax ? n_gen + 2 : nmax; /* a CUDA batch takes at most its first session's context */
     if (qwenrt_batch_init(m, nmax, &b, &err))
         goto out;
     for (int r = 0; r < nmax; r++)

@@ -3799,7 +3799,8 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     struct cuda_session *c0 = css[0];
     const struct plan *p = &c0->plans[PHASE_DECODE];
     if (n < 1 || n > c0->n_ctx)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda batch: %d sequences", n);
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda batch: %d sequences (1 to the first session's context of %d)", n,
+                       c0->n_ctx);
     for (int32_t r = 0; r < n; r++) {
         if (css[r]->plans != c0->plans)
             return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda batch: session %d is of another model", r);
