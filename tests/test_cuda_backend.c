@@ -3499,7 +3499,8 @@ static void test_session_sample_cuda(void **st)
  * three sharing one sampling setting (one launch), one greedy (a launch of its own), one with
  * penalties and a logit bias (gathered ids: started alone); each sample is what its sampler
  * picks from the whole row of a twin decoding the same tokens in a batch of its own. A group
- * whose sessions were decoded one by one (rows on their own streams) too, on odd steps. */
+ * whose sessions were decoded one by one (rows on their own streams) too, on odd steps; and
+ * cuda_sessions_top_start's refusals. */
 static void test_session_sample_all_cuda(void **st)
 {
     (void)st;
@@ -3531,6 +3532,17 @@ static void test_session_sample_all_cuda(void **st)
         assert_int_equal(qwenrt_session_prefill(a[k], prompt, 3 + k, NULL, &err), QWENRT_OK);
         assert_int_equal(qwenrt_session_prefill(b[k], prompt, 3 + k, NULL, &err), QWENRT_OK);
     }
+    /* the group's refusals: no sessions, more than 16, a session twice, one without logits */
+    struct qwenrt_session *fresh = NULL;
+    assert_int_equal(qwenrt_session_init(m, NULL, &fresh, &err), QWENRT_OK);
+    struct cuda_session *twice[2] = {a[0]->cuda, a[0]->cuda}, *unrun[2] = {a[0]->cuda, fresh->cuda};
+    assert_int_equal(cuda_sessions_top_start(twice, 0, 1.0f, 1, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(cuda_sessions_top_start(twice, CUDA_TOP_MAX_ROWS + 1, 1.0f, 1, &err), QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(cuda_sessions_top_start(twice, 2, 1.0f, 1, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "twice"));
+    assert_int_equal(cuda_sessions_top_start(unrun, 2, 1.0f, 1, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "no logits yet"));
+    qwenrt_session_free(fresh);
     for (int step = 0; step < 8; step++) {
         int32_t ids[N];
         session_sample_start_all(a, sa, N);
