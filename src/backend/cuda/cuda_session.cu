@@ -3707,18 +3707,17 @@ static qwenrt_status enqueue_batch_kept(struct cuda_session *c0, struct cuda_ses
         return st;
     cudaError_t e = cudaStreamSynchronize(c0->stream); /* what did run, before the copies back */
     struct qwenrt_error back = {};
-    for (int32_t r = 0; r < n && e == cudaSuccess; r++)
-        if (cuda_session_snapshot(css[r], true, &back) || (e = cudaStreamSynchronize(css[r]->stream)) != cudaSuccess)
-            e = e == cudaSuccess ? cudaErrorUnknown : e;
-    if (e != cudaSuccess) {
-        char why[sizeof(err->message)] = "";
-        if (err)
-            snprintf(why, sizeof(why), "%s", err->message);
-        cudaGetLastError();
-        return err_set(err, QWENRT_ERR_BACKEND, "%s; the sessions' recurrent state could not be put back (%s)", why,
-                       cudaGetErrorString(e));
-    }
-    return st;
+    for (int32_t r = 0; r < n && e == cudaSuccess && !back.status; r++)
+        if (!cuda_session_snapshot(css[r], true, &back))
+            e = cudaStreamSynchronize(css[r]->stream);
+    if (e == cudaSuccess && !back.status)
+        return st;
+    char why[sizeof(err->message)] = "";
+    if (err)
+        snprintf(why, sizeof(why), "%s", err->message);
+    cudaGetLastError();
+    return err_set(err, QWENRT_ERR_BACKEND, "%s; the sessions' recurrent state could not be put back (%s)", why,
+                   back.status ? back.message : cudaGetErrorString(e));
 }
 
 /* The step: launched op by op when these members are new to c0 (which also makes what the ops
