@@ -915,6 +915,26 @@ static void gemv_table(const struct model_hparams *hp)
         }
         printf("\n");
     }
+    /* quantised rows by tokens: x in floats on the CUDA cores (gemvq_batch.cu, --precision exact)
+     * against x in 8 bits on the tensor cores (gemvq_batch_mma.cu, the default precision) */
+    static const int32_t qdt[2] = {QR_Q4_K, QR_Q6_K};
+    for (int d = 0; d < 2; d++) {
+        printf("\n| GEMV %s by tokens, us / GB/s (PDL, fused norm) | N x K | gemvq_batch T = 2 | 8 | gemvq_batch_mma T = 2 | "
+               "4 | 8 | 16 |\n|---|---|---:|---:|---:|---:|---:|---:|\n", qdt[d] == QR_Q4_K ? "q4_k" : "q6_k");
+        for (size_t i = 0; i < sizeof(sh) / sizeof(sh[0]); i++) {
+            printf("| %s | %d x %d |", sh[i].name, sh[i].N, sh[i].K);
+            static const int32_t Ts[6] = {2, 8, 2, 4, 8, 16};
+            for (int v = 0; v < 6; v++) {
+                double us = 0, gb = 0;
+                struct qwenrt_error err = {0};
+                if (cuda_gemv_bench(qdt[d], sh[i].N, sh[i].K, Ts[v], true, v < 2 ? 3 : 5, true,
+                                    sh[i].N > 100000 ? 20 : 200, &us, &gb, NULL, &err))
+                    printf("gemv bench failed: %s\n", err.message);
+                printf(" %.2f / %.0f |", us, gb);
+            }
+            printf("\n");
+        }
+    }
     /* where a launch of the chain spends its time (gemv_smem's stamps) */
     printf("\n| gemv_smem chain, us (medians) | pdl | us / launch | first block start after the launch before | blocks started before it ended | input wait released after it | x + weights ready after that | dots + stores | last block end after the one before's |\n");
     printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");

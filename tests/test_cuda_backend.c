@@ -34,6 +34,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/cpu_features.h"
 #include "qwenrt.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -451,6 +452,30 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
  * added (GEMV_ACCUM), 4 rows per block (2 per warp for quantised rows) from 4,096 rows on, one
  * chunk per row (K = 8), Q6_K rows that start on 2-byte boundaries, Q4_K_M's q|k|v of Q4_K and
  * Q6_K segments in one launch. */
+/* A token's x (K floats) as an 8-bit case takes it (c->int8): RMS-normalised in floats when
+ * c->norm_w, quantised to Q8_K blocks by the CPU's own quant_quant_q8_k and made floats again,
+ * into xn. */
+static void gemv_case_q8k(const struct cuda_gemv_case *c, const float *x, double *xn)
+{
+    int64_t nb = c->K / 256;
+    float *xf = malloc((size_t)c->K * sizeof(float));
+    struct block_q8_k *b = malloc((size_t)nb * sizeof(*b));
+    assert_non_null(xf);
+    assert_non_null(b);
+    float ss = 0.0f;
+    for (int32_t k = 0; k < c->K; k++)
+        ss += x[k] * x[k];
+    float inv = c->norm_w ? 1.0f / sqrtf(ss / (float)c->K + c->eps) : 1.0f;
+    for (int32_t k = 0; k < c->K; k++)
+        xf[k] = c->norm_w ? x[k] * inv * c->norm_w[k] : x[k];
+    quant_quant_q8_k(xf, b, nb);
+    quant_dequant_q8_k(b, xf, nb);
+    for (int32_t k = 0; k < c->K; k++)
+        xn[k] = xf[k];
+    free(b);
+    free(xf);
+}
+
 static double gemv_case_ref_err(const struct cuda_gemv_case *c, float *const *y0, float *const *got)
 {
     double num = 0, den = 0; /* the relative error of all outputs as one vector (rel_err's) */
@@ -466,6 +491,8 @@ static double gemv_case_ref_err(const struct cuda_gemv_case *c, float *const *y0
         double inv = c->norm_w ? 1.0 / sqrt(ss / c->K + c->eps) : 1.0;
         for (int32_t k = 0; k < c->K; k++)
             xn[k] = x[k] * inv * (c->norm_w ? c->norm_w[k] : 1.0);
+        if (c->int8) /* x as the kernel takes it: normalised in floats, then Q8_K blocks */
+            gemv_case_q8k(c, x, xn);
         int outs = c->mode == 2 ? 1 : c->n_seg;
         for (int i = 0; i < outs; i++)
             for (int32_t r = 0; r < c->N[i]; r++) {
@@ -627,6 +654,124 @@ static void test_gemv_batch_kernel(void **st)
     assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_INVALID_ARG);
     c.dtype = QR_Q4_K, c.K = 256, c.mixed = true, c.seg_dtype[0] = QR_Q8_0; /* mixed: Q4_K / Q6_K only */
     assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_INVALID_ARG);
+}
+
+/* One case of gemvq_batch_mma.cu (quantised rows, x in 8 bits, 2-16 tokens) against each token
+ * alone through the one-token gemvq in the session's shape (one_token: where gemvq takes the
+ * case) — bit for bit: the same quantised x, the same integer sums, the same float order
+ * (quant_rows_i8.cuh's gq8_canon_sum) — and against the double
+ * sum of the dequantised rows and the CPU's Q8_K x (gemv_case_q8k). Without a norm the kernel's
+ * quants are the CPU's bit for bit (the same IEEE scale and rounding), so only the order of the
+ * float sums differs: tol 5e-6. With a norm the GPU's 1 / rms (rsqrtf, warp-order sums) differs
+ * from the host's in the last bits, and now and then a quant lands one step away (an x·id within
+ * an ulp of a half): ~3e-4 per such flip at these sizes, so tol 2e-3 there. */
+static void check_gemvq_int8_case(int32_t K, int32_t T, int mode, bool norm, int n_seg, const int32_t *N,
+                                  const enum qr_dtype *seg_dt, double tol, bool one_token)
+{
+    struct qwenrt_error err = {0};
+    struct cuda_gemv_case c;
+    memset(&c, 0, sizeof(c));
+    c.dtype = seg_dt[0], c.K = K, c.T = T, c.mode = mode, c.n_seg = n_seg, c.eps = 1e-6f, c.mma = c.int8 = true;
+    for (int i = 0; i < n_seg; i++)
+        c.mixed |= seg_dt[i] != seg_dt[0], c.seg_dtype[i] = seg_dt[i];
+    float *x = malloc((size_t)T * K * 4), *g = malloc((size_t)K * 4), *y0[4] = {0}, *y[4] = {0};
+    assert_non_null(x);
+    assert_non_null(g);
+    for (int32_t i = 0; i < T * K; i++)
+        x[i] = frand() * 2.0f;
+    for (int32_t k = 0; k < K; k++)
+        g[k] = 1.0f + 0.5f * frand();
+    c.x = x, c.norm_w = norm ? g : NULL;
+    size_t nb;
+    for (int i = 0; i < n_seg; i++) {
+        c.N[i] = N[i];
+        c.w[i] = random_weights(seg_dt[i], K, N[i], 0.5f, &nb);
+        y0[i] = malloc((size_t)T * N[i] * 4), y[i] = malloc((size_t)T * N[i] * 4);
+        for (int32_t j = 0; j < T * N[i]; j++)
+            y0[i][j] = y[i][j] = frand();
+        c.y[i] = y[i];
+    }
+    if (cuda_gemv_host(&c, true, &err))
+        fail_msg("gemvq_batch_mma K=%d T=%d mode %d: %s", K, T, mode, err.message);
+    double e = gemv_case_ref_err(&c, y0, y), e1 = 0;
+    if (one_token) { /* each token alone through gemvq, x in 8 bits: the same quants, the same
+                      * integer sums per super-block, the same float sums (gq8_canon_sum) */
+        float *y1[4] = {0};
+        double num = 0, den = 0;
+        for (int i = 0; i < n_seg; i++) {
+            y1[i] = malloc((size_t)T * N[i] * 4);
+            memcpy(y1[i], y0[i], (size_t)T * N[i] * 4);
+            c.y[i] = y1[i];
+        }
+        if (cuda_gemv_host(&c, false, &err))
+            fail_msg("gemvq one token, K=%d mode %d: %s", K, mode, err.message);
+        for (int i = 0; i < (mode == 2 ? 1 : n_seg); i++)
+            for (int32_t j = 0; j < T * N[i]; j++) {
+                double d = (double)y[i][j] - y1[i][j];
+                num += d * d, den += (double)y1[i][j] * y1[i][j];
+            }
+        for (int i = 0; i < n_seg; i++)
+            free(y1[i]);
+        e1 = sqrt(num / (den > 0 ? den : 1));
+    }
+    printf("gemvq_batch_mma %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (tol %.0e); against each "
+           "token alone through gemvq %.3g\n",
+           dtype_traits(seg_dt[0])->name, c.mixed ? " mixed" : "", K, T, mode, norm, n_seg, N[0], e, tol, e1);
+    if (!(e <= tol) || e1 != 0.0) /* one token or sixteen: the same bits (gq8_canon_sum) */
+        fail_msg("gemvq_batch_mma K=%d T=%d mode %d: rel err %.3g > %.0e, or %.3g against one token", K, T, mode, e,
+                 tol, e1);
+    for (int i = 0; i < n_seg; i++) {
+        free((void *)c.w[i]);
+        free(y0[i]), free(y[i]);
+    }
+    free(x);
+    free(g);
+}
+
+/* gemvq_batch_mma.cu on the shapes the batched step of Qwen3-0.6B / Qwen3.5-0.8B Q4_K_M takes and
+ * awkward ones: o / down (K = 2048, 3072: 6 warps of 2 super-blocks; 3584: 7 of 2) with the
+ * residual added, Q4_K_M's q|k|v of Q4_K and Q6_K segments, SwiGLU on 9-16 tokens (two groups of
+ * 8 columns), Q6_K rows on 2-byte boundaries (210-byte rows), tiles cut by the rows' end, an
+ * LM-head-sized launch; what it does not take is refused by name. */
+static void test_gemvq_batch_mma_kernel(void **st)
+{
+    (void)st;
+    static const enum qr_dtype q4[] = {QR_Q4_K, QR_Q4_K}, q6[] = {QR_Q6_K, QR_Q6_K},
+                               kqv[] = {QR_Q4_K, QR_Q4_K, QR_Q6_K}, kqv2[] = {QR_Q6_K, QR_Q4_K, QR_Q6_K};
+    static const int32_t o[] = {1024}, tail[] = {77}, odd[] = {33}, qkv[] = {2048, 1024, 1024},
+                         qkv2[] = {4000, 64, 48}, gu[] = {3072, 3072}, gu_small[] = {45, 45}, head[] = {20001};
+    check_gemvq_int8_case(2048, 5, 1, false, 1, o, q4, 5e-6, true);
+    check_gemvq_int8_case(3072, 16, 1, false, 1, o, q6, 5e-6, true);
+    check_gemvq_int8_case(3584, 9, 0, false, 1, tail, q4, 5e-6, true);
+    check_gemvq_int8_case(256, 2, 0, false, 1, odd, q6, 5e-6, false); /* gemvq: K of 4-14 super-blocks */
+    check_gemvq_int8_case(1024, 8, 0, false, 3, qkv, kqv, 5e-6, true);
+    check_gemvq_int8_case(1024, 8, 0, true, 3, qkv, kqv, 2e-3, true);
+    check_gemvq_int8_case(1024, 13, 0, true, 3, qkv2, kqv2, 2e-3, true);
+    check_gemvq_int8_case(1024, 12, 2, true, 2, gu, q4, 2e-3, true);
+    check_gemvq_int8_case(1024, 3, 2, true, 2, gu_small, q6, 2e-3, true);
+    check_gemvq_int8_case(3584, 4, 2, false, 2, gu_small, q4, 5e-6, false); /* gemvq's SwiGLU: K = 1024 */
+    check_gemvq_int8_case(1024, 16, 0, true, 1, head, q6, 2e-3, true);
+    static const int32_t lm[] = {32771};
+    check_gemvq_int8_case(1024, 8, 0, true, 1, lm, q6, 2e-3, true); /* an LM head: gemvq's looping blocks (from 32,768 rows) */
+    /* refused: Q8_0 rows; a mixed launch whose Q6_K rows start inside a tile of 16 */
+    struct qwenrt_error err = {0};
+    struct cuda_gemv_case c;
+    memset(&c, 0, sizeof(c));
+    size_t nb;
+    float x[2 * 256] = {0}, y0[2 * 100] = {0}, y1[2 * 100] = {0};
+    c.K = 256, c.T = 2, c.n_seg = 1, c.N[0] = 3, c.mma = c.int8 = true, c.dtype = QR_Q8_0, c.x = x, c.y[0] = y0;
+    c.w[0] = random_weights(QR_Q8_0, 256, 3, 0.5f, &nb);
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "gemvq_batch_mma"));
+    free((void *)c.w[0]);
+    c.dtype = QR_Q4_K, c.mixed = true, c.n_seg = 2, c.N[0] = 100, c.N[1] = 3, c.y[1] = y1;
+    c.seg_dtype[0] = QR_Q4_K, c.seg_dtype[1] = QR_Q6_K;
+    c.w[0] = random_weights(QR_Q4_K, 256, 100, 0.5f, &nb);
+    c.w[1] = random_weights(QR_Q6_K, 256, 3, 0.5f, &nb);
+    assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.message, "gemvq_batch_mma"));
+    free((void *)c.w[0]);
+    free((void *)c.w[1]);
 }
 
 /* One run: a matmul case of the weights w (nbytes, copied) under variant v, against the CPU. */
@@ -2706,23 +2851,18 @@ static void test_megakernel_quantised(void **st)
 /* qwenrt_batch_decode on CUDA sessions (cuda_batch_decode) against each session decoding
  * alone: n sequences with different prompts and positions, several steps; n = 3 runs the
  * row-wise matmuls as GEMVs, n = 9 as GEMMs. */
-static void check_batch_cuda(const char *dir, int32_t n)
+static void check_batch_model(struct qwenrt_model *m, const char *dir, int32_t n, double tol)
 {
     struct qwenrt_error err = {0};
-    struct qwenrt_model *m = NULL;
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = "cuda";
-    if (qwenrt_model_load(dir, &mp, &m, &err))
-        fail_msg("load %s: %s", dir, err.message);
     int32_t V = m->hp.n_vocab;
-    struct qwenrt_session *bs[9], *rs[9];
+    struct qwenrt_session *bs[16], *rs[16];
     struct qwenrt_batch *batch = NULL;
-    assert_true(n <= 9);
+    assert_true(n <= 16);
     assert_int_equal(qwenrt_batch_init(m, n, &batch, &err), QWENRT_OK);
     for (int32_t i = 0; i < n; i++) {
         assert_int_equal(qwenrt_session_init(m, NULL, &bs[i], &err), QWENRT_OK);
         assert_int_equal(qwenrt_session_init(m, NULL, &rs[i], &err), QWENRT_OK);
-        int32_t prompt[12];
+        int32_t prompt[20];
         for (int32_t t = 0; t < 3 + i; t++) /* different lengths: different positions */
             prompt[t] = (17 * (i + 1) + 31 * t) % V;
         assert_int_equal(qwenrt_session_prefill(bs[i], prompt, 3 + i, NULL, &err), QWENRT_OK);
@@ -2733,7 +2873,7 @@ static void check_batch_cuda(const char *dir, int32_t n)
     struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
     assert_int_equal(qwenrt_sampler_init(&gp, V, &greedy, &err), QWENRT_OK);
     for (int step = 0; step < 4; step++) {
-        int32_t ids[9];
+        int32_t ids[16];
         for (int32_t i = 0; i < n; i++)
             ids[i] = qwenrt_argmax(qwenrt_session_logits(rs[i]), V);
         if (qwenrt_batch_decode(batch, bs, ids, n, &err))
@@ -2754,13 +2894,24 @@ static void check_batch_cuda(const char *dir, int32_t n)
     }
     qwenrt_sampler_free(greedy);
     printf("%s: batch of %d on CUDA vs alone: worst logits rel err %.3g\n", dir, n, worst);
-    if (!(worst <= 1e-4))
+    if (!(worst <= tol))
         fail_msg("%s: batched CUDA decode differs by %.3g", dir, worst);
     for (int32_t i = 0; i < n; i++) {
         qwenrt_session_free(bs[i]);
         qwenrt_session_free(rs[i]);
     }
     qwenrt_batch_free(batch);
+}
+
+static void check_batch_cuda(const char *dir, int32_t n)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    if (qwenrt_model_load(dir, &mp, &m, &err))
+        fail_msg("load %s: %s", dir, err.message);
+    check_batch_model(m, dir, n, 1e-4);
     qwenrt_model_free(m);
 }
 
@@ -2773,6 +2924,37 @@ static void test_batch_decode_cuda(void **st)
     check_batch_cuda(fixtures[3], 9);
     check_batch_cuda(fixtures[1], 5); /* 16-bit rows at n <= 8: gemv_batch.cu */
     check_batch_cuda(fixtures[3], 4);
+}
+
+/* A quantised model's batched step in the default precision (x in 8 bits): Q4_K_M synth models
+ * whose every product is whole super-blocks (widths 256 and 1,024; Qwen3.5 with DeltaNet heads
+ * of 64) take gemvq_batch_mma.cu, whose rows have the one-token gemvq's bits — so
+ * cuda_batch_pays says yes from 2 sessions to 16 for Qwen3 (not for recurrent models: their
+ * multi-session DeltaNet step differs by rounding at the real geometry), and the batch answers
+ * as each session alone does (logits within 1e-4 — measured 0, bit for bit — and the same best
+ * token every step) at 3 sessions and at 12 (two groups of 8 columns). */
+static void test_batch_int8_cuda(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    static const char *const what[3] = {"qwen3-tiny q4_k_m w256", "qwen35-tiny q4_k_m w256", "qwen3-tiny q4_k_m w1024"};
+    for (int a = 0; a < 3; a++) {
+        char path[256];
+        struct qwenrt_model *m = a == 1 ? load_synth_ssm("qwen35-tiny", EXPORT_Q4_K_M, 256, false, 64, path, sizeof(path))
+                                        : load_synth("qwen3-tiny", EXPORT_Q4_K_M, a ? 1024 : 256, false, path, sizeof(path));
+        struct cuda_session *cs = NULL;
+        struct cuda_options o = cuda_default_options();
+        assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
+        assert_false(cuda_batch_pays(cs, 1));
+        for (int32_t n = 2; n <= 16; n++) /* not with recurrent layers (cuda_batch_pays) */
+            assert_int_equal(cuda_batch_pays(cs, n), a != 1);
+        assert_false(cuda_batch_pays(cs, 17));
+        cuda_session_free(cs);
+        check_batch_model(m, what[a], 3, 1e-4);
+        check_batch_model(m, what[a], 12, 1e-4);
+        qwenrt_model_free(m);
+        remove(path);
+    }
 }
 
 /* The batched step as a CUDA graph against the same step launched op by op (cuda_options.graph
@@ -3985,7 +4167,9 @@ int main(void)
         cmocka_unit_test(test_batch_seq_cuda),
         cmocka_unit_test(test_batch_fail_kept_cuda),
         cmocka_unit_test(test_gemv_batch_kernel),
+        cmocka_unit_test(test_gemvq_batch_mma_kernel),
         cmocka_unit_test(test_batch_pays),
+        cmocka_unit_test(test_batch_int8_cuda),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_int8_from_cpu_state),
         cmocka_unit_test(test_prefill_split_cuda),

@@ -565,6 +565,10 @@ struct cuda_gemv_case {
     float *y[4];
     bool mma;              /* with batch, BF16 rows: through gemv_batch_mma.cu (UNSUPPORTED where
                             * it does not apply), T up to 16 */
+    bool int8;             /* with batch and mma, Q4_K / Q6_K rows: x in 8 bits through
+                            * gemvq_batch_mma.cu (UNSUPPORTED where it does not apply); without
+                            * batch, each token alone through gemvq with x in 8 bits (the
+                            * one-token path of the default precision) */
 };
 qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */
@@ -586,7 +590,8 @@ int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, in
  * graph (each on another copy of the weights: not from L2), *gbs = weight bytes / time.
  * kernel: 0 the first GEMV kernel, 1 gemv2 / gemvq (gemv_v2), 2 gemv_smem when it applies, 3
  * the multi-token GEMV (gemv_args.batch: gemv_batch.cu / gemvq_batch.cu where they apply), 4
- * the same with the tensor cores' sums for BF16 rows (gemv_batch_mma.cu);
+ * the same with the tensor cores' sums for BF16 rows (gemv_batch_mma.cu), 5 quantised rows with x
+ * in 8 bits on the tensor cores (gemvq_batch_mma.cu);
  * pdl as in cuda_options. timeline (NULL: none), with gemv_smem: 6 medians over the chain, in
  * us: the first block's start after the launch before ended (negative: early), the share of
  * blocks started before that, a block's input-wait release after it, x and weights ready

@@ -344,6 +344,12 @@ cudaError_t launch_gemv_batch(const struct gemv_args *a, cudaStream_t s);
 #define GEMV_BATCH_MMA_MIN_T 3
 bool gemv_batch_mma_applies(const struct gemv_args *a);
 cudaError_t launch_gemv_batch_mma(const struct gemv_args *a, cudaStream_t s);
+/* The same for Q4_K / Q6_K rows (and Q4_K_M's mixed q|k|v) with x in 8 bits as the one-token
+ * products take it (gemvq_batch_mma.cu; a.batch, a.batch_mma and a.q_int8 ask for it: the
+ * batched step in the default precision), 2 to GEMV_BATCH_MMA_MAX_T tokens, K whole
+ * super-blocks up to GQ8_KMAX. */
+bool gemvq_batch_mma_applies(const struct gemv_args *a);
+cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s);
 /* The same for quantised rows (gemvq_batch.cu: Q8_0, Q4_K, Q6_K, Q4_K_M's mixed q|k|v; a.batch
  * asks for it, launch_gemv takes it when it applies). */
 bool gemvq_batch_applies(const struct gemv_args *a);

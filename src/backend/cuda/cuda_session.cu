@@ -26,6 +26,7 @@
  * the flash kernel for Qwen3 models with 16-bit or quantised weights; else f32-accurate).
  */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/quant_rows_i8.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/prefill_merge.h"
 #include "backend/cuda/megakernel.cuh"
@@ -742,7 +743,7 @@ static bool gemv_takes_T(const struct run_ctx *r, const struct gemv_args &a)
     if (a.T <= r->cs->opt.gemv_max_T && a.T <= GEMV_MAX_T)
         return true;
     return r->p == &r->cs->plans[PHASE_DECODE] && a.T <= GEMV_BATCH_MMA_MAX_T && a.batch && a.batch_mma &&
-           gemv_batch_mma_applies(&a);
+           (gemv_batch_mma_applies(&a) || (a.q_int8 && gemvq_batch_mma_applies(&a)));
 }
 
 /* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
@@ -1414,7 +1415,8 @@ static qwenrt_status run_norm_gemv(struct run_ctx *r, const struct step *st, str
 {
     struct gemv_args a;
     norm_gemv_args(r, st, a);
-    if (!a.k_mixed || gemvq_applies(&a) || (a.batch && gemvq_batch_applies(&a))) {
+    if (!a.k_mixed || gemvq_applies(&a) || (a.batch && gemvq_batch_applies(&a)) ||
+        (a.batch && a.batch_mma && a.q_int8 && gemvq_batch_mma_applies(&a))) {
         CUDA_CHECK(launch_gemv(&a, r->stream));
         return QWENRT_OK;
     }
@@ -3331,12 +3333,22 @@ static bool batch_dtype(int32_t dt)
  * random Q4_K_M weights: 5 of 12 the same; an 8-bit form of gemvq_batch was 2x slower and still
  * not the same, session 34). */
 #define BATCH_QUANT_MIN 3
+/* With x in 8 bits (the default precision), Q4_K / Q6_K rows: gemvq_batch_mma.cu, whose rows
+ * have the one-token gemvq's bits (the same quantised x, integer sums and float order:
+ * quant_rows_i8.cuh), from this many sessions to GEMV_BATCH_MMA_MAX_T. Only for models without
+ * recurrent layers: there the rest of the batched step has the one-token graph's bits too
+ * (Qwen3-0.6B Q4_K_M, `cuda_bench --batch-check 8`: logits bit for bit over 48 steps; the server
+ * 8 of 8 the same answers), while the multi-session DeltaNet step differs from the one-session
+ * one by rounding, which 8-bit activations amplify (a quant one step away): Qwen3.5-0.8B Q4_K_M
+ * batched vs alone 0.7-0.9 of the logits on random weights (docs/perf-log.md, session 37). */
+#define BATCH_QUANT_I8_MIN 2
 
 extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
 {
     const struct plan *p = &cs->plans[PHASE_DECODE];
-    bool quant = false, mma = cs->opt.gemv_batch_mma;
+    bool quant = false, mma = cs->opt.gemv_batch_mma, qmma = cs->opt.gemv_batch_mma;
     for (int32_t i = 0; i < p->n_ops; i++) {
+        qmma &= p->ops[i].kind != OP_GDN_CORE; /* recurrent layers: below */
         if (!is_mm(&p->ops[i]))
             continue;
         const struct dop *d = &cs->dops[PHASE_DECODE][i];
@@ -3344,9 +3356,13 @@ extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
             return false;
         quant |= d->dtype != QR_BF16 && d->dtype != QR_F16;
         mma &= d->dtype == QR_BF16 && d->K % 32 == 0;
+        qmma &= d->dtype == QR_BF16 ? d->K % 32 == 0
+                : (d->dtype == QR_Q4_K || d->dtype == QR_Q6_K) && d->K % 256 == 0 && d->K <= GQ8_KMAX;
     }
+    if (quant && cs->gq_int8) /* x in 8 bits as at one token: gemvq_batch_mma.cu */
+        return cs->opt.gemv_batch && qmma && n >= BATCH_QUANT_I8_MIN && n <= GEMV_BATCH_MMA_MAX_T;
     if (quant)
-        return cs->opt.gemv_batch && !cs->gq_int8 && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
+        return cs->opt.gemv_batch && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
     /* BF16 rows the tensor cores' GEMV takes: at most 16 a step (more take the GEMM: Qwen3-0.6B
      * BF16 32 sessions 10,276 tok/s in one step, 16 12,600, session 35), so a server of 32
      * slots runs two steps of 16 */
@@ -3562,10 +3578,12 @@ static bool batch_row_step(const struct cuda_session *c0, struct run_ctx *all, i
         a.mode = GEMV_ACCUM, a.n_seg = 1;
         a.seg[0].w = d->w, a.seg[0].N = d->N, a.seg[0].row_bytes = d->row_bytes;
         a.seg[0].y = all->b[add->out], a.seg[0].ldy = bw(p, add->out);
+        a.q_int8 = c0->gq_int8;
     }
+    const bool int8_mma = c0->opt.gemv_batch_mma && a.q_int8 && gemvq_batch_mma_applies(&a);
     if (all->T <= c0->opt.gemv_max_T && all->T <= GEMV_MAX_T)
-        return gemv_batch_applies(&a) || gemvq_batch_applies(&a);
-    return c0->opt.gemv_batch_mma && gemv_batch_mma_applies(&a); /* 9-16 sessions */
+        return gemv_batch_applies(&a) || gemvq_batch_applies(&a) || int8_mma;
+    return (c0->opt.gemv_batch_mma && gemv_batch_mma_applies(&a)) || int8_mma; /* 9-16 sessions */
 }
 
 /* The batched step on c0's stream: the row-wise ops once for all n rows (fused as the decode
@@ -4103,7 +4121,7 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
 {
     size_t rb = 0;
     if (!gemv_supports(dtype) || !dtype_row_bytes((enum qr_dtype)dtype, K, &rb) || T < 1 ||
-        T > (kernel == 4 ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || N < 1 || reps < 1 || kernel < 0 || kernel > 4)
+        T > (kernel >= 4 ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || N < 1 || reps < 1 || kernel < 0 || kernel > 5)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_bench: bad arguments");
     size_t mat = rb * (size_t)N;
     int copies = (int)((256u << 20) / mat) + 1; /* rotate through > 256 MB: not the L2 */
@@ -4127,7 +4145,7 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     memset(&a, 0, sizeof(a));
     a.x = b->x, a.ldx = K, a.K = K, a.T = T, a.norm_w = norm ? b->nw : NULL, a.eps = 1e-6f;
     a.dtype = dtype, a.mode = GEMV_STORE, a.n_seg = 1, a.pdl = pdl, a.v2 = kernel > 0, a.n_sm = n_sm;
-    a.smem = kernel == 2, a.batch = kernel >= 3, a.batch_mma = kernel == 4;
+    a.smem = kernel == 2, a.batch = kernel >= 3, a.batch_mma = kernel >= 4, a.q_int8 = kernel == 5;
     a.seg[0].N = N, a.seg[0].row_bytes = (int64_t)rb, a.seg[0].y = b->y, a.seg[0].ldy = N;
     a.seg[0].w = b->w;
     int32_t nb = timeline ? gemv_smem_blocks(&a) : 0;

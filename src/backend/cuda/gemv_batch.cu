@@ -257,10 +257,33 @@ static bool gb_host_dtypes_ok(const struct cuda_gemv_case *c)
     return true;
 }
 
+/* The one-token path a batched step in the default precision must agree with: each token alone
+ * through gemvq with x in 8 bits, in the shape the session picks for quantised layers
+ * (pick_gemvq_shape: blocks of 8 warps of 2 rows, 100 KB, the one-pass staging, an LM head's
+ * looping blocks). */
+static cudaError_t gb_host_one_token_int8(const struct gemv_args *a)
+{
+    cudaError_t e = cudaSuccess;
+    for (int t = 0; e == cudaSuccess && t < a->T; t++) {
+        struct gemv_args one = *a;
+        one.T = 1, one.x = a->x + (int64_t)t * a->ldx, one.batch = one.batch_mma = false;
+        one.v2 = one.q_int8 = one.q_one_pass = one.q_after_wait = true;
+        one.q_rows = 2, one.q_warps = 8, one.q_smem_kb = 100, one.q_head_blocks = GEMVQ_HEAD_BLOCKS_DEFAULT;
+        for (int i = 0; i < a->n_seg; i++)
+            one.seg[i].y = a->seg[i].y + (int64_t)t * a->seg[i].ldy;
+        if (!gemvq_applies(&one))
+            return cudaErrorInvalidValue;
+        e = launch_gemv(&one, 0);
+    }
+    return e;
+}
+
 /* The reference: gemv_kernel, one launch per segment for a mixed case (it reads every segment
- * as the launch's dtype). */
+ * as the launch's dtype); or with x in 8 bits (a->q_int8), the one-token path. */
 static cudaError_t gb_host_reference(const struct gemv_args *a)
 {
+    if (a->q_int8)
+        return gb_host_one_token_int8(a);
     if (!a->k_mixed)
         return launch_gemv(a, 0);
     cudaError_t e = cudaSuccess;
@@ -274,7 +297,7 @@ static cudaError_t gb_host_reference(const struct gemv_args *a)
 
 extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err)
 {
-    if (!c || c->T < 1 || c->T > (c->mma && batch ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 || !gb_host_dtypes_ok(c) ||
+    if (!c || c->T < 1 || c->T > ((c->mma && batch) || (c->int8 && !batch) ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || c->K < 1 || c->n_seg < 1 || c->n_seg > 4 || !gb_host_dtypes_ok(c) ||
         c->mode < GEMV_STORE || c->mode > GEMV_SWIGLU ||
         (c->mode == GEMV_SWIGLU && (c->n_seg != 2 || c->N[0] != c->N[1] || c->mixed)))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_host: a malformed case");
@@ -284,14 +307,21 @@ extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool bat
     memset(&a, 0, sizeof(a));
     cudaError_t e = gb_host_upload(c, &d, &a);
     a.batch = batch, a.batch_mma = batch && c->mma; /* v2, smem, gemvq off: gemv_kernel when not batch */
+    a.q_int8 = c->int8 && (!batch || c->mma); /* not batch: each token alone through gemvq */
     qwenrt_status st = QWENRT_OK;
-    if (e == cudaSuccess && a.batch_mma) {
+    if (e == cudaSuccess && a.q_int8 && batch) {
+        if (!gemvq_batch_mma_applies(&a))
+            st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemvq_batch_mma does not take this case");
+    } else if (e == cudaSuccess && a.batch_mma) {
         if (!gemv_batch_mma_applies(&a))
             st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: gemv_batch_mma does not take this case");
     } else if (e == cudaSuccess && batch && !gemv_batch_applies(&a) && !gemvq_batch_applies(&a))
         st = err_set(err, QWENRT_ERR_UNSUPPORTED, "cuda_gemv_host: neither gemv_batch nor gemvq_batch takes this case");
     if (e == cudaSuccess && !st &&
-        (e = a.batch_mma ? launch_gemv_batch_mma(&a, 0) : batch ? launch_gemv(&a, 0) : gb_host_reference(&a)) ==
+        (e = a.q_int8 && batch ? launch_gemvq_batch_mma(&a, 0)
+             : a.batch_mma ? launch_gemv_batch_mma(&a, 0)
+             : batch       ? launch_gemv(&a, 0)
+                           : gb_host_reference(&a)) ==
             cudaSuccess)
         e = cudaDeviceSynchronize();
     for (int i = 0; e == cudaSuccess && !st && i < c->n_seg; i++)

@@ -482,7 +482,9 @@ cudaError_t launch_gemv(const struct gemv_args *a, cudaStream_t s)
 {
     if (a->T < 1 || a->T > GEMV_BATCH_MMA_MAX_T || a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG)
         return cudaErrorInvalidValue;
-    if (a->T > GEMV_MAX_T) /* only the tensor cores' multi-token form takes more tokens */
+    if (a->batch && a->batch_mma && a->q_int8 && gemvq_batch_mma_applies(a))
+        return launch_gemvq_batch_mma(a, s); /* quantised rows, x in 8 bits as at T = 1 */
+    if (a->T > GEMV_MAX_T) /* only the tensor cores' multi-token forms take more tokens */
         return a->batch && a->batch_mma && gemv_batch_mma_applies(a) ? launch_gemv_batch_mma(a, s)
                                                                      : cudaErrorInvalidValue;
     int64_t rows = 0;

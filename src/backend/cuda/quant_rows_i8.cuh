@@ -43,6 +43,69 @@ __device__ __forceinline__ uint32_t gq8_pack(int a, int b, int c, int d)
            ((uint32_t)(d & 0xff) << 24);
 }
 
+/* The largest magnitude of a lane's 8 elements. */
+__device__ __forceinline__ float gq8_amax8(float4 a, float4 b)
+{
+    return fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
+                 fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
+}
+
+/* A lane's 8 elements quantised with the inverse scale id (gq8_q): their two words, and the
+ * sum of the 8 quants in *s. */
+__device__ __forceinline__ uint2 gq8_words8(float4 a, float4 b, float id, int *s)
+{
+    int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
+    int q4 = gq8_q(b.x, id), q5 = gq8_q(b.y, id), q6 = gq8_q(b.z, id), q7 = gq8_q(b.w, id);
+    *s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
+    return make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
+}
+
+/* The sum of a lane's 8 squares, in the order every 8-bit x path adds them (the multi-token
+ * tensor-core GEMV must normalise x to the same bits as the one-token one). */
+__device__ __forceinline__ float gq8_sumsq8(float4 a, float4 b)
+{
+    return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+}
+
+/* A Q8_K block's inverse scale and scale from the largest magnitude of its 256 elements, as
+ * quant_quant_q8_k computes them. */
+__device__ __forceinline__ float gq8_q8k_id(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
+__device__ __forceinline__ float gq8_q8k_d(float amax) { return amax / 127.0f; }
+
+/* ---- a row's value from its super-blocks' integer sums, in one order for every 8-bit path ----
+ * The one-token gemvq (below) and the batched step's gemvq_batch_mma.cu add a K-quant row's
+ * terms the same way, so that with the same quantised x a row's value has the same bits whether
+ * a launch takes one token or sixteen (a greedy request answers the same alone or batched).
+ * Each super-block's integer sums are exact however the lanes split them; the float part is
+ * fixed here: the super-block's term (gq8_term_*, explicit roundings: no contraction), and their
+ * sum in the order the one-token warp adds them cheaply (gq8_canon_*): Q4_K's super-blocks in
+ * G = 4 groups by sb % 4 (the lanes 8q .. 8q + 7 of the one-token warp), each group added from 0
+ * in sb order, then (a0 + a2) + (a1 + a3) (two butterfly steps); Q6_K's in G = 2 groups by sb % 2,
+ * then a0 + a1. */
+#define GQ8_GROUPS_Q4K 4
+#define GQ8_GROUPS_Q6K 2
+
+/* Q4_K: dx (d isum - dmin imin); isum = Σ sc_j Σ q x over the sub-blocks, imin = Σ m_j Σ x. */
+__device__ __forceinline__ float gq8_term_q4k(float dx, float d, float dmin, int isum, int imin)
+{
+    return __fmul_rn(dx, __fsub_rn(__fmul_rn(d, __int2float_rn(isum)), __fmul_rn(dmin, __int2float_rn(imin))));
+}
+
+/* Q6_K: dx (d s); s = Σ sc_g Σ (q - 32) x over the groups of 16. */
+__device__ __forceinline__ float gq8_term_q6k(float dx, float d, int s)
+{
+    return __fmul_rn(dx, __fmul_rn(d, __int2float_rn(s)));
+}
+
+/* The groups' sums a[] combined: G = 4 as (a0 + a2) + (a1 + a3), G = 2 as a0 + a1. */
+template <int G>
+__device__ __forceinline__ float gq8_canon_groups(const float *a)
+{
+    if (G == 4)
+        return __fadd_rn(__fadd_rn(a[0], a[2]), __fadd_rn(a[1], a[3]));
+    return __fadd_rn(a[0], a[1]);
+}
+
 /* The lane's 8 consecutive elements a (0-3), b (4-7) of x, element e in the warp's Q8_K block
  * blk of 256, quantised into xq: the Q8_0 block of 32 over 4 lanes when q8_0 (its scale
  * rounded to f16 as the CPU stores it), else block blk; the words, the scale and (Q8_K) the
@@ -50,8 +113,7 @@ __device__ __forceinline__ uint32_t gq8_pack(int a, int b, int c, int d)
 __device__ __forceinline__ void gq8_put8(float4 a, float4 b, int e, int blk, bool q8_0, struct gq8_x *xq)
 {
     const int lane = threadIdx.x & 31;
-    float amax = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))),
-                       fmaxf(fmaxf(fabsf(b.x), fabsf(b.y)), fmaxf(fabsf(b.z), fabsf(b.w))));
+    float amax = gq8_amax8(a, b);
     float id;
     if (q8_0) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -64,14 +126,12 @@ __device__ __forceinline__ void gq8_put8(float4 a, float4 b, int e, int blk, boo
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        id = gq8_q8k_id(amax);
         if (lane == 0)
-            xq->d[blk] = amax / 127.0f;
+            xq->d[blk] = gq8_q8k_d(amax);
     }
-    int q0 = gq8_q(a.x, id), q1 = gq8_q(a.y, id), q2 = gq8_q(a.z, id), q3 = gq8_q(a.w, id);
-    int q4 = gq8_q(b.x, id), q5 = gq8_q(b.y, id), q6 = gq8_q(b.z, id), q7 = gq8_q(b.w, id);
-    *(uint2 *)(xq->q + e) = make_uint2(gq8_pack(q0, q1, q2, q3), gq8_pack(q4, q5, q6, q7));
-    int s = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
+    int s;
+    *(uint2 *)(xq->q + e) = gq8_words8(a, b, id, &s);
     s += __shfl_xor_sync(0xffffffffu, s, 1); /* two lanes: a sum of 16 */
     if (!q8_0 && (lane & 1) == 0)
         xq->bs[e / 16] = s;
@@ -137,9 +197,7 @@ __device__ __forceinline__ void gq8_stage_quantise(const float *x, bool norm, fl
 #pragma unroll
         for (int i = 0; i < BPW; i++) {
             const int b = warp + i * nw;
-            float ss = v[i][0].x * v[i][0].x + v[i][0].y * v[i][0].y + v[i][0].z * v[i][0].z + v[i][0].w * v[i][0].w +
-                       v[i][1].x * v[i][1].x + v[i][1].y * v[i][1].y + v[i][1].z * v[i][1].z + v[i][1].w * v[i][1].w;
-            ss = warp_sum(ss);
+            float ss = warp_sum(gq8_sumsq8(v[i][0], v[i][1]));
             if (lane == 0 && b < NSB)
                 s_ss[b] = ss;
         }
@@ -238,15 +296,18 @@ __device__ __forceinline__ void gq8_gather_q4k(const struct gq8_x *xq, gq8_x_q4k
     }
 }
 
+/* Row `row`'s value (every lane): each super-block's integer sums over its 8 lanes (exact),
+ * its term, and the canonical sum over super-blocks. */
 template <int NSB>
-__device__ __forceinline__ float gq8_dot_q4k(uint32_t row, const gq8_x_q4k<NSB> &x)
+__device__ __forceinline__ float gq8_row_q4k(uint32_t row, const gq8_x_q4k<NSB> &x)
 {
     const int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
-    float acc = 0.0f;
+    const unsigned group = 0xffu << (lane & ~7); /* the 8 lanes of the lane's super-block */
+    float g = 0.0f; /* the lane's group (sb % 4 = lane / 8), added in sb order */
 #pragma unroll
     for (int j = 0; j < (NSB + 3) / 4; j++) {
-        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
-            break;
+        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB) /* the whole group alike */
+            continue;
         uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
         uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
         float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
@@ -260,9 +321,13 @@ __device__ __forceinline__ float gq8_dot_q4k(uint32_t row, const gq8_x_q4k<NSB> 
             s0 = __dp4a((int)(q[k] & 0x0f0f0f0fu), (int)x.lo[j][k], s0);
             s1 = __dp4a((int)((q[k] >> 4) & 0x0f0f0f0fu), (int)x.hi[j][k], s1);
         }
-        acc += x.d[j] * (d * (float)(sc0 * s0 + sc1 * s1) - dmin * (float)(m0 * x.bs0[j] + m1 * x.bs1[j]));
+        int is = sc0 * s0 + sc1 * s1, im = m0 * x.bs0[j] + m1 * x.bs1[j];
+        is = __reduce_add_sync(group, is), im = __reduce_add_sync(group, im);
+        g = __fadd_rn(g, gq8_term_q4k(x.d[j], d, dmin, is, im));
     }
-    return acc;
+    /* the butterfly over groups: (a0 + a2) + (a1 + a3) in every lane (IEEE addition commutes) */
+    g = __fadd_rn(g, __shfl_xor_sync(0xffffffffu, g, 16));
+    return __fadd_rn(g, __shfl_xor_sync(0xffffffffu, g, 8));
 }
 
 /* ---- Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j,
@@ -300,15 +365,18 @@ __device__ __forceinline__ uint32_t gq8_lds_w16(uint32_t a)
     return __byte_perm(mk_lds_u16(a), mk_lds_u16(a + 2), 0x5410);
 }
 
+/* Row `row`'s value (every lane): each super-block's integer sum over its 16 lanes (exact), its
+ * term, and the canonical sum over super-blocks. */
 template <int NSB>
-__device__ __forceinline__ float gq8_dot_q6k(uint32_t row, const gq8_x_q6k<NSB> &x)
+__device__ __forceinline__ float gq8_row_q6k(uint32_t row, const gq8_x_q6k<NSB> &x)
 {
     const int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
-    float acc = 0.0f;
+    const unsigned group = 0xffffu << (lane & ~15); /* the 16 lanes of the lane's super-block */
+    float grp = 0.0f; /* the lane's group (sb % 2 = lane / 16), added in sb order */
 #pragma unroll
     for (int j = 0; j < (NSB + 1) / 2; j++) {
-        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
-            break;
+        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB) /* the whole group alike */
+            continue;
         uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
         uint32_t ql0 = gq8_lds_w16(b + 64 * h + 4 * g), ql1 = gq8_lds_w16(b + 64 * h + 32 + 4 * g);
         uint32_t qh = gq8_lds_w16(b + 128 + 32 * h + 4 * g), sc = b + 192 + 8 * h + g / 4;
@@ -318,12 +386,14 @@ __device__ __forceinline__ float gq8_dot_q6k(uint32_t row, const gq8_x_q6k<NSB> 
         for (int qq = 0; qq < 4; qq++) {
             uint32_t lo = ((qq & 1) ? ql1 : ql0) >> (4 * (qq >> 1)) & 0x0f0f0f0fu;
             uint32_t v = lo | ((qh >> (2 * qq)) & 0x03030303u) << 4; /* 0..63: the level + 32 */
-            int t = __dp4a((int)v, (int)x.w[j][qq], 0) - x.s32[j][qq];
-            s += (int)(int8_t)mk_lds_u8(sc + 2 * qq) * t;
+            int t4 = __dp4a((int)v, (int)x.w[j][qq], 0) - x.s32[j][qq];
+            s += (int)(int8_t)mk_lds_u8(sc + 2 * qq) * t4;
         }
-        acc += d * x.d[j] * (float)s;
+        s = __reduce_add_sync(group, s);
+        grp = __fadd_rn(grp, gq8_term_q6k(x.d[j], d, s));
     }
-    return acc;
+    /* a0 + a1 in every lane */
+    return __fadd_rn(grp, __shfl_xor_sync(0xffffffffu, grp, 16));
 }
 
 #endif

@@ -1,0 +1,604 @@
+/*
+ * gemvq_batch_mma.cu — the GEMV of a few tokens at once (2 <= T <= 16) for Q4_K and Q6_K rows
+ * (and Q4_K_M's q|k|v that mixes them) with x in 8 bits and the integer dot products on the
+ * tensor cores: the batched decode step's products for quantised models in the runtime's default
+ * precision (cuda_options.gemvq_int8 on, gemv_batch_mma on).
+ *
+ * Why: the one-token products of a quantised model take x in 8 bits (Q8_K blocks, as the CPU
+ * does: quant_rows_i8.cuh), but gemvq_batch.cu takes x in floats, so a batched step in the default
+ * precision would answer differently from the same requests one by one; the server therefore fed
+ * quantised sessions one by one (~1,940 tok/s in all for Qwen3-0.6B Q4_K_M on the H200 however
+ * many generate, docs/perf-log.md sessions 34-36). Here x is quantised exactly as the one-token
+ * path quantises it, so each super-block's integer sum is the one-token kernel's and the CPU's;
+ * only the order of the float sums over super-blocks differs, as for BF16's batched step.
+ *
+ * How: a block owns a tile of 16 rows (SwiGLU: 16 gate and 16 up rows) and all T tokens; its W
+ * warps (W <= 8: NSB = K / 256 super-blocks in R = ceil(NSB / 8) rounds) each take super-blocks
+ * warp, warp + W, .... Before its wait a warp asks for its first super-block's weights (the lane's
+ * words of rows g = lane / 4 and g + 8). After it the block quantises x into shared memory as
+ * gq8_stage_quantise does (lane l: elements 8l .. 8l + 7 of a 256-element block; the sums of
+ * squares per block added in block order for 1 / rms; max-abs scale, round to nearest even): a
+ * row of K int8 per token, padded so that the lanes' reads fall in distinct banks, and each
+ * block's scale. Then per super-block:
+ *  - Q4_K: one mma.m16n8k32 (s8) per 32-element sub-block: A the tile's 4-bit quants (lane (g,
+ *    c) holds elements 8c .. 8c + 7 of rows g and g + 8: the 8 bytes at 32j + 8c of the nibbles,
+ *    low or high), B token g's quants of the same elements; D(row, token) the exact sum. Summed
+ *    in int32 with the sub-block's 6-bit scale, and the minimum's term from a second mma of a
+ *    matrix of ones (D = the sub-block's sum of x's quants for every row); per super-block
+ *    dx (d isum - dmin imin) in f32.
+ *  - Q6_K: one mma.m16n8k16 per 16-element group (its int8 scale): the 6-bit quants unsigned
+ *    (0..63) and 32 times the ones-mma's sum subtracted, dx d (isum - 32 ioff).
+ * The k index inside an mma is only a label: A and B name the same element for every k. Rows
+ * are read through L1 for Q6_K (210-byte super-blocks, 2-byte aligned: aligned words shifted)
+ * and past it for Q4_K. Each warp's sums go to shared memory and are added in warp order; one
+ * thread per (row, token) applies SwiGLU and stores or adds (GEMV_ACCUM). A mixed launch's block
+ * takes its tile's dtype (segments of another dtype start at multiples of 16 rows).
+ */
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_batch.cuh"
+#include "backend/cuda/gemv_smem.cuh"
+#include "backend/cuda/quant_rows_i8.cuh"
+
+#include <string.h>
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+}
+
+#define GQM_MAX_WARPS 8                   /* warps per block at most (255 registers a thread) */
+#define GQM_NB_MAX (GQ8_KMAX / 256)       /* 256-element blocks of K at most */
+#define GQM_ONES 0x01010101u              /* four int8 ones */
+
+static __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                    uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void mma_s8_16816(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+static __device__ __forceinline__ uint32_t gqm_ld32(const uint8_t *p) { return __ldg((const unsigned int *)p); }
+
+static __device__ __forceinline__ uint2 gqm_ld64(const uint8_t *p)
+{
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ float gqm_half(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+
+/* Bytes of a token's quantised row in shared memory: K and a pad that puts token g's reads of a
+ * warp 8 banks (Q4_K: 8-byte reads) or 4 banks (Q6_K) from token g - 1's. */
+static __host__ __device__ __forceinline__ int gqm_xstride(int K, int dt) { return K + (dt == QR_Q4_K ? 32 : 16); }
+
+/* ---- the quantised x in shared memory ---- */
+
+struct gqm_shared {
+    uint8_t *xq;      /* [T][xstride] int8 */
+    float *dx;        /* [T][NSB] each Q8_K block's scale */
+    float *ss;        /* [T][NSB] each block's sum of squares (with a norm) */
+    float *part;      /* [nsb][16 P][8 NG] each super-block's terms */
+    int xstride, nsb, tm, groups; /* tm: 8 NG; groups: the canonical order's (GQ8_GROUPS_*) */
+};
+
+#define GQM_STAGE_U 8 /* (token, block) pairs a warp loads before it uses any */
+
+/* x quantised into sh (every thread of the block; ends with a block barrier): token t's block b
+ * by one warp, lane l elements 8l .. 8l + 7, normalised first when a.norm_w — the sums of
+ * squares and the quantisation of gq8_stage_quantise, so the words are the one-token path's.
+ * Each warp loads GQM_STAGE_U pairs before it uses any (the first pass's loads come from L2;
+ * one pair at a time would be a chain of L2 round trips). */
+template <bool NORM>
+static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_shared &sh)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5, T = a.T, nsb = sh.nsb;
+    const int pairs = T * nsb;
+    float4 v[GQM_STAGE_U][2];
+    auto load = [&](int i0) {
+#pragma unroll
+        for (int u = 0; u < GQM_STAGE_U; u++) {
+            const int i = i0 + u * W;
+            if (i < pairs) {
+                const float *xp = a.x + (int64_t)(i / nsb) * a.ldx + 256 * (i % nsb) + 8 * lane;
+                v[u][0] = __ldg((const float4 *)xp), v[u][1] = __ldg((const float4 *)(xp + 4));
+            }
+        }
+    };
+    if (NORM) {
+        for (int i0 = warp; i0 < pairs; i0 += GQM_STAGE_U * W) {
+            load(i0);
+#pragma unroll
+            for (int u = 0; u < GQM_STAGE_U; u++) {
+                const int i = i0 + u * W;
+                if (i >= pairs) /* warp-uniform */
+                    break;
+                float ss = warp_sum(gq8_sumsq8(v[u][0], v[u][1]));
+                if (lane == 0)
+                    sh.ss[i] = ss; /* [t][b]: i = t nsb + b */
+            }
+        }
+        __syncthreads();
+    }
+    for (int i0 = warp; i0 < pairs; i0 += GQM_STAGE_U * W) {
+        load(i0); /* again: from L1 after the first pass */
+#pragma unroll
+        for (int u = 0; u < GQM_STAGE_U; u++) {
+            const int i = i0 + u * W;
+            if (i >= pairs)
+                break;
+            const int t = i / nsb, e = 256 * (i % nsb) + 8 * lane;
+            float4 v0 = v[u][0], v1 = v[u][1];
+            if (NORM) {
+                float tot = 0.0f;
+                for (int b2 = 0; b2 < nsb; b2++)
+                    tot += sh.ss[t * nsb + b2];
+                const float inv = rsqrtf(tot / (float)(256 * nsb) + a.eps);
+                v0 = gemv_norm4(v0, inv, __ldg((const float4 *)(a.norm_w + e)));
+                v1 = gemv_norm4(v1, inv, __ldg((const float4 *)(a.norm_w + e + 4)));
+            }
+            float amax = gq8_amax8(v0, v1);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            int s;
+            *(uint2 *)(sh.xq + t * sh.xstride + e) = gq8_words8(v0, v1, gq8_q8k_id(amax), &s);
+            if (lane == 0)
+                sh.dx[i] = gq8_q8k_d(amax);
+        }
+    }
+    __syncthreads();
+}
+
+/* Super-block sb's term for the lane's D element e (rows g, g, g + 8, g + 8; tokens 8j + 2c,
+ * 8j + 2c + 1) of weight p: sh.part [nsb][16 P][8 NG], added in the canonical order at the end. */
+static __device__ __forceinline__ void gqm_put(const struct gqm_shared &sh, int sb, int j, int p, int P, int e, float v)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    sh.part[(sb * 16 * P + (g + 8 * (e >> 1)) * P + p) * sh.tm + 8 * j + 2 * c + (e & 1)] = v;
+}
+
+/* ---- Q4_K ---- */
+
+/* A row's super-block as the lane needs it: the 16-byte header (d, dmin, 12 scale bytes) and the
+ * 8 bytes at 32j + 8c of each 32-byte group j of nibbles. */
+struct gqm_q4k {
+    uint4 h;
+    uint2 q[4];
+};
+
+static __device__ __forceinline__ void gqm_load(gqm_q4k &r, const uint8_t *row, int sb)
+{
+    const uint8_t *b = row + 144 * sb;
+    const int c = threadIdx.x & 3;
+    r.h = gemv_ld_w128(b);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        r.q[j] = gqm_ld64(b + 16 + 32 * j + 8 * c);
+}
+
+/* Sub-block s's 6-bit scale and minimum from the header's scale bytes (words h.y, h.z, h.w). */
+template <int S>
+static __device__ __forceinline__ void gqm_q4k_scale(const uint4 &h, int &sc, int &m)
+{
+#define GQM_B(i) ((int)((((i) < 4 ? h.y : (i) < 8 ? h.z : h.w) >> (8 * ((i) & 3))) & 0xffu))
+    if (S < 4) {
+        sc = GQM_B(S) & 63, m = GQM_B(S + 4) & 63;
+    } else {
+        sc = (GQM_B(S + 4) & 0xF) | ((GQM_B(S - 4) >> 6) << 4);
+        m = (GQM_B(S + 4) >> 4) | ((GQM_B(S) >> 6) << 4);
+    }
+#undef GQM_B
+}
+
+/* One super-block sb of the tile (rows r[0] = g, r[1] = g + 8 of each of the P weights) for the
+ * token group j (B's column g is token 8j + g), its terms put in sh.part (rows g, g, g + 8, g + 8;
+ * tokens 8j + 2c, 8j + 2c + 1). */
+template <int P>
+static __device__ __forceinline__ void gqm_super_q4k(const gqm_q4k (&r)[2][P], const struct gqm_shared &sh, int sb,
+                                                     int j, int T)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
+    const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 8 * c;
+    int isum[P][4], imin[P][4];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            isum[p][e] = imin[p][e] = 0;
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const uint2 xw = *(const uint2 *)(xr + 32 * s);
+        int ones[4] = {0, 0, 0, 0};
+        mma_s8_16832(ones, GQM_ONES, GQM_ONES, GQM_ONES, GQM_ONES, xw.x, xw.y);
+        const int jp = s >> 1, sh4 = 4 * (s & 1);
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            int dd[4] = {0, 0, 0, 0};
+            mma_s8_16832(dd, (r[0][p].q[jp].x >> sh4) & 0x0F0F0F0Fu, (r[1][p].q[jp].x >> sh4) & 0x0F0F0F0Fu,
+                         (r[0][p].q[jp].y >> sh4) & 0x0F0F0F0Fu, (r[1][p].q[jp].y >> sh4) & 0x0F0F0F0Fu, xw.x, xw.y);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int sc, m;
+                switch (s) { /* the sub-block as a constant: no indexing into the header by s */
+                case 0: gqm_q4k_scale<0>(r[h][p].h, sc, m); break;
+                case 1: gqm_q4k_scale<1>(r[h][p].h, sc, m); break;
+                case 2: gqm_q4k_scale<2>(r[h][p].h, sc, m); break;
+                case 3: gqm_q4k_scale<3>(r[h][p].h, sc, m); break;
+                case 4: gqm_q4k_scale<4>(r[h][p].h, sc, m); break;
+                case 5: gqm_q4k_scale<5>(r[h][p].h, sc, m); break;
+                case 6: gqm_q4k_scale<6>(r[h][p].h, sc, m); break;
+                default: gqm_q4k_scale<7>(r[h][p].h, sc, m); break;
+                }
+                isum[p][2 * h] += sc * dd[2 * h], isum[p][2 * h + 1] += sc * dd[2 * h + 1];
+                imin[p][2 * h] += m * ones[2 * h], imin[p][2 * h + 1] += m * ones[2 * h + 1];
+            }
+        }
+    }
+    const float dx0 = sh.dx[t0 * sh.nsb + sb], dx1 = sh.dx[t1 * sh.nsb + sb];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const uint32_t hx = r[e >> 1][p].h.x;
+            const float d = gqm_half(hx & 0xffffu), dmin = gqm_half(hx >> 16);
+            gqm_put(sh, sb, j, p, P, e, gq8_term_q4k(e & 1 ? dx1 : dx0, d, dmin, isum[p][e], imin[p][e]));
+        }
+}
+
+/* ---- Q6_K ---- */
+
+/* A row's super-block as the lane needs it (210 bytes, only 2-byte aligned: each word the lane
+ * needs is two aligned words shifted right by sh bits, 0 or 16): for half hh, the 4 words of low
+ * bits at 64hh + 16k + 4c, the 2 words of high bits at 128 + 32hh + 16s + 4c, the 16 scales from
+ * 192 (5 aligned words), d at 208. */
+struct gqm_q6k {
+    uint32_t ql[2][4][2], qh[2][2][2], sc[5], d;
+    uint32_t sh;
+};
+
+static __device__ __forceinline__ void gqm_pair(const uint8_t *p, uint32_t (&w)[2])
+{
+    const uint8_t *a = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)3);
+    w[0] = gqm_ld32(a), w[1] = gqm_ld32(a + 4); /* inside the super-block for every word taken */
+}
+
+static __device__ __forceinline__ void gqm_load(gqm_q6k &r, const uint8_t *row, int sb)
+{
+    const uint8_t *b = row + 210 * sb;
+    const int c = threadIdx.x & 3;
+    r.sh = 8u * (uint32_t)((uintptr_t)b & 3);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            gqm_pair(b + 64 * hh + 16 * k + 4 * c, r.ql[hh][k]);
+#pragma unroll
+        for (int s = 0; s < 2; s++)
+            gqm_pair(b + 128 + 32 * hh + 16 * s + 4 * c, r.qh[hh][s]);
+    }
+    const uint8_t *sa = (const uint8_t *)((uintptr_t)(b + 192) & ~(uintptr_t)3);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        r.sc[k] = gqm_ld32(sa + 4 * k);
+    r.sc[4] = r.sh ? gqm_ld32(sa + 16) : 0u; /* aligned: the 16 scales end at a word's end */
+    r.d = (uint32_t)__ldg((const unsigned short *)(b + 208));
+}
+
+/* Group G's (16 elements) 6-bit quants of the lane's 4 elements, unsigned, and its scale. */
+template <int G>
+static __device__ __forceinline__ uint32_t gqm_q6k_quants(const gqm_q6k &r)
+{
+    constexpr int hh = G >> 3, q4 = (G & 7) >> 1, s = G & 1, k = (q4 & 1) ? 2 + s : s;
+    const uint32_t L = __funnelshift_r(r.ql[hh][k][0], r.ql[hh][k][1], r.sh);
+    const uint32_t H = __funnelshift_r(r.qh[hh][s][0], r.qh[hh][s][1], r.sh);
+    const uint32_t nib = q4 >= 2 ? (L >> 4) & 0x0F0F0F0Fu : L & 0x0F0F0F0Fu;
+    return nib | (((H >> (2 * q4)) & 0x03030303u) << 4);
+}
+
+template <int G>
+static __device__ __forceinline__ int gqm_q6k_scale(const gqm_q6k &r)
+{
+    const uint32_t w = __funnelshift_r(r.sc[G >> 2], r.sc[(G >> 2) + 1], r.sh);
+    return (int)(int8_t)(uint8_t)(w >> (8 * (G & 3)));
+}
+
+template <int G, int P>
+static __device__ __forceinline__ void gqm_group_q6k(const gqm_q6k (&r)[2][P], const uint8_t *xr, int (&isum)[P][4],
+                                                     int (&ioff)[P][4])
+{
+    const uint32_t xw = *(const uint32_t *)(xr + 16 * G);
+    int ones[4] = {0, 0, 0, 0};
+    mma_s8_16816(ones, GQM_ONES, GQM_ONES, xw);
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        int dd[4] = {0, 0, 0, 0};
+        mma_s8_16816(dd, gqm_q6k_quants<G>(r[0][p]), gqm_q6k_quants<G>(r[1][p]), xw);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int sc = gqm_q6k_scale<G>(r[h][p]);
+            isum[p][2 * h] += sc * dd[2 * h], isum[p][2 * h + 1] += sc * dd[2 * h + 1];
+            ioff[p][2 * h] += sc * ones[2 * h], ioff[p][2 * h + 1] += sc * ones[2 * h + 1];
+        }
+    }
+}
+
+template <int P>
+static __device__ __forceinline__ void gqm_super_q6k(const gqm_q6k (&r)[2][P], const struct gqm_shared &sh, int sb,
+                                                     int j, int T)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
+    const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 4 * c;
+    int isum[P][4], ioff[P][4];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            isum[p][e] = ioff[p][e] = 0;
+    gqm_group_q6k<0>(r, xr, isum, ioff), gqm_group_q6k<1>(r, xr, isum, ioff);
+    gqm_group_q6k<2>(r, xr, isum, ioff), gqm_group_q6k<3>(r, xr, isum, ioff);
+    gqm_group_q6k<4>(r, xr, isum, ioff), gqm_group_q6k<5>(r, xr, isum, ioff);
+    gqm_group_q6k<6>(r, xr, isum, ioff), gqm_group_q6k<7>(r, xr, isum, ioff);
+    gqm_group_q6k<8>(r, xr, isum, ioff), gqm_group_q6k<9>(r, xr, isum, ioff);
+    gqm_group_q6k<10>(r, xr, isum, ioff), gqm_group_q6k<11>(r, xr, isum, ioff);
+    gqm_group_q6k<12>(r, xr, isum, ioff), gqm_group_q6k<13>(r, xr, isum, ioff);
+    gqm_group_q6k<14>(r, xr, isum, ioff), gqm_group_q6k<15>(r, xr, isum, ioff);
+    const float dx0 = sh.dx[t0 * sh.nsb + sb], dx1 = sh.dx[t1 * sh.nsb + sb];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float d = gqm_half(r[e >> 1][p].d);
+            gqm_put(sh, sb, j, p, P, e, gq8_term_q6k(e & 1 ? dx1 : dx0, d, isum[p][e] - 32 * ioff[p][e]));
+        }
+}
+
+static __device__ __forceinline__ void gqm_super(const gqm_q4k (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
+                                                 int T)
+{
+    gqm_super_q4k<1>(r, sh, sb, j, T);
+}
+static __device__ __forceinline__ void gqm_super(const gqm_q4k (&r)[2][2], const struct gqm_shared &sh, int sb, int j,
+                                                 int T)
+{
+    gqm_super_q4k<2>(r, sh, sb, j, T);
+}
+static __device__ __forceinline__ void gqm_super(const gqm_q6k (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
+                                                 int T)
+{
+    gqm_super_q6k<1>(r, sh, sb, j, T);
+}
+static __device__ __forceinline__ void gqm_super(const gqm_q6k (&r)[2][2], const struct gqm_shared &sh, int sb, int j,
+                                                 int T)
+{
+    gqm_super_q6k<2>(r, sh, sb, j, T);
+}
+
+/* ---- the kernel ---- */
+
+/* The P weight rows g and g + 8 of tile `tile` (past the end: row 0, unused). */
+template <int P>
+static __device__ __forceinline__ void gqm_rows(const struct gemv_args &a, int64_t tile, const uint8_t *(&rp)[2][P])
+{
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint4 *src[P];
+        float *yp;
+        gemv_seg_row<P>(a, 16 * tile + g + 8 * h, src, yp);
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            rp[h][p] = (const uint8_t *)src[p];
+    }
+}
+
+template <typename R, int P>
+static __device__ __forceinline__ void gqm_load_tile(const struct gemv_args &a, R (&dst)[2][P], int64_t tile, int sb)
+{
+    const uint8_t *rp[2][P];
+    gqm_rows<P>(a, tile, rp);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            gqm_load(dst[h][p], rp[h][p], sb);
+}
+
+/* A finished tile: one thread per (row, token) adds its super-blocks' terms from sh.part in the
+ * canonical order (quant_rows_i8.cuh: by groups of sb % G, then the groups' tree), SwiGLU's the
+ * pair, stores or adds to y. Every thread of the block; barriers before and after. */
+template <int P, int NG>
+static __device__ void gqm_finish_tile(const struct gemv_args &a, int64_t tile, const struct gqm_shared &sh)
+{
+    constexpr int TM = 8 * NG;
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * TM; i += blockDim.x) {
+        const int r = i / TM, tk = i % TM;
+        int sg;
+        int64_t rr;
+        if (tk >= a.T || !gemv_seg_of<P>(a, 16 * tile + r, sg, rr))
+            continue;
+        float sum[P];
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            float g[GQ8_GROUPS_Q4K] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int q = 0; q < GQ8_GROUPS_Q4K; q++)
+                for (int sb = q; q < sh.groups && sb < sh.nsb; sb += sh.groups)
+                    g[q] = __fadd_rn(g[q], sh.part[(sb * 16 * P + r * P + p) * TM + tk]);
+            sum[p] = sh.groups == GQ8_GROUPS_Q4K ? gq8_canon_groups<GQ8_GROUPS_Q4K>(g) : gq8_canon_groups<GQ8_GROUPS_Q6K>(g);
+        }
+        float v = sum[0];
+        if (P == 2)
+            v = v / (1.0f + __expf(-v)) * sum[P - 1];
+        float *y = a.seg[sg].y + rr + (int64_t)tk * a.seg[sg].ldy;
+        *y = a.mode == GEMV_ACCUM ? *y + v : v;
+    }
+    __syncthreads(); /* sh.part is the next tile's */
+}
+
+/* The block's tiles blockIdx.x, blockIdx.x + gridDim.x, ... of rows of type R (gqm_q4k /
+ * gqm_q6k): the first super-block's loads before the wait, x staged once, then each warp's
+ * super-blocks of each tile in turn, the next one's loads in flight while one is summed where P =
+ * 1 (across tiles too: an LM head's block walks ~36 tiles). */
+template <typename R, int P, bool NORM, int NG>
+static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, struct gqm_shared &sh)
+{
+    const int warp = threadIdx.x >> 5, W = blockDim.x >> 5, nsb = sh.nsb, T = a.T;
+    int64_t tile = blockIdx.x;
+    int sb = warp;
+    R w[2][P];
+    gqm_load_tile<R, P>(a, w, tile, sb); /* the weights do not depend on the launch before */
+    griddep_wait();
+    gqm_stage_x<NORM>(a, sh);
+    while (tile < n_tiles) {
+        int64_t next_tile = tile;
+        int next_sb = sb + W;
+        if (next_sb >= nsb)
+            next_tile += gridDim.x, next_sb = warp;
+        const bool more = next_tile < n_tiles;
+        if (P == 1 && more) {
+            R wn[2][P];
+            gqm_load_tile<R, P>(a, wn, next_tile, next_sb);
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+                gqm_super(w, sh, sb, j, T);
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                w[h][0] = wn[h][0];
+        } else {
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+                gqm_super(w, sh, sb, j, T);
+            if (more)
+                gqm_load_tile<R, P>(a, w, next_tile, next_sb);
+        }
+        if (next_tile != tile)
+            gqm_finish_tile<P, NG>(a, tile, sh);
+        tile = next_tile, sb = next_sb;
+    }
+}
+
+template <int P, bool NORM, int NG>
+__global__ void __launch_bounds__(32 * GQM_MAX_WARPS) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
+{
+    extern __shared__ __align__(16) uint8_t gqm_smem[];
+    griddep_launch();
+    constexpr int TM = 8 * NG;
+    const int T = a.T, nsb = a.K / 256;
+    int64_t rows = a.seg[0].N;
+    for (int i = 1; P == 1 && i < a.n_seg; i++)
+        rows += a.seg[i].N;
+    const int64_t n_tiles = (rows + 15) / 16;
+    int sg;
+    int64_t rr;
+    gemv_seg_of<P>(a, (int64_t)blockIdx.x * 16, sg, rr); /* a mixed launch: a tile per block */
+    const int dt = a.k_mixed ? a.seg[sg].dtype : a.dtype;
+    struct gqm_shared sh;
+    sh.nsb = nsb, sh.xstride = gqm_xstride(a.K, dt), sh.tm = TM;
+    sh.groups = dt == QR_Q4_K ? GQ8_GROUPS_Q4K : GQ8_GROUPS_Q6K;
+    sh.part = (float *)gqm_smem;                       /* [nsb][16 P][TM] */
+    sh.dx = sh.part + nsb * 16 * P * TM;               /* [T][nsb] */
+    sh.ss = sh.dx + T * nsb;                           /* [T][nsb] */
+    sh.xq = (uint8_t *)(((uintptr_t)(sh.ss + T * nsb) + 15) & ~(uintptr_t)15); /* [T][xstride] */
+    if (dt == QR_Q4_K)
+        gqm_tiles<gqm_q4k, P, NORM, NG>(a, n_tiles, sh);
+    else
+        gqm_tiles<gqm_q6k, P, NORM, NG>(a, n_tiles, sh);
+}
+
+/* ---- host ---- */
+
+/* Warps per block: the super-blocks of K in the fewest rounds of at most GQM_MAX_WARPS warps,
+ * spread evenly (K = 3072: 6 warps of 2; 3584: 7 of 2; 1024: 4 of 1). */
+static int gqm_warps(int32_t K)
+{
+    const int nsb = K / 256, rounds = (nsb + GQM_MAX_WARPS - 1) / GQM_MAX_WARPS;
+    return (nsb + rounds - 1) / rounds;
+}
+
+static size_t gqm_smem_bytes(const struct gemv_args *a, int P, int NG)
+{
+    const int nsb = a->K / 256;
+    size_t part = (size_t)nsb * 16 * P * 8 * NG * 4, scales = (size_t)2 * a->T * nsb * 4;
+    return part + scales + 16 + (size_t)a->T * gqm_xstride(a->K, QR_Q4_K); /* the larger pad */
+}
+
+bool gemvq_batch_mma_applies(const struct gemv_args *a)
+{
+    if (a->T < 2 || a->T > GEMV_BATCH_MMA_MAX_T || a->y_copy || a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG ||
+        a->K < 256 || a->K % 256 || a->K > GQ8_KMAX || a->ldx % 4 || (uintptr_t)a->x % 16 ||
+        (uintptr_t)a->norm_w % 16)
+        return false;
+    if (a->mode == GEMV_SWIGLU ? a->n_seg != 2 || a->seg[1].N != a->seg[0].N
+                               : a->mode != GEMV_STORE && a->mode != GEMV_ACCUM)
+        return false;
+    int64_t start = 0;
+    for (int i = 0; i < a->n_seg; i++) {
+        int32_t dt = a->k_mixed ? a->seg[i].dtype : a->dtype;
+        size_t rb = 0;
+        if ((dt != QR_Q4_K && dt != QR_Q6_K) || !dtype_row_bytes((enum qr_dtype)dt, a->K, &rb) ||
+            (int64_t)rb != a->seg[i].row_bytes || a->seg[i].N < 1 || a->seg[i].ldy < a->seg[i].N)
+            return false;
+        /* Q4_K: 16- and 8-byte loads; Q6_K: 2-byte aligned fields read as aligned words */
+        if ((uintptr_t)a->seg[i].w % (dt == QR_Q4_K ? 16 : 2))
+            return false;
+        /* a tile takes one dtype: SwiGLU's gate and up alike, a mixed launch's segments of
+         * another dtype than the one before start at a multiple of 16 rows */
+        int32_t prev = i ? (a->k_mixed ? a->seg[i - 1].dtype : a->dtype) : dt;
+        if (a->mode == GEMV_SWIGLU ? i == 1 && dt != prev : dt != prev && start % 16)
+            return false;
+        start += a->seg[i].N;
+    }
+    return true;
+}
+
+template <int P, bool NORM, int NG>
+static cudaError_t gqm_launch(const struct gemv_args *a, cudaStream_t s)
+{
+    const size_t smem = gqm_smem_bytes(a, P, NG);
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return e;
+    }
+    const int threads = 32 * gqm_warps(a->K);
+    const int64_t tiles = (gemv_launch_rows(a) + 15) / 16;
+    int64_t blocks = tiles;
+    int per_sm = 0;
+    if (!a->k_mixed && /* a mixed launch keeps a tile per block: one dtype each */
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG>, threads, smem) ==
+            cudaSuccess &&
+        per_sm > 0) {
+        const int64_t fit = (int64_t)per_sm * (a->n_sm > 0 ? a->n_sm : 132);
+        blocks = tiles < fit ? tiles : fit;
+    }
+    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
+}
+
+template <int NG>
+static cudaError_t gqm_launch_ng(const struct gemv_args *a, cudaStream_t s)
+{
+    if (a->mode == GEMV_SWIGLU)
+        return a->norm_w ? gqm_launch<2, true, NG>(a, s) : gqm_launch<2, false, NG>(a, s);
+    return a->norm_w ? gqm_launch<1, true, NG>(a, s) : gqm_launch<1, false, NG>(a, s);
+}
+
+cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s)
+{
+    if (!gemvq_batch_mma_applies(a))
+        return cudaErrorInvalidValue;
+    return a->T > 8 ? gqm_launch_ng<2>(a, s) : gqm_launch_ng<1>(a, s);
+}
