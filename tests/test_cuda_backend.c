@@ -658,8 +658,8 @@ static void test_gemv_batch_kernel(void **st)
 
 /* One case of gemvq_batch_mma.cu (quantised rows, x in 8 bits, 2-16 tokens) against each token
  * alone through the one-token gemvq in the session's shape (one_token: where gemvq takes the
- * case) — bit for bit: the same quantised x, the same integer sums, the same float order
- * (quant_rows_i8.cuh's gq8_canon_sum) — and against the double
+ * case; the same quantised x and integer sums, so within 1e-6: the float order only) — and
+ * against the double
  * sum of the dequantised rows and the CPU's Q8_K x (gemv_case_q8k). Without a norm the kernel's
  * quants are the CPU's bit for bit (the same IEEE scale and rounding), so only the order of the
  * float sums differs: tol 5e-6. With a norm the GPU's 1 / rms (rsqrtf, warp-order sums) differs
@@ -695,7 +695,7 @@ static void check_gemvq_int8_case(int32_t K, int32_t T, int mode, bool norm, int
         fail_msg("gemvq_batch_mma K=%d T=%d mode %d: %s", K, T, mode, err.message);
     double e = gemv_case_ref_err(&c, y0, y), e1 = 0;
     if (one_token) { /* each token alone through gemvq, x in 8 bits: the same quants, the same
-                      * integer sums per super-block, the same float sums (gq8_canon_sum) */
+                      * integer sums per super-block, float sums in another order */
         float *y1[4] = {0};
         double num = 0, den = 0;
         for (int i = 0; i < n_seg; i++) {
@@ -717,7 +717,7 @@ static void check_gemvq_int8_case(int32_t K, int32_t T, int mode, bool norm, int
     printf("gemvq_batch_mma %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (tol %.0e); against each "
            "token alone through gemvq %.3g\n",
            dtype_traits(seg_dt[0])->name, c.mixed ? " mixed" : "", K, T, mode, norm, n_seg, N[0], e, tol, e1);
-    if (!(e <= tol) || e1 != 0.0) /* one token or sixteen: the same bits (gq8_canon_sum) */
+    if (!(e <= tol) || !(e1 <= 1e-6)) /* the same quants and integer sums: rounding only */
         fail_msg("gemvq_batch_mma K=%d T=%d mode %d: rel err %.3g > %.0e, or %.3g against one token", K, T, mode, e,
                  tol, e1);
     for (int i = 0; i < n_seg; i++) {
@@ -2926,35 +2926,67 @@ static void test_batch_decode_cuda(void **st)
     check_batch_cuda(fixtures[3], 4);
 }
 
-/* A quantised model's batched step in the default precision (x in 8 bits): Q4_K_M synth models
- * whose every product is whole super-blocks (widths 256 and 1,024; Qwen3.5 with DeltaNet heads
- * of 64) take gemvq_batch_mma.cu, whose rows have the one-token gemvq's bits — so
- * cuda_batch_pays says yes from 2 sessions to 16 for Qwen3 (not for recurrent models: their
- * multi-session DeltaNet step differs by rounding at the real geometry), and the batch answers
- * as each session alone does (logits within 1e-4 — measured 0, bit for bit — and the same best
- * token every step) at 3 sessions and at 12 (two groups of 8 columns). */
+/* A quantised model's batched step in the default precision (x in 8 bits) runs
+ * gemvq_batch_mma.cu where every product is whole super-blocks (a Q4_K_M synth of width 256);
+ * the server still feeds such models one by one (cuda_batch_pays: no), and the batch, whose
+ * rows differ from one token's by float order, stays close to each session alone: a batch of 3
+ * and of 12 (two groups of 8 columns), logits within 5e-2 (real geometry: 0.03, docs/perf-log.md
+ * session 37), the argmax not asserted (a quant one step away may flip a near tie). */
+static void check_batch_int8_model(struct qwenrt_model *m, int32_t n)
+{
+    struct qwenrt_error err = {0};
+    int32_t V = m->hp.n_vocab;
+    struct qwenrt_session *bs[16], *rs[16];
+    struct qwenrt_batch *batch = NULL;
+    assert_int_equal(qwenrt_batch_init(m, n, &batch, &err), QWENRT_OK);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t prompt[20];
+        for (int32_t t = 0; t < 3 + i; t++)
+            prompt[t] = (17 * (i + 1) + 31 * t) % V;
+        assert_int_equal(qwenrt_session_init(m, NULL, &bs[i], &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_init(m, NULL, &rs[i], &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(bs[i], prompt, 3 + i, NULL, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(rs[i], prompt, 3 + i, NULL, &err), QWENRT_OK);
+    }
+    double worst = 0;
+    for (int step = 0; step < 3; step++) {
+        int32_t ids[16];
+        for (int32_t i = 0; i < n; i++)
+            ids[i] = qwenrt_argmax(qwenrt_session_logits(rs[i]), V);
+        if (qwenrt_batch_decode(batch, bs, ids, n, &err))
+            fail_msg("batch decode: %s", err.message);
+        for (int32_t i = 0; i < n; i++) {
+            assert_int_equal(qwenrt_session_decode(rs[i], ids[i], &err), QWENRT_OK);
+            double e = rel_err(qwenrt_session_logits(bs[i]), qwenrt_session_logits(rs[i]), (size_t)V);
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("qwen3-tiny q4_k_m w256: batch of %d (8-bit x) vs alone: worst logits rel err %.3g\n", n, worst);
+    if (!(worst <= 5e-2))
+        fail_msg("8-bit batched decode differs by %.3g", worst);
+    for (int32_t i = 0; i < n; i++) {
+        qwenrt_session_free(bs[i]);
+        qwenrt_session_free(rs[i]);
+    }
+    qwenrt_batch_free(batch);
+}
+
 static void test_batch_int8_cuda(void **st)
 {
     (void)st;
     struct qwenrt_error err = {0};
-    static const char *const what[3] = {"qwen3-tiny q4_k_m w256", "qwen35-tiny q4_k_m w256", "qwen3-tiny q4_k_m w1024"};
-    for (int a = 0; a < 3; a++) {
-        char path[256];
-        struct qwenrt_model *m = a == 1 ? load_synth_ssm("qwen35-tiny", EXPORT_Q4_K_M, 256, false, 64, path, sizeof(path))
-                                        : load_synth("qwen3-tiny", EXPORT_Q4_K_M, a ? 1024 : 256, false, path, sizeof(path));
-        struct cuda_session *cs = NULL;
-        struct cuda_options o = cuda_default_options();
-        assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
-        assert_false(cuda_batch_pays(cs, 1));
-        for (int32_t n = 2; n <= 16; n++) /* not with recurrent layers (cuda_batch_pays) */
-            assert_int_equal(cuda_batch_pays(cs, n), a != 1);
-        assert_false(cuda_batch_pays(cs, 17));
-        cuda_session_free(cs);
-        check_batch_model(m, what[a], 3, 1e-4);
-        check_batch_model(m, what[a], 12, 1e-4);
-        qwenrt_model_free(m);
-        remove(path);
-    }
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_Q4_K_M, 256, false, path, sizeof(path));
+    struct cuda_session *cs = NULL;
+    struct cuda_options o = cuda_default_options();
+    assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
+    for (int32_t n = 1; n <= 17; n++)
+        assert_false(cuda_batch_pays(cs, n));
+    cuda_session_free(cs);
+    check_batch_int8_model(m, 3);
+    check_batch_int8_model(m, 12);
+    qwenrt_model_free(m);
+    remove(path);
 }
 
 /* The batched step as a CUDA graph against the same step launched op by op (cuda_options.graph
@@ -3946,13 +3978,15 @@ static void test_backend_errors(void **st)
     assert_true(us == -1);
     assert_int_equal(cuda_session_count_steps(NULL, "gemv+residual"), 0);
     /* the GEMV bench refuses a kernel it does not have (0 first, 1 gemv2, 2 gemv_smem, 3 the
-     * multi-token GEMV, 4 its tensor cores' form), and more than 8 tokens but for kernel 4 */
+     * multi-token GEMV, 4 its tensor cores' form, 5 quantised rows' 8-bit form), and more than 8
+     * tokens but for kernels 4 and 5 (16 at most) */
     double gbs = -1;
     us = -1;
-    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 1, false, 5, false, 2, &us, &gbs, NULL, &err), want);
+    assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 1, false, 6, false, 2, &us, &gbs, NULL, &err), want);
     assert_true(us == 0 && gbs == 0);
     assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 9, false, 3, false, 2, &us, &gbs, NULL, &err), want);
     assert_int_equal(cuda_gemv_bench(QR_BF16, 64, 64, 17, false, 4, false, 2, &us, &gbs, NULL, &err), want);
+    assert_int_equal(cuda_gemv_bench(QR_Q4_K, 64, 256, 17, false, 5, false, 2, &us, &gbs, NULL, &err), want);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "cuda_gemv_bench"));
     /* the argmax hook refuses an empty row */

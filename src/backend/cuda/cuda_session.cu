@@ -26,7 +26,6 @@
  * the flash kernel for Qwen3 models with 16-bit or quantised weights; else f32-accurate).
  */
 #include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/quant_rows_i8.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/prefill_merge.h"
 #include "backend/cuda/megakernel.cuh"
@@ -3331,24 +3330,19 @@ static bool batch_dtype(int32_t dt)
  * exact`): the batched products do, and with the default 8-bit x of the one-token ones a greedy
  * request's answer would depend on how many others generate beside it (cuda_serve_check.py on
  * random Q4_K_M weights: 5 of 12 the same; an 8-bit form of gemvq_batch was 2x slower and still
- * not the same, session 34). */
+ * not the same, session 34). Session 37's gemvq_batch_mma.cu (8-bit x, tensor cores; what a
+ * batched step of quantised rows now runs in the default precision) gave 4,366 tok/s at 8
+ * sessions, but its rows differ from the one-token ones by the order of float sums, and the
+ * next product's 8-bit x turns that into whole quant steps: Qwen3-0.6B Q4_K_M batched vs alone
+ * 0.03 of the logits, 5 of 8 the same answers; made bit for bit (one float order in both) the
+ * one-token decode lost 5.5%. */
 #define BATCH_QUANT_MIN 3
-/* With x in 8 bits (the default precision), Q4_K / Q6_K rows: gemvq_batch_mma.cu, whose rows
- * have the one-token gemvq's bits (the same quantised x, integer sums and float order:
- * quant_rows_i8.cuh), from this many sessions to GEMV_BATCH_MMA_MAX_T. Only for models without
- * recurrent layers: there the rest of the batched step has the one-token graph's bits too
- * (Qwen3-0.6B Q4_K_M, `cuda_bench --batch-check 8`: logits bit for bit over 48 steps; the server
- * 8 of 8 the same answers), while the multi-session DeltaNet step differs from the one-session
- * one by rounding, which 8-bit activations amplify (a quant one step away): Qwen3.5-0.8B Q4_K_M
- * batched vs alone 0.7-0.9 of the logits on random weights (docs/perf-log.md, session 37). */
-#define BATCH_QUANT_I8_MIN 2
 
 extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
 {
     const struct plan *p = &cs->plans[PHASE_DECODE];
-    bool quant = false, mma = cs->opt.gemv_batch_mma, qmma = cs->opt.gemv_batch_mma;
+    bool quant = false, mma = cs->opt.gemv_batch_mma;
     for (int32_t i = 0; i < p->n_ops; i++) {
-        qmma &= p->ops[i].kind != OP_GDN_CORE; /* recurrent layers: below */
         if (!is_mm(&p->ops[i]))
             continue;
         const struct dop *d = &cs->dops[PHASE_DECODE][i];
@@ -3356,13 +3350,9 @@ extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
             return false;
         quant |= d->dtype != QR_BF16 && d->dtype != QR_F16;
         mma &= d->dtype == QR_BF16 && d->K % 32 == 0;
-        qmma &= d->dtype == QR_BF16 ? d->K % 32 == 0
-                : (d->dtype == QR_Q4_K || d->dtype == QR_Q6_K) && d->K % 256 == 0 && d->K <= GQ8_KMAX;
     }
-    if (quant && cs->gq_int8) /* x in 8 bits as at one token: gemvq_batch_mma.cu */
-        return cs->opt.gemv_batch && qmma && n >= BATCH_QUANT_I8_MIN && n <= GEMV_BATCH_MMA_MAX_T;
     if (quant)
-        return cs->opt.gemv_batch && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
+        return cs->opt.gemv_batch && !cs->gq_int8 && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
     /* BF16 rows the tensor cores' GEMV takes: at most 16 a step (more take the GEMM: Qwen3-0.6B
      * BF16 32 sessions 10,276 tok/s in one step, 16 12,600, session 35), so a server of 32
      * slots runs two steps of 16 */

@@ -112,13 +112,13 @@ template <int NSB>
 struct gq_xreg<QR_Q4_K, NSB, true> {
     gq8_x_q4k<NSB> x;
     __device__ __forceinline__ void load(uint32_t, const struct gq8_x *x8) { gq8_gather_q4k<NSB>(x8, x); }
-    __device__ __forceinline__ float dot(uint32_t row) const { return gq8_row_q4k<NSB>(row, x); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return warp_sum(gq8_dot_q4k<NSB>(row, x)); }
 };
 template <int NSB>
 struct gq_xreg<QR_Q6_K, NSB, true> {
     gq8_x_q6k<NSB> x;
     __device__ __forceinline__ void load(uint32_t, const struct gq8_x *x8) { gq8_gather_q6k<NSB>(x8, x); }
-    __device__ __forceinline__ float dot(uint32_t row) const { return gq8_row_q6k<NSB>(row, x); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return warp_sum(gq8_dot_q6k<NSB>(row, x)); }
 };
 
 /* One row of either K-quant (k_mixed launches), x gathered for it. */

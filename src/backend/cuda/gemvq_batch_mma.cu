@@ -5,12 +5,13 @@
  * precision (cuda_options.gemvq_int8 on, gemv_batch_mma on).
  *
  * Why: the one-token products of a quantised model take x in 8 bits (Q8_K blocks, as the CPU
- * does: quant_rows_i8.cuh), but gemvq_batch.cu takes x in floats, so a batched step in the default
- * precision would answer differently from the same requests one by one; the server therefore fed
- * quantised sessions one by one (~1,940 tok/s in all for Qwen3-0.6B Q4_K_M on the H200 however
- * many generate, docs/perf-log.md sessions 34-36). Here x is quantised exactly as the one-token
- * path quantises it, so each super-block's integer sum is the one-token kernel's and the CPU's;
- * only the order of the float sums over super-blocks differs, as for BF16's batched step.
+ * does: quant_rows_i8.cuh), but gemvq_batch.cu takes it in floats on the CUDA cores: a batched
+ * step of 8 Qwen3-0.6B Q4_K_M sessions decoded ~3,000 tok/s in all where BF16's reaches ~8,500.
+ * Here x is quantised exactly as the one-token path quantises it (the same helpers), so each
+ * super-block's integer sums are the one-token kernel's and the CPU's; the float sums over
+ * super-blocks come in another order (quant_rows_i8.cuh's gq8_term_* / gq8_canon_groups), so a
+ * row differs from the one-token one by rounding — which a later 8-bit quantisation of the
+ * activations can turn into a quant one step away (docs/perf-log.md, session 37).
  *
  * How: a block owns a tile of 16 rows (SwiGLU: 16 gate and 16 up rows) and all T tokens; its W
  * warps (W <= 8: NSB = K / 256 super-blocks in R = ceil(NSB / 8) rounds) each take super-blocks

@@ -72,16 +72,14 @@ __device__ __forceinline__ float gq8_sumsq8(float4 a, float4 b)
 __device__ __forceinline__ float gq8_q8k_id(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
 __device__ __forceinline__ float gq8_q8k_d(float amax) { return amax / 127.0f; }
 
-/* ---- a row's value from its super-blocks' integer sums, in one order for every 8-bit path ----
- * The one-token gemvq (below) and the batched step's gemvq_batch_mma.cu add a K-quant row's
- * terms the same way, so that with the same quantised x a row's value has the same bits whether
- * a launch takes one token or sixteen (a greedy request answers the same alone or batched).
- * Each super-block's integer sums are exact however the lanes split them; the float part is
- * fixed here: the super-block's term (gq8_term_*, explicit roundings: no contraction), and their
- * sum in the order the one-token warp adds them cheaply (gq8_canon_*): Q4_K's super-blocks in
- * G = 4 groups by sb % 4 (the lanes 8q .. 8q + 7 of the one-token warp), each group added from 0
- * in sb order, then (a0 + a2) + (a1 + a3) (two butterfly steps); Q6_K's in G = 2 groups by sb % 2,
- * then a0 + a1. */
+/* ---- the float part of a K-quant row's value from its super-blocks' integer sums ----
+ * gemvq_batch_mma.cu's terms (explicit roundings: no contraction) and the order it adds them:
+ * Q4_K's super-blocks in 4 groups by sb % 4, each added from 0 in sb order, then (a0 + a2) +
+ * (a1 + a3); Q6_K's in 2 groups by sb % 2, then a0 + a1 — the order in which the one-token
+ * warp's lanes hold them (gq8_dot_q4k: lanes 8q .. 8q + 7 take sb % 4 = q). The one-token
+ * kernels still add per-lane partial floats by warp_sum; adding exact per-super-block integer
+ * sums in this order there made the batched rows bit for bit the one-token ones, at a cost to
+ * one token's decode (docs/perf-log.md, session 37). */
 #define GQ8_GROUPS_Q4K 4
 #define GQ8_GROUPS_Q6K 2
 
@@ -296,18 +294,15 @@ __device__ __forceinline__ void gq8_gather_q4k(const struct gq8_x *xq, gq8_x_q4k
     }
 }
 
-/* Row `row`'s value (every lane): each super-block's integer sums over its 8 lanes (exact),
- * its term, and the canonical sum over super-blocks. */
 template <int NSB>
-__device__ __forceinline__ float gq8_row_q4k(uint32_t row, const gq8_x_q4k<NSB> &x)
+__device__ __forceinline__ float gq8_dot_q4k(uint32_t row, const gq8_x_q4k<NSB> &x)
 {
     const int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
-    const unsigned group = 0xffu << (lane & ~7); /* the 8 lanes of the lane's super-block */
-    float g = 0.0f; /* the lane's group (sb % 4 = lane / 8), added in sb order */
+    float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < (NSB + 3) / 4; j++) {
-        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB) /* the whole group alike */
-            continue;
+        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
+            break;
         uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
         uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
         float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
@@ -321,13 +316,9 @@ __device__ __forceinline__ float gq8_row_q4k(uint32_t row, const gq8_x_q4k<NSB> 
             s0 = __dp4a((int)(q[k] & 0x0f0f0f0fu), (int)x.lo[j][k], s0);
             s1 = __dp4a((int)((q[k] >> 4) & 0x0f0f0f0fu), (int)x.hi[j][k], s1);
         }
-        int is = sc0 * s0 + sc1 * s1, im = m0 * x.bs0[j] + m1 * x.bs1[j];
-        is = __reduce_add_sync(group, is), im = __reduce_add_sync(group, im);
-        g = __fadd_rn(g, gq8_term_q4k(x.d[j], d, dmin, is, im));
+        acc += x.d[j] * (d * (float)(sc0 * s0 + sc1 * s1) - dmin * (float)(m0 * x.bs0[j] + m1 * x.bs1[j]));
     }
-    /* the butterfly over groups: (a0 + a2) + (a1 + a3) in every lane (IEEE addition commutes) */
-    g = __fadd_rn(g, __shfl_xor_sync(0xffffffffu, g, 16));
-    return __fadd_rn(g, __shfl_xor_sync(0xffffffffu, g, 8));
+    return acc;
 }
 
 /* ---- Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j,
@@ -365,18 +356,15 @@ __device__ __forceinline__ uint32_t gq8_lds_w16(uint32_t a)
     return __byte_perm(mk_lds_u16(a), mk_lds_u16(a + 2), 0x5410);
 }
 
-/* Row `row`'s value (every lane): each super-block's integer sum over its 16 lanes (exact), its
- * term, and the canonical sum over super-blocks. */
 template <int NSB>
-__device__ __forceinline__ float gq8_row_q6k(uint32_t row, const gq8_x_q6k<NSB> &x)
+__device__ __forceinline__ float gq8_dot_q6k(uint32_t row, const gq8_x_q6k<NSB> &x)
 {
     const int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
-    const unsigned group = 0xffffu << (lane & ~15); /* the 16 lanes of the lane's super-block */
-    float grp = 0.0f; /* the lane's group (sb % 2 = lane / 16), added in sb order */
+    float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < (NSB + 1) / 2; j++) {
-        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB) /* the whole group alike */
-            continue;
+        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
+            break;
         uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
         uint32_t ql0 = gq8_lds_w16(b + 64 * h + 4 * g), ql1 = gq8_lds_w16(b + 64 * h + 32 + 4 * g);
         uint32_t qh = gq8_lds_w16(b + 128 + 32 * h + 4 * g), sc = b + 192 + 8 * h + g / 4;
@@ -386,14 +374,12 @@ __device__ __forceinline__ float gq8_row_q6k(uint32_t row, const gq8_x_q6k<NSB> 
         for (int qq = 0; qq < 4; qq++) {
             uint32_t lo = ((qq & 1) ? ql1 : ql0) >> (4 * (qq >> 1)) & 0x0f0f0f0fu;
             uint32_t v = lo | ((qh >> (2 * qq)) & 0x03030303u) << 4; /* 0..63: the level + 32 */
-            int t4 = __dp4a((int)v, (int)x.w[j][qq], 0) - x.s32[j][qq];
-            s += (int)(int8_t)mk_lds_u8(sc + 2 * qq) * t4;
+            int t = __dp4a((int)v, (int)x.w[j][qq], 0) - x.s32[j][qq];
+            s += (int)(int8_t)mk_lds_u8(sc + 2 * qq) * t;
         }
-        s = __reduce_add_sync(group, s);
-        grp = __fadd_rn(grp, gq8_term_q6k(x.d[j], d, s));
+        acc += d * x.d[j] * (float)s;
     }
-    /* a0 + a1 in every lane */
-    return __fadd_rn(grp, __shfl_xor_sync(0xffffffffu, grp, 16));
+    return acc;
 }
 
 #endif
