@@ -31,9 +31,11 @@
  *    (0..63) and 32 times the ones-mma's sum subtracted, dx d (isum - 32 ioff).
  * The k index inside an mma is only a label: A and B name the same element for every k. Rows
  * are read through L1 for Q6_K (210-byte super-blocks, 2-byte aligned: aligned words shifted)
- * and past it for Q4_K. Each warp's sums go to shared memory and are added in warp order; one
- * thread per (row, token) applies SwiGLU and stores or adds (GEMV_ACCUM). A mixed launch's block
- * takes its tile's dtype (segments of another dtype start at multiples of 16 rows).
+ * and past it for Q4_K. Each super-block's term goes to shared memory; one thread per (row, token)
+ * adds them in quant_rows_i8.cuh's fixed order (gq8_canon_groups), applies SwiGLU and stores or
+ * adds (GEMV_ACCUM). A block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the grid: as
+ * many blocks as fit at once), staging x once; a mixed launch keeps a tile per block, each
+ * taking its tile's dtype (segments of another dtype start at multiples of 16 rows).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -48,7 +50,6 @@ extern "C" {
 }
 
 #define GQM_MAX_WARPS 8                   /* warps per block at most (255 registers a thread) */
-#define GQM_NB_MAX (GQ8_KMAX / 256)       /* 256-element blocks of K at most */
 #define GQM_ONES 0x01010101u              /* four int8 ones */
 
 static __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
