@@ -3319,23 +3319,55 @@ static bool batch_dtype(int32_t dt)
     return dt == QR_BF16 || dt == QR_F16 || dt == QR_Q8_0 || dt == QR_Q4_K || dt == QR_Q6_K;
 }
 
+/* Whether the batched step's products are bit for bit the one-token ones in the default
+ * precision (x in 8 bits): every product Q4_K or Q6_K rows that both gemvq (one token: K of
+ * 4-14 super-blocks as gemv_quant.cu builds them, SwiGLU at K = 1024) and gemvq_batch_mma.cu
+ * (many) take, both adding the super-blocks' terms in quant_rows_i8.cuh's canonical order; the
+ * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
+ * the fused MLP, attention + o and q|k|v + attention launches keep their own orders); and no
+ * DeltaNet layer (the
+ * multi-session step rounds otherwise than the one-session step: Qwen3.5-0.8B Q4_K_M batched vs
+ * alone 0.7-0.9 of the logits, docs/perf-log.md session 37). The rest of the batched step
+ * (norms, q/k norm + RoPE, attention, picks) is the one-token arithmetic per session. */
+static bool batch_same_bits(const struct cuda_session *cs)
+{
+    if (!cs->gq_int8 || !cs->opt.gemv_batch_mma)
+        return false;
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    for (int32_t i = 0; i < p->n_ops; i++) {
+        const enum op_kind k = p->ops[i].kind;
+        if (k == OP_GDN_CONV || k == OP_GDN_CORE)
+            return false;
+        if (!is_mm(&p->ops[i]))
+            continue;
+        const struct dop *d = &cs->dops[PHASE_DECODE][i];
+        if ((d->dtype != QR_Q4_K && d->dtype != QR_Q6_K) ||
+            (d->K != 1024 && d->K != 2048 && d->K != 3072 && d->K != 3584))
+            return false;
+    }
+    for (int32_t i = 0; i < cs->n_steps; i++) {
+        const struct step *st = &cs->steps[i];
+        const bool plain = st->kind == STEP_OP || st->kind == STEP_NORM_GEMV || st->kind == STEP_GEMV_ADD ||
+                           st->kind == STEP_ROPE_ATTN;
+        if (!plain || (st->swiglu && cs->dops[PHASE_DECODE][st->mm[0]].K != 1024))
+            return false;
+    }
+    return true;
+}
+
 /* The sessions whose batched step beats their own decode graphs one after another (16-bit rows:
  * from 2; BF16 ones up to 16, what the tensor cores' GEMV takes), and when a product is
- * quantised: from 3 to GEMV_MAX_T (gemvq_batch.cu; more rows take the GEMM, which dequantises
- * every weight). H200 (docs/perf-log.md, session 34), Qwen3-0.6B Q4_K_M: each request through
- * its own graph token by token 1,936 tok/s whatever their number; batched, in all, 1,656 with 2
- * sessions, 2,100 with 3, 3,013 with 8, 1,552 with 12 (Qwen3.5-0.8B alike). 16-bit rows pay
- * from 2 on (Qwen3-0.6B BF16: 1,796 one by one, 1,841 with 2, 5,108 with 16).
- * Only where the one-token products take x in f32 too (cuda_options.gemvq_int8 off: `--precision
- * exact`): the batched products do, and with the default 8-bit x of the one-token ones a greedy
- * request's answer would depend on how many others generate beside it (cuda_serve_check.py on
- * random Q4_K_M weights: 5 of 12 the same; an 8-bit form of gemvq_batch was 2x slower and still
- * not the same, session 34). Session 37's gemvq_batch_mma.cu (8-bit x, tensor cores; what a
- * batched step of quantised rows now runs in the default precision) gave 4,366 tok/s at 8
- * sessions, but its rows differ from the one-token ones by the order of float sums, and the
- * next product's 8-bit x turns that into whole quant steps: Qwen3-0.6B Q4_K_M batched vs alone
- * 0.03 of the logits, 5 of 8 the same answers; made bit for bit (one float order in both) the
- * one-token decode lost 5.5%. */
+ * quantised: from 3. H200, Qwen3-0.6B Q4_K_M (docs/perf-log.md, sessions 34 and 37): each
+ * request through its own graph token by token ~1,936 tok/s whatever their number; batched
+ * with gemvq_batch_mma.cu (8-bit x, tensor cores), in all, 1,641 with 2 sessions, 2,270 with 3,
+ * 4,366 with 8, 5,799 with 16. 16-bit rows pay from 2 on (Qwen3-0.6B BF16: 1,796 one by one,
+ * 1,841 with 2, 5,108 with 16).
+ * A quantised model batches only where a request's answer cannot depend on how many others
+ * generate beside it: in the default precision where its products are bit for bit the
+ * one-token ones (batch_same_bits; 8-bit x turns a float-order difference of 1e-7 into whole
+ * quant steps: 0.03 of the logits and 5 of 8 the same answers before the canonical order,
+ * session 37), and under `--precision exact` (x in f32 both ways; gemvq_batch.cu up to
+ * GEMV_MAX_T tokens, the float order alone differs). */
 #define BATCH_QUANT_MIN 3
 
 extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
@@ -3351,8 +3383,10 @@ extern "C" bool cuda_batch_pays(const struct cuda_session *cs, int32_t n)
         quant |= d->dtype != QR_BF16 && d->dtype != QR_F16;
         mma &= d->dtype == QR_BF16 && d->K % 32 == 0;
     }
+    if (quant && cs->gq_int8)
+        return cs->opt.gemv_batch && batch_same_bits(cs) && n >= BATCH_QUANT_MIN && n <= GEMV_BATCH_MMA_MAX_T;
     if (quant)
-        return cs->opt.gemv_batch && !cs->gq_int8 && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
+        return cs->opt.gemv_batch && n >= BATCH_QUANT_MIN && n <= GEMV_MAX_T;
     /* BF16 rows the tensor cores' GEMV takes: at most 16 a step (more take the GEMM: Qwen3-0.6B
      * BF16 32 sessions 10,276 tok/s in one step, 16 12,600, session 35), so a server of 32
      * slots runs two steps of 16 */

@@ -8,10 +8,12 @@
  * does: quant_rows_i8.cuh), but gemvq_batch.cu takes it in floats on the CUDA cores: a batched
  * step of 8 Qwen3-0.6B Q4_K_M sessions decoded ~3,000 tok/s in all where BF16's reaches ~8,500.
  * Here x is quantised exactly as the one-token path quantises it (the same helpers), so each
- * super-block's integer sums are the one-token kernel's and the CPU's; the float sums over
- * super-blocks come in another order (quant_rows_i8.cuh's gq8_term_* / gq8_canon_groups), so a
- * row differs from the one-token one by rounding — which a later 8-bit quantisation of the
- * activations can turn into a quant one step away (docs/perf-log.md, session 37).
+ * super-block's integer sums are the one-token kernel's and the CPU's, and the float terms are
+ * added in quant_rows_i8.cuh's canonical order, which the one-token gemvq follows too: a row is
+ * bit for bit the one-token one. That matters beyond the last bit: the next product quantises
+ * its x to 8 bits again, and a float-order difference of 1e-7 there moves a quant a whole step
+ * (0.03 of a Qwen3-0.6B Q4_K_M's logits batched vs alone before, docs/perf-log.md sessions 37-38);
+ * now a server batches such models without changing any answer (cuda_batch_pays).
  *
  * How: a block owns a tile of 16 rows (SwiGLU: 16 gate and 16 up rows) and all T tokens; its W
  * warps (W <= 8: NSB = K / 256 super-blocks in R = ceil(NSB / 8) rounds) each take super-blocks
@@ -32,7 +34,7 @@
  * The k index inside an mma is only a label: A and B name the same element for every k. Rows
  * are read through L1 for Q6_K (210-byte super-blocks, 2-byte aligned: aligned words shifted)
  * and past it for Q4_K. Each super-block's term goes to shared memory; one thread per (row, token)
- * adds them in quant_rows_i8.cuh's fixed order (gq8_canon_groups), applies SwiGLU and stores or
+ * adds them in the canonical order (gq8_canon_group, gq8_canon_groups), applies SwiGLU and stores or
  * adds (GEMV_ACCUM). A block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the grid: as
  * many blocks as fit at once), staging x once; a mixed launch keeps a tile per block, each
  * taking its tile's dtype (segments of another dtype start at multiples of 16 rows).
@@ -434,11 +436,12 @@ static __device__ void gqm_finish_tile(const struct gemv_args &a, int64_t tile, 
         float sum[P];
 #pragma unroll
         for (int p = 0; p < P; p++) {
+            const float *t = sh.part + (r * P + p) * TM + tk; /* super-block sb at t[sb 16 P TM] */
             float g[GQ8_GROUPS_Q4K] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int q = 0; q < GQ8_GROUPS_Q4K; q++)
-                for (int sb = q; q < sh.groups && sb < sh.nsb; sb += sh.groups)
-                    g[q] = __fadd_rn(g[q], sh.part[(sb * 16 * P + r * P + p) * TM + tk]);
+                if (q < sh.groups)
+                    g[q] = gq8_canon_group(t, (int64_t)16 * P * TM, q, sh.groups, sh.nsb);
             sum[p] = sh.groups == GQ8_GROUPS_Q4K ? gq8_canon_groups<GQ8_GROUPS_Q4K>(g) : gq8_canon_groups<GQ8_GROUPS_Q6K>(g);
         }
         float v = sum[0];

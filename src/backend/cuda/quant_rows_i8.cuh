@@ -4,7 +4,9 @@
  * sums of 16) for Q4_K and Q6_K rows, Q8_0 blocks of 32 (an f16 scale) for Q8_0 rows, made
  * as quant_quant_q8_k and quant_quant_q8_0 make them (max-abs scale, round to nearest even,
  * clamp to ±127), so each block's integer sum is the CPU's (matmul.<type>.portable and its
- * SIMD twins); only the order of the float sums over blocks differs.
+ * SIMD twins); only the order of the float sums over blocks differs. The K-quant rows add their
+ * super-blocks' terms in one canonical order that gemvq_batch_mma.cu follows too (below), so
+ * the batched step's rows are bit for bit these.
  *
  * Why: with x in floats (quant_rows.cuh) a lane spends four instructions per weight (unpack,
  * convert, multiply-add, and the sum of x for the K-quants' minimum) and holds 32 floats of x
@@ -13,7 +15,8 @@
  *
  * The lanes walk the rows in quant_rows.cuh's layouts (the same weight bytes per lane), each
  * gathering its x words once for the warp's rows. Rows live in shared memory (32-bit
- * addresses); every function returns the lane's part: the caller sums over the warp.
+ * addresses); gq8_dot_q8 returns the lane's part (the caller sums over the warp),
+ * gq8_dot_q4k / gq8_dot_q6k the row's value in the canonical order in every lane.
  */
 #ifndef QWENRT_BACKEND_CUDA_QUANT_ROWS_I8_CUH
 #define QWENRT_BACKEND_CUDA_QUANT_ROWS_I8_CUH
@@ -72,27 +75,58 @@ __device__ __forceinline__ float gq8_sumsq8(float4 a, float4 b)
 __device__ __forceinline__ float gq8_q8k_id(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
 __device__ __forceinline__ float gq8_q8k_d(float amax) { return amax / 127.0f; }
 
-/* ---- the float part of a K-quant row's value from its super-blocks' integer sums ----
- * gemvq_batch_mma.cu's terms (explicit roundings: no contraction) and the order it adds them:
- * Q4_K's super-blocks in 4 groups by sb % 4, each added from 0 in sb order, then (a0 + a2) +
- * (a1 + a3); Q6_K's in 2 groups by sb % 2, then a0 + a1 — the order in which the one-token
- * warp's lanes hold them (gq8_dot_q4k: lanes 8q .. 8q + 7 take sb % 4 = q). The one-token
- * kernels still add per-lane partial floats by warp_sum; adding exact per-super-block integer
- * sums in this order there made the batched rows bit for bit the one-token ones, at a cost to
- * one token's decode (docs/perf-log.md, session 37). */
+/* ---- one float order for every 8-bit K-quant path ----
+ * A K-quant row's value is a sum over its super-blocks of one term each, made from exact
+ * integer sums over the super-block: Q4_K dx (d I - dmin M) with I = Σ sc_u Σ q x and
+ * M = Σ m_u Σ x over the sub-blocks u, Q6_K dx d S with S = Σ sc_g Σ (q - 32) x over the groups
+ * of 16 (explicit roundings: no contraction). The terms are added in one fixed order, the
+ * canonical order: the super-blocks in G groups by sb % G (Q4_K: 4, Q6_K: 2); inside group q
+ * its J = ceil(NSB / G) terms t_j = term(q + G j), padded with +0 to JP (the power of two at or
+ * above J), by a pairwise tree ((t0 + t1) + (t2 + t3)) + ...; then the groups, Q4_K as
+ * (a0 + a2) + (a1 + a3), Q6_K as a0 + a1. The one-token warp reaches it through its shuffles
+ * (gq8_dot_q4k / gq8_dot_q6k: each super-block's integer sums reduced over the lanes that hold
+ * parts of it, one term per super-block, the tree over the lanes), gemvq_batch_mma.cu from the
+ * terms in shared memory (gq8_canon_group, gq8_canon_groups), so a batched row is bit for bit
+ * the one-token one — and the next product's 8-bit x the same quants (docs/perf-log.md,
+ * sessions 37 and 38). Float additions commute exactly, so the order is a tree, not a
+ * direction. */
 #define GQ8_GROUPS_Q4K 4
 #define GQ8_GROUPS_Q6K 2
+#define GQ8_JP_MAX 8 /* the tree's leaves at most: Q6_K at K = 3,584, 7 terms a group */
 
-/* Q4_K: dx (d isum - dmin imin); isum = Σ sc_j Σ q x over the sub-blocks, imin = Σ m_j Σ x. */
+/* Q4_K: dx (d I - dmin M). */
 __device__ __forceinline__ float gq8_term_q4k(float dx, float d, float dmin, int isum, int imin)
 {
     return __fmul_rn(dx, __fsub_rn(__fmul_rn(d, __int2float_rn(isum)), __fmul_rn(dmin, __int2float_rn(imin))));
 }
 
-/* Q6_K: dx (d s); s = Σ sc_g Σ (q - 32) x over the groups of 16. */
+/* Q6_K: dx (d S). */
 __device__ __forceinline__ float gq8_term_q6k(float dx, float d, int s)
 {
     return __fmul_rn(dx, __fmul_rn(d, __int2float_rn(s)));
+}
+
+/* The tree's leaves for J terms: the power of two at or above J. */
+__device__ __forceinline__ int gq8_jp(int j) { return j <= 1 ? 1 : j <= 2 ? 2 : j <= 4 ? 4 : 8; }
+
+/* Group q's sum: its terms t[sb] (sb = q, q + G, ... below nsb; stride floats apart) by the
+ * pairwise tree over JP = gq8_jp(ceil(nsb / G)) leaves, the missing ones +0. */
+__device__ __forceinline__ float gq8_canon_group(const float *t, int64_t stride, int q, int G, int nsb)
+{
+    const int jp = gq8_jp((nsb + G - 1) / G);
+    float v[GQ8_JP_MAX];
+#pragma unroll
+    for (int j = 0; j < GQ8_JP_MAX; j++) {
+        const int sb = q + G * j;
+        v[j] = j < jp && sb < nsb ? t[sb * stride] : 0.0f;
+    }
+#pragma unroll
+    for (int w = 1; w < GQ8_JP_MAX; w *= 2)
+        if (w < jp)
+#pragma unroll
+            for (int i = 0; i < GQ8_JP_MAX; i += 2 * w)
+                v[i] = __fadd_rn(v[i], v[i + w]);
+    return v[0];
 }
 
 /* The groups' sums a[] combined: G = 4 as (a0 + a2) + (a1 + a3), G = 2 as a0 + a1. */
@@ -102,6 +136,62 @@ __device__ __forceinline__ float gq8_canon_groups(const float *a)
     if (G == 4)
         return __fadd_rn(__fadd_rn(a[0], a[2]), __fadd_rn(a[1], a[3]));
     return __fadd_rn(a[0], a[1]);
+}
+
+/* ---- the one-token warp's side of the canonical order ----
+ * A super-block's lanes (LANES = 8 for Q4_K, 16 for Q6_K: xor-adjacent, masks LANES / 2 .. 1)
+ * each hold parts of JP integer sums (one per super-block j of their group). Recursive
+ * halving: at mask m a lane keeps the half of its sums that its bit m selects and adds its
+ * partner's part of them; once one is left, the rest of the masks add it whole. Each lane ends
+ * with the whole sum of super-block gq8_own_j (log2 JP + LANES - 1 ... shuffles: Q4_K 3-4,
+ * Q6_K 4-8, against 3 J and 4 J for a sum at a time). */
+template <int JP, int LANES>
+__device__ __forceinline__ int gq8_own_j()
+{
+    const int lane = threadIdx.x & 31;
+    int j = 0, n = JP;
+#pragma unroll
+    for (int m = LANES / 2; m >= 1; m >>= 1)
+        if (n > 1) {
+            j += lane & m ? n / 2 : 0;
+            n /= 2;
+        }
+    return j;
+}
+
+template <int JP, int LANES>
+__device__ __forceinline__ int gq8_halve(int (&v)[JP])
+{
+    static_assert(JP <= LANES / 2, "a sum per pair of lanes at most");
+    const int lane = threadIdx.x & 31;
+    int n = JP;
+#pragma unroll
+    for (int m = LANES / 2; m >= 1; m >>= 1) {
+        if (n > 1) {
+            const bool up = lane & m;
+#pragma unroll
+            for (int i = 0; i < JP / 2; i++)
+                if (i < n / 2) {
+                    const int keep = up ? v[i + n / 2] : v[i], send = up ? v[i] : v[i + n / 2];
+                    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+                }
+            n /= 2;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], m);
+        }
+    }
+    return v[0];
+}
+
+/* The lane's term (super-block gq8_own_j's) added over the group's lanes by the pairwise tree:
+ * leaf j's lane bits are the halving's masks, j's lowest bit at LANES / JP. */
+template <int JP, int LANES>
+__device__ __forceinline__ float gq8_tree_lanes(float t)
+{
+#pragma unroll
+    for (int m = LANES / JP; m < LANES; m <<= 1)
+        t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, m));
+    return t;
 }
 
 /* The lane's 8 consecutive elements a (0-3), b (4-7) of x, element e in the warp's Q8_K block
@@ -267,45 +357,88 @@ __device__ __forceinline__ float gq8_dot_q8(uint32_t row, const gq8_x_q8<NB> &x)
     return acc;
 }
 
-/* ---- Q4_K: lane (c, half) of super-block group lane / 8 takes super-blocks lane / 8 + 4 j,
- * the 16 bytes of chunk c at half (low nibbles: sub-block 2c, high: 2c + 1; mk_dot_q4k_regs) ---- */
+/* ---- Q4_K: lane (c, half) of super-block group q = lane / 8 takes super-blocks q + 4 j, the
+ * 16 bytes of chunk c at half (low nibbles: sub-block 2c, high: 2c + 1; mk_dot_q4k_regs) ----
+ * Each lane sums its part of every I_j (exact), the 8 lanes of the group halve them
+ * (gq8_halve), and each lane makes the term of its own super-block: d and dmin from the
+ * header, M whole from the 8 minima and x's 8 sub-block sums (two dp2a pairs). */
+
+#define GQ8_J_Q4K(NSB) (((NSB) + 3) / 4)
+#define GQ8_JP_Q4K(NSB) (GQ8_J_Q4K(NSB) <= 1 ? 1 : GQ8_J_Q4K(NSB) <= 2 ? 2 : 4)
 
 template <int NSB>
 struct gq8_x_q4k {
-    uint32_t lo[(NSB + 3) / 4][4], hi[(NSB + 3) / 4][4]; /* x of the low / high nibbles */
-    int bs0[(NSB + 3) / 4], bs1[(NSB + 3) / 4];           /* their sums of 16 */
-    float d[(NSB + 3) / 4];
+    uint32_t lo[GQ8_J_Q4K(NSB)][4], hi[GQ8_J_Q4K(NSB)][4]; /* x of the low / high nibbles */
+    uint32_t bs[4]; /* the own super-block's 8 sub-block sums of x, two int16 a word */
+    float d;        /* its scale (0 where the lane has none: NSB % 4) */
 };
+
+/* The lane's own super-block after the halving (NSB at most: none). */
+template <int NSB>
+__device__ __forceinline__ int gq8_own_sb_q4k()
+{
+    return ((threadIdx.x & 31) >> 3) + 4 * gq8_own_j<GQ8_JP_Q4K(NSB), 8>();
+}
 
 template <int NSB>
 __device__ __forceinline__ void gq8_gather_q4k(const struct gq8_x *xq, gq8_x_q4k<NSB> &x)
 {
     const int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
 #pragma unroll
-    for (int j = 0; j < (NSB + 3) / 4; j++) {
+    for (int j = 0; j < GQ8_J_Q4K(NSB); j++) {
         if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
             break;
         const int sb = (lane >> 3) + 4 * j, e = sb * 256 + 64 * c + 16 * half;
         uint4 a = *(const uint4 *)(xq->q + e), b = *(const uint4 *)(xq->q + e + 32);
         x.lo[j][0] = a.x, x.lo[j][1] = a.y, x.lo[j][2] = a.z, x.lo[j][3] = a.w;
         x.hi[j][0] = b.x, x.hi[j][1] = b.y, x.hi[j][2] = b.z, x.hi[j][3] = b.w;
-        x.bs0[j] = xq->bs[e / 16], x.bs1[j] = xq->bs[e / 16 + 2];
-        x.d[j] = xq->d[sb];
+    }
+    const int sb = gq8_own_sb_q4k<NSB>();
+    x.d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x.bs[k] = 0u;
+    if (sb < NSB) {
+        const int4 lo = *(const int4 *)(xq->bs + 16 * sb), hi = *(const int4 *)(xq->bs + 16 * sb + 4);
+        const int4 lo2 = *(const int4 *)(xq->bs + 16 * sb + 8), hi2 = *(const int4 *)(xq->bs + 16 * sb + 12);
+        const int u[8] = {lo.x + lo.y, lo.z + lo.w, hi.x + hi.y, hi.z + hi.w,
+                          lo2.x + lo2.y, lo2.z + lo2.w, hi2.x + hi2.y, hi2.z + hi2.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            x.bs[k] = ((uint32_t)u[2 * k] & 0xffffu) | ((uint32_t)u[2 * k + 1] << 16);
+        x.d = xq->d[sb];
     }
 }
 
+/* M = Σ m_u Σ x over the 8 sub-blocks, from the header's scale words z (bytes 4-7) and w (8-11):
+ * m_0..3 = bytes 4-7 & 63, m_4..7 = (bytes 8-11 >> 4) | (bytes 4-7 >> 6) << 4. */
+__device__ __forceinline__ int gq8_q4k_min_sum(uint32_t z, uint32_t w, const uint32_t (&bs)[4])
+{
+    const int m03 = (int)(z & 0x3f3f3f3fu), m47 = (int)(((w >> 4) & 0x0f0f0f0fu) | ((z >> 2) & 0x30303030u));
+    int s = __dp2a_lo((int)bs[0], m03, 0);
+    s = __dp2a_hi((int)bs[1], m03, s);
+    s = __dp2a_lo((int)bs[2], m47, s);
+    return __dp2a_hi((int)bs[3], m47, s);
+}
+
+/* The row's value in the canonical order (every lane gets it). */
 template <int NSB>
 __device__ __forceinline__ float gq8_dot_q4k(uint32_t row, const gq8_x_q4k<NSB> &x)
 {
+    constexpr int JP = GQ8_JP_Q4K(NSB);
     const int lane = threadIdx.x & 31, l8 = lane & 7, c = l8 >> 1, half = l8 & 1;
-    float acc = 0.0f;
+    const int own = gq8_own_j<JP, 8>();
+    int isum[JP];
+    uint4 hown = make_uint4(0u, 0u, 0u, 0u); /* the own super-block's header, kept from the loop */
 #pragma unroll
-    for (int j = 0; j < (NSB + 3) / 4; j++) {
-        if (NSB % 4 && (lane >> 3) + 4 * j >= NSB)
-            break;
+    for (int j = 0; j < JP; j++) {
+        isum[j] = 0;
+        if (j >= GQ8_J_Q4K(NSB) || (NSB % 4 && (lane >> 3) + 4 * j >= NSB))
+            continue;
         uint32_t b = row + 144u * (uint32_t)((lane >> 3) + 4 * j);
         uint4 hdr = mk_lds_u4(b), qv = mk_lds_u4(b + 16 + 32 * c + 16 * half);
-        float d = mk_f16((uint16_t)(hdr.x & 0xffff)), dmin = mk_f16((uint16_t)(hdr.x >> 16));
+        if (j == own)
+            hown = hdr;
         int sc0, m0, sc1, m1;
         mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c, &sc0, &m0);
         mk_q4k_scale_min(hdr.y, hdr.z, hdr.w, 2 * c + 1, &sc1, &m1);
@@ -316,27 +449,46 @@ __device__ __forceinline__ float gq8_dot_q4k(uint32_t row, const gq8_x_q4k<NSB> 
             s0 = __dp4a((int)(q[k] & 0x0f0f0f0fu), (int)x.lo[j][k], s0);
             s1 = __dp4a((int)((q[k] >> 4) & 0x0f0f0f0fu), (int)x.hi[j][k], s1);
         }
-        acc += x.d[j] * (d * (float)(sc0 * s0 + sc1 * s1) - dmin * (float)(m0 * x.bs0[j] + m1 * x.bs1[j]));
+        isum[j] = sc0 * s0 + sc1 * s1;
     }
-    return acc;
+    const int I = gq8_halve<JP, 8>(isum);
+    float t = 0.0f;
+    if ((lane >> 3) + 4 * own < NSB) {
+        const float d = mk_f16((uint16_t)(hown.x & 0xffff)), dmin = mk_f16((uint16_t)(hown.x >> 16));
+        t = gq8_term_q4k(x.d, d, dmin, I, gq8_q4k_min_sum(hown.z, hown.w, x.bs));
+    }
+    t = gq8_tree_lanes<JP, 8>(t);
+    t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 16)); /* (a0 + a2), (a1 + a3) */
+    return __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 8));
 }
 
 /* ---- Q6_K: lane (h, g) of super-block group lane / 16 takes super-blocks lane / 16 + 2 j,
- * elements 128 h + 32 qq + 4 g + i (qq, i < 4; mk_dot_q6k_regs) ---- */
+ * elements 128 h + 32 qq + 4 g + i (qq, i < 4; mk_dot_q6k_regs) ----
+ * As Q4_K's: each lane's part of every S_j, halved over the 16 lanes of the group, one term per
+ * lane, the tree, then a0 + a1. */
+
+#define GQ8_J_Q6K(NSB) (((NSB) + 1) / 2)
+#define GQ8_JP_Q6K(NSB) (GQ8_J_Q6K(NSB) <= 1 ? 1 : GQ8_J_Q6K(NSB) <= 2 ? 2 : GQ8_J_Q6K(NSB) <= 4 ? 4 : 8)
 
 template <int NSB>
 struct gq8_x_q6k {
-    uint32_t w[(NSB + 1) / 2][4]; /* x of quarter qq */
-    int s32[(NSB + 1) / 2][4];    /* 32 x their sum: the -32 offset of the weights */
-    float d[(NSB + 1) / 2];
+    uint32_t w[GQ8_J_Q6K(NSB)][4]; /* x of quarter qq */
+    int s32[GQ8_J_Q6K(NSB)][4];    /* 32 x their sum: the -32 offset of the weights */
+    float d;                       /* the own super-block's scale (0: none) */
 };
+
+template <int NSB>
+__device__ __forceinline__ int gq8_own_sb_q6k()
+{
+    return ((threadIdx.x & 31) >> 4) + 2 * gq8_own_j<GQ8_JP_Q6K(NSB), 16>();
+}
 
 template <int NSB>
 __device__ __forceinline__ void gq8_gather_q6k(const struct gq8_x *xq, gq8_x_q6k<NSB> &x)
 {
     const int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
 #pragma unroll
-    for (int j = 0; j < (NSB + 1) / 2; j++) {
+    for (int j = 0; j < GQ8_J_Q6K(NSB); j++) {
         if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
             break;
         const int sb = (lane >> 4) + 2 * j;
@@ -346,8 +498,9 @@ __device__ __forceinline__ void gq8_gather_q6k(const struct gq8_x *xq, gq8_x_q6k
             x.w[j][qq] = w;
             x.s32[j][qq] = 32 * __dp4a((int)w, 0x01010101, 0);
         }
-        x.d[j] = xq->d[sb];
     }
+    const int sb = gq8_own_sb_q6k<NSB>();
+    x.d = sb < NSB ? xq->d[sb] : 0.0f; /* past the end: the tree's +0 leaves */
 }
 
 /* Four bytes at a 2-byte aligned shared-memory address (Q6_K super-blocks are 210 bytes). */
@@ -359,16 +512,17 @@ __device__ __forceinline__ uint32_t gq8_lds_w16(uint32_t a)
 template <int NSB>
 __device__ __forceinline__ float gq8_dot_q6k(uint32_t row, const gq8_x_q6k<NSB> &x)
 {
+    constexpr int JP = GQ8_JP_Q6K(NSB);
     const int lane = threadIdx.x & 31, s16 = lane & 15, h = s16 >> 3, g = s16 & 7;
-    float acc = 0.0f;
+    int ssum[JP];
 #pragma unroll
-    for (int j = 0; j < (NSB + 1) / 2; j++) {
-        if (NSB % 2 && (lane >> 4) + 2 * j >= NSB)
-            break;
+    for (int j = 0; j < JP; j++) {
+        ssum[j] = 0;
+        if (j >= GQ8_J_Q6K(NSB) || (NSB % 2 && (lane >> 4) + 2 * j >= NSB))
+            continue;
         uint32_t b = row + 210u * (uint32_t)((lane >> 4) + 2 * j);
         uint32_t ql0 = gq8_lds_w16(b + 64 * h + 4 * g), ql1 = gq8_lds_w16(b + 64 * h + 32 + 4 * g);
         uint32_t qh = gq8_lds_w16(b + 128 + 32 * h + 4 * g), sc = b + 192 + 8 * h + g / 4;
-        float d = mk_f16((uint16_t)mk_lds_u16(b + 208));
         int s = 0;
 #pragma unroll
         for (int qq = 0; qq < 4; qq++) {
@@ -377,9 +531,14 @@ __device__ __forceinline__ float gq8_dot_q6k(uint32_t row, const gq8_x_q6k<NSB> 
             int t = __dp4a((int)v, (int)x.w[j][qq], 0) - x.s32[j][qq];
             s += (int)(int8_t)mk_lds_u8(sc + 2 * qq) * t;
         }
-        acc += d * x.d[j] * (float)s;
+        ssum[j] = s;
     }
-    return acc;
+    const int S = gq8_halve<JP, 16>(ssum), sb = gq8_own_sb_q6k<NSB>();
+    float t = 0.0f;
+    if (sb < NSB)
+        t = gq8_term_q6k(x.d, mk_f16((uint16_t)mk_lds_u16(row + 210u * (uint32_t)sb + 208)), S);
+    t = gq8_tree_lanes<JP, 16>(t);
+    return __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, 16)); /* a0 + a1 */
 }
 
 #endif
