@@ -807,13 +807,13 @@ static double row_rel_err(const float *a, const float *b, int32_t V, double *mar
     return mx > 0 ? d / mx : d;
 }
 
-/* --batch-check N: n sessions (prompts of 24 + 3 r tokens) decoding 48 steps in one batch and
+/* --batch-check N: n sessions (prompts of D + 3 r tokens, D = --depth or 24) decoding 48 steps in one batch and
  * twins decoding alone, both fed the twin's greedy token (teacher forcing: one near tie does
  * not end the comparison); per 8 steps the worst logits error (largest difference over the
  * largest logit) and the steps whose best tokens differ, with the twin's margin there. At the
  * real geometry, where the tests' tiny fixtures do not reach: a wrong position, cache or state
  * shows as an error of 1e-1 and more from its step on; rounding as a slow drift. */
-static int batch_check(struct qwenrt_model *m, int n)
+static int batch_check(struct qwenrt_model *m, int n, int32_t depth)
 {
     enum { MAXN = 16, STEPS = 48 };
     struct qwenrt_error err = {0};
@@ -829,11 +829,17 @@ static int batch_check(struct qwenrt_model *m, int n)
     if (qwenrt_batch_init(m, n, &batch, &err))
         goto out;
     for (int r = 0; r < n; r++) {
-        int32_t prompt[80], np = 24 + 3 * r;
+        int32_t np = (depth > 0 ? depth : 24) + 3 * r, *prompt = malloc((size_t)np * sizeof(int32_t));
+        if (!prompt) {
+            snprintf(err.message, sizeof(err.message), "out of memory");
+            goto out;
+        }
         for (int32_t t = 0; t < np; t++)
             prompt[t] = (int32_t)((977u * (uint32_t)(r + 1) + 131u * (uint32_t)t) % (uint32_t)V);
-        if (qwenrt_session_init(m, NULL, &b[r], &err) || qwenrt_session_init(m, NULL, &a[r], &err) ||
-            qwenrt_session_prefill(b[r], prompt, np, NULL, &err) || qwenrt_session_prefill(a[r], prompt, np, NULL, &err))
+        bool bad = qwenrt_session_init(m, NULL, &b[r], &err) || qwenrt_session_init(m, NULL, &a[r], &err) ||
+                   qwenrt_session_prefill(b[r], prompt, np, NULL, &err) || qwenrt_session_prefill(a[r], prompt, np, NULL, &err);
+        free(prompt);
+        if (bad)
             goto out;
     }
     printf("| steps | worst logits error, batch of %d vs alone | best tokens differing (twin's margin) |\n|---|---:|---|\n", n);
@@ -1094,7 +1100,7 @@ int main(int argc, char **argv)
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
         return mega_steps(m, 8);
     if (batch_chk)
-        return batch_check(m, batch_chk);
+        return batch_check(m, batch_chk, depth);
     if (batch) { /* --json: the table as a record */
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (json && !jf) {

@@ -2938,27 +2938,33 @@ static void test_batch_decode_cuda(void **st)
  * are gemvq's too (a Qwen3 Q4_K_M synth of width 1,024: K = 1,024, 2,048 and 3,072, as
  * Qwen3-0.6B's), both add in quant_rows_i8.cuh's canonical order, so each session's logits
  * batched are bit for bit its logits alone, step after step, and the server batches such models
- * (cuda_batch_pays: 3 to 16 sessions). At width 256 the one-token products take another kernel
+ * (cuda_batch_pays: 3 to 16 sessions) — also deep in the context, where the batched attention
+ * splits each session's keys as its own graph does (from position 128 several splits, from 192
+ * the cluster window's 8; before session 38 a batch of 12 took 2). At width 256 the one-token
+ * products take another kernel
  * (gemvq is built for 4-14 super-blocks): the server feeds those one by one, and the batch stays
  * close to alone (logits within 5e-2; the argmax not asserted: a quant one step away may flip a
  * near tie of a random model). A Qwen3.5 model's multi-session DeltaNet step rounds otherwise:
  * no batching either. */
-static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, bool same_bits, const char *what)
+static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, int32_t depth, bool same_bits,
+                                   const char *what)
 {
     struct qwenrt_error err = {0};
     int32_t V = m->hp.n_vocab;
     struct qwenrt_session *bs[16], *rs[16];
     struct qwenrt_batch *batch = NULL;
+    int32_t *prompt = malloc((size_t)(depth + 3 + n) * sizeof(int32_t));
+    assert_non_null(prompt);
     assert_int_equal(qwenrt_batch_init(m, n, &batch, &err), QWENRT_OK);
-    for (int32_t i = 0; i < n; i++) {
-        int32_t prompt[20];
-        for (int32_t t = 0; t < 3 + i; t++)
+    for (int32_t i = 0; i < n; i++) { /* session i at position depth + 3 + i */
+        for (int32_t t = 0; t < depth + 3 + i; t++)
             prompt[t] = (17 * (i + 1) + 31 * t) % V;
         assert_int_equal(qwenrt_session_init(m, NULL, &bs[i], &err), QWENRT_OK);
         assert_int_equal(qwenrt_session_init(m, NULL, &rs[i], &err), QWENRT_OK);
-        assert_int_equal(qwenrt_session_prefill(bs[i], prompt, 3 + i, NULL, &err), QWENRT_OK);
-        assert_int_equal(qwenrt_session_prefill(rs[i], prompt, 3 + i, NULL, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(bs[i], prompt, depth + 3 + i, NULL, &err), QWENRT_OK);
+        assert_int_equal(qwenrt_session_prefill(rs[i], prompt, depth + 3 + i, NULL, &err), QWENRT_OK);
     }
+    free(prompt);
     double worst = 0;
     long differ = 0;
     for (int step = 0; step < 4; step++) {
@@ -2976,8 +2982,8 @@ static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, bool same_
                 differ += memcmp(&a[v], &b[v], sizeof(float)) != 0;
         }
     }
-    printf("%s: batch of %d (8-bit x) vs alone: worst logits rel err %.3g, %ld logits not bit for bit\n", what, n,
-           worst, differ);
+    printf("%s: batch of %d (8-bit x) from depth %d vs alone: worst logits rel err %.3g, %ld logits not bit for bit\n",
+           what, n, (int)depth, worst, differ);
     if (same_bits ? differ != 0 : !(worst <= 5e-2))
         fail_msg("%s: 8-bit batched decode differs by %.3g (%ld logits)", what, worst, differ);
     for (int32_t i = 0; i < n; i++) {
@@ -3006,14 +3012,16 @@ static void test_batch_int8_cuda(void **st)
     char path[256];
     struct qwenrt_model *m = load_synth("qwen3-tiny", EXPORT_Q4_K_M, 1024, false, path, sizeof(path));
     check_batch_pays_int8(m, true, "qwen3-tiny q4_k_m w1024");
-    check_batch_int8_model(m, 3, true, "qwen3-tiny q4_k_m w1024");
-    check_batch_int8_model(m, 12, true, "qwen3-tiny q4_k_m w1024");
+    check_batch_int8_model(m, 3, 0, true, "qwen3-tiny q4_k_m w1024");
+    check_batch_int8_model(m, 12, 0, true, "qwen3-tiny q4_k_m w1024");
+    check_batch_int8_model(m, 12, 130, true, "qwen3-tiny q4_k_m w1024"); /* 3 splits */
+    check_batch_int8_model(m, 16, 300, true, "qwen3-tiny q4_k_m w1024"); /* the cluster window */
     qwenrt_model_free(m);
     remove(path);
     m = load_synth("qwen3-tiny", EXPORT_Q4_K_M, 256, false, path, sizeof(path));
     check_batch_pays_int8(m, false, "qwen3-tiny q4_k_m w256");
-    check_batch_int8_model(m, 3, false, "qwen3-tiny q4_k_m w256");
-    check_batch_int8_model(m, 12, false, "qwen3-tiny q4_k_m w256");
+    check_batch_int8_model(m, 3, 0, false, "qwen3-tiny q4_k_m w256");
+    check_batch_int8_model(m, 12, 0, false, "qwen3-tiny q4_k_m w256");
     qwenrt_model_free(m);
     remove(path);
     m = load_synth("qwen35-tiny", EXPORT_Q4_K_M, 1024, false, path, sizeof(path));

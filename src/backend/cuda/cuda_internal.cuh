@@ -465,6 +465,15 @@ struct attn_args {
     int32_t splits;
     int32_t split_min; /* positions per split at least (0: ATT_SPLIT_MIN, kernels.cu) */
     int32_t one_split; /* T == 1: one split (no merge) while the position is below this (0: none) */
+    /* T == 1: at positions in [win_from, win_until), once a position has more than one split,
+     * ATT_CL_SPLITS of them: the cluster-merged variant's partition (cuda_session's cl_mode), so
+     * that every variant, whichever graph a chunk of steps takes, and the batched step cut a
+     * position's keys alike and sum them in one order (empty window: win_until <= win_from) */
+    int32_t win_from, win_until;
+    /* > 0: the splits the partition is computed for when the launch has another number
+     * (gridDim.z; the batched step: the one-token graph's, so that a session's attention is
+     * bit for bit its own decode's while the launch has as many splits as that needs) */
+    int32_t nominal_splits;
     float *part;
     unsigned *count;
     /* rope (T == 1): q (at q, in place of the roped q) and k / v (rk, rv: this token's rows)
@@ -524,6 +533,7 @@ static inline bool attention_rope_regs_applies(int32_t hd, int32_t n_rot)
 #ifndef ATT_MAX_SPLITS
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
 #endif
+#define ATT_CL_SPLITS 8 /* a cluster: the portable maximum (16 placed badly: perf-log session 25) */
 #ifndef ATT_STAGES_MAX
 #define ATT_STAGES_MAX 8 /* attention_staged.cu's ring: at most this many tiles */
 #endif

@@ -712,6 +712,17 @@ static qwenrt_status gemm_ready(struct cuda_session *cs, struct qwenrt_error *er
     return QWENRT_OK;
 }
 
+/* The positions where the decode attention splits as the cluster-merged variant does
+ * (attn_args.win_from / win_until): every position with cl_mode 1, the window with 2 — in every
+ * variant and in the batched step, so a position's sums do not depend on which graph or how many
+ * sessions run it. */
+static void attn_window(const struct cuda_session *cs, struct attn_args &a)
+{
+    a.win_from = 0, a.win_until = cs->cl_mode == 1 ? INT32_MAX : cs->cl_mode == 2 ? cs->cl_until : 0;
+    if (cs->cl_mode == 2)
+        a.win_from = cs->cl_from;
+}
+
 static bool is_mm(const struct plan_op *op)
 {
     return op->kind == OP_MATMUL || op->kind == OP_LOGITS;
@@ -810,6 +821,7 @@ static qwenrt_status run_attention(struct run_ctx *r, int32_t i, __nv_bfloat16 *
     a.tiled = cs->opt.attn_tiled, a.pdl = r->pdl;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
     a.split_min = cs->opt.attn_split_min, a.one_split = cs->opt.attn_one_split;
+    attn_window(cs, a);
     struct attn_gemm_args ga = {a.out, a.q, a.kc, a.vc, a.ldo, a.ldq, a.q_stride, a.kvw,
                                 a.n_head, a.n_head_kv, a.hd, r->pos0, T, cs->fast_prefill, out16,
                                 b[op->in2], b[op->in3], ld_of(r, op->in2), ld_of(r, op->in3), cs->opt.kv_f16};
@@ -1484,6 +1496,7 @@ static void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct ro
     a.pdl = r->pdl, a.kv_f16 = cs->opt.kv_f16;
     a.splits = cs->att_splits, a.part = cs->att_part, a.count = cs->att_count;
     a.split_min = cs->opt.attn_split_min, a.one_split = cs->opt.attn_one_split;
+    attn_window(cs, a);
     /* the norm + RoPE inside the attention kernel (one launch) when the attention reads
      * the q that the rope op rotates in place */
     a.rope = cs->opt.attn_rope && ra.q == a.q;
@@ -3324,7 +3337,9 @@ static bool batch_dtype(int32_t dt)
  * 4-14 super-blocks as gemv_quant.cu builds them, SwiGLU at K = 1024) and gemvq_batch_mma.cu
  * (many) take, both adding the super-blocks' terms in quant_rows_i8.cuh's canonical order; the
  * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
- * the fused MLP, attention + o and q|k|v + attention launches keep their own orders); and no
+ * the fused MLP, attention + o and q|k|v + attention launches keep their own orders), its
+ * attention attention_kernel (whose batched form splits each session's keys as its graph does:
+ * bit for bit through the cluster window, to position 5,120 by default); and no
  * DeltaNet layer (the
  * multi-session step rounds otherwise than the one-session step: Qwen3.5-0.8B Q4_K_M batched vs
  * alone 0.7-0.9 of the logits, docs/perf-log.md session 37). The rest of the batched step
@@ -3332,6 +3347,12 @@ static bool batch_dtype(int32_t dt)
 static bool batch_same_bits(const struct cuda_session *cs)
 {
     if (!cs->gq_int8 || !cs->opt.gemv_batch_mma)
+        return false;
+    /* the batched attention is attention_kernel's multi-session form, split as the one-token
+     * graph splits (batch_seq_attention): the one-token graph must take that kernel too */
+    const struct cuda_options *o = &cs->opt;
+    if (!o->attn_rope || o->attn_shared_kv > 0 || (o->attn_lanes != 0 && o->attn_lanes != 32) || o->attn_stage > 0 ||
+        o->attn_rope_regs == 1)
         return false;
     const struct plan *p = &cs->plans[PHASE_DECODE];
     for (int32_t i = 0; i < p->n_ops; i++) {
@@ -3508,9 +3529,15 @@ static bool batch_seq_step(const struct cuda_session *c0, struct cuda_session *c
 
 /* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
  * sessions each (attention_kernel's multi-session form: blockIdx.y the session) on c0's
- * stream, chained with PDL. A session's splits are c0's over the sessions in the launch (the
- * launch's blocks stay about as many as one session's). False, launching nothing, where the
- * attention does not take the norm + RoPE inside (cuda_options.attn_rope off). */
+ * stream, chained with PDL. Each session's keys are split as its own decode graph splits them
+ * (attn_args.nominal_splits: c0's, with the cluster window), so its sums are that graph's bit
+ * for bit wherever the launch has as many splits as that graph uses: the launch takes c0's
+ * splits over its sessions (the blocks stay about as many as one session's), but at least
+ * ATT_CL_SPLITS, which the graph uses at most inside the cluster window (to position 5,120 by
+ * default; without a window to position 511). Session 37's launches of c0's splits / n made a
+ * batch of 8 differ from alone from position 256, one of 16 from 128. False, launching
+ * nothing, where the attention does not take the norm + RoPE inside (cuda_options.attn_rope
+ * off). */
 static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_session *const *css, int32_t n,
                                          const struct step *st, bool *done, struct qwenrt_error *err)
 {
@@ -3529,7 +3556,9 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
     for (int32_t g = 0; g < n; g += ATT_MAX_SEQ) {
         struct attn_args b = a;
         b.n_seq = n - g < ATT_MAX_SEQ ? n - g : ATT_MAX_SEQ;
-        b.splits = a.part ? (c0->att_splits / b.n_seq > 1 ? c0->att_splits / b.n_seq : 1) : 1;
+        const int32_t share = c0->att_splits / b.n_seq, floor = c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
+        b.splits = a.part ? (share > floor ? share : floor) : 1;
+        b.nominal_splits = a.part ? c0->att_splits : 0;
         b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;
         for (int32_t k = 0; k < b.n_seq; k++) /* positions: c0's one copy for the step (cuda_batch_decode) */
             b.seq[k] = {css[g + k]->kc[layer], css[g + k]->vc[layer], c0->b_pos + g + k};

@@ -330,7 +330,6 @@ cudaError_t launch_kv_write(void *kc, void *vc, bool kv_f16, const float *k, int
  * The range is computed on the device from *pos0, so one captured graph serves every
  * position. */
 
-#define ATT_CL_SPLITS 8 /* a cluster: the portable maximum (16 placed badly: perf-log session 25) */
 
 /* The CL merge: this block's partial result (max M, sum L, the warps' outputs s_acc rescaled
  * by f) into its shared memory; after a cluster barrier block z writes dimensions
@@ -459,7 +458,7 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     const struct att_seq_view sv = attention_seq_of<MS>(a, t);
     int hd = 32 * EPL, kvh = h / (a.n_head / a.n_head_kv), pos = MS ? *sv.pos : *a.pos0 + t, last = pos;
     const int ph = MS ? t * a.n_head + h : h; /* the head's partials and counter */
-    int S = attention_splits(a, last, nz);
+    int S = min(attention_splits(a, last, a.nominal_splits > 0 ? a.nominal_splits : nz), nz);
     if (CL && S > 1)
         S = nz; /* every block of the cluster meets at its barrier (a split may be empty) */
     if (z >= S)
