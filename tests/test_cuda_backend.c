@@ -2993,7 +2993,9 @@ static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, int32_t de
     qwenrt_batch_free(batch);
 }
 
-/* cuda_batch_pays for 1-17 sessions of m in the default precision: from 3 to 16 when pays. */
+/* cuda_batch_pays for 1-17 sessions of m in the default precision: from 3 to 16 when pays; never
+ * where a profile pins gemvq's rows to 1 (its x staged otherwise than the batch's: not the same
+ * quants after a fused norm) or turns the one-pass staging off. */
 static void check_batch_pays_int8(const struct qwenrt_model *m, bool pays, const char *what)
 {
     struct qwenrt_error err = {0};
@@ -3004,6 +3006,17 @@ static void check_batch_pays_int8(const struct qwenrt_model *m, bool pays, const
         if (cuda_batch_pays(cs, n) != (pays && n >= 3 && n <= 16))
             fail_msg("%s: cuda_batch_pays(%d) says %s", what, n, pays ? "no" : "yes");
     cuda_session_free(cs);
+    for (int k = 0; k < 2; k++) {
+        o = cuda_default_options();
+        if (k == 0)
+            o.gemvq_rows = 1;
+        else
+            o.gemvq_one_pass = 0;
+        assert_int_equal(cuda_session_init(m->plans, 16, &o, &cs, &err), QWENRT_OK);
+        if (cuda_batch_pays(cs, 8))
+            fail_msg("%s: cuda_batch_pays(8) says yes with %s", what, k ? "gemvq_one_pass 0" : "gemvq_rows 1");
+        cuda_session_free(cs);
+    }
 }
 
 /* synth's model at path again, on the CUDA backend (load_synth's is the CPU's), the first freed. */

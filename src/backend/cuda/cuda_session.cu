@@ -3354,6 +3354,12 @@ static bool batch_same_bits(const struct cuda_session *cs)
     if (!o->attn_rope || o->attn_shared_kv > 0 || (o->attn_lanes != 0 && o->attn_lanes != 32) || o->attn_stage > 0 ||
         o->attn_rope_regs == 1)
         return false;
+    /* x quantised as gemvq_batch_mma.cu quantises it (a fused norm's 1 / rms from the blocks' sums
+     * in block order): gemvq's one-pass staging, which its shapes take where the session picks
+     * them (2 rows a warp below the LM head, the LM head's looping blocks; gemv_quant.cu) — not
+     * where a profile pins other rows (gemv_stage_x sums the squares in another order) */
+    if (o->gemvq_one_pass != 1 || cs->gq_rows != 2 || o->gemvq_head_blocks <= 0)
+        return false;
     const struct plan *p = &cs->plans[PHASE_DECODE];
     for (int32_t i = 0; i < p->n_ops; i++) {
         const enum op_kind k = p->ops[i].kind;
