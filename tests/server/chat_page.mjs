@@ -22,24 +22,29 @@ try {
   await page.fill("#maxtok", "48");
   await page.fill("#temp", "0");
   await page.fill("#input", "Hello from the browser");
-  await page.press("#input", "Enter");
-  // watch the answer bubble while it streams: record every length it shows
-  const lengths = await page.evaluate(() => new Promise((resolve, reject) => {
-    const seen = [];
-    const t0 = Date.now();
-    const tick = () => {
+  // record every length the answer bubble shows while it streams: a MutationObserver sees each
+  // update as it is made (sampling once a frame missed them when a loaded machine throttled the
+  // headless browser's frames: the whole answer landed between two), installed before the send
+  await page.evaluate(() => {
+    window.__seen = [];
+    const record = () => {
       const b = document.querySelector(".msg.assistant, .msg.error");
-      if (b) {
-        if (b.classList.contains("error")) return reject(new Error(b.textContent));
-        const n = b.textContent.length;
-        if (!seen.length || seen[seen.length - 1] !== n) seen.push(n);
-        if (b.dataset.state === "done") return resolve(seen);
-      }
-      if (Date.now() - t0 > 60000) return reject(new Error("no answer in 60 s"));
-      requestAnimationFrame(tick);
+      if (!b)
+        return;
+      const n = b.textContent.length, seen = window.__seen;
+      if (!seen.length || seen[seen.length - 1] !== n) seen.push(n);
     };
-    tick();
-  }));
+    new MutationObserver(record).observe(document.getElementById("log"),
+                                         { childList: true, subtree: true, characterData: true });
+  });
+  await page.press("#input", "Enter");
+  await page.waitForFunction(() => {
+    const b = document.querySelector(".msg.assistant, .msg.error");
+    return b && b.dataset.state === "done";
+  }, null, { timeout: 60000 });
+  const failed = await page.$(".msg.error");
+  if (failed) fail("the answer: " + await failed.textContent());
+  const lengths = await page.evaluate(() => window.__seen);
   const answer = await page.textContent(".msg.assistant");
   if (!answer.length) fail("empty answer");
   if (lengths.filter((n) => n > 0).length < 2) fail("the answer did not stream: " + lengths);
