@@ -143,8 +143,8 @@ __device__ __forceinline__ float gq8_canon_groups(const float *a)
  * each hold parts of JP integer sums (one per super-block j of their group). Recursive
  * halving: at mask m a lane keeps the half of its sums that its bit m selects and adds its
  * partner's part of them; once one is left, the rest of the masks add it whole. Each lane ends
- * with the whole sum of super-block gq8_own_j (log2 JP + LANES - 1 ... shuffles: Q4_K 3-4,
- * Q6_K 4-8, against 3 J and 4 J for a sum at a time). */
+ * with the whole sum of super-block gq8_own_j, in JP - 1 + log2(LANES / JP) shuffles (Q4_K
+ * 3-4, Q6_K 4-8) where reducing one sum at a time would take 3 J and 4 J. */
 template <int JP, int LANES>
 __device__ __forceinline__ int gq8_own_j()
 {
