@@ -3338,12 +3338,12 @@ static bool batch_dtype(int32_t dt)
  * (many) take, both adding the super-blocks' terms in quant_rows_i8.cuh's canonical order; the
  * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
  * the fused MLP, attention + o and q|k|v + attention launches keep their own orders), its
- * attention attention_kernel (whose batched form splits each session's keys as its graph does:
- * bit for bit through the cluster window, to position 5,120 by default); and no
- * DeltaNet layer (the
- * multi-session step rounds otherwise than the one-session step: Qwen3.5-0.8B Q4_K_M batched vs
- * alone 0.7-0.9 of the logits, docs/perf-log.md session 37). The rest of the batched step
- * (norms, q/k norm + RoPE, attention, picks) is the one-token arithmetic per session. */
+ * attention kernels.cu's attention_kernel (whose batched form splits each session's keys as its
+ * graph does: bit for bit through the cluster window, to position 5,120 by default); and no
+ * DeltaNet layer (the multi-session step rounded otherwise than the one-session step:
+ * Qwen3.5-0.8B Q4_K_M batched vs alone 0.7-0.9 of the logits, docs/perf-log.md session 37; not
+ * measured since the canonical order). The rest of the batched step (norms, q/k norm + RoPE,
+ * picks) is the one-token arithmetic per session. */
 static bool batch_same_bits(const struct cuda_session *cs)
 {
     if (!cs->gq_int8 || !cs->opt.gemv_batch_mma)
