@@ -431,11 +431,10 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
         assert_int_equal(cuda_gemv_smem_xreg_chunks(dt, N, K), want);
     }
     if ((v >= 6 && v < 14) || v >= 15) { /* these shapes take every case the default gemvq takes (K = 1024, 2048,
-                   * 3072, 3584 in whole copy units: not Q6_K at 3584, whose 2,940-byte rows
-                   * are not 8-byte multiples) */
+                   * 3072, 3584; Q6_K at 3584 too, whose 2,940-byte rows start 4 bytes past a copy
+                   * unit every other row: gq_copy_row) */
         bool takes = cuda_gemvq_blocks(dt, N, K, 0, 0, 0) > 0;
-        assert_int_equal(takes, (K == 1024 || K == 2048 || K == 3072 || K == 3584) &&
-                                    !(dt == QR_Q6_K && K == 3584));
+        assert_int_equal(takes, K == 1024 || K == 2048 || K == 3072 || K == 3584);
         int32_t blocks = cuda_gemvq_blocks(dt, N, K, o->gemvq_warps, o->gemvq_rows, o->gemvq_smem_kb);
         if (takes != (blocks > 0))
             fail_msg("gemvq %s K=%d N=%d v2=%d: grid of %d", dtype_traits(dt)->name, K, N, v, (int)blocks);
@@ -750,6 +749,7 @@ static void test_gemvq_batch_mma_kernel(void **st)
     check_gemvq_int8_case(2048, 5, 1, false, 1, o, q4, 5e-6, true);
     check_gemvq_int8_case(3072, 16, 1, false, 1, o, q6, 5e-6, true);
     check_gemvq_int8_case(3584, 9, 0, false, 1, tail, q4, 5e-6, true);
+    check_gemvq_int8_case(3584, 6, 1, false, 1, o, q6, 5e-6, true); /* Qwen3.5-0.8B's Q6_K down */
     check_gemvq_int8_case(256, 2, 0, false, 1, odd, q6, 5e-6, false); /* gemvq: K of 4-14 super-blocks */
     check_gemvq_int8_case(1024, 8, 0, false, 3, qkv, kqv, 5e-6, true);
     check_gemvq_int8_case(1024, 8, 0, true, 3, qkv, kqv, 2e-3, true);
@@ -2944,10 +2944,8 @@ static void test_batch_decode_cuda(void **st)
  * products take another kernel (gemvq is built for 4-14 super-blocks) with x in f32: the server
  * feeds those one by one, and the batch stays near alone (logits within 1e-1: 8-bit against f32
  * activations, ~2% on random weights; the argmax not asserted: a near tie of a random model may
- * flip). A Qwen3.5 model's multi-session DeltaNet step rounds otherwise:
- * no batching either. */
-static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, int32_t depth, bool same_bits,
-                                   const char *what)
+ * flip). Qwen3.5: test_batch_int8_q35_cuda. */
+static long batch_int8_differ(struct qwenrt_model *m, int32_t n, int32_t depth, double *worst_out)
 {
     struct qwenrt_error err = {0};
     int32_t V = m->hp.n_vocab;
@@ -2982,15 +2980,24 @@ static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, int32_t de
                 differ += memcmp(&a[v], &b[v], sizeof(float)) != 0;
         }
     }
-    printf("%s: batch of %d (8-bit x) from depth %d vs alone: worst logits rel err %.3g, %ld logits not bit for bit\n",
-           what, n, (int)depth, worst, differ);
-    if (same_bits ? differ != 0 : !(worst <= 1e-1))
-        fail_msg("%s: 8-bit batched decode differs by %.3g (%ld logits)", what, worst, differ);
     for (int32_t i = 0; i < n; i++) {
         qwenrt_session_free(bs[i]);
         qwenrt_session_free(rs[i]);
     }
     qwenrt_batch_free(batch);
+    *worst_out = worst;
+    return differ;
+}
+
+static void check_batch_int8_model(struct qwenrt_model *m, int32_t n, int32_t depth, bool same_bits,
+                                   const char *what)
+{
+    double worst = 0;
+    long differ = batch_int8_differ(m, n, depth, &worst);
+    printf("%s: batch of %d (8-bit x) from depth %d vs alone: worst logits rel err %.3g, %ld logits not bit for bit\n",
+           what, n, (int)depth, worst, differ);
+    if (same_bits ? differ != 0 : !(worst <= 1e-1))
+        fail_msg("%s: 8-bit batched decode differs by %.3g (%ld logits)", what, worst, differ);
 }
 
 /* cuda_batch_pays for 1-17 sessions of m in the default precision: from 3 to 16 when pays; never
@@ -3052,7 +3059,40 @@ static void test_batch_int8_cuda(void **st)
     qwenrt_model_free(m);
     remove(path);
     m = load_synth("qwen35-tiny", EXPORT_Q4_K_M, 1024, false, path, sizeof(path));
-    check_batch_pays_int8(m, false, "qwen35-tiny q4_k_m w1024");
+    check_batch_pays_int8(m, false, "qwen35-tiny q4_k_m w1024"); /* its DeltaNet out product: K = 192 */
+    qwenrt_model_free(m);
+    remove(path);
+}
+
+/* Qwen3.5-0.8B's layer geometry in Q4_K_M (every fourth layer attention), `layers` of them and a
+ * vocabulary of 1,024, on CUDA. */
+static struct qwenrt_model *load_q35_layers(int32_t layers, char *path, size_t size)
+{
+    struct qwenrt_error err = {0};
+    struct model_hparams hp;
+    assert_int_equal(synth_preset("qwen35-0.8b", &hp, &err), QWENRT_OK);
+    hp.n_layer = layers, hp.n_vocab = 1024;
+    return reload_cuda(write_load_synth("qwen35-0.8b", &hp, EXPORT_Q4_K_M, "-layers", path, size), path);
+}
+
+/* Qwen3.5 in Q4_K_M batched in the default precision: bit for bit alone, and the server batches
+ * it. One DeltaNet layer whose down product is Q6_K rows at K = 3,584 (2,940-byte rows, which
+ * the one-token gemvq took only from session 39: before, that product ran with x in f32 alone
+ * and 8-bit x batched, and the batch parted from alone by 0.6-0.9 of the logits at the real
+ * geometry); then four layers (three DeltaNet, one gated attention), also from depth 600, past
+ * the 8 splits of Qwen3-0.6B's cluster window (Qwen3.5 has none: every split of the graph). */
+static void test_batch_int8_q35_cuda(void **st)
+{
+    (void)st;
+    char path[256];
+    struct qwenrt_model *m = load_q35_layers(1, path, sizeof(path));
+    check_batch_int8_model(m, 3, 0, true, "qwen35-0.8b geometry q4_k_m, 1 layer");
+    qwenrt_model_free(m);
+    remove(path);
+    m = load_q35_layers(4, path, sizeof(path));
+    check_batch_pays_int8(m, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
+    check_batch_int8_model(m, 3, 0, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
+    check_batch_int8_model(m, 12, 600, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
     qwenrt_model_free(m);
     remove(path);
 }
@@ -4273,6 +4313,7 @@ int main(void)
         cmocka_unit_test(test_gemvq_batch_mma_kernel),
         cmocka_unit_test(test_batch_pays),
         cmocka_unit_test(test_batch_int8_cuda),
+        cmocka_unit_test(test_batch_int8_q35_cuda),
         cmocka_unit_test(test_checkpoint_cuda),
         cmocka_unit_test(test_int8_from_cpu_state),
         cmocka_unit_test(test_prefill_split_cuda),

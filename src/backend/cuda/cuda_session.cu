@@ -3339,11 +3339,12 @@ static bool batch_dtype(int32_t dt)
  * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
  * the fused MLP, attention + o and q|k|v + attention launches keep their own orders), its
  * attention kernels.cu's attention_kernel (whose batched form splits each session's keys as its
- * graph does: bit for bit through the cluster window, to position 5,120 by default); and no
- * DeltaNet layer (the multi-session step rounded otherwise than the one-session step:
- * Qwen3.5-0.8B Q4_K_M batched vs alone 0.7-0.9 of the logits, docs/perf-log.md session 37; not
- * measured since the canonical order). The rest of the batched step (norms, q/k norm + RoPE,
- * picks) is the one-token arithmetic per session. */
+ * graph does: bit for bit through the cluster window, to position 5,120 by default, and at every
+ * position without one: batch_split_floor). The rest of the batched step (norms, q/k norm +
+ * RoPE, Qwen3.5's output gate and DeltaNet step: gds_ms_kernel is gds_kernel per session, picks)
+ * is the one-token arithmetic per session. Qwen3.5-0.8B Q4_K_M parted from alone by 0.6-0.9 of
+ * the logits until session 39 because gemvq did not take its Q6_K down rows (2,940 bytes: not
+ * whole 8-byte copy units), so its one-token graph ran them with x in f32 (docs/perf-log.md). */
 static bool batch_same_bits(const struct cuda_session *cs)
 {
     if (!cs->gq_int8 || !cs->opt.gemv_batch_mma)
@@ -3362,9 +3363,6 @@ static bool batch_same_bits(const struct cuda_session *cs)
         return false;
     const struct plan *p = &cs->plans[PHASE_DECODE];
     for (int32_t i = 0; i < p->n_ops; i++) {
-        const enum op_kind k = p->ops[i].kind;
-        if (k == OP_GDN_CONV || k == OP_GDN_CORE)
-            return false;
         if (!is_mm(&p->ops[i]))
             continue;
         const struct dop *d = &cs->dops[PHASE_DECODE][i];
@@ -3375,7 +3373,7 @@ static bool batch_same_bits(const struct cuda_session *cs)
     for (int32_t i = 0; i < cs->n_steps; i++) {
         const struct step *st = &cs->steps[i];
         const bool plain = st->kind == STEP_OP || st->kind == STEP_NORM_GEMV || st->kind == STEP_GEMV_ADD ||
-                           st->kind == STEP_ROPE_ATTN;
+                           st->kind == STEP_ROPE_ATTN || st->kind == STEP_GDN_GATED || st->kind == STEP_CONV_GDN_GATED;
         if (!plain || (st->swiglu && cs->dops[PHASE_DECODE][st->mm[0]].K != 1024))
             return false;
     }
@@ -3533,6 +3531,20 @@ static bool batch_seq_step(const struct cuda_session *c0, struct cuda_session *c
     return true;
 }
 
+/* The splits a multi-session attention launch has at least, so that each session's keys split as
+ * its own graph splits them (attention_splits): inside the cluster window the graph takes
+ * ATT_CL_SPLITS, so a session with a window (Qwen3-0.6B: cl_mode 2, to position 5,120 by
+ * default; 1: every position) needs that many; without one (Qwen3.5-0.8B's 8 heads: cl_mode 0)
+ * the graph's splits grow with the position up to att_splits (from position 64 (S - 1) it takes
+ * S), so the launch takes them all — the blocks past a session's splits return at once, and
+ * Qwen3.5-0.8B has 6 attention layers of 8 heads. */
+static int32_t batch_split_floor(const struct cuda_session *c0)
+{
+    if (c0->cl_mode == 0)
+        return c0->att_splits;
+    return c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
+}
+
 /* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
  * sessions each (attention_kernel's multi-session form: blockIdx.y the session) on c0's
  * stream, chained with PDL. Each session's keys are split as its own decode graph splits them
@@ -3540,7 +3552,7 @@ static bool batch_seq_step(const struct cuda_session *c0, struct cuda_session *c
  * for bit wherever the launch has as many splits as that graph uses: the launch takes c0's
  * splits over its sessions (the blocks stay about as many as one session's), but at least
  * ATT_CL_SPLITS, which the graph uses at most inside the cluster window (to position 5,120 by
- * default; without a window to position 511). Session 37's launches of c0's splits / n made a
+ * default), and without a window all of c0's (batch_split_floor). Session 37's launches of c0's splits / n made a
  * batch of 8 differ from alone from position 256, one of 16 from 128. False, launching
  * nothing, where the attention does not take the norm + RoPE inside (cuda_options.attn_rope
  * off). */
@@ -3562,7 +3574,7 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
     for (int32_t g = 0; g < n; g += ATT_MAX_SEQ) {
         struct attn_args b = a;
         b.n_seq = n - g < ATT_MAX_SEQ ? n - g : ATT_MAX_SEQ;
-        const int32_t share = c0->att_splits / b.n_seq, floor = c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
+        const int32_t share = c0->att_splits / b.n_seq, floor = batch_split_floor(c0);
         b.splits = a.part ? (share > floor ? share : floor) : 1;
         b.nominal_splits = a.part ? c0->att_splits : 0;
         b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;

@@ -56,14 +56,45 @@ extern "C" {
 #endif
 #define GQ_KMIXED (-1) /* the DT of k_mixed launches */
 
-/* An asynchronous copy of CB bytes (8 or 16) from global into shared memory. */
+/* An asynchronous copy of CB bytes (4, 8 or 16) from global into shared memory. */
 template <int CB>
 __device__ __forceinline__ void gq_copy(uint32_t dst, const void *src)
 {
     if (CB == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-    else
+    else if (CB == 8)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+/* Where row r of segment g starts in its shared-memory copy: 0, or 4 for Q6_K rows that start 4
+ * bytes past a copy unit (Qwen3.5-0.8B's down product: rows of 14 super-blocks, 2,940 bytes, so
+ * every other row; gemvq_shape). The Q6_K dot products read the row in 2-byte units, and a shift
+ * of 4 keeps every field's alignment to 4 bytes as it was. */
+template <int CB>
+__device__ __forceinline__ uint32_t gq_row_shift(const struct gemv_seg &g, int64_t r)
+{
+    if (CB == 16) /* Q4_K and Q8_0 rows: whole units (gemvq_shape) */
+        return 0u;
+    return (uint32_t)(((uintptr_t)g.w + (uintptr_t)(r * g.row_bytes)) & (CB - 1));
+}
+
+/* The warp's copy of row r of g into shared memory at dst (every lane; the caller commits): in
+ * units of CB bytes from the unit at or below the row's start, the row then at dst +
+ * gq_row_shift, and a last 4 bytes by a copy of their own where the row ends inside a unit
+ * (nothing past the row is read). */
+template <int CB>
+__device__ __forceinline__ void gq_copy_row(uint32_t dst, const struct gemv_seg &g, int64_t r, int lane)
+{
+    const uint32_t shift = gq_row_shift<CB>(g, r);
+    const uint8_t *base = (const uint8_t *)g.w + r * g.row_bytes - shift;
+    const int64_t span = g.row_bytes + shift;
+    const int n = (int)(span / CB);
+    for (int k = lane; k < n; k += 32)
+        gq_copy<CB>(dst + (uint32_t)(k * CB), base + (int64_t)k * CB);
+    if (CB == 8 && span % CB && lane == 31) /* 4 bytes: rows and their starts are whole words */
+        gq_copy<4>(dst + (uint32_t)(n * CB), base + (int64_t)n * CB);
 }
 
 /* x floats a lane holds for dtype DT's rows of K = 256 NSB (mk_gather_q8 / q4k / q6k). */
@@ -195,14 +226,8 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
     for (int i = 0; i < R; i++)
         if (ok[i])
 #pragma unroll
-            for (int p = 0; p < P; p++) {
-                const struct gemv_seg &g = a.seg[P == 2 ? p : sg[i]];
-                const uint8_t *src = (const uint8_t *)g.w + rr[i] * g.row_bytes;
-                int n = (int)(g.row_bytes / CB);
-                uint32_t dst = rows + (uint32_t)((i * P + p) * stride);
-                for (int k = lane; k < n; k += 32)
-                    gq_copy<CB>(dst + (uint32_t)(k * CB), src + (int64_t)k * CB);
-            }
+            for (int p = 0; p < P; p++)
+                gq_copy_row<CB>(rows + (uint32_t)((i * P + p) * stride), a.seg[P == 2 ? p : sg[i]], rr[i], lane);
     float4 g0[GEMV_NW], gq[ONE ? GQ8_BPW(NSB) : 1][2];
     if constexpr (ONE)
         gq8_load_norm<NSB>(a.norm_w, gq);
@@ -224,7 +249,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
         return;
     const uint32_t xa = smem_u32(xs);
     if (DT == GQ_KMIXED) { /* R = 1: the warp's row decides the layout (warp-uniform) */
-        float v = gq_row_kq<NSB, I8>(a.seg[sg[0]].dtype, xa, x8, rows);
+        float v = gq_row_kq<NSB, I8>(a.seg[sg[0]].dtype, xa, x8, rows + gq_row_shift<CB>(a.seg[sg[0]], rr[0]));
         if (lane == 0)
             a.seg[sg[0]].y[rr[0]] = a.mode == GEMV_ACCUM ? yold[0] + v : v;
         return;
@@ -236,9 +261,9 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
         if (!ok[i])
             break;
         uint32_t row = rows + (uint32_t)(i * P * stride);
-        float v = xr.dot(row);
+        float v = xr.dot(row + gq_row_shift<CB>(a.seg[P == 2 ? 0 : sg[i]], rr[i]));
         if (P == 2) {
-            float u = xr.dot(row + (uint32_t)stride);
+            float u = xr.dot(row + (uint32_t)stride + gq_row_shift<CB>(a.seg[1], rr[i]));
             v = v / (1.0f + __expf(-v)) * u;
         }
         if (lane == 0)
@@ -252,14 +277,11 @@ template <int CB, int R>
 __device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r0, uint32_t dst, int32_t stride,
                                              int lane)
 {
-    const int n = (int)(g.row_bytes / CB);
 #pragma unroll
     for (int i = 0; i < R; i++) {
         if (r0 + i >= g.N)
             break;
-        const uint8_t *src = (const uint8_t *)g.w + (r0 + i) * g.row_bytes;
-        for (int k = lane; k < n; k += 32)
-            gq_copy<CB>(dst + (uint32_t)(i * stride + k * CB), src + (int64_t)k * CB);
+        gq_copy_row<CB>(dst + (uint32_t)(i * stride), g, r0 + i, lane);
     }
 }
 
@@ -318,7 +340,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
         for (int i = 0; i < R; i++) {
             if (r0 + i >= g.N)
                 break;
-            float v = xr.dot(slice + b * half + (uint32_t)(i * stride));
+            float v = xr.dot(slice + b * half + (uint32_t)(i * stride) + gq_row_shift<CB>(g, r0 + i));
             if (lane == 0)
                 g.y[r0 + i] = v;
         }
@@ -373,12 +395,16 @@ static bool gemvq_shape(const struct gemv_args *a, struct gq_shape *sh)
         (uintptr_t)a->norm_w % 16)
         return false;
     int cb = a->k_mixed ? 8 : gq_copy_bytes(a->dtype), nseg = P == 2 ? 2 : a->n_seg;
+    /* Q6_K rows may start a word past a copy unit (gq_copy_row): whole words suffice */
+    const int align = !a->k_mixed && a->dtype == QR_Q6_K ? 4 : cb;
     int64_t rows = 0, rb = 0;
+    bool shifted = false;
     for (int i = 0; i < nseg; i++) {
         if (a->k_mixed && a->seg[i].dtype != QR_Q4_K && a->seg[i].dtype != QR_Q6_K)
             return false;
-        if (a->seg[i].row_bytes % cb || (uintptr_t)a->seg[i].w % cb)
+        if (a->seg[i].row_bytes % align || (uintptr_t)a->seg[i].w % align)
             return false;
+        shifted |= a->seg[i].row_bytes % cb || (uintptr_t)a->seg[i].w % cb;
         rb = a->seg[i].row_bytes > rb ? a->seg[i].row_bytes : rb;
         rows += a->seg[i].N;
     }
@@ -388,7 +414,7 @@ static bool gemvq_shape(const struct gemv_args *a, struct gq_shape *sh)
         rows = a->seg[0].N;
     }
     sh->kb = k;
-    sh->stride = (int32_t)((rb + 15) / 16 * 16);
+    sh->stride = (int32_t)((rb + (shifted ? 4 : 0) + 15) / 16 * 16); /* a shifted row's 4 bytes more */
     /* GQ_R_BIG is built for K = 1024 without SwiGLU only: the LM heads of these models */
     const bool big = rows >= GQ_BIG_ROWS && k == 4 && P == 1 && !a->k_mixed;
     sh->r = a->k_mixed ? 1 : big ? GQ_R_BIG : a->q_rows ? a->q_rows : a->dtype == QR_Q8_0 ? GQ_R_Q8 : GQ_R;
