@@ -72,10 +72,12 @@ __device__ __forceinline__ void gq_copy(uint32_t dst, const void *src)
  * bytes past a copy unit (Qwen3.5-0.8B's down product: rows of 14 super-blocks, 2,940 bytes, so
  * every other row; gemvq_shape). The Q6_K dot products read the row in 2-byte units, and a shift
  * of 4 keeps every field's alignment to 4 bytes as it was. */
-template <int CB>
+#define GQ_SHIFTED(CB, NSB) ((CB) == 8 && (210 * (NSB)) % 8 != 0) /* Q6_K rows not whole units */
+
+template <int CB, int NSB>
 __device__ __forceinline__ uint32_t gq_row_shift(const struct gemv_seg &g, int64_t r)
 {
-    if (CB == 16) /* Q4_K and Q8_0 rows: whole units (gemvq_shape) */
+    if (!GQ_SHIFTED(CB, NSB)) /* whole units from aligned starts (gemvq_shape): no shift */
         return 0u;
     return (uint32_t)(((uintptr_t)g.w + (uintptr_t)(r * g.row_bytes)) & (CB - 1));
 }
@@ -84,16 +86,16 @@ __device__ __forceinline__ uint32_t gq_row_shift(const struct gemv_seg &g, int64
  * units of CB bytes from the unit at or below the row's start, the row then at dst +
  * gq_row_shift, and a last 4 bytes by a copy of their own where the row ends inside a unit
  * (nothing past the row is read). */
-template <int CB>
+template <int CB, int NSB>
 __device__ __forceinline__ void gq_copy_row(uint32_t dst, const struct gemv_seg &g, int64_t r, int lane)
 {
-    const uint32_t shift = gq_row_shift<CB>(g, r);
+    const uint32_t shift = gq_row_shift<CB, NSB>(g, r);
     const uint8_t *base = (const uint8_t *)g.w + r * g.row_bytes - shift;
     const int64_t span = g.row_bytes + shift;
     const int n = (int)(span / CB);
     for (int k = lane; k < n; k += 32)
         gq_copy<CB>(dst + (uint32_t)(k * CB), base + (int64_t)k * CB);
-    if (CB == 8 && span % CB && lane == 31) /* 4 bytes: rows and their starts are whole words */
+    if (GQ_SHIFTED(CB, NSB) && span % CB && lane == 31) /* 4 bytes: rows and starts are whole words */
         gq_copy<4>(dst + (uint32_t)(n * CB), base + (int64_t)n * CB);
 }
 
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
         if (ok[i])
 #pragma unroll
             for (int p = 0; p < P; p++)
-                gq_copy_row<CB>(rows + (uint32_t)((i * P + p) * stride), a.seg[P == 2 ? p : sg[i]], rr[i], lane);
+                gq_copy_row<CB, NSB>(rows + (uint32_t)((i * P + p) * stride), a.seg[P == 2 ? p : sg[i]], rr[i], lane);
     float4 g0[GEMV_NW], gq[ONE ? GQ8_BPW(NSB) : 1][2];
     if constexpr (ONE)
         gq8_load_norm<NSB>(a.norm_w, gq);
@@ -249,7 +251,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
         return;
     const uint32_t xa = smem_u32(xs);
     if (DT == GQ_KMIXED) { /* R = 1: the warp's row decides the layout (warp-uniform) */
-        float v = gq_row_kq<NSB, I8>(a.seg[sg[0]].dtype, xa, x8, rows + gq_row_shift<CB>(a.seg[sg[0]], rr[0]));
+        float v = gq_row_kq<NSB, I8>(a.seg[sg[0]].dtype, xa, x8, rows + gq_row_shift<CB, NSB>(a.seg[sg[0]], rr[0]));
         if (lane == 0)
             a.seg[sg[0]].y[rr[0]] = a.mode == GEMV_ACCUM ? yold[0] + v : v;
         return;
@@ -261,9 +263,9 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
         if (!ok[i])
             break;
         uint32_t row = rows + (uint32_t)(i * P * stride);
-        float v = xr.dot(row + gq_row_shift<CB>(a.seg[P == 2 ? 0 : sg[i]], rr[i]));
+        float v = xr.dot(row + gq_row_shift<CB, NSB>(a.seg[P == 2 ? 0 : sg[i]], rr[i]));
         if (P == 2) {
-            float u = xr.dot(row + (uint32_t)stride + gq_row_shift<CB>(a.seg[1], rr[i]));
+            float u = xr.dot(row + (uint32_t)stride + gq_row_shift<CB, NSB>(a.seg[1], rr[i]));
             v = v / (1.0f + __expf(-v)) * u;
         }
         if (lane == 0)
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_kernel(const __g
 
 /* The warp's R rows from r0 (those below g.N) into shared memory at dst, stride bytes apart,
  * in copy units of CB bytes (one cp.async group is committed by the caller). */
-template <int CB, int R>
+template <int CB, int R, int NSB>
 __device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r0, uint32_t dst, int32_t stride,
                                              int lane)
 {
@@ -281,7 +283,7 @@ __device__ __forceinline__ void gq_copy_rows(const struct gemv_seg &g, int64_t r
     for (int i = 0; i < R; i++) {
         if (r0 + i >= g.N)
             break;
-        gq_copy_row<CB>(dst + (uint32_t)(i * stride), g, r0 + i, lane);
+        gq_copy_row<CB, NSB>(dst + (uint32_t)(i * stride), g, r0 + i, lane);
     }
 }
 
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
     const uint32_t half = (uint32_t)(W * R * stride); /* bytes of one tile's rows */
     const uint32_t slice = smem_u32(xs + a.K) + (uint32_t)(warp * R * stride);
     int64_t t = blockIdx.x;
-    gq_copy_rows<CB, R>(g, (t * W + warp) * R, slice, stride, lane);
+    gq_copy_rows<CB, R, NSB>(g, (t * W + warp) * R, slice, stride, lane);
     float4 g0[GEMV_NW], gq[ONE ? GQ8_BPW(NSB) : 1][2];
     if constexpr (ONE)
         gq8_load_norm<NSB>(a.norm_w, gq);
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
     for (int b = 0; t < tiles; t += gridDim.x, b ^= 1) {
         const int64_t next = t + gridDim.x;
         if (next < tiles) { /* the next tile's rows into the other half, then wait for this one's */
-            gq_copy_rows<CB, R>(g, (next * W + warp) * R, slice + (b ^ 1) * half, stride, lane);
+            gq_copy_rows<CB, R, NSB>(g, (next * W + warp) * R, slice + (b ^ 1) * half, stride, lane);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -340,7 +342,7 @@ __global__ void __launch_bounds__(32 * GEMVQ_WARPS_LIMIT) gemvq_loop_kernel(cons
         for (int i = 0; i < R; i++) {
             if (r0 + i >= g.N)
                 break;
-            float v = xr.dot(slice + b * half + (uint32_t)(i * stride) + gq_row_shift<CB>(g, r0 + i));
+            float v = xr.dot(slice + b * half + (uint32_t)(i * stride) + gq_row_shift<CB, NSB>(g, r0 + i));
             if (lane == 0)
                 g.y[r0 + i] = v;
         }
@@ -395,8 +397,11 @@ static bool gemvq_shape(const struct gemv_args *a, struct gq_shape *sh)
         (uintptr_t)a->norm_w % 16)
         return false;
     int cb = a->k_mixed ? 8 : gq_copy_bytes(a->dtype), nseg = P == 2 ? 2 : a->n_seg;
-    /* Q6_K rows may start a word past a copy unit (gq_copy_row): whole words suffice */
-    const int align = !a->k_mixed && a->dtype == QR_Q6_K ? 4 : cb;
+    /* Q6_K rows of 14 super-blocks (2,940 bytes, not whole units) may start a word past a copy
+     * unit (gq_copy_row, GQ_SHIFTED): whole words suffice; every other row is whole units from
+     * an aligned start */
+    const bool words = !a->k_mixed && a->dtype == QR_Q6_K && k == 14;
+    const int align = words ? 4 : cb;
     int64_t rows = 0, rb = 0;
     bool shifted = false;
     for (int i = 0; i < nseg; i++) {
