@@ -3050,6 +3050,10 @@ static void test_batch_int8_cuda(void **st)
     check_batch_int8_model(m, 12, 0, true, "qwen3-tiny q4_k_m w1024");
     check_batch_int8_model(m, 12, 130, true, "qwen3-tiny q4_k_m w1024"); /* 3 splits */
     check_batch_int8_model(m, 16, 300, true, "qwen3-tiny q4_k_m w1024"); /* the cluster window */
+    /* past the window (here to 320): from position 512 a session's graph takes 9 splits and
+     * more, so the batch takes all (b_deep) — the third session reaches 512 at the second step */
+    m->cuda_tuning.attn_cluster_from = 192, m->cuda_tuning.attn_cluster_until = 320;
+    check_batch_int8_model(m, 3, 506, true, "qwen3-tiny q4_k_m w1024, window to 320");
     qwenrt_model_free(m);
     remove(path);
     m = reload_cuda(load_synth("qwen3-tiny", EXPORT_Q4_K_M, 256, false, path, sizeof(path)), path);
@@ -3079,8 +3083,9 @@ static struct qwenrt_model *load_q35_layers(int32_t layers, char *path, size_t s
  * it. One DeltaNet layer whose down product is Q6_K rows at K = 3,584 (2,940-byte rows, which
  * the one-token gemvq took only from session 39: before, that product ran with x in f32 alone
  * and 8-bit x batched, and the batch parted from alone by 0.6-0.9 of the logits at the real
- * geometry); then four layers (three DeltaNet, one gated attention), also from depth 600, past
- * the 8 splits of Qwen3-0.6B's cluster window (Qwen3.5 has none: every split of the graph). */
+ * geometry); then four layers (three DeltaNet, one gated attention), also across and past
+ * position 512, from where the graph of a session without a cluster window (Qwen3.5's 8 heads)
+ * takes more than 8 splits (the batch then all of them: b_deep). */
 static void test_batch_int8_q35_cuda(void **st)
 {
     (void)st;
@@ -3092,6 +3097,7 @@ static void test_batch_int8_q35_cuda(void **st)
     m = load_q35_layers(4, path, sizeof(path));
     check_batch_pays_int8(m, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
     check_batch_int8_model(m, 3, 0, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
+    check_batch_int8_model(m, 3, 506, true, "qwen35-0.8b geometry q4_k_m, 4 layers"); /* 512 at step 2 */
     check_batch_int8_model(m, 12, 600, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
     qwenrt_model_free(m);
     remove(path);

@@ -21,9 +21,6 @@
 #ifndef ATT_U
 #define ATT_U 4
 #endif
-#ifndef ATT_SPLIT_MIN
-#define ATT_SPLIT_MIN 64 /* positions per split at least (two rounds of 8 warps x 4 positions) */
-#endif
 
 /* The cache and the rows of this token that a block of the decode attention uses: the launch's
  * own (kc, vc, pos0, q, rk, rv), or with MS (attn_args.n_seq: several sessions in one launch)
@@ -307,18 +304,7 @@ __device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, 
     }
 }
 
-/* The decode attention's splits in use at position last (T = 1): at least split_min positions
- * each, at most nz, one below a.one_split positions (0: no such floor), and inside the cluster
- * window [a.win_from, a.win_until) the cluster-merged variant's ATT_CL_SPLITS once more than one
- * (that variant runs its whole cluster: kernels.cu) — a pure function of the position, so a
- * step splits alike whichever graph runs it; split z then takes positions *lo..*last
- * (attention_kernel's rule, shared by the kernels that replace it). */
-__device__ __forceinline__ int attention_splits(const struct attn_args &a, int last, int nz)
-{
-    int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN;
-    int S = last < a.one_split ? 1 : min(nz, (last + split_min) / split_min);
-    return S > 1 && last >= a.win_from && last < a.win_until ? min(nz, ATT_CL_SPLITS) : S;
-}
+/* attention_splits (cuda_internal.cuh): the splits in use at a position; then split z's range: */
 __device__ __forceinline__ void attention_split_range(int S, int z, int *lo, int *last)
 {
     int chunk = (*last + S) / S;

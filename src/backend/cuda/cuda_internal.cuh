@@ -534,6 +534,23 @@ static inline bool attention_rope_regs_applies(int32_t hd, int32_t n_rot)
 #define ATT_MAX_SPLITS 32 /* at most 32: one warp merges the splits (docs/perf-log.md, session 10) */
 #endif
 #define ATT_CL_SPLITS 8 /* a cluster: the portable maximum (16 placed badly: perf-log session 25) */
+#ifndef ATT_SPLIT_MIN
+#define ATT_SPLIT_MIN 64 /* positions per split at least (two rounds of 8 warps x 4 positions) */
+#endif
+
+/* The decode attention's splits in use at position last (T = 1): at least split_min positions
+ * each, at most nz, one below a.one_split positions (0: no such floor), and inside the cluster
+ * window [a.win_from, a.win_until) the cluster-merged variant's ATT_CL_SPLITS once more than one
+ * (that variant runs its whole cluster: kernels.cu) — a pure function of the position, so a
+ * step splits alike whichever graph runs it; split z then takes positions lo..last
+ * (attention_split_range: attention_kernel's rule, shared by the kernels that replace it). The
+ * host asks it too: how many splits a batch of sessions needs (cuda_session.cu). */
+__host__ __device__ __forceinline__ int attention_splits(const struct attn_args &a, int last, int nz)
+{
+    const int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN, grown = (last + split_min) / split_min;
+    const int S = last < a.one_split ? 1 : grown < nz ? grown : nz;
+    return S > 1 && last >= a.win_from && last < a.win_until ? (nz < ATT_CL_SPLITS ? nz : ATT_CL_SPLITS) : S;
+}
 #ifndef ATT_STAGES_MAX
 #define ATT_STAGES_MAX 8 /* attention_staged.cu's ring: at most this many tiles */
 #endif

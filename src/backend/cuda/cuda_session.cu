@@ -127,6 +127,7 @@ struct cuda_session {
     const struct cuda_session **b_key; /* [cap_batch] the last step's sessions, in order */
     int32_t *b_pos;           /* [cap_batch] the sessions' positions in its batched step (device) */
     int32_t *b_stage;         /* pinned: [cap_batch] ids, then [cap_batch] positions */
+    bool b_deep;              /* its batched attention takes all att_splits (batch_split_floor) */
     bool b_own_pos;           /* its last batched step ran per-session steps (side streams),
                                * which read each session's own d_pos */
     int32_t b_n;                       /* their number, negative when the logits went to the host */
@@ -3339,8 +3340,7 @@ static bool batch_dtype(int32_t dt)
  * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
  * the fused MLP, attention + o and q|k|v + attention launches keep their own orders), its
  * attention kernels.cu's attention_kernel (whose batched form splits each session's keys as its
- * graph does: bit for bit through the cluster window, to position 5,120 by default, and at every
- * position without one: batch_split_floor). The rest of the batched step (norms, q/k norm +
+ * graph does at every position: batch_split_floor). The rest of the batched step (norms, q/k norm +
  * RoPE, Qwen3.5's output gate and DeltaNet step: gds_ms_kernel is gds_kernel per session, picks)
  * is the one-token arithmetic per session. Qwen3.5-0.8B Q4_K_M parted from alone by 0.6-0.9 of
  * the logits until session 39 because gemvq did not take its Q6_K down rows (2,940 bytes: not
@@ -3532,17 +3532,29 @@ static bool batch_seq_step(const struct cuda_session *c0, struct cuda_session *c
 }
 
 /* The splits a multi-session attention launch has at least, so that each session's keys split as
- * its own graph splits them (attention_splits): inside the cluster window the graph takes
- * ATT_CL_SPLITS, so a session with a window (Qwen3-0.6B: cl_mode 2, to position 5,120 by
- * default; 1: every position) needs that many; without one (Qwen3.5-0.8B's 8 heads: cl_mode 0)
- * the graph's splits grow with the position up to att_splits (from position 64 (S - 1) it takes
- * S), so the launch takes them all — the blocks past a session's splits return at once, and
- * Qwen3.5-0.8B has 6 attention layers of 8 heads. */
-static int32_t batch_split_floor(const struct cuda_session *c0)
+ * its own graph splits them (attention_splits, a function of the position): the cluster window's
+ * ATT_CL_SPLITS, which also covers every position below it (one split to 127, then one per 64
+ * positions), or all of c0's when the batch is deep (b_deep: a session's graph takes more than
+ * that: past the window's end, 5,120 by default, or from position 512 without a window, as
+ * Qwen3.5-0.8B's 8-head attention has none). Two levels, so that the batched graph is captured
+ * again only when a batch goes deep (cuda_batch_decode). */
+static int32_t batch_split_floor(const struct cuda_session *c0, bool deep)
 {
-    if (c0->cl_mode == 0)
-        return c0->att_splits;
-    return c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
+    return deep || c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
+}
+
+/* Whether any of the n sessions' graphs splits its keys at position pos[r] into more than
+ * batch_split_floor's shallow level. */
+static bool batch_deep(const struct cuda_session *c0, const int32_t *pos, int32_t n)
+{
+    struct attn_args a;
+    memset(&a, 0, sizeof(a));
+    a.split_min = c0->opt.attn_split_min, a.one_split = c0->opt.attn_one_split;
+    attn_window(c0, a);
+    for (int32_t r = 0; r < n; r++)
+        if (attention_splits(a, pos[r], c0->att_splits) > batch_split_floor(c0, false))
+            return true;
+    return false;
 }
 
 /* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
@@ -3552,7 +3564,8 @@ static int32_t batch_split_floor(const struct cuda_session *c0)
  * for bit wherever the launch has as many splits as that graph uses: the launch takes c0's
  * splits over its sessions (the blocks stay about as many as one session's), but at least
  * ATT_CL_SPLITS, which the graph uses at most inside the cluster window (to position 5,120 by
- * default), and without a window all of c0's (batch_split_floor). Session 37's launches of c0's splits / n made a
+ * default) and below it, and all of c0's where a session's graph takes more (batch_split_floor,
+ * b_deep): bit for bit at every position. Session 37's launches of c0's splits / n made a
  * batch of 8 differ from alone from position 256, one of 16 from 128. False, launching
  * nothing, where the attention does not take the norm + RoPE inside (cuda_options.attn_rope
  * off). */
@@ -3574,7 +3587,7 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
     for (int32_t g = 0; g < n; g += ATT_MAX_SEQ) {
         struct attn_args b = a;
         b.n_seq = n - g < ATT_MAX_SEQ ? n - g : ATT_MAX_SEQ;
-        const int32_t share = c0->att_splits / b.n_seq, floor = batch_split_floor(c0);
+        const int32_t share = c0->att_splits / b.n_seq, floor = batch_split_floor(c0, c0->b_deep);
         b.splits = a.part ? (share > floor ? share : floor) : 1;
         b.nominal_splits = a.part ? c0->att_splits : 0;
         b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;
@@ -3928,6 +3941,11 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
      * a multi-session form) from each session's own, copied too when the last step with these
      * members ran such steps, or when the members are new */
     bool to_rows = !logits;
+    const bool deep = batch_deep(c0, pos, n);
+    if (deep != c0->b_deep) { /* the attention's splits change: launched as new members, then captured again */
+        c0->b_deep = deep;
+        c0->b_n = 0;
+    }
     bool own_pos = c0->b_own_pos || !batch_same_members(c0, css, n, to_rows);
     memcpy(c0->b_stage, ids, (size_t)n * sizeof(int32_t));
     memcpy(c0->b_stage + c0->cap_batch, pos, (size_t)n * sizeof(int32_t));
