@@ -324,6 +324,7 @@ bool gemv2_applies(const struct gemv_args *a);
 #define GEMVQ_HEAD_BLOCKS_DEFAULT 4 /* cuda_options.gemvq_head_blocks by default */
 #endif
 bool gemvq_applies(const struct gemv_args *a);
+bool gemvq_takes_k(int32_t K); /* a K gemvq is built for (its shapes decide the rest) */
 cudaError_t launch_gemvq(const struct gemv_args *a, cudaStream_t s);
 /* The one-token 16-bit GEMV with its rows in shared memory (gemv_smem.cu; a.smem asks for it,
  * launch_gemv takes it when it applies). */

@@ -3366,8 +3366,7 @@ static bool batch_same_bits(const struct cuda_session *cs)
         if (!is_mm(&p->ops[i]))
             continue;
         const struct dop *d = &cs->dops[PHASE_DECODE][i];
-        if ((d->dtype != QR_Q4_K && d->dtype != QR_Q6_K) ||
-            (d->K != 1024 && d->K != 2048 && d->K != 3072 && d->K != 3584))
+        if ((d->dtype != QR_Q4_K && d->dtype != QR_Q6_K) || !gemvq_takes_k(d->K))
             return false;
     }
     for (int32_t i = 0; i < cs->n_steps; i++) {

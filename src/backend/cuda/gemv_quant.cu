@@ -356,6 +356,8 @@ static int gq_copy_bytes(int32_t dtype) { return dtype == QR_Q6_K ? 8 : 16; }
 /* The K values gemvq is built for, as K / 256 (3,584: Qwen3.5-0.8B's down product). */
 static int gq_nsb(int32_t K) { return K == 1024 || K == 2048 || K == 3072 || K == 3584 ? K / 256 : 0; }
 
+bool gemvq_takes_k(int32_t K) { return gq_nsb(K) != 0; }
+
 /* Rows per warp: more for the big products (the LM head: x staged and gathered once per four
  * rows; H200, Qwen3-0.6B Q4_K_M 1,083 -> 1,130 tok/s) and two for Q8_0 everywhere (its x
  * gather reads floats 128 bytes apart per lane, one bank: Qwen3-0.6B Q8_0 928 -> 1,040, where
