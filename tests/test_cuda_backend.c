@@ -457,8 +457,8 @@ static void check_gemv_variant_kernel(enum qr_dtype dt, int32_t K, int32_t N, in
  * chunk per row (K = 8), Q6_K rows that start on 2-byte boundaries, Q4_K_M's q|k|v of Q4_K and
  * Q6_K segments in one launch. */
 /* A token's x (K floats) as an 8-bit case takes it (c->int8): RMS-normalised in floats when
- * c->norm_w, quantised to Q8_K blocks by the CPU's own quant_quant_q8_k and made floats again,
- * into xn. */
+ * c->norm_w, quantised to Q8_K blocks by the CPU's own quant_quant_q8_k (Q8_0 rows: Q8_0 blocks,
+ * quant_quant_q8_0) and made floats again, into xn. */
 static void gemv_case_q8k(const struct cuda_gemv_case *c, const float *x, double *xn)
 {
     int64_t nb = c->K / 256;
@@ -472,8 +472,16 @@ static void gemv_case_q8k(const struct cuda_gemv_case *c, const float *x, double
     float inv = c->norm_w ? 1.0f / sqrtf(ss / (float)c->K + c->eps) : 1.0f;
     for (int32_t k = 0; k < c->K; k++)
         xf[k] = c->norm_w ? x[k] * inv * c->norm_w[k] : x[k];
-    quant_quant_q8_k(xf, b, nb);
-    quant_dequant_q8_k(b, xf, nb);
+    if (c->dtype == QR_Q8_0 && !c->mixed) { /* Q8_0 rows take x in Q8_0 blocks */
+        struct block_q8_0 *b0 = malloc((size_t)(c->K / 32) * sizeof(*b0));
+        assert_non_null(b0);
+        quant_quant_q8_0(xf, b0, c->K / 32);
+        quant_dequant_q8_0(b0, xf, c->K / 32);
+        free(b0);
+    } else {
+        quant_quant_q8_k(xf, b, nb);
+        quant_dequant_q8_k(b, xf, nb);
+    }
     for (int32_t k = 0; k < c->K; k++)
         xn[k] = xf[k];
     free(b);
@@ -734,6 +742,28 @@ static void check_gemvq_int8_case(int32_t K, int32_t T, int mode, bool norm, int
     free(g);
 }
 
+/* Q8_0 rows in gemvq_batch_mma.cu (x in Q8_0 blocks, one tensor-core product per block of 32):
+ * the shapes of Qwen3-0.6B / Qwen3.5-0.8B Q8_0's batched step — q|k|v as three Q8_0 segments
+ * after a norm, o and down with the residual added (K = 2,048, 3,072 with 16 tokens: two groups
+ * of 8 columns; 3,584 cut at 77 rows), SwiGLU, an LM head of 32,771 rows — bit for bit each token
+ * alone through gemvq (the blocks' terms in the canonical order: gq8_q80_tree, then Q4_K's
+ * groups), and K = 256, which gemvq does not take, against the double sum only. */
+static void test_gemvq_batch_mma_q8_0(void)
+{
+    static const enum qr_dtype q8[] = {QR_Q8_0, QR_Q8_0, QR_Q8_0};
+    static const int32_t o[] = {1024}, tail[] = {77}, odd[] = {33}, qkv[] = {2048, 1024, 1024}, gu[] = {3072, 3072},
+                         gu_small[] = {45, 45}, lm[] = {32771};
+    check_gemvq_int8_case(1024, 8, 0, true, 3, qkv, q8, 2e-3, true);
+    check_gemvq_int8_case(1024, 3, 0, false, 3, qkv, q8, 5e-6, true);
+    check_gemvq_int8_case(2048, 5, 1, false, 1, o, q8, 5e-6, true);
+    check_gemvq_int8_case(3072, 16, 1, false, 1, o, q8, 5e-6, true);
+    check_gemvq_int8_case(3584, 9, 0, false, 1, tail, q8, 5e-6, true);
+    check_gemvq_int8_case(1024, 12, 2, true, 2, gu, q8, 2e-3, true);
+    check_gemvq_int8_case(1024, 3, 2, false, 2, gu_small, q8, 5e-6, true);
+    check_gemvq_int8_case(256, 2, 0, false, 1, odd, q8, 5e-6, false);
+    check_gemvq_int8_case(1024, 8, 0, true, 1, lm, q8, 2e-3, true);
+}
+
 /* gemvq_batch_mma.cu on the shapes the batched step of Qwen3-0.6B / Qwen3.5-0.8B Q4_K_M takes and
  * awkward ones: o / down (K = 2048, 3072: 6 warps of 2 super-blocks; 3584: 7 of 2) with the
  * residual added, Q4_K_M's q|k|v of Q4_K and Q6_K segments, SwiGLU on 9-16 tokens (two groups of
@@ -760,18 +790,20 @@ static void test_gemvq_batch_mma_kernel(void **st)
     check_gemvq_int8_case(1024, 16, 0, true, 1, head, q6, 2e-3, true);
     static const int32_t lm[] = {32771};
     check_gemvq_int8_case(1024, 8, 0, true, 1, lm, q6, 2e-3, true); /* an LM head: gemvq's looping blocks (from 32,768 rows) */
-    /* refused: Q8_0 rows; a mixed launch whose Q6_K rows start inside a tile of 16 */
+    test_gemvq_batch_mma_q8_0();
+    /* refused: Q8_0 rows of 96 (not whole super-blocks of 256); a mixed launch whose Q6_K rows
+     * start inside a tile of 16 */
     struct qwenrt_error err = {0};
     struct cuda_gemv_case c;
     memset(&c, 0, sizeof(c));
     size_t nb;
     float x[2 * 256] = {0}, y0[2 * 100] = {0}, y1[2 * 100] = {0};
-    c.K = 256, c.T = 2, c.n_seg = 1, c.N[0] = 3, c.mma = c.int8 = true, c.dtype = QR_Q8_0, c.x = x, c.y[0] = y0;
-    c.w[0] = random_weights(QR_Q8_0, 256, 3, 0.5f, &nb);
+    c.K = 96, c.T = 2, c.n_seg = 1, c.N[0] = 3, c.mma = c.int8 = true, c.dtype = QR_Q8_0, c.x = x, c.y[0] = y0;
+    c.w[0] = random_weights(QR_Q8_0, 96, 3, 0.5f, &nb);
     assert_int_equal(cuda_gemv_host(&c, true, &err), QWENRT_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.message, "gemvq_batch_mma"));
     free((void *)c.w[0]);
-    c.dtype = QR_Q4_K, c.mixed = true, c.n_seg = 2, c.N[0] = 100, c.N[1] = 3, c.y[1] = y1;
+    c.K = 256, c.dtype = QR_Q4_K, c.mixed = true, c.n_seg = 2, c.N[0] = 100, c.N[1] = 3, c.y[1] = y1;
     c.seg_dtype[0] = QR_Q4_K, c.seg_dtype[1] = QR_Q6_K;
     c.w[0] = random_weights(QR_Q4_K, 256, 100, 0.5f, &nb);
     c.w[1] = random_weights(QR_Q6_K, 256, 3, 0.5f, &nb);
@@ -3066,17 +3098,26 @@ static void test_batch_int8_cuda(void **st)
     check_batch_pays_int8(m, false, "qwen35-tiny q4_k_m w1024"); /* its DeltaNet out product: K = 192 */
     qwenrt_model_free(m);
     remove(path);
+    /* Q8_0 rows (from session 40: gemvq_batch_mma.cu's Q8_0 path, the one-token gemvq's Q8_0
+     * terms in the canonical order) */
+    m = reload_cuda(load_synth("qwen3-tiny", EXPORT_Q8_0, 1024, false, path, sizeof(path)), path);
+    check_batch_pays_int8(m, true, "qwen3-tiny q8_0 w1024");
+    check_batch_int8_model(m, 3, 0, true, "qwen3-tiny q8_0 w1024");
+    check_batch_int8_model(m, 12, 130, true, "qwen3-tiny q8_0 w1024");
+    check_batch_int8_model(m, 16, 300, true, "qwen3-tiny q8_0 w1024");
+    qwenrt_model_free(m);
+    remove(path);
 }
 
-/* Qwen3.5-0.8B's layer geometry in Q4_K_M (every fourth layer attention), `layers` of them and a
+/* Qwen3.5-0.8B's layer geometry in `type` (every fourth layer attention), `layers` of them and a
  * vocabulary of 1,024, on CUDA. */
-static struct qwenrt_model *load_q35_layers(int32_t layers, char *path, size_t size)
+static struct qwenrt_model *load_q35_layers(int32_t layers, enum export_type type, char *path, size_t size)
 {
     struct qwenrt_error err = {0};
     struct model_hparams hp;
     assert_int_equal(synth_preset("qwen35-0.8b", &hp, &err), QWENRT_OK);
     hp.n_layer = layers, hp.n_vocab = 1024;
-    return reload_cuda(write_load_synth("qwen35-0.8b", &hp, EXPORT_Q4_K_M, "-layers", path, size), path);
+    return reload_cuda(write_load_synth("qwen35-0.8b", &hp, type, "-layers", path, size), path);
 }
 
 /* Qwen3.5 in Q4_K_M batched in the default precision: bit for bit alone, and the server batches
@@ -3090,15 +3131,21 @@ static void test_batch_int8_q35_cuda(void **st)
 {
     (void)st;
     char path[256];
-    struct qwenrt_model *m = load_q35_layers(1, path, sizeof(path));
+    struct qwenrt_model *m = load_q35_layers(1, EXPORT_Q4_K_M, path, sizeof(path));
     check_batch_int8_model(m, 3, 0, true, "qwen35-0.8b geometry q4_k_m, 1 layer");
     qwenrt_model_free(m);
     remove(path);
-    m = load_q35_layers(4, path, sizeof(path));
+    m = load_q35_layers(4, EXPORT_Q4_K_M, path, sizeof(path));
     check_batch_pays_int8(m, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
     check_batch_int8_model(m, 3, 0, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
     check_batch_int8_model(m, 3, 506, true, "qwen35-0.8b geometry q4_k_m, 4 layers"); /* 512 at step 2 */
     check_batch_int8_model(m, 12, 600, true, "qwen35-0.8b geometry q4_k_m, 4 layers");
+    qwenrt_model_free(m);
+    remove(path);
+    m = load_q35_layers(4, EXPORT_Q8_0, path, sizeof(path)); /* Q8_0 rows: session 40 */
+    check_batch_pays_int8(m, true, "qwen35-0.8b geometry q8_0, 4 layers");
+    check_batch_int8_model(m, 3, 0, true, "qwen35-0.8b geometry q8_0, 4 layers");
+    check_batch_int8_model(m, 8, 506, true, "qwen35-0.8b geometry q8_0, 4 layers");
     qwenrt_model_free(m);
     remove(path);
 }

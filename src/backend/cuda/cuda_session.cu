@@ -3334,9 +3334,10 @@ static bool batch_dtype(int32_t dt)
 }
 
 /* Whether the batched step's products are bit for bit the one-token ones in the default
- * precision (x in 8 bits): every product Q4_K or Q6_K rows that both gemvq (one token: K of
- * 4-14 super-blocks as gemv_quant.cu builds them, SwiGLU at K = 1024) and gemvq_batch_mma.cu
- * (many) take, both adding the super-blocks' terms in quant_rows_i8.cuh's canonical order; the
+ * precision (x in 8 bits): every product Q4_K or Q6_K rows, or every one Q8_0 rows, that both
+ * gemvq (one token: K of 4-14 super-blocks as gemv_quant.cu builds them, SwiGLU at K = 1024)
+ * and gemvq_batch_mma.cu (many; Q8_0 from session 40) take, both adding the super-blocks'
+ * terms in quant_rows_i8.cuh's canonical order; the
  * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
  * the fused MLP, attention + o and q|k|v + attention launches keep their own orders), its
  * attention kernels.cu's attention_kernel (whose batched form splits each session's keys as its
@@ -3362,13 +3363,17 @@ static bool batch_same_bits(const struct cuda_session *cs)
     if (o->gemvq_one_pass != 1 || cs->gq_rows != 2 || o->gemvq_head_blocks <= 0)
         return false;
     const struct plan *p = &cs->plans[PHASE_DECODE];
+    bool kquant = false, q80 = false; /* gemvq_batch_mma.cu launches no Q8_0 rows beside others */
     for (int32_t i = 0; i < p->n_ops; i++) {
         if (!is_mm(&p->ops[i]))
             continue;
         const struct dop *d = &cs->dops[PHASE_DECODE][i];
-        if ((d->dtype != QR_Q4_K && d->dtype != QR_Q6_K) || !gemvq_takes_k(d->K))
+        kquant |= d->dtype == QR_Q4_K || d->dtype == QR_Q6_K, q80 |= d->dtype == QR_Q8_0;
+        if ((d->dtype != QR_Q4_K && d->dtype != QR_Q6_K && d->dtype != QR_Q8_0) || !gemvq_takes_k(d->K))
             return false;
     }
+    if (kquant && q80)
+        return false;
     for (int32_t i = 0; i < cs->n_steps; i++) {
         const struct step *st = &cs->steps[i];
         const bool plain = st->kind == STEP_OP || st->kind == STEP_NORM_GEMV || st->kind == STEP_GEMV_ADD ||

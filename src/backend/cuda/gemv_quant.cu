@@ -18,9 +18,9 @@
  * first kernel runs. k_mixed launches (Q4_K_M's q|k|v: Q4_K and Q6_K segments, each warp's
  * row of one) take gemvq alone: one launch instead of a norm and three GEMVs.
  *
- * With 8-bit x the K-quant rows add their super-blocks in quant_rows_i8.cuh's canonical order
- * (each super-block's integer sums halved over its lanes, one term per lane, a tree), the order
- * of gemvq_batch_mma.cu's batched rows. gemv_args.q_one_pass (cuda_options.gemvq_one_pass; the kernels' ONE) stages x
+ * With 8-bit x the rows add their super-blocks in quant_rows_i8.cuh's canonical order (each
+ * super-block's integer sums, or Q8_0's block terms, halved over its lanes, one term per lane, a
+ * tree), the order of gemvq_batch_mma.cu's batched rows. gemv_args.q_one_pass (cuda_options.gemvq_one_pass; the kernels' ONE) stages x
  * without the float copy: each warp loads its 256-element blocks of x, and the block
  * normalises and quantises them in registers (quant_rows_i8.cuh, gq8_stage_quantise: two
  * block barriers with a fused norm, one without, against gemv_stage_x + gq8_quantise's three);
@@ -141,7 +141,7 @@ template <int NSB>
 struct gq_xreg<QR_Q8_0, NSB, true> {
     gq8_x_q8<8 * NSB> x;
     __device__ __forceinline__ void load(uint32_t, const struct gq8_x *x8) { gq8_gather_q8<8 * NSB>(x8, x); }
-    __device__ __forceinline__ float dot(uint32_t row) const { return warp_sum(gq8_dot_q8<8 * NSB>(row, x)); }
+    __device__ __forceinline__ float dot(uint32_t row) const { return gq8_dot_q8<8 * NSB>(row, x); } /* summed */
 };
 template <int NSB>
 struct gq_xreg<QR_Q4_K, NSB, true> {

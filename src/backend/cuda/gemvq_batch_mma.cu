@@ -1,7 +1,7 @@
 /*
  * gemvq_batch_mma.cu — the GEMV of a few tokens at once (2 <= T <= 16) for Q4_K and Q6_K rows
- * (and Q4_K_M's q|k|v that mixes them) with x in 8 bits and the integer dot products on the
- * tensor cores: the batched decode step's products for quantised models in the runtime's default
+ * (and Q4_K_M's q|k|v that mixes them) and Q8_0 rows with x in 8 bits and the integer dot
+ * products on the tensor cores: the batched decode step's products for quantised models in the runtime's default
  * precision (cuda_options.gemvq_int8 on, gemv_batch_mma on).
  *
  * Why: the one-token products of a quantised model take x in 8 bits (Q8_K blocks, as the CPU
@@ -31,6 +31,9 @@
  *    dx (d isum - dmin imin) in f32.
  *  - Q6_K: one mma.m16n8k16 per 16-element group (its int8 scale): the 6-bit quants unsigned
  *    (0..63) and 32 times the ones-mma's sum subtracted, dx d (isum - 32 ioff).
+ *  - Q8_0 (a kernel of its own, x in Q8_0 blocks of 32 as the one-token path takes it): one
+ *    mma.m16n8k32 per block, its term (dw dx) S, the super-block's 8 terms added by
+ *    gq8_q80_tree's pairs in registers.
  * The k index inside an mma is only a label: A and B name the same element for every k. Rows
  * are read through L1 for Q6_K (210-byte super-blocks, 2-byte aligned: aligned words shifted)
  * and past it for Q4_K. Each super-block's term goes to shared memory; one thread per (row, token)
@@ -82,15 +85,15 @@ static __device__ __forceinline__ uint2 gqm_ld64(const uint8_t *p)
 static __device__ __forceinline__ float gqm_half(uint32_t bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
 
 /* Bytes of a token's quantised row in shared memory: K and a pad that puts token g's reads of a
- * warp 8 banks (Q4_K: 8-byte reads) or 4 banks (Q6_K) from token g - 1's. */
+ * warp 8 banks (Q4_K, Q8_0: 8-byte reads) or 4 banks (Q6_K) from token g - 1's. */
 static __host__ __device__ __forceinline__ int gqm_xstride(int K, int dt) { return K + (dt == QR_Q4_K ? 32 : 16); }
 
 /* ---- the quantised x in shared memory ---- */
 
 struct gqm_shared {
     uint8_t *xq;      /* [T][xstride] int8 */
-    float *dx;        /* [T][NSB] each Q8_K block's scale */
-    float *ss;        /* [T][NSB] each block's sum of squares (with a norm) */
+    float *dx;        /* [T][NSB] each Q8_K block's scale ([T][8 NSB] Q8_0 blocks' for Q8_0 rows) */
+    float *ss;        /* [T][NSB] each 256-element block's sum of squares (with a norm) */
     float *part;      /* [nsb][16 P][8 NG] each super-block's terms */
     int xstride, nsb, tm, groups; /* tm: 8 NG; groups: the canonical order's (GQ8_GROUPS_*) */
 };
@@ -99,10 +102,11 @@ struct gqm_shared {
 
 /* x quantised into sh (every thread of the block; ends with a block barrier): token t's block b
  * by one warp, lane l elements 8l .. 8l + 7, normalised first when a.norm_w — the sums of
- * squares and the quantisation of gq8_stage_quantise, so the words are the one-token path's.
+ * squares and the quantisation of gq8_stage_quantise (Q8_K blocks, or Q8_0's of 32 over 4
+ * lanes for Q8_0 rows: Q80), so the words are the one-token path's.
  * Each warp loads GQM_STAGE_U pairs before it uses any (the first pass's loads come from L2;
  * one pair at a time would be a chain of L2 round trips). */
-template <bool NORM>
+template <bool NORM, bool Q80>
 static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_shared &sh)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5, T = a.T, nsb = sh.nsb;
@@ -151,13 +155,22 @@ static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_s
                 v1 = gemv_norm4(v1, inv, __ldg((const float4 *)(a.norm_w + e + 4)));
             }
             float amax = gq8_amax8(v0, v1);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
             int s;
-            *(uint2 *)(sh.xq + t * sh.xstride + e) = gq8_words8(v0, v1, gq8_q8k_id(amax), &s);
-            if (lane == 0)
-                sh.dx[i] = gq8_q8k_d(amax);
+            if (Q80) { /* blocks of 32 over 4 lanes */
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const float d = gq8_q80_d(amax);
+                *(uint2 *)(sh.xq + t * sh.xstride + e) = gq8_words8(v0, v1, gq8_q80_id(d), &s);
+                if ((lane & 3) == 0)
+                    sh.dx[8 * t * nsb + e / 32] = d;
+            } else {
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                *(uint2 *)(sh.xq + t * sh.xstride + e) = gq8_words8(v0, v1, gq8_q8k_id(amax), &s);
+                if (lane == 0)
+                    sh.dx[i] = gq8_q8k_d(amax);
+            }
         }
     }
     __syncthreads();
@@ -176,6 +189,7 @@ static __device__ __forceinline__ void gqm_put(const struct gqm_shared &sh, int 
 /* A row's super-block as the lane needs it: the 16-byte header (d, dmin, 12 scale bytes) and the
  * 8 bytes at 32j + 8c of each 32-byte group j of nibbles. */
 struct gqm_q4k {
+    static constexpr bool q80 = false; /* x in Q8_K blocks */
     uint4 h;
     uint2 q[4];
 };
@@ -267,6 +281,7 @@ static __device__ __forceinline__ void gqm_super_q4k(const gqm_q4k (&r)[2][P], c
  * bits at 64hh + 16k + 4c, the 2 words of high bits at 128 + 32hh + 16s + 4c, the 16 scales from
  * 192 (5 aligned words), d at 208. */
 struct gqm_q6k {
+    static constexpr bool q80 = false;
     uint32_t ql[2][4][2], qh[2][2][2], sc[5], d;
     uint32_t sh;
 };
@@ -368,6 +383,100 @@ static __device__ __forceinline__ void gqm_super_q6k(const gqm_q6k (&r)[2][P], c
         }
 }
 
+/* ---- Q8_0 ---- */
+
+/* A row's super-block as the lane needs it: of each block k (34 bytes: an f16 scale, 32 int8)
+ * the 8 quants at 2 + 8c and the scale. Super-blocks are 272 bytes, so block k starts 2 bytes
+ * past a word when k is odd: an even block's quants are read as three aligned words (w[k / 2]),
+ * an odd one's as two (v[k / 2]). */
+struct gqm_q80 {
+    static constexpr bool q80 = true; /* x in Q8_0 blocks */
+    uint32_t w[4][3], v[4][2], d[8];
+};
+
+static __device__ __forceinline__ void gqm_load(gqm_q80 &r, const uint8_t *row, int sb)
+{
+    const uint8_t *b = row + 272 * sb;
+    const int c = threadIdx.x & 3;
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+        const uint8_t *e = b + 34 * k + 8 * c, *o = b + 34 * (k + 1) + 2 + 8 * c; /* word-aligned */
+        r.w[k / 2][0] = gqm_ld32(e), r.w[k / 2][1] = gqm_ld32(e + 4), r.w[k / 2][2] = gqm_ld32(e + 8);
+        r.v[k / 2][0] = gqm_ld32(o), r.v[k / 2][1] = gqm_ld32(o + 4);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        r.d[k] = (uint32_t)__ldg((const unsigned short *)(b + 34 * k));
+}
+
+/* Block K's two words of the lane's quants. */
+template <int K>
+static __device__ __forceinline__ uint2 gqm_q80_words(const gqm_q80 &r)
+{
+    if (K % 2)
+        return make_uint2(r.v[K / 2][0], r.v[K / 2][1]);
+    return make_uint2(__funnelshift_r(r.w[K / 2][0], r.w[K / 2][1], 16), __funnelshift_r(r.w[K / 2][1], r.w[K / 2][2], 16));
+}
+
+/* Block K's terms (gq8_term_q80) for the lane's D elements of each of the P weights. */
+template <int K, int P>
+static __device__ __forceinline__ void gqm_block_q80(const gqm_q80 (&r)[2][P], const uint8_t *xr, const float *dx0,
+                                                     const float *dx1, float (&t)[P][4])
+{
+    const uint2 xw = *(const uint2 *)(xr + 32 * K);
+    const float x0 = dx0[K], x1 = dx1[K];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const uint2 a = gqm_q80_words<K>(r[0][p]), b = gqm_q80_words<K>(r[1][p]);
+        int dd[4] = {0, 0, 0, 0};
+        mma_s8_16832(dd, a.x, b.x, a.y, b.y, xw.x, xw.y);
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            t[p][e] = gq8_term_q80(gqm_half(r[e >> 1][p].d[K]), e & 1 ? x1 : x0, dd[e]);
+    }
+}
+
+/* a[p][e] = a + t, in place. */
+template <int P>
+static __device__ __forceinline__ void gqm_add(float (&a)[P][4], const float (&t)[P][4])
+{
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            a[p][e] = __fadd_rn(a[p][e], t[p][e]);
+}
+
+/* A super-block of Q8_0 rows: one mma.m16n8k32 per block, the 8 blocks' terms added by
+ * gq8_q80_tree's pairs as they come ((0, 4), (2, 6), then (1, 5), (3, 7)). */
+template <int P>
+static __device__ __forceinline__ void gqm_super_q80(const gqm_q80 (&r)[2][P], const struct gqm_shared &sh, int sb,
+                                                     int j, int T)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
+    const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 8 * c;
+    const float *dx0 = sh.dx + 8 * (t0 * sh.nsb + sb), *dx1 = sh.dx + 8 * (t1 * sh.nsb + sb);
+    float a[P][4], b[P][4], h[P][4], t[P][4];
+    gqm_block_q80<0, P>(r, xr, dx0, dx1, a), gqm_block_q80<4, P>(r, xr, dx0, dx1, t), gqm_add<P>(a, t);
+    gqm_block_q80<2, P>(r, xr, dx0, dx1, b), gqm_block_q80<6, P>(r, xr, dx0, dx1, t), gqm_add<P>(b, t);
+    gqm_add<P>(a, b); /* (t0 + t4) + (t2 + t6) */
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            h[p][e] = a[p][e];
+    gqm_block_q80<1, P>(r, xr, dx0, dx1, a), gqm_block_q80<5, P>(r, xr, dx0, dx1, t), gqm_add<P>(a, t);
+    gqm_block_q80<3, P>(r, xr, dx0, dx1, b), gqm_block_q80<7, P>(r, xr, dx0, dx1, t), gqm_add<P>(b, t);
+    gqm_add<P>(a, b);
+    gqm_add<P>(h, a);
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            gqm_put(sh, sb, j, p, P, e, h[p][e]);
+}
+
 static __device__ __forceinline__ void gqm_super(const gqm_q4k (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
                                                  int T)
 {
@@ -387,6 +496,16 @@ static __device__ __forceinline__ void gqm_super(const gqm_q6k (&r)[2][2], const
                                                  int T)
 {
     gqm_super_q6k<2>(r, sh, sb, j, T);
+}
+static __device__ __forceinline__ void gqm_super(const gqm_q80 (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
+                                                 int T)
+{
+    gqm_super_q80<1>(r, sh, sb, j, T);
+}
+static __device__ __forceinline__ void gqm_super(const gqm_q80 (&r)[2][2], const struct gqm_shared &sh, int sb, int j,
+                                                 int T)
+{
+    gqm_super_q80<2>(r, sh, sb, j, T);
 }
 
 /* ---- the kernel ---- */
@@ -466,7 +585,7 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
     R w[2][P];
     gqm_load_tile<R, P>(a, w, tile, sb); /* the weights do not depend on the launch before */
     griddep_wait();
-    gqm_stage_x<NORM>(a, sh);
+    gqm_stage_x<NORM, R::q80>(a, sh);
     while (tile < n_tiles) {
         int64_t next_tile = tile;
         int next_sb = sb + W;
@@ -495,7 +614,7 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
     }
 }
 
-template <int P, bool NORM, int NG>
+template <int P, bool NORM, int NG, bool Q80>
 __global__ void __launch_bounds__(32 * GQM_MAX_WARPS) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
 {
     extern __shared__ __align__(16) uint8_t gqm_smem[];
@@ -509,15 +628,17 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS) gemvq_batch_mma_kernel(con
     int sg;
     int64_t rr;
     gemv_seg_of<P>(a, (int64_t)blockIdx.x * 16, sg, rr); /* a mixed launch: a tile per block */
-    const int dt = a.k_mixed ? a.seg[sg].dtype : a.dtype;
+    const int dt = Q80 ? QR_Q8_0 : a.k_mixed ? a.seg[sg].dtype : a.dtype;
     struct gqm_shared sh;
-    sh.nsb = nsb, sh.xstride = gqm_xstride(a.K, dt), sh.tm = TM;
-    sh.groups = dt == QR_Q4_K ? GQ8_GROUPS_Q4K : GQ8_GROUPS_Q6K;
+    sh.nsb = nsb, sh.xstride = Q80 ? a.K + 32 : gqm_xstride(a.K, dt), sh.tm = TM; /* Q8_0: Q4_K's pad */
+    sh.groups = Q80 ? GQ8_GROUPS_Q80 : dt == QR_Q4_K ? GQ8_GROUPS_Q4K : GQ8_GROUPS_Q6K;
     sh.part = (float *)gqm_smem;                       /* [nsb][16 P][TM] */
-    sh.dx = sh.part + nsb * 16 * P * TM;               /* [T][nsb] */
-    sh.ss = sh.dx + T * nsb;                           /* [T][nsb] */
+    sh.dx = sh.part + nsb * 16 * P * TM;               /* [T][nsb] (Q8_0: [T][8 nsb]) */
+    sh.ss = sh.dx + T * nsb * (Q80 ? 8 : 1);           /* [T][nsb] */
     sh.xq = (uint8_t *)(((uintptr_t)(sh.ss + T * nsb) + 15) & ~(uintptr_t)15); /* [T][xstride] */
-    if (dt == QR_Q4_K)
+    if (Q80) /* a kernel of its own: the K-quants' registers as they were */
+        gqm_tiles<gqm_q80, P, NORM, NG>(a, n_tiles, sh);
+    else if (dt == QR_Q4_K)
         gqm_tiles<gqm_q4k, P, NORM, NG>(a, n_tiles, sh);
     else
         gqm_tiles<gqm_q6k, P, NORM, NG>(a, n_tiles, sh);
@@ -536,7 +657,7 @@ static int gqm_warps(int32_t K)
 static size_t gqm_smem_bytes(const struct gemv_args *a, int P, int NG)
 {
     const int nsb = a->K / 256;
-    size_t part = (size_t)nsb * 16 * P * 8 * NG * 4, scales = (size_t)2 * a->T * nsb * 4;
+    size_t part = (size_t)nsb * 16 * P * 8 * NG * 4, scales = (size_t)a->T * (nsb + a->K / 32) * 4; /* ss, dx */
     return part + scales + 16 + (size_t)a->T * gqm_xstride(a->K, QR_Q4_K); /* the larger pad */
 }
 
@@ -553,11 +674,12 @@ bool gemvq_batch_mma_applies(const struct gemv_args *a)
     for (int i = 0; i < a->n_seg; i++) {
         int32_t dt = a->k_mixed ? a->seg[i].dtype : a->dtype;
         size_t rb = 0;
-        if ((dt != QR_Q4_K && dt != QR_Q6_K) || !dtype_row_bytes((enum qr_dtype)dt, a->K, &rb) ||
+        if ((dt != QR_Q4_K && dt != QR_Q6_K && (dt != QR_Q8_0 || a->k_mixed)) || !dtype_row_bytes((enum qr_dtype)dt, a->K, &rb) ||
             (int64_t)rb != a->seg[i].row_bytes || a->seg[i].N < 1 || a->seg[i].ldy < a->seg[i].N)
             return false;
-        /* Q4_K: 16- and 8-byte loads; Q6_K: 2-byte aligned fields read as aligned words */
-        if ((uintptr_t)a->seg[i].w % (dt == QR_Q4_K ? 16 : 2))
+        /* Q4_K: 16- and 8-byte loads; Q6_K: 2-byte aligned fields read as aligned words; Q8_0:
+         * words from word-aligned rows (272-byte super-blocks) */
+        if ((uintptr_t)a->seg[i].w % (dt == QR_Q4_K ? 16 : dt == QR_Q8_0 ? 4 : 2))
             return false;
         /* a tile takes one dtype: SwiGLU's gate and up alike, a mixed launch's segments of
          * another dtype than the one before start at a multiple of 16 rows */
@@ -569,12 +691,12 @@ bool gemvq_batch_mma_applies(const struct gemv_args *a)
     return true;
 }
 
-template <int P, bool NORM, int NG>
+template <int P, bool NORM, int NG, bool Q80>
 static cudaError_t gqm_launch(const struct gemv_args *a, cudaStream_t s)
 {
     const size_t smem = gqm_smem_bytes(a, P, NG);
     if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG>,
+        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG, Q80>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
@@ -584,26 +706,28 @@ static cudaError_t gqm_launch(const struct gemv_args *a, cudaStream_t s)
     int64_t blocks = tiles;
     int per_sm = 0;
     if (!a->k_mixed && /* a mixed launch keeps a tile per block: one dtype each */
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG>, threads, smem) ==
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG, Q80>, threads, smem) ==
             cudaSuccess &&
         per_sm > 0) {
         const int64_t fit = (int64_t)per_sm * (a->n_sm > 0 ? a->n_sm : 132);
         blocks = tiles < fit ? tiles : fit;
     }
-    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
+    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG, Q80>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
 }
 
-template <int NG>
+template <int NG, bool Q80>
 static cudaError_t gqm_launch_ng(const struct gemv_args *a, cudaStream_t s)
 {
     if (a->mode == GEMV_SWIGLU)
-        return a->norm_w ? gqm_launch<2, true, NG>(a, s) : gqm_launch<2, false, NG>(a, s);
-    return a->norm_w ? gqm_launch<1, true, NG>(a, s) : gqm_launch<1, false, NG>(a, s);
+        return a->norm_w ? gqm_launch<2, true, NG, Q80>(a, s) : gqm_launch<2, false, NG, Q80>(a, s);
+    return a->norm_w ? gqm_launch<1, true, NG, Q80>(a, s) : gqm_launch<1, false, NG, Q80>(a, s);
 }
 
 cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s)
 {
     if (!gemvq_batch_mma_applies(a))
         return cudaErrorInvalidValue;
-    return a->T > 8 ? gqm_launch_ng<2>(a, s) : gqm_launch_ng<1>(a, s);
+    if (!a->k_mixed && a->dtype == QR_Q8_0)
+        return a->T > 8 ? gqm_launch_ng<2, true>(a, s) : gqm_launch_ng<1, true>(a, s);
+    return a->T > 8 ? gqm_launch_ng<2, false>(a, s) : gqm_launch_ng<1, false>(a, s);
 }

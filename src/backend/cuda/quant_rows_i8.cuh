@@ -75,12 +75,21 @@ __device__ __forceinline__ float gq8_sumsq8(float4 a, float4 b)
 __device__ __forceinline__ float gq8_q8k_id(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
 __device__ __forceinline__ float gq8_q8k_d(float amax) { return amax / 127.0f; }
 
-/* ---- one float order for every 8-bit K-quant path ----
- * A K-quant row's value is a sum over its super-blocks of one term each, made from exact
- * integer sums over the super-block: Q4_K dx (d I - dmin M) with I = Σ sc_u Σ q x and
- * M = Σ m_u Σ x over the sub-blocks u, Q6_K dx d S with S = Σ sc_g Σ (q - 32) x over the groups
- * of 16 (explicit roundings: no contraction). The terms are added in one fixed order, the
- * canonical order: the super-blocks in G groups by sb % G (Q4_K: 4, Q6_K: 2); inside group q
+/* A Q8_0 block's scale (rounded to f16, as the CPU stores it) from the largest magnitude of its
+ * 32 elements, and the inverse scale its quants are made with (quant_quant_q8_0). */
+__device__ __forceinline__ float gq8_q80_d(float amax) { return __half2float(__float2half_rn(amax / 127.0f)); }
+__device__ __forceinline__ float gq8_q80_id(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+
+/* ---- one float order for every 8-bit path ----
+ * A row's value is a sum over its super-blocks (256 elements) of one term each. A K-quant's
+ * term is made from exact integer sums over the super-block: Q4_K dx (d I - dmin M) with
+ * I = Σ sc_u Σ q x and M = Σ m_u Σ x over the sub-blocks u, Q6_K dx d S with S = Σ sc_g Σ (q - 32) x
+ * over the groups of 16 (explicit roundings: no contraction). A Q8_0 super-block is 8 blocks of
+ * 32, each with its own scales: block k's term is (dw dx) S_k, S_k its exact integer sum, and the
+ * super-block's term the 8 added by the tree ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7))
+ * (gq8_q80_tree; the one-token warp's lanes 8q + k hold t_k and reach it through the halving's
+ * masks 4, 2, 1). The super-blocks' terms are added in one fixed order, the canonical order:
+ * the super-blocks in G groups by sb % G (Q4_K and Q8_0: 4, Q6_K: 2); inside group q
  * its J = ceil(NSB / G) terms t_j = term(q + G j), padded with +0 to JP (the power of two at or
  * above J), by a pairwise tree ((t0 + t1) + (t2 + t3)) + ...; then the groups, Q4_K as
  * (a0 + a2) + (a1 + a3), Q6_K as a0 + a1. The one-token warp reaches it through its shuffles
@@ -92,6 +101,7 @@ __device__ __forceinline__ float gq8_q8k_d(float amax) { return amax / 127.0f; }
  * direction. */
 #define GQ8_GROUPS_Q4K 4
 #define GQ8_GROUPS_Q6K 2
+#define GQ8_GROUPS_Q80 4
 #define GQ8_JP_MAX 8 /* the tree's leaves at most: Q6_K at K = 3,584, 7 terms a group */
 
 /* Q4_K: dx (d I - dmin M). */
@@ -104,6 +114,19 @@ __device__ __forceinline__ float gq8_term_q4k(float dx, float d, float dmin, int
 __device__ __forceinline__ float gq8_term_q6k(float dx, float d, int s)
 {
     return __fmul_rn(dx, __fmul_rn(d, __int2float_rn(s)));
+}
+
+/* Q8_0 block k of a super-block: (dw dx) S_k. */
+__device__ __forceinline__ float gq8_term_q80(float dw, float dx, int s)
+{
+    return __fmul_rn(__fmul_rn(dw, dx), __int2float_rn(s));
+}
+
+/* A Q8_0 super-block's term from its 8 blocks' terms t[k]. */
+__device__ __forceinline__ float gq8_q80_tree(const float (&t)[8])
+{
+    return __fadd_rn(__fadd_rn(__fadd_rn(t[0], t[4]), __fadd_rn(t[2], t[6])),
+                     __fadd_rn(__fadd_rn(t[1], t[5]), __fadd_rn(t[3], t[7])));
 }
 
 /* The tree's leaves for J terms: the power of two at or above J. */
@@ -139,12 +162,13 @@ __device__ __forceinline__ float gq8_canon_groups(const float *a)
 }
 
 /* ---- the one-token warp's side of the canonical order ----
- * A super-block's lanes (LANES = 8 for Q4_K, 16 for Q6_K: xor-adjacent, masks LANES / 2 .. 1)
- * each hold parts of JP integer sums (one per super-block j of their group). Recursive
- * halving: at mask m a lane keeps the half of its sums that its bit m selects and adds its
- * partner's part of them; once one is left, the rest of the masks add it whole. Each lane ends
- * with the whole sum of super-block gq8_own_j, in JP - 1 + log2(LANES / JP) shuffles (Q4_K
- * 3-4, Q6_K 4-8) where reducing one sum at a time would take 3 J and 4 J. */
+ * A super-block's lanes (LANES = 8 for Q4_K and Q8_0, 16 for Q6_K: xor-adjacent, masks
+ * LANES / 2 .. 1) each hold parts of JP sums (one per super-block j of their group: a K-quant's
+ * integer sums, Q8_0's block terms). Recursive halving: at mask m a lane keeps the half of its
+ * sums that its bit m selects and adds its partner's part of them; once one is left, the rest
+ * of the masks add it whole. Each lane ends with the whole sum of super-block gq8_own_j, in
+ * JP - 1 + log2(LANES / JP) shuffles (Q4_K 3-4, Q6_K 4-8) where reducing one sum at a time would
+ * take 3 J and 4 J. For Q8_0's floats the masks 4, 2, 1 make gq8_q80_tree's pairs whatever JP. */
 template <int JP, int LANES>
 __device__ __forceinline__ int gq8_own_j()
 {
@@ -159,8 +183,11 @@ __device__ __forceinline__ int gq8_own_j()
     return j;
 }
 
-template <int JP, int LANES>
-__device__ __forceinline__ int gq8_halve(int (&v)[JP])
+__device__ __forceinline__ int gq8_add(int a, int b) { return a + b; }
+__device__ __forceinline__ float gq8_add(float a, float b) { return __fadd_rn(a, b); }
+
+template <int JP, int LANES, typename V>
+__device__ __forceinline__ V gq8_halve(V (&v)[JP])
 {
     static_assert(JP <= LANES / 2, "a sum per pair of lanes at most");
     const int lane = threadIdx.x & 31;
@@ -172,12 +199,12 @@ __device__ __forceinline__ int gq8_halve(int (&v)[JP])
 #pragma unroll
             for (int i = 0; i < JP / 2; i++)
                 if (i < n / 2) {
-                    const int keep = up ? v[i + n / 2] : v[i], send = up ? v[i] : v[i + n / 2];
-                    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+                    const V keep = up ? v[i + n / 2] : v[i], send = up ? v[i] : v[i + n / 2];
+                    v[i] = gq8_add(keep, __shfl_xor_sync(0xffffffffu, send, m));
                 }
             n /= 2;
         } else {
-            v[0] += __shfl_xor_sync(0xffffffffu, v[0], m);
+            v[0] = gq8_add(v[0], __shfl_xor_sync(0xffffffffu, v[0], m));
         }
     }
     return v[0];
@@ -206,8 +233,8 @@ __device__ __forceinline__ void gq8_put8(float4 a, float4 b, int e, int blk, boo
     if (q8_0) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        float d = __half2float(__float2half_rn(amax / 127.0f));
-        id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float d = gq8_q80_d(amax);
+        id = gq8_q80_id(d);
         if ((lane & 3) == 0)
             xq->d[e / 32] = d;
     } else {
@@ -311,7 +338,10 @@ __device__ __forceinline__ void gq8_stage_quantise(const float *x, bool norm, fl
     __syncthreads();
 }
 
-/* ---- Q8_0: lane l takes blocks l + 32 u (quant_rows.cuh's mk_dot_q8_regs layout) ---- */
+/* ---- Q8_0: lane l takes blocks l + 32 j (quant_rows.cuh's mk_dot_q8_regs layout): block k =
+ * l % 8 of super-block 4 j + l / 8, so the lanes of group q = l / 8 hold super-blocks q + 4 j as
+ * Q4_K's do. Each lane's term per j (gq8_term_q80), halved over the group's 8 lanes (floats:
+ * gq8_q80_tree's pairs), the tree over j, then the groups as Q4_K's. ---- */
 
 template <int NB>
 struct gq8_x_q8 {
@@ -335,15 +365,19 @@ __device__ __forceinline__ void gq8_gather_q8(const struct gq8_x *xq, gq8_x_q8<N
     }
 }
 
+/* The row's value in the canonical order (every lane gets it); NB = 8 NSB blocks. */
 template <int NB>
 __device__ __forceinline__ float gq8_dot_q8(uint32_t row, const gq8_x_q8<NB> &x)
 {
+    static_assert(NB % 8 == 0, "whole super-blocks of 256");
+    constexpr int J = (NB + 31) / 32, JP = J <= 1 ? 1 : J <= 2 ? 2 : 4;
     const int lane = threadIdx.x & 31;
-    float acc = 0.0f;
+    float t[JP];
 #pragma unroll
-    for (int u = 0; u < (NB + 31) / 32; u++) {
-        if (NB % 32 && lane + 32 * u >= NB)
-            break;
+    for (int u = 0; u < JP; u++) {
+        t[u] = 0.0f;
+        if (u >= J || (NB % 32 && lane + 32 * u >= NB))
+            continue;
         uint32_t b = row + 34u * (uint32_t)(lane + 32 * u); /* 2-byte aligned */
         float dw = mk_f16((uint16_t)mk_lds_u16(b));
         int s = 0;
@@ -352,9 +386,11 @@ __device__ __forceinline__ float gq8_dot_q8(uint32_t row, const gq8_x_q8<NB> &x)
             uint32_t w = __byte_perm(mk_lds_u16(b + 2 + 4 * k), mk_lds_u16(b + 4 + 4 * k), 0x5410);
             s = __dp4a((int)w, (int)x.w[u][k], s);
         }
-        acc += dw * x.d[u] * (float)s;
+        t[u] = gq8_term_q80(dw, x.d[u], s);
     }
-    return acc;
+    float v = gq8_tree_lanes<JP, 8>(gq8_halve<JP, 8>(t));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 16)); /* (a0 + a2), (a1 + a3) */
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
 }
 
 /* ---- Q4_K: lane (c, half) of super-block group q = lane / 8 takes super-blocks q + 4 j, the
