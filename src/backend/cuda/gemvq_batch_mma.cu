@@ -17,7 +17,8 @@
  *
  * How: a block owns a tile of 16 rows (SwiGLU: 16 gate and 16 up rows) and all T tokens; its W
  * warps (W <= 8: NSB = K / 256 super-blocks in R = ceil(NSB / 8) rounds) each take super-blocks
- * warp, warp + W, .... Before its wait a warp asks for its first super-block's weights (the lane's
+ * warp, warp + W, ... — or, where NSB <= 4 (SPLIT, K = 1,024), two warps a super-block, each half
+ * its sub-blocks, the second half's exact sums handed over in shared memory. Before its wait a warp asks for its first super-block's weights (the lane's
  * words of rows g = lane / 4 and g + 8). After it the block quantises x into shared memory as
  * gq8_stage_quantise does (lane l: elements 8l .. 8l + 7 of a 256-element block; the sums of
  * squares per block added in block order for 1 / rms; max-abs scale, round to nearest even): a
@@ -37,7 +38,7 @@
  * The k index inside an mma is only a label: A and B name the same element for every k. Rows
  * are read through L1 for Q6_K (210-byte super-blocks, 2-byte aligned: aligned words shifted)
  * and past it for Q4_K. Each super-block's term goes to shared memory; one thread per (row, token)
- * adds them in the canonical order (gq8_canon_group, gq8_canon_groups), applies SwiGLU and stores or
+ * adds them in the canonical order (gq8_canon_row), applies SwiGLU and stores or
  * adds (GEMV_ACCUM). A block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (the grid: as
  * many blocks as fit at once), staging x once; a mixed launch keeps a tile per block, each
  * taking its tile's dtype (segments of another dtype start at multiples of 16 rows).
@@ -95,6 +96,7 @@ struct gqm_shared {
     float *dx;        /* [T][NSB] each Q8_K block's scale ([T][8 NSB] Q8_0 blocks' for Q8_0 rows) */
     float *ss;        /* [T][NSB] each 256-element block's sum of squares (with a norm) */
     float *part;      /* [nsb][16 P][8 NG] each super-block's terms */
+    uint32_t *xch;    /* SPLIT: [nsb][NG][GQM_ACC_WORDS(P)][32 lanes] the second halves' sums */
     int xstride, nsb, tm, groups; /* tm: 8 NG; groups: the canonical order's (GQ8_GROUPS_*) */
 };
 
@@ -184,6 +186,69 @@ static __device__ __forceinline__ void gqm_put(const struct gqm_shared &sh, int 
     sh.part[(sb * 16 * P + (g + 8 * (e >> 1)) * P + p) * sh.tm + 8 * j + 2 * c + (e & 1)] = v;
 }
 
+/* ---- a super-block's sums, whole or half (SPLIT: two warps a super-block) ----
+ * A warp's sums of its super-block for one token group: the K-quants' exact integer sums
+ * (Q4_K: isum, imin; Q6_K: isum, ioff) or Q8_0's float halves of gq8_q80_tree. With SPLIT (K of
+ * at most 4 super-blocks: 8 warps where there would be 4) warp half h takes sub-blocks 4h ..
+ * 4h + 3 (Q6_K: groups 8h .. 8h + 7; Q8_0: the even or the odd blocks), half 1 leaves its sums in
+ * shared memory (st) and half 0 adds them (merge: integers exactly, Q8_0's halves as the tree's
+ * last pair) before it makes the term: the same bits as one warp's whole super-block. */
+template <int P>
+struct gqm_acc_i {
+    int a[P][4], b[P][4];
+    __device__ __forceinline__ void zero()
+    {
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                a[p][e] = b[p][e] = 0;
+    }
+    /* word k of the lane at x[32 k] */
+    __device__ __forceinline__ void st(uint32_t *x) const
+    {
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                x[32 * (8 * p + e)] = (uint32_t)a[p][e], x[32 * (8 * p + 4 + e)] = (uint32_t)b[p][e];
+    }
+    __device__ __forceinline__ void merge(const uint32_t *x)
+    {
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                a[p][e] += (int)x[32 * (8 * p + e)], b[p][e] += (int)x[32 * (8 * p + 4 + e)];
+    }
+};
+
+template <int P>
+struct gqm_acc_f {
+    float a[P][4];
+    __device__ __forceinline__ void st(uint32_t *x) const
+    {
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                x[32 * (4 * p + e)] = __float_as_uint(a[p][e]);
+    }
+    __device__ __forceinline__ void merge(const uint32_t *x)
+    {
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                a[p][e] = __fadd_rn(a[p][e], __uint_as_float(x[32 * (4 * p + e)]));
+    }
+};
+
+#define GQM_ACC_WORDS(P) (8 * (P)) /* the larger accumulator's words a lane */
+
+template <typename R, int P>
+struct gqm_acc_of; /* R's accumulator: gqm_acc_i or gqm_acc_f */
+
 /* ---- Q4_K ---- */
 
 /* A row's super-block as the lane needs it: the 16-byte header (d, dmin, 12 scale bytes) and the
@@ -222,20 +287,26 @@ static __device__ __forceinline__ void gqm_q4k_scale(const uint4 &h, int &sc, in
  * token group j (B's column g is token 8j + g), its terms put in sh.part (rows g, g, g + 8, g + 8;
  * tokens 8j + 2c, 8j + 2c + 1). */
 template <int P>
-static __device__ __forceinline__ void gqm_super_q4k(const gqm_q4k (&r)[2][P], const struct gqm_shared &sh, int sb,
-                                                     int j, int T)
+struct gqm_acc_of<gqm_q4k, P> {
+    typedef gqm_acc_i<P> type;
+};
+
+/* Sub-blocks of the half H (-1: all 8) of super-block sb for token group j (B's column g is token
+ * 8j + g): isum (acc.a) and imin (acc.b) for the lane's D elements (rows g, g, g + 8, g + 8;
+ * tokens 8j + 2c, 8j + 2c + 1) of each of the P weights. */
+template <int H, int P>
+static __device__ __forceinline__ void gqm_sums(const gqm_q4k (&r)[2][P], const struct gqm_shared &sh, int sb, int j,
+                                                int T, gqm_acc_i<P> &acc)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
+    const int tok = min(8 * j + g, T - 1);
     const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 8 * c;
-    int isum[P][4], imin[P][4];
-#pragma unroll
-    for (int p = 0; p < P; p++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            isum[p][e] = imin[p][e] = 0;
+    int (&isum)[P][4] = acc.a, (&imin)[P][4] = acc.b;
+    acc.zero();
 #pragma unroll
     for (int s = 0; s < 8; s++) {
+        if (H >= 0 && s / 4 != H)
+            continue;
         const uint2 xw = *(const uint2 *)(xr + 32 * s);
         int ones[4] = {0, 0, 0, 0};
         mma_s8_16832(ones, GQM_ONES, GQM_ONES, GQM_ONES, GQM_ONES, xw.x, xw.y);
@@ -263,6 +334,14 @@ static __device__ __forceinline__ void gqm_super_q4k(const gqm_q4k (&r)[2][P], c
             }
         }
     }
+}
+
+/* Super-block sb's terms from the whole sums, put in sh.part. */
+template <int P>
+static __device__ __forceinline__ void gqm_terms(const gqm_q4k (&r)[2][P], const struct gqm_shared &sh, int sb, int j,
+                                                 int T, const gqm_acc_i<P> &acc)
+{
+    const int c = threadIdx.x & 3, t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
     const float dx0 = sh.dx[t0 * sh.nsb + sb], dx1 = sh.dx[t1 * sh.nsb + sb];
 #pragma unroll
     for (int p = 0; p < P; p++)
@@ -270,7 +349,7 @@ static __device__ __forceinline__ void gqm_super_q4k(const gqm_q4k (&r)[2][P], c
         for (int e = 0; e < 4; e++) {
             const uint32_t hx = r[e >> 1][p].h.x;
             const float d = gqm_half(hx & 0xffffu), dmin = gqm_half(hx >> 16);
-            gqm_put(sh, sb, j, p, P, e, gq8_term_q4k(e & 1 ? dx1 : dx0, d, dmin, isum[p][e], imin[p][e]));
+            gqm_put(sh, sb, j, p, P, e, gq8_term_q4k(e & 1 ? dx1 : dx0, d, dmin, acc.a[p][e], acc.b[p][e]));
         }
 }
 
@@ -332,6 +411,11 @@ static __device__ __forceinline__ int gqm_q6k_scale(const gqm_q6k &r)
     return (int)(int8_t)(uint8_t)(w >> (8 * (G & 3)));
 }
 
+template <int P>
+struct gqm_acc_of<gqm_q6k, P> {
+    typedef gqm_acc_i<P> type;
+};
+
 template <int G, int P>
 static __device__ __forceinline__ void gqm_group_q6k(const gqm_q6k (&r)[2][P], const uint8_t *xr, int (&isum)[P][4],
                                                      int (&ioff)[P][4])
@@ -352,34 +436,42 @@ static __device__ __forceinline__ void gqm_group_q6k(const gqm_q6k (&r)[2][P], c
     }
 }
 
-template <int P>
-static __device__ __forceinline__ void gqm_super_q6k(const gqm_q6k (&r)[2][P], const struct gqm_shared &sh, int sb,
-                                                     int j, int T)
+/* Groups of the half H (-1: all 16) of super-block sb: isum (acc.a) and ioff (acc.b). */
+template <int H, int P>
+static __device__ __forceinline__ void gqm_sums(const gqm_q6k (&r)[2][P], const struct gqm_shared &sh, int sb, int j,
+                                                int T, gqm_acc_i<P> &acc)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
+    const int tok = min(8 * j + g, T - 1);
     const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 4 * c;
-    int isum[P][4], ioff[P][4];
-#pragma unroll
-    for (int p = 0; p < P; p++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            isum[p][e] = ioff[p][e] = 0;
-    gqm_group_q6k<0>(r, xr, isum, ioff), gqm_group_q6k<1>(r, xr, isum, ioff);
-    gqm_group_q6k<2>(r, xr, isum, ioff), gqm_group_q6k<3>(r, xr, isum, ioff);
-    gqm_group_q6k<4>(r, xr, isum, ioff), gqm_group_q6k<5>(r, xr, isum, ioff);
-    gqm_group_q6k<6>(r, xr, isum, ioff), gqm_group_q6k<7>(r, xr, isum, ioff);
-    gqm_group_q6k<8>(r, xr, isum, ioff), gqm_group_q6k<9>(r, xr, isum, ioff);
-    gqm_group_q6k<10>(r, xr, isum, ioff), gqm_group_q6k<11>(r, xr, isum, ioff);
-    gqm_group_q6k<12>(r, xr, isum, ioff), gqm_group_q6k<13>(r, xr, isum, ioff);
-    gqm_group_q6k<14>(r, xr, isum, ioff), gqm_group_q6k<15>(r, xr, isum, ioff);
+    int (&isum)[P][4] = acc.a, (&ioff)[P][4] = acc.b;
+    acc.zero();
+    if (H <= 0) {
+        gqm_group_q6k<0>(r, xr, isum, ioff), gqm_group_q6k<1>(r, xr, isum, ioff);
+        gqm_group_q6k<2>(r, xr, isum, ioff), gqm_group_q6k<3>(r, xr, isum, ioff);
+        gqm_group_q6k<4>(r, xr, isum, ioff), gqm_group_q6k<5>(r, xr, isum, ioff);
+        gqm_group_q6k<6>(r, xr, isum, ioff), gqm_group_q6k<7>(r, xr, isum, ioff);
+    }
+    if (H != 0) {
+        gqm_group_q6k<8>(r, xr, isum, ioff), gqm_group_q6k<9>(r, xr, isum, ioff);
+        gqm_group_q6k<10>(r, xr, isum, ioff), gqm_group_q6k<11>(r, xr, isum, ioff);
+        gqm_group_q6k<12>(r, xr, isum, ioff), gqm_group_q6k<13>(r, xr, isum, ioff);
+        gqm_group_q6k<14>(r, xr, isum, ioff), gqm_group_q6k<15>(r, xr, isum, ioff);
+    }
+}
+
+template <int P>
+static __device__ __forceinline__ void gqm_terms(const gqm_q6k (&r)[2][P], const struct gqm_shared &sh, int sb, int j,
+                                                 int T, const gqm_acc_i<P> &acc)
+{
+    const int c = threadIdx.x & 3, t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
     const float dx0 = sh.dx[t0 * sh.nsb + sb], dx1 = sh.dx[t1 * sh.nsb + sb];
 #pragma unroll
     for (int p = 0; p < P; p++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const float d = gqm_half(r[e >> 1][p].d);
-            gqm_put(sh, sb, j, p, P, e, gq8_term_q6k(e & 1 ? dx1 : dx0, d, isum[p][e] - 32 * ioff[p][e]));
+            gqm_put(sh, sb, j, p, P, e, gq8_term_q6k(e & 1 ? dx1 : dx0, d, acc.a[p][e] - 32 * acc.b[p][e]));
         }
 }
 
@@ -447,65 +539,91 @@ static __device__ __forceinline__ void gqm_add(float (&a)[P][4], const float (&t
             a[p][e] = __fadd_rn(a[p][e], t[p][e]);
 }
 
-/* A super-block of Q8_0 rows: one mma.m16n8k32 per block, the 8 blocks' terms added by
- * gq8_q80_tree's pairs as they come ((0, 4), (2, 6), then (1, 5), (3, 7)). */
 template <int P>
-static __device__ __forceinline__ void gqm_super_q80(const gqm_q80 (&r)[2][P], const struct gqm_shared &sh, int sb,
-                                                     int j, int T)
+struct gqm_acc_of<gqm_q80, P> {
+    typedef gqm_acc_f<P> type;
+};
+
+/* One half of gq8_q80_tree over super-block sb's blocks: O = 0 the even ones, (t0 + t4) + (t2 +
+ * t6), O = 1 the odd ones. */
+template <int O, int P>
+static __device__ __forceinline__ void gqm_half_q80(const gqm_q80 (&r)[2][P], const uint8_t *xr, const float *dx0,
+                                                    const float *dx1, float (&a)[P][4])
+{
+    float b[P][4], t[P][4];
+    gqm_block_q80<O, P>(r, xr, dx0, dx1, a), gqm_block_q80<O + 4, P>(r, xr, dx0, dx1, t), gqm_add<P>(a, t);
+    gqm_block_q80<O + 2, P>(r, xr, dx0, dx1, b), gqm_block_q80<O + 6, P>(r, xr, dx0, dx1, t), gqm_add<P>(b, t);
+    gqm_add<P>(a, b);
+}
+
+/* A super-block of Q8_0 rows: one mma.m16n8k32 per block, the 8 blocks' terms added by
+ * gq8_q80_tree's pairs as they come ((0, 4), (2, 6), then (1, 5), (3, 7)): the half H's (-1: the
+ * whole tree) in acc.a. */
+template <int H, int P>
+static __device__ __forceinline__ void gqm_sums(const gqm_q80 (&r)[2][P], const struct gqm_shared &sh, int sb, int j,
+                                                int T, gqm_acc_f<P> &acc)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
     const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 8 * c;
     const float *dx0 = sh.dx + 8 * (t0 * sh.nsb + sb), *dx1 = sh.dx + 8 * (t1 * sh.nsb + sb);
-    float a[P][4], b[P][4], h[P][4], t[P][4];
-    gqm_block_q80<0, P>(r, xr, dx0, dx1, a), gqm_block_q80<4, P>(r, xr, dx0, dx1, t), gqm_add<P>(a, t);
-    gqm_block_q80<2, P>(r, xr, dx0, dx1, b), gqm_block_q80<6, P>(r, xr, dx0, dx1, t), gqm_add<P>(b, t);
-    gqm_add<P>(a, b); /* (t0 + t4) + (t2 + t6) */
-#pragma unroll
-    for (int p = 0; p < P; p++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            h[p][e] = a[p][e];
-    gqm_block_q80<1, P>(r, xr, dx0, dx1, a), gqm_block_q80<5, P>(r, xr, dx0, dx1, t), gqm_add<P>(a, t);
-    gqm_block_q80<3, P>(r, xr, dx0, dx1, b), gqm_block_q80<7, P>(r, xr, dx0, dx1, t), gqm_add<P>(b, t);
-    gqm_add<P>(a, b);
-    gqm_add<P>(h, a);
-#pragma unroll
-    for (int p = 0; p < P; p++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            gqm_put(sh, sb, j, p, P, e, h[p][e]);
+    if (H == 1) {
+        gqm_half_q80<1, P>(r, xr, dx0, dx1, acc.a);
+        return;
+    }
+    gqm_half_q80<0, P>(r, xr, dx0, dx1, acc.a); /* (t0 + t4) + (t2 + t6) */
+    if (H < 0) {
+        float o[P][4];
+        gqm_half_q80<1, P>(r, xr, dx0, dx1, o);
+        gqm_add<P>(acc.a, o);
+    }
 }
 
-static __device__ __forceinline__ void gqm_super(const gqm_q4k (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
-                                                 int T)
+template <int P>
+static __device__ __forceinline__ void gqm_terms(const gqm_q80 (&)[2][P], const struct gqm_shared &sh, int sb, int j,
+                                                 int, const gqm_acc_f<P> &acc)
 {
-    gqm_super_q4k<1>(r, sh, sb, j, T);
+#pragma unroll
+    for (int p = 0; p < P; p++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            gqm_put(sh, sb, j, p, P, e, acc.a[p][e]);
 }
-static __device__ __forceinline__ void gqm_super(const gqm_q4k (&r)[2][2], const struct gqm_shared &sh, int sb, int j,
-                                                 int T)
+
+/* Super-block sb of the tile for every token group: the sums (SPLIT: this warp's half, the
+ * halves met in sh.xch across a block barrier, which every warp of the block reaches), the
+ * terms put in sh.part. */
+template <bool SPLIT, typename R, int P, int NG>
+static __device__ __forceinline__ void gqm_super(const R (&r)[2][P], const struct gqm_shared &sh, int sb, int half, int T)
 {
-    gqm_super_q4k<2>(r, sh, sb, j, T);
-}
-static __device__ __forceinline__ void gqm_super(const gqm_q6k (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
-                                                 int T)
-{
-    gqm_super_q6k<1>(r, sh, sb, j, T);
-}
-static __device__ __forceinline__ void gqm_super(const gqm_q6k (&r)[2][2], const struct gqm_shared &sh, int sb, int j,
-                                                 int T)
-{
-    gqm_super_q6k<2>(r, sh, sb, j, T);
-}
-static __device__ __forceinline__ void gqm_super(const gqm_q80 (&r)[2][1], const struct gqm_shared &sh, int sb, int j,
-                                                 int T)
-{
-    gqm_super_q80<1>(r, sh, sb, j, T);
-}
-static __device__ __forceinline__ void gqm_super(const gqm_q80 (&r)[2][2], const struct gqm_shared &sh, int sb, int j,
-                                                 int T)
-{
-    gqm_super_q80<2>(r, sh, sb, j, T);
+    typename gqm_acc_of<R, P>::type acc[NG];
+    if (!SPLIT) {
+#pragma unroll
+        for (int j = 0; j < NG; j++)
+            gqm_sums<-1, P>(r, sh, sb, j, T, acc[j]);
+    } else {
+        uint32_t *x = sh.xch + (sb * NG * GQM_ACC_WORDS(P)) * 32 + (threadIdx.x & 31);
+        if (half) { /* warp-uniform */
+#pragma unroll
+            for (int j = 0; j < NG; j++) {
+                gqm_sums<1, P>(r, sh, sb, j, T, acc[j]);
+                acc[j].st(x + j * GQM_ACC_WORDS(P) * 32);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+                gqm_sums<0, P>(r, sh, sb, j, T, acc[j]);
+        }
+        __syncthreads();
+        if (half)
+            return;
+#pragma unroll
+        for (int j = 0; j < NG; j++)
+            acc[j].merge(x + j * GQM_ACC_WORDS(P) * 32);
+    }
+#pragma unroll
+    for (int j = 0; j < NG; j++)
+        gqm_terms<P>(r, sh, sb, j, T, acc[j]);
 }
 
 /* ---- the kernel ---- */
@@ -556,12 +674,8 @@ static __device__ void gqm_finish_tile(const struct gemv_args &a, int64_t tile, 
 #pragma unroll
         for (int p = 0; p < P; p++) {
             const float *t = sh.part + (r * P + p) * TM + tk; /* super-block sb at t[sb 16 P TM] */
-            float g[GQ8_GROUPS_Q4K] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int q = 0; q < GQ8_GROUPS_Q4K; q++)
-                if (q < sh.groups)
-                    g[q] = gq8_canon_group(t, (int64_t)16 * P * TM, q, sh.groups, sh.nsb);
-            sum[p] = sh.groups == GQ8_GROUPS_Q4K ? gq8_canon_groups<GQ8_GROUPS_Q4K>(g) : gq8_canon_groups<GQ8_GROUPS_Q6K>(g);
+            sum[p] = sh.groups == GQ8_GROUPS_Q4K ? gq8_canon_row<GQ8_GROUPS_Q4K>(t, (int64_t)16 * P * TM, sh.nsb)
+                                                 : gq8_canon_row<GQ8_GROUPS_Q6K>(t, (int64_t)16 * P * TM, sh.nsb);
         }
         float v = sum[0];
         if (P == 2)
@@ -576,35 +690,32 @@ static __device__ void gqm_finish_tile(const struct gemv_args &a, int64_t tile, 
  * gqm_q6k): the first super-block's loads before the wait, x staged once, then each warp's
  * super-blocks of each tile in turn, the next one's loads in flight while one is summed where P =
  * 1 (across tiles too: an LM head's block walks ~36 tiles). */
-template <typename R, int P, bool NORM, int NG>
+template <typename R, int P, bool NORM, int NG, bool SPLIT>
 static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, struct gqm_shared &sh)
 {
     const int warp = threadIdx.x >> 5, W = blockDim.x >> 5, nsb = sh.nsb, T = a.T;
+    const int half = SPLIT ? warp / nsb : 0; /* SPLIT: W = 2 nsb, a super-block per pair of warps */
     int64_t tile = blockIdx.x;
-    int sb = warp;
+    int sb = SPLIT ? warp % nsb : warp;
     R w[2][P];
     gqm_load_tile<R, P>(a, w, tile, sb); /* the weights do not depend on the launch before */
     griddep_wait();
     gqm_stage_x<NORM, R::q80>(a, sh);
     while (tile < n_tiles) {
         int64_t next_tile = tile;
-        int next_sb = sb + W;
-        if (next_sb >= nsb)
-            next_tile += gridDim.x, next_sb = warp;
+        int next_sb = SPLIT ? sb : sb + W;
+        if (SPLIT || next_sb >= nsb)
+            next_tile += gridDim.x, next_sb = SPLIT ? sb : warp;
         const bool more = next_tile < n_tiles;
         if (P == 1 && more) {
             R wn[2][P];
             gqm_load_tile<R, P>(a, wn, next_tile, next_sb);
-#pragma unroll
-            for (int j = 0; j < NG; j++)
-                gqm_super(w, sh, sb, j, T);
+            gqm_super<SPLIT, R, P, NG>(w, sh, sb, half, T);
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 w[h][0] = wn[h][0];
         } else {
-#pragma unroll
-            for (int j = 0; j < NG; j++)
-                gqm_super(w, sh, sb, j, T);
+            gqm_super<SPLIT, R, P, NG>(w, sh, sb, half, T);
             if (more)
                 gqm_load_tile<R, P>(a, w, next_tile, next_sb);
         }
@@ -614,8 +725,8 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
     }
 }
 
-template <int P, bool NORM, int NG, bool Q80>
-__global__ void __launch_bounds__(32 * GQM_MAX_WARPS) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
+template <int P, bool NORM, int NG, bool Q80, bool SPLIT>
+__global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
 {
     extern __shared__ __align__(16) uint8_t gqm_smem[];
     griddep_launch();
@@ -636,29 +747,42 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS) gemvq_batch_mma_kernel(con
     sh.dx = sh.part + nsb * 16 * P * TM;               /* [T][nsb] (Q8_0: [T][8 nsb]) */
     sh.ss = sh.dx + T * nsb * (Q80 ? 8 : 1);           /* [T][nsb] */
     sh.xq = (uint8_t *)(((uintptr_t)(sh.ss + T * nsb) + 15) & ~(uintptr_t)15); /* [T][xstride] */
+    sh.xch = (uint32_t *)(sh.xq + T * gqm_xstride(a.K, QR_Q4_K));                  /* the larger pad */
     if (Q80) /* a kernel of its own: the K-quants' registers as they were */
-        gqm_tiles<gqm_q80, P, NORM, NG>(a, n_tiles, sh);
+        gqm_tiles<gqm_q80, P, NORM, NG, SPLIT>(a, n_tiles, sh);
     else if (dt == QR_Q4_K)
-        gqm_tiles<gqm_q4k, P, NORM, NG>(a, n_tiles, sh);
+        gqm_tiles<gqm_q4k, P, NORM, NG, SPLIT>(a, n_tiles, sh);
     else
-        gqm_tiles<gqm_q6k, P, NORM, NG>(a, n_tiles, sh);
+        gqm_tiles<gqm_q6k, P, NORM, NG, SPLIT>(a, n_tiles, sh);
 }
 
 /* ---- host ---- */
 
+/* Whether a launch takes two warps a super-block (SPLIT): where K has at most half as many
+ * super-blocks as a block's warps (K = 1,024: 8 warps of half a super-block where there were 4
+ * of one). A warp's chain of ~2,200 instructions at ~10 cycles each was the launch (session 40);
+ * the split kernels keep to 128 registers (2 blocks of 8 warps an SM; spills of 0.2-1.2 KB a
+ * thread). Measured with the LM head split too (it loops over tiles); splitting only one-wave
+ * launches is the next thing to measure (docs/perf-log.md, session 40). */
+#ifndef GQM_SPLIT
+#define GQM_SPLIT 1
+#endif
+static bool gqm_split(const struct gemv_args *a) { return GQM_SPLIT && 2 * (a->K / 256) <= GQM_MAX_WARPS; }
+
 /* Warps per block: the super-blocks of K in the fewest rounds of at most GQM_MAX_WARPS warps,
- * spread evenly (K = 3072: 6 warps of 2; 3584: 7 of 2; 1024: 4 of 1). */
-static int gqm_warps(int32_t K)
+ * spread evenly (K = 3072: 6 warps of 2; 3584: 7 of 2; 1024: 4 of 1), or two a super-block. */
+static int gqm_warps(const struct gemv_args *a)
 {
-    const int nsb = K / 256, rounds = (nsb + GQM_MAX_WARPS - 1) / GQM_MAX_WARPS;
-    return (nsb + rounds - 1) / rounds;
+    const int nsb = a->K / 256, rounds = (nsb + GQM_MAX_WARPS - 1) / GQM_MAX_WARPS;
+    return gqm_split(a) ? 2 * nsb : (nsb + rounds - 1) / rounds;
 }
 
 static size_t gqm_smem_bytes(const struct gemv_args *a, int P, int NG)
 {
     const int nsb = a->K / 256;
     size_t part = (size_t)nsb * 16 * P * 8 * NG * 4, scales = (size_t)a->T * (nsb + a->K / 32) * 4; /* ss, dx */
-    return part + scales + 16 + (size_t)a->T * gqm_xstride(a->K, QR_Q4_K); /* the larger pad */
+    size_t xch = gqm_split(a) ? (size_t)nsb * NG * GQM_ACC_WORDS(P) * 32 * 4 : 0;
+    return part + scales + 16 + (size_t)a->T * gqm_xstride(a->K, QR_Q4_K) + xch; /* the larger pad */
 }
 
 bool gemvq_batch_mma_applies(const struct gemv_args *a)
@@ -691,43 +815,49 @@ bool gemvq_batch_mma_applies(const struct gemv_args *a)
     return true;
 }
 
-template <int P, bool NORM, int NG, bool Q80>
+template <int P, bool NORM, int NG, bool Q80, bool SPLIT>
 static cudaError_t gqm_launch(const struct gemv_args *a, cudaStream_t s)
 {
     const size_t smem = gqm_smem_bytes(a, P, NG);
     if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG, Q80>,
+        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
     }
-    const int threads = 32 * gqm_warps(a->K);
+    const int threads = 32 * gqm_warps(a);
     const int64_t tiles = (gemv_launch_rows(a) + 15) / 16;
     int64_t blocks = tiles;
     int per_sm = 0;
     if (!a->k_mixed && /* a mixed launch keeps a tile per block: one dtype each */
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG, Q80>, threads, smem) ==
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT>, threads, smem) ==
             cudaSuccess &&
         per_sm > 0) {
         const int64_t fit = (int64_t)per_sm * (a->n_sm > 0 ? a->n_sm : 132);
         blocks = tiles < fit ? tiles : fit;
     }
-    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG, Q80>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
+    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
 }
 
-template <int NG, bool Q80>
+template <int NG, bool Q80, bool SPLIT>
 static cudaError_t gqm_launch_ng(const struct gemv_args *a, cudaStream_t s)
 {
     if (a->mode == GEMV_SWIGLU)
-        return a->norm_w ? gqm_launch<2, true, NG, Q80>(a, s) : gqm_launch<2, false, NG, Q80>(a, s);
-    return a->norm_w ? gqm_launch<1, true, NG, Q80>(a, s) : gqm_launch<1, false, NG, Q80>(a, s);
+        return a->norm_w ? gqm_launch<2, true, NG, Q80, SPLIT>(a, s) : gqm_launch<2, false, NG, Q80, SPLIT>(a, s);
+    return a->norm_w ? gqm_launch<1, true, NG, Q80, SPLIT>(a, s) : gqm_launch<1, false, NG, Q80, SPLIT>(a, s);
+}
+
+template <bool SPLIT>
+static cudaError_t gqm_launch_split(const struct gemv_args *a, cudaStream_t s)
+{
+    if (!a->k_mixed && a->dtype == QR_Q8_0)
+        return a->T > 8 ? gqm_launch_ng<2, true, SPLIT>(a, s) : gqm_launch_ng<1, true, SPLIT>(a, s);
+    return a->T > 8 ? gqm_launch_ng<2, false, SPLIT>(a, s) : gqm_launch_ng<1, false, SPLIT>(a, s);
 }
 
 cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s)
 {
     if (!gemvq_batch_mma_applies(a))
         return cudaErrorInvalidValue;
-    if (!a->k_mixed && a->dtype == QR_Q8_0)
-        return a->T > 8 ? gqm_launch_ng<2, true>(a, s) : gqm_launch_ng<1, true>(a, s);
-    return a->T > 8 ? gqm_launch_ng<2, false>(a, s) : gqm_launch_ng<1, false>(a, s);
+    return gqm_split(a) ? gqm_launch_split<true>(a, s) : gqm_launch_split<false>(a, s);
 }

@@ -95,7 +95,7 @@ __device__ __forceinline__ float gq8_q80_id(float d) { return d != 0.0f ? 1.0f /
  * (a0 + a2) + (a1 + a3), Q6_K as a0 + a1. The one-token warp reaches it through its shuffles
  * (gq8_dot_q4k / gq8_dot_q6k: each super-block's integer sums reduced over the lanes that hold
  * parts of it, one term per super-block, the tree over the lanes), gemvq_batch_mma.cu from the
- * terms in shared memory (gq8_canon_group, gq8_canon_groups), so a batched row is bit for bit
+ * terms in shared memory (gq8_canon_row), so a batched row is bit for bit
  * the one-token one — and the next product's 8-bit x the same quants (docs/perf-log.md,
  * sessions 37 and 38). Float additions commute exactly, so the order is a tree, not a
  * direction. */
@@ -132,26 +132,6 @@ __device__ __forceinline__ float gq8_q80_tree(const float (&t)[8])
 /* The tree's leaves for J terms: the power of two at or above J. */
 __device__ __forceinline__ int gq8_jp(int j) { return j <= 1 ? 1 : j <= 2 ? 2 : j <= 4 ? 4 : 8; }
 
-/* Group q's sum: its terms t[sb] (sb = q, q + G, ... below nsb; stride floats apart) by the
- * pairwise tree over JP = gq8_jp(ceil(nsb / G)) leaves, the missing ones +0. */
-__device__ __forceinline__ float gq8_canon_group(const float *t, int64_t stride, int q, int G, int nsb)
-{
-    const int jp = gq8_jp((nsb + G - 1) / G);
-    float v[GQ8_JP_MAX];
-#pragma unroll
-    for (int j = 0; j < GQ8_JP_MAX; j++) {
-        const int sb = q + G * j;
-        v[j] = j < jp && sb < nsb ? t[sb * stride] : 0.0f;
-    }
-#pragma unroll
-    for (int w = 1; w < GQ8_JP_MAX; w *= 2)
-        if (w < jp)
-#pragma unroll
-            for (int i = 0; i < GQ8_JP_MAX; i += 2 * w)
-                v[i] = __fadd_rn(v[i], v[i + w]);
-    return v[0];
-}
-
 /* The groups' sums a[] combined: G = 4 as (a0 + a2) + (a1 + a3), G = 2 as a0 + a1. */
 template <int G>
 __device__ __forceinline__ float gq8_canon_groups(const float *a)
@@ -159,6 +139,43 @@ __device__ __forceinline__ float gq8_canon_groups(const float *a)
     if (G == 4)
         return __fadd_rn(__fadd_rn(a[0], a[2]), __fadd_rn(a[1], a[3]));
     return __fadd_rn(a[0], a[1]);
+}
+
+/* A row's value from its super-blocks' terms t[sb] (stride floats apart): group q's terms
+ * (sb = q, q + G, ... below nsb) by the pairwise tree over JP leaves, the missing ones +0, then
+ * the groups. JP is gq8_jp(ceil(nsb / G)), a compile-time count here (the tree fully unrolled:
+ * a runtime one cost a batched launch ~500 of its ~2,200 instructions per warp, session 40). */
+template <int G, int JP>
+__device__ __forceinline__ float gq8_canon_row_jp(const float *t, int64_t stride, int nsb)
+{
+    float a[G];
+#pragma unroll
+    for (int q = 0; q < G; q++) {
+        float v[JP];
+#pragma unroll
+        for (int j = 0; j < JP; j++) {
+            const int sb = q + G * j;
+            v[j] = sb < nsb ? t[sb * stride] : 0.0f;
+        }
+#pragma unroll
+        for (int w = 1; w < JP; w *= 2)
+#pragma unroll
+            for (int i = 0; i < JP; i += 2 * w)
+                v[i] = __fadd_rn(v[i], v[i + w]);
+        a[q] = v[0];
+    }
+    return gq8_canon_groups<G>(a);
+}
+
+template <int G>
+__device__ __forceinline__ float gq8_canon_row(const float *t, int64_t stride, int nsb)
+{
+    switch (gq8_jp((nsb + G - 1) / G)) {
+    case 1: return gq8_canon_row_jp<G, 1>(t, stride, nsb);
+    case 2: return gq8_canon_row_jp<G, 2>(t, stride, nsb);
+    case 4: return gq8_canon_row_jp<G, 4>(t, stride, nsb);
+    default: return gq8_canon_row_jp<G, GQ8_JP_MAX>(t, stride, nsb);
+    }
 }
 
 /* ---- the one-token warp's side of the canonical order ----
