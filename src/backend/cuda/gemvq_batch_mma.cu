@@ -17,8 +17,9 @@
  *
  * How: a block owns a tile of 16 rows (SwiGLU: 16 gate and 16 up rows) and all T tokens; its W
  * warps (W <= 8: NSB = K / 256 super-blocks in R = ceil(NSB / 8) rounds) each take super-blocks
- * warp, warp + W, ... — or, where NSB <= 4 (SPLIT, K = 1,024), two warps a super-block, each half
- * its sub-blocks, the second half's exact sums handed over in shared memory. Before its wait a warp asks for its first super-block's weights (the lane's
+ * warp, warp + W, ... — or, where NSB <= 4 (SPLIT, K = 1,024; K-quant launches of one wave, see
+ * gqm_split), two warps a super-block, each half its sub-blocks, the second half's exact sums
+ * handed over in shared memory. Before its wait a warp asks for its first super-block's weights (the lane's
  * words of rows g = lane / 4 and g + 8). After it the block quantises x into shared memory as
  * gq8_stage_quantise does (lane l: elements 8l .. 8l + 7 of a 256-element block; the sums of
  * squares per block added in block order for 1 / rms; max-abs scale, round to nearest even): a
@@ -189,10 +190,10 @@ static __device__ __forceinline__ void gqm_put(const struct gqm_shared &sh, int 
 /* ---- a super-block's sums, whole or half (SPLIT: two warps a super-block) ----
  * A warp's sums of its super-block for one token group: the K-quants' exact integer sums
  * (Q4_K: isum, imin; Q6_K: isum, ioff) or Q8_0's float halves of gq8_q80_tree. With SPLIT (K of
- * at most 4 super-blocks: 8 warps where there would be 4) warp half h takes sub-blocks 4h ..
- * 4h + 3 (Q6_K: groups 8h .. 8h + 7; Q8_0: the even or the odd blocks), half 1 leaves its sums in
- * shared memory (st) and half 0 adds them (merge: integers exactly, Q8_0's halves as the tree's
- * last pair) before it makes the term: the same bits as one warp's whole super-block. */
+ * at most 4 super-blocks: 8 warps where there would be 4; K-quants only) warp half h takes
+ * sub-blocks 4h .. 4h + 3 (Q6_K: groups 8h .. 8h + 7), half 1 leaves its sums in shared memory
+ * (st) and half 0 adds them exactly (merge) before it makes the term: the same bits as one
+ * warp's whole super-block. */
 template <int P>
 struct gqm_acc_i {
     int a[P][4], b[P][4];
@@ -224,27 +225,11 @@ struct gqm_acc_i {
 };
 
 template <int P>
-struct gqm_acc_f {
+struct gqm_acc_f { /* Q8_0's: never split (gqm_split) */
     float a[P][4];
-    __device__ __forceinline__ void st(uint32_t *x) const
-    {
-#pragma unroll
-        for (int p = 0; p < P; p++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                x[32 * (4 * p + e)] = __float_as_uint(a[p][e]);
-    }
-    __device__ __forceinline__ void merge(const uint32_t *x)
-    {
-#pragma unroll
-        for (int p = 0; p < P; p++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                a[p][e] = __fadd_rn(a[p][e], __uint_as_float(x[32 * (4 * p + e)]));
-    }
 };
 
-#define GQM_ACC_WORDS(P) (8 * (P)) /* the larger accumulator's words a lane */
+#define GQM_ACC_WORDS(P) (8 * (P)) /* gqm_acc_i's words a lane (SPLIT) */
 
 template <typename R, int P>
 struct gqm_acc_of; /* R's accumulator: gqm_acc_i or gqm_acc_f */
@@ -545,7 +530,7 @@ struct gqm_acc_of<gqm_q80, P> {
 };
 
 /* One half of gq8_q80_tree over super-block sb's blocks: O = 0 the even ones, (t0 + t4) + (t2 +
- * t6), O = 1 the odd ones. */
+ * t6), O = 1 the odd ones, (t1 + t5) + (t3 + t7). */
 template <int O, int P>
 static __device__ __forceinline__ void gqm_half_q80(const gqm_q80 (&r)[2][P], const uint8_t *xr, const float *dx0,
                                                     const float *dx1, float (&a)[P][4])
@@ -557,26 +542,21 @@ static __device__ __forceinline__ void gqm_half_q80(const gqm_q80 (&r)[2][P], co
 }
 
 /* A super-block of Q8_0 rows: one mma.m16n8k32 per block, the 8 blocks' terms added by
- * gq8_q80_tree's pairs as they come ((0, 4), (2, 6), then (1, 5), (3, 7)): the half H's (-1: the
- * whole tree) in acc.a. */
+ * gq8_q80_tree's pairs as they come ((0, 4), (2, 6), then (1, 5), (3, 7)), in acc.a. Whole
+ * super-blocks only (H = -1): a split cost Q8_0 launches 1-16% (docs/perf-log.md, session 41). */
 template <int H, int P>
 static __device__ __forceinline__ void gqm_sums(const gqm_q80 (&r)[2][P], const struct gqm_shared &sh, int sb, int j,
                                                 int T, gqm_acc_f<P> &acc)
 {
+    static_assert(H < 0, "Q8_0 rows are not split");
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int tok = min(8 * j + g, T - 1), t0 = min(8 * j + 2 * c, T - 1), t1 = min(8 * j + 2 * c + 1, T - 1);
     const uint8_t *xr = sh.xq + tok * sh.xstride + 256 * sb + 8 * c;
     const float *dx0 = sh.dx + 8 * (t0 * sh.nsb + sb), *dx1 = sh.dx + 8 * (t1 * sh.nsb + sb);
-    if (H == 1) {
-        gqm_half_q80<1, P>(r, xr, dx0, dx1, acc.a);
-        return;
-    }
-    gqm_half_q80<0, P>(r, xr, dx0, dx1, acc.a); /* (t0 + t4) + (t2 + t6) */
-    if (H < 0) {
-        float o[P][4];
-        gqm_half_q80<1, P>(r, xr, dx0, dx1, o);
-        gqm_add<P>(acc.a, o);
-    }
+    float o[P][4];
+    gqm_half_q80<0, P>(r, xr, dx0, dx1, acc.a);
+    gqm_half_q80<1, P>(r, xr, dx0, dx1, o);
+    gqm_add<P>(acc.a, o);
 }
 
 template <int P>
@@ -597,7 +577,7 @@ template <bool SPLIT, typename R, int P, int NG>
 static __device__ __forceinline__ void gqm_super(const R (&r)[2][P], const struct gqm_shared &sh, int sb, int half, int T)
 {
     typename gqm_acc_of<R, P>::type acc[NG];
-    if (!SPLIT) {
+    if constexpr (!SPLIT) {
 #pragma unroll
         for (int j = 0; j < NG; j++)
             gqm_sums<-1, P>(r, sh, sb, j, T, acc[j]);
@@ -748,7 +728,7 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch
     sh.ss = sh.dx + T * nsb * (Q80 ? 8 : 1);           /* [T][nsb] */
     sh.xq = (uint8_t *)(((uintptr_t)(sh.ss + T * nsb) + 15) & ~(uintptr_t)15); /* [T][xstride] */
     sh.xch = (uint32_t *)(sh.xq + T * gqm_xstride(a.K, QR_Q4_K));                  /* the larger pad */
-    if (Q80) /* a kernel of its own: the K-quants' registers as they were */
+    if constexpr (Q80) /* a kernel of its own: the K-quants' registers as they were */
         gqm_tiles<gqm_q80, P, NORM, NG, SPLIT>(a, n_tiles, sh);
     else if (dt == QR_Q4_K)
         gqm_tiles<gqm_q4k, P, NORM, NG, SPLIT>(a, n_tiles, sh);
@@ -760,14 +740,22 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch
 
 /* Whether a launch takes two warps a super-block (SPLIT): where K has at most half as many
  * super-blocks as a block's warps (K = 1,024: 8 warps of half a super-block where there were 4
- * of one). A warp's chain of ~2,200 instructions at ~10 cycles each was the launch (session 40);
- * the split kernels keep to 128 registers (2 blocks of 8 warps an SM; spills of 0.2-1.2 KB a
- * thread). Measured with the LM head split too (it loops over tiles); splitting only one-wave
- * launches is the next thing to measure (docs/perf-log.md, session 40). */
+ * of one), its rows are K-quants, and its tiles are one wave of two blocks an SM. A warp's chain
+ * of ~2,200 instructions at ~10 cycles each was the launch (session 40); the split kernels keep
+ * to 128 registers (2 blocks of 8 warps an SM; spills of 0.2-1.2 KB a thread). Measured
+ * (docs/perf-log.md, session 41; GQM_SPLIT 0 never, 1 every K-quant launch K allows, 2 this
+ * rule): the LM heads (36-60 tiles a block) lose with the split, and so does every Q8_0 launch;
+ * Qwen3-0.6B Q4_K_M's q|k|v and gate|up gain 4-15%. */
 #ifndef GQM_SPLIT
-#define GQM_SPLIT 1
+#define GQM_SPLIT 2
 #endif
-static bool gqm_split(const struct gemv_args *a) { return GQM_SPLIT && 2 * (a->K / 256) <= GQM_MAX_WARPS; }
+static bool gqm_split(const struct gemv_args *a)
+{
+    if (!GQM_SPLIT || 2 * (a->K / 256) > GQM_MAX_WARPS || (!a->k_mixed && a->dtype == QR_Q8_0))
+        return false;
+    const int64_t tiles = (gemv_launch_rows(a) + 15) / 16;
+    return GQM_SPLIT == 1 || tiles <= 2 * (int64_t)(a->n_sm > 0 ? a->n_sm : 132);
+}
 
 /* Warps per block: the super-blocks of K in the fewest rounds of at most GQM_MAX_WARPS warps,
  * spread evenly (K = 3072: 6 warps of 2; 3584: 7 of 2; 1024: 4 of 1), or two a super-block. */
@@ -850,8 +838,12 @@ static cudaError_t gqm_launch_ng(const struct gemv_args *a, cudaStream_t s)
 template <bool SPLIT>
 static cudaError_t gqm_launch_split(const struct gemv_args *a, cudaStream_t s)
 {
-    if (!a->k_mixed && a->dtype == QR_Q8_0)
-        return a->T > 8 ? gqm_launch_ng<2, true, SPLIT>(a, s) : gqm_launch_ng<1, true, SPLIT>(a, s);
+    if (!a->k_mixed && a->dtype == QR_Q8_0) {
+        if constexpr (SPLIT) /* gqm_split never splits Q8_0 rows: their split kernels are not built */
+            return cudaErrorInvalidValue;
+        else
+            return a->T > 8 ? gqm_launch_ng<2, true, SPLIT>(a, s) : gqm_launch_ng<1, true, SPLIT>(a, s);
+    }
     return a->T > 8 ? gqm_launch_ng<2, false, SPLIT>(a, s) : gqm_launch_ng<1, false, SPLIT>(a, s);
 }
 
