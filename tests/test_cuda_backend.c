@@ -706,6 +706,24 @@ static void check_gemvq_int8_case(int32_t K, int32_t T, int mode, bool norm, int
     }
     if (cuda_gemv_host(&c, true, &err))
         fail_msg("gemvq_batch_mma K=%d T=%d mode %d: %s", K, T, mode, err.message);
+    long differ_pre = 0; /* x quantised once before the product (q_pre): the same bits as staged */
+    {
+        float *y2[4] = {0};
+        for (int i = 0; i < n_seg; i++) {
+            y2[i] = malloc((size_t)T * N[i] * 4);
+            memcpy(y2[i], y0[i], (size_t)T * N[i] * 4);
+            c.y[i] = y2[i];
+        }
+        c.prequant = true;
+        if (cuda_gemv_host(&c, true, &err))
+            fail_msg("gemvq_batch_mma with x quantised first, K=%d T=%d mode %d: %s", K, T, mode, err.message);
+        c.prequant = false;
+        for (int i = 0; i < (mode == 2 ? 1 : n_seg); i++)
+            for (int32_t j = 0; j < T * N[i]; j++)
+                differ_pre += memcmp(&y[i][j], &y2[i][j], sizeof(float)) != 0;
+        for (int i = 0; i < n_seg; i++)
+            c.y[i] = y[i], free(y2[i]);
+    }
     double e = gemv_case_ref_err(&c, y0, y), e1 = 0;
     long differ = 0;
     if (one_token) { /* each token alone through gemvq, x in 8 bits: the same bits */
@@ -729,11 +747,13 @@ static void check_gemvq_int8_case(int32_t K, int32_t T, int mode, bool norm, int
         e1 = sqrt(num / (den > 0 ? den : 1));
     }
     printf("gemvq_batch_mma %s%s K=%d T=%d mode %d norm %d segs %d (N0 %d): rel err %.3g (tol %.0e); against each "
-           "token alone through gemvq %.3g, %ld outputs not bit for bit\n",
-           dtype_traits(seg_dt[0])->name, c.mixed ? " mixed" : "", K, T, mode, norm, n_seg, N[0], e, tol, e1, differ);
-    if (!(e <= tol) || differ)
-        fail_msg("gemvq_batch_mma K=%d T=%d mode %d: rel err %.3g > %.0e, or %ld outputs differ from one token (%.3g)",
-                 K, T, mode, e, tol, differ, e1);
+           "token alone through gemvq %.3g, %ld outputs not bit for bit; x quantised first: %ld not bit for bit\n",
+           dtype_traits(seg_dt[0])->name, c.mixed ? " mixed" : "", K, T, mode, norm, n_seg, N[0], e, tol, e1, differ,
+           differ_pre);
+    if (!(e <= tol) || differ || differ_pre)
+        fail_msg("gemvq_batch_mma K=%d T=%d mode %d: rel err %.3g > %.0e, or %ld outputs differ from one token (%.3g), "
+                 "or %ld with x quantised first",
+                 K, T, mode, e, tol, differ, e1, differ_pre);
     for (int i = 0; i < n_seg; i++) {
         free((void *)c.w[i]);
         free(y0[i]), free(y[i]);

@@ -569,6 +569,8 @@ struct cuda_gemv_case {
                             * gemvq_batch_mma.cu (UNSUPPORTED where it does not apply); without
                             * batch, each token alone through gemvq with x in 8 bits (the
                             * one-token path of the default precision) */
+    bool prequant;         /* with batch, mma and int8: x quantised once before the product
+                            * (gemv_args.q_pre) instead of by each of its blocks */
 };
 qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool batch, struct qwenrt_error *err);
 /* The same for gemv_mma (cuda_options.gemv_mma on): BF16 rows that it takes. */

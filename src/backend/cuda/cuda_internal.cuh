@@ -304,6 +304,10 @@ struct gemv_args {
                             * TL_MAX_BLOCKS). Not in gemvq nor gemv2: compiled in, stamps changed
                             * their register allocation (gemv2's LM head 82 -> 96) */
     struct l2_range pf;   /* a later step's weights asked into the L2 (gemv_smem, gemv_mma, gemvq) */
+    uint8_t *q_pre;       /* gemvq_batch_mma: NULL, or device scratch of gemvq_batch_pre_bytes(T, K)
+                           * (16-byte aligned): x normalised and quantised into it once by a launch
+                           * of its own before the product, whose blocks copy it instead of each
+                           * staging x (off in the session until measured; docs/perf-log.md, session 41) */
     float *y_copy;        /* GEMV_ACCUM, one token and one segment, gemv_smem / gemv_mma only
                            * (launch_gemv refuses it elsewhere): each result also stored here,
                            * at its row (mlp_rows 3 reads the residual from this copy while it
@@ -351,6 +355,7 @@ cudaError_t launch_gemv_batch_mma(const struct gemv_args *a, cudaStream_t s);
  * super-blocks up to GQ8_KMAX. */
 bool gemvq_batch_mma_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s);
+extern "C" size_t gemvq_batch_pre_bytes(int32_t T, int32_t K); /* gemv_args.q_pre's size */
 /* The same for quantised rows (gemvq_batch.cu: Q8_0, Q4_K, Q6_K, Q4_K_M's mixed q|k|v; a.batch
  * asks for it, launch_gemv takes it when it applies). */
 bool gemvq_batch_applies(const struct gemv_args *a);

@@ -202,6 +202,7 @@ extern "C" bool cuda_gemv_batch_takes(int32_t dtype, int32_t N, int32_t K, int32
 struct gb_host_bufs {
     void *w[4];
     float *x, *norm_w, *y[4];
+    uint8_t *q_pre;
 };
 
 static void gb_host_free(struct gb_host_bufs *d)
@@ -210,6 +211,7 @@ static void gb_host_free(struct gb_host_bufs *d)
         cudaFree(d->w[i]), cudaFree(d->y[i]);
     cudaFree(d->x);
     cudaFree(d->norm_w);
+    cudaFree(d->q_pre);
 }
 
 /* A segment's dtype in the case. */
@@ -308,6 +310,9 @@ extern "C" qwenrt_status cuda_gemv_host(const struct cuda_gemv_case *c, bool bat
     cudaError_t e = gb_host_upload(c, &d, &a);
     a.batch = batch, a.batch_mma = batch && c->mma; /* v2, smem, gemvq off: gemv_kernel when not batch */
     a.q_int8 = c->int8 && (!batch || c->mma); /* not batch: each token alone through gemvq */
+    if (e == cudaSuccess && c->prequant && a.q_int8 && batch &&
+        (e = cudaMalloc(&d.q_pre, gemvq_batch_pre_bytes(c->T, c->K))) == cudaSuccess)
+        a.q_pre = d.q_pre;
     qwenrt_status st = QWENRT_OK;
     if (e == cudaSuccess && a.q_int8 && batch) {
         if (!gemvq_batch_mma_applies(&a))

@@ -17,13 +17,13 @@
  *
  * How: a block owns a tile of 16 rows (SwiGLU: 16 gate and 16 up rows) and all T tokens; its W
  * warps (W <= 8: NSB = K / 256 super-blocks in R = ceil(NSB / 8) rounds) each take super-blocks
- * warp, warp + W, ... — or, where NSB <= 4 (SPLIT, K = 1,024; K-quant launches of one wave, see
- * gqm_split), two warps a super-block, each half its sub-blocks, the second half's exact sums
- * handed over in shared memory. Before its wait a warp asks for its first super-block's weights (the lane's
- * words of rows g = lane / 4 and g + 8). After it the block quantises x into shared memory as
- * gq8_stage_quantise does (lane l: elements 8l .. 8l + 7 of a 256-element block; the sums of
- * squares per block added in block order for 1 / rms; max-abs scale, round to nearest even): a
- * row of K int8 per token, padded so that the lanes' reads fall in distinct banks, and each
+ * warp, warp + W, ... — or, where NSB <= 4 (SPLIT, K = 1,024; K-quant launches of at most 4
+ * tiles an SM, see gqm_split), two warps a super-block, each half its sub-blocks, the second
+ * half's exact sums handed over in shared memory. Before its wait a warp asks for its first
+ * super-block's weights (the lane's words of rows g = lane / 4 and g + 8). After it the block
+ * quantises x into shared memory as gq8_stage_quantise does (lane l: elements 8l .. 8l + 7 of a
+ * 256-element block; the sums of squares per block added in block order for 1 / rms; max-abs
+ * scale, round to nearest even): a row of K int8 per token, padded so that the lanes' reads fall in distinct banks, and each
  * block's scale. Then per super-block:
  *  - Q4_K: one mma.m16n8k32 (s8) per 32-element sub-block: A the tile's 4-bit quants (lane (g,
  *    c) holds elements 8c .. 8c + 7 of rows g and g + 8: the 8 bytes at 32j + 8c of the nibbles,
@@ -103,6 +103,44 @@ struct gqm_shared {
 
 #define GQM_STAGE_U 8 /* (token, block) pairs a warp loads before it uses any */
 
+/* One (token, block) pair's 8 values a lane (v0, v1: normalised already where the launch has a
+ * norm) quantised as gq8_stage_quantise does: the int8 words at xw, the scale at dslot (Q8_K:
+ * the block's, by lane 0; Q8_0 rows: each block of 32 over 4 lanes, by its first lane, dslot
+ * that lane's block's): gqm_pre_kernel's. gqm_stage_x writes the same arithmetic out (a call
+ * there cost its split kernels 4-48 bytes of spills); check_gemvq_int8_case holds the two to
+ * the same bits. */
+template <bool Q80>
+static __device__ __forceinline__ void gqm_quant_pair(float4 v0, float4 v1, uint8_t *xw, float *dslot)
+{
+    const int lane = threadIdx.x & 31;
+    float amax = gq8_amax8(v0, v1);
+    int s;
+    if (Q80) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float d = gq8_q80_d(amax);
+        *(uint2 *)xw = gq8_words8(v0, v1, gq8_q80_id(d), &s);
+        if ((lane & 3) == 0)
+            *dslot = d;
+    } else {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        *(uint2 *)xw = gq8_words8(v0, v1, gq8_q8k_id(amax), &s);
+        if (lane == 0)
+            *dslot = gq8_q8k_d(amax);
+    }
+}
+
+/* 1 / rms of a token from its blocks' sums of squares, added in block order. */
+static __device__ __forceinline__ float gqm_inv_rms(const float *ss, int nsb, float eps)
+{
+    float tot = 0.0f;
+    for (int b = 0; b < nsb; b++)
+        tot += ss[b];
+    return rsqrtf(tot / (float)(256 * nsb) + eps);
+}
+
 /* x quantised into sh (every thread of the block; ends with a block barrier): token t's block b
  * by one warp, lane l elements 8l .. 8l + 7, normalised first when a.norm_w — the sums of
  * squares and the quantisation of gq8_stage_quantise (Q8_K blocks, or Q8_0's of 32 over 4
@@ -157,7 +195,8 @@ static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_s
                 v0 = gemv_norm4(v0, inv, __ldg((const float4 *)(a.norm_w + e)));
                 v1 = gemv_norm4(v1, inv, __ldg((const float4 *)(a.norm_w + e + 4)));
             }
-            float amax = gq8_amax8(v0, v1);
+            float amax = gq8_amax8(v0, v1); /* gqm_quant_pair's arithmetic, written out: its call
+                                             * here cost the split kernels 4-48 bytes of spills */
             int s;
             if (Q80) { /* blocks of 32 over 4 lanes */
                 amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -176,6 +215,74 @@ static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_s
             }
         }
     }
+    __syncthreads();
+}
+
+/* ---- x quantised once for all of a launch's blocks (a.q_pre) ----
+ * The staging above is every block's work again: T K / 256 pairs of ~60-100 dependent
+ * instructions after an L2 round trip, 1.44 of a 2.50 ms Qwen3-0.6B Q4_K_M step at 16 sessions
+ * (docs/perf-log.md, session 41). With a.q_pre, gqm_pre_kernel normalises and quantises x once
+ * into it — [T][K] int8, then at gqm_pre_dx the scales as sh.dx holds them — with the staging's
+ * arithmetic in its order, and the product's blocks copy it (gqm_copy_x): the same words (the
+ * tests compare every kernel case both ways, bit for bit). Not yet used by the session. */
+static __host__ __device__ __forceinline__ size_t gqm_pre_dx_offset(int T, int K) { return ((size_t)T * K + 15) & ~(size_t)15; }
+static __device__ __forceinline__ float *gqm_pre_dx(uint8_t *q, int T, int K) { return (float *)(q + gqm_pre_dx_offset(T, K)); }
+
+extern "C" size_t gemvq_batch_pre_bytes(int32_t T, int32_t K)
+{
+    return gqm_pre_dx_offset(T, K) + (size_t)T * (K / 32) * 4; /* Q8_0 rows' scales, the most */
+}
+
+/* Block t: token t; warp b: its block b of 256 (the staging's pair (t, b), lane l elements 8l ..
+ * 8l + 7). NORM: the block's sums of squares meet in shared memory, 1 / rms as the staging's. */
+template <bool NORM, bool Q80>
+__global__ void __launch_bounds__(32 * GQ8_KMAX / 256) gqm_pre_kernel(const __grid_constant__ struct gemv_args a)
+{
+    __shared__ float ss[GQ8_KMAX / 256];
+    griddep_launch();
+    const int lane = threadIdx.x & 31, b = threadIdx.x >> 5, t = blockIdx.x, nsb = a.K / 256, e = 256 * b + 8 * lane;
+    float4 w0 = make_float4(0, 0, 0, 0), w1 = w0;
+    if (NORM) /* weights: before the wait */
+        w0 = __ldg((const float4 *)(a.norm_w + e)), w1 = __ldg((const float4 *)(a.norm_w + e + 4));
+    griddep_wait();
+    const float *xp = a.x + (int64_t)t * a.ldx + e;
+    float4 v0 = __ldg((const float4 *)xp), v1 = __ldg((const float4 *)(xp + 4));
+    if (NORM) {
+        const float s2 = warp_sum(gq8_sumsq8(v0, v1));
+        if (lane == 0)
+            ss[b] = s2;
+        __syncthreads();
+        const float inv = gqm_inv_rms(ss, nsb, a.eps);
+        v0 = gemv_norm4(v0, inv, w0), v1 = gemv_norm4(v1, inv, w1);
+    }
+    float *dx = gqm_pre_dx(a.q_pre, a.T, a.K);
+    gqm_quant_pair<Q80>(v0, v1, a.q_pre + (int64_t)t * a.K + e, Q80 ? dx + 8 * t * nsb + e / 32 : dx + t * nsb + b);
+}
+
+#define GQM_COPY_U 8 /* 16-byte words a thread loads before it stores any */
+
+/* gqm_pre_kernel's x into sh (every thread of the block; ends with a block barrier). */
+template <bool Q80>
+static __device__ void gqm_copy_x(const struct gemv_args &a, const struct gqm_shared &sh)
+{
+    const int row16 = a.K / 16, n = a.T * row16, nd = a.T * sh.nsb * (Q80 ? 8 : 1), B = blockDim.x;
+    const uint4 *src = (const uint4 *)a.q_pre;
+    for (int i0 = threadIdx.x; i0 < n; i0 += GQM_COPY_U * B) {
+        uint4 r[GQM_COPY_U];
+#pragma unroll
+        for (int u = 0; u < GQM_COPY_U; u++)
+            if (i0 + u * B < n)
+                r[u] = __ldg(src + i0 + u * B);
+#pragma unroll
+        for (int u = 0; u < GQM_COPY_U; u++) {
+            const int i = i0 + u * B;
+            if (i < n)
+                *(uint4 *)(sh.xq + (i / row16) * sh.xstride + 16 * (i % row16)) = r[u];
+        }
+    }
+    const float *dx = gqm_pre_dx(a.q_pre, a.T, a.K);
+    for (int i = threadIdx.x; i < nd; i += B)
+        sh.dx[i] = __ldg(dx + i);
     __syncthreads();
 }
 
@@ -670,7 +777,7 @@ static __device__ void gqm_finish_tile(const struct gemv_args &a, int64_t tile, 
  * gqm_q6k): the first super-block's loads before the wait, x staged once, then each warp's
  * super-blocks of each tile in turn, the next one's loads in flight while one is summed where P =
  * 1 (across tiles too: an LM head's block walks ~36 tiles). */
-template <typename R, int P, bool NORM, int NG, bool SPLIT>
+template <typename R, int P, bool NORM, int NG, bool SPLIT, bool PRE>
 static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, struct gqm_shared &sh)
 {
     const int warp = threadIdx.x >> 5, W = blockDim.x >> 5, nsb = sh.nsb, T = a.T;
@@ -680,7 +787,10 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
     R w[2][P];
     gqm_load_tile<R, P>(a, w, tile, sb); /* the weights do not depend on the launch before */
     griddep_wait();
-    gqm_stage_x<NORM, R::q80>(a, sh);
+    if constexpr (PRE)
+        gqm_copy_x<R::q80>(a, sh);
+    else
+        gqm_stage_x<NORM, R::q80>(a, sh);
     while (tile < n_tiles) {
         int64_t next_tile = tile;
         int next_sb = SPLIT ? sb : sb + W;
@@ -705,7 +815,7 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
     }
 }
 
-template <int P, bool NORM, int NG, bool Q80, bool SPLIT>
+template <int P, bool NORM, int NG, bool Q80, bool SPLIT, bool PRE>
 __global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
 {
     extern __shared__ __align__(16) uint8_t gqm_smem[];
@@ -729,32 +839,35 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch
     sh.xq = (uint8_t *)(((uintptr_t)(sh.ss + T * nsb) + 15) & ~(uintptr_t)15); /* [T][xstride] */
     sh.xch = (uint32_t *)(sh.xq + T * gqm_xstride(a.K, QR_Q4_K));                  /* the larger pad */
     if constexpr (Q80) /* a kernel of its own: the K-quants' registers as they were */
-        gqm_tiles<gqm_q80, P, NORM, NG, SPLIT>(a, n_tiles, sh);
+        gqm_tiles<gqm_q80, P, NORM, NG, SPLIT, PRE>(a, n_tiles, sh);
     else if (dt == QR_Q4_K)
-        gqm_tiles<gqm_q4k, P, NORM, NG, SPLIT>(a, n_tiles, sh);
+        gqm_tiles<gqm_q4k, P, NORM, NG, SPLIT, PRE>(a, n_tiles, sh);
     else
-        gqm_tiles<gqm_q6k, P, NORM, NG, SPLIT>(a, n_tiles, sh);
+        gqm_tiles<gqm_q6k, P, NORM, NG, SPLIT, PRE>(a, n_tiles, sh);
 }
 
 /* ---- host ---- */
 
 /* Whether a launch takes two warps a super-block (SPLIT): where K has at most half as many
  * super-blocks as a block's warps (K = 1,024: 8 warps of half a super-block where there were 4
- * of one), its rows are K-quants, and its tiles are one wave of two blocks an SM. A warp's chain
+ * of one), its rows are K-quants, and it has at most 4 tiles an SM. A warp's chain
  * of ~2,200 instructions at ~10 cycles each was the launch (session 40); the split kernels keep
  * to 128 registers (2 blocks of 8 warps an SM; spills of 0.2-1.2 KB a thread). Measured
  * (docs/perf-log.md, session 41; GQM_SPLIT 0 never, 1 every K-quant launch K allows, 2 this
  * rule): the LM heads (36-60 tiles a block) lose with the split, and so does every Q8_0 launch;
- * Qwen3-0.6B Q4_K_M's q|k|v and gate|up gain 4-15%. */
+ * Qwen3-0.6B Q4_K_M's q|k|v and gate|up gain 4-15%, Qwen3.5-0.8B's in_proj (514 tiles) 2-3%. */
 #ifndef GQM_SPLIT
 #define GQM_SPLIT 2
+#endif
+#ifndef GQM_SPLIT_TILES_PER_SM
+#define GQM_SPLIT_TILES_PER_SM 4 /* GQM_SPLIT 2: a launch of at most this many tiles an SM splits */
 #endif
 static bool gqm_split(const struct gemv_args *a)
 {
     if (!GQM_SPLIT || 2 * (a->K / 256) > GQM_MAX_WARPS || (!a->k_mixed && a->dtype == QR_Q8_0))
         return false;
     const int64_t tiles = (gemv_launch_rows(a) + 15) / 16;
-    return GQM_SPLIT == 1 || tiles <= 2 * (int64_t)(a->n_sm > 0 ? a->n_sm : 132);
+    return GQM_SPLIT == 1 || tiles <= GQM_SPLIT_TILES_PER_SM * (int64_t)(a->n_sm > 0 ? a->n_sm : 132);
 }
 
 /* Warps per block: the super-blocks of K in the fewest rounds of at most GQM_MAX_WARPS warps,
@@ -777,7 +890,7 @@ bool gemvq_batch_mma_applies(const struct gemv_args *a)
 {
     if (a->T < 2 || a->T > GEMV_BATCH_MMA_MAX_T || a->y_copy || a->n_seg < 1 || a->n_seg > GEMV_MAX_SEG ||
         a->K < 256 || a->K % 256 || a->K > GQ8_KMAX || a->ldx % 4 || (uintptr_t)a->x % 16 ||
-        (uintptr_t)a->norm_w % 16)
+        (uintptr_t)a->norm_w % 16 || (uintptr_t)a->q_pre % 16)
         return false;
     if (a->mode == GEMV_SWIGLU ? a->n_seg != 2 || a->seg[1].N != a->seg[0].N
                                : a->mode != GEMV_STORE && a->mode != GEMV_ACCUM)
@@ -803,12 +916,12 @@ bool gemvq_batch_mma_applies(const struct gemv_args *a)
     return true;
 }
 
-template <int P, bool NORM, int NG, bool Q80, bool SPLIT>
+template <int P, bool NORM, int NG, bool Q80, bool SPLIT, bool PRE>
 static cudaError_t gqm_launch(const struct gemv_args *a, cudaStream_t s)
 {
     const size_t smem = gqm_smem_bytes(a, P, NG);
     if (smem > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT>,
+        cudaError_t e = cudaFuncSetAttribute(gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT, PRE>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
@@ -818,21 +931,24 @@ static cudaError_t gqm_launch(const struct gemv_args *a, cudaStream_t s)
     int64_t blocks = tiles;
     int per_sm = 0;
     if (!a->k_mixed && /* a mixed launch keeps a tile per block: one dtype each */
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT>, threads, smem) ==
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT, PRE>, threads, smem) ==
             cudaSuccess &&
         per_sm > 0) {
         const int64_t fit = (int64_t)per_sm * (a->n_sm > 0 ? a->n_sm : 132);
         blocks = tiles < fit ? tiles : fit;
     }
-    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
+    return launch_k(a->pdl, gemvq_batch_mma_kernel<P, NORM, NG, Q80, SPLIT, PRE>, dim3((unsigned)blocks), dim3(threads), smem, s, *a);
 }
 
 template <int NG, bool Q80, bool SPLIT>
 static cudaError_t gqm_launch_ng(const struct gemv_args *a, cudaStream_t s)
 {
+    if (a->q_pre) /* the norm was gqm_pre_kernel's */
+        return a->mode == GEMV_SWIGLU ? gqm_launch<2, false, NG, Q80, SPLIT, true>(a, s)
+                                      : gqm_launch<1, false, NG, Q80, SPLIT, true>(a, s);
     if (a->mode == GEMV_SWIGLU)
-        return a->norm_w ? gqm_launch<2, true, NG, Q80, SPLIT>(a, s) : gqm_launch<2, false, NG, Q80, SPLIT>(a, s);
-    return a->norm_w ? gqm_launch<1, true, NG, Q80, SPLIT>(a, s) : gqm_launch<1, false, NG, Q80, SPLIT>(a, s);
+        return a->norm_w ? gqm_launch<2, true, NG, Q80, SPLIT, false>(a, s) : gqm_launch<2, false, NG, Q80, SPLIT, false>(a, s);
+    return a->norm_w ? gqm_launch<1, true, NG, Q80, SPLIT, false>(a, s) : gqm_launch<1, false, NG, Q80, SPLIT, false>(a, s);
 }
 
 template <bool SPLIT>
@@ -851,5 +967,13 @@ cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s)
 {
     if (!gemvq_batch_mma_applies(a))
         return cudaErrorInvalidValue;
+    if (a->q_pre) {
+        const bool q80 = !a->k_mixed && a->dtype == QR_Q8_0;
+        void (*k)(const struct gemv_args) = a->norm_w ? (q80 ? gqm_pre_kernel<true, true> : gqm_pre_kernel<true, false>)
+                                                      : (q80 ? gqm_pre_kernel<false, true> : gqm_pre_kernel<false, false>);
+        cudaError_t e = launch_k(a->pdl, k, dim3((unsigned)a->T), dim3(32 * (a->K / 256)), 0, s, *a);
+        if (e != cudaSuccess)
+            return e;
+    }
     return gqm_split(a) ? gqm_launch_split<true>(a, s) : gqm_launch_split<false>(a, s);
 }
