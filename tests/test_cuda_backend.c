@@ -3091,6 +3091,29 @@ static struct qwenrt_model *reload_cuda(struct qwenrt_model *synth, const char *
     return m;
 }
 
+/* x quantised once a product (cuda_options.gemvq_batch_pre through QWENRT_CUDA_BATCH_PRE): a
+ * batch of 3 and one of 16 bit for bit alone, as with x staged by every block; and the
+ * variable's bad values refused by name. */
+static void check_batch_pre_env(struct qwenrt_model *m, const char *name)
+{
+    char label[160];
+    snprintf(label, sizeof(label), "%s, x quantised once a product", name);
+    setenv("QWENRT_CUDA_BATCH_PRE", "2", 1);
+    check_batch_int8_model(m, 3, 0, true, label);
+    check_batch_int8_model(m, 16, 300, true, label);
+    static const char *const bad[] = {"1", "17", "x", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct qwenrt_error err = {0};
+        struct qwenrt_session *s = NULL;
+        setenv("QWENRT_CUDA_BATCH_PRE", bad[i], 1);
+        qwenrt_status st = qwenrt_session_init(m, NULL, &s, &err);
+        assert_int_equal(st, QWENRT_ERR_INVALID_ARG);
+        assert_null(s);
+        assert_true(strstr(err.message, "QWENRT_CUDA_BATCH_PRE") || strstr(err.message, "gemvq_batch_pre"));
+    }
+    unsetenv("QWENRT_CUDA_BATCH_PRE");
+}
+
 static void test_batch_int8_cuda(void **st)
 {
     (void)st;
@@ -3102,6 +3125,7 @@ static void test_batch_int8_cuda(void **st)
     check_batch_int8_model(m, 12, 0, true, "qwen3-tiny q4_k_m w1024");
     check_batch_int8_model(m, 12, 130, true, "qwen3-tiny q4_k_m w1024"); /* 3 splits */
     check_batch_int8_model(m, 16, 300, true, "qwen3-tiny q4_k_m w1024"); /* the cluster window */
+    check_batch_pre_env(m, "qwen3-tiny q4_k_m w1024");
     /* past the window (here to 320): from position 512 a session's graph takes 9 splits and
      * more, so the batch takes all (b_deep) — the third session reaches 512 at the second step */
     m->cuda_tuning.attn_cluster_from = 192, m->cuda_tuning.attn_cluster_until = 320;
@@ -3125,6 +3149,7 @@ static void test_batch_int8_cuda(void **st)
     check_batch_int8_model(m, 3, 0, true, "qwen3-tiny q8_0 w1024");
     check_batch_int8_model(m, 12, 130, true, "qwen3-tiny q8_0 w1024");
     check_batch_int8_model(m, 16, 300, true, "qwen3-tiny q8_0 w1024");
+    check_batch_pre_env(m, "qwen3-tiny q8_0 w1024");
     qwenrt_model_free(m);
     remove(path);
 }

@@ -136,6 +136,17 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
         opt.mega = CUDA_MEGA_OFF;
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
+    /* QWENRT_CUDA_BATCH_PRE=N: the batched step's quantised products take x quantised once a
+     * product from N sessions (cuda_options.gemvq_batch_pre), for A/B runs until it is measured */
+    const char *pre = getenv("QWENRT_CUDA_BATCH_PRE");
+    if (pre) {
+        char *end = NULL;
+        long v = strtol(pre, &end, 10);
+        if (!*pre || *end || v < 0 || v > 64)
+            return err_set(err, QWENRT_ERR_INVALID_ARG, "QWENRT_CUDA_BATCH_PRE=%.32s: expected a number of sessions (0: off)",
+                           pre);
+        opt.gemvq_batch_pre = (int32_t)v; /* its range: cuda_session_init's check */
+    }
     /* the KV cache's element type: the session's, or QWENRT_CUDA_KV=f16|f32 for A/B runs */
     const char *kv = getenv("QWENRT_CUDA_KV");
     if (kv && strcmp(kv, "f16") && strcmp(kv, "f32"))

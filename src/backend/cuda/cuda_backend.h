@@ -309,6 +309,13 @@ struct cuda_options {
                           * (attention_kernel); 8 or 16 (head size 256: 16 only). H200, session
                           * 29, Qwen3-0.6B BF16 with 8 / 16: depth 4,096 -5.4% / level (f32
                           * cache), +1.9% / +4.5% (f16); depth 0 -1.1% / -1.5% */
+    int32_t gemvq_batch_pre; /* the batched step's quantised products in the default precision
+                          * (gemvq_batch_mma.cu): x normalised and quantised once a product by a
+                          * launch of its own (gemv_args.q_pre), which the product's blocks copy,
+                          * from this many sessions (2-16), instead of by every block. 0
+                          * (default): never. Tested bit for bit against the staged form, not
+                          * yet measured (docs/perf-log.md, session 41: the staging is over half
+                          * of a batched Q4_K_M step at 8-16 sessions) */
     int32_t attn_stage;  /* decode graph, the attention with RoPE inside, outside the
                           * cluster-merged attention's graphs, sm_90: the cached K/V rows copied
                           * into shared memory by bulk copies, a ring of this many tiles of rows

@@ -356,6 +356,7 @@ cudaError_t launch_gemv_batch_mma(const struct gemv_args *a, cudaStream_t s);
 bool gemvq_batch_mma_applies(const struct gemv_args *a);
 cudaError_t launch_gemvq_batch_mma(const struct gemv_args *a, cudaStream_t s);
 extern "C" size_t gemvq_batch_pre_bytes(int32_t T, int32_t K); /* gemv_args.q_pre's size */
+#define GEMVQ_BATCH_PRE_KMAX 3584 /* the largest K gemvq_batch_mma takes (GQ8_KMAX) */
 /* The same for quantised rows (gemvq_batch.cu: Q8_0, Q4_K, Q6_K, Q4_K_M's mixed q|k|v; a.batch
  * asks for it, launch_gemv takes it when it applies). */
 bool gemvq_batch_applies(const struct gemv_args *a);

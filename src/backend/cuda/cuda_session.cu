@@ -123,6 +123,8 @@ struct cuda_session {
                                * sessions at once (cuda_batch_seq_steps) */
     float *b_part;            /* its multi-session attention's partials: [cap_batch] att_part's */
     unsigned *b_count;        /* [cap_batch][att_heads] their arrival counters (kept zeroed) */
+    uint8_t *b_qpre;          /* its quantised products' x, quantised once a product
+                               * (gemv_args.q_pre, cuda_options.gemvq_batch_pre), or NULL */
     /* the batched step this session leads (batch_step): its members, the graph of their step */
     const struct cuda_session **b_key; /* [cap_batch] the last step's sessions, in order */
     int32_t *b_pos;           /* [cap_batch] the sessions' positions in its batched step (device) */
@@ -288,6 +290,7 @@ extern "C" struct cuda_options cuda_default_options(void)
                             * session 29) */
     o.attn_lanes = 0;      /* not yet measured */
     o.attn_stage = 0;      /* not yet measured */
+    o.gemvq_batch_pre = 0; /* not yet measured (perf-log session 41) */
     o.kv_f16 = false;
     o.prefill_bf16 = true;
     o.prefill_x_terms = 0;
@@ -743,6 +746,10 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->q_one_pass = cs->opt.gemvq_one_pass == 1;
     a->smem_norm_late = cs->gs_norm_late;
     a->batch = cs->opt.gemv_batch, a->batch_mma = cs->opt.gemv_batch_mma;
+    /* a->T is the launch's: the batched step's quantised products from gemvq_batch_pre tokens
+     * (b_qpre: allocated with the batch this session leads, for cap_batch tokens) */
+    const int32_t pre = cs->opt.gemvq_batch_pre;
+    a->q_pre = pre > 0 && a->T >= pre && a->T <= cs->cap_batch ? cs->b_qpre : NULL;
 }
 
 /* Whether the GEMV a (its session's arguments) takes its T tokens in run r: up to gemv_max_T,
@@ -1721,6 +1728,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     free_bufs(cs->bbufs);
     cudaFree(cs->b_part);
     cudaFree(cs->b_count);
+    cudaFree(cs->b_qpre);
     cudaFree(cs->b_pos);
     cudaFreeHost(cs->b_stage);
     batch_free(cs);
@@ -2580,6 +2588,11 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->mlp_rows_down < 0 || o->mlp_rows_down > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: mlp_rows_down %d (0: shared memory, 1: registers)",
                        (int)o->mlp_rows_down);
+    if (o->gemvq_batch_pre != 0 && (o->gemvq_batch_pre < 2 || o->gemvq_batch_pre > GEMV_BATCH_MMA_MAX_T))
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemvq_batch_pre %d (0: off, 2 to %d: x quantised once a product from this many "
+                       "sessions)",
+                       (int)o->gemvq_batch_pre, GEMV_BATCH_MMA_MAX_T);
     if (o->attn_stage < -1 || o->attn_stage > ATT_STAGES_MAX)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_stage %d (0 or -1: off, 1 to %d: tiles in the ring)",
                        (int)o->attn_stage, ATT_STAGES_MAX);
@@ -3878,6 +3891,22 @@ static qwenrt_status alloc_batch_splits(struct cuda_session *c0, int32_t n, stru
     return QWENRT_OK;
 }
 
+/* x's scratch for the quantised products quantised once (gemv_args.q_pre) for n sessions,
+ * where cuda_options.gemvq_batch_pre asks for it. */
+static qwenrt_status alloc_batch_qpre(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
+{
+    cudaFree(c0->b_qpre);
+    c0->b_qpre = NULL;
+    if (c0->opt.gemvq_batch_pre <= 0 || n < c0->opt.gemvq_batch_pre)
+        return QWENRT_OK;
+    if (cudaMalloc(&c0->b_qpre, gemvq_batch_pre_bytes(n, GEMVQ_BATCH_PRE_KMAX)) != cudaSuccess) {
+        cudaGetLastError();
+        c0->b_qpre = NULL;
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: no device memory for the quantised x of %d sessions", n);
+    }
+    return QWENRT_OK;
+}
+
 /* The batch's positions on the device and the pinned stage of its ids and positions, for n
  * sessions. */
 static qwenrt_status alloc_batch_stage(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
@@ -3926,7 +3955,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         if (!(c0->b_key = (const struct cuda_session **)xcalloc((size_t)n, sizeof(*c0->b_key))))
             return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: out of memory");
         if ((st = alloc_bufs(p, c0->bbufs, n, n, err)) || (st = alloc_batch_splits(c0, n, err)) ||
-            (st = alloc_batch_stage(c0, n, err)))
+            (st = alloc_batch_stage(c0, n, err)) || (st = alloc_batch_qpre(c0, n, err)))
             return st;
         c0->cap_batch = n;
     }

@@ -228,6 +228,8 @@ static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_s
 static __host__ __device__ __forceinline__ size_t gqm_pre_dx_offset(int T, int K) { return ((size_t)T * K + 15) & ~(size_t)15; }
 static __device__ __forceinline__ float *gqm_pre_dx(uint8_t *q, int T, int K) { return (float *)(q + gqm_pre_dx_offset(T, K)); }
 
+static_assert(GEMVQ_BATCH_PRE_KMAX == GQ8_KMAX, "the session sizes q_pre for gemvq_batch_mma's largest K");
+
 extern "C" size_t gemvq_batch_pre_bytes(int32_t T, int32_t K)
 {
     return gqm_pre_dx_offset(T, K) + (size_t)T * (K / 32) * 4; /* Q8_0 rows' scales, the most */
