@@ -858,7 +858,8 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch
  * to 128 registers (2 blocks of 8 warps an SM; spills of 0.2-1.2 KB a thread). Measured
  * (docs/perf-log.md, session 41; GQM_SPLIT 0 never, 1 every K-quant launch K allows, 2 this
  * rule): the LM heads (36-60 tiles a block) lose with the split, and so does every Q8_0 launch;
- * Qwen3-0.6B Q4_K_M's q|k|v and gate|up gain 4-15%, Qwen3.5-0.8B's in_proj (514 tiles) 2-3%. */
+ * against no split, Qwen3-0.6B Q4_K_M's q|k|v and gate|up gain 1-4% at 3 sessions and 10-15%
+ * at 8-16, Qwen3.5-0.8B's in_proj (514 tiles) 2-3% at 8-16 (one round). */
 #ifndef GQM_SPLIT
 #define GQM_SPLIT 2
 #endif
