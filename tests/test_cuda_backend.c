@@ -3091,16 +3091,20 @@ static struct qwenrt_model *reload_cuda(struct qwenrt_model *synth, const char *
     return m;
 }
 
-/* x quantised once a product (cuda_options.gemvq_batch_pre through QWENRT_CUDA_BATCH_PRE): a
- * batch of 3 and one of 16 bit for bit alone, as with x staged by every block; and the
- * variable's bad values refused by name. */
+/* x quantised once a product (cuda_options.gemvq_batch_pre, default 2: the other checks take
+ * it) against x staged by every block, through QWENRT_CUDA_BATCH_PRE: 0 (never) and 16 (a batch
+ * of 3 stages, one of 16 quantises once) keep a batch of 3 and one of 16 bit for bit alone; and
+ * the variable's bad values refused by name. */
 static void check_batch_pre_env(struct qwenrt_model *m, const char *name)
 {
-    char label[160];
-    snprintf(label, sizeof(label), "%s, x quantised once a product", name);
-    setenv("QWENRT_CUDA_BATCH_PRE", "2", 1);
-    check_batch_int8_model(m, 3, 0, true, label);
-    check_batch_int8_model(m, 16, 300, true, label);
+    static const char *const good[] = {"0", "16"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        char label[160];
+        snprintf(label, sizeof(label), "%s, QWENRT_CUDA_BATCH_PRE=%s", name, good[i]);
+        setenv("QWENRT_CUDA_BATCH_PRE", good[i], 1);
+        check_batch_int8_model(m, 3, 0, true, label);
+        check_batch_int8_model(m, 16, 300, true, label);
+    }
     static const char *const bad[] = {"1", "17", "x", ""};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct qwenrt_error err = {0};

@@ -137,7 +137,7 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
     /* QWENRT_CUDA_BATCH_PRE=N: the batched step's quantised products take x quantised once a
-     * product from N sessions (cuda_options.gemvq_batch_pre), for A/B runs until it is measured */
+     * product from N sessions (cuda_options.gemvq_batch_pre; default 2, 0 off), for A/B runs */
     const char *pre = getenv("QWENRT_CUDA_BATCH_PRE");
     if (pre) {
         char *end = NULL;

@@ -312,10 +312,10 @@ struct cuda_options {
     int32_t gemvq_batch_pre; /* the batched step's quantised products in the default precision
                           * (gemvq_batch_mma.cu): x normalised and quantised once a product by a
                           * launch of its own (gemv_args.q_pre), which the product's blocks copy,
-                          * from this many sessions (2-16), instead of by every block. 0
-                          * (default): never. Tested bit for bit against the staged form, not
-                          * yet measured (docs/perf-log.md, session 41: the staging is over half
-                          * of a batched Q4_K_M step at 8-16 sessions) */
+                          * from this many sessions (2-16), instead of by every block; 0:
+                          * never. Default 2: bit for bit the staged form; H200, session 42,
+                          * Qwen3-0.6B Q4_K_M +28% / +65% / +85% at 3 / 8 / 16 sessions, Q8_0
+                          * +30% / +62% / +92% (docs/perf-log.md) */
     int32_t attn_stage;  /* decode graph, the attention with RoPE inside, outside the
                           * cluster-merged attention's graphs, sm_90: the cached K/V rows copied
                           * into shared memory by bulk copies, a ring of this many tiles of rows

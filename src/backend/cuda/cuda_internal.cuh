@@ -307,7 +307,7 @@ struct gemv_args {
     uint8_t *q_pre;       /* gemvq_batch_mma: NULL, or device scratch of gemvq_batch_pre_bytes(T, K)
                            * (16-byte aligned): x normalised and quantised into it once by a launch
                            * of its own before the product, whose blocks copy it instead of each
-                           * staging x (off in the session until measured; docs/perf-log.md, session 41) */
+                           * staging x (the session's default from 2 sessions; docs/perf-log.md, session 42) */
     float *y_copy;        /* GEMV_ACCUM, one token and one segment, gemv_smem / gemv_mma only
                            * (launch_gemv refuses it elsewhere): each result also stored here,
                            * at its row (mlp_rows 3 reads the residual from this copy while it

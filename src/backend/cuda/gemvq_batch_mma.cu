@@ -225,7 +225,8 @@ static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_s
  * into it — [T][K] int8, then at gqm_pre_dx the scales as sh.dx holds them — with the staging's
  * arithmetic in its order, and the product's blocks copy it (gqm_copy_x): the same words (the
  * tests compare every kernel case both ways, bit for bit). The session takes it from
- * cuda_options.gemvq_batch_pre sessions (off by default: not yet measured). */
+ * cuda_options.gemvq_batch_pre sessions (default 2: the step at 16 sessions 1.85x faster,
+ * docs/perf-log.md, session 42). */
 static __host__ __device__ __forceinline__ size_t gqm_pre_dx_offset(int T, int K) { return ((size_t)T * K + 15) & ~(size_t)15; }
 static __device__ __forceinline__ float *gqm_pre_dx(uint8_t *q, int T, int K) { return (float *)(q + gqm_pre_dx_offset(T, K)); }
 
