@@ -44,7 +44,8 @@
  *    of the server's batched step (gemv_batch.cu, and gemv_batch_mma.cu's tensor-core sums) at
  *    T = 2, 4, 8 against one token's.
  * 5. --batch N,N,...: only the server's batched decode step (qwenrt_batch_decode, then each
- *    session's greedy qwenrt_session_sample) for n_gen steps, per batch size, then exit.
+ *    session's greedy qwenrt_session_sample) for n_gen steps, per batch size, then exit; with
+ *    --depth D each session first takes an untimed prompt of D tokens.
  * 6. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
  *    per graph, several grid shapes, without and with PDL), then exit.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
@@ -699,9 +700,10 @@ out:
 }
 
 /* --batch N,N,...: the server's continuous batching step — qwenrt_batch_decode over n sessions,
- * then each session's greedy pick (qwenrt_session_sample) — for n_gen steps from position 0,
- * median of reps; prints each n's step time and the tokens per second of all n together. */
-static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, int reps, FILE *jf)
+ * then each session's greedy pick (qwenrt_session_sample) — for n_gen steps from position
+ * depth (each session's untimed prompt of depth tokens first: --depth), median of reps; prints
+ * each n's step time and the tokens per second of all n together. */
+static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, int32_t depth, int reps, FILE *jf)
 {
     enum { BATCH_MAX = 64 };
     struct qwenrt_error err = {0};
@@ -713,6 +715,7 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
     sp.temperature = 0;
     ps.n_ctx = n_gen + 2;
     int rc = 1, nmax = 0;
+    int32_t *prompt = NULL;
     for (const char *c = list; *c; c++) {
         int n = atoi(c);
         nmax = n > nmax ? n : nmax;
@@ -725,7 +728,14 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
         fprintf(stderr, "--batch %s: expected sizes of 1 to %d\n", list, BATCH_MAX);
         return 2;
     }
-    ps.n_ctx = n_gen + 2 > nmax ? n_gen + 2 : nmax; /* a CUDA batch takes at most its first session's context */
+    ps.n_ctx = depth + n_gen + 2 > nmax ? depth + n_gen + 2 : nmax; /* a CUDA batch takes at most its first session's context */
+    prompt = calloc((size_t)(depth > 0 ? depth : 1), sizeof(int32_t));
+    if (!prompt) {
+        snprintf(err.message, sizeof(err.message), "out of memory for a prompt of %d tokens", (int)depth);
+        goto out;
+    }
+    for (int32_t t = 0; t < depth; t++)
+        prompt[t] = (int32_t)((131u * (uint32_t)t + 17u) % (uint32_t)m->hp.n_vocab);
     if (qwenrt_batch_init(m, nmax, &b, &err))
         goto out;
     for (int r = 0; r < nmax; r++)
@@ -746,6 +756,8 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
                 int32_t ids[BATCH_MAX];
                 for (int r = 0; r < n; r++) {
                     qwenrt_session_reset(s[r]);
+                    if (depth > 0 && qwenrt_session_prefill(s[r], prompt, depth, NULL, &err))
+                        goto out;
                     ids[r] = 100 + 7 * r;
                 }
                 double t0 = time_now_s(), sub = 0;
@@ -788,6 +800,7 @@ out:
         qwenrt_session_free(s[r]);
     }
     qwenrt_batch_free(b);
+    free(prompt);
     return rc;
 }
 
@@ -1112,11 +1125,12 @@ int main(int argc, char **argv)
             for (int i = 0; i < argc; i++)
                 fprintf(jf, "%s%s", i ? " " : "", argv[i]);
             fprintf(jf, "\",\n  \"device\": \"%s\",\n  \"schema\": \"qwenrt.cuda_bench_batch/1\",\n", dev);
-            fprintf(jf, "  \"timing\": \"wall clock of n_gen steps from position 0: qwenrt_batch_decode over n sessions, then each "
+            fprintf(jf, "  \"timing\": \"wall clock of n_gen steps from position depth (each session's untimed prompt of depth "
+                        "tokens first): qwenrt_batch_decode over n sessions, then each "
                         "session's greedy qwenrt_session_sample; median of reps after one warm-up\",\n");
-            fprintf(jf, "  \"n_gen\": %d,\n  \"reps\": %d,\n  \"rows\": [", n_gen, reps);
+            fprintf(jf, "  \"n_gen\": %d,\n  \"depth\": %d,\n  \"reps\": %d,\n  \"rows\": [", n_gen, (int)depth, reps);
         }
-        int rc = print_batch(m, batch, n_gen, reps, jf);
+        int rc = print_batch(m, batch, n_gen, depth, reps, jf);
         if (jf) {
             fprintf(jf, "\n  ],\n  \"status\": \"%s\"\n}\n", rc ? "failed" : "ok");
             fclose(jf);

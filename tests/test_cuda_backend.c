@@ -3321,14 +3321,21 @@ static void test_batch_graph_cuda(void **st)
  * here: up to 2 splits; the multi-session launch gives each of 3 sessions a third of the
  * session's splits, still more than that); 17 sessions take two launches (16 + 1), at the
  * default one split below 128. */
-static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir, int32_t n, bool split, bool kv_f16)
+/* How check_batch_seq_model's sessions split their keys: as by default (one split at its
+ * positions, 12-24), in splits of 16 from the start, or one split below position 20 and splits
+ * of 16 from there: the batched attention's launch goes from one split to several part way
+ * (cuda_session.cu's batch levels), its graph captured again. */
+enum seq_split { SEQ_DEFAULT, SEQ_SPLIT, SEQ_CROSS };
+
+static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir, int32_t n, enum seq_split split,
+                                  bool kv_f16)
 {
     struct qwenrt_error err = {0};
     int32_t V = m->hp.n_vocab, pos[17], ids[17];
     assert_true(n <= 17);
     struct cuda_options on = cuda_default_options();
-    if (split)
-        on.attn_one_split = 0, on.attn_split_min = 16;
+    if (split != SEQ_DEFAULT)
+        on.attn_one_split = split == SEQ_CROSS ? 20 : 0, on.attn_split_min = 16;
     on.kv_f16 = kv_f16;
     struct cuda_options off = on;
     off.batch_seq = false;
@@ -3372,7 +3379,8 @@ static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir,
         }
     }
     printf("%s: %d sessions%s%s: one launch per step = one per session, bit for bit\n", dir, n,
-           split ? ", split heads" : "", kv_f16 ? ", f16 cache" : "");
+           split == SEQ_SPLIT ? ", split heads" : split == SEQ_CROSS ? ", heads split from position 20" : "",
+           kv_f16 ? ", f16 cache" : "");
     for (int32_t i = 0; i < n; i++) {
         cuda_session_free(ga[i]);
         cuda_session_free(ea[i]);
@@ -3381,7 +3389,7 @@ static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir,
     free(le);
 }
 
-static void check_batch_seq(const char *dir, int32_t n, bool split, bool kv_f16)
+static void check_batch_seq(const char *dir, int32_t n, enum seq_split split, bool kv_f16)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_model *m = NULL;
@@ -3395,7 +3403,7 @@ static void check_batch_seq(const char *dir, int32_t n, bool split, bool kv_f16)
 
 /* A synth Qwen3.5 with Hv == Hk (the conv inside the DeltaNet core: its one-launch form runs),
  * DeltaNet heads of ssm_dim (0: the tiny preset's, 128: Qwen3.5-0.8B's) */
-static void check_batch_seq_gdn(int32_t ssm_dim, int32_t n, bool split)
+static void check_batch_seq_gdn(int32_t ssm_dim, int32_t n, enum seq_split split)
 {
     char path[256];
     struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, true, ssm_dim, path, sizeof(path));
@@ -3409,14 +3417,16 @@ static void test_batch_seq_cuda(void **st)
 {
     (void)st;
     for (int i = 0; i < 4; i++)
-        check_batch_seq(fixtures[i], 3, true, false);
-    check_batch_seq(fixtures[1], 17, false, false);
-    check_batch_seq(fixtures[3], 17, false, false);
-    check_batch_seq(fixtures[1], 3, true, true);
-    check_batch_seq(fixtures[3], 3, true, true);
-    check_batch_seq_gdn(0, 3, true);
-    check_batch_seq_gdn(128, 5, false);
-    check_batch_seq_gdn(0, 17, false);
+        check_batch_seq(fixtures[i], 3, SEQ_SPLIT, false);
+    check_batch_seq(fixtures[1], 17, SEQ_DEFAULT, false);
+    check_batch_seq(fixtures[3], 17, SEQ_DEFAULT, false);
+    check_batch_seq(fixtures[1], 7, SEQ_CROSS, false);
+    check_batch_seq(fixtures[2], 7, SEQ_CROSS, false);
+    check_batch_seq(fixtures[1], 3, SEQ_SPLIT, true);
+    check_batch_seq(fixtures[3], 3, SEQ_SPLIT, true);
+    check_batch_seq_gdn(0, 3, SEQ_SPLIT);
+    check_batch_seq_gdn(128, 5, SEQ_DEFAULT);
+    check_batch_seq_gdn(0, 17, SEQ_DEFAULT);
 }
 
 /* A batched step that fails part way (cuda_options.batch_fail_at: a BACKEND error at that op,

@@ -129,7 +129,7 @@ struct cuda_session {
     const struct cuda_session **b_key; /* [cap_batch] the last step's sessions, in order */
     int32_t *b_pos;           /* [cap_batch] the sessions' positions in its batched step (device) */
     int32_t *b_stage;         /* pinned: [cap_batch] ids, then [cap_batch] positions */
-    bool b_deep;              /* its batched attention takes all att_splits (batch_split_floor) */
+    int8_t b_level;           /* its batched attention's splits (enum batch_level, batch_split_floor) */
     bool b_own_pos;           /* its last batched step ran per-session steps (side streams),
                                * which read each session's own d_pos */
     int32_t b_n;                       /* their number, negative when the logits went to the host */
@@ -3549,30 +3549,40 @@ static bool batch_seq_step(const struct cuda_session *c0, struct cuda_session *c
     return true;
 }
 
-/* The splits a multi-session attention launch has at least, so that each session's keys split as
- * its own graph splits them (attention_splits, a function of the position): the cluster window's
- * ATT_CL_SPLITS, which also covers every position below it (one split to 127, then one per 64
- * positions), or all of c0's when the batch is deep (b_deep: a session's graph takes more than
- * that: past the window's end, 5,120 by default, or from position 512 without a window, as
- * Qwen3.5-0.8B's 8-head attention has none). Two levels, so that the batched graph is captured
- * again only when a batch goes deep (cuda_batch_decode). */
-static int32_t batch_split_floor(const struct cuda_session *c0, bool deep)
+/* The splits of a multi-session attention launch: enough that each session's keys split as its
+ * own graph splits them (attention_splits, a function of the position). Three levels, so that
+ * the batched graph is captured again only when a batch changes level (cuda_batch_decode):
+ *  - BATCH_SHALLOW: every session's graph takes one split (below attn_one_split, 128 positions
+ *    by default): one. A launch of 16 sessions then has 256 blocks where it had 2,048 of which
+ *    1,792 returned at once (docs/perf-log.md, session 43).
+ *  - BATCH_MID: the cluster window's ATT_CL_SPLITS, which also covers every position below it
+ *    (one split to 127, then one per 64 positions).
+ *  - BATCH_DEEP: all of c0's, where a session's graph takes more than that: past the window's
+ *    end, 5,120 by default, or from position 512 without a window, as Qwen3.5-0.8B's 8-head
+ *    attention has none. */
+enum batch_level { BATCH_SHALLOW, BATCH_MID, BATCH_DEEP };
+
+static int32_t batch_split_floor(const struct cuda_session *c0, int level)
 {
-    return deep || c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
+    if (level == BATCH_SHALLOW)
+        return 1;
+    return level == BATCH_DEEP || c0->att_splits < ATT_CL_SPLITS ? c0->att_splits : ATT_CL_SPLITS;
 }
 
-/* Whether any of the n sessions' graphs splits its keys at position pos[r] into more than
- * batch_split_floor's shallow level. */
-static bool batch_deep(const struct cuda_session *c0, const int32_t *pos, int32_t n)
+/* The level that the n sessions' graphs need at positions pos[r]: the most splits any of them
+ * takes against batch_split_floor's levels. */
+static int batch_level_of(const struct cuda_session *c0, const int32_t *pos, int32_t n)
 {
     struct attn_args a;
     memset(&a, 0, sizeof(a));
     a.split_min = c0->opt.attn_split_min, a.one_split = c0->opt.attn_one_split;
     attn_window(c0, a);
-    for (int32_t r = 0; r < n; r++)
-        if (attention_splits(a, pos[r], c0->att_splits) > batch_split_floor(c0, false))
-            return true;
-    return false;
+    int32_t most = 1;
+    for (int32_t r = 0; r < n; r++) {
+        const int32_t s = attention_splits(a, pos[r], c0->att_splits);
+        most = s > most ? s : most;
+    }
+    return most <= 1 ? BATCH_SHALLOW : most <= batch_split_floor(c0, BATCH_MID) ? BATCH_MID : BATCH_DEEP;
 }
 
 /* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
@@ -3582,8 +3592,9 @@ static bool batch_deep(const struct cuda_session *c0, const int32_t *pos, int32_
  * for bit wherever the launch has as many splits as that graph uses: the launch takes c0's
  * splits over its sessions (the blocks stay about as many as one session's), but at least
  * ATT_CL_SPLITS, which the graph uses at most inside the cluster window (to position 5,120 by
- * default) and below it, and all of c0's where a session's graph takes more (batch_split_floor,
- * b_deep): bit for bit at every position. Session 37's launches of c0's splits / n made a
+ * default) and below it, and all of c0's where a session's graph takes more; one where every
+ * session's graph takes one (batch_split_floor's levels, c0->b_level): bit for bit at every
+ * position. Session 37's launches of c0's splits / n made a
  * batch of 8 differ from alone from position 256, one of 16 from 128. False, launching
  * nothing, where the attention does not take the norm + RoPE inside (cuda_options.attn_rope
  * off). */
@@ -3605,8 +3616,8 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
     for (int32_t g = 0; g < n; g += ATT_MAX_SEQ) {
         struct attn_args b = a;
         b.n_seq = n - g < ATT_MAX_SEQ ? n - g : ATT_MAX_SEQ;
-        const int32_t share = c0->att_splits / b.n_seq, floor = batch_split_floor(c0, c0->b_deep);
-        b.splits = a.part ? (share > floor ? share : floor) : 1;
+        const int32_t share = c0->att_splits / b.n_seq, floor = batch_split_floor(c0, c0->b_level);
+        b.splits = a.part && c0->b_level != BATCH_SHALLOW ? (share > floor ? share : floor) : 1;
         b.nominal_splits = a.part ? c0->att_splits : 0;
         b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;
         for (int32_t k = 0; k < b.n_seq; k++) /* positions: c0's one copy for the step (cuda_batch_decode) */
@@ -3975,9 +3986,9 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
      * a multi-session form) from each session's own, copied too when the last step with these
      * members ran such steps, or when the members are new */
     bool to_rows = !logits;
-    const bool deep = batch_deep(c0, pos, n);
-    if (deep != c0->b_deep) { /* the attention's splits change: launched as new members, then captured again */
-        c0->b_deep = deep;
+    const int level = batch_level_of(c0, pos, n);
+    if (level != c0->b_level) { /* the attention's splits change: launched as new members, then captured again */
+        c0->b_level = (int8_t)level;
         c0->b_n = 0;
     }
     bool own_pos = c0->b_own_pos || !batch_same_members(c0, css, n, to_rows);

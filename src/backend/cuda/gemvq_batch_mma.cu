@@ -98,6 +98,7 @@ struct gqm_shared {
     float *ss;        /* [T][NSB] each 256-element block's sum of squares (with a norm) */
     float *part;      /* [nsb][16 P][8 NG] each super-block's terms */
     uint32_t *xch;    /* SPLIT: [nsb][NG][GQM_ACC_WORDS(P)][32 lanes] the second halves' sums */
+    uint64_t *bar;    /* gqm_bulk_x's mbarrier (the first 16 bytes) */
     int xstride, nsb, tm, groups; /* tm: 8 NG; groups: the canonical order's (GQ8_GROUPS_*) */
 };
 
@@ -264,6 +265,60 @@ __global__ void __launch_bounds__(32 * GQ8_KMAX / 256) gqm_pre_kernel(const __gr
 }
 
 #define GQM_COPY_U 8 /* 16-byte words a thread loads before it stores any */
+/* 1: gqm_pre_kernel's x comes into shared memory by bulk copies on sm_90 (gqm_bulk_x); 0: by
+ * the block's own loads and stores everywhere (gqm_copy_x; -D for a variant build) */
+#ifndef GQM_BULK_X
+#define GQM_BULK_X 1
+#endif
+#if GQM_BULK_X && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GQM_BULK 1
+#else
+#define GQM_BULK 0
+#endif
+
+/* The bulk copy's mbarrier, initialised by thread 0 before the wait (every thread of the
+ * block; ends with a block barrier that makes the initialisation visible to the waiters). */
+static __device__ __forceinline__ void gqm_bulk_init(uint64_t *bar)
+{
+#if GQM_BULK
+    if (threadIdx.x == 0) {
+        mbar_init<1>(smem_u32(bar));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+#else
+    (void)bar;
+#endif
+}
+
+/* gqm_pre_kernel's x into sh by the copy engine (sm_90): thread 0 issues one bulk copy per
+ * token row (K bytes to its padded row of sh.xq) and one for the scales, counted on bar; every
+ * thread waits for them. The scales' copy is rounded up to 16 bytes: the rest lands in sh.ss,
+ * which the copied form never reads, from the q_pre buffer's scale area, sized for Q8_0 rows'
+ * eight times as many. One L2 round trip where gqm_copy_x's loads and stores took one a round
+ * of GQM_COPY_U words and one more for the scales. */
+template <bool Q80>
+static __device__ void gqm_bulk_x(const struct gemv_args &a, const struct gqm_shared &sh, uint64_t *bar)
+{
+#if GQM_BULK
+    const uint32_t b = smem_u32(bar);
+    if (threadIdx.x == 0) {
+        const uint32_t nd = ((uint32_t)(a.T * sh.nsb * (Q80 ? 8 : 1) * 4) + 15u) & ~15u;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"((uint32_t)(a.T * a.K) + nd)
+                     : "memory");
+        for (int t = 0; t < a.T; t++)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(smem_u32(sh.xq + (int64_t)t * sh.xstride)), "l"(a.q_pre + (int64_t)t * a.K), "r"((uint32_t)a.K), "r"(b)
+                         : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_u32(sh.dx)), "l"(gqm_pre_dx(a.q_pre, a.T, a.K)), "r"(nd), "r"(b)
+                     : "memory");
+    }
+    mbar_wait_parity(b, 0);
+#else
+    (void)a, (void)sh, (void)bar;
+#endif
+}
 
 /* gqm_pre_kernel's x into sh (every thread of the block; ends with a block barrier). */
 template <bool Q80>
@@ -790,8 +845,12 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
     int sb = SPLIT ? warp % nsb : warp;
     R w[2][P];
     gqm_load_tile<R, P>(a, w, tile, sb); /* the weights do not depend on the launch before */
+    if constexpr (PRE && GQM_BULK)
+        gqm_bulk_init(sh.bar);
     griddep_wait();
-    if constexpr (PRE)
+    if constexpr (PRE && GQM_BULK)
+        gqm_bulk_x<R::q80>(a, sh, sh.bar);
+    else if constexpr (PRE)
         gqm_copy_x<R::q80>(a, sh);
     else
         gqm_stage_x<NORM, R::q80>(a, sh);
@@ -837,7 +896,8 @@ __global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch
     struct gqm_shared sh;
     sh.nsb = nsb, sh.xstride = Q80 ? a.K + 32 : gqm_xstride(a.K, dt), sh.tm = TM; /* Q8_0: Q4_K's pad */
     sh.groups = Q80 ? GQ8_GROUPS_Q80 : dt == QR_Q4_K ? GQ8_GROUPS_Q4K : GQ8_GROUPS_Q6K;
-    sh.part = (float *)gqm_smem;                       /* [nsb][16 P][TM] */
+    sh.bar = (uint64_t *)gqm_smem;
+    sh.part = (float *)(gqm_smem + 16);                /* [nsb][16 P][TM] */
     sh.dx = sh.part + nsb * 16 * P * TM;               /* [T][nsb] (Q8_0: [T][8 nsb]) */
     sh.ss = sh.dx + T * nsb * (Q80 ? 8 : 1);           /* [T][nsb] */
     sh.xq = (uint8_t *)(((uintptr_t)(sh.ss + T * nsb) + 15) & ~(uintptr_t)15); /* [T][xstride] */
@@ -888,7 +948,7 @@ static size_t gqm_smem_bytes(const struct gemv_args *a, int P, int NG)
     const int nsb = a->K / 256;
     size_t part = (size_t)nsb * 16 * P * 8 * NG * 4, scales = (size_t)a->T * (nsb + a->K / 32) * 4; /* ss, dx */
     size_t xch = gqm_split(a) ? (size_t)nsb * NG * GQM_ACC_WORDS(P) * 32 * 4 : 0;
-    return part + scales + 16 + (size_t)a->T * gqm_xstride(a->K, QR_Q4_K) + xch; /* the larger pad */
+    return 16 + part + scales + 16 + (size_t)a->T * gqm_xstride(a->K, QR_Q4_K) + xch; /* bar; the larger pad */
 }
 
 bool gemvq_batch_mma_applies(const struct gemv_args *a)
