@@ -223,12 +223,21 @@ static __device__ void gqm_stage_x(const struct gemv_args &a, const struct gqm_s
  * The staging above is every block's work again: T K / 256 pairs of ~60-100 dependent
  * instructions after an L2 round trip, 1.44 of a 2.50 ms Qwen3-0.6B Q4_K_M step at 16 sessions
  * (docs/perf-log.md, session 41). With a.q_pre, gqm_pre_kernel normalises and quantises x once
- * into it — [T][K] int8, then at gqm_pre_dx the scales as sh.dx holds them — with the staging's
- * arithmetic in its order, and the product's blocks copy it (gqm_copy_x): the same words (the
- * tests compare every kernel case both ways, bit for bit). The session takes it from
+ * into it — [T][gqm_pre_stride] int8, each token's row padded as the launch's blocks pad it in
+ * shared memory, then at gqm_pre_dx the scales as sh.dx holds them — with the staging's
+ * arithmetic in its order, and the product's blocks copy it (gqm_bulk_x; gqm_copy_x): the same
+ * words (the tests compare every kernel case both ways, bit for bit). The session takes it from
  * cuda_options.gemvq_batch_pre sessions (default 2: the step at 16 sessions 1.85x faster,
  * docs/perf-log.md, session 42). */
-static __host__ __device__ __forceinline__ size_t gqm_pre_dx_offset(int T, int K) { return ((size_t)T * K + 15) & ~(size_t)15; }
+static __host__ __device__ __forceinline__ int gqm_pre_stride(const struct gemv_args &a)
+{
+    return a.k_mixed || a.dtype != QR_Q6_K ? gqm_xstride(a.K, QR_Q4_K) : gqm_xstride(a.K, QR_Q6_K); /* Q8_0: Q4_K's */
+}
+/* the scales' offset: after T rows of the largest stride, whatever the launch's */
+static __host__ __device__ __forceinline__ size_t gqm_pre_dx_offset(int T, int K)
+{
+    return ((size_t)T * gqm_xstride(K, QR_Q4_K) + 15) & ~(size_t)15;
+}
 static __device__ __forceinline__ float *gqm_pre_dx(uint8_t *q, int T, int K) { return (float *)(q + gqm_pre_dx_offset(T, K)); }
 
 static_assert(GEMVQ_BATCH_PRE_KMAX == GQ8_KMAX, "the session sizes q_pre for gemvq_batch_mma's largest K");
@@ -261,7 +270,7 @@ __global__ void __launch_bounds__(32 * GQ8_KMAX / 256) gqm_pre_kernel(const __gr
         v0 = gemv_norm4(v0, inv, w0), v1 = gemv_norm4(v1, inv, w1);
     }
     float *dx = gqm_pre_dx(a.q_pre, a.T, a.K);
-    gqm_quant_pair<Q80>(v0, v1, a.q_pre + (int64_t)t * a.K + e, Q80 ? dx + 8 * t * nsb + e / 32 : dx + t * nsb + b);
+    gqm_quant_pair<Q80>(v0, v1, a.q_pre + (int64_t)t * gqm_pre_stride(a) + e, Q80 ? dx + 8 * t * nsb + e / 32 : dx + t * nsb + b);
 }
 
 #define GQM_COPY_U 8 /* 16-byte words a thread loads before it stores any */
@@ -291,28 +300,46 @@ static __device__ __forceinline__ void gqm_bulk_init(uint64_t *bar)
 #endif
 }
 
-/* gqm_pre_kernel's x into sh by the copy engine (sm_90): thread 0 issues one bulk copy per
- * token row (K bytes to its padded row of sh.xq) and one for the scales, counted on bar; every
- * thread waits for them. The scales' copy is rounded up to 16 bytes: the rest lands in sh.ss,
- * which the copied form never reads, from the q_pre buffer's scale area, sized for Q8_0 rows'
- * eight times as many. One L2 round trip where gqm_copy_x's loads and stores took one a round
- * of GQM_COPY_U words and one more for the scales. */
+/* One bulk copy of n bytes from global src to shared dst, counted on mbarrier bar. */
+static __device__ __forceinline__ void gqm_bulk(void *dst, const void *src, uint32_t n, uint32_t bar)
+{
+#if GQM_BULK
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(n), "r"(bar)
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)n, (void)bar;
+#endif
+}
+
+/* gqm_pre_kernel's x into sh by the copy engine (sm_90), counted on bar; every thread waits for
+ * it. Where the block pads its rows as q_pre does (every block but a mixed launch's Q6_K tiles),
+ * one copy takes all T rows, pads included; otherwise warp 0's lanes issue one row each. The
+ * scales' copy is rounded up to 16 bytes: the rest lands in sh.ss, which the copied form never
+ * reads, from the q_pre buffer's scale area, sized for Q8_0 rows' eight times as many. One L2
+ * round trip where gqm_copy_x's loads and stores took a round of GQM_COPY_U words each and one
+ * more for the scales; and one copy to issue: thread 0 issuing a copy per row gained 12% at 3
+ * sessions but nothing at 16 (docs/perf-log.md, session 43). */
 template <bool Q80>
 static __device__ void gqm_bulk_x(const struct gemv_args &a, const struct gqm_shared &sh, uint64_t *bar)
 {
 #if GQM_BULK
-    const uint32_t b = smem_u32(bar);
-    if (threadIdx.x == 0) {
+    const uint32_t b = smem_u32(bar), ps = (uint32_t)gqm_pre_stride(a);
+    const bool one = (uint32_t)sh.xstride == ps;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
         const uint32_t nd = ((uint32_t)(a.T * sh.nsb * (Q80 ? 8 : 1) * 4) + 15u) & ~15u;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"((uint32_t)(a.T * a.K) + nd)
-                     : "memory");
-        for (int t = 0; t < a.T; t++)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         ::"r"(smem_u32(sh.xq + (int64_t)t * sh.xstride)), "l"(a.q_pre + (int64_t)t * a.K), "r"((uint32_t)a.K), "r"(b)
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b),
+                         "r"((one ? (uint32_t)a.T * ps : (uint32_t)(a.T * a.K)) + nd)
                          : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(smem_u32(sh.dx)), "l"(gqm_pre_dx(a.q_pre, a.T, a.K)), "r"(nd), "r"(b)
-                     : "memory");
+        __syncwarp();
+        if (lane == 31)
+            gqm_bulk(sh.dx, gqm_pre_dx(a.q_pre, a.T, a.K), nd, b);
+        if (one && lane == 0)
+            gqm_bulk(sh.xq, a.q_pre, (uint32_t)a.T * ps, b);
+        else if (!one && lane < a.T)
+            gqm_bulk(sh.xq + (int64_t)lane * sh.xstride, a.q_pre + (int64_t)lane * ps, (uint32_t)a.K, b);
     }
     mbar_wait_parity(b, 0);
 #else
@@ -325,13 +352,14 @@ template <bool Q80>
 static __device__ void gqm_copy_x(const struct gemv_args &a, const struct gqm_shared &sh)
 {
     const int row16 = a.K / 16, n = a.T * row16, nd = a.T * sh.nsb * (Q80 ? 8 : 1), B = blockDim.x;
+    const int ps16 = gqm_pre_stride(a) / 16;
     const uint4 *src = (const uint4 *)a.q_pre;
     for (int i0 = threadIdx.x; i0 < n; i0 += GQM_COPY_U * B) {
         uint4 r[GQM_COPY_U];
 #pragma unroll
         for (int u = 0; u < GQM_COPY_U; u++)
             if (i0 + u * B < n)
-                r[u] = __ldg(src + i0 + u * B);
+                r[u] = __ldg(src + (i0 + u * B) / row16 * ps16 + (i0 + u * B) % row16);
 #pragma unroll
         for (int u = 0; u < GQM_COPY_U; u++) {
             const int i = i0 + u * B;
