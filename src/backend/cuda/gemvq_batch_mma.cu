@@ -58,6 +58,9 @@ extern "C" {
 
 #define GQM_MAX_WARPS 8                   /* warps per block at most (255 registers a thread) */
 #define GQM_ONES 0x01010101u              /* four int8 ones */
+#ifndef GQM_MINB
+#define GQM_MINB 1 /* the unsplit kernels' blocks of 8 warps an SM the registers must allow (-D for a variant build) */
+#endif
 
 static __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                     uint32_t b0, uint32_t b1)
@@ -907,7 +910,7 @@ static __device__ void gqm_tiles(const struct gemv_args &a, int64_t n_tiles, str
 }
 
 template <int P, bool NORM, int NG, bool Q80, bool SPLIT, bool PRE>
-__global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : 1) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
+__global__ void __launch_bounds__(32 * GQM_MAX_WARPS, SPLIT ? 2 : GQM_MINB) gemvq_batch_mma_kernel(const __grid_constant__ struct gemv_args a)
 {
     extern __shared__ __align__(16) uint8_t gqm_smem[];
     griddep_launch();
