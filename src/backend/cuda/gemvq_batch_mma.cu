@@ -59,7 +59,9 @@ extern "C" {
 #define GQM_MAX_WARPS 8                   /* warps per block at most (255 registers a thread) */
 #define GQM_ONES 0x01010101u              /* four int8 ones */
 #ifndef GQM_MINB
-#define GQM_MINB 1 /* the unsplit kernels' blocks of 8 warps an SM the registers must allow (-D for a variant build) */
+#define GQM_MINB 1 /* the unsplit kernels' blocks of 8 warps an SM the registers must allow (-D for a variant
+                    * build; 2, at most 128 registers, lost 2-4% on Q4_K_M and 16% on Q8_0 batches:
+                    * docs/perf-log.md, session 43) */
 #endif
 
 static __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
