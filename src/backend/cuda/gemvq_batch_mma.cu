@@ -323,8 +323,9 @@ static __device__ __forceinline__ void gqm_bulk(void *dst, const void *src, uint
  * scales' copy is rounded up to 16 bytes: the rest lands in sh.ss, which the copied form never
  * reads, from the q_pre buffer's scale area, sized for Q8_0 rows' eight times as many. One L2
  * round trip where gqm_copy_x's loads and stores took a round of GQM_COPY_U words each and one
- * more for the scales; and one copy to issue: thread 0 issuing a copy per row gained 12% at 3
- * sessions but nothing at 16 (docs/perf-log.md, session 43). */
+ * more for the scales (a batched Qwen3-0.6B Q4_K_M step at 3 sessions +12%), and one copy to
+ * issue, not one a row from thread 0 (Q8_0 batches +3-8% more at 8-16 sessions, the K-quants'
+ * level: docs/perf-log.md, session 43). */
 template <bool Q80>
 static __device__ void gqm_bulk_x(const struct gemv_args &a, const struct gqm_shared &sh, uint64_t *bar)
 {
