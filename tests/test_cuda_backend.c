@@ -3116,6 +3116,26 @@ static void check_batch_pre_env(struct qwenrt_model *m, const char *name)
         assert_true(strstr(err.message, "QWENRT_CUDA_BATCH_PRE") || strstr(err.message, "gemvq_batch_pre"));
     }
     unsetenv("QWENRT_CUDA_BATCH_PRE");
+    /* QWENRT_CUDA_BATCH_BLOCKS: the batched attention's blocks a head pair and session (2: at
+     * position 130 the 3 splits in a run of 2 and one of 1; -1: a block a split) keeps a batch
+     * of 12 bit for bit alone; its bad values refused by name */
+    static const char *const blocks[] = {"2", "-1"};
+    for (size_t i = 0; i < sizeof(blocks) / sizeof(blocks[0]); i++) {
+        char label[160];
+        snprintf(label, sizeof(label), "%s, QWENRT_CUDA_BATCH_BLOCKS=%s", name, blocks[i]);
+        setenv("QWENRT_CUDA_BATCH_BLOCKS", blocks[i], 1);
+        check_batch_int8_model(m, 12, 130, true, label);
+    }
+    static const char *const bad_blocks[] = {"33", "-2", "x", ""};
+    for (size_t i = 0; i < sizeof(bad_blocks) / sizeof(bad_blocks[0]); i++) {
+        struct qwenrt_error err = {0};
+        struct qwenrt_session *s = NULL;
+        setenv("QWENRT_CUDA_BATCH_BLOCKS", bad_blocks[i], 1);
+        assert_int_equal(qwenrt_session_init(m, NULL, &s, &err), QWENRT_ERR_INVALID_ARG);
+        assert_null(s);
+        assert_true(strstr(err.message, "QWENRT_CUDA_BATCH_BLOCKS") || strstr(err.message, "attn_batch_blocks"));
+    }
+    unsetenv("QWENRT_CUDA_BATCH_BLOCKS");
 }
 
 static void test_batch_int8_cuda(void **st)
@@ -3324,11 +3344,13 @@ static void test_batch_graph_cuda(void **st)
 /* How check_batch_seq_model's sessions split their keys: as by default (one split at its
  * positions, 12-24), in splits of 16 from the start, or one split below position 20 and splits
  * of 16 from there: the batched attention's launch goes from one split to several part way
- * (cuda_session.cu's batch levels), its graph captured again. */
-enum seq_split { SEQ_DEFAULT, SEQ_SPLIT, SEQ_CROSS };
+ * (cuda_session.cu's batch levels), its graph captured again; or in splits of 16 at positions
+ * 60-72 (4 or 5 splits: the groups of splits a block, attention_batch.cu, end part way). */
+enum seq_split { SEQ_DEFAULT, SEQ_SPLIT, SEQ_CROSS, SEQ_DEEP };
 
+/* blocks: cuda_options.attn_batch_blocks of the batched sessions (0: the session picks). */
 static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir, int32_t n, enum seq_split split,
-                                  bool kv_f16)
+                                  bool kv_f16, int32_t blocks)
 {
     struct qwenrt_error err = {0};
     int32_t V = m->hp.n_vocab, pos[17], ids[17];
@@ -3337,6 +3359,7 @@ static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir,
     if (split != SEQ_DEFAULT)
         on.attn_one_split = split == SEQ_CROSS ? 20 : 0, on.attn_split_min = 16;
     on.kv_f16 = kv_f16;
+    on.attn_batch_blocks = blocks;
     struct cuda_options off = on;
     off.batch_seq = false;
     struct cuda_session *ga[17], *ea[17];
@@ -3344,9 +3367,9 @@ static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir,
     assert_non_null(lg);
     assert_non_null(le);
     for (int32_t i = 0; i < n; i++) {
-        init_pair(m, 32, &on, &off, &ga[i], &ea[i], dir);
-        int32_t prompt[20];
-        pos[i] = 12 + i % 7;
+        init_pair(m, split == SEQ_DEEP ? 80 : 32, &on, &off, &ga[i], &ea[i], dir);
+        int32_t prompt[80];
+        pos[i] = (split == SEQ_DEEP ? 60 : 12) + i % 7;
         for (int32_t t = 0; t < pos[i]; t++)
             prompt[t] = (13 * (i + 1) + 29 * t) % V;
         if (cuda_session_run(ga[i], prompt, pos[i], 0, false, lg, NULL, NULL, &err) ||
@@ -3378,9 +3401,12 @@ static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir,
             pos[r]++, ids[r] = argmax_f(b, V);
         }
     }
-    printf("%s: %d sessions%s%s: one launch per step = one per session, bit for bit\n", dir, n,
-           split == SEQ_SPLIT ? ", split heads" : split == SEQ_CROSS ? ", heads split from position 20" : "",
-           kv_f16 ? ", f16 cache" : "");
+    printf("%s: %d sessions%s%s, attn_batch_blocks %d: one launch per step = one per session, bit for bit\n", dir, n,
+           split == SEQ_SPLIT ? ", split heads"
+           : split == SEQ_CROSS ? ", heads split from position 20"
+           : split == SEQ_DEEP  ? ", 4-5 splits at positions 60-78"
+                                : "",
+           kv_f16 ? ", f16 cache" : "", (int)blocks);
     for (int32_t i = 0; i < n; i++) {
         cuda_session_free(ga[i]);
         cuda_session_free(ea[i]);
@@ -3389,7 +3415,7 @@ static void check_batch_seq_model(const struct qwenrt_model *m, const char *dir,
     free(le);
 }
 
-static void check_batch_seq(const char *dir, int32_t n, enum seq_split split, bool kv_f16)
+static void check_batch_seq(const char *dir, int32_t n, enum seq_split split, bool kv_f16, int32_t blocks)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_model *m = NULL;
@@ -3397,7 +3423,7 @@ static void check_batch_seq(const char *dir, int32_t n, enum seq_split split, bo
     mp.backend = "cuda";
     if (qwenrt_model_load(dir, &mp, &m, &err))
         fail_msg("load %s: %s", dir, err.message);
-    check_batch_seq_model(m, dir, n, split, kv_f16);
+    check_batch_seq_model(m, dir, n, split, kv_f16, blocks);
     qwenrt_model_free(m);
 }
 
@@ -3408,7 +3434,7 @@ static void check_batch_seq_gdn(int32_t ssm_dim, int32_t n, enum seq_split split
     char path[256];
     struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, true, ssm_dim, path, sizeof(path));
     check_batch_seq_model(m, ssm_dim ? "synth qwen35, 128 x 128 DeltaNet heads" : "synth qwen35, conv in the core", n,
-                          split, false);
+                          split, false, 0);
     qwenrt_model_free(m);
     remove(path);
 }
@@ -3417,13 +3443,27 @@ static void test_batch_seq_cuda(void **st)
 {
     (void)st;
     for (int i = 0; i < 4; i++)
-        check_batch_seq(fixtures[i], 3, SEQ_SPLIT, false);
-    check_batch_seq(fixtures[1], 17, SEQ_DEFAULT, false);
-    check_batch_seq(fixtures[3], 17, SEQ_DEFAULT, false);
-    check_batch_seq(fixtures[1], 7, SEQ_CROSS, false);
-    check_batch_seq(fixtures[2], 7, SEQ_CROSS, false);
-    check_batch_seq(fixtures[1], 3, SEQ_SPLIT, true);
-    check_batch_seq(fixtures[3], 3, SEQ_SPLIT, true);
+        check_batch_seq(fixtures[i], 3, SEQ_SPLIT, false, 0);
+    check_batch_seq(fixtures[1], 17, SEQ_DEFAULT, false, 0);
+    check_batch_seq(fixtures[3], 17, SEQ_DEFAULT, false, 0);
+    check_batch_seq(fixtures[1], 7, SEQ_CROSS, false, 0);
+    check_batch_seq(fixtures[2], 7, SEQ_CROSS, false, 0);
+    check_batch_seq(fixtures[1], 3, SEQ_SPLIT, true, 0);
+    check_batch_seq(fixtures[3], 3, SEQ_SPLIT, true, 0);
+    /* runs of splits a block, a head pair each (attention_batch.cu): both splits in one block;
+     * at 4-5 splits one block (it merges its own), 2 (runs of 2-3) and 3 (runs of 2, the last
+     * short: the head's blocks arrive on its counter), 8 (one split each, some blocks idle), and
+     * -1 (attention_kernel's block a split), with either cache, Qwen3 and Qwen3.5 (the output
+     * gate); a batch of 17 crossing from one split to several in two launches */
+    check_batch_seq(fixtures[1], 3, SEQ_SPLIT, false, 1);
+    check_batch_seq(fixtures[1], 7, SEQ_DEEP, false, -1);
+    check_batch_seq(fixtures[1], 7, SEQ_DEEP, false, 1);
+    check_batch_seq(fixtures[0], 7, SEQ_DEEP, false, 3);
+    check_batch_seq(fixtures[1], 5, SEQ_DEEP, true, 2);
+    check_batch_seq(fixtures[1], 7, SEQ_DEEP, true, 8);
+    check_batch_seq(fixtures[3], 7, SEQ_DEEP, false, 3);
+    check_batch_seq(fixtures[2], 5, SEQ_DEEP, true, 1);
+    check_batch_seq(fixtures[1], 17, SEQ_CROSS, true, 2);
     check_batch_seq_gdn(0, 3, SEQ_SPLIT);
     check_batch_seq_gdn(128, 5, SEQ_DEFAULT);
     check_batch_seq_gdn(0, 17, SEQ_DEFAULT);
@@ -4232,7 +4272,7 @@ static void test_backend_errors(void **st)
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
      * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 3; mlp_rows_cluster
-     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1; attn_rope_regs 0 or 1 */
+     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1; attn_rope_regs 0 or 1; attn_batch_blocks -1 to 32 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -4259,6 +4299,7 @@ static void test_backend_errors(void **st)
                    {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass), {-1, 2}},
                    {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-2, 2}},
                    {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},
+                   {"attn_batch_blocks", offsetof(struct cuda_options, attn_batch_blocks), {-2, 33}},
                    {"attn_o", offsetof(struct cuda_options, attn_o), {2, 32}},
                    {"attn_o_single", offsetof(struct cuda_options, attn_o_single), {-1, 4097}},
                    {"attn_cluster", offsetof(struct cuda_options, attn_cluster), {-2, 3}},

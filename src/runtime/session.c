@@ -106,6 +106,22 @@ static int32_t resolve_kv_type(int32_t kv_type, const struct qwenrt_model *model
     return f16 ? QWENRT_KV_F16 : QWENRT_KV_F32;
 }
 
+/* The environment variable name, if set, as a whole number of least to 64 into *out (left as
+ * it is when unset); anything else is refused, naming the variable and what it expects. */
+static qwenrt_status env_count(const char *name, long least, const char *expected, int32_t *out,
+                               struct qwenrt_error *err)
+{
+    const char *text = getenv(name);
+    if (!text)
+        return QWENRT_OK;
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < least || v > 64)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "%s=%.32s: expected %s", name, text, expected);
+    *out = (int32_t)v;
+    return QWENRT_OK;
+}
+
 /* The CUDA backend keeps the whole sequence state on the device (backend/cuda). */
 static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int32_t kv_type,
                                struct qwenrt_error *err)
@@ -137,16 +153,14 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
     /* QWENRT_CUDA_BATCH_PRE=N: the batched step's quantised products take x quantised once a
-     * product from N sessions (cuda_options.gemvq_batch_pre; default 2, 0 off), for A/B runs */
-    const char *pre = getenv("QWENRT_CUDA_BATCH_PRE");
-    if (pre) {
-        char *end = NULL;
-        long v = strtol(pre, &end, 10);
-        if (!*pre || *end || v < 0 || v > 64)
-            return err_set(err, QWENRT_ERR_INVALID_ARG, "QWENRT_CUDA_BATCH_PRE=%.32s: expected a number of sessions (0: off)",
-                           pre);
-        opt.gemvq_batch_pre = (int32_t)v; /* its range: cuda_session_init's check */
-    }
+     * product from N sessions (cuda_options.gemvq_batch_pre; default 2, 0 off);
+     * QWENRT_CUDA_BATCH_BLOCKS=N: the batched attention's blocks a head pair and session
+     * (cuda_options.attn_batch_blocks; default 0, the session picks; -1 a block a split). For
+     * A/B runs; their ranges: cuda_session_init's check. */
+    if (env_count("QWENRT_CUDA_BATCH_PRE", 0, "a number of sessions (0: off)", &opt.gemvq_batch_pre, err) ||
+        env_count("QWENRT_CUDA_BATCH_BLOCKS", -1, "a number of blocks (0: the session picks, -1: a block a split)",
+                  &opt.attn_batch_blocks, err))
+        return QWENRT_ERR_INVALID_ARG;
     /* the KV cache's element type: the session's, or QWENRT_CUDA_KV=f16|f32 for A/B runs */
     const char *kv = getenv("QWENRT_CUDA_KV");
     if (kv && strcmp(kv, "f16") && strcmp(kv, "f32"))

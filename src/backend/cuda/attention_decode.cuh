@@ -44,7 +44,8 @@ __device__ __forceinline__ struct att_seq_view attention_seq_of(const struct att
  * does (the same sums in the same order: bit-identical), into shared memory; the block whose
  * split holds the current position reads that position's K and V from there, and the group's
  * first head writes them to the cache. Saves the rope launch per layer. NQ > 1 (the shared-K/V
- * attention, attention_shared_kv.cu: 2; the staged attention, attention_staged.cu: up to 4):
+ * attention, attention_shared_kv.cu: 2; the staged attention, attention_staged.cu: up to 4;
+ * the batched attention's pairs, attention_batch.cu: 2, MS):
  * the block's query heads h .. h + NQ - 1, head h + j (j >= 1) into r_q2 + (j - 1) hd by warp
  * 2 + j with warp 0's arithmetic. */
 template <int EPL, typename KV, int NQ = 1, bool MS = false>
@@ -53,7 +54,6 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
                                         float *r_sn, float *r_q2 = nullptr, int seq = 0)
 {
     static_assert(NQ >= 1 && NQ <= ATT_WARPS - 2, "one query head per block, or one per warp from warp 3");
-    static_assert(!MS || NQ == 1, "the multi-session form: one query head per block");
     const struct att_seq_view sv = attention_seq_of<MS>(a, seq);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = 32 * EPL, half = a.n_rot / 2;
     /* warp 0: q, 1: k (both normalised), 2: v; with NQ > 1, warps 3 .. NQ + 1: the other

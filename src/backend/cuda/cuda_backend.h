@@ -361,6 +361,14 @@ struct cuda_options {
                           * token wait for the graph before it to end. 0 or 1: one step per
                           * graph; up to GEN_GRAPH_STEPS_LIMIT; default 8 (H200, session 22:
                           * Qwen3.5-0.8B BF16 +1.0%, Qwen3-0.6B +0.3%, Q4_K_M +0.5%) */
+    int32_t attn_batch_blocks; /* the server's batched step, once its attention splits the
+                          * keys: blocks for each pair of query heads and session, each walking a
+                          * run of the session's splits with one prologue, every cached row used
+                          * by both heads (attention_batch.cu; the same partials bit for bit).
+                          * 0 (default): the session picks — as many as make the launch one wave;
+                          * 1 to ATT_MAX_SPLITS (32): that many; -1: a block a head and split
+                          * (attention_kernel's multi-session form). QWENRT_CUDA_BATCH_BLOCKS=N
+                          * sets it for A/B runs */
     const char *omit_steps; /* measurement only (cuda_bench --sweep ...@L;L): the decode
                           * program leaves out its steps with these labels (';'-separated, as
                           * cuda_session_profile_decode names them, "argmax" for the greedy

@@ -525,6 +525,10 @@ struct attn_args {
      * position seq[s] (kc, vc and pos0 unused); part and count hold n_seq times a session's */
     int32_t n_seq, ldrk, ldrv;
     struct attn_seq seq[ATT_MAX_SEQ];
+    /* n_seq >= 1, splits > 1: this many blocks for each pair of query heads and session, each
+     * walking a run of its session's splits (attention_batch.cu; the same partials bit for
+     * bit); 0: a block a head and split (attention_kernel's multi-session form) */
+    int32_t group_blocks;
 };
 /* Whether the register prologue takes these heads: the rotated pairs (d, d + n_rot / 2) a
  * whole number of lanes apart, that number a power of two (a lane's EPL = hd / 32 elements
@@ -563,6 +567,15 @@ __host__ __device__ __forceinline__ int attention_splits(const struct attn_args 
 #endif
 bool attention_supports(int32_t hd);
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s);
+/* attention_batch.cu: whether the multi-session attention in runs of splits a block takes
+ * these arguments (n_seq >= 1, RoPE inside, group_blocks 1 to ATT_MAX_SPLITS, splits > 1 with
+ * their partials and counters, query heads a whole number of attention_group_heads() a KV
+ * head), its launch, its query heads a block, and how many of its blocks for head size hd fit
+ * on a multiprocessor (0: unknown) */
+bool attention_group_applies(const struct attn_args *a);
+cudaError_t launch_attention_group(const struct attn_args *a, cudaStream_t s);
+int attention_group_heads(void);
+int attention_group_blocks_per_sm(int32_t hd, bool kv_f16);
 /* attention_shared_kv.cu: whether the two-heads-per-block decode attention takes these
  * arguments (T = 1, RoPE inside, no cluster merge, an even number of query heads per KV head,
  * head size 64, 128 or 256), and its launch (the splits as attention_kernel's) */

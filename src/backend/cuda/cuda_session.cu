@@ -267,6 +267,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_norm_late = 0; /* the session picks (pick_gemv_smem_shape): with 16-warp blocks */
     o.attn_split_min = 0; /* 64 (kernels.cu) */
     o.attn_one_split = 128; /* Qwen3-0.6B BF16 +1.4%, Qwen3.5-0.8B +0.5% (perf-log session 24) */
+    o.attn_batch_blocks = 0; /* the batched attention's blocks: the session picks (batch_group_blocks) */
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
     o.gdn_early = 0;      /* on: Qwen3.5-0.8B +2.3-2.4% (perf-log session 20) */
     o.l2_prefetch_mb = 8; /* +1-2% (perf-log session 20) */
@@ -2614,6 +2615,11 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->attn_one_split < 0 || o->attn_one_split > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: attn_one_split %d (0: none, or up to 4096 positions)",
                        (int)o->attn_one_split);
+    if (o->attn_batch_blocks < -1 || o->attn_batch_blocks > ATT_MAX_SPLITS)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: attn_batch_blocks %d (0: the session picks, -1: a block a split, 1 to %d blocks a head "
+                       "pair and session)",
+                       (int)o->attn_batch_blocks, ATT_MAX_SPLITS);
     return QWENRT_OK;
 }
 
@@ -3585,6 +3591,28 @@ static int batch_level_of(const struct cuda_session *c0, const int32_t *pos, int
     return most <= 1 ? BATCH_SHALLOW : most <= batch_split_floor(c0, BATCH_MID) ? BATCH_MID : BATCH_DEEP;
 }
 
+/* The blocks of the batched attention launch b for each pair of query heads and session
+ * (attn_args.group_blocks, attention_batch.cu): cuda_options.attn_batch_blocks', or as many as
+ * fill one wave of the kernel on c0's multiprocessors, so that each block pays the fixed cost
+ * of a split (its release, the q/k norm + RoPE prologue) once for a run of splits instead of
+ * once a split, in waves (16 Qwen3-0.6B sessions at 512 positions: 2,048 blocks of one split,
+ * ~8 waves). Each block takes ceil(S / Z) of the S splits the position has (the kernel computes
+ * it: one graph fits every position). 0 (a block a head and split, attention_kernel) where the
+ * option says -1 or the kernel does not take the heads. The same partials either way: bit for
+ * bit. */
+static int32_t batch_group_blocks(const struct cuda_session *c0, const struct attn_args &b)
+{
+    struct attn_args t = b;
+    t.group_blocks = 1;
+    if (c0->opt.attn_batch_blocks < 0 || !attention_group_applies(&t))
+        return 0;
+    if (c0->opt.attn_batch_blocks > 0)
+        return c0->opt.attn_batch_blocks;
+    const int64_t wave = (int64_t)attention_group_blocks_per_sm(b.hd, b.kv_f16) * (c0->n_sm > 0 ? c0->n_sm : 132);
+    const int64_t per = (int64_t)b.n_head / attention_group_heads() * b.n_seq, z = wave / (per > 0 ? per : 1);
+    return z < 1 ? 1 : z > b.splits ? b.splits : (int32_t)z;
+}
+
 /* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
  * sessions each (attention_kernel's multi-session form: blockIdx.y the session) on c0's
  * stream, chained with PDL. Each session's keys are split as its own decode graph splits them
@@ -3619,6 +3647,7 @@ static qwenrt_status batch_seq_attention(struct run_ctx *all, struct cuda_sessio
         const int32_t share = c0->att_splits / b.n_seq, floor = batch_split_floor(c0, c0->b_level);
         b.splits = a.part && c0->b_level != BATCH_SHALLOW ? (share > floor ? share : floor) : 1;
         b.nominal_splits = a.part ? c0->att_splits : 0;
+        b.group_blocks = batch_group_blocks(c0, b);
         b.q += (int64_t)g * a.ldq, b.out += (int64_t)g * a.ldo, b.rk += (int64_t)g * a.ldrk, b.rv += (int64_t)g * a.ldrv;
         for (int32_t k = 0; k < b.n_seq; k++) /* positions: c0's one copy for the step (cuda_batch_decode) */
             b.seq[k] = {css[g + k]->kc[layer], css[g + k]->vc[layer], c0->b_pos + g + k};

@@ -815,7 +815,9 @@ static cudaError_t launch_attention_kv(const struct attn_args *a, cudaStream_t s
 
 cudaError_t launch_attention(const struct attn_args *a, cudaStream_t s)
 {
-    if (a->n_seq) /* several sessions: attention_kernel's multi-session form only */
+    if (a->n_seq && a->group_blocks > 0 && attention_group_applies(a))
+        return launch_attention_group(a, s); /* several sessions, runs of splits a block */
+    if (a->n_seq) /* several sessions: attention_kernel's multi-session form */
         return a->kv_f16 ? launch_attention_kv<__half>(a, s) : launch_attention_kv<float>(a, s);
     if (a->stages && attention_staged_applies(a))
         return launch_attention_staged(a, s);
