@@ -3091,6 +3091,23 @@ static struct qwenrt_model *reload_cuda(struct qwenrt_model *synth, const char *
     return m;
 }
 
+/* Each of the n values bad of the environment variable var makes a session of m refused
+ * (INVALID_ARG, no session) by a message that names var or the option it sets; var unset after. */
+static void check_env_refused(struct qwenrt_model *m, const char *var, const char *option, const char *const *bad,
+                              size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct qwenrt_error err = {0};
+        struct qwenrt_session *s = NULL;
+        setenv(var, bad[i], 1);
+        assert_int_equal(qwenrt_session_init(m, NULL, &s, &err), QWENRT_ERR_INVALID_ARG);
+        assert_null(s);
+        if (!strstr(err.message, var) && !strstr(err.message, option))
+            fail_msg("%s=\"%s\": the refusal \"%s\" names neither %s nor %s", var, bad[i], err.message, var, option);
+    }
+    unsetenv(var);
+}
+
 /* x quantised once a product (cuda_options.gemvq_batch_pre, default 2: the other checks take
  * it) against x staged by every block, through QWENRT_CUDA_BATCH_PRE: 0 (never) and 16 (a batch
  * of 3 stages, one of 16 quantises once) keep a batch of 3 and one of 16 bit for bit alone; and
@@ -3106,16 +3123,7 @@ static void check_batch_pre_env(struct qwenrt_model *m, const char *name)
         check_batch_int8_model(m, 16, 300, true, label);
     }
     static const char *const bad[] = {"1", "17", "x", ""};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        struct qwenrt_error err = {0};
-        struct qwenrt_session *s = NULL;
-        setenv("QWENRT_CUDA_BATCH_PRE", bad[i], 1);
-        qwenrt_status st = qwenrt_session_init(m, NULL, &s, &err);
-        assert_int_equal(st, QWENRT_ERR_INVALID_ARG);
-        assert_null(s);
-        assert_true(strstr(err.message, "QWENRT_CUDA_BATCH_PRE") || strstr(err.message, "gemvq_batch_pre"));
-    }
-    unsetenv("QWENRT_CUDA_BATCH_PRE");
+    check_env_refused(m, "QWENRT_CUDA_BATCH_PRE", "gemvq_batch_pre", bad, sizeof(bad) / sizeof(bad[0]));
     /* QWENRT_CUDA_BATCH_BLOCKS: the batched attention's blocks a head pair and session (2: at
      * position 130 the 3 splits in a run of 2 and one of 1; -1: a block a split) keeps a batch
      * of 12 bit for bit alone; its bad values refused by name */
@@ -3127,15 +3135,8 @@ static void check_batch_pre_env(struct qwenrt_model *m, const char *name)
         check_batch_int8_model(m, 12, 130, true, label);
     }
     static const char *const bad_blocks[] = {"33", "-2", "x", ""};
-    for (size_t i = 0; i < sizeof(bad_blocks) / sizeof(bad_blocks[0]); i++) {
-        struct qwenrt_error err = {0};
-        struct qwenrt_session *s = NULL;
-        setenv("QWENRT_CUDA_BATCH_BLOCKS", bad_blocks[i], 1);
-        assert_int_equal(qwenrt_session_init(m, NULL, &s, &err), QWENRT_ERR_INVALID_ARG);
-        assert_null(s);
-        assert_true(strstr(err.message, "QWENRT_CUDA_BATCH_BLOCKS") || strstr(err.message, "attn_batch_blocks"));
-    }
-    unsetenv("QWENRT_CUDA_BATCH_BLOCKS");
+    check_env_refused(m, "QWENRT_CUDA_BATCH_BLOCKS", "attn_batch_blocks", bad_blocks,
+                      sizeof(bad_blocks) / sizeof(bad_blocks[0]));
 }
 
 static void test_batch_int8_cuda(void **st)
