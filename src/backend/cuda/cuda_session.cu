@@ -3614,7 +3614,8 @@ static int32_t batch_group_blocks(const struct cuda_session *c0, const struct at
 }
 
 /* The attention step st (STEP_ROPE_ATTN) of all n sessions: launches of up to ATT_MAX_SEQ
- * sessions each (attention_kernel's multi-session form: blockIdx.y the session) on c0's
+ * sessions each (blockIdx.y the session: attention_kernel's multi-session form, or once the
+ * keys are split attention_batch.cu's runs of splits, batch_group_blocks) on c0's
  * stream, chained with PDL. Each session's keys are split as its own decode graph splits them
  * (attn_args.nominal_splits: c0's, with the cluster window), so its sums are that graph's bit
  * for bit wherever the launch has as many splits as that graph uses: the launch takes c0's
