@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -45,7 +45,11 @@
  *    T = 2, 4, 8 against one token's.
  * 5. --batch N,N,...: only the server's batched decode step (qwenrt_batch_decode, then each
  *    session's greedy qwenrt_session_sample) for n_gen steps, per batch size, then exit; with
- *    --depth D each session first takes an untimed prompt of D tokens.
+ *    --depth D each session first takes an untimed prompt of D tokens. With --batch-ab
+ *    "V;V;..." (each V NAME=VALUE[,NAME=VALUE] or -, e.g. "QWENRT_CUDA_BATCH_BLOCKS=0;
+ *    QWENRT_CUDA_BATCH_BLOCKS=4"): the same step for each variant of the environment, their
+ *    runs interleaved rep by rep in one process with fresh sessions (an A/B free of one
+ *    machine's drift; no record).
  * 6. --launch-floor: only the cost of a launch itself (an empty kernel, 140 dependent launches
  *    per graph, several grid shapes, without and with PDL), then exit.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
@@ -804,6 +808,164 @@ out:
     return rc;
 }
 
+/* --batch-ab "V;V;...": variants of the environment (each V a list of NAME=VALUE, comma-separated,
+ * or "-" for none), at most AB_MAX of them. */
+enum { AB_MAX = 8, AB_LEN = 256 };
+struct batch_ab {
+    int n;
+    char v[AB_MAX][AB_LEN];
+};
+
+static bool parse_batch_ab(const char *text, struct batch_ab *ab)
+{
+    ab->n = 0;
+    for (const char *c = text; *c;) {
+        const char *e = strchr(c, ';');
+        size_t len = e ? (size_t)(e - c) : strlen(c);
+        if (ab->n == AB_MAX || len == 0 || len >= AB_LEN) {
+            fprintf(stderr, "--batch-ab %s: expected 1 to %d variants of NAME=VALUE[,NAME=VALUE] or -, ';' between\n", text,
+                    AB_MAX);
+            return false;
+        }
+        memcpy(ab->v[ab->n], c, len);
+        ab->v[ab->n][len] = 0;
+        for (char *a = ab->v[ab->n]; strcmp(ab->v[ab->n], "-") && *a;) { /* every assignment NAME=VALUE */
+            char *end = strchr(a, ',');
+            char *eq = strchr(a, '=');
+            if (!eq || eq == a || (end && eq > end)) {
+                fprintf(stderr, "--batch-ab: \"%s\" is not NAME=VALUE[,NAME=VALUE] or -\n", ab->v[ab->n]);
+                return false;
+            }
+            a = end ? end + 1 : a + strlen(a);
+        }
+        ab->n++;
+        c += len;
+        if (*c)
+            c++;
+    }
+    return ab->n > 0;
+}
+
+/* Unsets every variable any variant of ab names, then sets variant v's (v < 0: none). */
+static void apply_batch_ab(const struct batch_ab *ab, int v)
+{
+    for (int i = 0; i <= ab->n; i++) {
+        const char *var = i < ab->n ? ab->v[i] : v >= 0 ? ab->v[v] : "-";
+        char buf[AB_LEN];
+        snprintf(buf, sizeof(buf), "%s", var);
+        if (!strcmp(buf, "-"))
+            continue;
+        for (char *a = strtok(buf, ","); a; a = strtok(NULL, ",")) {
+            char *eq = strchr(a, '=');
+            *eq = 0;
+            if (i < ab->n)
+                unsetenv(a);
+            else
+                setenv(a, eq + 1, 1);
+        }
+    }
+}
+
+/* One timed run of variant v: n sessions made under its environment (the options a session
+ * reads at init), each prompt of depth tokens untimed, n_gen batched steps with every pick in
+ * one launch (as the server), the sessions freed. Seconds, or a negative number on failure. */
+static double batch_ab_run(struct qwenrt_model *m, struct qwenrt_batch *b, const struct batch_ab *ab, int v, int n,
+                           const struct qwenrt_session_params *ps, const int32_t *prompt, int32_t depth, int32_t n_gen,
+                           struct qwenrt_error *err)
+{
+    enum { BATCH_MAX = 64 };
+    struct qwenrt_session *s[BATCH_MAX] = {NULL};
+    struct qwenrt_sampler *smp[BATCH_MAX] = {NULL};
+    struct qwenrt_sampler_params sp = qwenrt_sampler_default_params();
+    sp.temperature = 0;
+    int32_t ids[BATCH_MAX];
+    double t = -1;
+    apply_batch_ab(ab, v);
+    for (int r = 0; r < n; r++) {
+        if (qwenrt_session_init(m, ps, &s[r], err) || qwenrt_sampler_init(&sp, m->hp.n_vocab, &smp[r], err) ||
+            (depth > 0 && qwenrt_session_prefill(s[r], prompt, depth, NULL, err)))
+            goto out;
+        ids[r] = 100 + 7 * r;
+    }
+    double t0 = time_now_s();
+    for (int32_t i = 0; i < n_gen; i++) {
+        if (qwenrt_batch_decode(b, s, ids, n, err))
+            goto out;
+        session_sample_start_all(s, smp, n);
+        for (int r = 0; r < n; r++)
+            if (qwenrt_session_sample(s[r], smp[r], &ids[r], err))
+                goto out;
+    }
+    t = time_now_s() - t0;
+out:
+    for (int r = 0; r < n; r++) {
+        qwenrt_sampler_free(smp[r]);
+        qwenrt_session_free(s[r]);
+    }
+    return t;
+}
+
+/* --batch N,N,... --batch-ab "V;V;...": print_batch's step with every pick in one launch, for each
+ * variant of the environment, the variants' runs interleaved in one process (each rep runs every
+ * variant in turn, with fresh sessions: one machine's drift falls on all alike); the median of
+ * reps after one warm-up round. */
+static int print_batch_ab(struct qwenrt_model *m, const char *list, const struct batch_ab *ab, int32_t n_gen,
+                          int32_t depth, int reps)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_batch *b = NULL;
+    struct qwenrt_session_params ps = qwenrt_session_default_params();
+    int rc = 1, nmax = 0;
+    for (const char *c = list; *c; c += *c ? 1 : 0) {
+        int n = atoi(c);
+        nmax = n > nmax ? n : nmax;
+        while (*c && *c != ',')
+            c++;
+    }
+    if (nmax < 1 || nmax > 64) {
+        fprintf(stderr, "--batch %s: expected sizes of 1 to 64\n", list);
+        return 2;
+    }
+    ps.n_ctx = depth + n_gen + 2 > nmax ? depth + n_gen + 2 : nmax;
+    int32_t *prompt = calloc((size_t)(depth > 0 ? depth : 1), sizeof(int32_t));
+    if (!prompt) {
+        snprintf(err.message, sizeof(err.message), "out of memory for a prompt of %d tokens", (int)depth);
+        goto out;
+    }
+    for (int32_t t = 0; t < depth; t++)
+        prompt[t] = (int32_t)((131u * (uint32_t)t + 17u) % (uint32_t)m->hp.n_vocab);
+    if (qwenrt_batch_init(m, nmax, &b, &err))
+        goto out;
+    printf("| sessions | variant | step ms | tok/s (all sessions), picks in one launch |\n|---:|---|---:|---:|\n");
+    for (const char *c = list; *c; c += *c ? 1 : 0) {
+        int n = atoi(c), nr = reps < 64 ? reps : 64;
+        double times[AB_MAX][64];
+        for (int rep = -1; rep < nr; rep++)
+            for (int v = 0; v < ab->n; v++) {
+                double t = batch_ab_run(m, b, ab, v, n, &ps, prompt, depth, n_gen, &err);
+                if (t < 0)
+                    goto out;
+                if (rep >= 0)
+                    times[v][rep] = t;
+            }
+        for (int v = 0; v < ab->n; v++) {
+            double t = median(times[v], nr);
+            printf("| %d | %s | %.3f | %.1f |\n", n, ab->v[v], 1e3 * t / n_gen, n * n_gen / t);
+        }
+        fflush(stdout);
+        while (*c && *c != ',')
+            c++;
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "batch-ab: %s\n", err.message);
+    apply_batch_ab(ab, -1);
+    qwenrt_batch_free(b);
+    free(prompt);
+    return rc;
+}
+
 /* The largest |a - b| over the largest |b| of a row, and b's margin between its best two. */
 static double row_rel_err(const float *a, const float *b, int32_t V, double *margin)
 {
@@ -996,6 +1158,8 @@ int main(int argc, char **argv)
     int kv_f16 = 0;      /* --kv-f16: the KV cache in f16 */
     int timeline = 0;
     const char *batch = NULL; /* --batch N,N,...: the batched decode step (print_batch) */
+    const char *batch_ab = NULL; /* --batch-ab "V;V;...": its variants interleaved (print_batch_ab) */
+    static struct batch_ab ab;
     int batch_chk = 0;        /* --batch-check N: batched against alone at this geometry (batch_check) */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
@@ -1022,6 +1186,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
         else if (!strcmp(argv[i], "--batch-check") && i + 1 < argc) batch_chk = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch-ab") && i + 1 < argc) batch_ab = argv[++i];
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
@@ -1029,7 +1194,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,...] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1068,6 +1233,11 @@ int main(int argc, char **argv)
     }
     if (reps > 64)
         reps = 64;
+    if (batch_ab && (!batch || !parse_batch_ab(batch_ab, &ab))) {
+        if (!batch)
+            fprintf(stderr, "--batch-ab needs --batch N,N,...\n");
+        return 2;
+    }
     if (sweep && !parse_sweep(sweep, kv_f16, &sw))
         return 2;
     struct qwenrt_error err = {0};
@@ -1114,6 +1284,8 @@ int main(int argc, char **argv)
         return mega_steps(m, 8);
     if (batch_chk)
         return batch_check(m, batch_chk, depth);
+    if (batch && batch_ab) /* a comparison, not a record: no --json */
+        return print_batch_ab(m, batch, &ab, n_gen, depth, reps);
     if (batch) { /* --json: the table as a record */
         FILE *jf = json ? fopen(json, "w") : NULL;
         if (json && !jf) {
