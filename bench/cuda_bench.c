@@ -703,6 +703,37 @@ out:
     return r;
 }
 
+/* The largest batch size of --batch's list (N,N,...), or 0 with a message where one is outside
+ * 1 to most. */
+static int batch_list_max(const char *list, int most)
+{
+    int nmax = 0, nmin = most + 1;
+    for (const char *c = list; *c; c += *c ? 1 : 0) {
+        int n = atoi(c);
+        nmax = n > nmax ? n : nmax, nmin = n < nmin ? n : nmin;
+        while (*c && *c != ',')
+            c++;
+    }
+    if (nmax < 1 || nmin < 1 || nmax > most) {
+        fprintf(stderr, "--batch %s: expected sizes of 1 to %d\n", list, most);
+        return 0;
+    }
+    return nmax;
+}
+
+/* The batch benches' untimed prompt of depth tokens (at least one slot), or NULL with err set. */
+static int32_t *batch_prompt(const struct qwenrt_model *m, int32_t depth, struct qwenrt_error *err)
+{
+    int32_t *prompt = calloc((size_t)(depth > 0 ? depth : 1), sizeof(int32_t));
+    if (!prompt) {
+        snprintf(err->message, sizeof(err->message), "out of memory for a prompt of %d tokens", (int)depth);
+        return NULL;
+    }
+    for (int32_t t = 0; t < depth; t++)
+        prompt[t] = (int32_t)((131u * (uint32_t)t + 17u) % (uint32_t)m->hp.n_vocab);
+    return prompt;
+}
+
 /* --batch N,N,...: the server's continuous batching step — qwenrt_batch_decode over n sessions,
  * then each session's greedy pick (qwenrt_session_sample) — for n_gen steps from position
  * depth (each session's untimed prompt of depth tokens first: --depth), median of reps; prints
@@ -718,28 +749,13 @@ static int print_batch(struct qwenrt_model *m, const char *list, int32_t n_gen, 
     struct qwenrt_sampler_params sp = qwenrt_sampler_default_params();
     sp.temperature = 0;
     ps.n_ctx = n_gen + 2;
-    int rc = 1, nmax = 0;
+    int rc = 1, nmax = batch_list_max(list, BATCH_MAX);
     int32_t *prompt = NULL;
-    for (const char *c = list; *c; c++) {
-        int n = atoi(c);
-        nmax = n > nmax ? n : nmax;
-        while (*c && *c != ',')
-            c++;
-        if (!*c)
-            break;
-    }
-    if (nmax < 1 || nmax > BATCH_MAX) {
-        fprintf(stderr, "--batch %s: expected sizes of 1 to %d\n", list, BATCH_MAX);
+    if (!nmax)
         return 2;
-    }
     ps.n_ctx = depth + n_gen + 2 > nmax ? depth + n_gen + 2 : nmax; /* a CUDA batch takes at most its first session's context */
-    prompt = calloc((size_t)(depth > 0 ? depth : 1), sizeof(int32_t));
-    if (!prompt) {
-        snprintf(err.message, sizeof(err.message), "out of memory for a prompt of %d tokens", (int)depth);
+    if (!(prompt = batch_prompt(m, depth, &err)))
         goto out;
-    }
-    for (int32_t t = 0; t < depth; t++)
-        prompt[t] = (int32_t)((131u * (uint32_t)t + 17u) % (uint32_t)m->hp.n_vocab);
     if (qwenrt_batch_init(m, nmax, &b, &err))
         goto out;
     for (int r = 0; r < nmax; r++)
@@ -915,25 +931,13 @@ static int print_batch_ab(struct qwenrt_model *m, const char *list, const struct
     struct qwenrt_error err = {0};
     struct qwenrt_batch *b = NULL;
     struct qwenrt_session_params ps = qwenrt_session_default_params();
-    int rc = 1, nmax = 0;
-    for (const char *c = list; *c; c += *c ? 1 : 0) {
-        int n = atoi(c);
-        nmax = n > nmax ? n : nmax;
-        while (*c && *c != ',')
-            c++;
-    }
-    if (nmax < 1 || nmax > 64) {
-        fprintf(stderr, "--batch %s: expected sizes of 1 to 64\n", list);
+    int rc = 1, nmax = batch_list_max(list, 64);
+    if (!nmax)
         return 2;
-    }
     ps.n_ctx = depth + n_gen + 2 > nmax ? depth + n_gen + 2 : nmax;
-    int32_t *prompt = calloc((size_t)(depth > 0 ? depth : 1), sizeof(int32_t));
-    if (!prompt) {
-        snprintf(err.message, sizeof(err.message), "out of memory for a prompt of %d tokens", (int)depth);
+    int32_t *prompt = batch_prompt(m, depth, &err);
+    if (!prompt)
         goto out;
-    }
-    for (int32_t t = 0; t < depth; t++)
-        prompt[t] = (int32_t)((131u * (uint32_t)t + 17u) % (uint32_t)m->hp.n_vocab);
     if (qwenrt_batch_init(m, nmax, &b, &err))
         goto out;
     printf("| sessions | variant | step ms | tok/s (all sessions), picks in one launch |\n|---:|---|---:|---:|\n");
@@ -1233,6 +1237,8 @@ int main(int argc, char **argv)
     }
     if (reps > 64)
         reps = 64;
+    if (batch && !batch_list_max(batch, 64)) /* before the model is made */
+        return 2;
     if (batch_ab && (!batch || !parse_batch_ab(batch_ab, &ab))) {
         if (!batch)
             fprintf(stderr, "--batch-ab needs --batch N,N,...\n");
