@@ -883,8 +883,11 @@ static void apply_batch_ab(const struct batch_ab *ab, int v)
 }
 
 /* One timed run of variant v: n sessions made under its environment (the options a session
- * reads at init), each prompt of depth tokens untimed, n_gen batched steps with every pick in
- * one launch (as the server), the sessions freed. Seconds, or a negative number on failure. */
+ * reads at init), each prompt of depth tokens untimed, AB_WARM untimed batched steps (new
+ * members: the first step runs op by op, the second is captured), then n_gen timed steps with
+ * every pick in one launch (as the server), the sessions freed. Seconds, or a negative number
+ * on failure. */
+enum { AB_WARM = 2 };
 static double batch_ab_run(struct qwenrt_model *m, struct qwenrt_batch *b, const struct batch_ab *ab, int v, int n,
                            const struct qwenrt_session_params *ps, const int32_t *prompt, int32_t depth, int32_t n_gen,
                            struct qwenrt_error *err)
@@ -903,8 +906,10 @@ static double batch_ab_run(struct qwenrt_model *m, struct qwenrt_batch *b, const
             goto out;
         ids[r] = 100 + 7 * r;
     }
-    double t0 = time_now_s();
-    for (int32_t i = 0; i < n_gen; i++) {
+    double t0 = 0;
+    for (int32_t i = -AB_WARM; i < n_gen; i++) {
+        if (i == 0)
+            t0 = time_now_s();
         if (qwenrt_batch_decode(b, s, ids, n, err))
             goto out;
         session_sample_start_all(s, smp, n);
@@ -934,7 +939,7 @@ static int print_batch_ab(struct qwenrt_model *m, const char *list, const struct
     int rc = 1, nmax = batch_list_max(list, 64);
     if (!nmax)
         return 2;
-    ps.n_ctx = depth + n_gen + 2 > nmax ? depth + n_gen + 2 : nmax;
+    ps.n_ctx = depth + n_gen + AB_WARM + 2 > nmax ? depth + n_gen + AB_WARM + 2 : nmax;
     int32_t *prompt = batch_prompt(m, depth, &err);
     if (!prompt)
         goto out;
@@ -1005,17 +1010,21 @@ static int batch_check(struct qwenrt_model *m, int n, int32_t depth)
         free(la);
         return 2;
     }
+    struct qwenrt_session_params ps = qwenrt_session_default_params();
+    const int32_t np0 = depth > 0 ? depth : 24;
+    if (np0 + 3 * n + STEPS > 4096) /* past the default context (4,096): each session holds its prompt and steps */
+        ps.n_ctx = np0 + 3 * n + STEPS;
     if (qwenrt_batch_init(m, n, &batch, &err))
         goto out;
     for (int r = 0; r < n; r++) {
-        int32_t np = (depth > 0 ? depth : 24) + 3 * r, *prompt = malloc((size_t)np * sizeof(int32_t));
+        int32_t np = np0 + 3 * r, *prompt = malloc((size_t)np * sizeof(int32_t));
         if (!prompt) {
             snprintf(err.message, sizeof(err.message), "out of memory");
             goto out;
         }
         for (int32_t t = 0; t < np; t++)
             prompt[t] = (int32_t)((977u * (uint32_t)(r + 1) + 131u * (uint32_t)t) % (uint32_t)V);
-        bool bad = qwenrt_session_init(m, NULL, &b[r], &err) || qwenrt_session_init(m, NULL, &a[r], &err) ||
+        bool bad = qwenrt_session_init(m, &ps, &b[r], &err) || qwenrt_session_init(m, &ps, &a[r], &err) ||
                    qwenrt_session_prefill(b[r], prompt, np, NULL, &err) || qwenrt_session_prefill(a[r], prompt, np, NULL, &err);
         free(prompt);
         if (bad)

@@ -60,14 +60,36 @@ __device__ __forceinline__ int att_group_rounds(int lo, int last)
     return n < 1 ? 1 : n;
 }
 
-/* The block's rounds in the order they are used: round j of split z, then the next (the next
- * split's first after a split's last). */
+/* The block's rounds in the order they are used: round j of split z (of nr rounds over
+ * positions lo..last), then the next (the next split's first after a split's last). The
+ * split's range is computed once a split (a division), not once a round. */
 struct att_group_cursor {
-    int z, j;
+    int z, j, lo, last, nr;
 };
 
+template <int U>
+__device__ __forceinline__ void att_group_cursor_at(struct att_group_cursor &c, int z, int S, int pos)
+{
+    c.z = z, c.j = 0, c.last = pos;
+    attention_split_range(S, z, &c.lo, &c.last);
+    c.nr = att_group_rounds<U>(c.lo, c.last);
+}
+
+/* Moves c to the block's next round (z_end: the block's splits end there). */
+template <int U>
+__device__ __forceinline__ void att_group_cursor_next(struct att_group_cursor &c, int z_end, int S, int pos)
+{
+    if (++c.j < c.nr)
+        return;
+    if (c.z + 1 < z_end)
+        att_group_cursor_at<U>(c, c.z + 1, S, pos);
+    else
+        c.z = z_end, c.j = 0;
+}
+
 /* Loads the round at cursor c (its rows: which, as attention_load_round takes them) into r, if
- * c is one of the block's (split below z_end); then moves c on. */
+ * c is one of the block's (split below z_end); then moves c on. The first two rounds, issued
+ * around the prologue. */
 template <int EPL, typename KV, int U>
 __device__ __forceinline__ void att_group_load(struct att_group_cursor &c, int z_end, int S, int pos, const KV *kbase,
                                                const KV *vbase, int64_t kvw, const KV *cur_k, const KV *cur_v, int which,
@@ -75,12 +97,56 @@ __device__ __forceinline__ void att_group_load(struct att_group_cursor &c, int z
 {
     if (c.z >= z_end)
         return;
-    int lo, last = pos;
-    attention_split_range(S, c.z, &lo, &last);
-    const int p0 = lo + (int)(threadIdx.x >> 5) + c.j * ATT_WARPS * U;
-    attention_load_round<EPL, true>(kbase, vbase, kvw, p0, last, pos, cur_k, cur_v, which, r);
-    if (++c.j >= att_group_rounds<U>(lo, last))
-        c.z++, c.j = 0;
+    const int p0 = c.lo + (int)(threadIdx.x >> 5) + c.j * ATT_WARPS * U;
+    attention_load_round<EPL, true>(kbase, vbase, kvw, p0, c.last, pos, cur_k, cur_v, which, r);
+    att_group_cursor_next<U>(c, z_end, S, pos);
+}
+
+/* The same for every later round (the prologue done): the current position's rows from shared
+ * memory, every other row of the split straight from the cache by a read-only global load (the
+ * cache's rows before pos were written by earlier launches), rows past the split's end not
+ * loaded at all (their dot products are computed and never used: att_group_round stops
+ * before them). One 64-bit address a round, the rows a fixed stride on. */
+template <typename KV, int U, int EPL>
+__device__ __forceinline__ void att_group_load_global(const KV *p, uint32_t (&w)[sizeof(KV) * EPL / 4])
+{
+    if constexpr (sizeof(KV) * EPL == 4) {
+        w[0] = __ldg((const unsigned int *)p);
+    } else if constexpr (sizeof(KV) * EPL == 8) {
+        const uint2 v = __ldg((const uint2 *)p);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < (int)(sizeof(KV) * EPL / 16); i++) {
+            const uint4 v = __ldg((const uint4 *)p + i);
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    }
+}
+
+template <int EPL, typename KV, int U>
+__device__ __forceinline__ void att_group_load_next(struct att_group_cursor &c, int z_end, int S, int pos,
+                                                    const KV *kbase, const KV *vbase, int64_t kvw, const KV *cur_k,
+                                                    const KV *cur_v, att_rows<KV, U, EPL> &r)
+{
+    if (c.z >= z_end)
+        return;
+    const int lane = threadIdx.x & 31, p0 = c.lo + (int)(threadIdx.x >> 5) + c.j * ATT_WARPS * U;
+    const int64_t step = (int64_t)ATT_WARPS * kvw;
+    const KV *kp = kbase + (int64_t)p0 * kvw, *vp = vbase + (int64_t)p0 * kvw;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int p = p0 + u * ATT_WARPS;
+        if (p == pos) {
+            r.load(u, cur_k + lane * EPL, cur_v + lane * EPL);
+        } else if (p <= c.last) {
+            uint32_t wk[sizeof(KV) * EPL / 4], wv[sizeof(KV) * EPL / 4];
+            att_group_load_global<KV, U, EPL>(kp + u * step, wk);
+            att_group_load_global<KV, U, EPL>(vp + u * step, wv);
+            r.set_raw(u, wk, wv);
+        }
+    }
+    att_group_cursor_next<U>(c, z_end, S, pos);
 }
 
 /* The split a warp's rounds are in: its index z and range lo..last, its rounds nr, the round j
@@ -191,6 +257,46 @@ __device__ __forceinline__ bool att_group_advance(const struct attn_args &a, str
     return false;
 }
 
+/* warp_sum of each of N values (N a power of two, at most 32), every lane getting every sum,
+ * in about half warp_sum's shuffles and adds: each level of warp_sum's butterfly (lanes 16,
+ * 8, 4, ... apart) halves the values a lane still carries — it keeps one half, sends its
+ * partner the other, and adds the partner's half of the same values to its own — until one is
+ * left, whose remaining levels are warp_sum's; then each sum is read from the lane that holds
+ * it. Every addition is one of warp_sum's (a lane's partial plus its partner's over the same
+ * lanes: the same operands, and float addition commutes), so the sums are warp_sum's bit for
+ * bit. N = 8 values: 40 shuffles, adds and selects against warp_sum's 80. */
+template <int N>
+__device__ __forceinline__ void warp_sum_each(float (&v)[N])
+{
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "warp_sum_each: a power of two up to 32 values");
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16, n = N; o > 0; o >>= 1, n = n > 1 ? n / 2 : 1) {
+        if (n > 1) {
+            const bool upper = lane & o; /* keeps the upper half of what it carries */
+#pragma unroll
+            for (int j = 0; j < n / 2; j++) {
+                const float keep = upper ? v[j + n / 2] : v[j], send = upper ? v[j] : v[j + n / 2];
+                v[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        }
+    }
+    if constexpr (N > 1) {
+        const float mine = v[0];
+        /* value i is held by the lanes whose bits 4, 3, ... (log2 N of them) spell i */
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int src = 0;
+#pragma unroll
+            for (int b = 0, n = N / 2, o = 16; n >= 1; b++, n /= 2, o >>= 1)
+                src |= (i & n) ? o : 0;
+            v[i] = __shfl_sync(0xffffffffu, mine, src);
+        }
+    }
+}
+
 /* One round of rows r into every head's online softmax: attention_round's arithmetic for each
  * head (the same dots, sums and updates in the same order: bit for bit), the rows converted to
  * floats once for all the heads and the heads' dot products summed side by side (against
@@ -200,7 +306,7 @@ __device__ __forceinline__ void att_group_round(const att_rows<KV, U, EPL> &r, c
                                                 struct att_group_split<EPL> &sp)
 {
     const int p0 = sp.lo + (int)(threadIdx.x >> 5) + sp.j * ATT_WARPS * U;
-    float dot[ATB_NQ][U];
+    float dot[ATB_NQ * U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
         float kf[EPL];
@@ -213,14 +319,10 @@ __device__ __forceinline__ void att_group_round(const att_rows<KV, U, EPL> &r, c
 #pragma unroll
             for (int e = 0; e < EPL; e++)
                 d += q[k][e] * kf[e];
-            dot[k][u] = d;
+            dot[k * U + u] = d;
         }
     }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int k = 0; k < ATB_NQ; k++)
-            dot[k][u] = warp_sum(dot[k][u]);
+    warp_sum_each(dot);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         if (p0 + u * ATT_WARPS > sp.last)
@@ -231,7 +333,8 @@ __device__ __forceinline__ void att_group_round(const att_rows<KV, U, EPL> &r, c
             vf[e] = r.V(u, e);
 #pragma unroll
         for (int k = 0; k < ATB_NQ; k++) { /* attention_row_update */
-            float m_new = fmaxf(sp.m[k], dot[k][u]), corr = __expf(sp.m[k] - m_new), pw = __expf(dot[k][u] - m_new);
+            const float d = dot[k * U + u];
+            float m_new = fmaxf(sp.m[k], d), corr = att_exp(sp.m[k] - m_new), pw = att_exp(d - m_new);
             sp.l[k] = sp.l[k] * corr + pw;
 #pragma unroll
             for (int e = 0; e < EPL; e++)
@@ -267,13 +370,15 @@ __global__ void __launch_bounds__(32 * ATT_WARPS, ATB_MIN_BLOCKS)
     const KV *vbase = (const KV *)sv.vc + (int64_t)kvh * hd + lane * EPL;
     /* the first two rounds' cached rows before the prologue, the current position's after it */
     att_rows<KV, U, EPL> r0, r1;
-    struct att_group_cursor ld = {z0, 0};
+    struct att_group_cursor ld;
+    att_group_cursor_at<U>(ld, z0, S, pos);
     att_group_load<EPL, KV, U>(ld, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, ATT_ROWS_CACHED, r0);
     att_group_load<EPL, KV, U>(ld, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, ATT_ROWS_CACHED, r1);
     attention_rope_prologue<EPL, KV, ATB_NQ, true>(a, h0, kvh, pos, z_end == S, sm.q[0], sm.k, sm.v, sm.k16, sm.v16,
                                                    sm.cs, sm.sn, sm.q[ATB_NQ > 1 ? 1 : 0], t);
     {
-        struct att_group_cursor c = {z0, 0};
+        struct att_group_cursor c;
+        att_group_cursor_at<U>(c, z0, S, pos);
         att_group_load<EPL, KV, U>(c, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, ATT_ROWS_CURRENT, r0);
         att_group_load<EPL, KV, U>(c, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, ATT_ROWS_CURRENT, r1);
     }
@@ -295,11 +400,11 @@ __global__ void __launch_bounds__(32 * ATT_WARPS, ATB_MIN_BLOCKS)
     att_group_split_start<U>(sp, z0, S, pos);
     for (;;) {
         att_group_round<EPL, KV, U>(r0, q, sp);
-        att_group_load<EPL, KV, U>(ld, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, ATT_ROWS_ALL, r0);
+        att_group_load_next<EPL, KV, U>(ld, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, r0);
         if (att_group_advance<EPL, KV, U>(a, sp, z_end, S, pos, sm, o))
             break;
         att_group_round<EPL, KV, U>(r1, q, sp);
-        att_group_load<EPL, KV, U>(ld, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, ATT_ROWS_ALL, r1);
+        att_group_load_next<EPL, KV, U>(ld, z_end, S, pos, kbase, vbase, a.kvw, cur_k, cur_v, r1);
         if (att_group_advance<EPL, KV, U>(a, sp, z_end, S, pos, sm, o))
             break;
     }

@@ -212,6 +212,13 @@ struct att_rows {
         kv_get<EPL>(kp, k[u]);
         kv_get<EPL>(vp, v[u]);
     }
+    /* row u from words loaded elsewhere (attention_batch.cu's read-only loads) */
+    __device__ __forceinline__ void set_raw(int u, const uint32_t (&wk)[EPL], const uint32_t (&wv)[EPL])
+    {
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            k[u][e] = __uint_as_float(wk[e]), v[u][e] = __uint_as_float(wv[e]);
+    }
     __device__ __forceinline__ float K(int u, int e) const { return k[u][e]; }
     __device__ __forceinline__ float V(int u, int e) const { return v[u][e]; }
 };
@@ -223,6 +230,12 @@ struct att_rows<__half, U, EPL> {
     {
         kv_load_raw<EPL>(kp, k[u]);
         kv_load_raw<EPL>(vp, v[u]);
+    }
+    __device__ __forceinline__ void set_raw(int u, const uint32_t (&wk)[EPL / 2], const uint32_t (&wv)[EPL / 2])
+    {
+#pragma unroll
+        for (int e = 0; e < EPL / 2; e++)
+            k[u][e] = wk[e], v[u][e] = wv[e];
     }
     static __device__ __forceinline__ float half_of(uint32_t w, int e)
     {
@@ -264,13 +277,27 @@ __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *
     }
 }
 
+/* e^x for the online softmax's weights: __expf's arithmetic (x times log2(e) in f32, then the
+ * MUFU's 2^t) with results below 2^-126 flushed to zero, so without __expf's fix-up for
+ * subnormal results (a compare and two predicated multiplies around every MUFU: 6 instructions
+ * an exp, now 2). The same bits as __expf wherever e^x >= 2^-126; a weight below that adds
+ * nothing a float sum of weights near 1 can hold. Every row update of the decode attention
+ * (attention_row_update, attention_batch.cu's) uses it, so a session's sums stay bit for bit
+ * the same batched or alone. */
+__device__ __forceinline__ float att_exp(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+
 /* Row u of a round (its score dot) into the online softmax (m, l) and the output acc: the
  * running max, the rescale of what is summed so far, the row's weight times its V elements. */
 template <int EPL, typename KV, int U>
 __device__ __forceinline__ void attention_row_update(const att_rows<KV, U, EPL> &rw, int u, float dot, float &m,
                                                      float &l, float (&acc)[EPL])
 {
-    float m_new = fmaxf(m, dot), corr = __expf(m - m_new), pw = __expf(dot - m_new);
+    float m_new = fmaxf(m, dot), corr = att_exp(m - m_new), pw = att_exp(dot - m_new);
     l = l * corr + pw;
 #pragma unroll
     for (int e = 0; e < EPL; e++)
