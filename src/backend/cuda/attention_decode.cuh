@@ -305,6 +305,47 @@ __device__ __forceinline__ void attention_row_update(const att_rows<KV, U, EPL> 
     m = m_new;
 }
 
+/* warp_sum of each of N values (N a power of two, at most 32), every lane getting every sum,
+ * in about half warp_sum's shuffles and adds: each level of warp_sum's butterfly (lanes 16,
+ * 8, 4, ... apart) halves the values a lane still carries — it keeps one half, sends its
+ * partner the other, and adds the partner's half of the same values to its own — until one is
+ * left, whose remaining levels are warp_sum's; then each sum is read from the lane that holds
+ * it. Every addition is one of warp_sum's (a lane's partial plus its partner's over the same
+ * lanes: the same operands, and float addition commutes), so the sums are warp_sum's bit for
+ * bit. N = 8 values: 40 shuffles, adds and selects against warp_sum's 80 (attention_round's
+ * dots, attention_batch.cu's). */
+template <int N>
+__device__ __forceinline__ void warp_sum_each(float (&v)[N])
+{
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "warp_sum_each: a power of two up to 32 values");
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 16, n = N; o > 0; o >>= 1, n = n > 1 ? n / 2 : 1) {
+        if (n > 1) {
+            const bool upper = lane & o; /* keeps the upper half of what it carries */
+#pragma unroll
+            for (int j = 0; j < n / 2; j++) {
+                const float keep = upper ? v[j + n / 2] : v[j], send = upper ? v[j] : v[j + n / 2];
+                v[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        }
+    }
+    if constexpr (N > 1) {
+        const float mine = v[0];
+        /* value i is held by the lanes whose bits 4, 3, ... (log2 N of them) spell i */
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int src = 0;
+#pragma unroll
+            for (int b = 0, n = N / 2, o = 16; n >= 1; b++, n /= 2, o >>= 1)
+                src |= (i & n) ? o : 0;
+            v[i] = __shfl_sync(0xffffffffu, mine, src);
+        }
+    }
+}
+
 /* One round of a warp's rows (positions p0 + u ATT_WARPS, u < U; those past last masked) into
  * the online softmax (m, l) and the output acc (attention_kernel's loops, attn_o.cu's). */
 template <int EPL, typename KV, int U>
@@ -320,9 +361,7 @@ __device__ __forceinline__ void attention_round(const att_rows<KV, U, EPL> &rw, 
             d += q[e] * rw.K(u, e);
         dot[u] = d;
     }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-        dot[u] = warp_sum(dot[u]);
+    warp_sum_each(dot);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         if (p0 + u * ATT_WARPS > last)
