@@ -32,6 +32,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_checks.h"
 #include "base/cpu_features.h"
 #include "qwenrt.h"
 #include "quant/blocks.h"
@@ -4206,6 +4207,77 @@ static void test_generate_sampled(void **st)
     }
 }
 
+/* The decode attention's cheaper forms of two helpers against the plain ones on random
+ * inputs (device_checks.cu): warp_sum_each must give every lane warp_sum's bits for every one
+ * of its values (values of magnitudes 1e-3 to 1e3, so that another order of the additions
+ * shows: checked by summing in lane order on the host, which must differ somewhere), in 37
+ * warps for each count it takes; att_exp must be __expf bit for bit wherever x log2(e) (in f32,
+ * as both compute it) is at least -126, and 0 below (arguments from -100 to 20, the edge near
+ * -87.3 in steps of 1e-4, and -inf). Bad shapes are refused by name. */
+static void test_device_helpers(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    enum { WARPS = 37 };
+    static const int32_t ns[] = {1, 2, 4, 8, 16, 32};
+    for (size_t c = 0; c < sizeof(ns) / sizeof(ns[0]); c++) {
+        const int32_t n = ns[c];
+        const size_t count = (size_t)WARPS * n * 32;
+        float *x = malloc(count * 4), *each = malloc(count * 4), *plain = malloc(count * 4);
+        assert_non_null(x), assert_non_null(each), assert_non_null(plain);
+        for (size_t i = 0; i < count; i++)
+            x[i] = frand() * powf(10.0f, 3.0f * frand());
+        assert_int_equal(cuda_warp_sum_each_host(n, WARPS, x, each, plain, &err), QWENRT_OK);
+        long differ = 0, lane_order_differs = 0;
+        for (size_t v = 0; v < count / 32; v++) {
+            float in_order = 0.0f;
+            for (int l = 0; l < 32; l++) {
+                differ += memcmp(&each[v * 32 + l], &plain[v * 32 + l], sizeof(float)) != 0;
+                differ += memcmp(&plain[v * 32 + l], &plain[v * 32], sizeof(float)) != 0; /* every lane the same */
+                in_order += x[v * 32 + l];
+            }
+            lane_order_differs += in_order != plain[v * 32];
+        }
+        printf("warp_sum_each of %d values, %d warps: %ld lanes not warp_sum's bits; the lane-order sum differs in "
+               "%ld of %zu\n",
+               (int)n, WARPS, differ, lane_order_differs, count / 32);
+        assert_int_equal(differ, 0);
+        assert_true(lane_order_differs > 0);
+        free(x), free(each), free(plain);
+    }
+    enum { NE = 2 * 1200 + 10001 + 1 };
+    float *x = malloc(NE * 4), *fast = malloc(NE * 4), *plain = malloc(NE * 4);
+    assert_non_null(x), assert_non_null(fast), assert_non_null(plain);
+    int32_t k = 0;
+    for (int i = 0; i < 2 * 1200; i++)
+        x[k++] = -100.0f + 120.0f * (float)i / (2 * 1200) + 0.01f * frand();
+    for (int i = 0; i <= 10000; i++)
+        x[k++] = -88.0f + 1e-4f * (float)i; /* __expf crosses 2^-126 near -87.34 */
+    x[k++] = -INFINITY;
+    assert_int_equal(cuda_att_exp_host(k, x, fast, plain, &err), QWENRT_OK);
+    long bad = 0, normal = 0, flushed = 0;
+    for (int32_t i = 0; i < k; i++) {
+        const volatile float t = x[i] * 1.4426950408889634f; /* the f32 exponent both compute */
+        if (t >= -126.0f) {
+            normal++;
+            bad += memcmp(&fast[i], &plain[i], sizeof(float)) != 0;
+        } else {
+            flushed += plain[i] > 0.0f;
+            bad += fast[i] != 0.0f;
+        }
+    }
+    printf("att_exp: %ld of %d not __expf's bits (%ld normal results, %ld subnormal ones flushed)\n", bad, (int)k,
+           normal, flushed);
+    assert_int_equal(bad, 0);
+    assert_true(normal > 1000 && flushed > 100);
+    free(x), free(fast), free(plain);
+    float one = 0.0f, out[2 * 32 * 3];
+    assert_int_equal(cuda_warp_sum_each_host(3, 1, &one, out, out + 96, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "warp_sum_each"));
+    assert_int_equal(cuda_att_exp_host(0, &one, out, out + 1, &err), QWENRT_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.message, "att_exp"));
+}
+
 /* cuda_session_init refuses o with want before touching the device, and (CUDA compiled in)
  * its message names the option and the bad value. */
 static void check_options_refused(const struct cuda_options *o, const char *option, int32_t bad,
@@ -4465,6 +4537,7 @@ int main(void)
         cmocka_unit_test(test_batch_fail_kept_cuda),
         cmocka_unit_test(test_gemv_batch_kernel),
         cmocka_unit_test(test_gemvq_batch_mma_kernel),
+        cmocka_unit_test(test_device_helpers),
         cmocka_unit_test(test_batch_pays),
         cmocka_unit_test(test_batch_int8_cuda),
         cmocka_unit_test(test_batch_int8_q35_cuda),

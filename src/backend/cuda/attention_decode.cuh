@@ -280,8 +280,9 @@ __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *
 /* e^x for the online softmax's weights: __expf's arithmetic (x times log2(e) in f32, then the
  * MUFU's 2^t) with results below 2^-126 flushed to zero, so without __expf's fix-up for
  * subnormal results (a compare and two predicated multiplies around every MUFU: 6 instructions
- * an exp, now 2). The same bits as __expf wherever e^x >= 2^-126; a weight below that adds
- * nothing a float sum of weights near 1 can hold. Every row update of the decode attention
+ * an exp, now 2). The same bits as __expf wherever x log2(e) >= -126 (weights from 2^-126 up;
+ * test_device_helpers); a weight below that adds nothing a float sum of weights near 1 can
+ * hold. Every row update of the decode attention
  * (attention_row_update, attention_batch.cu's) uses it, so a session's sums stay bit for bit
  * the same batched or alone. */
 __device__ __forceinline__ float att_exp(float x)

@@ -5,6 +5,7 @@
  * and this file is empty.
  */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_checks.h"
 
 #ifndef QWENRT_HAVE_CUDA
 
@@ -92,6 +93,19 @@ qwenrt_status cuda_sessions_top_start(struct cuda_session *const *css, int32_t n
                                       int32_t m, struct qwenrt_error *err)
 {
     (void)css, (void)n, (void)temperature, (void)m;
+    return not_built(err);
+}
+
+qwenrt_status cuda_warp_sum_each_host(int32_t n, int32_t warps, const float *x, float *each, float *plain,
+                                      struct qwenrt_error *err)
+{
+    (void)n, (void)warps, (void)x, (void)each, (void)plain;
+    return not_built(err);
+}
+
+qwenrt_status cuda_att_exp_host(int32_t count, const float *x, float *fast, float *plain, struct qwenrt_error *err)
+{
+    (void)count, (void)x, (void)fast, (void)plain;
     return not_built(err);
 }
 
