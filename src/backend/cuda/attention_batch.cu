@@ -212,17 +212,9 @@ __device__ __forceinline__ void att_group_split_end(const struct attn_args &a, c
     }
     __syncthreads();
     for (int i = threadIdx.x; i < ATB_NQ * hd; i += blockDim.x) {
-        const int k = i / hd, d = i - k * hd;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++)
-            M = fmaxf(M, sm.m[b][k][w]);
-        float L = 0.0f, f[ATT_WARPS];
-#pragma unroll
-        for (int w = 0; w < ATT_WARPS; w++) {
-            f[w] = sm.m[b][k][w] == -INFINITY ? 0.0f : __expf(sm.m[b][k][w] - M);
-            L += sm.l[b][k][w] * f[w];
-        }
+        const int k = i / hd, d = i - k * hd; /* k is the same for a warp's lanes (hd: 32 EPL) */
+        float M, L, f[ATT_WARPS];
+        attention_split_weights(sm.m[b][k], sm.l[b][k], M, L, f);
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++)

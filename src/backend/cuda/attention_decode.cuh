@@ -292,6 +292,33 @@ __device__ __forceinline__ float att_exp(float x)
     return y;
 }
 
+/* The end of a split (attention_kernel's and attention_batch.cu's, so that a session's sums stay
+ * bit for bit the same batched or alone): the warps' maxima m[w] (shared memory) merged into M,
+ * each warp's weight f[w] = e^(m[w] - M) (0 for a warp that had no rows) computed once, by lane
+ * w of every group of ATT_WARPS lanes, and passed to the other lanes by shuffles, and L the
+ * warps' sums l[w] weighted in warp order. Every thread used to compute all ATT_WARPS weights
+ * with __expf and its -inf test (15% of the grouped batched attention's instructions,
+ * docs/perf-log.md session 45). All 32 lanes of the warp must call it. */
+__device__ __forceinline__ void attention_split_weights(const float *m, const float *l, float &M, float &L,
+                                                        float (&f)[ATT_WARPS])
+{
+    static_assert(ATT_WARPS <= 32 && (ATT_WARPS & (ATT_WARPS - 1)) == 0, "warps a block: a power of two up to 32");
+    const int lane = threadIdx.x & 31;
+    const float mine = m[lane % ATT_WARPS];
+    float mx = mine;
+#pragma unroll
+    for (int o = ATT_WARPS / 2; o > 0; o >>= 1) /* within each group of ATT_WARPS lanes: every lane's max */
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    M = mx;
+    const float fw = mine == -INFINITY ? 0.0f : att_exp(mine - M);
+    L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = __shfl_sync(0xffffffffu, fw, w);
+        L += l[w] * f[w];
+    }
+}
+
 /* Row u of a round (its score dot) into the online softmax (m, l) and the output acc: the
  * running max, the rescale of what is summed so far, the row's weight times its V elements. */
 template <int EPL, typename KV, int U>

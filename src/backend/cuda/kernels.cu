@@ -541,16 +541,8 @@ __global__ void __launch_bounds__(32 * ATT_WARPS) attention_kernel(const __grid_
     for (int e = 0; e < EPL; e++)
         s_acc[warp][lane * EPL + e] = acc[e];
     __syncthreads();
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++)
-        M = fmaxf(M, s_m[w]);
-    float L = 0.0f, f[ATT_WARPS];
-#pragma unroll
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = s_m[w] == -INFINITY ? 0.0f : __expf(s_m[w] - M);
-        L += s_l[w] * f[w];
-    }
+    float M, L, f[ATT_WARPS];
+    attention_split_weights(s_m, s_l, M, L, f);
     float *op = a.out + (int64_t)t * a.ldo + (int64_t)h * hd;
     if (CL && S > 1) {
         attention_cluster_merge<EPL>(a, s_acc, f, M, L, op, gp);
