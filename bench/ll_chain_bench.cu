@@ -523,27 +523,28 @@ static int cmp_float(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     int tokens = 200, shared_layers = 0, sleep_ns = 0, reps = 5, knock = 0, pf = 0, pad_kb = 0, no_pdl = 0;
+    const struct {
+        const char *name;
+        int *dst, flag; /* flag: set to 1, no value */
+    } opts[] = {{"--tokens", &tokens, 0}, {"--shared-layers", &shared_layers, 1}, {"--sleep", &sleep_ns, 0},
+                {"--pad", &pad_kb, 0},    {"--no-pdl", &no_pdl, 1},               {"--pf", &pf, 0},
+                {"--knock", &knock, 0},   {"--reps", &reps, 0}};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
-            tokens = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--shared-layers"))
-            shared_layers = 1;
-        else if (!strcmp(argv[i], "--sleep") && i + 1 < argc)
-            sleep_ns = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--pad") && i + 1 < argc)
-            pad_kb = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-pdl"))
-            no_pdl = 1;
-        else if (!strcmp(argv[i], "--pf") && i + 1 < argc)
-            pf = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--knock") && i + 1 < argc)
-            knock = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--tokens N] [--shared-layers] [--sleep NS] [--reps N] [--knock 1|2|3] [--pf STEPS] [--pad KB] [--no-pdl]\n", argv[0]);
+        size_t o = 0;
+        while (o < sizeof(opts) / sizeof(opts[0]) && strcmp(argv[i], opts[o].name))
+            o++;
+        if (o == sizeof(opts) / sizeof(opts[0]) || (!opts[o].flag && i + 1 >= argc)) {
+            fprintf(stderr, "usage: %s [--tokens N] [--shared-layers] [--sleep NS] [--reps N] [--knock 1|2|3] [--pf STEPS] "
+                            "[--pad KB] [--no-pdl]\n",
+                    argv[0]);
             return 2;
         }
+        *opts[o].dst = opts[o].flag ? 1 : atoi(argv[++i]);
+    }
+    if (tokens < 1 || reps < 1 || knock < 0 || knock > 3 || pf < 0 || pad_kb < 0 || pad_kb > 220 || sleep_ns < 0) {
+        fprintf(stderr, "%s: --tokens and --reps take 1 or more, --knock 0-3, --pad 0-220 KB, the rest 0 or more\n",
+                argv[0]);
+        return 2;
     }
     struct runner r = {};
     r.c = (struct chain *)calloc(1, sizeof(struct chain));
