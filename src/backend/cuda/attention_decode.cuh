@@ -283,8 +283,8 @@ __device__ __forceinline__ void attention_load_round(const KV *kbase, const KV *
  * an exp, now 2). The same bits as __expf wherever x log2(e) >= -126 (weights from 2^-126 up;
  * test_device_helpers); a weight below that adds nothing a float sum of weights near 1 can
  * hold. Every row update of the decode attention
- * (attention_row_update, attention_batch.cu's) uses it, so a session's sums stay bit for bit
- * the same batched or alone. */
+ * (attention_row_update, attention_batch.cu's) and every split's end (attention_split_weights)
+ * uses it, so a session's sums stay bit for bit the same batched or alone. */
 __device__ __forceinline__ float att_exp(float x)
 {
     float y;
