@@ -32,6 +32,7 @@
  * Every form computes the same sums in the same order, so their outputs must agree bit for bit
  * (checked after 2 tokens, and against a CPU reference of the graph form's first token).
  *
+ *   built by CMake where nvcc is found (build/ll_chain_bench), or by hand:
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o ll_chain_bench bench/ll_chain_bench.cu
  *   ./ll_chain_bench [--tokens N] [--shared-layers] [--sleep NS]
  *

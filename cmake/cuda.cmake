@@ -26,6 +26,17 @@ else()
   target_link_libraries(qwenrt_lib PUBLIC CUDA::cudart_static CUDA::cublasLt)
 endif()
 
+# bench/ll_chain_bench.cu: what a dependent decode step costs by synchronisation form, on a bare
+# chain of products (standalone: no qwenrt code; docs/perf-log.md session 46). Built here so that
+# it keeps compiling; run by hand on a GPU. ctest checks that a bad argument is named.
+add_executable(ll_chain_bench ${CMAKE_SOURCE_DIR}/bench/ll_chain_bench.cu)
+set_target_properties(ll_chain_bench PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
+target_compile_options(ll_chain_bench PRIVATE -gencode=arch=compute_90a,code=sm_90a)
+target_link_libraries(ll_chain_bench PRIVATE CUDA::cudart_static)
+add_test(NAME ll_chain_bench_args COMMAND ll_chain_bench --knock 7)
+set_tests_properties(ll_chain_bench_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--tokens and --reps take 1 or more, --knock 0-3, --pad 0-220 KB")
+
 # Benchmarks of the CUDA backend (run by hand; ctest only checks that a bad argument is named
 # before any work starts, which needs no GPU).
 add_executable(cuda_bench ${CMAKE_SOURCE_DIR}/bench/cuda_bench.c)
