@@ -71,7 +71,10 @@ __device__ void attention_rope_prologue(const struct attn_args &a, int h, int kv
             v[j] = src[lane + 32 * j];
             g[j] = normed ? w[lane + 32 * j] : 1.0f;
         }
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    /* the angles on the warps that load nothing (from warp NQ + 2 on, where the block has
+     * them), so that warps 0 and 1 go from their loads straight to the norms */
+    const int t0 = (int)blockDim.x > 32 * (NQ + 2) ? 32 * (NQ + 2) : 0;
+    for (int i = (int)threadIdx.x - t0; i >= 0 && i < half; i += (int)blockDim.x - t0) {
         double inv_freq = a.inv_freq ? a.inv_freq[i]
                                      : pow((double)a.theta, -2.0 * (double)i / (double)a.n_rot);
         double ang = (double)pos * inv_freq;
