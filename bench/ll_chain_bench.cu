@@ -22,8 +22,12 @@
  *   mega   one persistent launch for all the tokens (one block per multiprocessor used), the
  *          next product's rows copied while the current one waits for its x, x polled flagged;
  *   mega cnt  the same, synchronised by an arrival counter a step (release add, acquire poll)
- *          and x as plain floats.
- * --pf N: the persistent forms also ask the rows N steps beyond the next into the L2.
+ *          and x as plain floats;
+ *   mega regs  one persistent launch of 16-warp blocks that load the next step's rows straight
+ *          into registers (two buffers that alternate) instead of shared memory, x polled
+ *          flagged (session 47: 2.2 us a step with the rows in the L2, against 3.0 for mega).
+ * --pf N: the persistent forms also ask the rows N steps beyond the next into the L2 (bulk
+ * prefetches); --pf -N: mega regs does the same with one prefetch.global.L2 a 128-byte line.
  * --pad KB: the graph forms' blocks take at least KB of shared memory (fewer a multiprocessor);
  * --no-pdl: the graph forms' launches wait for the launch before in full.
  *
@@ -328,6 +332,122 @@ __global__ void __launch_bounds__(NT, 1)
     }
 }
 
+/* ---- the persistent form with the rows in registers (mega regs) ----
+ * Every form above stages rows in shared memory: a block's copies write it and its dot products
+ * read it back, both through the multiprocessor's one shared-memory pipe. Here each warp loads
+ * its rows of the next step straight into registers (16-byte loads, no shared memory) before it
+ * polls x of the current step; the current step's dot products read rows from registers and x
+ * from shared memory. Two register buffers alternate: A holds the q|k|v or gate|up rows, B the o
+ * or down rows (the layer's four steps are unrolled, so every index is static). A block is 16
+ * warps; q|k|v and gate|up take 2 and 3 rows a warp (4 chunks a lane each), o and down one row
+ * on each of warps 0-7 (8 and 12 chunks a lane). Each row's sum runs in dot_rows_t's order, so
+ * the outputs are the graph form's bit for bit. */
+#define MR_NT 512
+#define MR_BUF 12 /* 16-byte chunks a lane holds for one step, at most */
+
+template <int RPW, int U>
+__device__ __forceinline__ void mr_load(const struct step_desc &d, int b, uint4 (&buf)[MR_BUF])
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = d.n / NB;
+    if (warp * RPW >= R)
+        return;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const uint4 *row = (const uint4 *)(d.w + (size_t)(b * R + warp * RPW + r) * d.k);
+#pragma unroll
+        for (int i = 0; i < U; i++)
+            buf[r * U + i] = __ldcs(row + lane + 32 * i);
+    }
+}
+
+template <int RPW, int U>
+__device__ __forceinline__ void mr_dots(const uint4 (&buf)[MR_BUF], const float *xs, const struct step_desc &d, int b,
+                                        unsigned flag, int knock)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = d.n / NB;
+    if (warp * RPW >= R)
+        return;
+    if (knock & KNOCK_DOTS) {
+        if (lane < RPW)
+            st_word(d.yl + (size_t)b * R + warp * RPW + lane, word(xs[warp * RPW + lane], flag));
+        return;
+    }
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+        acc[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const float4 x0 = ((const float4 *)xs)[2 * (lane + 32 * i)], x1 = ((const float4 *)xs)[2 * (lane + 32 * i) + 1];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            const uint4 u = buf[r * U + i];
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+            const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+            const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+            float s = acc[r];
+            s = fmaf(f0.x, x0.x, s), s = fmaf(f0.y, x0.y, s), s = fmaf(f1.x, x0.z, s), s = fmaf(f1.y, x0.w, s);
+            s = fmaf(f2.x, x1.x, s), s = fmaf(f2.y, x1.y, s), s = fmaf(f3.x, x1.z, s), s = fmaf(f3.y, x1.w, s);
+            acc[r] = s;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane < RPW) {
+        float v = acc[0];
+#pragma unroll
+        for (int r = 1; r < RPW; r++)
+            v = lane == r ? acc[r] : v;
+        st_word(d.yl + (size_t)b * R + warp * RPW + lane, word(v, flag));
+    }
+}
+
+/* Step g (rows in cur, shape RC x UC) with step g + 1's rows (shape RN x UN) asked into nxt first. */
+template <int RC, int UC, int RN, int UN>
+__device__ __forceinline__ void mr_step(const struct chain *c, int g, int total, uint4 (&cur)[MR_BUF],
+                                        uint4 (&nxt)[MR_BUF], float *xs, int sleep_ns, int knock, int pf)
+{
+    const int b = blockIdx.x;
+    if (g + 1 < total && !(knock & KNOCK_ROWS))
+        mr_load<RN, UN>(c->s[(g + 1) % STEPS], b, nxt);
+    if (pf > 0 && g + 1 + pf < total && !(knock & KNOCK_ROWS))
+        prefetch_rows_l2(c->s[(g + 1 + pf) % STEPS], b);
+    if (pf < 0 && g + 1 - pf < total && !(knock & KNOCK_ROWS)) { /* --pf -N: line by line */
+        const struct step_desc &p = c->s[(g + 1 - pf) % STEPS];
+        const int R = p.n / NB, bytes = R * p.k * 2;
+        const char *src = (const char *)(p.w + (size_t)b * R * p.k);
+        for (int o = threadIdx.x * 128; o < bytes; o += MR_NT * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(src + o));
+    }
+    const struct step_desc &d = c->s[g % STEPS];
+    if (threadIdx.x < NT)
+        poll_x(d.xl, d.k, (unsigned)g, xs, sleep_ns);
+    __syncthreads();
+    mr_dots<RC, UC>(cur, xs, d, b, (unsigned)g + 1, knock);
+    __syncthreads(); /* xs is free */
+}
+
+__global__ void __launch_bounds__(MR_NT, 1) mega_regs_kernel(const struct chain *c, int tokens, int sleep_ns, int knock, int pf)
+{
+    __shared__ __align__(16) float xs[MAX_K];
+    uint4 a[MR_BUF], bb[MR_BUF];
+#pragma unroll
+    for (int i = 0; i < MR_BUF; i++)
+        a[i] = bb[i] = make_uint4(0, 0, 0, 0);
+    const int total = tokens * STEPS;
+    if (!(knock & KNOCK_ROWS))
+        mr_load<2, 4>(c->s[0], blockIdx.x, a);
+    for (int g = 0; g < total; g += PER_LAYER) { /* q|k|v, o, gate|up, down */
+        mr_step<2, 4, 1, 8>(c, g, total, a, bb, xs, sleep_ns, knock, pf);
+        mr_step<1, 8, 3, 4>(c, g + 1, total, bb, a, xs, sleep_ns, knock, pf);
+        mr_step<3, 4, 1, 12>(c, g + 2, total, a, bb, xs, sleep_ns, knock, pf);
+        mr_step<1, 12, 2, 4>(c, g + 3, total, bb, a, xs, sleep_ns, knock, pf);
+    }
+}
+
 /* ---- set-up ---- */
 
 __global__ void init_weights(__nv_bfloat16 *w, size_t n, float scale, unsigned seed)
@@ -447,10 +567,11 @@ static void read_out(const struct chain *c, int ll, float *out)
     free(w);
 }
 
-enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_COUNT };
+enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_COUNT };
 static const char *form_name[F_COUNT] = {"graph (PDL + griddepcontrol.wait)", "ll (flagged x, no wait)",
                                          "ll late (flagged x, next launch after x)", "mega (one persistent launch, flagged x)",
-                                         "mega cnt (one persistent launch, arrival counters)"};
+                                         "mega cnt (one persistent launch, arrival counters)",
+                                         "mega regs (persistent, rows in registers, flagged x)"};
 
 struct runner {
     struct chain *c, *dc;
@@ -463,14 +584,17 @@ struct runner {
 /* Runs `tokens` tokens of form f from the reset state; returns milliseconds. */
 static float run_form(struct runner *r, int f, int tokens)
 {
-    reset_buffers(r->c, f == F_MEGA ? 0u : 2u * STEPS);
+    reset_buffers(r->c, f == F_MEGA || f == F_MEGA_REGS ? 0u : 2u * STEPS);
     CK(cudaMemset(r->cnt, 0, STEPS * sizeof(unsigned long long)));
     CK(cudaDeviceSynchronize());
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     CK(cudaEventRecord(a, r->st));
-    if (f == F_MEGA || f == F_MEGA_CNT) {
+    if (f == F_MEGA_REGS) {
+        void *args[] = {&r->dc, &tokens, &r->sleep_ns, &r->knock, &r->pf};
+        CK(cudaLaunchCooperativeKernel((const void *)mega_regs_kernel, dim3(NB), dim3(MR_NT), args, 0, r->st));
+    } else if (f == F_MEGA || f == F_MEGA_CNT) {
         void *args[] = {&r->dc, &tokens, &r->sleep_ns, &r->knock, &r->cnt, &r->pf};
         const void *k = f == F_MEGA ? (const void *)mega_kernel<0> : (const void *)mega_kernel<1>;
         CK(cudaLaunchCooperativeKernel(k, dim3(NB), dim3(NT), args, 2 * MAX_ROWS_BYTES + MAX_K * 4, r->st));
@@ -542,8 +666,8 @@ int main(int argc, char **argv)
         }
         *opts[o].dst = opts[o].flag ? 1 : atoi(argv[++i]);
     }
-    if (tokens < 1 || reps < 1 || knock < 0 || knock > 3 || pf < 0 || pad_kb < 0 || pad_kb > 220 || sleep_ns < 0) {
-        fprintf(stderr, "%s: --tokens and --reps take 1 or more, --knock 0-3, --pad 0-220 KB, the rest 0 or more\n",
+    if (tokens < 1 || reps < 1 || knock < 0 || knock > 3 || pf < -8 || pad_kb < 0 || pad_kb > 220 || sleep_ns < 0) {
+        fprintf(stderr, "%s: --tokens and --reps take 1 or more, --knock 0-3, --pad 0-220 KB, --pf -8 or more, the rest 0 or more\n",
                 argv[0]);
         return 2;
     }
