@@ -25,7 +25,10 @@
  *          and x as plain floats;
  *   mega regs  one persistent launch of 16-warp blocks that load the next step's rows straight
  *          into registers (two buffers that alternate) instead of shared memory, x polled
- *          flagged (session 47: 2.2 us a step with the rows in the L2, against 3.0 for mega).
+ *          flagged (session 47: 2.2 us a step with the rows in the L2, against 3.0 for mega);
+ *   graph regs  the graph form's launches with each warp's rows loaded into registers before
+ *          the wait (at most 128 a thread: two blocks a multiprocessor; session 47: slower than
+ *          graph everywhere, the chain alone 1.85 us a step: later launches cannot be resident).
  * --pf N: the persistent forms also ask the rows N steps beyond the next into the L2 (bulk
  * prefetches); --pf -N: mega regs does the same with one prefetch.global.L2 a 128-byte line.
  * --pad KB: the graph forms' blocks take at least KB of shared memory (fewer a multiprocessor);
@@ -448,6 +451,68 @@ __global__ void __launch_bounds__(MR_NT, 1) mega_regs_kernel(const struct chain 
     }
 }
 
+/* ---- the graph form with the rows in registers (graph regs) ----
+ * step_kernel's launches, but each warp loads its rows into registers before the wait instead
+ * of copying them into shared memory: RPW rows of U 16-byte chunks a lane (q|k|v 4 x 4, o 1 x 8,
+ * gate|up 6 x 4, down 1 x 12), at most 128 registers a thread so that two blocks — the running
+ * launch's and the next one's — fit on a multiprocessor. x goes to shared memory after the wait;
+ * the sums run in dot_rows_t's order (bit for bit the graph form). */
+template <int RPW, int U>
+__global__ void __launch_bounds__(NT, 2) step_regs_kernel(const struct step_desc d, int knock)
+{
+    __shared__ __align__(16) float xs[MAX_K];
+    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = d.n / NB;
+    uint4 buf[RPW * U];
+    pdl_trigger();
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const uint4 *row = (const uint4 *)(d.w + (size_t)(b * R + warp * RPW + r) * d.k);
+#pragma unroll
+        for (int i = 0; i < U; i++)
+            buf[r * U + i] = (knock & KNOCK_ROWS) ? make_uint4(0, 0, 0, 0) : __ldcs(row + lane + 32 * i);
+    }
+    pdl_wait();
+    for (int i = threadIdx.x; i < d.k / 4; i += NT)
+        ((float4 *)xs)[i] = ((const float4 *)d.xf)[i];
+    __syncthreads();
+    if (knock & KNOCK_DOTS) {
+        if (lane < RPW)
+            d.yf[(size_t)b * R + warp * RPW + lane] = xs[warp * RPW + lane];
+        return;
+    }
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+        acc[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const float4 x0 = ((const float4 *)xs)[2 * (lane + 32 * i)], x1 = ((const float4 *)xs)[2 * (lane + 32 * i) + 1];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            const uint4 u = buf[r * U + i];
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+            const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+            const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+            float sum = acc[r];
+            sum = fmaf(f0.x, x0.x, sum), sum = fmaf(f0.y, x0.y, sum), sum = fmaf(f1.x, x0.z, sum), sum = fmaf(f1.y, x0.w, sum);
+            sum = fmaf(f2.x, x1.x, sum), sum = fmaf(f2.y, x1.y, sum), sum = fmaf(f3.x, x1.z, sum), sum = fmaf(f3.y, x1.w, sum);
+            acc[r] = sum;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane < RPW) {
+        float v = acc[0];
+#pragma unroll
+        for (int r = 1; r < RPW; r++)
+            v = lane == r ? acc[r] : v;
+        d.yf[(size_t)b * R + warp * RPW + lane] = v;
+    }
+}
+
 /* ---- set-up ---- */
 
 __global__ void init_weights(__nv_bfloat16 *w, size_t n, float scale, unsigned seed)
@@ -550,6 +615,35 @@ static cudaGraphExec_t capture_token(const struct chain *c, cudaStream_t st, int
     return ge;
 }
 
+/* One token's graph of the graph regs form (step_regs_kernel, the shape by the step's product). */
+static cudaGraphExec_t capture_token_regs(const struct chain *c, cudaStream_t st, int knock, int no_pdl)
+{
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int s = 0; s < STEPS; s++) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(NB);
+        cfg.blockDim = dim3(NT);
+        cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = s > 0 && !no_pdl ? 1 : 0;
+        switch (s % PER_LAYER) {
+        case 0: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<4, 4>, c->s[s], knock)); break;
+        case 1: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<1, 8>, c->s[s], knock)); break;
+        case 2: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<6, 4>, c->s[s], knock)); break;
+        default: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<1, 12>, c->s[s], knock)); break;
+        }
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphDestroy(g));
+    return ge;
+}
+
 /* The last step's output after the run, as floats. */
 static void read_out(const struct chain *c, int ll, float *out)
 {
@@ -567,11 +661,12 @@ static void read_out(const struct chain *c, int ll, float *out)
     free(w);
 }
 
-enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_COUNT };
+enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_GRAPH_REGS, F_COUNT };
 static const char *form_name[F_COUNT] = {"graph (PDL + griddepcontrol.wait)", "ll (flagged x, no wait)",
                                          "ll late (flagged x, next launch after x)", "mega (one persistent launch, flagged x)",
                                          "mega cnt (one persistent launch, arrival counters)",
-                                         "mega regs (persistent, rows in registers, flagged x)"};
+                                         "mega regs (persistent, rows in registers, flagged x)",
+                                         "graph regs (PDL launches, rows in registers)"};
 
 struct runner {
     struct chain *c, *dc;
@@ -687,6 +782,7 @@ int main(int argc, char **argv)
         r.g[F_GRAPH][p] = capture_token<0>(r.c, r.st, p, sleep_ns, knock, pad_kb, no_pdl);
         r.g[F_LL][p] = capture_token<1>(r.c, r.st, p, sleep_ns, knock, pad_kb, no_pdl);
         r.g[F_LL_LATE][p] = capture_token<2>(r.c, r.st, p, sleep_ns, knock, pad_kb, no_pdl);
+        r.g[F_GRAPH_REGS][p] = capture_token_regs(r.c, r.st, knock, no_pdl);
     }
     size_t bytes = 0;
     for (int s = 0; s < STEPS; s++)
@@ -711,7 +807,7 @@ int main(int argc, char **argv)
         }
         for (int f = F_LL; f < F_COUNT; f++) {
             run_form(&r, f, t);
-            read_out(r.c, f != F_MEGA_CNT, got);
+            read_out(r.c, f != F_MEGA_CNT && f != F_GRAPH_REGS, got);
             int diff = memcmp(ref, got, n_out * 4) != 0;
             printf("%-36s after %d token(s): %s\n", form_name[f], t, diff ? "DIFFERS from graph" : "bit for bit graph");
             bad |= diff;
