@@ -25,7 +25,8 @@
  *          and x as plain floats;
  *   mega regs  one persistent launch of 16-warp blocks that load the next step's rows straight
  *          into registers (two buffers that alternate) instead of shared memory, x polled
- *          flagged (session 47: 2.2 us a step with the rows in the L2, against 3.0 for mega);
+ *          flagged (session 47: level with mega from DRAM; 2.2 us a step with --shared-layers,
+ *          but there ~60% of its rows came from L1, which the smem forms' copies bypass);
  *   graph regs  the graph form's launches with each warp's rows loaded into registers before
  *          the wait (at most 128 a thread: two blocks a multiprocessor; session 47: slower than
  *          graph everywhere, the chain alone 1.85 us a step: later launches cannot be resident).
