@@ -157,6 +157,18 @@ __device__ __forceinline__ void poll_x(const unsigned long long *xl, int k, unsi
     }
 }
 
+/* s plus the 8 products of a 16-byte chunk of BF16 weights with x0 (elements 0-3) and x1 (4-7),
+ * added in element order: the one order every form's sums take. */
+__device__ __forceinline__ float chunk_fma(uint4 u, float4 x0, float4 x1, float s)
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+    const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+    s = fmaf(f0.x, x0.x, s), s = fmaf(f0.y, x0.y, s), s = fmaf(f1.x, x0.z, s), s = fmaf(f1.y, x0.w, s);
+    s = fmaf(f2.x, x1.x, s), s = fmaf(f2.y, x1.y, s), s = fmaf(f3.x, x1.z, s), s = fmaf(f3.y, x1.w, s);
+    return s;
+}
+
 /* The block's R rows times x, the runtime's gemv_smem way: warp w owns rows w RPW .. w RPW +
  * RPW - 1, every lane keeps its KC chunks of x (8 values each, chunk lane + 32 i) in registers
  * and adds a part of every row, the rows' sums side by side (independent chains), then one
@@ -179,15 +191,7 @@ __device__ __forceinline__ void dot_rows_t(const __nv_bfloat16 *rows, const floa
     for (int i = 0; i < KC; i++)
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            const uint4 u = wrows[r * (K / 8) + lane + 32 * i];
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-            const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-            const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-            const float4 x0 = xr[i][0], x1 = xr[i][1];
-            float s = acc[r];
-            s = fmaf(f0.x, x0.x, s), s = fmaf(f0.y, x0.y, s), s = fmaf(f1.x, x0.z, s), s = fmaf(f1.y, x0.w, s);
-            s = fmaf(f2.x, x1.x, s), s = fmaf(f2.y, x1.y, s), s = fmaf(f3.x, x1.z, s), s = fmaf(f3.y, x1.w, s);
-            acc[r] = s;
+            acc[r] = chunk_fma(wrows[r * (K / 8) + lane + 32 * i], xr[i][0], xr[i][1], acc[r]);
         }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -349,8 +353,40 @@ __global__ void __launch_bounds__(NT, 1)
 #define MR_NT 512
 #define MR_BUF 12 /* 16-byte chunks a lane holds for one step, at most */
 
-template <int RPW, int U>
-__device__ __forceinline__ void mr_load(const struct step_desc &d, int b, uint4 (&buf)[MR_BUF])
+/* A warp's RPW rows, held as U 16-byte chunks a lane in buf (row r's chunk i at r U + i), times
+ * x in shared memory, each row summed in dot_rows_t's order; lane r < RPW returns row r's sum. */
+template <int RPW, int U, int NBUF>
+__device__ __forceinline__ float regs_row_sums(const uint4 (&buf)[NBUF], const float *xs)
+{
+    static_assert(RPW * U <= NBUF, "the rows fit the buffer");
+    const int lane = threadIdx.x & 31;
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+        acc[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const float4 x0 = ((const float4 *)xs)[2 * (lane + 32 * i)], x1 = ((const float4 *)xs)[2 * (lane + 32 * i) + 1];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            acc[r] = chunk_fma(buf[r * U + i], x0, x1, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < RPW; r++)
+        v = lane == r ? acc[r] : v;
+    return v;
+}
+
+/* The warp's RPW rows of step d (block b's share) into buf, U 16-byte chunks a lane a row. */
+template <int RPW, int U, int NBUF>
+__device__ __forceinline__ void regs_load(const struct step_desc &d, int b, uint4 (&buf)[NBUF])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = d.n / NB;
     if (warp * RPW >= R)
@@ -376,37 +412,9 @@ __device__ __forceinline__ void mr_dots(const uint4 (&buf)[MR_BUF], const float 
             st_word(d.yl + (size_t)b * R + warp * RPW + lane, word(xs[warp * RPW + lane], flag));
         return;
     }
-    float acc[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-        acc[r] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < U; i++) {
-        const float4 x0 = ((const float4 *)xs)[2 * (lane + 32 * i)], x1 = ((const float4 *)xs)[2 * (lane + 32 * i) + 1];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            const uint4 u = buf[r * U + i];
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-            const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-            const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-            float s = acc[r];
-            s = fmaf(f0.x, x0.x, s), s = fmaf(f0.y, x0.y, s), s = fmaf(f1.x, x0.z, s), s = fmaf(f1.y, x0.w, s);
-            s = fmaf(f2.x, x1.x, s), s = fmaf(f2.y, x1.y, s), s = fmaf(f3.x, x1.z, s), s = fmaf(f3.y, x1.w, s);
-            acc[r] = s;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int r = 0; r < RPW; r++)
-            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    if (lane < RPW) {
-        float v = acc[0];
-#pragma unroll
-        for (int r = 1; r < RPW; r++)
-            v = lane == r ? acc[r] : v;
+    const float v = regs_row_sums<RPW, U>(buf, xs);
+    if (lane < RPW)
         st_word(d.yl + (size_t)b * R + warp * RPW + lane, word(v, flag));
-    }
 }
 
 /* Step g (rows in cur, shape RC x UC) with step g + 1's rows (shape RN x UN) asked into nxt first. */
@@ -416,7 +424,7 @@ __device__ __forceinline__ void mr_step(const struct chain *c, int g, int total,
 {
     const int b = blockIdx.x;
     if (g + 1 < total && !(knock & KNOCK_ROWS))
-        mr_load<RN, UN>(c->s[(g + 1) % STEPS], b, nxt);
+        regs_load<RN, UN>(c->s[(g + 1) % STEPS], b, nxt);
     if (pf > 0 && g + 1 + pf < total && !(knock & KNOCK_ROWS))
         prefetch_rows_l2(c->s[(g + 1 + pf) % STEPS], b);
     if (pf < 0 && g + 1 - pf < total && !(knock & KNOCK_ROWS)) { /* --pf -N: line by line */
@@ -443,7 +451,7 @@ __global__ void __launch_bounds__(MR_NT, 1) mega_regs_kernel(const struct chain 
         a[i] = bb[i] = make_uint4(0, 0, 0, 0);
     const int total = tokens * STEPS;
     if (!(knock & KNOCK_ROWS))
-        mr_load<2, 4>(c->s[0], blockIdx.x, a);
+        regs_load<2, 4>(c->s[0], blockIdx.x, a);
     for (int g = 0; g < total; g += PER_LAYER) { /* q|k|v, o, gate|up, down */
         mr_step<2, 4, 1, 8>(c, g, total, a, bb, xs, sleep_ns, knock, pf);
         mr_step<1, 8, 3, 4>(c, g + 1, total, bb, a, xs, sleep_ns, knock, pf);
@@ -466,7 +474,7 @@ __global__ void __launch_bounds__(NT, 2) step_regs_kernel(const struct step_desc
     uint4 buf[RPW * U];
     pdl_trigger();
 #pragma unroll
-    for (int r = 0; r < RPW; r++) {
+    for (int r = 0; r < RPW; r++) { /* (a select a chunk, not regs_load: the form measured in session 47) */
         const uint4 *row = (const uint4 *)(d.w + (size_t)(b * R + warp * RPW + r) * d.k);
 #pragma unroll
         for (int i = 0; i < U; i++)
@@ -481,37 +489,9 @@ __global__ void __launch_bounds__(NT, 2) step_regs_kernel(const struct step_desc
             d.yf[(size_t)b * R + warp * RPW + lane] = xs[warp * RPW + lane];
         return;
     }
-    float acc[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-        acc[r] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < U; i++) {
-        const float4 x0 = ((const float4 *)xs)[2 * (lane + 32 * i)], x1 = ((const float4 *)xs)[2 * (lane + 32 * i) + 1];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            const uint4 u = buf[r * U + i];
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-            const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-            const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
-            float sum = acc[r];
-            sum = fmaf(f0.x, x0.x, sum), sum = fmaf(f0.y, x0.y, sum), sum = fmaf(f1.x, x0.z, sum), sum = fmaf(f1.y, x0.w, sum);
-            sum = fmaf(f2.x, x1.x, sum), sum = fmaf(f2.y, x1.y, sum), sum = fmaf(f3.x, x1.z, sum), sum = fmaf(f3.y, x1.w, sum);
-            acc[r] = sum;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int r = 0; r < RPW; r++)
-            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    if (lane < RPW) {
-        float v = acc[0];
-#pragma unroll
-        for (int r = 1; r < RPW; r++)
-            v = lane == r ? acc[r] : v;
+    const float v = regs_row_sums<RPW, U>(buf, xs);
+    if (lane < RPW)
         d.yf[(size_t)b * R + warp * RPW + lane] = v;
-    }
 }
 
 /* ---- set-up ---- */
