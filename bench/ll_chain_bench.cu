@@ -27,6 +27,8 @@
  *          into registers (two buffers that alternate) instead of shared memory, x polled
  *          flagged (session 47: level with mega from DRAM; 2.2 us a step with --shared-layers,
  *          but there ~60% of its rows came from L1, which the smem forms' copies bypass);
+ *   mega ring  mega with its shared memory a 200 KB ring by bytes, 2-3 steps of rows in flight
+ *          (session 47: 11% slower than mega; deeper copies slow the chain's small loads);
  *   graph regs  the graph form's launches with each warp's rows loaded into registers before
  *          the wait (at most 128 a thread: two blocks a multiprocessor; session 47: slower than
  *          graph everywhere, the chain alone 1.85 us a step: later launches cannot be resident).
@@ -340,6 +342,86 @@ __global__ void __launch_bounds__(NT, 1)
     }
 }
 
+/* ---- the persistent form with a ring of rows by bytes (mega ring) ----
+ * mega's two stages hold one step ahead whatever its size, so gate|up's 96 KB a block are asked
+ * for only while the short o step runs. Here the shared memory is a ring of RING_BYTES: at the
+ * start of each step the block asks for the rows of every later step that fits (at most
+ * RING_AHEAD in flight), in order, each contiguous (a step that would pass the ring's end starts
+ * at 0), one cp.async group a step; it then waits for its own step's group only. Every thread
+ * keeps the same schedule (block-uniform arithmetic), so no flag is shared. x is polled flagged
+ * as in mega. */
+#define RING_BYTES (200 * 1024)
+#define RING_AHEAD 6
+
+struct ring_state {
+    int head, tail, n;           /* next free byte, the oldest live step's first byte, live steps */
+    int off[RING_AHEAD];         /* live steps' offsets, oldest first (slot = step % RING_AHEAD) */
+};
+
+/* The offset for n bytes, or -1 when they do not fit now. */
+__device__ __forceinline__ int ring_alloc(const struct ring_state &r, int n)
+{
+    if (r.n == 0)
+        return 0;
+    if (r.head > r.tail || (r.head == r.tail && r.n == 0))
+        return r.head + n <= RING_BYTES ? r.head : (n <= r.tail ? 0 : -1);
+    return r.head + n <= r.tail ? r.head : -1;
+}
+
+__device__ __forceinline__ void cp_wait_dyn(int pending)
+{
+    switch (pending) {
+    case 0: cp_wait<0>(); break;
+    case 1: cp_wait<1>(); break;
+    case 2: cp_wait<2>(); break;
+    case 3: cp_wait<3>(); break;
+    case 4: cp_wait<4>(); break;
+    default: cp_wait<5>(); break;
+    }
+}
+
+__global__ void __launch_bounds__(NT, 1) mega_ring_kernel(const struct chain *c, int tokens, int sleep_ns, int knock)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *xs = (float *)(smem + RING_BYTES);
+    const int b = blockIdx.x, total = tokens * STEPS;
+    struct ring_state r = {0, 0, 0, {0}};
+    int issued = 0;
+    for (int g = 0; g < total; g++) {
+        while (issued < total && issued - g < RING_AHEAD) { /* every later step that fits, in order */
+            const struct step_desc &d = c->s[issued % STEPS];
+            const int bytes = (d.n / NB) * d.k * 2, o = ring_alloc(r, bytes);
+            if (o < 0)
+                break;
+            if (knock & KNOCK_ROWS)
+                cp_commit();
+            else
+                stage_rows(d, b, (__nv_bfloat16 *)(smem + o));
+            if (r.n == 0)
+                r.tail = o;
+            r.off[issued % RING_AHEAD] = o, r.head = o + bytes, r.n++;
+            issued++;
+        }
+        cp_wait_dyn(issued - g - 1); /* this step's group (the oldest pending) has landed */
+        const struct step_desc &d = c->s[g % STEPS];
+        poll_x(d.xl, d.k, (unsigned)g, xs, sleep_ns);
+        __syncthreads();
+        const int R = d.n / NB;
+        const unsigned flag = (unsigned)g + 1;
+        auto store = [&](int row, float v) { st_word(d.yl + (size_t)b * R + row, word(v, flag)); };
+        if (knock & KNOCK_DOTS)
+            for (int row = threadIdx.x; row < R; row += NT)
+                store(row, xs[row]);
+        else
+            dot_rows((const __nv_bfloat16 *)(smem + r.off[g % RING_AHEAD]), xs, R, d.k, store);
+        __syncthreads(); /* the step's rows and xs are free */
+        if (--r.n == 0)
+            r.head = r.tail = 0;
+        else
+            r.tail = r.off[(g + 1) % RING_AHEAD];
+    }
+}
+
 /* ---- the persistent form with the rows in registers (mega regs) ----
  * Every form above stages rows in shared memory: a block's copies write it and its dot products
  * read it back, both through the multiprocessor's one shared-memory pipe. Here each warp loads
@@ -642,12 +724,13 @@ static void read_out(const struct chain *c, int ll, float *out)
     free(w);
 }
 
-enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_GRAPH_REGS, F_COUNT };
+enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_GRAPH_REGS, F_MEGA_RING, F_COUNT };
 static const char *form_name[F_COUNT] = {"graph (PDL + griddepcontrol.wait)", "ll (flagged x, no wait)",
                                          "ll late (flagged x, next launch after x)", "mega (one persistent launch, flagged x)",
                                          "mega cnt (one persistent launch, arrival counters)",
                                          "mega regs (persistent, rows in registers, flagged x)",
-                                         "graph regs (PDL launches, rows in registers)"};
+                                         "graph regs (PDL launches, rows in registers)",
+                                         "mega ring (persistent, a ring of rows by bytes, flagged x)"};
 
 struct runner {
     struct chain *c, *dc;
@@ -660,14 +743,18 @@ struct runner {
 /* Runs `tokens` tokens of form f from the reset state; returns milliseconds. */
 static float run_form(struct runner *r, int f, int tokens)
 {
-    reset_buffers(r->c, f == F_MEGA || f == F_MEGA_REGS ? 0u : 2u * STEPS);
+    reset_buffers(r->c, f == F_MEGA || f == F_MEGA_REGS || f == F_MEGA_RING ? 0u : 2u * STEPS);
     CK(cudaMemset(r->cnt, 0, STEPS * sizeof(unsigned long long)));
     CK(cudaDeviceSynchronize());
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     CK(cudaEventRecord(a, r->st));
-    if (f == F_MEGA_REGS) {
+    if (f == F_MEGA_RING) {
+        void *args[] = {&r->dc, &tokens, &r->sleep_ns, &r->knock};
+        CK(cudaLaunchCooperativeKernel((const void *)mega_ring_kernel, dim3(NB), dim3(NT), args, RING_BYTES + MAX_K * 4,
+                                       r->st));
+    } else if (f == F_MEGA_REGS) {
         void *args[] = {&r->dc, &tokens, &r->sleep_ns, &r->knock, &r->pf};
         CK(cudaLaunchCooperativeKernel((const void *)mega_regs_kernel, dim3(NB), dim3(MR_NT), args, 0, r->st));
     } else if (f == F_MEGA || f == F_MEGA_CNT) {
@@ -756,6 +843,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&r.dc, sizeof(struct chain)));
     CK(cudaMemcpy(r.dc, r.c, sizeof(struct chain), cudaMemcpyHostToDevice));
     CK(cudaFuncSetAttribute(mega_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * MAX_ROWS_BYTES + MAX_K * 4));
+    CK(cudaFuncSetAttribute(mega_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RING_BYTES + MAX_K * 4));
     CK(cudaFuncSetAttribute(mega_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * MAX_ROWS_BYTES + MAX_K * 4));
     CK(cudaMalloc(&r.cnt, STEPS * sizeof(unsigned long long)));
     CK(cudaStreamCreateWithFlags(&r.st, cudaStreamNonBlocking));
