@@ -29,6 +29,8 @@
  *          but there ~60% of its rows came from L1, which the smem forms' copies bypass);
  *   mega ring  mega with its shared memory a 200 KB ring by bytes, 2-3 steps of rows in flight
  *          (session 47: 11% slower than mega; deeper copies slow the chain's small loads);
+ *   graph mc  the graph form in clusters of 4, x multicast to the cluster by bulk copies
+ *          (session 47: the bare chain -8%, with rows +7%: clusters are placed later);
  *   graph regs  the graph form's launches with each warp's rows loaded into registers before
  *          the wait (at most 128 a thread: two blocks a multiprocessor; session 47: slower than
  *          graph everywhere, the chain alone 1.85 us a step: later launches cannot be resident).
@@ -261,6 +263,55 @@ __global__ void __launch_bounds__(NT) step_kernel(const struct step_desc d, unsi
         dot_rows(rows, xs, R, d.k, [&](int r, float s) { st_word(d.yl + (size_t)b * R + r, word(s, flag)); });
     else
         dot_rows(rows, xs, R, d.k, [&](int r, float s) { d.yf[(size_t)b * R + r] = s; });
+}
+
+/* ---- the graph form with x multicast in clusters (graph mc) ----
+ * In the graph form every block of a launch loads all of x from the same L2 lines at the same
+ * moment. Here the launch is clusters of MC blocks: after the wait, block r of a cluster copies
+ * the r-th 1/MC of x with one bulk copy multicast to every block of its cluster, each block's
+ * mbarrier counting the K * 4 bytes it receives: each line of x leaves the L2 NB / MC times, not
+ * NB. The cluster barrier that makes the peers' mbarriers safe to target runs before the wait. */
+#define MC 4
+
+__global__ void __launch_bounds__(NT) step_mc_kernel(const struct step_desc d, int knock)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bar;
+    const int b = blockIdx.x, R = d.n / NB;
+    __nv_bfloat16 *rows = (__nv_bfloat16 *)smem;
+    float *xs = (float *)(smem + (size_t)R * d.k * 2);
+    const unsigned mb = (unsigned)__cvta_generic_to_shared(&bar);
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    pdl_trigger();
+    if (!(knock & KNOCK_ROWS))
+        stage_rows(d, b, rows);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mb) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mb), "r"(d.k * 4) : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    pdl_wait();
+    if (threadIdx.x == 0) {
+        const unsigned part = (unsigned)d.k * 4 / MC;
+        const unsigned dst = (unsigned)__cvta_generic_to_shared(xs) + rank * part;
+        const char *src = (const char *)d.xf + rank * part;
+        const unsigned short mask = (unsigned short)((1u << MC) - 1);
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                     " [%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"(src), "r"(part), "r"(mb), "h"(mask)
+                     : "memory");
+    }
+    asm volatile("{\n\t.reg .pred p;\n\tWAIT_%=:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n\t"
+                 "@!p bra WAIT_%=;\n\t}" ::"r"(mb)
+                 : "memory");
+    cp_wait<0>();
+    __syncthreads();
+    if (knock & KNOCK_DOTS) {
+        for (int r = threadIdx.x; r < R; r += NT)
+            d.yf[(size_t)b * R + r] = xs[r];
+    } else
+        dot_rows(rows, xs, R, d.k, [&](int r, float v) { d.yf[(size_t)b * R + r] = v; });
 }
 
 /* ---- the persistent forms: every step of every token in one launch ---- */
@@ -678,8 +729,11 @@ static cudaGraphExec_t capture_token(const struct chain *c, cudaStream_t st, int
     return ge;
 }
 
-/* One token's graph of the graph regs form (step_regs_kernel, the shape by the step's product). */
-static cudaGraphExec_t capture_token_regs(const struct chain *c, cudaStream_t st, int knock, int no_pdl)
+/* One token's graph of STEPS launches of NB blocks of NT threads: launch(s, cfg, attrs) sets
+ * step s's shared memory and kernel; attribute 0 is PDL (from step 1 on, unless no_pdl), the
+ * caller may add one more (at[1]) and count it in cfg.numAttrs. */
+template <typename Launch>
+static cudaGraphExec_t capture_steps(cudaStream_t st, int no_pdl, Launch launch)
 {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -688,23 +742,45 @@ static cudaGraphExec_t capture_token_regs(const struct chain *c, cudaStream_t st
         cfg.gridDim = dim3(NB);
         cfg.blockDim = dim3(NT);
         cfg.stream = st;
-        cudaLaunchAttribute at[1];
+        cudaLaunchAttribute at[2];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = at;
         cfg.numAttrs = s > 0 && !no_pdl ? 1 : 0;
-        switch (s % PER_LAYER) {
-        case 0: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<4, 4>, c->s[s], knock)); break;
-        case 1: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<1, 8>, c->s[s], knock)); break;
-        case 2: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<6, 4>, c->s[s], knock)); break;
-        default: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<1, 12>, c->s[s], knock)); break;
-        }
+        launch(s, cfg, at);
     }
     CK(cudaStreamEndCapture(st, &g));
     cudaGraphExec_t ge;
     CK(cudaGraphInstantiate(&ge, g, 0));
     CK(cudaGraphDestroy(g));
     return ge;
+}
+
+/* One token's graph of the graph regs form (step_regs_kernel, the shape by the step's product). */
+static cudaGraphExec_t capture_token_regs(const struct chain *c, cudaStream_t st, int knock, int no_pdl)
+{
+    return capture_steps(st, no_pdl, [&](int s, cudaLaunchConfig_t &cfg, cudaLaunchAttribute *) {
+        switch (s % PER_LAYER) {
+        case 0: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<4, 4>, c->s[s], knock)); break;
+        case 1: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<1, 8>, c->s[s], knock)); break;
+        case 2: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<6, 4>, c->s[s], knock)); break;
+        default: CK(cudaLaunchKernelEx(&cfg, step_regs_kernel<1, 12>, c->s[s], knock)); break;
+        }
+    });
+}
+
+/* One token's graph of the graph mc form (step_mc_kernel in clusters of MC). */
+static cudaGraphExec_t capture_token_mc(const struct chain *c, cudaStream_t st, int knock, int no_pdl)
+{
+    CK(cudaFuncSetAttribute(step_mc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+    return capture_steps(st, no_pdl, [&](int s, cudaLaunchConfig_t &cfg, cudaLaunchAttribute *at) {
+        cfg.dynamicSmemBytes = step_smem(c->s[s]);
+        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        at[cfg.numAttrs].val.clusterDim.x = MC, at[cfg.numAttrs].val.clusterDim.y = 1;
+        at[cfg.numAttrs].val.clusterDim.z = 1;
+        cfg.numAttrs++;
+        CK(cudaLaunchKernelEx(&cfg, step_mc_kernel, c->s[s], knock));
+    });
 }
 
 /* The last step's output after the run, as floats. */
@@ -724,13 +800,14 @@ static void read_out(const struct chain *c, int ll, float *out)
     free(w);
 }
 
-enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_GRAPH_REGS, F_MEGA_RING, F_COUNT };
+enum form { F_GRAPH, F_LL, F_LL_LATE, F_MEGA, F_MEGA_CNT, F_MEGA_REGS, F_GRAPH_REGS, F_MEGA_RING, F_GRAPH_MC, F_COUNT };
 static const char *form_name[F_COUNT] = {"graph (PDL + griddepcontrol.wait)", "ll (flagged x, no wait)",
                                          "ll late (flagged x, next launch after x)", "mega (one persistent launch, flagged x)",
                                          "mega cnt (one persistent launch, arrival counters)",
                                          "mega regs (persistent, rows in registers, flagged x)",
                                          "graph regs (PDL launches, rows in registers)",
-                                         "mega ring (persistent, a ring of rows by bytes, flagged x)"};
+                                         "mega ring (persistent, a ring of rows by bytes, flagged x)",
+                                         "graph mc (PDL launches, x multicast in clusters of 4)"};
 
 struct runner {
     struct chain *c, *dc;
@@ -852,6 +929,7 @@ int main(int argc, char **argv)
         r.g[F_LL][p] = capture_token<1>(r.c, r.st, p, sleep_ns, knock, pad_kb, no_pdl);
         r.g[F_LL_LATE][p] = capture_token<2>(r.c, r.st, p, sleep_ns, knock, pad_kb, no_pdl);
         r.g[F_GRAPH_REGS][p] = capture_token_regs(r.c, r.st, knock, no_pdl);
+        r.g[F_GRAPH_MC][p] = capture_token_mc(r.c, r.st, knock, no_pdl);
     }
     size_t bytes = 0;
     for (int s = 0; s < STEPS; s++)
@@ -876,7 +954,7 @@ int main(int argc, char **argv)
         }
         for (int f = F_LL; f < F_COUNT; f++) {
             run_form(&r, f, t);
-            read_out(r.c, f != F_MEGA_CNT && f != F_GRAPH_REGS, got);
+            read_out(r.c, f != F_MEGA_CNT && f != F_GRAPH_REGS && f != F_GRAPH_MC, got);
             int diff = memcmp(ref, got, n_out * 4) != 0;
             printf("%-36s after %d token(s): %s\n", form_name[f], t, diff ? "DIFFERS from graph" : "bit for bit graph");
             bad |= diff;
