@@ -424,6 +424,7 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg)},
                   {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps)},
                   {"gdn_staged", offsetof(struct cuda_options, gdn_staged)},
+                  {"gdn_wide", offsetof(struct cuda_options, gdn_wide)},
                   {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass)},
                   {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late)},
                   {"attn_one_split", offsetof(struct cuda_options, attn_one_split)},

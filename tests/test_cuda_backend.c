@@ -2849,7 +2849,7 @@ static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t 
 {
     char path[256];
     struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
-    assert_true(cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim) > 0);
+    assert_true(cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim, true) > 0);
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_early = off.gdn_early = early;
@@ -2865,6 +2865,29 @@ static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t 
         fail_msg("gdn staged: logits differ by %.3g from the unstaged step's", worst);
 }
 
+/* cuda_options.gdn_wide: the one-session split step in blocks of two norm groups (half the
+ * blocks per head, twice the threads) against a block per group: the gated norm's sum is added
+ * group by group either way, so the same logits bit for bit over 20 steps (a group summed
+ * twice or missed, or a part pushed to the wrong slot, would not be). */
+static void check_graph_gdn_wide(bool own_key_heads, int32_t ssm_dim)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
+    assert_true(cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim, true) >
+                cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim, false)); /* the wide form applies */
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.gdn_wide = 1, off.gdn_wide = 0;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, "gdn wide");
+    char what[128];
+    snprintf(what, sizeof(what), "graph DeltaNet step, wide blocks vs a block per group, heads %d x %d%s",
+             (int)m->hp.ssm_k_dim, (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "");
+    double worst = decode_pair_once(a, b, m, path, what);
+    if (worst != 0.0)
+        fail_msg("gdn wide: logits differ by %.3g from a block per group", worst);
+}
+
 static void test_graph_gdn_split(void **st)
 {
     (void)st;
@@ -2875,6 +2898,9 @@ static void test_graph_gdn_split(void **st)
     check_graph_gdn_staged(false, 0, 0);
     check_graph_gdn_staged(true, 128, 0);
     check_graph_gdn_staged(true, 128, -1);
+    check_graph_gdn_wide(true, 0);
+    check_graph_gdn_wide(false, 0);
+    check_graph_gdn_wide(true, 128);
 }
 
 /* The megakernel's register paths (16-bit rows with K = 1024, 2048 or 3072 and Q8_0 rows
@@ -4340,7 +4366,7 @@ static void test_backend_errors(void **st)
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
-     * gdn_staged 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
+     * gdn_staged 0 or 1; gdn_wide 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
@@ -4369,6 +4395,7 @@ static void test_backend_errors(void **st)
                    {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}},
                    {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}},
                    {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},
+                   {"gdn_wide", offsetof(struct cuda_options, gdn_wide), {-1, 2}},
                    {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass), {-1, 2}},
                    {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-2, 2}},
                    {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},
@@ -4407,20 +4434,26 @@ static void test_backend_errors(void **st)
  * 2048 (no norm in these launches), staged in shared memory above. Built without CUDA (the
  * stub), nothing is taken. */
 /* The DeltaNet step's staged state slice (cuda_options.gdn_staged), host code: dk rows of
- * dv / GS + 1 floats (GS blocks per head: 8 where dv / 8 >= 4), none where the split does not
- * apply or the tile passes 44 KB. */
+ * dv / GS + 1 floats, GS blocks per head: one per norm group (8 where dv / 8 >= 4), or with
+ * gdn_wide one per two groups where a block of two stays within 512 threads (16 threads a
+ * column); none where the split does not apply or the tile passes 44 KB. */
 static void test_gdn_staged_shape(void **st)
 {
     (void)st;
     if (!cuda_backend_compiled()) { /* the stub (built without CUDA) stages nothing */
-        assert_int_equal(cuda_gdn_staged_bytes(128, 128), 0);
+        assert_int_equal(cuda_gdn_staged_bytes(128, 128, true), 0);
         return;
     }
-    assert_int_equal(cuda_gdn_staged_bytes(128, 128), 128 * 17 * 4); /* Qwen3.5-0.8B */
-    assert_int_equal(cuda_gdn_staged_bytes(32, 48), 32 * 7 * 4);     /* qwen35-tiny */
-    assert_int_equal(cuda_gdn_staged_bytes(256, 256), 256 * 33 * 4);
-    assert_int_equal(cuda_gdn_staged_bytes(256, 512), 0); /* 256 x 65 floats: over 44 KB */
-    assert_int_equal(cuda_gdn_staged_bytes(40, 128), 0);  /* dk not a multiple of 16: no split */
+    for (int wide = 0; wide <= 1; wide++) {
+        const int32_t twice = wide ? 2 : 1; /* columns a block, in units of a group's */
+        assert_int_equal(cuda_gdn_staged_bytes(128, 128, wide), 128 * (16 * twice + 1) * 4); /* Qwen3.5-0.8B */
+        assert_int_equal(cuda_gdn_staged_bytes(32, 48, wide), 32 * (6 * twice + 1) * 4);     /* qwen35-tiny */
+        assert_int_equal(cuda_gdn_staged_bytes(16, 16, wide), 16 * (4 * twice + 1) * 4); /* 4 groups of 4 */
+        assert_int_equal(cuda_gdn_staged_bytes(256, 256, wide), 256 * 33 * 4); /* two groups: 1,024 threads */
+        assert_int_equal(cuda_gdn_staged_bytes(256, 512, wide), 0); /* 256 x 65 floats: over 44 KB */
+        assert_int_equal(cuda_gdn_staged_bytes(40, 128, wide), 0);  /* dk not a multiple of 16: no split */
+    }
+    assert_int_equal(cuda_gdn_staged_bytes(16, 8, true), 16 * 5 * 4); /* two groups: not halved */
 }
 
 /* gemv_smem's block shapes under the session's 8-warp pick (136 KB, 96 blocks at least), H200

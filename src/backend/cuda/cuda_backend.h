@@ -355,6 +355,12 @@ struct cuda_options {
                           * state slice read and written in whole rows through shared memory
                           * instead of by each thread's own column. 0: off; 1 (default): on
                           * (H200, session 23: Qwen3.5-0.8B BF16 +1.6%, logits bit for bit) */
+    int32_t gdn_wide;    /* decode graph, the one-session DeltaNet step split per head: 1
+                          * (default): blocks of two of the gated norm's groups (Qwen3.5-0.8B:
+                          * 16 clusters of 4 blocks of 512 threads), the next launch started
+                          * after the step's wait; 0: a block per group (16 clusters of 8), the
+                          * next launch started at once. The same bits either way (H200,
+                          * session 48: Qwen3.5-0.8B BF16 +2.1%) */
     int32_t gen_graph_steps; /* the greedy loop (cuda_session_generate): decode steps (each
                           * with its argmax) captured into one CUDA graph, so that one graph
                           * launch runs that many tokens and only every that many does a
@@ -667,7 +673,7 @@ int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *labe
 /* The shared memory the DeltaNet step split per head takes with cuda_options.gdn_staged for
  * value heads of dk x dv (bytes), or 0 where the split or the staging does not apply (test
  * hook; host code). */
-int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv);
+int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv, bool wide);
 
 /* Graph launches cuda_session_generate has made on this session (one per token, or one per
  * cuda_options.gen_graph_steps tokens); 0 for a NULL session. */

@@ -652,6 +652,8 @@ struct gdn_args {
                               * session decides: mark_early_reads) */
     bool staged;             /* launch_gdn_split: the state slice through shared memory in rows
                               * (cuda_options.gdn_staged) */
+    bool wide;               /* launch_gdn_split, one session: blocks of two norm groups, the
+                              * next launch started after the wait (cuda_options.gdn_wide) */
     /* launch_gdn_split, n_seq >= 1 (the server's batched step: one launch for several sessions,
      * blockIdx.y the session s): session s's rows are out + s ldo, qkv + s ldi, b + s ldb,
      * a + s lda and z + s ldz, its state and conv state seq[s] (state and conv_state: session

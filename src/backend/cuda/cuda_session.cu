@@ -103,6 +103,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemv_smem_xreg = 1; /* Qwen3-0.6B BF16 +1.7%, Qwen3.5-0.8B +0.2% (perf-log session 22) */
     o.gen_graph_steps = 8; /* Qwen3.5-0.8B BF16 +1.0% (perf-log session 22) */
     o.gdn_staged = 1;      /* Qwen3.5-0.8B BF16 +1.6% (perf-log session 23) */
+    o.gdn_wide = 1;        /* Qwen3.5-0.8B BF16 +2.1%, same bits (perf-log session 48) */
     o.attn_rope_regs = 0;  /* Qwen3-0.6B BF16 -3.3% (perf-log session 31) */
     o.mlp_rows = 0;        /* Qwen3-0.6B BF16 -14% to -31% (perf-log session 31) */
     o.mlp_rows_cluster = 0;
@@ -1339,6 +1340,7 @@ qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct qwenrt_e
         a.z = b[gn->in], a.ldz = bw(p, gn->in), a.gnorm_w = r->d[core + 1].vec, a.geps = gn->eps;
         a.split = cs->opt.gdn_split && cs->cc_major >= 9;
         a.staged = cs->opt.gdn_staged == 1;
+        a.wide = cs->opt.gdn_wide == 1;
         a.pf = st->pf, a.stamps = r->stamps;
         a.early = st->early && r->pdl;
         if (st->kind == STEP_CONV_GDN_GATED) {
@@ -2355,6 +2357,9 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        (int)until, (int)from);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
+    if (o->gdn_wide != 0 && o->gdn_wide != 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_wide %d (0: a block per norm group, 1: two)",
+                       (int)o->gdn_wide);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gen_graph_steps %d (0 or 1: one step per graph, up to %d)",
                        (int)o->gen_graph_steps, GEN_GRAPH_STEPS_LIMIT);

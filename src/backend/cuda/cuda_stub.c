@@ -250,9 +250,9 @@ int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *labe
     return 0;
 }
 
-int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv)
+int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv, bool wide)
 {
-    (void)dk, (void)dv;
+    (void)dk, (void)dv, (void)wide;
     return 0;
 }
 

@@ -18,6 +18,19 @@
  *
  * Thread (cc, sub), cc = tid / TPC, owns column r*CB + cc at rows sub, sub+TPC, ...; the row
  * sums reduce over the TPC lanes of a column with shuffles, as in gdn_core_kernel. T = 1.
+ *
+ * Norm groups and wide blocks (cuda_options.gdn_wide): the gated norm's sum of squares is
+ * added in G fixed groups of dv / G columns (gds_groups: G = 8 for Qwen3.5-0.8B), each group's
+ * sum over its warps in warp order, then the G sums in group order, whatever the cluster. The
+ * multi-session form, and the one-session form without gdn_wide, run one block per group
+ * (GS = G). With gdn_wide the one-session form runs blocks of two groups (GS = G / 2: 16
+ * clusters of 4 blocks of 512 threads for Qwen3.5-0.8B, against 16 of 8 blocks of 256): the
+ * same sums in the same order, so the same bits. The 128 blocks of 256 threads shared
+ * multiprocessors (two on each of 48: the H200's placement of clusters of 8), the 64 of 512
+ * have one each. With them the step lets the next launch (out_proj) start only after its own
+ * wait instead of at its start, so that out_proj's blocks take the multiprocessors the step
+ * left free. Each change alone gained 0.5% or nothing, both together +2.1% (Qwen3.5-0.8B BF16
+ * tg128 on the H200, docs/perf-log.md session 48).
  */
 #include <cooperative_groups.h>
 
@@ -36,7 +49,8 @@ namespace cg = cooperative_groups;
 #define GDS_TPC 16      /* threads per state column */
 #define GDS_MAX_ROWS 16 /* rows per thread: dk <= 256 */
 #define GDS_MAX_DK 256
-#define GDS_MAX_GS 8    /* blocks per head (cluster size, portable) */
+#define GDS_MAX_GROUPS 8 /* norm groups per head (the most blocks per head: a portable cluster) */
+#define GDS_WIDE_MAX_THREADS 512 /* a wide block at most (~96 registers a thread: one a multiprocessor) */
 /* The multi-session form's registers: at most 64 a thread (blocks of up to GDS_MS_THREADS, 2 of
  * them per multiprocessor), where the one-session form takes 95. Qwen3.5-0.8B's step for 8
  * sessions is 1,024 blocks of 256 threads: at 95 registers 2 fit on a multiprocessor (~4 waves,
@@ -48,14 +62,24 @@ namespace cg = cooperative_groups;
  * waits for exactly the parts it needs. The cluster barrier this replaced (session 22) put a
  * GPU-scope memory fence before its arrival (MEMBAR.ALL.GPU + ERRBAR: 9% of the kernel's warp
  * stall samples in ncu); Qwen3.5-0.8B BF16 1,470 -> 1,484 tok/s (docs/perf-log.md). */
-__device__ __forceinline__ void gds_push_part(float *part, uint64_t *bar, int rank, int peer, float v)
+__device__ __forceinline__ void gds_push_part(float *part, uint64_t *bar, int slot, int peer, float v)
 {
     uint32_t dst, mb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(smem_u32(part + rank)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(smem_u32(part + slot)), "r"(peer));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mb) : "r"(smem_u32(bar)), "r"(peer));
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dst),
                  "r"(__float_as_uint(v)), "r"(mb)
                  : "memory");
+}
+
+/* The gated norm's groups of a head: the largest of 8, 4, 2 dividing dv with at least 4 columns
+ * each; 0: none (the split does not apply). */
+__host__ __device__ static inline int gds_groups(int dv)
+{
+    for (int g = GDS_MAX_GROUPS; g >= 2; g /= 2)
+        if (dv % g == 0 && dv / g >= 4)
+            return g;
+    return 0;
 }
 
 /* q (qs) and k (ks) of key head kh, L2-normalised (q also by 1/sqrt(dk)): warp 0 and warp 1. */
@@ -140,22 +164,50 @@ __device__ __forceinline__ bool gds_wide(const float *S, int dk, int dv, int CB)
     return CB % 4 == 0 && dv % 4 == 0 && ((uintptr_t)S & 15) == 0 && smem >= (uint32_t)(dk * (CB + 4) * 4);
 }
 
+/* A block's parts of the gated norm's sum of squares: v summed over each warp, then over each
+ * group of WG consecutive warps (PER groups in the block) as block_sum sums a block's warps (the
+ * same butterfly over lanes < WG). Lane l of warp 0 gets group l % PER's sum; other warps get
+ * 0. Contains two block barriers (the STAGED tile's reads are before them). */
+template <int PER>
+__device__ __forceinline__ float gds_group_part(float v, float *red, int WG)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    float mine = 0.0f;
+    if (warp == 0)
+#pragma unroll
+        for (int h = 0; h < PER; h++) {
+            const float t = warp_sum(lane < WG ? red[h * WG + lane] : 0.0f);
+            mine = lane % PER == h ? t : mine;
+        }
+    return mine;
+}
+
 /* The step of one head's CB columns (a block of its cluster). STAGED: cuda_options.gdn_staged
  * (a separate instantiation; without it each thread moves its own column). MS (gdn_args.n_seq):
  * one launch for several sessions, blockIdx.y the session: its rows, state and conv window
- * (gds_ms_kernel, whose registers are capped: GDS_MS_THREADS). */
-template <bool STAGED, bool MS>
+ * (gds_ms_kernel, whose registers are capped: GDS_MS_THREADS). PER: norm groups a block (1, or
+ * 2 for gdn_wide's blocks; a constant, as the first build with a run-time count was 0.5 us
+ * slower a step on the H200). */
+template <bool STAGED, bool MS, int PER>
 __device__ __forceinline__ void gds_step(const struct gdn_args &a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GS];
+    __shared__ float qs[GDS_MAX_DK], ks[GDS_MAX_DK], red[32], part[GDS_MAX_GROUPS];
     __shared__ __align__(8) uint64_t part_bar; /* every peer's part landed (gds_push_part) */
     extern __shared__ float gds_tile[]; /* STAGED: [dk][TS] (gds_tile_load) */
     tl_stamp(a.stamps, 0);
-    griddep_launch();
-    l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
     cg::cluster_group cl = cg::this_cluster();
     const int GS = (int)cl.num_blocks(), rank = (int)cl.block_rank(), j = (int)blockIdx.x / GS;
+    constexpr int per = PER;
+    const int G = GS * per;
+    if (per == 1) /* wide blocks let the next launch in after their wait */
+        griddep_launch();
+    l2_prefetch_share(a.pf); /* a later step's weights (weights only: before the wait) */
     const int dk = a.dk, dv = a.dv, CB = dv / GS, nr = dk / GDS_TPC;
     const int tid = threadIdx.x, cc = tid / GDS_TPC, sub = tid % GDS_TPC, c = rank * CB + cc;
     const bool own = cc < CB; /* a thread of one of the block's columns */
@@ -171,11 +223,11 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
      * and the conv windows too with a.early (the launch before waited first: the step of the
      * token before, which wrote them, has finished); then the gates and z: the chain starts
      * with every load in flight */
-    if (tid == 0) { /* part_bar: one arrival (this one) and GS parts of 4 bytes */
+    if (tid == 0) { /* part_bar: one arrival (this one) and G parts of 4 bytes */
         mbar_init<1>(smem_u32(&part_bar));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&part_bar)),
-                     "r"(GS * 4)
+                     "r"(G * 4)
                      : "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); /* waited for before the push */
@@ -196,6 +248,8 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
             gdn_conv_load_at(a, conv_state, vch, cv_v);
     }
     griddep_wait();
+    if (per > 1)
+        griddep_launch();
     tl_stamp(a.stamps, 1);
     if (!a.early) {
         if (STAGED)
@@ -235,21 +289,22 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
     v = __shfl_sync(0xffffffffu, v, (threadIdx.x & 31) & ~(GDS_TPC - 1)); /* the column's v to its lanes */
     float beta = sigmoid_f(b0), decay = expf(sa * softplus_f(a0 + dtb));
     float opart = gdn_column_step<GDS_TPC, GDS_MAX_ROWS>(s, nr, sub, ks, qs, decay, beta, v);
-    /* the gated norm's sum of squares over the head's dv columns: this block's part, pushed
-     * to every peer's slot [rank] */
-    float ss = block_sum(sub == 0 && own ? opart * opart : 0.0f, red);
+    /* the gated norm's sum of squares over the head's dv columns: this block's groups' parts
+     * (each over its WG warps, as block_sum adds a block's), part h pushed to every peer's slot
+     * [rank * per + h] by thread peer * per + h of warp 0 */
+    const float ss = gds_group_part<PER>(sub == 0 && own ? opart * opart : 0.0f, red, (CB / PER) * GDS_TPC / 32);
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); /* every peer has started */
-    /* a peer's part is sent after its reads of qkv and the conv state were used, so all GS
+    /* a peer's parts are sent after its reads of qkv and the conv state were used, so all G
      * parts here also mean that no peer still reads what rank 0 rewrites below */
-    if (tid < GS)
-        gds_push_part(part, &part_bar, rank, tid, ss);
+    if (tid < G)
+        gds_push_part(part, &part_bar, rank * per + tid % per, tid / per, ss);
     mbar_wait_parity(smem_u32(&part_bar), 0);
     float tot = 0.0f;
-    for (int q = 0; q < GS; q++)
+    for (int q = 0; q < G; q++)
         tot += part[q];
     if (own && sub == 0)
         a.out[(MS ? (int64_t)sq * a.ldo : 0) + (int64_t)j * dv + c] = opart * rsqrtf(tot / (float)dv + a.geps) * gw * silu_f(z0);
-    if (STAGED) { /* every read of the tile was before block_sum's barriers */
+    if (STAGED) { /* every read of the tile was before gds_group_part's barriers */
 #pragma unroll
         for (int i = 0; i < GDS_MAX_ROWS; i++)
             if (i < nr && own)
@@ -274,30 +329,32 @@ __device__ __forceinline__ void gds_step(const struct gdn_args &a)
 #endif
 }
 
-template <bool STAGED>
+template <bool STAGED, int PER>
 __global__ void gds_kernel(const __grid_constant__ struct gdn_args a)
 {
-    gds_step<STAGED, false>(a);
+    gds_step<STAGED, false, PER>(a);
 }
 
 template <bool STAGED>
 __global__ void __launch_bounds__(GDS_MS_THREADS, GDS_MS_BLOCKS) gds_ms_kernel(const __grid_constant__ struct gdn_args a)
 {
-    gds_step<STAGED, true>(a);
+    gds_step<STAGED, true, 1>(a);
 }
 
-/* Blocks per head: the largest of 8, 4, 2 dividing dv with at least 4 columns per block. */
-static int gds_group(const struct gdn_args *a)
+/* Blocks per head (the cluster) of this launch: one per norm group, or one per two groups in
+ * the one-session form with gdn_args.wide where that is 4+ groups and blocks of at most
+ * GDS_WIDE_MAX_THREADS. */
+static int gds_blocks(const struct gdn_args *a)
 {
-    for (int gs = GDS_MAX_GS; gs >= 2; gs /= 2)
-        if (a->dv % gs == 0 && a->dv / gs >= 4)
-            return gs;
-    return 0;
+    const int g = gds_groups(a->dv);
+    if (a->wide && !a->n_seq && g >= 4 && a->dv / (g / 2) * GDS_TPC <= GDS_WIDE_MAX_THREADS)
+        return g / 2;
+    return g;
 }
 
 bool gdn_split_applies(const struct gdn_args *a)
 {
-    int gs = gds_group(a);
+    int gs = gds_groups(a->dv); /* (wide blocks have twice the threads, at most 512) */
     if (a->T != 1 || !a->z || !gs || a->dk % GDS_TPC || a->dk > GDS_MAX_DK)
         return false;
     int threads = a->dv / gs * GDS_TPC;
@@ -312,14 +369,14 @@ bool gdn_split_applies(const struct gdn_args *a)
  * state moves as without the option. */
 static size_t gds_tile_bytes(const struct gdn_args *a, int pad = 1)
 {
-    int gs = gds_group(a);
+    int gs = gds_blocks(a);
     size_t bytes = gs ? (size_t)a->dk * (a->dv / gs + pad) * sizeof(float) : 0;
     return bytes <= 44 * 1024 ? bytes : 0;
 }
 
 cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
 {
-    int gs = gds_group(a);
+    int gs = gds_blocks(a);
     size_t tile = a->staged ? gds_tile_bytes(a) : 0;
     if (tile && a->n_seq && gds_tile_bytes(a, 4)) /* room for gds_wide's rows */
         tile = gds_tile_bytes(a, 4);
@@ -329,16 +386,19 @@ cudaError_t launch_gdn_split(const struct gdn_args *a, cudaStream_t s)
     if (a->n_seq)
         return tile ? launch_kc(a->pdl, gs, gds_ms_kernel<true>, grid, block, tile, s, *a)
                     : launch_kc(a->pdl, gs, gds_ms_kernel<false>, grid, block, 0, s, *a);
+    const bool wide = gs < gds_groups(a->dv);
     if (tile)
-        return launch_kc(a->pdl, gs, gds_kernel<true>, grid, block, tile, s, *a);
-    return launch_kc(a->pdl, gs, gds_kernel<false>, grid, block, 0, s, *a);
+        return wide ? launch_kc(a->pdl, gs, gds_kernel<true, 2>, grid, block, tile, s, *a)
+                    : launch_kc(a->pdl, gs, gds_kernel<true, 1>, grid, block, tile, s, *a);
+    return wide ? launch_kc(a->pdl, gs, gds_kernel<false, 2>, grid, block, 0, s, *a)
+                : launch_kc(a->pdl, gs, gds_kernel<false, 1>, grid, block, 0, s, *a);
 }
 
-extern "C" int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv)
+extern "C" int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv, bool wide)
 {
     struct gdn_args a;
     memset(&a, 0, sizeof(a));
-    a.dk = dk, a.dv = dv, a.T = 1, a.Hk = a.Hv = 1;
+    a.dk = dk, a.dv = dv, a.T = 1, a.Hk = a.Hv = 1, a.wide = wide;
     a.z = (const float *)(uintptr_t)16; /* the gated norm fused: the split's condition */
     return gdn_split_applies(&a) ? (int32_t)gds_tile_bytes(&a) : 0;
 }
