@@ -4365,7 +4365,7 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
+     * positions per split 0 or 16 to 4096; gemv_smem_res_min_blocks 0 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gdn_wide 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
@@ -4388,6 +4388,7 @@ static void test_backend_errors(void **st)
                    {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
                    {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
                    {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks), {-1, 5000}},
+                   {"gemv_smem_res_min_blocks", offsetof(struct cuda_options, gemv_smem_res_min_blocks), {-1, 4097}},
                    {"attn_early", offsetof(struct cuda_options, attn_early), {-2, 2}},
                    {"gdn_early", offsetof(struct cuda_options, gdn_early), {-2, 1}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},

@@ -198,6 +198,10 @@ struct cuda_options {
                           * the session's pick) halved while its grid would have fewer blocks
                           * than this; 1: never; 0 (default): the session picks (96, or 192
                           * with 16-warp blocks: H200 session 22, +2.7% / +2.8%) */
+    int32_t gemv_smem_res_min_blocks; /* the same for GEMV + residual launches (o, out_proj,
+                          * down) alone: 0 (default): the session picks (64 with 16-warp
+                          * blocks: Qwen3.5-0.8B BF16 +0.9% on the H200, session 48; else
+                          * gemv_smem_min_blocks' value); 1: never; or up to 4096 */
     int32_t attn_early;  /* decode graph: the attention reads the position and its first round
                           * of cached K/V rows before waiting for the q|k|v launch, where that
                           * launch starts its successor only after its own wait (then every

@@ -267,6 +267,8 @@ struct gemv_args {
                             * most (0: 8 and 120); the session's choice (pick_gemv_smem_shape) */
     int32_t smem_min_blocks; /* its warps per block halved while its grid would have fewer
                             * blocks than this (0: never; cuda_options.gemv_smem_min_blocks) */
+    int32_t smem_res_min_blocks; /* the same for GEMV_ACCUM launches where > 0
+                            * (cuda_options.gemv_smem_res_min_blocks) */
     int32_t smem_waves;    /* > 0: instead, the fewest warps per block (any number) that keep its
                             * grid within this many blocks per multiprocessor (n_sm;
                             * cuda_options.gemv_smem_waves) */

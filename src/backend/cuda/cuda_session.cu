@@ -530,6 +530,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->pdl = pdl, a->v2 = cs->opt.gemv_v2, a->n_sm = cs->n_sm, a->smem = cs->opt.gemv_smem;
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->smem_min_blocks = cs->gs_min_blocks, a->smem_waves = cs->opt.gemv_smem_waves;
+    a->smem_res_min_blocks = cs->gs_res_min_blocks;
     a->smem_alone = cs->opt.gemv_smem_alone, a->smem_half_sm = cs->smem_per_sm / 2;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
@@ -2115,6 +2116,13 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
     cs->gs_kb = cs->opt.gemv_smem_kb ? cs->opt.gemv_smem_kb : wide ? 160 : 136;
     cs->gs_after_wait = cs->opt.gemv_smem_launch ? cs->opt.gemv_smem_launch == 2 : cs->gs_warps < 16;
     cs->gs_min_blocks = cs->opt.gemv_smem_min_blocks ? cs->opt.gemv_smem_min_blocks : cs->gs_warps >= 16 ? 192 : 96;
+    /* the GEMV + residual launches in fewer, larger blocks with 16-warp blocks: Qwen3.5-0.8B BF16
+     * +0.9% with 64 (its 1,024 rows as 64 blocks of 8 warps instead of 256 of 2; 128 of 4
+     * lost 3%); Qwen3-0.6B's o and down lose with 64 (-2.6%) or 192 (-5.6%) against its 96
+     * (H200, perf-log session 48) */
+    cs->gs_res_min_blocks = cs->opt.gemv_smem_res_min_blocks ? cs->opt.gemv_smem_res_min_blocks
+                            : cs->gs_warps >= 16                ? 64
+                                                                : cs->gs_min_blocks;
     /* 1 / rms after the sums: Qwen3.5-0.8B BF16 (16-warp blocks) +0.6%, Qwen3-0.6B (8) -0.1%
      * (H200, perf-log session 24) */
     cs->gs_norm_late = cs->opt.gemv_smem_norm_late ? cs->opt.gemv_smem_norm_late == 1 : cs->gs_warps >= 16;
@@ -2312,6 +2320,10 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
     if (o->gemv_smem_min_blocks < 0 || o->gemv_smem_min_blocks > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemv_smem_min_blocks %d (0: the session picks, 1: never, or up to 4096)",
                        (int)o->gemv_smem_min_blocks);
+    if (o->gemv_smem_res_min_blocks < 0 || o->gemv_smem_res_min_blocks > 4096)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemv_smem_res_min_blocks %d (0: the session picks, 1: never, or up to 4096)",
+                       (int)o->gemv_smem_res_min_blocks);
     if (o->attn_early < -1 || o->attn_early > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: attn_early %d (1: everywhere, the q|k|v launch waiting first where it must; 0: only where "

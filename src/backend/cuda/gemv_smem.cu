@@ -30,7 +30,8 @@
  * A block: W warps (cuda_options.gemv_smem_warps; by default the session picks 8, or 16 for
  * a model whose widest product would need more than one block of 8 warps per multiprocessor),
  * halved until its rows and x fit in gemv_smem_kb (picked with W: 136 KB, or 160) and while
- * the grid would have fewer than gemv_smem_min_blocks blocks (picked: 96, or 192); the
+ * the grid would have fewer than gemv_smem_min_blocks blocks (picked: 96, or 192; the GEMV +
+ * residual launches their own minimum, gemv_smem_res_min_blocks: 96, or 64); the
  * kernel's dynamic shared-memory limit is raised at launch when a block needs more than 48 KB.
  * In order:
  *   1. each lane copies its 16-byte chunks (lane, lane + 32, ...) of each of the warp's rows
@@ -306,7 +307,8 @@ static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool m
     int32_t ws = mma ? a->K * 2 + 16 : a->K * 2;
     size_t per_warp = (size_t)(32 / l) * P * ws, x = xreg ? 0 : (size_t)a->K * (mma ? 6 : 4);
     const int64_t rpw = 32 / l; /* rows per warp */
-    const int64_t min_blocks = a->smem_min_blocks; /* > 0: fewer warps while the grid would be smaller */
+    /* > 0: fewer warps while the grid would be smaller (GEMV + residual launches: their own) */
+    const int64_t min_blocks = a->mode == GEMV_ACCUM && a->smem_res_min_blocks > 0 ? a->smem_res_min_blocks : a->smem_min_blocks;
     if (a->smem_waves > 0 && !mma) {
         const int64_t per_wave = (int64_t)a->smem_waves * (a->n_sm > 0 ? a->n_sm : 132) * rpw;
         const int64_t need = (rows + per_wave - 1) / per_wave; /* warps per block for the grid to fit */
