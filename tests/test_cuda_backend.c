@@ -2816,23 +2816,35 @@ static void test_graph_mlp_fused(void **st)
     }
 }
 
+/* One pair of decode graphs over a synth Qwen3.5 with the given DeltaNet heads (qwen35-tiny's
+ * dk 32, dv 48 where ssm_dim is 0, else ssm_dim x ssm_dim; the conv fused where own_key_heads):
+ * on against off (the megakernel off in both), 20 steps; the worst logits difference. The
+ * heads go to *dk, *dv. */
+static double gdn_graph_pair(bool own_key_heads, int32_t ssm_dim, struct cuda_options on, struct cuda_options off,
+                             const char *form, int32_t *dk, int32_t *dv)
+{
+    char path[256];
+    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
+    *dk = m->hp.ssm_k_dim, *dv = m->hp.ssm_v_dim;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, form);
+    char what[160];
+    snprintf(what, sizeof(what), "graph DeltaNet step, %s, heads %d x %d%s", form, (int)*dk, (int)*dv,
+             own_key_heads ? ", conv fused" : "");
+    return decode_pair_once(a, b, m, path, what);
+}
+
 /* The DeltaNet decode step split over a cluster per value head (gdn_decode.cu) against one
  * block per head (gdn_core_kernel), through the decode graph: 20 steps' logits and greedy ids.
  * Heads: qwen35-tiny's (dk 32, dv 48: 6 columns per block, 96 threads) with the conv fused
  * (Hv == Hk) and without (Hv = 2 Hk), and Qwen3.5-0.8B's (128 x 128: 16 columns, 256 threads). */
 static void check_graph_gdn_split(bool own_key_heads, int32_t ssm_dim)
 {
-    char path[256];
-    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
-    on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_split = true, off.gdn_split = false;
-    struct cuda_session *a = NULL, *b = NULL;
-    init_pair(m, 64, &on, &off, &a, &b, "gdn split");
-    char what[128];
-    snprintf(what, sizeof(what), "graph DeltaNet step split per head vs one block per head, heads %d x %d%s",
-             (int)m->hp.ssm_k_dim, (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "");
-    double worst = decode_pair_once(a, b, m, path, what);
+    int32_t dk, dv;
+    double worst = gdn_graph_pair(own_key_heads, ssm_dim, on, off, "split per head vs one block per head", &dk, &dv);
     if (!(worst <= 1e-3)) /* as check_mega_synth for Qwen3.5 */
         fail_msg("gdn split: logits differ by %.3g", worst);
     /* and the split kernel did run: its row sums go in another order, so 20 steps of logits
@@ -2847,20 +2859,14 @@ static void check_graph_gdn_split(bool own_key_heads, int32_t ssm_dim)
  * early: gdn_early (the slice copied before the step's wait) or -1 (after it). */
 static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t early)
 {
-    char path[256];
-    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
-    assert_true(cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim, true) > 0);
     struct cuda_options on = cuda_default_options(), off = on;
-    on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_early = off.gdn_early = early;
     on.gdn_staged = 1;
     off.gdn_staged = 0; /* the default is on: pinned off, so that the pair compares the two forms */
-    struct cuda_session *a = NULL, *b = NULL;
-    init_pair(m, 64, &on, &off, &a, &b, "gdn staged");
-    char what[128];
-    snprintf(what, sizeof(what), "graph DeltaNet step, state staged vs not, heads %d x %d%s%s", (int)m->hp.ssm_k_dim,
-             (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "", early < 0 ? ", read after the wait" : "");
-    double worst = decode_pair_once(a, b, m, path, what);
+    int32_t dk, dv;
+    double worst = gdn_graph_pair(own_key_heads, ssm_dim, on, off,
+                                  early < 0 ? "state staged vs not, read after the wait" : "state staged vs not", &dk, &dv);
+    assert_true(cuda_gdn_staged_bytes(dk, dv, true) > 0); /* the staged form applies */
     if (worst != 0.0)
         fail_msg("gdn staged: logits differ by %.3g from the unstaged step's", worst);
 }
@@ -2871,19 +2877,11 @@ static void check_graph_gdn_staged(bool own_key_heads, int32_t ssm_dim, int32_t 
  * twice or missed, or a part pushed to the wrong slot, would not be). */
 static void check_graph_gdn_wide(bool own_key_heads, int32_t ssm_dim)
 {
-    char path[256];
-    struct qwenrt_model *m = load_synth_ssm("qwen35-tiny", EXPORT_BF16, 256, own_key_heads, ssm_dim, path, sizeof(path));
-    assert_true(cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim, true) >
-                cuda_gdn_staged_bytes(m->hp.ssm_k_dim, m->hp.ssm_v_dim, false)); /* the wide form applies */
     struct cuda_options on = cuda_default_options(), off = on;
-    on.mega = off.mega = CUDA_MEGA_OFF;
     on.gdn_wide = 1, off.gdn_wide = 0;
-    struct cuda_session *a = NULL, *b = NULL;
-    init_pair(m, 64, &on, &off, &a, &b, "gdn wide");
-    char what[128];
-    snprintf(what, sizeof(what), "graph DeltaNet step, wide blocks vs a block per group, heads %d x %d%s",
-             (int)m->hp.ssm_k_dim, (int)m->hp.ssm_v_dim, own_key_heads ? ", conv fused" : "");
-    double worst = decode_pair_once(a, b, m, path, what);
+    int32_t dk, dv;
+    double worst = gdn_graph_pair(own_key_heads, ssm_dim, on, off, "wide blocks vs a block per group", &dk, &dv);
+    assert_true(cuda_gdn_staged_bytes(dk, dv, true) > cuda_gdn_staged_bytes(dk, dv, false)); /* the wide form applies */
     if (worst != 0.0)
         fail_msg("gdn wide: logits differ by %.3g from a block per group", worst);
 }
