@@ -416,6 +416,8 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"gemv_smem_launch", offsetof(struct cuda_options, gemv_smem_launch)},
                   {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks)},
                   {"gemv_smem_res_min_blocks", offsetof(struct cuda_options, gemv_smem_res_min_blocks)},
+                  {"gemv_smem_pair_min_blocks", offsetof(struct cuda_options, gemv_smem_pair_min_blocks)},
+                  {"gemv_smem_multi_min_blocks", offsetof(struct cuda_options, gemv_smem_multi_min_blocks)},
                   {"qkv_attn", offsetof(struct cuda_options, qkv_attn)},
                   {"attn_early", offsetof(struct cuda_options, attn_early)},
                   {"attn_split_min", offsetof(struct cuda_options, attn_split_min)},

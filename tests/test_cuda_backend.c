@@ -4363,7 +4363,7 @@ static void test_backend_errors(void **st)
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
-     * positions per split 0 or 16 to 4096; gemv_smem_res_min_blocks 0 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
+     * positions per split 0 or 16 to 4096; gemv_smem_res_min_blocks, _pair_ and _multi_ 0 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gdn_wide 0 or 1; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
@@ -4387,6 +4387,8 @@ static void test_backend_errors(void **st)
                    {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
                    {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks), {-1, 5000}},
                    {"gemv_smem_res_min_blocks", offsetof(struct cuda_options, gemv_smem_res_min_blocks), {-1, 4097}},
+                   {"gemv_smem_pair_min_blocks", offsetof(struct cuda_options, gemv_smem_pair_min_blocks), {-1, 4097}},
+                   {"gemv_smem_multi_min_blocks", offsetof(struct cuda_options, gemv_smem_multi_min_blocks), {-1, 4097}},
                    {"attn_early", offsetof(struct cuda_options, attn_early), {-2, 2}},
                    {"gdn_early", offsetof(struct cuda_options, gdn_early), {-2, 1}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},
@@ -4482,6 +4484,30 @@ static void check_gemv_smem_waves(void)
     }
 }
 
+/* The launch kinds' own minimum grids under the 16-warp pick (gemv_smem_min_blocks 192, as
+ * the session picks for Qwen3.5-0.8B): a GEMV + residual of 1,024 x 2,048 rows halves to 256
+ * blocks of 2 warps, with its own minimum 64 it keeps 64 of 8; gate|up's 3,584 pairs 224 of 4,
+ * with 96 112 of 8; two matrices of 2,048 rows (K 1,024) 256 of 4, with 96 128 of 8; and a
+ * kind's minimum leaves the other kinds alone. */
+static void check_gemv_smem_kind_minimum(void)
+{
+    static const struct {
+        int32_t kind, set_kind, N, K, kind_min, warps, blocks;
+    } cases[] = {{0, 0, 1024, 2048, 0, 2, 256},  {0, 0, 1024, 2048, 64, 8, 64}, {0, 1, 1024, 2048, 64, 2, 256},
+                 {0, 2, 1024, 2048, 64, 2, 256}, {1, 1, 3584, 1024, 0, 4, 224}, {1, 1, 3584, 1024, 96, 8, 112},
+                 {1, 0, 3584, 1024, 96, 4, 224}, {2, 2, 4096, 1024, 0, 4, 256}, {2, 2, 4096, 1024, 96, 8, 128},
+                 {2, 1, 4096, 1024, 96, 4, 256}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int32_t warps = -1;
+        int32_t blocks = cuda_gemv_smem_grid_kind(cases[i].kind, cases[i].set_kind, cases[i].N, cases[i].K, 192,
+                                                  cases[i].kind_min, &warps);
+        if (blocks != cases[i].blocks || warps != cases[i].warps)
+            fail_msg("gemv_smem kind %d, %dx%d, kind %d's minimum %d: %d blocks of %d warps, want %d of %d",
+                     (int)cases[i].kind, (int)cases[i].N, (int)cases[i].K, (int)cases[i].set_kind,
+                     (int)cases[i].kind_min, (int)blocks, (int)warps, (int)cases[i].blocks, (int)cases[i].warps);
+    }
+}
+
 static void test_gemv_shape_choices(void **st)
 {
     (void)st;
@@ -4491,6 +4517,7 @@ static void test_gemv_shape_choices(void **st)
         assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 300, 1024), 0);
         int32_t warps = 0;
         assert_int_equal(cuda_gemv_smem_grid(QR_BF16, 3072, 1024, true, 1, 132, &warps), 0);
+        assert_int_equal(cuda_gemv_smem_grid_kind(0, 0, 1024, 2048, 192, 64, &warps), 0);
         return;
     }
     static const struct {
@@ -4513,6 +4540,7 @@ static void test_gemv_shape_choices(void **st)
     assert_false(cuda_gemv_smem_takes(QR_BF16, 70000, 1024)); /* an LM head's rows: gemv2 */
     assert_int_equal(cuda_gemv_smem_xreg_chunks(QR_BF16, 70000, 1024), 0);
     check_gemv_smem_waves();
+    check_gemv_smem_kind_minimum();
 }
 
 int main(void)

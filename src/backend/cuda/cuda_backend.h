@@ -202,6 +202,11 @@ struct cuda_options {
                           * down) alone: 0 (default): the session picks (64 with 16-warp
                           * blocks: Qwen3.5-0.8B BF16 +0.9% on the H200, session 48; else
                           * gemv_smem_min_blocks' value); 1: never; or up to 4096 */
+    int32_t gemv_smem_pair_min_blocks;  /* the same for the norm + gate|up + SwiGLU launches, */
+    int32_t gemv_smem_multi_min_blocks; /* and for a norm into several matrices (q|k|v, in_proj):
+                          * 0 (default): gemv_smem_min_blocks' value; 1: never; or up to 4096.
+                          * For sweeps (not yet measured, session 48's note: the launches whose
+                          * blocks still share multiprocessors) */
     int32_t attn_early;  /* decode graph: the attention reads the position and its first round
                           * of cached K/V rows before waiting for the q|k|v launch, where that
                           * launch starts its successor only after its own wait (then every
@@ -608,6 +613,13 @@ int32_t cuda_gemv_smem_xreg_chunks(int32_t dtype, int32_t N, int32_t K);
  * multiprocessors, and its warps per block in *warps; 0 when gemv_smem does not take it. */
 int32_t cuda_gemv_smem_grid(int32_t dtype, int32_t N, int32_t K, bool swiglu, int32_t waves, int32_t n_sm,
                             int32_t *warps);
+/* gemv_smem's grid for one token of BF16 rows under the 16-warp pick (160 KB) with
+ * gemv_smem_min_blocks = min_blocks, for a launch of kind (0: GEMV + residual, N x K; 1: N
+ * gate/up pairs; 2: two matrices of N / 2 rows) where kind set_kind's own minimum
+ * (gemv_smem_res_ / _pair_ / _multi_min_blocks) is kind_min; its warps in *warps; 0 when
+ * gemv_smem does not take it. */
+int32_t cuda_gemv_smem_grid_kind(int32_t kind, int32_t set_kind, int32_t N, int32_t K, int32_t min_blocks,
+                                 int32_t kind_min, int32_t *warps);
 /* The same for gemvq (quantised rows) with a block of warps (0: 4) of rows each (0: its pick)
  * reserving smem_kb: its grid, 0 when it does not take them. */
 int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb);

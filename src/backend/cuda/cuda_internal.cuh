@@ -268,7 +268,9 @@ struct gemv_args {
     int32_t smem_min_blocks; /* its warps per block halved while its grid would have fewer
                             * blocks than this (0: never; cuda_options.gemv_smem_min_blocks) */
     int32_t smem_res_min_blocks; /* the same for GEMV_ACCUM launches where > 0
-                            * (cuda_options.gemv_smem_res_min_blocks) */
+                            * (cuda_options.gemv_smem_res_min_blocks), */
+    int32_t smem_pair_min_blocks;  /* GEMV_SWIGLU ones (gemv_smem_pair_min_blocks), */
+    int32_t smem_multi_min_blocks; /* and GEMV_STORE ones of several segments (..._multi_...) */
     int32_t smem_waves;    /* > 0: instead, the fewest warps per block (any number) that keep its
                             * grid within this many blocks per multiprocessor (n_sm;
                             * cuda_options.gemv_smem_waves) */

@@ -531,6 +531,8 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->smem_min_blocks = cs->gs_min_blocks, a->smem_waves = cs->opt.gemv_smem_waves;
     a->smem_res_min_blocks = cs->gs_res_min_blocks;
+    a->smem_pair_min_blocks = cs->opt.gemv_smem_pair_min_blocks;
+    a->smem_multi_min_blocks = cs->opt.gemv_smem_multi_min_blocks;
     a->smem_alone = cs->opt.gemv_smem_alone, a->smem_half_sm = cs->smem_per_sm / 2;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
@@ -2324,6 +2326,14 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: gemv_smem_res_min_blocks %d (0: the session picks, 1: never, or up to 4096)",
                        (int)o->gemv_smem_res_min_blocks);
+    if (o->gemv_smem_pair_min_blocks < 0 || o->gemv_smem_pair_min_blocks > 4096)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemv_smem_pair_min_blocks %d (0: as gemv_smem_min_blocks, 1: never, or up to 4096)",
+                       (int)o->gemv_smem_pair_min_blocks);
+    if (o->gemv_smem_multi_min_blocks < 0 || o->gemv_smem_multi_min_blocks > 4096)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gemv_smem_multi_min_blocks %d (0: as gemv_smem_min_blocks, 1: never, or up to 4096)",
+                       (int)o->gemv_smem_multi_min_blocks);
     if (o->attn_early < -1 || o->attn_early > 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: attn_early %d (1: everywhere, the q|k|v launch waiting first where it must; 0: only where "

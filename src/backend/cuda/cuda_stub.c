@@ -318,6 +318,13 @@ int32_t cuda_gemv_smem_grid(int32_t dtype, int32_t N, int32_t K, bool swiglu, in
     return 0;
 }
 
+int32_t cuda_gemv_smem_grid_kind(int32_t kind, int32_t set_kind, int32_t N, int32_t K, int32_t min_blocks,
+                                 int32_t kind_min, int32_t *warps)
+{
+    (void)kind, (void)set_kind, (void)N, (void)K, (void)min_blocks, (void)kind_min, (void)warps;
+    return 0;
+}
+
 int32_t cuda_gemvq_blocks(int32_t dtype, int32_t N, int32_t K, int32_t warps, int32_t rows, int32_t smem_kb)
 {
     (void)dtype, (void)N, (void)K, (void)warps, (void)rows, (void)smem_kb;

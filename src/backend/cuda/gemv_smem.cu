@@ -290,6 +290,17 @@ static int gs_lanes(int32_t K)
     return K <= 1024 ? GS_L_SMALL : K <= 2048 ? GS_L_BIG : GS_L_HUGE;
 }
 
+/* The launch's minimum grid: its kind's own where set (GEMV + residual, the SwiGLU pair, a norm
+ * into several matrices), else the session's. */
+static int64_t gs_min_blocks(const struct gemv_args *a)
+{
+    const int32_t own = a->mode == GEMV_ACCUM    ? a->smem_res_min_blocks
+                        : a->mode == GEMV_SWIGLU ? a->smem_pair_min_blocks
+                        : a->n_seg > 1           ? a->smem_multi_min_blocks
+                                                 : 0;
+    return own > 0 ? own : a->smem_min_blocks;
+}
+
 /* The block for rows of K at L = l (P physical rows each): warps from the options, halved
  * until the rows and x fit under the cap and (gemv_smem_min_blocks) while the grid would be
  * smaller than the minimum; or (gemv_smem_waves, CUDA cores only) the fewest warps that keep
@@ -307,8 +318,7 @@ static bool gs_fit(const struct gemv_args *a, int64_t rows, int l, int P, bool m
     int32_t ws = mma ? a->K * 2 + 16 : a->K * 2;
     size_t per_warp = (size_t)(32 / l) * P * ws, x = xreg ? 0 : (size_t)a->K * (mma ? 6 : 4);
     const int64_t rpw = 32 / l; /* rows per warp */
-    /* > 0: fewer warps while the grid would be smaller (GEMV + residual launches: their own) */
-    const int64_t min_blocks = a->mode == GEMV_ACCUM && a->smem_res_min_blocks > 0 ? a->smem_res_min_blocks : a->smem_min_blocks;
+    const int64_t min_blocks = gs_min_blocks(a); /* > 0: fewer warps while the grid would be smaller */
     if (a->smem_waves > 0 && !mma) {
         const int64_t per_wave = (int64_t)a->smem_waves * (a->n_sm > 0 ? a->n_sm : 132) * rpw;
         const int64_t need = (rows + per_wave - 1) / per_wave; /* warps per block for the grid to fit */
@@ -469,6 +479,30 @@ extern "C" int32_t cuda_gemv_smem_grid(int32_t dtype, int32_t N, int32_t K, bool
         a.mode = GEMV_SWIGLU, a.n_seg = 2, a.seg[1] = a.seg[0];
     a.smem_xreg = true, a.smem_warps = 8, a.smem_kb = 136, a.smem_min_blocks = 96; /* the session's 8-warp pick */
     a.smem_waves = waves, a.n_sm = n_sm;
+    struct gs_shape sh;
+    if (gemvq_applies(&a) || !gemv_smem_shape(&a, &sh))
+        return 0;
+    *warps = sh.W;
+    return sh.blocks;
+}
+
+/* For the tests: the grid and warps per block of one token of BF16 rows under the session's
+ * 16-warp pick (160 KB) with gemv_smem_min_blocks = min_blocks, for a launch of kind (0: GEMV +
+ * residual, N x K; 1: N gate/up pairs; 2: two matrices of N / 2 rows) with kind set_kind's own
+ * minimum (the same numbering) set to kind_min. */
+extern "C" int32_t cuda_gemv_smem_grid_kind(int32_t kind, int32_t set_kind, int32_t N, int32_t K, int32_t min_blocks,
+                                            int32_t kind_min, int32_t *warps)
+{
+    struct gemv_args a;
+    takes_args(&a, QR_BF16, N, K, false);
+    if (kind == 0)
+        a.mode = GEMV_ACCUM;
+    else if (kind == 1)
+        a.mode = GEMV_SWIGLU, a.n_seg = 2, a.seg[1] = a.seg[0];
+    else
+        a.n_seg = 2, a.seg[0].N = N / 2, a.seg[1] = a.seg[0];
+    a.smem_warps = 16, a.smem_kb = 160, a.smem_min_blocks = min_blocks;
+    (set_kind == 0 ? a.smem_res_min_blocks : set_kind == 1 ? a.smem_pair_min_blocks : a.smem_multi_min_blocks) = kind_min;
     struct gs_shape sh;
     if (gemvq_applies(&a) || !gemv_smem_shape(&a, &sh))
         return 0;
