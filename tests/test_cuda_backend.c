@@ -2325,6 +2325,12 @@ static void check_graph_gemv_smem(const char *arch, enum export_type type, int32
      * warps halved below 96 blocks, 192 with 16 */
     assert_int_equal(got_launch, launch ? launch : got_w < 16 ? 2 : 1);
     assert_int_equal(got_mb, got_w >= 16 ? 192 : 96);
+    /* the kinds' own: GEMV + residual and the SwiGLU pairs 64 with 16 warps, the rest as above */
+    int32_t res = -1, pair = -1, multi = -1;
+    cuda_session_gemv_smem_kind_minima(a, &res, &pair, &multi);
+    assert_int_equal(res, got_w >= 16 ? 64 : 96);
+    assert_int_equal(pair, got_w >= 16 ? 64 : 96);
+    assert_int_equal(multi, got_mb);
     /* the kernels ran (their sums may equal gemv2's bit for bit: the same chunks per lane) */
     assert_true(staged_in_timeline(a, "gemv+residual"));
     assert_false(staged_in_timeline(b, "gemv+residual"));
@@ -4426,6 +4432,9 @@ static void test_backend_errors(void **st)
     int32_t w = -1, kb = -1, launch = -1, mb = -1;
     cuda_session_gemv_smem_shape(NULL, &w, &kb, &launch, &mb);
     assert_true(w == 0 && kb == 0 && launch == 0 && mb == 0);
+    int32_t res = -1, pair = -1, multi = -1;
+    cuda_session_gemv_smem_kind_minima(NULL, &res, &pair, &multi);
+    assert_true(res == 0 && pair == 0 && multi == 0);
 }
 
 /* The decode GEMV's kernel and shape choices, host code that needs no device (so CI runs it):

@@ -202,11 +202,13 @@ struct cuda_options {
                           * down) alone: 0 (default): the session picks (64 with 16-warp
                           * blocks: Qwen3.5-0.8B BF16 +0.9% on the H200, session 48; else
                           * gemv_smem_min_blocks' value); 1: never; or up to 4096 */
-    int32_t gemv_smem_pair_min_blocks;  /* the same for the norm + gate|up + SwiGLU launches, */
+    int32_t gemv_smem_pair_min_blocks; /* the same for the norm + gate|up + SwiGLU launches:
+                          * 0 (default): the session picks (64 with 16-warp blocks:
+                          * Qwen3.5-0.8B BF16 +1.6% on the H200, session 49; else
+                          * gemv_smem_min_blocks' value); 1: never; or up to 4096 */
     int32_t gemv_smem_multi_min_blocks; /* and for a norm into several matrices (q|k|v, in_proj):
-                          * 0 (default): gemv_smem_min_blocks' value; 1: never; or up to 4096.
-                          * For sweeps (not yet measured, session 48's note: the launches whose
-                          * blocks still share multiprocessors) */
+                          * 0 (default): gemv_smem_min_blocks' value; 1: never; or up to 4096
+                          * (a sweep field: 48 to 384 level or worse on both models, session 49) */
     int32_t attn_early;  /* decode graph: the attention reads the position and its first round
                           * of cached K/V rows before waiting for the q|k|v launch, where that
                           * launch starts its successor only after its own wait (then every
@@ -668,6 +670,12 @@ qwenrt_status cuda_session_profile_prefill(struct cuda_session *cs, const int32_
  * session. */
 void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps, int32_t *kb, int32_t *launch,
                                   int32_t *min_blocks);
+
+/* The minimum grids of gemv_smem's three launch kinds in this session: GEMV + residual, the
+ * norm + gate|up + SwiGLU pair, a norm into several matrices (each the option's, or the
+ * session's pick: cuda_options.gemv_smem_res_ / _pair_ / _multi_min_blocks); zeros for a NULL
+ * session. */
+void cuda_session_gemv_smem_kind_minima(const struct cuda_session *cs, int32_t *res, int32_t *pair, int32_t *multi);
 
 /* true when decode runs as the megakernel; else *why (may be NULL) says why not. */
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why);

@@ -531,7 +531,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->smem_warps = cs->gs_warps, a->smem_kb = cs->gs_kb, a->smem_after_wait = cs->gs_after_wait;
     a->smem_min_blocks = cs->gs_min_blocks, a->smem_waves = cs->opt.gemv_smem_waves;
     a->smem_res_min_blocks = cs->gs_res_min_blocks;
-    a->smem_pair_min_blocks = cs->opt.gemv_smem_pair_min_blocks;
+    a->smem_pair_min_blocks = cs->gs_pair_min_blocks;
     a->smem_multi_min_blocks = cs->opt.gemv_smem_multi_min_blocks;
     a->smem_alone = cs->opt.gemv_smem_alone, a->smem_half_sm = cs->smem_per_sm / 2;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
@@ -2062,6 +2062,14 @@ extern "C" void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int3
     *min_blocks = cs ? cs->gs_min_blocks : 0;
 }
 
+extern "C" void cuda_session_gemv_smem_kind_minima(const struct cuda_session *cs, int32_t *res, int32_t *pair,
+                                                   int32_t *multi)
+{
+    *res = cs ? cs->gs_res_min_blocks : 0;
+    *pair = cs ? cs->gs_pair_min_blocks : 0;
+    *multi = !cs ? 0 : cs->opt.gemv_smem_multi_min_blocks ? cs->opt.gemv_smem_multi_min_blocks : cs->gs_min_blocks;
+}
+
 extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
 {
     if (why)
@@ -2125,6 +2133,12 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
     cs->gs_res_min_blocks = cs->opt.gemv_smem_res_min_blocks ? cs->opt.gemv_smem_res_min_blocks
                             : cs->gs_warps >= 16                ? 64
                                                                 : cs->gs_min_blocks;
+    /* the same for the norm + gate|up + SwiGLU launches: Qwen3.5-0.8B BF16 +1.6% with 64 (its
+     * 3,584 pairs as 112 blocks of 8 warps instead of 224 of 4); Qwen3-0.6B level at 48 or
+     * 64, -2.6% at 128 or 192 (H200, perf-log session 49) */
+    cs->gs_pair_min_blocks = cs->opt.gemv_smem_pair_min_blocks ? cs->opt.gemv_smem_pair_min_blocks
+                             : cs->gs_warps >= 16                 ? 64
+                                                                  : cs->gs_min_blocks;
     /* 1 / rms after the sums: Qwen3.5-0.8B BF16 (16-warp blocks) +0.6%, Qwen3-0.6B (8) -0.1%
      * (H200, perf-log session 24) */
     cs->gs_norm_late = cs->opt.gemv_smem_norm_late ? cs->opt.gemv_smem_norm_late == 1 : cs->gs_warps >= 16;
@@ -2328,7 +2342,7 @@ static qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_e
                        (int)o->gemv_smem_res_min_blocks);
     if (o->gemv_smem_pair_min_blocks < 0 || o->gemv_smem_pair_min_blocks > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
-                       "cuda: gemv_smem_pair_min_blocks %d (0: as gemv_smem_min_blocks, 1: never, or up to 4096)",
+                       "cuda: gemv_smem_pair_min_blocks %d (0: the session picks, 1: never, or up to 4096)",
                        (int)o->gemv_smem_pair_min_blocks);
     if (o->gemv_smem_multi_min_blocks < 0 || o->gemv_smem_multi_min_blocks > 4096)
         return err_set(err, QWENRT_ERR_INVALID_ARG,

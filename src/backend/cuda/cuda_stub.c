@@ -229,6 +229,12 @@ void cuda_session_gemv_smem_shape(const struct cuda_session *cs, int32_t *warps,
     *warps = *kb = *launch = *min_blocks = 0;
 }
 
+void cuda_session_gemv_smem_kind_minima(const struct cuda_session *cs, int32_t *res, int32_t *pair, int32_t *multi)
+{
+    (void)cs;
+    *res = *pair = *multi = 0;
+}
+
 bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
 {
     (void)cs;

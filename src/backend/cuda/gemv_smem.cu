@@ -31,7 +31,8 @@
  * a model whose widest product would need more than one block of 8 warps per multiprocessor),
  * halved until its rows and x fit in gemv_smem_kb (picked with W: 136 KB, or 160) and while
  * the grid would have fewer than gemv_smem_min_blocks blocks (picked: 96, or 192; the GEMV +
- * residual launches their own minimum, gemv_smem_res_min_blocks: 96, or 64); the
+ * residual launches and the SwiGLU pairs their own minima, gemv_smem_res_min_blocks and
+ * gemv_smem_pair_min_blocks: 96, or 64); the
  * kernel's dynamic shared-memory limit is raised at launch when a block needs more than 48 KB.
  * In order:
  *   1. each lane copies its 16-byte chunks (lane, lane + 32, ...) of each of the warp's rows
