@@ -108,7 +108,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.mlp_rows = 0;        /* Qwen3-0.6B BF16 -14% to -31% (perf-log session 31) */
     o.mlp_rows_cluster = 0;
     o.mlp_rows_down = 0;
-    o.attn_o = 0;          /* not yet measured */
+    o.attn_o = 0;          /* Qwen3-0.6B BF16 level at short contexts, -6% at 4,096 (perf-log session 25) */
     o.attn_o_single = 0;   /* 64 */
     o.attn_cluster = 0;    /* the session picks (pick_cl_mode): Qwen3-0.6B BF16 +4-11% at depths
                             * 512-2,048 (perf-log session 25) */
@@ -119,8 +119,8 @@ extern "C" struct cuda_options cuda_default_options(void)
                               * Q4_K_M +1.3% (perf-log session 28) */
     o.attn_shared_kv = 0;  /* depth 4,096 +1.2% (f32 cache) / -8.8% (f16), depth 0 -9.3% (perf-log
                             * session 29) */
-    o.attn_lanes = 0;      /* not yet measured */
-    o.attn_stage = 0;      /* not yet measured */
+    o.attn_lanes = 0;      /* depth 0 -1.5%, depth 4,096 -5.4% to +4.5% (perf-log session 29) */
+    o.attn_stage = 0;      /* depth 0 -6.4%, Qwen3.5-0.8B at 4,096 -3.0% (perf-log session 30) */
     o.gemvq_batch_pre = 2; /* batched Qwen3-0.6B Q4_K_M +28% / +65% / +85% at 3 / 8 / 16 sessions
                             * (perf-log session 42) */
     o.kv_f16 = false;
