@@ -532,7 +532,7 @@ static void gemv_session_args(const struct cuda_session *cs, bool pdl, struct ge
     a->smem_min_blocks = cs->gs_min_blocks, a->smem_waves = cs->opt.gemv_smem_waves;
     a->smem_res_min_blocks = cs->gs_res_min_blocks;
     a->smem_pair_min_blocks = cs->gs_pair_min_blocks;
-    a->smem_multi_min_blocks = cs->opt.gemv_smem_multi_min_blocks;
+    a->smem_multi_min_blocks = cs->gs_multi_min_blocks;
     a->smem_alone = cs->opt.gemv_smem_alone, a->smem_half_sm = cs->smem_per_sm / 2;
     a->q_rows = cs->gq_rows, a->q_after_wait = cs->gq_after_wait;
     a->q_warps = cs->gq_warps, a->q_smem_kb = cs->gq_kb;
@@ -2067,7 +2067,7 @@ extern "C" void cuda_session_gemv_smem_kind_minima(const struct cuda_session *cs
 {
     *res = cs ? cs->gs_res_min_blocks : 0;
     *pair = cs ? cs->gs_pair_min_blocks : 0;
-    *multi = !cs ? 0 : cs->opt.gemv_smem_multi_min_blocks ? cs->opt.gemv_smem_multi_min_blocks : cs->gs_min_blocks;
+    *multi = cs ? cs->gs_multi_min_blocks : 0;
 }
 
 extern "C" bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **why)
@@ -2139,6 +2139,10 @@ static void pick_gemv_smem_shape(struct cuda_session *cs)
     cs->gs_pair_min_blocks = cs->opt.gemv_smem_pair_min_blocks ? cs->opt.gemv_smem_pair_min_blocks
                              : cs->gs_warps >= 16                 ? 64
                                                                   : cs->gs_min_blocks;
+    /* a norm into several matrices (q|k|v, in_proj): the option, else the session's minimum
+     * (48 to 384 level or worse on both models, perf-log session 49) */
+    cs->gs_multi_min_blocks = cs->opt.gemv_smem_multi_min_blocks ? cs->opt.gemv_smem_multi_min_blocks
+                                                                 : cs->gs_min_blocks;
     /* 1 / rms after the sums: Qwen3.5-0.8B BF16 (16-warp blocks) +0.6%, Qwen3-0.6B (8) -0.1%
      * (H200, perf-log session 24) */
     cs->gs_norm_late = cs->opt.gemv_smem_norm_late ? cs->opt.gemv_smem_norm_late == 1 : cs->gs_warps >= 16;

@@ -183,7 +183,8 @@ struct cuda_session {
     int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
     int32_t gs_min_blocks;    /* its warps halved below this many blocks (same) */
     int32_t gs_res_min_blocks; /* the same for GEMV + residual launches */
-    int32_t gs_pair_min_blocks; /* and for the norm + gate|up + SwiGLU launches */
+    int32_t gs_pair_min_blocks; /* for the norm + gate|up + SwiGLU launches */
+    int32_t gs_multi_min_blocks; /* and for a norm into several matrices (q|k|v, in_proj) */
     bool gs_after_wait;       /* its blocks start the next launch after their wait (same) */
     bool gs_norm_late;        /* its fused norms' 1 / rms after the sums (same) */
     int32_t gq_rows;          /* gemvq rows per warp below the LM head (pick_gemvq_rows) */
