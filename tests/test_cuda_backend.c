@@ -3376,7 +3376,7 @@ static void test_batch_graph_cuda(void **st)
 /* How check_batch_seq_model's sessions split their keys: as by default (one split at its
  * positions, 12-24), in splits of 16 from the start, or one split below position 20 and splits
  * of 16 from there: the batched attention's launch goes from one split to several part way
- * (cuda_session.cu's batch levels), its graph captured again; or in splits of 16 at positions
+ * (cuda_batch.cu's batch levels), its graph captured again; or in splits of 16 at positions
  * 60-72 (4 or 5 splits: the groups of splits a block, attention_batch.cu, end part way). */
 enum seq_split { SEQ_DEFAULT, SEQ_SPLIT, SEQ_CROSS, SEQ_DEEP };
 

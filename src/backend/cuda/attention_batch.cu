@@ -408,7 +408,7 @@ cudaError_t launch_attention_group(const struct attn_args *a, cudaStream_t s)
 int attention_group_heads(void) { return ATB_NQ; }
 
 /* How many blocks of the grouped kernel for head size hd fit on one multiprocessor (the
- * host's choice of Z: cuda_session.cu); 0 where the runtime cannot say. */
+ * host's choice of Z: cuda_batch.cu); 0 where the runtime cannot say. */
 int attention_group_blocks_per_sm(int32_t hd, bool kv_f16)
 {
     int n = 0;

@@ -9,7 +9,7 @@
  *
  * Decode (T = 1) runs either as one persistent kernel per step (megakernel.cu: every layer,
  * the LM head and the argmax, weights streamed through a shared-memory ring; only when
- * cuda_options.mega asks for it) or as fused kernels (cuda_session.cu lists the fusions; each
+ * cuda_options.mega asks for it) or as fused kernels (decode_program.cu lists the fusions; each
  * has a switch in struct cuda_options) captured once in a CUDA graph and replayed (the
  * default for every weight type since session 11, where it measured faster). The token id and position
  * live in device memory, and cuda_session_generate keeps the argmax on the GPU between steps.

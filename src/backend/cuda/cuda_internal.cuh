@@ -559,7 +559,7 @@ static inline bool attention_rope_regs_applies(int32_t hd, int32_t n_rot)
  * (that variant runs its whole cluster: kernels.cu) — a pure function of the position, so a
  * step splits alike whichever graph runs it; split z then takes positions lo..last
  * (attention_split_range: attention_kernel's rule, shared by the kernels that replace it). The
- * host asks it too: how many splits a batch of sessions needs (cuda_session.cu). */
+ * host asks it too: how many splits a batch of sessions needs (cuda_batch.cu). */
 __host__ __device__ __forceinline__ int attention_splits(const struct attn_args &a, int last, int nz)
 {
     const int split_min = a.split_min > 0 ? a.split_min : ATT_SPLIT_MIN, grown = (last + split_min) / split_min;

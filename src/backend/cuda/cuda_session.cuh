@@ -1,8 +1,14 @@
 /*
- * cuda_session.cuh — what cuda_session.cu (a session: weights, state, the decode program and
- * its graphs) and cuda_batch.cu (the server's batched step over several sessions) share: the
- * session's struct, the decode program's steps, a run's context, and the few helpers the
- * batched step calls. Private to those two files; the backend's interface is cuda_backend.h.
+ * cuda_session.cuh — what the files of the CUDA session share: the session's struct, the decode
+ * program's steps, a run's context, and the functions one file calls in another. Private to
+ * them; the backend's interface is cuda_backend.h. The files:
+ *   cuda_session.cu     a session's life: probing, weights, state, running ops and plans
+ *   session_options.cu  cuda_default_options, the options' checks, the session's picks
+ *   decode_program.cu   the fused decode program: steps, their launches, graph capture
+ *   session_output.cu   what a run hands back: logits, top-k, the on-GPU generation loops
+ *   session_measure.cu  profiles, the block time line, step counts (cuda_bench's questions)
+ *   cuda_batch.cu       the server's batched step over several sessions
+ *   cuda_microbench.cu  the launch floor and GEMV microbenchmarks (no session)
  */
 #ifndef QWENRT_BACKEND_CUDA_SESSION_CUH
 #define QWENRT_BACKEND_CUDA_SESSION_CUH
@@ -237,6 +243,10 @@ static inline void attn_window(const struct cuda_session *cs, struct attn_args &
         a.win_from = cs->cl_from;
 }
 
+/* What a captured decode step does after the decode: nothing (the logits stay), the argmax, or
+ * sample.cu's draw over topk.cu's candidates; the latter two feed the token to the next step. */
+enum gen_mode { GEN_NONE, GEN_ARGMAX, GEN_SAMPLE };
+
 /* cuda_session.cu */
 
 /* Frees bufs; own (NULL: every buffer owns its memory) names the views to leave alone. */
@@ -249,13 +259,63 @@ qwenrt_status alloc_bufs(const struct plan *p, float **b, int32_t T, int32_t row
 struct gdn_args gdn_args_of(const struct run_ctx *r, int32_t i, int32_t T);
 /* Op i of r's plan, alone. */
 qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err);
+/* The RoPE frequency table for op when it is the session's (same theta and n_rot), else NULL. */
+const double *rope_table(const struct cuda_session *cs, const struct plan_op *op);
+/* The context of the decode program's steps: one token, the session's decode buffers. */
+struct run_ctx decode_ctx(struct cuda_session *cs);
+/* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
+int32_t ld_of(const struct run_ctx *r, int32_t id);
+/* The session's choices of GEMV kernel and shape (options and picks) into a launch's args. */
+void gemv_session_args(const struct cuda_session *cs, bool pdl, struct gemv_args *a);
+/* y = x · Wᵀ for T tokens through the GEMV (small T) or the GEMM. */
+qwenrt_status run_matmul(struct run_ctx *r, const struct dop *d, const float *x, int32_t ldx, float *y,
+                         int32_t ldy, int32_t T, bool accumulate, struct qwenrt_error *err);
+/* Copies ids and pos0 to the device (stream-ordered). */
+qwenrt_status stage_inputs(struct cuda_session *cs, const int32_t *ids, int32_t T, int32_t pos0,
+                           struct qwenrt_error *err);
+
+/* decode_program.cu */
+
 /* Tries the decode program's fusions at op i; fills *st and returns true when one applies. */
 bool match_step(const struct plan *p, int32_t i, struct step *st);
+/* The decode plan as steps (cs->steps), with the SwiGLU + down merges; finish_program adds
+ * the fusions that depend on the session's shape picks. */
+qwenrt_status build_program(struct cuda_session *cs, struct qwenrt_error *err);
+qwenrt_status finish_program(struct cuda_session *cs, struct qwenrt_error *err);
 /* A STEP_NORM_GEMV's launch arguments; a STEP_ROPE_ATTN's (its rope op i, its gate op). */
 void norm_gemv_args(struct run_ctx *r, const struct step *st, struct gemv_args &a);
 void rope_attn_args(struct run_ctx *r, int32_t i, int32_t gate, struct rope_args &ra, struct attn_args &a);
+/* The decode attention's options as the default graphs apply them to a: attn_shared_kv,
+ * attn_lanes (0: a row per warp), attn_stage (0: no ring). */
+bool shared_kv_on(const struct cuda_session *cs, const struct attn_args &a);
+int32_t lanes_of(const struct cuda_session *cs, const struct attn_args &a);
+int32_t stages_of(const struct cuda_session *cs, const struct attn_args &a);
 /* One step of the decode program. */
 qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct qwenrt_error *err);
+/* Enqueues one decode step (the program, or the plan op by op). */
+qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err);
+/* The attention variant for a graph of n decode steps from position pos: 1 (cluster-merged). */
+int attn_variant(const struct cuda_session *cs, int32_t pos, int32_t n);
+/* enqueue_decode (+ the token's pick, gen: enum gen_mode) steps times, as an executable graph. */
+qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraphExec_t *out,
+                      struct qwenrt_error *err);
+/* A step's label in the decode profile and the time line. */
+const char *step_label(const struct plan *p, const struct step *st);
+
+/* session_options.cu */
+
+/* The options that take a number, checked before any device work. */
+qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *err);
+/* The session's picks where the options leave them open (each function's comment has the
+ * measurements): gemv_smem's block shape and minimum grids, gemvq's rows per warp and shape
+ * (returns whether gemvq asks for PDL), whether the 16-bit GEMVs want PDL, whether the prefill
+ * takes the bf16 products, and in how many bf16 terms of x. */
+void pick_gemv_smem_shape(struct cuda_session *cs);
+int32_t pick_gemvq_rows(const struct cuda_session *cs);
+bool pick_gemvq_shape(struct cuda_session *cs);
+bool decode_pdl_applies(const struct plan *p);
+bool fast_prefill_applies(const struct plan *p);
+int32_t fast_x_terms(const struct cuda_options *o, const struct plan *p);
 
 /* cuda_batch.cu */
 

@@ -19,7 +19,7 @@ static qwenrt_status not_built(struct qwenrt_error *err)
 
 struct cuda_options cuda_default_options(void)
 {
-    /* the CUDA build's defaults (cuda_session.cu), by name: a new field cannot shift them */
+    /* the CUDA build's defaults (session_options.cu), by name: a new field cannot shift them */
     struct cuda_options o = {.graph = true, .fuse = true, .gemm_bf16x2 = true, .gemv_max_T = 8,
                              .gemv_v2 = true, .pdl = false, .gemm_cache = true, .attn_tiled = true,
                              .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true, .gemm_merge = true,

@@ -1,11 +1,11 @@
 /*
  * l2_plan.h — which weights each decode launch of the CUDA backend asks the L2 for
  * (cuda_options.l2_prefetch_mb). Host code, C, built with or without CUDA so that its rules are
- * tested on any machine (tests/test_l2_plan.c); cuda_session.cu hands the spans to the kernels,
+ * tested on any machine (tests/test_l2_plan.c); decode_program.cu hands the spans to the kernels,
  * whose blocks share them out (l2_prefetch_share in cuda_internal.cuh).
  *
  * The weight stream is every step's own matrices back to back in program order (the LM head is
- * not in it: cuda_session.cu leaves it out). With a window of W bytes, each step whose launch
+ * not in it: decode_program.cu leaves it out). With a window of W bytes, each step whose launch
  * can issue a prefetch asks for the stream up to W past its own start, from where the last such
  * step stopped, and never its own bytes (its launch streams those itself): in steady state each
  * step asks for as many bytes as the step before it streamed, W ahead. A span is one stretch of

@@ -1,0 +1,296 @@
+/*
+ * cuda_microbench.cu — measurements without a session: the launch floor (a chain of empty
+ * kernels in one graph, with or without PDL and clusters: cuda_launch_floor_bench), one GEMV
+ * kernel alone over random weights (cuda_gemv_bench, optionally with its block time line) and
+ * the argmax (cuda_argmax), for cuda_bench and test_cuda_backend.
+ */
+#include "backend/cuda/cuda_session.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ launch floor */
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The least a decode launch can cost: each block reads and writes one float the launch
+ * before it wrote, nothing else. */
+__global__ void floor_kernel(float *p)
+{
+    griddep_launch();
+    griddep_wait();
+    if (threadIdx.x == 0)
+        p[blockIdx.x] += 1.0f;
+}
+
+extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, int32_t cluster,
+                                                 bool pdl, int32_t reps, double *us, struct qwenrt_error *err)
+{
+    if (n_launch < 1 || blocks < 1 || threads < 32 || threads > 1024 || reps < 1 || reps > 64 || cluster < 0 ||
+        cluster > 8 || (cluster > 1 && blocks % cluster))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_launch_floor_bench: bad arguments");
+    float *p = NULL;
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float t[64];
+    cudaError_t e = cudaMalloc(&p, (size_t)blocks * sizeof(float));
+    if (!e) e = cudaMemset(p, 0, (size_t)blocks * sizeof(float));
+    if (!e) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (!e) e = cudaEventCreate(&e0);
+    if (!e) e = cudaEventCreate(&e1);
+    if (!e) e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int32_t i = 0; !e && i < n_launch; i++)
+        e = launch_kc(pdl, cluster, floor_kernel, dim3(blocks), dim3(threads), 0, s, p);
+    if (s) {
+        cudaError_t e2 = cudaStreamEndCapture(s, &g);
+        e = e ? e : e2;
+    }
+    if (!e) e = cudaGraphInstantiate(&ge, g, 0);
+    for (int32_t r = -1; !e && r < reps; r++) { /* r = -1 warms up */
+        if (!(e = cudaEventRecord(e0, s)) && !(e = cudaGraphLaunch(ge, s)) && !(e = cudaEventRecord(e1, s)) &&
+            !(e = cudaEventSynchronize(e1)) && r >= 0)
+            e = cudaEventElapsedTime(&t[r], e0, e1);
+    }
+    if (!e) {
+        qsort(t, (size_t)reps, sizeof(float), cmp_f);
+        *us = 1e3 * t[reps / 2] / n_launch;
+    }
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s) cudaStreamDestroy(s);
+    cudaFree(p);
+    return e ? cuda_fail(err, e, __FILE__, __LINE__, "cuda_launch_floor_bench") : QWENRT_OK;
+}
+
+/* ------------------------------------------------------------------ GEMV microbenchmark */
+
+__global__ void bench_fill_kernel(uint16_t *p, int64_t n, uint32_t seed)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = (uint16_t)(0x3C00u | (h & 0x3FFu) | ((h >> 16) & 0x8000u)); /* no NaN, no zero */
+    }
+}
+
+struct bench_bufs {
+    uint8_t *w;
+    float *x, *nw, *y;
+    unsigned long long *stamps; /* gemv_smem's per-block stamps, [reps][blocks][TL_SLOTS] */
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaEvent_t e0, e1;
+};
+
+static void bench_bufs_free(struct bench_bufs *b)
+{
+    if (b->ge) cudaGraphExecDestroy(b->ge);
+    if (b->g) cudaGraphDestroy(b->g);
+    if (b->e0) cudaEventDestroy(b->e0);
+    if (b->e1) cudaEventDestroy(b->e1);
+    cudaFree(b->w);
+    cudaFree(b->x);
+    cudaFree(b->nw);
+    cudaFree(b->y);
+    cudaFree(b->stamps);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_d(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_d);
+    return n ? v[n / 2] : 0;
+}
+
+/* The timeline of a chain of gemv_smem launches from their stamps (us), medians over launches
+ * 1..reps-1 of: [0] the first block's start after the launch before ended (its last block),
+ * [1] the share of blocks that started before it ended, [2] a block's griddep_wait release after
+ * it ended (median block), [3] x staged and weights in shared memory after the release, [4]
+ * the dot products and stores, [5] the last block's end after the launch before's. */
+static void gemv_timeline(const unsigned long long *h, int reps, int nb, double *tl)
+{
+    double *col[6], *tmp = (double *)malloc(sizeof(double) * (size_t)nb * 3);
+    for (int j = 0; j < 6; j++)
+        col[j] = (double *)calloc((size_t)reps, sizeof(double));
+    for (int k = 1; k < reps && tmp && col[5]; k++) {
+        const unsigned long long *p = h + (size_t)(k - 1) * nb * TL_SLOTS, *c = h + (size_t)k * nb * TL_SLOTS;
+        unsigned long long prev_end = 0, first = ~0ull, last = 0;
+        int early = 0;
+        for (int b = 0; b < nb; b++) {
+            prev_end = p[TL_SLOTS * b + 3] > prev_end ? p[TL_SLOTS * b + 3] : prev_end;
+            last = c[TL_SLOTS * b + 3] > last ? c[TL_SLOTS * b + 3] : last;
+            first = c[TL_SLOTS * b] < first ? c[TL_SLOTS * b] : first;
+        }
+        for (int b = 0; b < nb; b++) {
+            early += c[TL_SLOTS * b] < prev_end;
+            tmp[b] = ((double)c[TL_SLOTS * b + 1] - (double)prev_end) / 1e3;
+            tmp[nb + b] = ((double)c[TL_SLOTS * b + 2] - (double)c[TL_SLOTS * b + 1]) / 1e3;
+            tmp[2 * nb + b] = ((double)c[TL_SLOTS * b + 3] - (double)c[TL_SLOTS * b + 2]) / 1e3;
+        }
+        col[0][k - 1] = ((double)first - (double)prev_end) / 1e3;
+        col[1][k - 1] = (double)early / nb;
+        col[2][k - 1] = median_d(tmp, nb);
+        col[3][k - 1] = median_d(tmp + nb, nb);
+        col[4][k - 1] = median_d(tmp + 2 * nb, nb);
+        col[5][k - 1] = ((double)last - (double)prev_end) / 1e3;
+    }
+    for (int j = 0; j < 6; j++) {
+        tl[j] = col[j] && tmp ? median_d(col[j], reps - 1) : 0;
+        free(col[j]);
+    }
+    free(tmp);
+}
+
+static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t N, int32_t K,
+                                    int32_t T, bool norm, int32_t kernel, bool pdl, int32_t reps,
+                                    double *us, double *gbs, double *timeline, struct qwenrt_error *err)
+{
+    size_t rb = 0;
+    if (!gemv_supports(dtype) || !dtype_row_bytes((enum qr_dtype)dtype, K, &rb) || T < 1 ||
+        T > (kernel >= 4 ? GEMV_BATCH_MMA_MAX_T : GEMV_MAX_T) || N < 1 || reps < 1 || kernel < 0 || kernel > 5)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_gemv_bench: bad arguments");
+    size_t mat = rb * (size_t)N;
+    int copies = (int)((256u << 20) / mat) + 1; /* rotate through > 256 MB: not the L2 */
+    copies = copies > 64 ? 64 : copies;
+    size_t stride = (mat + 255) & ~(size_t)255;
+    CUDA_CHECK(cudaMalloc(&b->w, stride * copies));
+    CUDA_CHECK(cudaMalloc(&b->x, (size_t)T * K * 4));
+    CUDA_CHECK(cudaMalloc(&b->nw, (size_t)K * 4));
+    CUDA_CHECK(cudaMalloc(&b->y, (size_t)T * N * 4));
+    bench_fill_kernel<<<1024, 256>>>((uint16_t *)b->w, (int64_t)(stride * copies / 2), 1u);
+    bench_fill_kernel<<<64, 256>>>((uint16_t *)b->x, (int64_t)T * K * 2, 2u);
+    bench_fill_kernel<<<64, 256>>>((uint16_t *)b->nw, (int64_t)K * 2, 3u);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaStream_t s = NULL;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int dev = 0, n_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    struct gemv_args a;
+    memset(&a, 0, sizeof(a));
+    a.x = b->x, a.ldx = K, a.K = K, a.T = T, a.norm_w = norm ? b->nw : NULL, a.eps = 1e-6f;
+    a.dtype = dtype, a.mode = GEMV_STORE, a.n_seg = 1, a.pdl = pdl, a.v2 = kernel > 0, a.n_sm = n_sm;
+    a.smem = kernel == 2, a.batch = kernel >= 3, a.batch_mma = kernel >= 4, a.q_int8 = kernel == 5;
+    a.seg[0].N = N, a.seg[0].row_bytes = (int64_t)rb, a.seg[0].y = b->y, a.seg[0].ldy = N;
+    a.seg[0].w = b->w;
+    int32_t nb = timeline ? gemv_smem_blocks(&a) : 0;
+    if (nb > 0)
+        CUDA_CHECK(cudaMalloc(&b->stamps, sizeof(unsigned long long) * TL_SLOTS * (size_t)nb * reps));
+    cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int32_t i = 0; i < reps && e == cudaSuccess; i++) {
+        a.seg[0].w = b->w + stride * (size_t)(i % copies);
+        a.stamps = nb > 0 ? b->stamps + TL_SLOTS * (size_t)nb * i : NULL;
+        e = launch_gemv(&a, s);
+    }
+    cudaError_t e2 = cudaStreamEndCapture(s, &b->g);
+    if (e == cudaSuccess)
+        e = e2;
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&b->ge, b->g, 0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&b->e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&b->e1);
+    float t[7];
+    for (int i = -1; i < 7 && e == cudaSuccess; i++) {
+        e = cudaEventRecord(b->e0, s);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(b->ge, s);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(b->e1, s);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(b->e1);
+        if (e == cudaSuccess && i >= 0)
+            e = cudaEventElapsedTime(&t[i], b->e0, b->e1);
+    }
+    cudaStreamDestroy(s);
+    if (e != cudaSuccess)
+        return cuda_fail(err, e, __FILE__, __LINE__, "gemv bench");
+    qsort(t, 7, sizeof(float), cmp_f);
+    *us = (double)t[3] * 1e3 / reps;
+    *gbs = (double)mat / (*us * 1e-6) / 1e9;
+    if (nb > 0 && reps > 1) { /* the last replay's stamps */
+        size_t n = TL_SLOTS * (size_t)nb * reps;
+        unsigned long long *h = (unsigned long long *)malloc(n * sizeof(*h));
+        if (!h)
+            return err_set(err, QWENRT_ERR_NOMEM, "gemv bench: out of memory");
+        e = cudaMemcpy(h, b->stamps, n * sizeof(*h), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            gemv_timeline(h, reps, nb, timeline);
+        free(h);
+        if (e != cudaSuccess)
+            return cuda_fail(err, e, __FILE__, __LINE__, "gemv bench stamps");
+    }
+    return QWENRT_OK;
+}
+
+/* cuda_argmax's device part: x copied in, one argmax launch (sc), the id copied back. */
+static qwenrt_status argmax_run(const float *x, int32_t n, bool misalign, float *d_x, int32_t *d_id,
+                                const struct argmax_scratch *sc, int32_t *id, struct qwenrt_error *err)
+{
+    float *dx = d_x + (misalign ? 1 : 0);
+    CUDA_CHECK(cudaMemcpy(dx, x, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(launch_argmax(dx, n, d_id, NULL, NULL, NULL, 0, false, sc));
+    CUDA_CHECK(cudaMemcpy(id, d_id, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return QWENRT_OK;
+}
+
+extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t blocks, int32_t *id,
+                                     struct qwenrt_error *err)
+{
+    *id = 0;
+    if (!x || n < 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_argmax: %d values", (int)n);
+    if (blocks < 1 || blocks > ARGMAX_BLOCKS_LIMIT)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_argmax: %d blocks (1 to %d)", (int)blocks,
+                       ARGMAX_BLOCKS_LIMIT);
+    float *d_x = NULL;
+    int32_t *d_id = NULL;
+    struct argmax_scratch sc = {NULL, NULL, blocks};
+    cudaError_t e = cudaMalloc(&d_x, ((size_t)n + 4) * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_id, sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc.part, (size_t)blocks * sizeof(int2));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc.count, sizeof(unsigned));
+    if (e == cudaSuccess)
+        e = cudaMemset(sc.count, 0, sizeof(unsigned));
+    qwenrt_status st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc")
+                                        : argmax_run(x, n, misalign, d_x, d_id, &sc, id, err);
+    cudaFree(d_x);
+    cudaFree(d_id);
+    cudaFree(sc.part);
+    cudaFree(sc.count);
+    return st;
+}
+
+extern "C" qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T,
+                                         bool norm, int32_t kernel, bool pdl, int32_t reps, double *us,
+                                         double *gbs, double *timeline, struct qwenrt_error *err)
+{
+    struct bench_bufs b;
+    memset(&b, 0, sizeof(b));
+    *us = *gbs = 0;
+    qwenrt_status st = gemv_bench_run(&b, dtype, N, K, T, norm, kernel, pdl, reps, us, gbs, timeline, err);
+    bench_bufs_free(&b);
+    return st;
+}
