@@ -3,7 +3,7 @@
  * several sessions) in few blocks that each walk a run of their session's splits, for a pair
  * of query heads at once (attn_args.group_blocks).
  *
- * Why: kernels.cu's multi-session attention gives every (query head, session, split) its own
+ * Why: attention.cu's multi-session attention gives every (query head, session, split) its own
  * block of 8 warps. Deep enough in a context that the sessions' graphs split their keys (from
  * position 128), 16 Qwen3-0.6B sessions make 16 x 16 x 8 = 2,048 blocks, about eight waves of
  * two blocks a multiprocessor, and each block pays the whole fixed cost of a split for one

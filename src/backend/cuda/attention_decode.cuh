@@ -1,5 +1,5 @@
 /*
- * attention_decode.cuh — the pieces of the decode attention that kernels.cu's attention kernel
+ * attention_decode.cuh — the pieces of the decode attention that attention.cu's attention kernel
  * and attn_o.cu's fused attention + o product share: the launch constants (warps per block,
  * rows in flight), the q/k norm + RoPE + cache write prologue, the rounds of K/V rows each
  * warp loads before it uses them, and one round's dot products and online-softmax update
@@ -428,7 +428,7 @@ __device__ __forceinline__ bool attention_split_arrive(const struct attn_args &a
 }
 
 /* Merges the n partial results of head h (the last block of the head runs it; part rows are
- * stride floats apart; kernels.cu's attention and attention_shared_kv.cu's): out = the
+ * stride floats apart; attention.cu's attention and attention_shared_kv.cu's): out = the
  * rescaled sum of the partial outputs over the rescaled sum of the partial sums. Every load of a pass is issued at once (the loops are unrolled to
  * ATT_MAX_SPLITS): a merge is a few L2 round trips, not one per split. */
 template <int EPL>

@@ -3,7 +3,7 @@
  * dot product over a group of LPR lanes (8 or 16) instead of the whole warp
  * (cuda_options.attn_lanes): a warp takes 32 / LPR rows at once, one per group.
  *
- * Why: kernels.cu's attention_kernel gives a row to a whole warp — each lane 4 of a 128-wide
+ * Why: attention.cu's attention_kernel gives a row to a whole warp — each lane 4 of a 128-wide
  * row's elements, then a 5-step shuffle reduction and the online-softmax update, per row. Deep
  * in a context that chain of dependent instructions is the attention's time, not its bytes
  * (H200, session 29: at 4,096 positions two query heads per block took twice as long with half

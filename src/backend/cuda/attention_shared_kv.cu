@@ -5,12 +5,12 @@
  * per query head, and launches half the blocks.
  *
  * Why: with grouped-query attention (Qwen3-0.6B: 16 query heads on 8 KV heads; Qwen3.5-0.8B:
- * 8 on 2) kernels.cu's attention_kernel gives each query head its own blocks, and the blocks of
+ * 8 on 2) attention.cu's attention_kernel gives each query head its own blocks, and the blocks of
  * a group each load the same rows. Deep in a context those loads are the step: at 4,096
  * positions a Qwen3-0.6B layer's f32 cache is 33.5 MB, read twice (docs/perf-log.md, session
  * 29). Here block (j, 0, z) takes query heads h = 2j and h + 1 (a group's heads in pairs:
  * the group size must be even) over split z's positions; its warps load each round of rows
- * once and run kernels.cu's round (attention_round) on it for each head, in the same order
+ * once and run attention_decode.cuh's round (attention_round) on it for each head, in the same order
  * and with the same sums as attention_kernel's pipelined loop (attn_pipe 1), so both heads'
  * outputs are bit for bit attention_kernel's. The prologue normalises and rotates both
  * queries (attention_rope_prologue with NQ = 2), the splits' partials go to the same places
@@ -24,7 +24,7 @@
 
 #include <math.h>
 
-/* attention_pipe_rounds (kernels.cu) for two query heads: each round's rows feed both heads'
+/* attention_pipe_rounds (attention.cu) for two query heads: each round's rows feed both heads'
  * online softmax before the buffer is refilled with the round two ahead. */
 template <int EPL, typename KV, int U>
 __device__ __forceinline__ void attention_pipe_rounds2(const KV *kbase, const KV *vbase, int64_t kvw, int p0,

@@ -4,7 +4,7 @@
  * (KV head, split), its rows staged once for all the group's query heads, the arithmetic
  * reading shared memory.
  *
- * Why: deep in a context kernels.cu's attention_kernel is latency-bound — at 4,096 positions
+ * Why: deep in a context attention.cu's attention_kernel is latency-bound — at 4,096 positions
  * Nsight Compute finds it at 40% of the memory bandwidth and 20-34% of the arithmetic, each
  * warp holding at most two rounds of rows (8 KB) in flight in its registers, and fewer loads
  * (two query heads per block), fewer instructions (a row per group of lanes) or a contiguous

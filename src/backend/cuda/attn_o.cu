@@ -13,7 +13,7 @@
  * head h; block c of it owns the rows [c R, (c+1) R) of W_o (R = N / C), and of them only the
  * columns of head h: R x hd 16-bit weights, copied into shared memory with cp.async before
  * griddep_wait (they do not depend on the launch before).
- *   1. the attention of head h, as kernels.cu's attention kernel computes it (the same
+ *   1. the attention of head h, as attention.cu's attention kernel computes it (the same
  *      prologue, rounds of rows and online softmax: attention_decode.cuh). Below
  *      `single` positions every block of the cluster attends all of them itself (one or two
  *      rounds of rows: nothing to exchange); from there block c takes the c-th slice of the

@@ -7,7 +7,7 @@
  * time in a row and replayed after that (batch_step). The products run once for all rows
  * (batch_row_step: gemv_batch.cu, gemvq_batch*.cu); the per-sequence steps (the attention with
  * its q/k norm, RoPE and cache write; the DeltaNet step) in one launch for all sessions where a
- * kernel takes them (batch_seq_run: attention_batch.cu, kernels.cu's multi-session attention,
+ * kernel takes them (batch_seq_run: attention_batch.cu, attention.cu's multi-session attention,
  * gdn_decode.cu), otherwise on side streams, one branch a session (batch_branch_ops). A failed
  * step changes no session (enqueue_batch_kept). Where the products keep the one-session sums'
  * order (batch_same_bits) every session's logits are bit for bit its own graph's;
@@ -42,7 +42,7 @@ static bool batch_dtype(int32_t dt)
  * terms in quant_rows_i8.cuh's canonical order; the
  * one-token graph of plain steps only (a norm into a GEMV, a GEMV + residual, the attention:
  * the fused MLP, attention + o and q|k|v + attention launches keep their own orders), its
- * attention kernels.cu's attention_kernel (whose batched form splits each session's keys as its
+ * attention attention.cu's attention_kernel (whose batched form splits each session's keys as its
  * graph does at every position: batch_split_floor). The rest of the batched step (norms, q/k norm +
  * RoPE, Qwen3.5's output gate and DeltaNet step: gds_ms_kernel is gds_kernel per session, picks)
  * is the one-token arithmetic per session. Qwen3.5-0.8B Q4_K_M parted from alone by 0.6-0.9 of

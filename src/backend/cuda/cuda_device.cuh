@@ -1,12 +1,15 @@
 /*
- * cuda_device.cuh — small device functions the CUDA kernels share (kernels.cu, matmul.cu,
- * megakernel.cu, attention_flash.cu): the activations with the reference's formulas, warp /
- * block sums and the asynchronous global -> shared copies (cp.async, sm_80 and later).
+ * cuda_device.cuh — small device functions the CUDA kernels share (kernels.cu, attention.cu,
+ * gdn_ops.cu, matmul.cu, megakernel.cu, attention_flash.cu, ...): the activations with the
+ * reference's formulas, warp / block sums, the asynchronous global -> shared copies (cp.async,
+ * sm_80 and later), and the f32 or bf16-term output stores of the ops that feed the fast
+ * prefill products (put_out).
  * Every function is static inline: each .cu file compiles its own copy (no device linking).
  */
 #ifndef QWENRT_BACKEND_CUDA_DEVICE_CUH
 #define QWENRT_BACKEND_CUDA_DEVICE_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -187,6 +190,35 @@ static __device__ __forceinline__ void kv_get(const __half *p, float *out)
     uint32_t w[N / 2];
     kv_load_raw<N>(p, w);
     kv_from_raw<N>(w, out);
+}
+
+/* f32 out, or bf16 rounded to nearest as round_bf16_kernel would round the f32 value (the
+ * fast prefill's product input written directly: one pass instead of two), with the
+ * remainder's bf16 in mid when it is not NULL (two terms, as split_bf16_kernel makes them). */
+static __device__ __forceinline__ void put_out(float *p, float *, float v) { *p = v; }
+static __device__ __forceinline__ void put_out(__nv_bfloat16 *p, __nv_bfloat16 *mid, float v)
+{
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    *p = h;
+    if (mid)
+        *mid = __float2bfloat16_rn(v - __bfloat162float(h));
+}
+
+/* Four consecutive outputs (16-byte aligned in f32, 8-byte in bf16) in one store per array:
+ * a warp then writes whole contiguous lines instead of 2-byte pieces 8 bytes apart. */
+static __device__ __forceinline__ void put_out4(float *p, float *, const float *v)
+{
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+}
+static __device__ __forceinline__ void put_out4(__nv_bfloat16 *p, __nv_bfloat16 *mid, const float *v)
+{
+    __align__(8) __nv_bfloat16 h[4], m[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        put_out(&h[e], &m[e], v[e]);
+    *(uint2 *)p = *(const uint2 *)h;
+    if (mid)
+        *(uint2 *)mid = *(const uint2 *)m;
 }
 
 #endif

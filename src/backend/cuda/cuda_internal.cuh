@@ -411,7 +411,7 @@ cudaError_t launch_dequant(float *dst, const void *w, int32_t dtype, int64_t N, 
 cudaError_t launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *mid, __nv_bfloat16 *lo,
                               const float *x, int32_t ldx, int32_t K, int32_t T, cudaStream_t s);
 
-/* ---- op kernels (kernels.cu) ---- */
+/* ---- op kernels (kernels.cu, attention.cu, gdn_ops.cu) ---- */
 
 cudaError_t launch_embed(float *out, int32_t width, const void *w, int32_t dtype,
                          int64_t row_bytes, const int32_t *ids, int32_t T, cudaStream_t s, bool pdl = false);
@@ -474,7 +474,7 @@ struct attn_args {
     /* T == 1, splits > 1: split-K over the positions (flash decoding). part holds
      * [n_head][splits][hd + 2] floats, count [n_head] zeroed counters (left zeroed). */
     int32_t splits;
-    int32_t split_min; /* positions per split at least (0: ATT_SPLIT_MIN, kernels.cu) */
+    int32_t split_min; /* positions per split at least (0: ATT_SPLIT_MIN, below) */
     int32_t one_split; /* T == 1: one split (no merge) while the position is below this (0: none) */
     /* T == 1: at positions in [win_from, win_until), once a position has more than one split,
      * ATT_CL_SPLITS of them: the cluster-merged variant's partition (cuda_session's cl_mode), so
@@ -556,7 +556,7 @@ static inline bool attention_rope_regs_applies(int32_t hd, int32_t n_rot)
 /* The decode attention's splits in use at position last (T = 1): at least split_min positions
  * each, at most nz, one below a.one_split positions (0: no such floor), and inside the cluster
  * window [a.win_from, a.win_until) the cluster-merged variant's ATT_CL_SPLITS once more than one
- * (that variant runs its whole cluster: kernels.cu) — a pure function of the position, so a
+ * (that variant runs its whole cluster: attention.cu) — a pure function of the position, so a
  * step splits alike whichever graph runs it; split z then takes positions lo..last
  * (attention_split_range: attention_kernel's rule, shared by the kernels that replace it). The
  * host asks it too: how many splits a batch of sessions needs (cuda_batch.cu). */

@@ -3,7 +3,7 @@
  * over a cluster of blocks (sm_90): conv of the head's channels (when fused), q/k L2 norms,
  * gates, the state's decay and delta-rule update, the read-out and the gated RMS norm.
  *
- * Why: gdn_core_kernel (kernels.cu) gives each value head one block, so Qwen3.5-0.8B's step
+ * Why: gdn_core_kernel (gdn_ops.cu) gives each value head one block, so Qwen3.5-0.8B's step
  * ran on 16 of 132 multiprocessors, each streaming its head's 64 KB f32 state in and out and
  * walking the conv, the norms and the two row sums one after another: ~10 us per layer for
  * ~2 MB of traffic (docs/perf-log.md, session 12). The state's columns are independent (each

@@ -1,6 +1,6 @@
 /*
  * gdn_step.cuh — one token of the Gated DeltaNet decode step, shared by the kernels that hold
- * the state in registers (gdn_core_kernel in kernels.cu, the cluster-split gds_kernel in
+ * the state in registers (gdn_core_kernel in gdn_ops.cu, the cluster-split gds_kernel in
  * gdn_decode.cu): the causal conv of one channel (gdn_conv_token, gdn_conv_store; its sum,
  * gdn_conv_dot, also serves the prefill conv's token loop) and the recurrence of one state
  * column (gdn_column_step).

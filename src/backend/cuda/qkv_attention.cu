@@ -17,7 +17,7 @@
  * barrier split into its arrive and wait halves (work between them overlaps the slowest block):
  *   1. barrier A; meanwhile each attending block loads its first round of cached K/V rows and
  *      RoPE's angles; then it gathers the group's q, k and v from its peers' shared memory,
- *      normalises and rotates q and k (attention_rope_prologue's arithmetic, kernels.cu), and
+ *      normalises and rotates q and k (attention_rope_prologue's arithmetic, attention_decode.cuh), and
  *      block 0 writes k and v to the cache at the current position;
  *   2. a short context (fewer positions than one round of the block's warps) is attended by
  *      block 0 alone, which writes the output (barrier B only keeps its peers' shared memory

@@ -53,7 +53,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemvq_int8 = 0; /* on (pick_gemvq_shape): H200 tg128 +11-51% */
     o.gemvq_one_pass = 1; /* Qwen3-0.6B Q4_K_M +17%, Q8_0 +16% (perf-log session 24) */
     o.gemv_smem_norm_late = 0; /* the session picks (pick_gemv_smem_shape): with 16-warp blocks */
-    o.attn_split_min = 0; /* 64 (kernels.cu) */
+    o.attn_split_min = 0; /* ATT_SPLIT_MIN, 64 (cuda_internal.cuh) */
     o.attn_one_split = 128; /* Qwen3-0.6B BF16 +1.4%, Qwen3.5-0.8B +0.5% (perf-log session 24) */
     o.attn_batch_blocks = 0; /* the batched attention's blocks: the session picks (batch_group_blocks) */
     o.attn_early = 1;     /* also where the q|k|v launch must wait first: Qwen3.5 +0.8-1% (perf-log session 20) */
