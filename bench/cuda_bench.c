@@ -1342,7 +1342,7 @@ int main(int argc, char **argv)
      * random-weight recurrence amplifies like any other perturbation (H200: BF16 0.037, Q8_0
      * 0.097, Q4_K_M 0.083, F16 0.18 — whose exact path, at 2^-24, already reaches 0.028 and flips
      * an argmax; docs/perf-log.md, session 7). The products themselves are held to 3e-5 by
-     * test_cuda_backend; a wrong kernel here gives errors of order 1. Argmax flips only where
+     * test_cuda_ops; a wrong kernel here gives errors of order 1. Argmax flips only where
      * the error explains them. The default's decode steps are held from the CPU's state, each
      * within the gate plus twice the CPU's own 8-bit-x effect in that step (validate); the
      * free-running drift is recorded, not gated. */

@@ -2,7 +2,8 @@
 # cuda_device_run.sh — what one call on the GPU machine runs: the CUDA tests, then the
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
 # GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
-# cmake --build build-cudaperf --target test_cuda_backend cuda_bench; cp to .devbin/).
+# cmake --build build-cudaperf --target cuda_bench test_cuda_backend test_cuda_ops test_cuda_graph
+# test_cuda_batch; cp to .devbin/).
 # Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|all] ; logs and JSON go to $OUT.
 # validate: issue 6's long check at the real geometry — `qwenrt validate --backend cuda` on
 # synth models (CFGS, default BF16 and Q4_K_M of both), a VP-token prompt then VN decoded
@@ -12,24 +13,30 @@
 # calibrate: `qwenrt calibrate --backend cuda` on synth models of the real geometry (CFGS,
 # default BF16, Q4_K_M and Q8_0 of Qwen3-0.6B, BF16 and Q4_K_M of Qwen3.5-0.8B): each lane's
 # gate and median decode tokens/s, the evidence in $OUT/calibrate-A-T.json; needs .devbin/qwenrt.
-# QWENRT_TEST_FILTER=pattern runs only the matching tests of test_cuda_backend (cmocka's
-# wildcards); the whole suite took 147 s on the H200 in session 17, before its LM-head cases.
+# QWENRT_TEST_FILTER=pattern runs only the matching tests of the CUDA test programs (cmocka's
+# wildcards); the whole suite took 147 s on the H200 in session 17, before its LM-head cases
+# (one program then: session 50 split it into test_cuda_ops, _graph, _batch and _backend).
 # serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
 # binaries may come gzipped or xz-compressed (the carried tree is limited to 64 MiB)
-for f in .devbin/cuda_bench.gz .devbin/test_cuda_backend.gz .devbin/qwenrt.gz; do [ -e "$f" ] && gunzip -f "$f"; done
-for f in .devbin/cuda_bench.xz .devbin/test_cuda_backend.xz .devbin/qwenrt.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-chmod +x .devbin/cuda_bench .devbin/test_cuda_backend .devbin/qwenrt 2>/dev/null
+TESTS="test_cuda_ops test_cuda_graph test_cuda_batch test_cuda_backend"
+for b in cuda_bench qwenrt $TESTS; do
+    [ -e ".devbin/$b.gz" ] && gunzip -f ".devbin/$b.gz"
+    [ -e ".devbin/$b.xz" ] && xz -d -f ".devbin/$b.xz"
+    chmod +x ".devbin/$b" 2>/dev/null
+done
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv
 if [ "$what" = tests ] || [ "$what" = all ]; then
-    t0=$(date +%s)
-    timeout ${TEST_TIMEOUT:-420} .devbin/test_cuda_backend > "$OUT/test_cuda.log" 2>&1
-    echo "test_cuda_backend rc=$? in $(( $(date +%s) - t0 )) s"
-    grep -E "PASSED|FAILED|ERROR|error|Failure|\[  (FAILED|PASSED)" "$OUT/test_cuda.log" | tail -20
+    for t in $TESTS; do
+        t0=$(date +%s)
+        timeout ${TEST_TIMEOUT:-420} ".devbin/$t" > "$OUT/$t.log" 2>&1
+        echo "$t rc=$? in $(( $(date +%s) - t0 )) s"
+        grep -E "PASSED|FAILED|ERROR|error|Failure|\[  (FAILED|PASSED)" "$OUT/$t.log" | tail -20
+    done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     first=1

@@ -5,7 +5,6 @@
 #   - the CUDA runtime linked statically (the binary needs only the driver on the GPU machine),
 #     cuBLASLt statically when the toolkit ships it, else the shared library with an RPATH;
 #   - QWENRT_HAVE_CUDA for C code (cuda_stub.c steps aside);
-#   - test_cuda_* tests: exit code 77 means "no GPU here" and is reported as skipped.
 find_package(CUDAToolkit REQUIRED)
 
 target_sources(qwenrt_lib PRIVATE ${QWENRT_CUDA_SOURCES})
@@ -59,14 +58,3 @@ set_tests_properties(cuda_bench_sweep_omit_args PROPERTIES
 add_test(NAME cuda_bench_depth_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --sweep 0:0:0:0:0 --depth -5)
 set_tests_properties(cuda_bench_depth_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--depth -5: expected 0 to 32768 prompt tokens before the decode")
-
-# Tests are added after this file is read: set their skip code once the directory is done.
-function(qwenrt_cuda_test_props)
-  get_property(tests DIRECTORY ${CMAKE_SOURCE_DIR} PROPERTY TESTS)
-  foreach(t ${tests})
-    if(t MATCHES "^test_cuda")
-      set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77 LABELS cuda)
-    endif()
-  endforeach()
-endfunction()
-cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL qwenrt_cuda_test_props)

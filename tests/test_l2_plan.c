@@ -3,7 +3,7 @@
  * any machine: expected spans worked out by hand from the rule (each issuing step asks for the
  * stream up to the window past its own start, from where the last one stopped, never its own
  * bytes), over an arena laid out as the CUDA upload lays it out (matrices in program order). The
- * GPU test (test_cuda_backend's test_l2_prefetch) holds the decode's logits unchanged with the
+ * GPU test (test_cuda_graph's test_l2_prefetch) holds the decode's logits unchanged with the
  * spans in use.
  */
 #include "testutil.h"

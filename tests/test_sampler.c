@@ -298,7 +298,7 @@ static void test_bad_params(void **st)
  * sampler_sample_subset must give exactly qwenrt_sampler_sample's token (same RNG step) when
  * handed the m best tokens by (logit / temperature, lower id first) and the gathered logits:
  * what a CUDA session sends back instead of the whole row. Here the m best come from a plain
- * sort on the host; test_cuda_backend checks the GPU's selection against the same order. */
+ * sort on the host; test_cuda_ops checks the GPU's selection against the same order. */
 
 #define NV 1037
 

@@ -349,7 +349,7 @@ static qwenrt_status open_sessions(struct gate *g, struct qwenrt_error *err)
     sp.n_ctx = g->T + g->n_gen + 1;
     sp.n_threads = g->p->n_threads;
     /* f32 activations: the tolerance rows below are for the exact products (the GPU's default
-     * bf16 prompt products are gated by bench/cuda_bench.c and tests/test_cuda_backend.c) */
+     * bf16 prompt products are gated by bench/cuda_bench.c and tests/test_cuda_ops.c) */
     sp.precision = QWENRT_PRECISION_EXACT; /* and the f32 KV cache: check_cache reads its rows */
     qwenrt_status st = qwenrt_session_init(g->cand.model, &sp, &g->cs, err);
     if (!st && !g->ref.file)

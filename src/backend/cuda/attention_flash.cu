@@ -25,7 +25,7 @@
  * each writes its unnormalised O, m and l to a scratch record and the last of them to finish
  * (an arrival counter) merges. Head h reads KV head h / (n_head / n_head_kv). Keys are rows
  * 0 .. pos0 + T - 1 of the cache (already written). Error against f32 arithmetic: ~1e-3
- * relative (tests/test_cuda_backend.c). History (docs/perf-log.md, session 5): staging each
+ * relative (tests/test_cuda_ops.c). History (docs/perf-log.md, session 5): staging each
  * tile from the f32 cache with the conversion in the kernel took 45 us per Qwen3-0.6B layer at
  * T = 512 (255 registers, 2 blocks per SM, two dependent L2 round trips per tile).
  */

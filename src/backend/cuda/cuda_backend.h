@@ -469,7 +469,7 @@ qwenrt_status cuda_sessions_top_start(struct cuda_session *const *css, int32_t n
                                       int32_t m, struct qwenrt_error *err);
 
 /* The same selection on a host row of V logits, through the fast kernels or (reference) the
- * one-thread reference kernel: what test_cuda_backend compares. Errors as cuda_session_top. */
+ * one-thread reference kernel: what test_cuda_ops compares. Errors as cuda_session_top. */
 qwenrt_status cuda_topk_host(const float *logits, int32_t V, float temperature, int32_t m,
                              const int32_t *gather, int32_t n_gather, bool reference, int32_t *ids,
                              float *vals, float *gather_vals, struct qwenrt_error *err);
@@ -509,7 +509,7 @@ qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, int32_t id,
                                             struct qwenrt_error *err);
 
 /* One draw of sample.cu's kernel over host candidates ids / vals [sp->top_k] (ranked best
- * first, raw logits) as draw number draw from sp->rng: what test_cuda_backend compares with
+ * first, raw logits) as draw number draw from sp->rng: what test_cuda_ops compares with
  * the host sampler. Errors: INVALID_ARG, BACKEND. */
 qwenrt_status cuda_sample_host(const int32_t *ids, const float *vals, const struct cuda_sample_params *sp,
                                int32_t draw, int32_t *id, struct qwenrt_error *err);

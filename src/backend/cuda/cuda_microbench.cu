@@ -2,7 +2,7 @@
  * cuda_microbench.cu — measurements without a session: the launch floor (a chain of empty
  * kernels in one graph, with or without PDL and clusters: cuda_launch_floor_bench), one GEMV
  * kernel alone over random weights (cuda_gemv_bench, optionally with its block time line) and
- * the argmax (cuda_argmax), for cuda_bench and test_cuda_backend.
+ * the argmax (cuda_argmax), for cuda_bench and the CUDA tests (tests/test_cuda_ops.c).
  */
 #include "backend/cuda/cuda_session.cuh"
 

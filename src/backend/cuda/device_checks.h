@@ -1,6 +1,6 @@
 /*
  * device_checks.h — host entry points that run one device helper of the CUDA kernels over host
- * data, beside the plain form it replaces, so that test_cuda_backend can hold the two to the
+ * data, beside the plain form it replaces, so that test_cuda_ops can hold the two to the
  * same bits on random inputs. The helpers are small pieces of the decode attention's
  * arithmetic (attention_decode.cuh) whose whole point is computing the plain form's result in
  * fewer instructions; a kernel test alone would show a wrong one only where a model happens to

@@ -16,7 +16,7 @@
  * chunks in order for each (head, block of GC_COLS state columns) — state columns are
  * independent — with three small matrix products per chunk instead of GC token steps.
  * Decays are exp of differences of G (never divided by: no overflow when G is very negative).
- * Equal to the recurrence up to f32 rounding (test_cuda_backend: deltanet cases, par 2).
+ * Equal to the recurrence up to f32 rounding (test_cuda_ops: deltanet cases, par 2).
  *
  * Scratch (after gdn_prep_kernel's qn, kn, beta, decay: gdn_scan_scratch_floats): per (head
  * j, chunk c) Wk [GC][dk], Wv [GC][dv], Qk [GC][GC], G [GC].

@@ -29,7 +29,7 @@
  * contiguous bytes. Then the rows, K * 2 + 16 bytes apart (gate rows, then up rows for the
  * SwiGLU pair): the 16 bytes put ldmatrix's eight row addresses on eight bank groups.
  * Sums run in another order than gemv_smem's and with the tensor cores' own rounding of the
- * f32 accumulation: test_cuda_backend compares both with the CPU reference.
+ * f32 accumulation: test_cuda_ops compares both with the CPU reference.
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"

@@ -56,7 +56,7 @@
  * the rsqrt no longer stand between x's arrival and the first dot product.
  * The order of the sums differs from gemv2's (its lane-per-chunk order, then a butterfly per
  * row; here the same chunks per lane, then the exchange of halves), so the results may differ
- * from gemv2's by rounding; test_cuda_backend compares both with the CPU reference.
+ * from gemv2's by rounding; test_cuda_ops compares both with the CPU reference.
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"

@@ -11,7 +11,7 @@
  * which phases qualify; the rest take mk_gemv_chunks. The quantised row functions live in
  * quant_rows.cuh (shared with the graph's quantised GEMV). The arithmetic order of each dot product
  * is the generic one's (mk_dot_float, mk_dot_q8_0, mk_dot_q4_k, mk_dot_q6_k), which
- * test_cuda_backend checks against the graph program at the real widths.
+ * test_cuda_graph checks against the graph program at the real widths.
  */
 
 /* One row's dot product with x held in registers: lane l has x[8 (l + 32 u) + j] in

@@ -24,7 +24,7 @@
  * same for up to TOPK_MAX_ROWS rows in one launch (blockIdx.y: the row; a table of each row's
  * logits, scratch and results in the launch's parameters): the server's picks after a batched
  * step. A reference kernel beside it (topk_ref_kernel: one thread, m passes over the
- * row) is what test_cuda_backend compares against.
+ * row) is what test_cuda_ops compares against.
  */
 #include "backend/cuda/sample.cuh"
 
