@@ -25,8 +25,6 @@ extern "C" {
 #include "base/alloc.h"
 }
 
-/* ------------------------------------------------------------------ the fused decode program */
-
 /* Op i is a DeltaNet core whose gated norm follows it (in place on the core's output). */
 static bool gdn_gated_at(const struct plan *p, int32_t i)
 {

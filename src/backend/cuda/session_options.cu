@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ------------------------------------------------------------------ defaults */
+
 extern "C" struct cuda_options cuda_default_options(void)
 {
     struct cuda_options o;
@@ -88,6 +90,8 @@ extern "C" struct cuda_options cuda_default_options(void)
     return o;
 }
 
+
+/* ------------------------------------------------------------------ the session's picks */
 
 /* Whether the prefill may use the bf16 products (opt.prefill_bf16): not when a matmul has
  * F32 weights (such a model asked for f32 products). */
@@ -241,6 +245,8 @@ int32_t fast_x_terms(const struct cuda_options *o, const struct plan *p)
     return 1;
 }
 
+
+/* ------------------------------------------------------------------ checks */
 
 /* The options that take a number: values outside what the kernels are built for are refused
  * (before any device work). */

@@ -28,6 +28,8 @@ extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst
     return QWENRT_OK;
 }
 
+/* ------------------------------------------------------------------ the best tokens */
+
 /* The arguments of a top-m selection over V logits, checked. */
 static qwenrt_status top_args(int32_t V, float temperature, int32_t m, const int32_t *gather,
                               int32_t n_gather, int32_t max_keys, struct qwenrt_error *err)
@@ -321,6 +323,8 @@ extern "C" qwenrt_status cuda_topk_rows_host(const float *logits, int32_t n, int
     cudaFreeHost(h_top);
     return st;
 }
+
+/* ------------------------------------------------------------------ generation loops */
 
 extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t pos0,
                                                int32_t n, int32_t readback_every,
