@@ -294,7 +294,8 @@ int32_t stages_of(const struct cuda_session *cs, const struct attn_args &a);
 qwenrt_status run_step(struct run_ctx *r, const struct step *st, struct qwenrt_error *err);
 /* Enqueues one decode step (the program, or the plan op by op). */
 qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err);
-/* The attention variant for a graph of n decode steps from position pos: 1 (cluster-merged). */
+/* The attention variant for a graph of n decode steps from position pos: 1 (the cluster-merged
+ * splits) where cl_mode says so for every one of them, else 0. */
 int attn_variant(const struct cuda_session *cs, int32_t pos, int32_t n);
 /* enqueue_decode (+ the token's pick, gen: enum gen_mode) steps times, as an executable graph. */
 qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraphExec_t *out,
