@@ -55,6 +55,9 @@ set_tests_properties(cuda_bench_sweep_flag_args PROPERTIES
 add_test(NAME cuda_bench_sweep_omit_args COMMAND cuda_bench --arch qwen3-tiny --type q8_0 --sweep "0:0:0:0:0,0:0:0:0:0@")
 set_tests_properties(cuda_bench_sweep_omit_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--sweep: expected step labels \\(under 160 characters\\) after '@' at \"0:0:0:0:0@\"")
+add_test(NAME cuda_bench_gdn_chunked_args COMMAND cuda_bench --arch qwen35-tiny --type bf16 --gdn-chunked 3)
+set_tests_properties(cuda_bench_gdn_chunked_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--gdn-chunked 3: expected 0 \\(the column scan\\), 1 \\(chunks\\) or 2 \\(chunks on the tensor cores\\)")
 add_test(NAME cuda_bench_depth_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --sweep 0:0:0:0:0 --depth -5)
 set_tests_properties(cuda_bench_depth_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--depth -5: expected 0 to 32768 prompt tokens before the decode")

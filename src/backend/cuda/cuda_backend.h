@@ -66,9 +66,11 @@ struct cuda_options {
     bool gemm_cache;     /* prefill: cuBLASLt descriptors and algorithm made once per shape */
     bool attn_tiled;     /* prefill: attention over query tiles sharing K/V tiles in smem */
     bool gdn_par;        /* prefill: DeltaNet conv token-parallel, core column-parallel */
-    bool gdn_chunked;    /* prefill (with gdn_par): the DeltaNet core in chunks of 64 tokens
-                          * (gdn_chunked.cu) instead of the token-by-token column scan; off by
-                          * default: slower so far (2.71 vs 2.02 ms per Qwen3.5 pp512) */
+    int32_t gdn_chunked; /* prefill (with gdn_par): the DeltaNet core in chunks of 64 tokens
+                          * (gdn_chunked.cu) instead of the token-by-token column scan: 0 off
+                          * (the default), 1 the scan's products in f32 FMAs (2.71 vs 2.02 ms
+                          * per Qwen3.5 pp512, session 6), 2 on the tensor cores in 3xTF32
+                          * (gdn_chunk_tc.cuh; session 51, not yet run on a GPU) */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
     bool gemm_merge;     /* prefill: products of one input with weights back to back (q|k|v,
                           * gate|up, DeltaNet's qkv|z|beta|alpha) as one product */

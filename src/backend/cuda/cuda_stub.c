@@ -22,7 +22,7 @@ struct cuda_options cuda_default_options(void)
     /* the CUDA build's defaults (session_options.cu), by name: a new field cannot shift them */
     struct cuda_options o = {.graph = true, .fuse = true, .gemm_bf16x2 = true, .gemv_max_T = 8,
                              .gemv_v2 = true, .pdl = false, .gemm_cache = true, .attn_tiled = true,
-                             .gdn_par = true, .gdn_chunked = false, .gemm_stack3 = true, .gemm_merge = true,
+                             .gdn_par = true, .gdn_chunked = 0, .gemm_stack3 = true, .gemm_merge = true,
                              .attn_gemm = true, .mega = CUDA_MEGA_AUTO, .mega_threads = 256,
                              .mega_fuse_down = false, .attn_split = true, .attn_rope = true, .attn_flash = true,
                              .gdn_split = true, .mlp_fused = false, .gemv_smem = true,

@@ -32,25 +32,13 @@
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 
-#define GC 64      /* tokens per chunk */
-#define GC_COLS 16 /* state columns per scan block */
-#define GC_THREADS 256
-
-static int64_t chunk_floats(int32_t dk, int32_t dv)
-{
-    return (int64_t)GC * (dk + dv + GC) + GC;
-}
-
-/* The chunk area starts after the prep scratch, on 16 bytes (float4 reads). */
-__host__ __device__ static inline int64_t prep_floats(int64_t T, int32_t Hk, int32_t Hv, int32_t dk)
-{
-    return (2 * T * Hk * dk + 2 * T * Hv + T * Hk + 3) & ~(int64_t)3; /* qn kn beta decay kq */
-}
+#define GCT_FN __device__
+#include "backend/cuda/gdn_chunk_tc.cuh"
 
 int64_t gdn_chunked_scratch_floats(const struct gdn_args *a)
 {
     int64_t nc = (a->T + GC - 1) / GC;
-    return prep_floats(a->T, a->Hk, a->Hv, a->dk) + (int64_t)a->Hv * nc * chunk_floats(a->dk, a->dv);
+    return gdn_prep_floats(a->T, a->Hk, a->Hv, a->dk) + (int64_t)a->Hv * nc * gdn_chunk_floats(a->dk, a->dv);
 }
 
 /* Shared memory of the two kernels, bytes. */
@@ -69,15 +57,8 @@ static size_t scan_smem(int32_t dk)
 bool gdn_chunked_supports(int32_t dk, int32_t dv)
 {
     return gdn_scan_supports(dk, dv) && dk % 16 == 0 && dk <= 128 && dv <= 256 &&
-           prep_smem(dk, dv) <= 200 * 1024 && scan_smem(dk) <= 200 * 1024;
-}
-
-__device__ __forceinline__ float *chunk_area(const struct gdn_args &a, int j, int c)
-{
-    int64_t nc = (a.T + GC - 1) / GC;
-    float *base = a.scratch + prep_floats(a.T, a.Hk, a.Hv, a.dk);
-    int64_t cf = (int64_t)GC * (a.dk + a.dv + GC) + GC;
-    return base + ((int64_t)j * nc + c) * cf;
+           prep_smem(dk, dv) <= 200 * 1024 && scan_smem(dk) <= 200 * 1024 &&
+           gdn_chunk_tc_smem(dk) <= 200 * 1024;
 }
 
 /* One block per (value head j, chunk c): Wv, Wk (the forward substitution of the WY form),
@@ -129,7 +110,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_prep_kernel(const __grid
         for (int i = 1; i < n; i++)
             G[i] += G[i - 1];
     __syncthreads();
-    float *out = chunk_area(a, j, c), *Wk = out, *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *Gf = Qk + GC * GC;
+    float *out = gdn_chunk_area(a, j, c), *Wk = out, *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *Gf = Qk + GC * GC;
     /* A and Qk in 4 x 4 tiles (i0.., s0..) of the lower triangle */
     {
         int i0 = 4 * (tid / 16), s0 = 4 * (tid % 16);
@@ -223,7 +204,7 @@ __device__ void gdn_chunk_fetch(const struct gdn_args &a, int which, int c, int 
 {
     const int dk = a.dk, dv = a.dv, lk = dk + 4, lq = GC + 4, tid = threadIdx.x;
     const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
-    const float *area = chunk_area(a, j, c);
+    const float *area = gdn_chunk_area(a, j, c);
     const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
     for (int i = tid; i < n * (dk / 4); i += GC_THREADS) {
@@ -374,20 +355,46 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
             St[(int64_t)(i / GC_COLS) * dv + c0 + i % GC_COLS] = S[i];
 }
 
-cudaError_t launch_gdn_chunked(const struct gdn_args *a, cudaStream_t s)
+/* The lanes of gdn_chunk_tc.cuh's scan on the GPU. */
+struct gdn_gpu_lanes {
+    __device__ int tid() const { return threadIdx.x; }
+    __device__ void sync() const { __syncthreads(); }
+    __device__ void copy16(float *dst, const float *src) const { cp_async16(smem_u32(dst), src); }
+    __device__ void copy4(float *dst, const float *src) const { cp_async4(smem_u32(dst), src); }
+    __device__ void commit() const { cp_async_commit(); }
+    __device__ void wait_all() const { cp_async_wait<0>(); }
+    __device__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const
+    {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+};
+
+/* gdn_chunk_scan_kernel's work with the products on the tensor cores (gdn_chunk_tc.cuh). */
+__global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_tc_kernel(const __grid_constant__ struct gdn_args a)
+{
+    extern __shared__ __align__(16) float gsm[];
+    griddep_launch();
+    griddep_wait();
+    gdn_gpu_lanes lanes;
+    gdn_chunk_scan_tc(lanes, a, blockIdx.x, blockIdx.y, gsm);
+}
+
+cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, cudaStream_t s)
 {
     if (!gdn_chunked_supports(a->dk, a->dv) || !a->scratch)
         return cudaErrorInvalidValue;
     cudaError_t e = launch_gdn_prep(a, s);
     if (e != cudaSuccess)
         return e;
-    size_t ps = prep_smem(a->dk, a->dv), ss = scan_smem(a->dk);
+    size_t ps = prep_smem(a->dk, a->dv), ss = tensor_cores ? gdn_chunk_tc_smem(a->dk) : scan_smem(a->dk);
+    void (*scan)(const struct gdn_args) = tensor_cores ? gdn_chunk_scan_tc_kernel : gdn_chunk_scan_kernel;
     if ((e = cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ps)) ||
-        (e = cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)))
+        (e = cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)))
         return e;
     unsigned nc = (unsigned)((a->T + GC - 1) / GC);
     if ((e = launch_k(a->pdl, gdn_chunk_prep_kernel, dim3(a->Hv, nc), dim3(GC_THREADS), ps, s, *a)))
         return e;
-    return launch_k(a->pdl, gdn_chunk_scan_kernel, dim3(a->Hv, (a->dv + GC_COLS - 1) / GC_COLS),
-                    dim3(GC_THREADS), ss, s, *a);
+    return launch_k(a->pdl, scan, dim3(a->Hv, (a->dv + GC_COLS - 1) / GC_COLS), dim3(GC_THREADS), ss, s, *a);
 }

@@ -27,7 +27,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemm_cache = true;
     o.attn_tiled = true;
     o.gdn_par = true;
-    o.gdn_chunked = false; /* 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
+    o.gdn_chunked = 0; /* FMA form: 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
     o.gemm_stack3 = true;
     o.gemm_merge = true;
     o.attn_gemm = true;
@@ -348,6 +348,10 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
                        (int)until, (int)from);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
+    if (o->gdn_chunked < 0 || o->gdn_chunked > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG,
+                       "cuda: gdn_chunked %d (0: the column scan, 1: chunks with f32 products, 2: on the tensor cores)",
+                       (int)o->gdn_chunked);
     if (o->gdn_wide != 0 && o->gdn_wide != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_wide %d (0: a block per norm group, 1: two)",
                        (int)o->gdn_wide);

@@ -1,0 +1,256 @@
+/*
+ * gdn_chunk_tc.cuh — the chunked DeltaNet scan (gdn_chunked.cu) with its three products per
+ * chunk on the tensor cores in 3xTF32, written once for the GPU and for a host emulator.
+ *
+ * Why 3xTF32: a TF32 product rounds its inputs to 10 mantissa bits, which puts the prompt's
+ * logits 0.37 off with 88 argmax flips of 512 (docs/perf-log.md, session 50, on the CPU's
+ * chunked core); x = hi + lo with hi = tf32(x) and lo = tf32(x - hi), and the product as
+ * hi·hi + hi·lo + lo·hi (lo·lo dropped, 2^-22 relative), lands on the recurrence's own floor
+ * (0.0330 against 0.0329 from reordering alone). hi·hi goes into one accumulator and the two
+ * small terms into another, so each mma waits on every second one, not on the one before.
+ *
+ * Why written for two machines: the FMA scan it replaces took 90 us per layer against ~15 us of
+ * issue (ncu, session 6). This form is built in a session without a GPU, so its body is a
+ * template over the lanes L that run it: gdn_gpu_lanes below on the GPU, and
+ * tests/simt_host.h's emulator in tests/test_gdn_chunk_tc_host.cu, which runs every block's 256
+ * threads as coroutines with block barriers, warp-wide mma on the PTX fragment layout, NaN in
+ * fresh shared memory and cp.async landing either at once or at the wait. L gives:
+ *   tid()                     the thread's index in its block of GC_THREADS;
+ *   sync()                    __syncthreads;
+ *   copy16(dst, src), copy4   cp.async of 16 / 4 bytes into shared memory; commit(), wait_all();
+ *   mma(d, a, b)              mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, d += A B: lane
+ *                             (g = lane / 4, t = lane % 4) holds a = {A(g, t), A(g + 8, t),
+ *                             A(g, t + 4), A(g + 8, t + 4)}, b = {B(t, g), B(t + 4, g)} and
+ *                             d = {D(g, 2t), D(g, 2t + 1), D(g + 8, 2t), D(g + 8, 2t + 1)}.
+ * GCT_FN is __device__ where the kernel is built and __host__ in the emulator's test; the
+ * layout helpers are both.
+ *
+ * Work per block (value head j, state columns [c0, c0 + GC_COLS)), per chunk of n <= GC
+ * tokens; 8 warps, warp w on 16 x 8 tiles:
+ *   U = Wv - Wk S              64 x 16 from K = dk: tile (w / 2, w % 2)
+ *   O = e^G (Qn S) + Qk U      64 x 16 from K = dk and K <= 16 (w / 2 + 1): same tile
+ *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n: tiles w, w + 8, ...
+ * Rows past n of U and Ud are written zero, and A entries past n (Qk's columns, Kn's rows,
+ * whose shared copies hold older chunks or nothing) are read as zero: no NaN reaches a sum.
+ * Shared rows are padded so that every fragment load is free of bank conflicts: Wk, Qn and
+ * Qk rows (A, by rows) are 4 mod 32 floats, Kn rows (A, by columns) 8 or 24, and S, Wv, U, Ud
+ * rows (B) GC_COLS + 8 = 24.
+ */
+#ifndef QWENRT_BACKEND_CUDA_GDN_CHUNK_TC_CUH
+#define QWENRT_BACKEND_CUDA_GDN_CHUNK_TC_CUH
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef GCT_FN
+#error "define GCT_FN (__device__ or __host__) before including gdn_chunk_tc.cuh"
+#endif
+
+#define GC 64          /* tokens per chunk */
+#define GC_COLS 16     /* state columns per scan block */
+#define GC_THREADS 256 /* threads per block of both kernels */
+#define GCT_LS (GC_COLS + 8)
+
+/* Floats of the scan's prep scratch (qn, kn, beta, decay, kq), rounded up to 16 bytes: the
+ * chunk areas start after it. */
+static inline __host__ __device__ int64_t gdn_prep_floats(int64_t T, int32_t Hk, int32_t Hv, int32_t dk)
+{
+    return (2 * T * Hk * dk + 2 * T * Hv + T * Hk + 3) & ~(int64_t)3;
+}
+
+/* Floats of one (head, chunk) area: Wk [GC][dk], Wv [GC][dv], Qk [GC][GC], G [GC]. */
+static inline __host__ __device__ int64_t gdn_chunk_floats(int32_t dk, int32_t dv)
+{
+    return (int64_t)GC * (dk + dv + GC) + GC;
+}
+
+static inline __host__ __device__ float *gdn_chunk_area(const struct gdn_args &a, int j, int c)
+{
+    int64_t nc = (a.T + GC - 1) / GC;
+    float *base = a.scratch + gdn_prep_floats(a.T, a.Hk, a.Hv, a.dk);
+    return base + ((int64_t)j * nc + c) * gdn_chunk_floats(a.dk, a.dv);
+}
+
+/* Shared memory of the tensor-core scan, bytes. */
+static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk)
+{
+    return ((size_t)2 * GC * (dk + 4) + (size_t)2 * GC * (dk + 8) + (size_t)GC * (GC + 4) +
+            (size_t)dk * GCT_LS + (size_t)3 * GC * GCT_LS + GC) * 4;
+}
+
+/* cvt.rna.tf32.f32: x to 10 mantissa bits, nearest, ties away from zero (finite x). */
+static inline __host__ __device__ uint32_t gct_tf32(float x)
+{
+#ifdef __CUDA_ARCH__
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (u + 0x1000u) & 0xffffe000u;
+#endif
+}
+
+static inline __host__ __device__ float gct_float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* big += hi·hi, small += hi·lo + lo·hi for one 16 x 8 x 8 step (fragments as L::mma). */
+template <class L>
+static inline GCT_FN void gct_mma3(L &l, float (&big)[4], float (&small)[4], const float (&a)[4], const float (&b)[2])
+{
+    uint32_t ah[4], al[4], bh[2], bl[2];
+    for (int r = 0; r < 4; r++)
+        ah[r] = gct_tf32(a[r]), al[r] = gct_tf32(a[r] - gct_float(ah[r]));
+    for (int r = 0; r < 2; r++)
+        bh[r] = gct_tf32(b[r]), bl[r] = gct_tf32(b[r] - gct_float(bh[r]));
+    l.mma(big, ah, bh);
+    l.mma(small, ah, bl);
+    l.mma(small, al, bh);
+}
+
+/* A 16 x 8 tile of a warp: big + small += A[16 rows][k in 0..k1) B[k][8 columns]. A(i, k) is
+ * A[i ai + k ak] and read as zero where k >= kn, or k > row0 + i when causal (row0: the tile's
+ * first row in the chunk); B(k, c) is B[k ldb + c]. k1 is a multiple of 8. */
+template <class L>
+static inline GCT_FN void gct_tile(L &l, float (&big)[4], float (&small)[4], const float *A, int ai, int ak,
+                                   const float *B, int ldb, int k1, int kn, bool causal, int row0)
+{
+    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+    for (int k = 0; k < k1; k += 8) {
+        const int ka = k + t, kb = k + t + 4;
+        const bool a0 = ka < kn && (!causal || ka <= row0 + g), a1 = ka < kn && (!causal || ka <= row0 + g + 8);
+        const bool a2 = kb < kn && (!causal || kb <= row0 + g), a3 = kb < kn && (!causal || kb <= row0 + g + 8);
+        float a[4] = {a0 ? A[g * ai + ka * ak] : 0.0f, a1 ? A[(g + 8) * ai + ka * ak] : 0.0f,
+                      a2 ? A[g * ai + kb * ak] : 0.0f, a3 ? A[(g + 8) * ai + kb * ak] : 0.0f};
+        float b[2] = {B[ka * ldb + g], B[kb * ldb + g]};
+        gct_mma3(l, big, small, a, b);
+    }
+}
+
+/* Starts the copies of chunk c's Wk rows and value columns (group 1), q rows, Qk rows and G
+ * (group 2) or k rows (group 3) into shared memory; one commit per call. */
+template <class L>
+static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, int c, int kh, int j, int c0,
+                                    float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G)
+{
+    const int dk = a.dk, dv = a.dv, lk = dk + 4, lkk = dk + 8, lq = GC + 4, tid = l.tid();
+    const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
+    const float *area = gdn_chunk_area(a, j, c);
+    const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
+    const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
+    for (int i = tid; i < n * (dk / 4); i += GC_THREADS) {
+        int t = i / (dk / 4), r = 4 * (i % (dk / 4));
+        int64_t src = ((int64_t)(t0 + t) * a.Hk + kh) * dk + r;
+        if (which == 1)
+            l.copy16(Wk + t * lk + r, gWk + t * dk + r);
+        else if (which == 2)
+            l.copy16(Qn + t * lk + r, qn + src);
+        else
+            l.copy16(Kn + t * lkk + r, kn + src);
+    }
+    if (which == 1)
+        for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
+            if (c0 + i % GC_COLS < dv)
+                l.copy4(Wv + (i / GC_COLS) * GCT_LS + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
+    if (which == 2) {
+        for (int i = tid; i < n * (GC / 4); i += GC_THREADS)
+            l.copy16(Qk + (i / (GC / 4)) * lq + 4 * (i % (GC / 4)), gQk + 4 * i);
+        for (int i = tid; i < n; i += GC_THREADS)
+            l.copy4(G + i, gG + i);
+    }
+    l.commit();
+}
+
+/* The chunks in order for block (value head j, state column block cb); smem holds
+ * gdn_chunk_tc_smem(dk) bytes. Same schedule of copies as gdn_chunk_scan_kernel. */
+template <class L>
+static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int cb, float *smem)
+{
+    const int dk = a.dk, dv = a.dv, Hk = a.Hk, c0 = cb * GC_COLS, tid = l.tid();
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
+    const int lk = dk + 4, lkk = dk + 8, lq = GC + 4, nc = (a.T + GC - 1) / GC;
+    float *Wk = smem, *Qn = Wk + GC * lk, *Kb = Qn + GC * lk, *Qk = Kb + 2 * GC * lkk;
+    float *S = Qk + GC * lq, *Wv = S + dk * GCT_LS, *U = Wv + GC * GCT_LS, *Ud = U + GC * GCT_LS;
+    float *G = Ud + GC * GCT_LS;
+    float *St = a.state + (int64_t)j * dk * dv;
+    for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
+        int r = i / GC_COLS, c = i % GC_COLS;
+        S[r * GCT_LS + c] = c0 + c < dv ? St[(int64_t)r * dv + c0 + c] : 0.0f;
+    }
+    for (int i = tid; i < GC * GCT_LS; i += GC_THREADS)
+        Wv[i] = 0.0f; /* columns past dv stay zero */
+    l.sync();
+    for (int w = 1; w <= 3; w++)
+        gct_fetch(l, a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G);
+    /* the tile of U and O: rows m0 + g (+ 8), columns n0 + 2t (+ 1) */
+    const int m0 = 16 * (warp >> 1), n0 = 8 * (warp & 1);
+    for (int c = 0; c < nc; c++) {
+        const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC, n8 = (n + 7) & ~7;
+        const bool more = c + 1 < nc;
+        float *Kn = Kb + (c & 1) * GC * lkk;
+        l.wait_all();
+        l.sync();
+        if (more)
+            gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G);
+        const float glast = G[n - 1];
+        { /* U = Wv - Wk S; rows past n zero */
+            float big[4] = {0, 0, 0, 0}, small[4] = {0, 0, 0, 0};
+            if (m0 < n)
+                gct_tile(l, big, small, Wk + m0 * lk, lk, 1, S + n0, GCT_LS, dk, dk, false, 0);
+            for (int r = 0; r < 4; r++) {
+                int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
+                float v = i < n ? Wv[i * GCT_LS + cc] - (big[r] + small[r]) : 0.0f;
+                U[i * GCT_LS + cc] = v;
+                Ud[i * GCT_LS + cc] = i < n ? expf(glast - G[i]) * v : 0.0f;
+            }
+        }
+        l.sync(); /* U complete; Wk and Wv free */
+        if (more)
+            gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+        if (m0 < n) { /* O = e^G (Qn S) + Qk U */
+            float qb[4] = {0, 0, 0, 0}, qs[4] = {0, 0, 0, 0}, ub[4] = {0, 0, 0, 0}, us[4] = {0, 0, 0, 0};
+            gct_tile(l, qb, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, dk, dk, false, 0);
+            gct_tile(l, ub, us, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
+            for (int r = 0; r < 4; r++) {
+                int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
+                if (i < n && c0 + cc < dv)
+                    a.out[(int64_t)(t0 + i) * a.ldo + (int64_t)j * dv + c0 + cc] =
+                        expf(G[i]) * (qb[r] + qs[r]) + (ub[r] + us[r]);
+            }
+        }
+        l.sync(); /* O read the old state, q, Qk and G */
+        if (more)
+            gct_fetch(l, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+        /* S = e^Glast S + Knᵀ Ud: A(r, s) = Kn[s][r] */
+        const float el = expf(glast);
+        for (int tile = warp; tile < dk / 8; tile += GC_THREADS / 32) {
+            const int r0 = 16 * (tile >> 1), cn = 8 * (tile & 1);
+            float big[4] = {0, 0, 0, 0}, small[4] = {0, 0, 0, 0};
+            gct_tile(l, big, small, Kn + r0, 1, lkk, Ud + cn, GCT_LS, n8, n, false, 0);
+            for (int r = 0; r < 4; r++) {
+                float *p = S + (r0 + g + 8 * (r >> 1)) * GCT_LS + cn + 2 * t + (r & 1);
+                *p = el * *p + (big[r] + small[r]);
+            }
+        }
+    }
+    l.wait_all();
+    l.sync();
+    for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
+        int r = i / GC_COLS, c = i % GC_COLS;
+        if (c0 + c < dv)
+            St[(int64_t)r * dv + c0 + c] = S[r * GCT_LS + c];
+    }
+}
+
+#endif

@@ -1,0 +1,270 @@
+/*
+ * test_gdn_chunk_tc_host.cu — the tensor-core chunked DeltaNet scan (gdn_chunk_tc.cuh) run on
+ * the host, every block's threads emulated by tests/simt_host.h, so CI checks it without a GPU.
+ *
+ * The scan's contract, from the chunk matrices the prep kernel leaves in scratch: per value head
+ * and chunk, U = Wv - Wk S, O = e^G (Qn S) + Qk U, S = e^Glast S + Knᵀ (e^(Glast - G) U).
+ * The reference below walks those formulas in double; the kernel's outputs and final state must
+ * agree to 3xTF32 accuracy (OUT_TOL: observed ~1e-6 of the largest value; a plain TF32 product
+ * is ~1e-3 off). Everything the kernel must not read is NaN: the upper triangle of Qk and its
+ * columns past a partial chunk's tokens, the chunk rows past its tokens, fresh shared memory.
+ * The output buffer's padding columns and the state of other columns must stay as they were.
+ * Each case runs twice: cp.async copies landing at once, and landing only at the wait.
+ * On a GPU, test_cuda_ops' DeltaNet cases (par 3) check the same kernel end to end.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include <cmocka.h>
+}
+
+#include <vector>
+
+#include "backend/cuda/cuda_internal.cuh"
+#define GCT_FN __host__
+#include "backend/cuda/gdn_chunk_tc.cuh"
+#include "simt_host.h"
+
+#define OUT_TOL 2e-5 /* max |kernel - reference| over the largest |reference| of the case */
+
+struct tc_case {
+    int32_t Hk, Hv, dk, dv, T;
+    bool tiled;
+};
+
+/* xorshift64*: the same inputs on every run */
+static float urand(uint64_t *s, float lo, float hi)
+{
+    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+    uint64_t x = *s * 2685821657736338717ull;
+    return lo + (hi - lo) * (float)((double)(x >> 40) / (double)(1ull << 24));
+}
+
+struct tc_inputs {
+    std::vector<float> scratch, state, out;
+    int32_t ldo;
+};
+
+/* qn, kn (rows of norm ~1), and per (head, chunk) Wk, Wv, Qk (lower triangle), G (a falling
+ * cumulative log decay); NaN wherever the kernel must not look. */
+static tc_inputs make_inputs(const tc_case &c, uint64_t seed)
+{
+    tc_inputs in;
+    const int32_t nc = (c.T + GC - 1) / GC;
+    const float nan = NAN, qs = 1.0f / sqrtf((float)c.dk);
+    struct gdn_args a = {};
+    a.T = c.T, a.Hk = c.Hk, a.Hv = c.Hv, a.dk = c.dk, a.dv = c.dv;
+    int64_t prep = gdn_prep_floats(c.T, c.Hk, c.Hv, c.dk);
+    in.scratch.assign(prep + (int64_t)c.Hv * nc * gdn_chunk_floats(c.dk, c.dv), nan);
+    for (int64_t i = 0; i < 2 * (int64_t)c.T * c.Hk * c.dk; i++)
+        in.scratch[i] = urand(&seed, -1.7f, 1.7f) * qs; /* qn then kn */
+    a.scratch = in.scratch.data();
+    for (int j = 0; j < c.Hv; j++)
+        for (int ch = 0; ch < nc; ch++) {
+            int n = c.T - ch * GC < GC ? c.T - ch * GC : GC;
+            float *Wk = gdn_chunk_area(a, j, ch), *Wv = Wk + GC * c.dk, *Qk = Wv + GC * c.dv, *G = Qk + GC * GC;
+            for (int i = 0; i < n * c.dk; i++)
+                Wk[i] = urand(&seed, -1.0f, 1.0f) * qs;
+            for (int i = 0; i < n * c.dv; i++)
+                Wv[i] = urand(&seed, -1.0f, 1.0f);
+            double g = 0.0;
+            for (int i = 0; i < n; i++) {
+                g += urand(&seed, -0.4f, -0.001f);
+                G[i] = (float)g;
+                for (int s = 0; s <= i; s++)
+                    Qk[i * GC + s] = urand(&seed, -0.5f, 0.5f) * expf(G[i] - G[s]); /* D (q·k) */
+            }
+        }
+    in.state.resize((size_t)c.Hv * c.dk * c.dv);
+    for (float &v : in.state)
+        v = urand(&seed, -1.0f, 1.0f);
+    in.ldo = c.Hv * c.dv + 3; /* 3 padding columns that must stay NaN */
+    in.out.assign((size_t)c.T * in.ldo, nan);
+    return in;
+}
+
+/* The chunk formulas in double: outputs into out ([T][ldo]), the final state into state. */
+static void reference(const tc_case &c, const tc_inputs &in, std::vector<double> &out, std::vector<double> &state)
+{
+    const int32_t nc = (c.T + GC - 1) / GC, dk = c.dk, dv = c.dv;
+    struct gdn_args a = {};
+    a.T = c.T, a.Hk = c.Hk, a.Hv = c.Hv, a.dk = dk, a.dv = dv, a.scratch = (float *)in.scratch.data();
+    const float *qn = in.scratch.data(), *kn = qn + (int64_t)c.T * c.Hk * dk;
+    out.assign((size_t)c.T * c.Hv * dv, 0.0);
+    state.assign(in.state.begin(), in.state.end());
+    std::vector<double> U((size_t)GC * dv), S2((size_t)dk * dv);
+    for (int j = 0; j < c.Hv; j++) {
+        int kh = c.tiled ? j % c.Hk : j / (c.Hv / c.Hk);
+        double *S = &state[(size_t)j * dk * dv];
+        for (int ch = 0; ch < nc; ch++) {
+            int t0 = ch * GC, n = c.T - t0 < GC ? c.T - t0 : GC;
+            const float *Wk = gdn_chunk_area(a, j, ch), *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *G = Qk + GC * GC;
+            for (int i = 0; i < n; i++)
+                for (int v = 0; v < dv; v++) {
+                    double s = Wv[i * dv + v];
+                    for (int r = 0; r < dk; r++)
+                        s -= (double)Wk[i * dk + r] * S[r * dv + v];
+                    U[i * dv + v] = s;
+                }
+            for (int i = 0; i < n; i++) {
+                const float *q = qn + ((int64_t)(t0 + i) * c.Hk + kh) * dk;
+                for (int v = 0; v < dv; v++) {
+                    double qs = 0.0, qu = 0.0;
+                    for (int r = 0; r < dk; r++)
+                        qs += (double)q[r] * S[r * dv + v];
+                    for (int s = 0; s <= i; s++)
+                        qu += (double)Qk[i * GC + s] * U[s * dv + v];
+                    out[((size_t)(t0 + i) * c.Hv + j) * dv + v] = exp((double)G[i]) * qs + qu;
+                }
+            }
+            double glast = G[n - 1];
+            for (int r = 0; r < dk; r++)
+                for (int v = 0; v < dv; v++) {
+                    double s = exp(glast) * S[r * dv + v];
+                    for (int t = 0; t < n; t++)
+                        s += (double)kn[((int64_t)(t0 + t) * c.Hk + kh) * dk + r] * exp(glast - G[t]) * U[t * dv + v];
+                    S2[r * dv + v] = s;
+                }
+            std::copy(S2.begin(), S2.end(), S);
+        }
+    }
+}
+
+/* Runs the kernel's blocks one after another; returns "" or what the emulator reported. */
+static std::string run_kernel(const tc_case &c, tc_inputs &in, bool copy_at_wait)
+{
+    struct gdn_args a = {};
+    a.T = c.T, a.Hk = c.Hk, a.Hv = c.Hv, a.dk = c.dk, a.dv = c.dv, a.tiled = c.tiled;
+    a.scratch = in.scratch.data(), a.state = in.state.data(), a.out = in.out.data(), a.ldo = in.ldo;
+    std::vector<float> smem(gdn_chunk_tc_smem(c.dk) / 4);
+    simt_block block(GC_THREADS, copy_at_wait, 12345u);
+    for (int j = 0; j < c.Hv; j++)
+        for (int cb = 0; cb < (c.dv + GC_COLS - 1) / GC_COLS; cb++) {
+            std::fill(smem.begin(), smem.end(), NAN); /* fresh shared memory */
+            std::string e = block.run([&](simt_lanes &l) { gdn_chunk_scan_tc(l, a, j, cb, smem.data()); });
+            if (!e.empty())
+                return e;
+        }
+    return "";
+}
+
+static void check_case(const tc_case &c, bool copy_at_wait)
+{
+    char what[128];
+    snprintf(what, sizeof(what), "Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d copies %s", c.Hk, c.Hv, c.dk, c.dv, c.T,
+             c.tiled, copy_at_wait ? "at the wait" : "at once");
+    tc_inputs in = make_inputs(c, 0x9e3779b97f4a7c15ull ^ (uint64_t)(c.dk * 131 + c.T));
+    std::vector<double> want_out, want_state;
+    reference(c, in, want_out, want_state);
+    std::string e = run_kernel(c, in, copy_at_wait);
+    if (!e.empty())
+        fail_msg("%s: %s", what, e.c_str());
+    double scale = 0.0, worst = 0.0;
+    size_t bad = 0;
+    for (double v : want_out)
+        scale = fmax(scale, fabs(v));
+    for (int t = 0; t < c.T; t++) {
+        for (int k = 0; k < c.Hv * c.dv; k++) {
+            double d = fabs((double)in.out[(size_t)t * in.ldo + k] - want_out[(size_t)t * c.Hv * c.dv + k]);
+            if (!(d <= OUT_TOL * scale))
+                bad++;
+            worst = isnan(d) ? INFINITY : fmax(worst, d);
+        }
+        for (int k = c.Hv * c.dv; k < in.ldo; k++)
+            if (!isnan(in.out[(size_t)t * in.ldo + k]))
+                fail_msg("%s: the output's padding column %d of token %d was written", what, k, t);
+    }
+    if (bad)
+        fail_msg("%s: %zu outputs off, worst %.3g against %.3g allowed", what, bad, worst, OUT_TOL * scale);
+    double sscale = 0.0, sworst = 0.0;
+    for (double v : want_state)
+        sscale = fmax(sscale, fabs(v));
+    for (size_t i = 0; i < want_state.size(); i++) {
+        double d = fabs((double)in.state[i] - want_state[i]);
+        sworst = isnan(d) ? INFINITY : fmax(sworst, d);
+    }
+    if (!(sworst <= OUT_TOL * sscale))
+        fail_msg("%s: final state off by %.3g against %.3g allowed", what, sworst, OUT_TOL * sscale);
+    print_message("%s: worst output %.2g of %.3g, state %.2g of %.3g\n", what, worst, scale, sworst, sscale);
+}
+
+/* Awkward shapes: partial last chunks (2, 22 and 5 tokens), value columns that do not fill the
+ * last block of 16, dk 16 (S update tiles for 2 of 8 warps) and Qwen3.5's 128 x 128 heads. */
+static void test_chunk_scan_tc(void **state)
+{
+    (void)state;
+    const tc_case cases[] = {
+        {2, 4, 32, 40, 150, false}, /* 3 chunks, the last 22 tokens */
+        {1, 1, 128, 128, 130, false}, /* Qwen3.5-0.8B's head, 2 full chunks and 2 tokens */
+        {2, 2, 16, 23, 64, true},   /* one whole chunk */
+        {1, 2, 64, 16, 5, true},    /* one chunk of 5 tokens: rows past n inside the first 8 */
+    };
+    for (const tc_case &c : cases)
+        for (int w = 0; w < 2; w++)
+            check_case(c, w == 1);
+}
+
+/* The emulator itself refuses a warp split between an mma and a barrier, rather than hang. */
+static void test_emulator_reports_divergence(void **state)
+{
+    (void)state;
+    simt_block block(64, false, 1u);
+    std::string e = block.run([](simt_lanes &l) {
+        if (l.tid() == 3) {
+            l.sync();
+            return;
+        }
+        float d[4] = {0, 0, 0, 0};
+        uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+        l.mma(d, a, b);
+    });
+    assert_true(e.find("stuck") != std::string::npos);
+}
+
+/* And an mma on the documented fragments computes the product: A = row-major i + 16 k,
+ * B = k - c, small integers, exact in TF32. */
+static void test_emulator_mma_layout(void **state)
+{
+    (void)state;
+    simt_block block(32, false, 7u);
+    float got[16][8];
+    std::string e = block.run([&](simt_lanes &l) {
+        int g = l.tid() >> 2, t = l.tid() & 3;
+        auto A = [](int i, int k) { return (float)(i + 16 * k); };
+        auto B = [](int k, int c) { return (float)(k - c); };
+        float af[4] = {A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)}, bf[2] = {B(t, g), B(t + 4, g)};
+        uint32_t a[4], b[2];
+        for (int r = 0; r < 4; r++)
+            memcpy(&a[r], &af[r], 4);
+        for (int r = 0; r < 2; r++)
+            memcpy(&b[r], &bf[r], 4);
+        float d[4] = {1, 1, 1, 1};
+        l.mma(d, a, b);
+        got[g][2 * t] = d[0], got[g][2 * t + 1] = d[1], got[g + 8][2 * t] = d[2], got[g + 8][2 * t + 1] = d[3];
+    });
+    assert_true(e.empty());
+    for (int i = 0; i < 16; i++)
+        for (int c = 0; c < 8; c++) {
+            double want = 1.0;
+            for (int k = 0; k < 8; k++)
+                want += (double)(i + 16 * k) * (k - c);
+            assert_float_equal(got[i][c], want, 0.0);
+        }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_emulator_mma_layout),
+        cmocka_unit_test(test_emulator_reports_divergence),
+        cmocka_unit_test(test_chunk_scan_tc),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
