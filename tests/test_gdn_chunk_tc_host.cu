@@ -211,6 +211,160 @@ static void test_chunk_scan_tc(void **state)
             check_case(c, w == 1);
 }
 
+/* ---- the prep ---- */
+
+struct prep_inputs {
+    std::vector<float> scratch, qkv, a, dt, ssm_a;
+    int32_t ldi, lda;
+};
+
+/* qn, kn of unit rows (q then scaled by dk^-1/2, as gdn_prep_kernel leaves them), β in (0, 1),
+ * v and the gate's inputs at awkward strides, mild decays; chunk areas NaN. */
+static prep_inputs make_prep_inputs(const tc_case &c, uint64_t seed)
+{
+    prep_inputs in;
+    const int32_t nc = (c.T + GC - 1) / GC;
+    int64_t prep = gdn_prep_floats(c.T, c.Hk, c.Hv, c.dk);
+    in.scratch.assign(prep + (int64_t)c.Hv * nc * gdn_chunk_floats(c.dk, c.dv), NAN);
+    for (int m = 0; m < 2; m++)
+        for (int64_t row = 0; row < (int64_t)c.T * c.Hk; row++) {
+            float *x = &in.scratch[((int64_t)m * c.T * c.Hk + row) * c.dk];
+            double ss = 0.0;
+            for (int r = 0; r < c.dk; r++)
+                x[r] = urand(&seed, -1.0f, 1.0f), ss += (double)x[r] * x[r];
+            for (int r = 0; r < c.dk; r++)
+                x[r] = (float)(x[r] / sqrt(ss) / (m == 0 ? sqrt((double)c.dk) : 1.0));
+        }
+    float *betas = &in.scratch[2 * (int64_t)c.T * c.Hk * c.dk];
+    for (int64_t i = 0; i < (int64_t)c.T * c.Hv; i++)
+        betas[i] = urand(&seed, 0.05f, 0.95f);
+    in.ldi = 2 * c.Hk * c.dk + c.Hv * c.dv + 5, in.lda = c.Hv + 2;
+    in.qkv.resize((size_t)c.T * in.ldi);
+    for (float &v : in.qkv)
+        v = urand(&seed, -1.0f, 1.0f);
+    in.a.resize((size_t)c.T * in.lda);
+    for (float &v : in.a)
+        v = urand(&seed, -2.0f, 2.0f);
+    in.dt.resize(c.Hv), in.ssm_a.resize(c.Hv);
+    for (int j = 0; j < c.Hv; j++)
+        in.dt[j] = urand(&seed, -0.5f, 0.5f), in.ssm_a[j] = -urand(&seed, 0.02f, 0.3f);
+    return in;
+}
+
+static gdn_args prep_args(const tc_case &c, prep_inputs &in)
+{
+    struct gdn_args a = {};
+    a.T = c.T, a.Hk = c.Hk, a.Hv = c.Hv, a.dk = c.dk, a.dv = c.dv, a.tiled = c.tiled;
+    a.scratch = in.scratch.data(), a.qkv = in.qkv.data(), a.ldi = in.ldi;
+    a.a = in.a.data(), a.lda = in.lda, a.dt = in.dt.data(), a.ssm_a = in.ssm_a.data();
+    return a;
+}
+
+/* Chunk ch of head j in double: Wk [n][dk], Wv [n][dv], Qk [n][n], G [n], by the definitions
+ * (forward substitution over rows in order). */
+static void reference_prep(const tc_case &c, prep_inputs &in, int j, int ch, std::vector<double> &Wk,
+                           std::vector<double> &Wv, std::vector<double> &Qk, std::vector<double> &G)
+{
+    const int dk = c.dk, dv = c.dv, t0 = ch * GC, n = c.T - t0 < GC ? c.T - t0 : GC;
+    const int kh = c.tiled ? j % c.Hk : j / (c.Hv / c.Hk);
+    const float *qn = in.scratch.data(), *kn = qn + (int64_t)c.T * c.Hk * dk, *betas = kn + (int64_t)c.T * c.Hk * dk;
+    auto q = [&](int i, int r) { return (double)qn[((int64_t)(t0 + i) * c.Hk + kh) * dk + r]; };
+    auto k = [&](int i, int r) { return (double)kn[((int64_t)(t0 + i) * c.Hk + kh) * dk + r]; };
+    G.assign(n, 0.0);
+    std::vector<double> beta(n);
+    for (int i = 0; i < n; i++) {
+        float x = in.a[(size_t)(t0 + i) * in.lda + j] + in.dt[j];
+        G[i] = (i ? G[i - 1] : 0.0) + (double)(in.ssm_a[j] * (x > 20.0f ? x : log1pf(expf(x))));
+        beta[i] = betas[(int64_t)(t0 + i) * c.Hv + j];
+    }
+    Qk.assign((size_t)n * n, 0.0), Wk.assign((size_t)n * dk, 0.0), Wv.assign((size_t)n * dv, 0.0);
+    for (int i = 0; i < n; i++) {
+        for (int s = 0; s <= i; s++) {
+            double qk = 0.0, kk = 0.0;
+            for (int r = 0; r < dk; r++)
+                qk += q(i, r) * k(s, r), kk += k(i, r) * k(s, r);
+            double d = exp(G[i] - G[s]), A = beta[i] * d * kk;
+            Qk[(size_t)i * n + s] = d * qk;
+            if (s == i)
+                continue;
+            for (int r = 0; r < dk; r++) /* rows s < i are final: x_i -= A[i][s] x_s */
+                Wk[(size_t)i * dk + r] -= A * Wk[(size_t)s * dk + r];
+            for (int v = 0; v < dv; v++)
+                Wv[(size_t)i * dv + v] -= A * Wv[(size_t)s * dv + v];
+        }
+        for (int r = 0; r < dk; r++)
+            Wk[(size_t)i * dk + r] += beta[i] * exp(G[i]) * k(i, r);
+        for (int v = 0; v < dv; v++)
+            Wv[(size_t)i * dv + v] += beta[i] * in.qkv[(size_t)(t0 + i) * in.ldi + 2 * c.Hk * dk + j * dv + v];
+    }
+}
+
+/* max |got - want| against OUT_TOL of the largest |want|; a NaN counts as infinitely off.
+ * Returns the worst difference over the scale. */
+static double compare(const char *what, const char *name, const float *got, int64_t ld, const std::vector<double> &want,
+                    int rows, int cols)
+{
+    double scale = 0.0, worst = 0.0;
+    for (double v : want)
+        scale = fmax(scale, fabs(v));
+    for (int i = 0; i < rows; i++)
+        for (int k = 0; k < cols; k++) {
+            double d = fabs((double)got[i * ld + k] - want[(size_t)i * cols + k]);
+            worst = isnan(d) ? INFINITY : fmax(worst, d);
+        }
+    if (!(worst <= OUT_TOL * scale))
+        fail_msg("%s: %s off by %.3g against %.3g allowed", what, name, worst, OUT_TOL * scale);
+    return scale > 0.0 ? worst / scale : worst;
+}
+
+static void check_prep_case(const tc_case &c)
+{
+    char what[128];
+    snprintf(what, sizeof(what), "prep Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d", c.Hk, c.Hv, c.dk, c.dv, c.T, c.tiled);
+    prep_inputs in = make_prep_inputs(c, 0x2545f4914f6cdd1dull ^ (uint64_t)(c.dv * 977 + c.T));
+    gdn_args a = prep_args(c, in);
+    const int nc = (c.T + GC - 1) / GC;
+    std::vector<float> smem(gdn_chunk_prep_tc_smem(c.dk, c.dv) / 4);
+    simt_block block(GC_THREADS, false, 99u);
+    for (int j = 0; j < c.Hv; j++)
+        for (int ch = 0; ch < nc; ch++) {
+            std::fill(smem.begin(), smem.end(), NAN);
+            std::string e = block.run([&](simt_lanes &l) { gdn_chunk_prep_tc(l, a, j, ch, smem.data()); });
+            if (!e.empty())
+                fail_msg("%s: %s", what, e.c_str());
+        }
+    double worst = 0.0;
+    for (int j = 0; j < c.Hv; j++)
+        for (int ch = 0; ch < nc; ch++) {
+            const int n = c.T - ch * GC < GC ? c.T - ch * GC : GC;
+            std::vector<double> Wk, Wv, Qk, G;
+            reference_prep(c, in, j, ch, Wk, Wv, Qk, G);
+            const float *area = gdn_chunk_area(a, j, ch), *gWv = area + GC * c.dk, *gQk = gWv + GC * c.dv;
+            worst = fmax(worst, compare(what, "Wk", area, c.dk, Wk, n, c.dk));
+            worst = fmax(worst, compare(what, "Wv", gWv, c.dv, Wv, n, c.dv));
+            worst = fmax(worst, compare(what, "Qk", gQk, GC, Qk, n, n));
+            for (int i = 0; i < n; i++)
+                if (gQk[GC * GC + i] != (float)G[i])
+                    fail_msg("%s: G[%d] %.9g, want %.9g", what, i, gQk[GC * GC + i], G[i]);
+            for (int i = n * c.dk; i < GC * c.dk; i++) /* nothing past the chunk's rows */
+                if (!isnan(area[i]))
+                    fail_msg("%s: Wk element %d past the chunk's %d rows was written", what, i, n);
+        }
+    print_message("%s: worst %.2g of the largest value\n", what, worst);
+}
+
+/* The prep on the same awkward shapes, and dv 256 (V's 16-column row padding). */
+static void test_chunk_prep_tc(void **state)
+{
+    (void)state;
+    const tc_case cases[] = {
+        {2, 4, 32, 40, 150, false}, {1, 1, 128, 128, 130, false}, {2, 2, 16, 23, 64, true},
+        {1, 2, 64, 16, 5, true},    {1, 1, 16, 256, 70, false},
+    };
+    for (const tc_case &c : cases)
+        check_prep_case(c);
+}
+
 /* The emulator itself refuses a warp split between an mma and a barrier, rather than hang. */
 static void test_emulator_reports_divergence(void **state)
 {
@@ -265,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_emulator_mma_layout),
         cmocka_unit_test(test_emulator_reports_divergence),
         cmocka_unit_test(test_chunk_scan_tc),
+        cmocka_unit_test(test_chunk_prep_tc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

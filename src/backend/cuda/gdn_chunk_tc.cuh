@@ -1,6 +1,8 @@
 /*
- * gdn_chunk_tc.cuh — the chunked DeltaNet scan (gdn_chunked.cu) with its three products per
- * chunk on the tensor cores in 3xTF32, written once for the GPU and for a host emulator.
+ * gdn_chunk_tc.cuh — the chunked DeltaNet prefill (gdn_chunked.cu) with its matrix products on
+ * the tensor cores in 3xTF32: the prep (a block per value head and chunk: Qk, the WY form's Wk
+ * and Wv, G) and the scan (a block per value head and 16 state columns, the chunks in order),
+ * written once for the GPU and for a host emulator. cuda_options.gdn_chunked = 2.
  *
  * Why 3xTF32: a TF32 product rounds its inputs to 10 mantissa bits, which puts the prompt's
  * logits 0.37 off with 88 argmax flips of 512 (docs/perf-log.md, session 50, on the CPU's
@@ -9,12 +11,13 @@
  * (0.0330 against 0.0329 from reordering alone). hi·hi goes into one accumulator and the two
  * small terms into another, so each mma waits on every second one, not on the one before.
  *
- * Why written for two machines: the FMA scan it replaces took 90 us per layer against ~15 us of
- * issue (ncu, session 6). This form is built in a session without a GPU, so its body is a
- * template over the lanes L that run it: gdn_gpu_lanes below on the GPU, and
- * tests/simt_host.h's emulator in tests/test_gdn_chunk_tc_host.cu, which runs every block's 256
- * threads as coroutines with block barriers, warp-wide mma on the PTX fragment layout, NaN in
- * fresh shared memory and cp.async landing either at once or at the wait. L gives:
+ * Why written for two machines: the FMA kernels it replaces took 51 us (prep) and 90 us (scan)
+ * per layer against ~15 and ~25 us of FMA issue (ncu, session 6). This form was built in a
+ * session without a GPU (51), so its bodies are templates over the lanes L that run them:
+ * gdn_gpu_lanes (gdn_chunked.cu) on the GPU, and tests/simt_host.h's emulator in
+ * tests/test_gdn_chunk_tc_host.cu, which runs every block's 256 threads as coroutines with block
+ * barriers, warp-wide mma on the PTX fragment layout, NaN in fresh shared memory and cp.async
+ * landing either at once or at the wait. L gives:
  *   tid()                     the thread's index in its block of GC_THREADS;
  *   sync()                    __syncthreads;
  *   copy16(dst, src), copy4   cp.async of 16 / 4 bytes into shared memory; commit(), wait_all();
@@ -25,7 +28,7 @@
  * GCT_FN is __device__ where the kernel is built and __host__ in the emulator's test; the
  * layout helpers are both.
  *
- * Work per block (value head j, state columns [c0, c0 + GC_COLS)), per chunk of n <= GC
+ * The scan, per block (value head j, state columns [c0, c0 + GC_COLS)), per chunk of n <= GC
  * tokens; 8 warps, warp w on 16 x 8 tiles:
  *   U = Wv - Wk S              64 x 16 from K = dk: tile (w / 2, w % 2)
  *   O = e^G (Qn S) + Qk U      64 x 16 from K = dk and K <= 16 (w / 2 + 1): same tile
@@ -120,10 +123,10 @@ static inline GCT_FN void gct_mma3(L &l, float (&big)[4], float (&small)[4], con
 
 /* A 16 x 8 tile of a warp: big + small += A[16 rows][k in 0..k1) B[k][8 columns]. A(i, k) is
  * A[i ai + k ak] and read as zero where k >= kn, or k > row0 + i when causal (row0: the tile's
- * first row in the chunk); B(k, c) is B[k ldb + c]. k1 is a multiple of 8. */
+ * first row in the chunk); B(k, c) is B[k bk + c bc]. k1 is a multiple of 8. */
 template <class L>
 static inline GCT_FN void gct_tile(L &l, float (&big)[4], float (&small)[4], const float *A, int ai, int ak,
-                                   const float *B, int ldb, int k1, int kn, bool causal, int row0)
+                                   const float *B, int bk, int bc, int k1, int kn, bool causal, int row0)
 {
     const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
     for (int k = 0; k < k1; k += 8) {
@@ -132,7 +135,7 @@ static inline GCT_FN void gct_tile(L &l, float (&big)[4], float (&small)[4], con
         const bool a2 = kb < kn && (!causal || kb <= row0 + g), a3 = kb < kn && (!causal || kb <= row0 + g + 8);
         float a[4] = {a0 ? A[g * ai + ka * ak] : 0.0f, a1 ? A[(g + 8) * ai + ka * ak] : 0.0f,
                       a2 ? A[g * ai + kb * ak] : 0.0f, a3 ? A[(g + 8) * ai + kb * ak] : 0.0f};
-        float b[2] = {B[ka * ldb + g], B[kb * ldb + g]};
+        float b[2] = {B[ka * bk + g * bc], B[kb * bk + g * bc]};
         gct_mma3(l, big, small, a, b);
     }
 }
@@ -207,7 +210,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         { /* U = Wv - Wk S; rows past n zero */
             float big[4] = {0, 0, 0, 0}, small[4] = {0, 0, 0, 0};
             if (m0 < n)
-                gct_tile(l, big, small, Wk + m0 * lk, lk, 1, S + n0, GCT_LS, dk, dk, false, 0);
+                gct_tile(l, big, small, Wk + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
             for (int r = 0; r < 4; r++) {
                 int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
                 float v = i < n ? Wv[i * GCT_LS + cc] - (big[r] + small[r]) : 0.0f;
@@ -220,8 +223,8 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
             gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
         if (m0 < n) { /* O = e^G (Qn S) + Qk U */
             float qb[4] = {0, 0, 0, 0}, qs[4] = {0, 0, 0, 0}, ub[4] = {0, 0, 0, 0}, us[4] = {0, 0, 0, 0};
-            gct_tile(l, qb, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, dk, dk, false, 0);
-            gct_tile(l, ub, us, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
+            gct_tile(l, qb, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
+            gct_tile(l, ub, us, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, 1, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
             for (int r = 0; r < 4; r++) {
                 int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
                 if (i < n && c0 + cc < dv)
@@ -237,7 +240,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         for (int tile = warp; tile < dk / 8; tile += GC_THREADS / 32) {
             const int r0 = 16 * (tile >> 1), cn = 8 * (tile & 1);
             float big[4] = {0, 0, 0, 0}, small[4] = {0, 0, 0, 0};
-            gct_tile(l, big, small, Kn + r0, 1, lkk, Ud + cn, GCT_LS, n8, n, false, 0);
+            gct_tile(l, big, small, Kn + r0, 1, lkk, Ud + cn, GCT_LS, 1, n8, n, false, 0);
             for (int r = 0; r < 4; r++) {
                 float *p = S + (r0 + g + 8 * (r >> 1)) * GCT_LS + cn + 2 * t + (r & 1);
                 *p = el * *p + (big[r] + small[r]);
@@ -251,6 +254,140 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         if (c0 + c < dv)
             St[(int64_t)r * dv + c0 + c] = S[r * GCT_LS + c];
     }
+}
+
+/* ---- the prep: a block per (value head, chunk), before the scan ---- */
+
+static inline __host__ __device__ float gct_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* V's columns in shared memory: dv rounded up to 8 (zero past dv), and its row stride, 8 or 24
+ * mod 32 (conflict-free B fragments by rows). */
+static inline __host__ __device__ int gct_v_cols(int dv) { return (dv + 7) & ~7; }
+static inline __host__ __device__ int gct_v_ld(int dv) { return gct_v_cols(dv) + (gct_v_cols(dv) % 16 == 0 ? 8 : 16); }
+
+/* Shared memory of the tensor-core prep, bytes: Q, K [GC][dk + 4], V [GC][gct_v_ld], N
+ * [GC][GC + 4], beta [GC], then G [GC] in double. */
+static inline __host__ __device__ size_t gdn_chunk_prep_tc_smem(int32_t dk, int32_t dv)
+{
+    return ((size_t)2 * GC * (dk + 4) + (size_t)GC * gct_v_ld(dv) + (size_t)GC * (GC + 4) + GC) * 4 +
+           (size_t)GC * 8;
+}
+
+/* rows [0, GC) of a [T][Hk][dk] matrix's key head kh from token t0 into X [GC][ldx], zero past
+ * n; 8 loads per thread issued before their stores (a load-store loop waits on L2 each time) */
+template <class L>
+static inline GCT_FN void gct_load_rows(L &l, float *X, int ldx, const float *src, int64_t row_stride, int cols,
+                                        int n)
+{
+    const int tid = l.tid();
+    for (int base = tid; base < GC * cols; base += 8 * GC_THREADS) {
+        float v[8];
+        for (int u = 0; u < 8; u++) {
+            int i = base + u * GC_THREADS, r = i / cols;
+            v[u] = i < GC * cols && r < n ? src[(int64_t)r * row_stride + i % cols] : 0.0f;
+        }
+        for (int u = 0; u < 8; u++) {
+            int i = base + u * GC_THREADS;
+            if (i < GC * cols)
+                X[(i / cols) * ldx + i % cols] = v[u];
+        }
+    }
+}
+
+/* The state-free matrices of chunk c for value head j (gdn_chunk_prep_kernel's contract):
+ * Qk = D ∘ (Q Kᵀ) on and below the diagonal, zero above; A = diag(β) D ∘ (K Kᵀ) below it;
+ * Wv, Wk = (I + A)⁻¹ [diag(β) V | diag(β e^G) K]; G the cumulative log decay. The products
+ * are the 20 tiles of 16 x 8 that touch the lower triangle, in 3xTF32; A is kept negated (N),
+ * and the substitution goes by blocks of 16 rows: the rows before a block through the tensor
+ * cores (X_b += N_b,<b X_<b), then the 16 x 16 triangle a column per thread. */
+template <class L>
+static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int c, float *smem)
+{
+    const int dk = a.dk, dv = a.dv, Hk = a.Hk, tid = l.tid();
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
+    const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
+    const int lk = dk + 4, dv8 = gct_v_cols(dv), lv = gct_v_ld(dv), ln = GC + 4;
+    float *Q = smem, *K = Q + GC * lk, *V = K + GC * lk, *N = V + GC * lv, *beta = N + GC * ln;
+    double *G = (double *)(beta + GC);
+    const float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk, *betas = kn + (int64_t)a.T * Hk * dk;
+    float *area = gdn_chunk_area(a, j, c), *Wk = area, *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *Gf = Qk + GC * GC;
+    gct_load_rows(l, Q, lk, qn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, n);
+    gct_load_rows(l, K, lk, kn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, n);
+    for (int i = tid; i < GC * dv8; i += GC_THREADS) { /* the value rows, zero past dv and n */
+        int r = i / dv8, col = i % dv8;
+        V[r * lv + col] = r < n && col < dv ? a.qkv[(int64_t)(t0 + r) * a.ldi + 2 * (int64_t)Hk * dk + (int64_t)j * dv + col] : 0.0f;
+    }
+    if (tid < n) {
+        beta[tid] = betas[(int64_t)(t0 + tid) * a.Hv + j];
+        G[tid] = (double)(a.ssm_a[j] * gct_softplus(a.a[(int64_t)(t0 + tid) * a.lda + j] + a.dt[j]));
+    }
+    l.sync();
+    if (tid == 0) /* cumulative log decay, in double as the CPU */
+        for (int i = 1; i < n; i++)
+            G[i] += G[i - 1];
+    l.sync();
+    for (int q = warp; q < 20; q += GC_THREADS / 32) { /* tile q: rows mt, columns nt <= 2 mt + 1 */
+        const int mt = q < 2 ? 0 : q < 6 ? 1 : q < 12 ? 2 : 3, m0 = 16 * mt;
+        const int n0 = 8 * (q - (mt == 0 ? 0 : mt == 1 ? 2 : mt == 2 ? 6 : 12));
+        if (m0 >= n || n0 >= n)
+            continue;
+        float kb[4] = {0, 0, 0, 0}, ks[4] = {0, 0, 0, 0}, qb[4] = {0, 0, 0, 0}, qs[4] = {0, 0, 0, 0};
+        gct_tile(l, kb, ks, K + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
+        gct_tile(l, qb, qs, Q + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
+        for (int r = 0; r < 4; r++) {
+            int i = m0 + g + 8 * (r >> 1), s = n0 + 2 * t + (r & 1);
+            bool in = i < n && s < n;
+            float d = in && s <= i ? expf((float)(G[i] - G[s])) : 0.0f;
+            N[i * ln + s] = in && s < i ? -(kb[r] + ks[r]) * beta[i] * d : 0.0f;
+            if (in)
+                Qk[i * GC + s] = (qb[r] + qs[r]) * d;
+        }
+    }
+    for (int i = tid; i < n * n; i += GC_THREADS) /* Qk above the tiles: zero */
+        if (i % n >= ((i / n) & ~15) + 16)
+            Qk[(i / n) * GC + i % n] = 0.0f;
+    l.sync(); /* N complete; K no longer read as k */
+    for (int i = tid; i < n * dv8; i += GC_THREADS)
+        V[(i / dv8) * lv + i % dv8] *= beta[i / dv8];
+    for (int i = tid; i < n * dk; i += GC_THREADS)
+        K[(i / dk) * lk + i % dk] *= beta[i / dk] * expf((float)G[i / dk]);
+    l.sync();
+    const int nq = dv8 / 8 + dk / 8; /* 8-column tiles of X = [V | K] */
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        for (int q = warp; i0 > 0 && q < nq; q += GC_THREADS / 32) {
+            float *X = q < dv8 / 8 ? V + 8 * q : K + 8 * (q - dv8 / 8);
+            const int ld = q < dv8 / 8 ? lv : lk;
+            float big[4], small[4] = {0, 0, 0, 0};
+            for (int r = 0; r < 4; r++)
+                big[r] = X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)];
+            gct_tile(l, big, small, N + i0 * ln, ln, 1, X, ld, 1, i0, i0, false, 0);
+            for (int r = 0; r < 4; r++)
+                X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)] = big[r] + small[r];
+        }
+        if (i0 > 0)
+            l.sync();
+        for (int col = tid; col < dv8 + dk; col += GC_THREADS) {
+            float *X = col < dv8 ? V + col : K + (col - dv8);
+            const int ld = col < dv8 ? lv : lk;
+            float x[16];
+            for (int u = 0; u < 16; u++)
+                x[u] = X[(i0 + u) * ld];
+            for (int u = 1; u < 16; u++)
+                for (int w = 0; w < u; w++)
+                    x[u] = fmaf(N[(i0 + u) * ln + i0 + w], x[w], x[u]);
+            for (int u = 0; u < 16; u++)
+                if (i0 + u < n)
+                    X[(i0 + u) * ld] = x[u];
+        }
+        l.sync();
+    }
+    for (int i = tid; i < n * dk; i += GC_THREADS)
+        Wk[i] = K[(i / dk) * lk + i % dk];
+    for (int i = tid; i < n * dv; i += GC_THREADS)
+        Wv[i] = V[(i / dv) * lv + i % dv];
+    if (tid < n)
+        Gf[tid] = (float)G[tid];
 }
 
 #endif

@@ -26,8 +26,9 @@
  * tokens; ncu: prep 51 us, scan 90 us per layer against ~15 and ~25 us of FMA issue), so
  * cuda_options.gdn_chunked is off by default.
  * Both kernels run one block of 8 warps per multiprocessor and are latency-bound on shared
- * memory and block barriers; the products here are 64 x 128 x 128 — tensor-core shapes (3xTF32
- * or split bf16 for f32 accuracy) are the way to make this form win.
+ * memory and block barriers. gdn_chunk_tc.cuh does the same work with the products on the
+ * tensor cores in 3xTF32 (gdn_chunked = 2, session 51; checked on the host by an emulator, not
+ * yet run on a GPU); launch_gdn_chunked launches either pair.
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
@@ -58,7 +59,7 @@ bool gdn_chunked_supports(int32_t dk, int32_t dv)
 {
     return gdn_scan_supports(dk, dv) && dk % 16 == 0 && dk <= 128 && dv <= 256 &&
            prep_smem(dk, dv) <= 200 * 1024 && scan_smem(dk) <= 200 * 1024 &&
-           gdn_chunk_tc_smem(dk) <= 200 * 1024;
+           gdn_chunk_tc_smem(dk) <= 200 * 1024 && gdn_chunk_prep_tc_smem(dk, dv) <= 200 * 1024;
 }
 
 /* One block per (value head j, chunk c): Wv, Wk (the forward substitution of the WY form),
@@ -371,7 +372,17 @@ struct gdn_gpu_lanes {
     }
 };
 
-/* gdn_chunk_scan_kernel's work with the products on the tensor cores (gdn_chunk_tc.cuh). */
+/* gdn_chunk_prep_kernel's and gdn_chunk_scan_kernel's work with the products on the tensor
+ * cores (gdn_chunk_tc.cuh). */
+__global__ void __launch_bounds__(GC_THREADS) gdn_chunk_prep_tc_kernel(const __grid_constant__ struct gdn_args a)
+{
+    extern __shared__ __align__(16) float gsm[];
+    griddep_launch();
+    griddep_wait();
+    gdn_gpu_lanes lanes;
+    gdn_chunk_prep_tc(lanes, a, blockIdx.x, blockIdx.y, gsm);
+}
+
 __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_tc_kernel(const __grid_constant__ struct gdn_args a)
 {
     extern __shared__ __align__(16) float gsm[];
@@ -388,13 +399,15 @@ cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, cuda
     cudaError_t e = launch_gdn_prep(a, s);
     if (e != cudaSuccess)
         return e;
-    size_t ps = prep_smem(a->dk, a->dv), ss = tensor_cores ? gdn_chunk_tc_smem(a->dk) : scan_smem(a->dk);
+    size_t ps = tensor_cores ? gdn_chunk_prep_tc_smem(a->dk, a->dv) : prep_smem(a->dk, a->dv);
+    size_t ss = tensor_cores ? gdn_chunk_tc_smem(a->dk) : scan_smem(a->dk);
+    void (*prep)(const struct gdn_args) = tensor_cores ? gdn_chunk_prep_tc_kernel : gdn_chunk_prep_kernel;
     void (*scan)(const struct gdn_args) = tensor_cores ? gdn_chunk_scan_tc_kernel : gdn_chunk_scan_kernel;
-    if ((e = cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ps)) ||
+    if ((e = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ps)) ||
         (e = cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)))
         return e;
     unsigned nc = (unsigned)((a->T + GC - 1) / GC);
-    if ((e = launch_k(a->pdl, gdn_chunk_prep_kernel, dim3(a->Hv, nc), dim3(GC_THREADS), ps, s, *a)))
+    if ((e = launch_k(a->pdl, prep, dim3(a->Hv, nc), dim3(GC_THREADS), ps, s, *a)))
         return e;
     return launch_k(a->pdl, scan, dim3(a->Hv, (a->dv + GC_COLS - 1) / GC_COLS), dim3(GC_THREADS), ss, s, *a);
 }
