@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--gdn-chunked 0|1|2] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -1169,7 +1169,7 @@ int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, pick = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
-    int32_t gdn_chunked = 0;
+    int32_t gdn_chunked = 0, prefill_all = 0;
     const char *tg_variant = NULL;
     int smem_warps = -1, smem_kb = 0; /* --gemv-smem W:KB: gemv_smem's block shape in the decode runs */
     int smem_launch = 0; /* --gemv-smem-launch N: when its blocks let the next launch start */
@@ -1210,6 +1210,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
         else if (!strcmp(argv[i], "--decode-only")) decode_only = 1; /* megakernel and graph, no prefill, no JSON */
         else if (!strcmp(argv[i], "--prefill-only")) prefill_only = 1; /* the default prefill alone, no JSON */
+        else if (!strcmp(argv[i], "--prefill-all")) prefill_only = prefill_all = 1; /* every prefill variant, no decode, no JSON */
         else if (!strcmp(argv[i], "--gdn-chunked") && i + 1 < argc) { /* the first prefill's DeltaNet form */
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -1222,7 +1223,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--gdn-chunked 0|1|2] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1370,7 +1371,7 @@ int main(int argc, char **argv)
     }
     int32_t V = m->hp.n_vocab, n_ctx = (n_prompt > depth ? n_prompt : depth) + n_gen + 8;
     int32_t *ids = malloc((size_t)n_ctx * 4), *out = malloc((size_t)n_ctx * 4);
-    float *logits = malloc((size_t)V * 4);
+    float *logits = malloc((size_t)V * 4), *logits0 = malloc((size_t)V * 4);
     for (int32_t i = 0; i < n_ctx; i++)
         ids[i] = (int32_t)((i * 7919 + 17) % V);
     double times[64], bytes = (double)m->weight_bytes;
@@ -1391,7 +1392,7 @@ int main(int argc, char **argv)
                             {.name = "gdn_chunked 2 (tensor cores)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = 2}};
     pv[0].chunked = gdn_chunked; /* --gdn-chunked */
     uint64_t pp_hash = 0;
-    for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && v > 0); v++) {
+    for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && !prefill_all && v > 0); v++) {
         o = cuda_default_options();
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
@@ -1413,6 +1414,12 @@ int main(int argc, char **argv)
                 times[r] = time_now_s() - t0;
         }
         pv[v].tok_s = n_prompt / median(times, reps);
+        if (v == 0)
+            memcpy(logits0, logits, (size_t)V * 4);
+        else /* the last prompt position's logits against the first variant's */
+            printf("%s: %.0f tok/s; last logits against \"%s\"'s: relative error %.3g, argmax %s\n", pv[v].name,
+                   pv[v].tok_s, pv[0].name, rel_err(logits, logits0, (size_t)V),
+                   argmax(logits, V) == argmax(logits0, V) ? "the same" : "DIFFERENT");
         if (v <= 1) {
             char rep[1024];
             if (!cuda_session_profile_prefill(cs, ids, n_prompt, rep, sizeof(rep), &err))
@@ -1552,7 +1559,7 @@ int main(int argc, char **argv)
     }
     free(ids);
     free(out);
-    free(logits);
+    free(logits), free(logits0);
     qwenrt_model_free(m);
     return 0;
 }
