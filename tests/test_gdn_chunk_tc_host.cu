@@ -25,6 +25,7 @@ extern "C" {
 #include <cmocka.h>
 }
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -365,6 +366,99 @@ static void test_chunk_prep_tc(void **state)
         check_prep_case(c);
 }
 
+/* ---- both kernels against the recurrence ---- */
+
+/* The prep's blocks, then the scan's, on the same scratch; state and out as the scan takes them. */
+static std::string run_both(const tc_case &c, gdn_args a)
+{
+    const int nc = (c.T + GC - 1) / GC;
+    std::vector<float> smem(std::max(gdn_chunk_prep_tc_smem(c.dk, c.dv), gdn_chunk_tc_smem(c.dk)) / 4);
+    simt_block block(GC_THREADS, true, 2024u);
+    for (int j = 0; j < c.Hv; j++)
+        for (int ch = 0; ch < nc; ch++) {
+            std::fill(smem.begin(), smem.end(), NAN);
+            std::string e = block.run([&](simt_lanes &l) { gdn_chunk_prep_tc(l, a, j, ch, smem.data()); });
+            if (!e.empty())
+                return e;
+        }
+    for (int j = 0; j < c.Hv; j++)
+        for (int cb = 0; cb < (c.dv + GC_COLS - 1) / GC_COLS; cb++) {
+            std::fill(smem.begin(), smem.end(), NAN);
+            std::string e = block.run([&](simt_lanes &l) { gdn_chunk_scan_tc(l, a, j, cb, smem.data()); });
+            if (!e.empty())
+                return e;
+        }
+    return "";
+}
+
+/* The Gated DeltaNet recurrence token by token in double (gdn_core_ref's order: S <- d S;
+ * δ = β (v - Sᵀk); S <- S + k δᵀ; o = Sᵀq), from the same normalised q and k. */
+static void recurrence(const tc_case &c, const prep_inputs &in, const std::vector<float> &S0,
+                       std::vector<double> &out, std::vector<double> &state)
+{
+    const int dk = c.dk, dv = c.dv;
+    const float *qn = in.scratch.data(), *kn = qn + (int64_t)c.T * c.Hk * dk, *betas = kn + (int64_t)c.T * c.Hk * dk;
+    out.assign((size_t)c.T * c.Hv * dv, 0.0);
+    state.assign(S0.begin(), S0.end());
+    std::vector<double> delta(dv);
+    for (int j = 0; j < c.Hv; j++) {
+        int kh = c.tiled ? j % c.Hk : j / (c.Hv / c.Hk);
+        double *S = &state[(size_t)j * dk * dv];
+        for (int t = 0; t < c.T; t++) {
+            const float *q = qn + ((int64_t)t * c.Hk + kh) * dk, *k = kn + ((int64_t)t * c.Hk + kh) * dk;
+            const float *v = &in.qkv[(size_t)t * in.ldi + 2 * c.Hk * dk + j * dv];
+            float x = in.a[(size_t)t * in.lda + j] + in.dt[j];
+            double d = exp((double)(in.ssm_a[j] * (x > 20.0f ? x : log1pf(expf(x))))), beta = betas[(int64_t)t * c.Hv + j];
+            for (int i = 0; i < dk * dv; i++)
+                S[i] *= d;
+            for (int e = 0; e < dv; e++) {
+                double sk = 0.0;
+                for (int r = 0; r < dk; r++)
+                    sk += S[r * dv + e] * k[r];
+                delta[e] = beta * (v[e] - sk);
+            }
+            for (int r = 0; r < dk; r++)
+                for (int e = 0; e < dv; e++)
+                    S[r * dv + e] += k[r] * delta[e];
+            for (int e = 0; e < dv; e++) {
+                double o = 0.0;
+                for (int r = 0; r < dk; r++)
+                    o += S[r * dv + e] * q[r];
+                out[((size_t)t * c.Hv + j) * dv + e] = o;
+            }
+        }
+    }
+}
+
+/* Prep then scan give the recurrence's outputs and final state: the two kernels' contract
+ * with each other (chunk areas, G, Qk's layout) checked against the definition, not against
+ * the formulas they were written from. */
+static void test_chunked_tc_is_the_recurrence(void **state)
+{
+    (void)state;
+    const tc_case cases[] = {{2, 4, 32, 40, 150, false}, {1, 2, 128, 128, 130, true}, {2, 2, 16, 23, 5, false}};
+    for (const tc_case &c : cases) {
+        char what[128];
+        snprintf(what, sizeof(what), "prep + scan Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d", c.Hk, c.Hv, c.dk, c.dv, c.T,
+                 c.tiled);
+        prep_inputs in = make_prep_inputs(c, 0xd1b54a32d192ed03ull ^ (uint64_t)c.T);
+        gdn_args a = prep_args(c, in);
+        uint64_t seed = 77;
+        std::vector<float> S((size_t)c.Hv * c.dk * c.dv), out((size_t)c.T * c.Hv * c.dv, NAN);
+        for (float &v : S)
+            v = urand(&seed, -0.5f, 0.5f);
+        std::vector<double> want_out, want_state;
+        recurrence(c, in, S, want_out, want_state);
+        a.state = S.data(), a.out = out.data(), a.ldo = c.Hv * c.dv;
+        std::string e = run_both(c, a);
+        if (!e.empty())
+            fail_msg("%s: %s", what, e.c_str());
+        double wo = compare(what, "outputs", out.data(), c.Hv * c.dv, want_out, c.T, c.Hv * c.dv);
+        double ws = compare(what, "final state", S.data(), c.dk * c.dv, want_state, c.Hv, c.dk * c.dv);
+        print_message("%s: worst output %.2g, state %.2g of the largest value\n", what, wo, ws);
+    }
+}
+
 /* The emulator itself refuses a warp split between an mma and a barrier, rather than hang. */
 static void test_emulator_reports_divergence(void **state)
 {
@@ -420,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_emulator_reports_divergence),
         cmocka_unit_test(test_chunk_scan_tc),
         cmocka_unit_test(test_chunk_prep_tc),
+        cmocka_unit_test(test_chunked_tc_is_the_recurrence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
