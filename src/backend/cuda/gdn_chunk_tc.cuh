@@ -8,8 +8,8 @@
  * logits 0.37 off with 88 argmax flips of 512 (docs/perf-log.md, session 50, on the CPU's
  * chunked core); x = hi + lo with hi = tf32(x) and lo = tf32(x - hi), and the product as
  * hi·hi + hi·lo + lo·hi (lo·lo dropped, 2^-22 relative), lands on the recurrence's own floor
- * (0.0330 against 0.0329 from reordering alone). hi·hi goes into one accumulator and the two
- * small terms into another, so each mma waits on every second one, not on the one before.
+ * (0.0330 against 0.0329 from reordering alone). Each term has its own accumulator (gct_acc),
+ * so a tile's MMAs form three independent chains instead of one three times as long.
  *
  * Why written for two machines: the FMA kernels it replaces took 51 us (prep) and 90 us (scan)
  * per layer against ~15 and ~25 us of FMA issue (ncu, session 6). This form was built in a
@@ -107,25 +107,41 @@ static inline __host__ __device__ float gct_float(uint32_t u)
 #endif
 }
 
-/* big += hi·hi, small += hi·lo + lo·hi for one 16 x 8 x 8 step (fragments as L::mma). */
+/* A warp's 16 x 8 tile of sums, a lane's 4 elements (as L::mma's d) in one accumulator per
+ * product term: hh (hi·hi), hl (hi·lo), lh (lo·hi). */
+struct gct_acc {
+    float hh[4], hl[4], lh[4];
+};
+
+/* the tile starting from v (zero: gct_acc c = {}) */
+static inline GCT_FN void gct_acc_set(gct_acc &c, const float (&v)[4])
+{
+    for (int r = 0; r < 4; r++)
+        c.hh[r] = v[r], c.hl[r] = c.lh[r] = 0.0f;
+}
+
+/* element r of the tile: the small terms first */
+static inline GCT_FN float gct_acc_value(const gct_acc &c, int r) { return c.hh[r] + (c.hl[r] + c.lh[r]); }
+
+/* c += A B for one 16 x 8 x 8 step in 3xTF32 (fragments as L::mma). */
 template <class L>
-static inline GCT_FN void gct_mma3(L &l, float (&big)[4], float (&small)[4], const float (&a)[4], const float (&b)[2])
+static inline GCT_FN void gct_mma3(L &l, gct_acc &c, const float (&a)[4], const float (&b)[2])
 {
     uint32_t ah[4], al[4], bh[2], bl[2];
     for (int r = 0; r < 4; r++)
         ah[r] = gct_tf32(a[r]), al[r] = gct_tf32(a[r] - gct_float(ah[r]));
     for (int r = 0; r < 2; r++)
         bh[r] = gct_tf32(b[r]), bl[r] = gct_tf32(b[r] - gct_float(bh[r]));
-    l.mma(big, ah, bh);
-    l.mma(small, ah, bl);
-    l.mma(small, al, bh);
+    l.mma(c.hh, ah, bh);
+    l.mma(c.hl, ah, bl);
+    l.mma(c.lh, al, bh);
 }
 
-/* A 16 x 8 tile of a warp: big + small += A[16 rows][k in 0..k1) B[k][8 columns]. A(i, k) is
+/* A 16 x 8 tile of a warp: c += A[16 rows][k in 0..k1) B[k][8 columns]. A(i, k) is
  * A[i ai + k ak] and read as zero where k >= kn, or k > row0 + i when causal (row0: the tile's
  * first row in the chunk); B(k, c) is B[k bk + c bc]. k1 is a multiple of 8. */
 template <class L>
-static inline GCT_FN void gct_tile(L &l, float (&big)[4], float (&small)[4], const float *A, int ai, int ak,
+static inline GCT_FN void gct_tile(L &l, gct_acc &c, const float *A, int ai, int ak,
                                    const float *B, int bk, int bc, int k1, int kn, bool causal, int row0)
 {
     const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
@@ -136,7 +152,7 @@ static inline GCT_FN void gct_tile(L &l, float (&big)[4], float (&small)[4], con
         float a[4] = {a0 ? A[g * ai + ka * ak] : 0.0f, a1 ? A[(g + 8) * ai + ka * ak] : 0.0f,
                       a2 ? A[g * ai + kb * ak] : 0.0f, a3 ? A[(g + 8) * ai + kb * ak] : 0.0f};
         float b[2] = {B[ka * bk + g * bc], B[kb * bk + g * bc]};
-        gct_mma3(l, big, small, a, b);
+        gct_mma3(l, c, a, b);
     }
 }
 
@@ -208,12 +224,12 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
             gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G);
         const float glast = G[n - 1];
         { /* U = Wv - Wk S; rows past n zero */
-            float big[4] = {0, 0, 0, 0}, small[4] = {0, 0, 0, 0};
+            gct_acc u = {};
             if (m0 < n)
-                gct_tile(l, big, small, Wk + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
+                gct_tile(l, u, Wk + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
             for (int r = 0; r < 4; r++) {
                 int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
-                float v = i < n ? Wv[i * GCT_LS + cc] - (big[r] + small[r]) : 0.0f;
+                float v = i < n ? Wv[i * GCT_LS + cc] - gct_acc_value(u, r) : 0.0f;
                 U[i * GCT_LS + cc] = v;
                 Ud[i * GCT_LS + cc] = i < n ? expf(glast - G[i]) * v : 0.0f;
             }
@@ -222,14 +238,14 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         if (more)
             gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
         if (m0 < n) { /* O = e^G (Qn S) + Qk U */
-            float qb[4] = {0, 0, 0, 0}, qs[4] = {0, 0, 0, 0}, ub[4] = {0, 0, 0, 0}, us[4] = {0, 0, 0, 0};
-            gct_tile(l, qb, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
-            gct_tile(l, ub, us, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, 1, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
+            gct_acc qs = {}, qu = {};
+            gct_tile(l, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
+            gct_tile(l, qu, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, 1, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
             for (int r = 0; r < 4; r++) {
                 int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
                 if (i < n && c0 + cc < dv)
                     a.out[(int64_t)(t0 + i) * a.ldo + (int64_t)j * dv + c0 + cc] =
-                        expf(G[i]) * (qb[r] + qs[r]) + (ub[r] + us[r]);
+                        expf(G[i]) * gct_acc_value(qs, r) + gct_acc_value(qu, r);
             }
         }
         l.sync(); /* O read the old state, q, Qk and G */
@@ -239,11 +255,11 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         const float el = expf(glast);
         for (int tile = warp; tile < dk / 8; tile += GC_THREADS / 32) {
             const int r0 = 16 * (tile >> 1), cn = 8 * (tile & 1);
-            float big[4] = {0, 0, 0, 0}, small[4] = {0, 0, 0, 0};
-            gct_tile(l, big, small, Kn + r0, 1, lkk, Ud + cn, GCT_LS, 1, n8, n, false, 0);
+            gct_acc ku = {};
+            gct_tile(l, ku, Kn + r0, 1, lkk, Ud + cn, GCT_LS, 1, n8, n, false, 0);
             for (int r = 0; r < 4; r++) {
                 float *p = S + (r0 + g + 8 * (r >> 1)) * GCT_LS + cn + 2 * t + (r & 1);
-                *p = el * *p + (big[r] + small[r]);
+                *p = el * *p + gct_acc_value(ku, r);
             }
         }
     }
@@ -332,16 +348,16 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
         const int n0 = 8 * (q - (mt == 0 ? 0 : mt == 1 ? 2 : mt == 2 ? 6 : 12));
         if (m0 >= n || n0 >= n)
             continue;
-        float kb[4] = {0, 0, 0, 0}, ks[4] = {0, 0, 0, 0}, qb[4] = {0, 0, 0, 0}, qs[4] = {0, 0, 0, 0};
-        gct_tile(l, kb, ks, K + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
-        gct_tile(l, qb, qs, Q + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
+        gct_acc kk = {}, qk = {};
+        gct_tile(l, kk, K + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
+        gct_tile(l, qk, Q + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
         for (int r = 0; r < 4; r++) {
             int i = m0 + g + 8 * (r >> 1), s = n0 + 2 * t + (r & 1);
             bool in = i < n && s < n;
             float d = in && s <= i ? expf((float)(G[i] - G[s])) : 0.0f;
-            N[i * ln + s] = in && s < i ? -(kb[r] + ks[r]) * beta[i] * d : 0.0f;
+            N[i * ln + s] = in && s < i ? -gct_acc_value(kk, r) * beta[i] * d : 0.0f;
             if (in)
-                Qk[i * GC + s] = (qb[r] + qs[r]) * d;
+                Qk[i * GC + s] = gct_acc_value(qk, r) * d;
         }
     }
     for (int i = tid; i < n * n; i += GC_THREADS) /* Qk above the tiles: zero */
@@ -358,12 +374,14 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
         for (int q = warp; i0 > 0 && q < nq; q += GC_THREADS / 32) {
             float *X = q < dv8 / 8 ? V + 8 * q : K + 8 * (q - dv8 / 8);
             const int ld = q < dv8 / 8 ? lv : lk;
-            float big[4], small[4] = {0, 0, 0, 0};
+            float x[4];
             for (int r = 0; r < 4; r++)
-                big[r] = X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)];
-            gct_tile(l, big, small, N + i0 * ln, ln, 1, X, ld, 1, i0, i0, false, 0);
+                x[r] = X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)];
+            gct_acc xb;
+            gct_acc_set(xb, x);
+            gct_tile(l, xb, N + i0 * ln, ln, 1, X, ld, 1, i0, i0, false, 0);
             for (int r = 0; r < 4; r++)
-                X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)] = big[r] + small[r];
+                X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)] = gct_acc_value(xb, r);
         }
         if (i0 > 0)
             l.sync();
