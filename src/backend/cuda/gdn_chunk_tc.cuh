@@ -157,12 +157,15 @@ static inline GCT_FN void gct_tile(L &l, gct_acc &c, const float *A, int ai, int
 }
 
 /* Starts the copies of chunk c's Wk rows and value columns (group 1), q rows, Qk rows and G
- * (group 2) or k rows (group 3) into shared memory; one commit per call. */
+ * (group 2) or k rows (group 3) into shared memory; one commit per call. Rows of Wk and q are
+ * dk + 4 floats apart, of k lkk, of Wv lwv (both scans use it: the FMA scan with dk + 4 and
+ * GC_COLS, this one with dk + 8 and GCT_LS). */
 template <class L>
 static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, int c, int kh, int j, int c0,
-                                    float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G)
+                                    float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G, int lkk,
+                                    int lwv)
 {
-    const int dk = a.dk, dv = a.dv, lk = dk + 4, lkk = dk + 8, lq = GC + 4, tid = l.tid();
+    const int dk = a.dk, dv = a.dv, lk = dk + 4, lq = GC + 4, tid = l.tid();
     const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
     const float *area = gdn_chunk_area(a, j, c);
     const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
@@ -180,7 +183,7 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
     if (which == 1)
         for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
             if (c0 + i % GC_COLS < dv)
-                l.copy4(Wv + (i / GC_COLS) * GCT_LS + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
+                l.copy4(Wv + (i / GC_COLS) * lwv + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
     if (which == 2) {
         for (int i = tid; i < n * (GC / 4); i += GC_THREADS)
             l.copy16(Qk + (i / (GC / 4)) * lq + 4 * (i % (GC / 4)), gQk + 4 * i);
@@ -211,7 +214,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         Wv[i] = 0.0f; /* columns past dv stay zero */
     l.sync();
     for (int w = 1; w <= 3; w++)
-        gct_fetch(l, a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G);
+        gct_fetch(l, a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lkk, GCT_LS);
     /* the tile of U and O: rows m0 + g (+ 8), columns n0 + 2t (+ 1) */
     const int m0 = 16 * (warp >> 1), n0 = 8 * (warp & 1);
     for (int c = 0; c < nc; c++) {
@@ -221,7 +224,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         l.wait_all();
         l.sync();
         if (more)
-            gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G);
+            gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G, lkk, GCT_LS);
         const float glast = G[n - 1];
         { /* U = Wv - Wk S; rows past n zero */
             gct_acc u = {};
@@ -236,7 +239,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         }
         l.sync(); /* U complete; Wk and Wv free */
         if (more)
-            gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+            gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
         if (m0 < n) { /* O = e^G (Qn S) + Qk U */
             gct_acc qs = {}, qu = {};
             gct_tile(l, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
@@ -250,7 +253,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         }
         l.sync(); /* O read the old state, q, Qk and G */
         if (more)
-            gct_fetch(l, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+            gct_fetch(l, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
         /* S = e^Glast S + Knᵀ Ud: A(r, s) = Kn[s][r] */
         const float el = expf(glast);
         for (int tile = warp; tile < dk / 8; tile += GC_THREADS / 32) {

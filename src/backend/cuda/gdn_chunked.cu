@@ -198,38 +198,21 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_prep_kernel(const __grid
         Gf[tid] = (float)G[tid];
 }
 
-/* Starts the copies of chunk c's Wk rows and value columns (group 1), q rows, Qk rows and G
- * (group 2) or k rows (group 3) into shared memory; one commit per call. */
-__device__ void gdn_chunk_fetch(const struct gdn_args &a, int which, int c, int kh, int j, int c0,
-                                float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G)
-{
-    const int dk = a.dk, dv = a.dv, lk = dk + 4, lq = GC + 4, tid = threadIdx.x;
-    const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
-    const float *area = gdn_chunk_area(a, j, c);
-    const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
-    const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
-    for (int i = tid; i < n * (dk / 4); i += GC_THREADS) {
-        int t = i / (dk / 4), r = 4 * (i % (dk / 4));
-        int64_t src = ((int64_t)(t0 + t) * a.Hk + kh) * dk + r;
-        if (which == 1)
-            cp_async16(smem_u32(Wk + t * lk + r), gWk + t * dk + r);
-        else if (which == 2)
-            cp_async16(smem_u32(Qn + t * lk + r), qn + src);
-        else
-            cp_async16(smem_u32(Kn + t * lk + r), kn + src);
+/* The lanes of gdn_chunk_tc.cuh's kernels on the GPU (and of gct_fetch in the FMA scan). */
+struct gdn_gpu_lanes {
+    __device__ int tid() const { return threadIdx.x; }
+    __device__ void sync() const { __syncthreads(); }
+    __device__ void copy16(float *dst, const float *src) const { cp_async16(smem_u32(dst), src); }
+    __device__ void copy4(float *dst, const float *src) const { cp_async4(smem_u32(dst), src); }
+    __device__ void commit() const { cp_async_commit(); }
+    __device__ void wait_all() const { cp_async_wait<0>(); }
+    __device__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const
+    {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
-    if (which == 1)
-        for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
-            if (c0 + i % GC_COLS < dv)
-                cp_async4(smem_u32(Wv + i), gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
-    if (which == 2) {
-        for (int i = tid; i < n * (GC / 4); i += GC_THREADS)
-            cp_async16(smem_u32(Qk + (i / (GC / 4)) * lq + 4 * (i % (GC / 4))), gQk + 4 * i);
-        for (int i = tid; i < n; i += GC_THREADS)
-            cp_async4(smem_u32(G + i), gG + i);
-    }
-    cp_async_commit();
-}
+};
 
 /* acc[m] = rows grp + 16 m (m < 4, clamped to n - 1) of A [GC][lk] times state column col
  * of S [dk][GC_COLS], two partial sums each: 4 rows per thread share each S load. */
@@ -276,8 +259,9 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
     for (int i = tid; i < GC * GC_COLS; i += GC_THREADS)
         Wv[i] = 0.0f; /* columns past dv stay zero */
     __syncthreads();
+    gdn_gpu_lanes lanes;
     for (int w = 1; w <= 3; w++)
-        gdn_chunk_fetch(a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G);
+        gct_fetch(lanes, a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
     for (int c = 0; c < nc; c++) {
         const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
         const bool more = c + 1 < nc;
@@ -285,7 +269,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         cp_async_wait<0>();
         __syncthreads();
         if (more)
-            gdn_chunk_fetch(a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G);
+            gct_fetch(lanes, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G, lk, GC_COLS);
         const float glast = G[n - 1];
         /* U = Wv − Wk S */
         {
@@ -303,7 +287,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         }
         __syncthreads(); /* U complete; Wk and Wv free */
         if (more)
-            gdn_chunk_fetch(a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+            gct_fetch(lanes, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
         /* O = diag(e^G) Q S + Qk U */
         {
             float o[4][2];
@@ -328,7 +312,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         }
         __syncthreads(); /* O read the old state, q, Qk and G */
         if (more)
-            gdn_chunk_fetch(a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G);
+            gct_fetch(lanes, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
         /* S = e^{G_last} S + Kᵀ Ud */
         const float el = expf(glast);
         for (int r0 = 8 * grp; r0 < dk; r0 += 8 * 16) {
@@ -356,24 +340,9 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
             St[(int64_t)(i / GC_COLS) * dv + c0 + i % GC_COLS] = S[i];
 }
 
-/* The lanes of gdn_chunk_tc.cuh's scan on the GPU. */
-struct gdn_gpu_lanes {
-    __device__ int tid() const { return threadIdx.x; }
-    __device__ void sync() const { __syncthreads(); }
-    __device__ void copy16(float *dst, const float *src) const { cp_async16(smem_u32(dst), src); }
-    __device__ void copy4(float *dst, const float *src) const { cp_async4(smem_u32(dst), src); }
-    __device__ void commit() const { cp_async_commit(); }
-    __device__ void wait_all() const { cp_async_wait<0>(); }
-    __device__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const
-    {
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-};
 
 /* gdn_chunk_prep_kernel's and gdn_chunk_scan_kernel's work with the products on the tensor
- * cores (gdn_chunk_tc.cuh). */
+ * cores (gdn_chunk_tc.cuh); two kernels by name, so that profiles tell them apart. */
 __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_prep_tc_kernel(const __grid_constant__ struct gdn_args a)
 {
     extern __shared__ __align__(16) float gsm[];
