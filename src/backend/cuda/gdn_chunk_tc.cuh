@@ -1,43 +1,19 @@
 /*
  * gdn_chunk_tc.cuh — the chunked DeltaNet prefill (gdn_chunked.cu) with its matrix products on
- * the tensor cores in 3xTF32: the prep (a block per value head and chunk: Qk, the WY form's Wk
- * and Wv, G) and the scan (a block per value head and 16 state columns, the chunks in order),
- * written once for the GPU and for a host emulator. cuda_options.gdn_chunked = 2.
+ * the tensor cores in 3xTF32, cuda_options.gdn_chunked = 2: the prep (a block per value head
+ * and chunk: Qk, the WY form's Wk and Wv, G) and the scan (a block per value head and 16 state
+ * columns, the chunks in order). gdn_chunked.cu launches them.
  *
- * Why 3xTF32: a TF32 product rounds its inputs to 10 mantissa bits, which puts the prompt's
- * logits 0.37 off with 88 argmax flips of 512 (docs/perf-log.md, session 50, on the CPU's
- * chunked core); x = hi + lo with hi = tf32(x) and lo = tf32(x - hi), and the product as
- * hi·hi + hi·lo + lo·hi (lo·lo dropped, 2^-22 relative), lands on the recurrence's own floor
- * (0.0330 against 0.0329 from reordering alone). Each term has its own accumulator (gct_acc),
- * so a tile's MMAs form three independent chains instead of one three times as long.
+ * 3xTF32: x = hi + lo, hi = tf32(x), lo = tf32(x - hi), a product as hi·hi + hi·lo + lo·hi, each
+ * term in its own accumulator (three independent MMA chains per tile). Plain TF32 put Qwen3.5's
+ * prompt logits 0.37 off with 88 argmax flips of 512; 3xTF32 sits on the recurrence's own floor
+ * (0.0330 against 0.0329 from reordering alone: docs/perf-log.md, session 50).
  *
- * Why written for two machines: the FMA kernels it replaces took 51 us (prep) and 90 us (scan)
- * per layer against ~15 and ~25 us of FMA issue (ncu, session 6). This form was built in a
- * session without a GPU (51), so its bodies are templates over the lanes L that run them:
- * gdn_gpu_lanes (gdn_chunked.cu) on the GPU, and tests/simt_host.h's emulator in
- * tests/test_gdn_chunk_tc_host.cu, which runs every block's 256 threads as coroutines with block
- * barriers, warp-wide mma on the PTX fragment layout, NaN in fresh shared memory and cp.async
- * landing either at once or at the wait. L gives:
- *   tid()                     the thread's index in its block of GC_THREADS;
- *   sync()                    __syncthreads;
- *   copy16(dst, src), copy4   cp.async of 16 / 4 bytes into shared memory; commit(), wait_all();
- *   mma(d, a, b)              mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, d += A B: lane
- *                             (g = lane / 4, t = lane % 4) holds a = {A(g, t), A(g + 8, t),
- *                             A(g, t + 4), A(g + 8, t + 4)}, b = {B(t, g), B(t + 4, g)} and
- *                             d = {D(g, 2t), D(g, 2t + 1), D(g + 8, 2t), D(g + 8, 2t + 1)}.
- * GCT_FN is __device__ where the kernel is built and __host__ in the emulator's test; the
- * layout helpers are both.
- *
- * The scan, per block (value head j, state columns [c0, c0 + GC_COLS)), per chunk of n <= GC
- * tokens; 8 warps, warp w on 16 x 8 tiles:
- *   U = Wv - Wk S              64 x 16 from K = dk: tile (w / 2, w % 2)
- *   O = e^G (Qn S) + Qk U      64 x 16 from K = dk and K <= 16 (w / 2 + 1): same tile
- *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n: tiles w, w + 8, ...
- * Rows past n of U and Ud are written zero, and A entries past n (Qk's columns, Kn's rows,
- * whose shared copies hold older chunks or nothing) are read as zero: no NaN reaches a sum.
- * Shared rows are padded so that every fragment load is free of bank conflicts: Wk, Qn and
- * Qk rows (A, by rows) are 4 mod 32 floats, Kn rows (A, by columns) 8 or 24, and S, Wv, U, Ud
- * rows (B) GC_COLS + 8 = 24.
+ * The FMA kernels this replaces took 51 us (prep) and 90 us (scan) a layer against ~15 and ~25
+ * us of issue (session 6). This form was written in a session without a GPU (51), so both bodies
+ * are templates over the lanes L that run them — gdn_gpu_lanes (gdn_chunked.cu) on the GPU, the
+ * emulator of tests/simt_host.h in tests/test_gdn_chunk_tc_host.cu (CI) — and GCT_FN is
+ * __device__ or __host__ accordingly.
  */
 #ifndef QWENRT_BACKEND_CUDA_GDN_CHUNK_TC_CUH
 #define QWENRT_BACKEND_CUDA_GDN_CHUNK_TC_CUH
@@ -106,6 +82,16 @@ static inline __host__ __device__ float gct_float(uint32_t u)
     return f;
 #endif
 }
+
+/* ---- warp tiles on the tensor cores ----
+ * What L gives:
+ *   tid()                     the thread's index in its block of GC_THREADS;
+ *   sync()                    __syncthreads;
+ *   copy16(dst, src), copy4   cp.async of 16 / 4 bytes into shared memory; commit(), wait_all();
+ *   mma(d, a, b)              mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, d += A B: lane
+ *                             (g = lane / 4, t = lane % 4) holds a = {A(g, t), A(g + 8, t),
+ *                             A(g, t + 4), A(g + 8, t + 4)}, b = {B(t, g), B(t + 4, g)} and
+ *                             d = {D(g, 2t), D(g, 2t + 1), D(g + 8, 2t), D(g + 8, 2t + 1)}. */
 
 /* A warp's 16 x 8 tile of sums, a lane's 4 elements (as L::mma's d) in one accumulator per
  * product term: hh (hi·hi), hl (hi·lo), lh (lo·hi). */
@@ -194,7 +180,16 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
 }
 
 /* The chunks in order for block (value head j, state column block cb); smem holds
- * gdn_chunk_tc_smem(dk) bytes. Same schedule of copies as gdn_chunk_scan_kernel. */
+ * gdn_chunk_tc_smem(dk) bytes. Same schedule of copies as gdn_chunk_scan_kernel.
+ * Per chunk of n <= GC tokens, 8 warps on 16 x 8 tiles:
+ *   U = Wv - Wk S              64 x 16 from K = dk: tile (w / 2, w % 2)
+ *   O = e^G (Qn S) + Qk U      64 x 16 from K = dk and K <= 16 (w / 2 + 1): same tile
+ *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n: tiles w, w + 8, ...
+ * Rows past n of U and Ud are written zero, and A entries past n (Qk's columns, Kn's rows,
+ * whose shared copies hold older chunks or nothing) are read as zero: no NaN reaches a sum.
+ * Shared rows are padded so that every fragment load is free of bank conflicts: Wk, Qn and
+ * Qk rows (A, by rows) are 4 mod 32 floats, Kn rows (A, by columns) 8 or 24, and S, Wv, U, Ud
+ * rows (B) GC_COLS + 8 = 24. */
 template <class L>
 static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int cb, float *smem)
 {

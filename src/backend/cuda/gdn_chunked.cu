@@ -1,34 +1,20 @@
 /*
- * gdn_chunked.cu — Gated DeltaNet prefill in chunks of GC tokens: the chunked form of the CPU's
- * gdn_chunked.c on the GPU, so that the prompt is not walked token by token.
+ * gdn_chunked.cu — Gated DeltaNet prefill in chunks of GC tokens (the CPU's gdn_chunked.c form):
+ * per token S ← d S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq unrolls over a chunk (S0 before
+ * it, G_i = Σ_{l<=i} g_l in double, D[i][s] = exp(G_i − G_s)) to
+ *   U = Wv − Wk S0,  O = diag(e^G) Q S0 + Qk U,  S = e^{G_last} S0 + Kᵀ diag(e^{G_last − G}) U
+ * with A[i][s] = β_i D[i][s] k_i·k_s (s < i), Wv = (I + A)⁻¹ diag(β) V, Wk = (I + A)⁻¹
+ * diag(β e^G) K, Qk[i][s] = D[i][s] q_i·k_s (s <= i). The prep kernel makes Wv, Wk, Qk and G
+ * for every (head, chunk) at once; the scan walks the chunks in order per (head, GC_COLS state
+ * columns) with three small products per chunk. Decays are exps of differences of G, never
+ * quotients. Scratch, after gdn_prep_kernel's: per (head, chunk) Wk [GC][dk], Wv [GC][dv],
+ * Qk [GC][GC], G [GC]. Equal to the recurrence up to f32 rounding (test_cuda_ops, par 2 and 3).
  *
- * The recurrence (gdn_core_ref): per token, S ← d S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq.
- * Over a chunk with S0 the state before it, G_i = Σ_{l<=i} g_l (log decays, cumulated in
- * double) and D[i][s] = exp(G_i − G_s), it unrolls to
- *   U = Wv − Wk S0               (the chunk's deltas, [GC][dv])
- *   O = Qg S0 + Qk U             (outputs)
- *   S = e^{G_last} S0 + Kdᵀ U    (the state after the chunk)
- * with A[i][s] = β_i D[i][s] (k_i·k_s) (s < i), T = (I + A)⁻¹ and the state-free matrices
- *   Wv = T diag(β) V, Wk = T diag(β e^G) K, Qk[i][s] = D[i][s] (q_i·k_s) (s <= i),
- *   Qg = diag(e^G) Q, Kd = diag(e^{G_last − G}) K (applied as row scales of the products).
- * gdn_chunk_prep_kernel makes Wv, Wk, Qk and G for every (head, chunk) at once (they do not
- * depend on the state: the parallel part, one block each); gdn_chunk_scan_kernel then walks the
- * chunks in order for each (head, block of GC_COLS state columns) — state columns are
- * independent — with three small matrix products per chunk instead of GC token steps.
- * Decays are exp of differences of G (never divided by: no overflow when G is very negative).
- * Equal to the recurrence up to f32 rounding (test_cuda_ops: deltanet cases, par 2).
- *
- * Scratch (after gdn_prep_kernel's qn, kn, beta, decay: gdn_scan_scratch_floats): per (head
- * j, chunk c) Wk [GC][dk], Wv [GC][dv], Qk [GC][GC], G [GC].
- *
- * Status (docs/perf-log.md, session 6): correct, but slower than the column scan it would
- * replace (Qwen3.5 pp512: 2.71 vs 2.02 ms for the 18 layers, 1.93 since the scan unrolls two
- * tokens; ncu: prep 51 us, scan 90 us per layer against ~15 and ~25 us of FMA issue), so
- * cuda_options.gdn_chunked is off by default.
- * Both kernels run one block of 8 warps per multiprocessor and are latency-bound on shared
- * memory and block barriers. gdn_chunk_tc.cuh does the same work with the products on the
- * tensor cores in 3xTF32 (gdn_chunked = 2, session 51; checked on the host by an emulator, not
- * yet run on a GPU); launch_gdn_chunked launches either pair.
+ * Two pairs of kernels: here with f32 FMA products (gdn_chunked = 1; correct, slower than the
+ * column scan: 2.71 vs 2.02 ms of Qwen3.5's pp512, ncu prep 51 us and scan 90 us a layer against
+ * ~15 and ~25 us of issue, latency-bound on shared memory and barriers: docs/perf-log.md,
+ * session 6), and gdn_chunk_tc.cuh's on the tensor cores in 3xTF32 (gdn_chunked = 2, session
+ * 51, checked by a host emulator, not yet run on a GPU). Off by default: the column scan.
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_internal.cuh"
