@@ -109,15 +109,21 @@ static inline GCT_FN void gct_acc_set(gct_acc &c, const float (&v)[4])
 /* element r of the tile: the small terms first */
 static inline GCT_FN float gct_acc_value(const gct_acc &c, int r) { return c.hh[r] + (c.hl[r] + c.lh[r]); }
 
+/* x = hi + lo in TF32, element by element */
+template <int N>
+static inline GCT_FN void gct_split(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N])
+{
+    for (int r = 0; r < N; r++)
+        hi[r] = gct_tf32(x[r]), lo[r] = gct_tf32(x[r] - gct_float(hi[r]));
+}
+
 /* c += A B for one 16 x 8 x 8 step in 3xTF32 (fragments as L::mma). */
 template <class L>
 static inline GCT_FN void gct_mma3(L &l, gct_acc &c, const float (&a)[4], const float (&b)[2])
 {
     uint32_t ah[4], al[4], bh[2], bl[2];
-    for (int r = 0; r < 4; r++)
-        ah[r] = gct_tf32(a[r]), al[r] = gct_tf32(a[r] - gct_float(ah[r]));
-    for (int r = 0; r < 2; r++)
-        bh[r] = gct_tf32(b[r]), bl[r] = gct_tf32(b[r] - gct_float(bh[r]));
+    gct_split(a, ah, al);
+    gct_split(b, bh, bl);
     l.mma(c.hh, ah, bh);
     l.mma(c.hl, ah, bl);
     l.mma(c.lh, al, bh);
@@ -139,6 +145,32 @@ static inline GCT_FN void gct_tile(L &l, gct_acc &c, const float *A, int ai, int
                       a2 ? A[g * ai + kb * ak] : 0.0f, a3 ? A[(g + 8) * ai + kb * ak] : 0.0f};
         float b[2] = {B[ka * bk + g * bc], B[kb * bk + g * bc]};
         gct_mma3(l, c, a, b);
+    }
+}
+
+/* Two 16 x 8 tiles with the same B: c1 += A1 B and c2 += A2 B over k in 0..k1 (a multiple of
+ * 8), no masks; A1 and A2 as gct_tile's A with the same strides. B's fragments are loaded and
+ * split once for both, and the six MMAs of a step are independent. */
+template <class L>
+static inline GCT_FN void gct_tile2(L &l, gct_acc &c1, const float *A1, gct_acc &c2, const float *A2, int ai,
+                                    int ak, const float *B, int bk, int bc, int k1)
+{
+    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+    for (int k = 0; k < k1; k += 8) {
+        const int ka = k + t, kb = k + t + 4;
+        const int o0 = g * ai + ka * ak, o1 = (g + 8) * ai + ka * ak, o2 = g * ai + kb * ak, o3 = (g + 8) * ai + kb * ak;
+        float a1[4] = {A1[o0], A1[o1], A1[o2], A1[o3]}, a2[4] = {A2[o0], A2[o1], A2[o2], A2[o3]};
+        float b[2] = {B[ka * bk + g * bc], B[kb * bk + g * bc]};
+        uint32_t h1[4], l1[4], h2[4], l2[4], bh[2], bl[2];
+        gct_split(a1, h1, l1);
+        gct_split(a2, h2, l2);
+        gct_split(b, bh, bl);
+        l.mma(c1.hh, h1, bh);
+        l.mma(c2.hh, h2, bh);
+        l.mma(c1.hl, h1, bl);
+        l.mma(c2.hl, h2, bl);
+        l.mma(c1.lh, l1, bh);
+        l.mma(c2.lh, l2, bh);
     }
 }
 
@@ -182,8 +214,9 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
 /* The chunks in order for block (value head j, state column block cb); smem holds
  * gdn_chunk_tc_smem(dk) bytes. Same schedule of copies as gdn_chunk_scan_kernel.
  * Per chunk of n <= GC tokens, 8 warps on 16 x 8 tiles:
- *   U = Wv - Wk S              64 x 16 from K = dk: tile (w / 2, w % 2)
- *   O = e^G (Qn S) + Qk U      64 x 16 from K = dk and K <= 16 (w / 2 + 1): same tile
+ *   U = Wv - Wk S, and Qn S    64 x 16 each from K = dk (one set of S's fragments): tile
+ *                              (w / 2, w % 2)
+ *   O = e^G (Qn S) + Qk U      Qk U from K <= 16 (w / 2 + 1): the same tile
  *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n: tiles w, w + 8, ...
  * Rows past n of U and Ud are written zero, and A entries past n (Qk's columns, Kn's rows,
  * whose shared copies hold older chunks or nothing) are read as zero: no NaN reaches a sum.
@@ -221,10 +254,10 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         if (more)
             gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G, lkk, GCT_LS);
         const float glast = G[n - 1];
+        gct_acc u = {}, qs = {}; /* Wk S and Qn S: the same fragments of S */
         { /* U = Wv - Wk S; rows past n zero */
-            gct_acc u = {};
             if (m0 < n)
-                gct_tile(l, u, Wk + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
+                gct_tile2(l, u, Wk + m0 * lk, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk);
             for (int r = 0; r < 4; r++) {
                 int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
                 float v = i < n ? Wv[i * GCT_LS + cc] - gct_acc_value(u, r) : 0.0f;
@@ -235,9 +268,8 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         l.sync(); /* U complete; Wk and Wv free */
         if (more)
             gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
-        if (m0 < n) { /* O = e^G (Qn S) + Qk U */
-            gct_acc qs = {}, qu = {};
-            gct_tile(l, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk, dk, false, 0);
+        if (m0 < n) { /* O = e^G (Qn S) + Qk U, Qn S from the first phase */
+            gct_acc qu = {};
             gct_tile(l, qu, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, 1, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
             for (int r = 0; r < 4; r++) {
                 int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
@@ -246,7 +278,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
                         expf(G[i]) * gct_acc_value(qs, r) + gct_acc_value(qu, r);
             }
         }
-        l.sync(); /* O read the old state, q, Qk and G */
+        l.sync(); /* O read Qk and G */
         if (more)
             gct_fetch(l, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
         /* S = e^Glast S + Knᵀ Ud: A(r, s) = Kn[s][r] */
@@ -345,8 +377,7 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
         if (m0 >= n || n0 >= n)
             continue;
         gct_acc kk = {}, qk = {};
-        gct_tile(l, kk, K + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
-        gct_tile(l, qk, Q + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk, dk, false, 0);
+        gct_tile2(l, kk, K + m0 * lk, qk, Q + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk);
         for (int r = 0; r < 4; r++) {
             int i = m0 + g + 8 * (r >> 1), s = n0 + 2 * t + (r & 1);
             bool in = i < n && s < n;
