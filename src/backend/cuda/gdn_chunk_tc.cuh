@@ -217,9 +217,11 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
  *   U = Wv - Wk S, and Qn S    64 x 16 each from K = dk (one set of S's fragments): tile
  *                              (w / 2, w % 2)
  *   O = e^G (Qn S) + Qk U      Qk U from K <= 16 (w / 2 + 1): the same tile
- *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n: tiles w, w + 8, ...
- * Rows past n of U and Ud are written zero, and A entries past n (Qk's columns, Kn's rows,
- * whose shared copies hold older chunks or nothing) are read as zero: no NaN reaches a sum.
+ *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n rounded up to 8: tiles w and w + 8 as a
+ *                              pair (the same Ud fragments), then w + 16 and w + 24, ...
+ * Rows past n of U and Ud are written zero, and so are Kn's rows from n to a multiple of 8;
+ * Qk's entries past n (its global rows hold nothing there) are read as zero: no NaN reaches a
+ * sum.
  * Shared rows are padded so that every fragment load is free of bank conflicts: Wk, Qn and
  * Qk rows (A, by rows) are 4 mod 32 floats, Kn rows (A, by columns) 8 or 24, and S, Wv, U, Ud
  * rows (B) GC_COLS + 8 = 24. */
@@ -253,6 +255,8 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         l.sync();
         if (more)
             gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G, lkk, GCT_LS);
+        for (int i = tid; i < (n8 - n) * dk; i += GC_THREADS) /* Kn's rows to a multiple of 8: zero */
+            Kn[(n + i / dk) * lkk + i % dk] = 0.0f;
         const float glast = G[n - 1];
         gct_acc u = {}, qs = {}; /* Wk S and Qn S: the same fragments of S */
         { /* U = Wv - Wk S; rows past n zero */
@@ -281,15 +285,22 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         l.sync(); /* O read Qk and G */
         if (more)
             gct_fetch(l, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
-        /* S = e^Glast S + Knᵀ Ud: A(r, s) = Kn[s][r] */
+        /* S = e^Glast S + Knᵀ Ud: A(r, s) = Kn[s][r]; tiles w and w + 8 (rows 64 apart, the
+         * same columns) as a pair */
         const float el = expf(glast);
-        for (int tile = warp; tile < dk / 8; tile += GC_THREADS / 32) {
+        for (int tile = warp; tile < dk / 8; tile += 2 * (GC_THREADS / 32)) {
             const int r0 = 16 * (tile >> 1), cn = 8 * (tile & 1);
-            gct_acc ku = {};
-            gct_tile(l, ku, Kn + r0, 1, lkk, Ud + cn, GCT_LS, 1, n8, n, false, 0);
+            const bool pair = tile + GC_THREADS / 32 < dk / 8;
+            gct_acc k0 = {}, k1 = {};
+            if (pair)
+                gct_tile2(l, k0, Kn + r0, k1, Kn + r0 + 64, 1, lkk, Ud + cn, GCT_LS, 1, n8);
+            else
+                gct_tile(l, k0, Kn + r0, 1, lkk, Ud + cn, GCT_LS, 1, n8, n8, false, 0);
             for (int r = 0; r < 4; r++) {
                 float *p = S + (r0 + g + 8 * (r >> 1)) * GCT_LS + cn + 2 * t + (r & 1);
-                *p = el * *p + gct_acc_value(ku, r);
+                *p = el * *p + gct_acc_value(k0, r);
+                if (pair)
+                    p[64 * GCT_LS] = el * p[64 * GCT_LS] + gct_acc_value(k1, r);
             }
         }
     }
