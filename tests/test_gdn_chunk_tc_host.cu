@@ -1,16 +1,17 @@
 /*
- * test_gdn_chunk_tc_host.cu — the tensor-core chunked DeltaNet scan (gdn_chunk_tc.cuh) run on
- * the host, every block's threads emulated by tests/simt_host.h, so CI checks it without a GPU.
+ * test_gdn_chunk_tc_host.cu — the tensor-core chunked DeltaNet kernels (gdn_chunk_tc.cuh: prep
+ * and scan) run on the host, every block's threads emulated by tests/simt_host.h, so CI checks
+ * them without a GPU.
  *
- * The scan's contract, from the chunk matrices the prep kernel leaves in scratch: per value head
- * and chunk, U = Wv - Wk S, O = e^G (Qn S) + Qk U, S = e^Glast S + Knᵀ (e^(Glast - G) U).
- * The reference below walks those formulas in double; the kernel's outputs and final state must
- * agree to 3xTF32 accuracy (OUT_TOL: observed ~1e-6 of the largest value; a plain TF32 product
- * is ~1e-3 off). Everything the kernel must not read is NaN: the upper triangle of Qk and its
- * columns past a partial chunk's tokens, the chunk rows past its tokens, fresh shared memory.
- * The output buffer's padding columns and the state of other columns must stay as they were.
- * Each case runs twice: cp.async copies landing at once, and landing only at the wait.
- * On a GPU, test_cuda_ops' DeltaNet cases (par 3) check the same kernel end to end.
+ * Three references in double: the scan's contract (U = Wv - Wk S, O = e^G (Qn S) + Qk U,
+ * S = e^Glast S + Knᵀ (e^(Glast - G) U) per chunk), the prep's definitions (Qk, the WY form's
+ * Wk and Wv by forward substitution, G), and both kernels together against the DeltaNet
+ * recurrence token by token. Agreement to 3xTF32 accuracy (OUT_TOL: observed ~2e-7 of the
+ * largest value; a one- or two-term TF32 product is ~5e-4 off). Everything the kernels must not
+ * read is NaN (Qk's upper triangle and columns past a partial chunk, rows past its tokens, fresh
+ * shared memory), and padding the kernels must not write must stay NaN. Scan cases run twice:
+ * cp.async copies landing at once, and only at the wait. On a GPU, test_cuda_ops' DeltaNet
+ * cases (par 3) check the same kernels end to end.
  */
 #include <math.h>
 #include <setjmp.h>
