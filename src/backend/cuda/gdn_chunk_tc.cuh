@@ -54,8 +54,8 @@ static inline __host__ __device__ float *gdn_chunk_area(const struct gdn_args &a
 /* Shared memory of the tensor-core scan, bytes. */
 static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk)
 {
-    return ((size_t)2 * GC * (dk + 4) + (size_t)2 * GC * (dk + 8) + (size_t)GC * (GC + 4) +
-            (size_t)dk * GCT_LS + (size_t)3 * GC * GCT_LS + GC) * 4;
+    return ((size_t)2 * GC * (dk + 4) + (size_t)2 * GC * (dk + 8) + (size_t)2 * GC * (GC + 4) +
+            (size_t)dk * GCT_LS + (size_t)3 * GC * GCT_LS + 2 * GC) * 4;
 }
 
 /* cvt.rna.tf32.f32: x to 10 mantissa bits, nearest, ties away from zero (finite x). */
@@ -174,10 +174,22 @@ static inline GCT_FN void gct_tile2(L &l, gct_acc &c1, const float *A1, gct_acc 
     }
 }
 
-/* Starts the copies of chunk c's Wk rows and value columns (group 1), q rows, Qk rows and G
- * (group 2) or k rows (group 3) into shared memory; one commit per call. Rows of Wk and q are
- * dk + 4 floats apart, of k lkk, of Wv lwv (both scans use it: the FMA scan with dk + 4 and
- * GC_COLS, this one with dk + 8 and GCT_LS). */
+/* What gct_fetch copies: Wk's rows and Wv's columns, q rows, Qk's rows and G, k rows. */
+enum { GCT_WK = 1, GCT_Q = 2, GCT_QKG = 4, GCT_K = 8 };
+
+/* n rows of `cols` floats (a multiple of 4), 16 bytes at a time */
+template <class L>
+static inline GCT_FN void gct_copy_rows(L &l, float *dst, int ldd, const float *src, int64_t lds, int n, int cols)
+{
+    for (int i = l.tid(); i < n * (cols / 4); i += GC_THREADS) {
+        int t = i / (cols / 4), r = 4 * (i % (cols / 4));
+        l.copy16(dst + t * ldd + r, src + t * lds + r);
+    }
+}
+
+/* Starts the copies of chunk c's parts named in `which` (GCT_*) into shared memory; one commit
+ * per call. Rows of Wk and q are dk + 4 floats apart, of k lkk, of Wv lwv (both scans use it:
+ * the FMA scan with dk + 4 and GC_COLS, this one with dk + 8 and GCT_LS). */
 template <class L>
 static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, int c, int kh, int j, int c0,
                                     float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G, int lkk,
@@ -187,24 +199,20 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
     const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
     const float *area = gdn_chunk_area(a, j, c);
     const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
+    const int64_t rows = ((int64_t)t0 * a.Hk + kh) * dk, lds = (int64_t)a.Hk * dk; /* in qn, kn */
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
-    for (int i = tid; i < n * (dk / 4); i += GC_THREADS) {
-        int t = i / (dk / 4), r = 4 * (i % (dk / 4));
-        int64_t src = ((int64_t)(t0 + t) * a.Hk + kh) * dk + r;
-        if (which == 1)
-            l.copy16(Wk + t * lk + r, gWk + t * dk + r);
-        else if (which == 2)
-            l.copy16(Qn + t * lk + r, qn + src);
-        else
-            l.copy16(Kn + t * lkk + r, kn + src);
-    }
-    if (which == 1)
+    if (which & GCT_WK) {
+        gct_copy_rows(l, Wk, lk, gWk, dk, n, dk);
         for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
             if (c0 + i % GC_COLS < dv)
                 l.copy4(Wv + (i / GC_COLS) * lwv + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
-    if (which == 2) {
-        for (int i = tid; i < n * (GC / 4); i += GC_THREADS)
-            l.copy16(Qk + (i / (GC / 4)) * lq + 4 * (i % (GC / 4)), gQk + 4 * i);
+    }
+    if (which & GCT_Q)
+        gct_copy_rows(l, Qn, lk, qn + rows, lds, n, dk);
+    if (which & GCT_K)
+        gct_copy_rows(l, Kn, lkk, kn + rows, lds, n, dk);
+    if (which & GCT_QKG) {
+        gct_copy_rows(l, Qk, lq, gQk, GC, n, GC);
         for (int i = tid; i < n; i += GC_THREADS)
             l.copy4(G + i, gG + i);
     }
@@ -212,7 +220,9 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
 }
 
 /* The chunks in order for block (value head j, state column block cb); smem holds
- * gdn_chunk_tc_smem(dk) bytes. Same schedule of copies as gdn_chunk_scan_kernel.
+ * gdn_chunk_tc_smem(dk) bytes. Two barriers a chunk: the next chunk's k rows, Qk and G are
+ * copied (into the other buffers) from the start of a chunk, its Wk, Wv and q rows after the
+ * first phase; O and the state update run side by side.
  * Per chunk of n <= GC tokens, 8 warps on 16 x 8 tiles:
  *   U = Wv - Wk S, and Qn S    64 x 16 each from K = dk (one set of S's fragments): tile
  *                              (w / 2, w % 2)
@@ -232,9 +242,11 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
     const int lk = dk + 4, lkk = dk + 8, lq = GC + 4, nc = (a.T + GC - 1) / GC;
-    float *Wk = smem, *Qn = Wk + GC * lk, *Kb = Qn + GC * lk, *Qk = Kb + 2 * GC * lkk;
-    float *S = Qk + GC * lq, *Wv = S + dk * GCT_LS, *U = Wv + GC * GCT_LS, *Ud = U + GC * GCT_LS;
-    float *G = Ud + GC * GCT_LS;
+    /* k rows, Qk and G double-buffered (chunk c + 1's copied while chunk c runs); Wk, Wv and
+     * q rows copied once chunk c's first phase has read them */
+    float *Wk = smem, *Qn = Wk + GC * lk, *Kb = Qn + GC * lk, *Qkb = Kb + 2 * GC * lkk;
+    float *S = Qkb + 2 * GC * lq, *Wv = S + dk * GCT_LS, *U = Wv + GC * GCT_LS, *Ud = U + GC * GCT_LS;
+    float *Gb = Ud + GC * GCT_LS;
     float *St = a.state + (int64_t)j * dk * dv;
     for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
         int r = i / GC_COLS, c = i % GC_COLS;
@@ -243,18 +255,18 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
     for (int i = tid; i < GC * GCT_LS; i += GC_THREADS)
         Wv[i] = 0.0f; /* columns past dv stay zero */
     l.sync();
-    for (int w = 1; w <= 3; w++)
-        gct_fetch(l, a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lkk, GCT_LS);
+    gct_fetch(l, a, GCT_WK | GCT_Q | GCT_QKG | GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qkb, Wv, Gb, lkk, GCT_LS);
     /* the tile of U and O: rows m0 + g (+ 8), columns n0 + 2t (+ 1) */
     const int m0 = 16 * (warp >> 1), n0 = 8 * (warp & 1);
     for (int c = 0; c < nc; c++) {
-        const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC, n8 = (n + 7) & ~7;
+        const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC, n8 = (n + 7) & ~7, nb = (c + 1) & 1;
         const bool more = c + 1 < nc;
-        float *Kn = Kb + (c & 1) * GC * lkk;
+        float *Kn = Kb + (c & 1) * GC * lkk, *Qk = Qkb + (c & 1) * GC * lq, *G = Gb + (c & 1) * GC;
         l.wait_all();
-        l.sync();
+        l.sync(); /* chunk c's copies landed; chunk c - 1 read its buffers and wrote S */
         if (more)
-            gct_fetch(l, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lkk, Qk, Wv, G, lkk, GCT_LS);
+            gct_fetch(l, a, GCT_K | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kb + nb * GC * lkk, Qkb + nb * GC * lq, Wv,
+                      Gb + nb * GC, lkk, GCT_LS);
         for (int i = tid; i < (n8 - n) * dk; i += GC_THREADS) /* Kn's rows to a multiple of 8: zero */
             Kn[(n + i / dk) * lkk + i % dk] = 0.0f;
         const float glast = G[n - 1];
@@ -269,9 +281,9 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
                 Ud[i * GCT_LS + cc] = i < n ? expf(glast - G[i]) * v : 0.0f;
             }
         }
-        l.sync(); /* U complete; Wk and Wv free */
+        l.sync(); /* U and Ud complete; S, Wk, Wv and q read */
         if (more)
-            gct_fetch(l, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
+            gct_fetch(l, a, GCT_WK | GCT_Q, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
         if (m0 < n) { /* O = e^G (Qn S) + Qk U, Qn S from the first phase */
             gct_acc qu = {};
             gct_tile(l, qu, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, 1, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
@@ -282,11 +294,8 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
                         expf(G[i]) * gct_acc_value(qs, r) + gct_acc_value(qu, r);
             }
         }
-        l.sync(); /* O read Qk and G */
-        if (more)
-            gct_fetch(l, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
-        /* S = e^Glast S + Knᵀ Ud: A(r, s) = Kn[s][r]; tiles w and w + 8 (rows 64 apart, the
-         * same columns) as a pair */
+        /* S = e^Glast S + Knᵀ Ud (no barrier after O: O reads neither S nor Kn); A(r, s) =
+         * Kn[s][r]; tiles w and w + 8 (rows 64 apart, the same columns) as a pair */
         const float el = expf(glast);
         for (int tile = warp; tile < dk / 8; tile += 2 * (GC_THREADS / 32)) {
             const int r0 = 16 * (tile >> 1), cn = 8 * (tile & 1);

@@ -246,8 +246,9 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         Wv[i] = 0.0f; /* columns past dv stay zero */
     __syncthreads();
     gdn_gpu_lanes lanes;
-    for (int w = 1; w <= 3; w++)
-        gct_fetch(lanes, a, w, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
+    gct_fetch(lanes, a, GCT_WK, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
+    gct_fetch(lanes, a, GCT_Q | GCT_QKG, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
+    gct_fetch(lanes, a, GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
     for (int c = 0; c < nc; c++) {
         const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
         const bool more = c + 1 < nc;
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         cp_async_wait<0>();
         __syncthreads();
         if (more)
-            gct_fetch(lanes, a, 3, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G, lk, GC_COLS);
+            gct_fetch(lanes, a, GCT_K, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G, lk, GC_COLS);
         const float glast = G[n - 1];
         /* U = Wv − Wk S */
         {
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         }
         __syncthreads(); /* U complete; Wk and Wv free */
         if (more)
-            gct_fetch(lanes, a, 1, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
+            gct_fetch(lanes, a, GCT_WK, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
         /* O = diag(e^G) Q S + Qk U */
         {
             float o[4][2];
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         }
         __syncthreads(); /* O read the old state, q, Qk and G */
         if (more)
-            gct_fetch(lanes, a, 2, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
+            gct_fetch(lanes, a, GCT_Q | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
         /* S = e^{G_last} S + Kᵀ Ud */
         const float el = expf(glast);
         for (int r0 = 8 * grp; r0 < dk; r0 += 8 * 16) {
