@@ -58,20 +58,6 @@ static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk)
             (size_t)dk * GCT_LS + (size_t)3 * GC * GCT_LS + 2 * GC) * 4;
 }
 
-/* cvt.rna.tf32.f32: x to 10 mantissa bits, nearest, ties away from zero (finite x). */
-static inline __host__ __device__ uint32_t gct_tf32(float x)
-{
-#ifdef __CUDA_ARCH__
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-#else
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return (u + 0x1000u) & 0xffffe000u;
-#endif
-}
-
 static inline __host__ __device__ float gct_float(uint32_t u)
 {
 #ifdef __CUDA_ARCH__
@@ -109,12 +95,22 @@ static inline GCT_FN void gct_acc_set(gct_acc &c, const float (&v)[4])
 /* element r of the tile: the small terms first */
 static inline GCT_FN float gct_acc_value(const gct_acc &c, int r) { return c.hh[r] + (c.hl[r] + c.lh[r]); }
 
-/* x = hi + lo in TF32, element by element */
+/* x = hi + lo in TF32, element by element, in three instructions: hi is x rounded to TF32
+ * by integer addition and mask (cvt.rna's value for finite x; cvt.rna itself is several
+ * instructions, and the splits made the ALU the busiest pipe: gdn_chunk_scan_tc at 45%,
+ * perf-log session 52), lo the f32 rest x - hi (exact), passed as it is: the tensor cores
+ * read a .tf32 operand's top 19 bits, so lo is truncated, an error of 2^-10 of lo, under
+ * 2^-21 of x. */
 template <int N>
 static inline GCT_FN void gct_split(const float (&x)[N], uint32_t (&hi)[N], uint32_t (&lo)[N])
 {
-    for (int r = 0; r < N; r++)
-        hi[r] = gct_tf32(x[r]), lo[r] = gct_tf32(x[r] - gct_float(hi[r]));
+    for (int r = 0; r < N; r++) {
+        uint32_t u;
+        memcpy(&u, &x[r], 4);
+        hi[r] = (u + 0x1000u) & 0xffffe000u;
+        float rest = x[r] - gct_float(hi[r]);
+        memcpy(&lo[r], &rest, 4);
+    }
 }
 
 /* c += A B for one 16 x 8 x 8 step in 3xTF32 (fragments as L::mma). */
