@@ -133,6 +133,9 @@ static inline GCT_FN void gct_tile(L &l, gct_acc &c, const float *A, int ai, int
                                    const float *B, int bk, int bc, int k1, int kn, bool causal, int row0)
 {
     const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+#ifdef __CUDA_ARCH__
+#pragma unroll 4
+#endif
     for (int k = 0; k < k1; k += 8) {
         const int ka = k + t, kb = k + t + 4;
         const bool a0 = ka < kn && (!causal || ka <= row0 + g), a1 = ka < kn && (!causal || ka <= row0 + g + 8);
@@ -152,6 +155,9 @@ static inline GCT_FN void gct_tile2(L &l, gct_acc &c1, const float *A1, gct_acc 
                                     int ak, const float *B, int bk, int bc, int k1)
 {
     const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+#ifdef __CUDA_ARCH__
+#pragma unroll 4
+#endif
     for (int k = 0; k < k1; k += 8) {
         const int ka = k + t, kb = k + t + 4;
         const int o0 = g * ai + ka * ak, o1 = (g + 8) * ai + ka * ak, o2 = g * ai + kb * ak, o3 = (g + 8) * ai + kb * ak;
