@@ -10,7 +10,10 @@
  * (0.0330 against 0.0329 from reordering alone: docs/perf-log.md, session 50).
  *
  * The FMA kernels this replaces took 51 us (prep) and 90 us (scan) a layer against ~15 and ~25
- * us of issue (session 6). This form was written in a session without a GPU (51), so both bodies
+ * us of issue (session 6). On the H200 (session 52) these take 64 us (scan) and 36 us (prep): one
+ * block of 8 warps a multiprocessor (shared memory) leaves 2 warps a scheduler, issuing at half
+ * rate — latency, not the tensor pipes, is the limit; more warps a block is the next step
+ * (docs/perf-log.md, session 52). This form was written in a session without a GPU (51), so both bodies
  * are templates over the lanes L that run them — gdn_gpu_lanes (gdn_chunked.cu) on the GPU, the
  * emulator of tests/simt_host.h in tests/test_gdn_chunk_tc_host.cu (CI) — and GCT_FN is
  * __device__ or __host__ accordingly.
