@@ -128,6 +128,16 @@ static inline GCT_FN void gct_mma3(L &l, gct_acc &c, const float (&a)[4], const 
     l.mma(c.lh, al, bh);
 }
 
+/* The product loops over k, unrolled by 4 on the GPU so that a step's shared loads overlap
+ * the previous step's MMAs (2 warps a scheduler hide nothing else: perf-log session 52);
+ * registers are free here, since shared memory holds the kernels to one block a
+ * multiprocessor. The host emulator runs them as written. */
+#ifdef __CUDA_ARCH__
+#define GCT_UNROLL4 _Pragma("unroll 4")
+#else
+#define GCT_UNROLL4
+#endif
+
 /* A 16 x 8 tile of a warp: c += A[16 rows][k in 0..k1) B[k][8 columns]. A(i, k) is
  * A[i ai + k ak] and read as zero where k >= kn, or k > row0 + i when causal (row0: the tile's
  * first row in the chunk); B(k, c) is B[k bk + c bc]. k1 is a multiple of 8. */
@@ -136,9 +146,7 @@ static inline GCT_FN void gct_tile(L &l, gct_acc &c, const float *A, int ai, int
                                    const float *B, int bk, int bc, int k1, int kn, bool causal, int row0)
 {
     const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
-#ifdef __CUDA_ARCH__
-#pragma unroll 4
-#endif
+    GCT_UNROLL4
     for (int k = 0; k < k1; k += 8) {
         const int ka = k + t, kb = k + t + 4;
         const bool a0 = ka < kn && (!causal || ka <= row0 + g), a1 = ka < kn && (!causal || ka <= row0 + g + 8);
@@ -158,9 +166,7 @@ static inline GCT_FN void gct_tile2(L &l, gct_acc &c1, const float *A1, gct_acc 
                                     int ak, const float *B, int bk, int bc, int k1)
 {
     const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
-#ifdef __CUDA_ARCH__
-#pragma unroll 4
-#endif
+    GCT_UNROLL4
     for (int k = 0; k < k1; k += 8) {
         const int ka = k + t, kb = k + t + 4;
         const int o0 = g * ai + ka * ak, o1 = (g + 8) * ai + ka * ak, o2 = g * ai + kb * ak, o3 = (g + 8) * ai + kb * ak;
