@@ -327,7 +327,7 @@ static void check_prep_case(const tc_case &c)
     gdn_args a = prep_args(c, in);
     const int nc = (c.T + GC - 1) / GC;
     std::vector<float> smem(gdn_chunk_prep_tc_smem(c.dk, c.dv) / 4);
-    simt_block block(GC_THREADS, false, 99u);
+    simt_block block(GC_THREADS, true, 99u); /* copies land at the wait */
     for (int j = 0; j < c.Hv; j++)
         for (int ch = 0; ch < nc; ch++) {
             std::fill(smem.begin(), smem.end(), NAN);

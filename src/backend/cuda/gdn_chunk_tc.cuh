@@ -54,13 +54,6 @@ static inline __host__ __device__ float *gdn_chunk_area(const struct gdn_args &a
     return base + ((int64_t)j * nc + c) * gdn_chunk_floats(a.dk, a.dv);
 }
 
-/* Shared memory of the tensor-core scan, bytes. */
-static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk)
-{
-    return ((size_t)2 * GC * (dk + 4) + (size_t)2 * GC * (dk + 8) + (size_t)2 * GC * (GC + 4) +
-            (size_t)dk * GCT_LS + (size_t)3 * GC * GCT_LS + 2 * GC) * 4;
-}
-
 static inline __host__ __device__ float gct_float(uint32_t u)
 {
 #ifdef __CUDA_ARCH__
@@ -198,129 +191,242 @@ static inline GCT_FN void gct_copy_rows(L &l, float *dst, int ldd, const float *
     }
 }
 
+/* Row strides (floats) of what gct_fetch copies into shared memory: Wk's and q's rows, k's,
+ * Qk's and Wv's. */
+struct gct_strides {
+    int w, k, qk, wv;
+};
+
 /* Starts the copies of chunk c's parts named in `which` (GCT_*) into shared memory; one commit
- * per call. Rows of Wk and q are dk + 4 floats apart, of k lkk, of Wv lwv (both scans use it:
- * the FMA scan with dk + 4 and GC_COLS, this one with dk + 8 and GCT_LS). */
+ * per call. Both scans use it (the FMA scan with dk + 4, dk + 4, GC + 4 and GC_COLS; this one
+ * with gct_scan_strides). */
 template <class L>
 static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, int c, int kh, int j, int c0,
-                                    float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G, int lkk,
-                                    int lwv)
+                                    float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G,
+                                    const gct_strides &ld)
 {
-    const int dk = a.dk, dv = a.dv, lk = dk + 4, lq = GC + 4, tid = l.tid();
+    const int dk = a.dk, dv = a.dv, tid = l.tid();
     const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
     const float *area = gdn_chunk_area(a, j, c);
     const float *gWk = area, *gWv = gWk + GC * dk, *gQk = gWv + GC * dv, *gG = gQk + GC * GC;
     const int64_t rows = ((int64_t)t0 * a.Hk + kh) * dk, lds = (int64_t)a.Hk * dk; /* in qn, kn */
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
     if (which & GCT_WK) {
-        gct_copy_rows(l, Wk, lk, gWk, dk, n, dk);
+        gct_copy_rows(l, Wk, ld.w, gWk, dk, n, dk);
         for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
             if (c0 + i % GC_COLS < dv)
-                l.copy4(Wv + (i / GC_COLS) * lwv + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
+                l.copy4(Wv + (i / GC_COLS) * ld.wv + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
     }
     if (which & GCT_Q)
-        gct_copy_rows(l, Qn, lk, qn + rows, lds, n, dk);
+        gct_copy_rows(l, Qn, ld.w, qn + rows, lds, n, dk);
     if (which & GCT_K)
-        gct_copy_rows(l, Kn, lkk, kn + rows, lds, n, dk);
+        gct_copy_rows(l, Kn, ld.k, kn + rows, lds, n, dk);
     if (which & GCT_QKG) {
-        gct_copy_rows(l, Qk, lq, gQk, GC, n, GC);
+        gct_copy_rows(l, Qk, ld.qk, gQk, GC, n, GC);
         for (int i = tid; i < n; i += GC_THREADS)
             l.copy4(G + i, gG + i);
     }
     l.commit();
 }
 
+/* ---- the scan's fragments: k permuted, the block's own operands split once ----
+ * A product's sum over k does not depend on the order of the k's, so within a step of 8 a
+ * lane's k = t and t + 4 stand for columns k0 + 2t and k0 + 2t + 1 of A and rows k0 + 2t and
+ * k0 + 2t + 1 of B: a row's two elements of A are one 8-byte load. What the block writes
+ * itself and reads as B (S, U, Ud) is kept as TF32 pairs (hi, lo) = (x, y) of a float2, split
+ * once when written; A's operands (copied from the prep's areas) are split as they are loaded.
+ * Session 52's scan split every fragment at every load (ALU 31-45% busy, ~64 instructions a
+ * step of six MMAs); here a step is ~22. */
+typedef float2 gct_pair;
+
+static inline GCT_FN gct_pair gct_pair_of(float x)
+{
+    const float v[1] = {x};
+    uint32_t hi[1], lo[1];
+    gct_split(v, hi, lo);
+    return gct_pair{gct_float(hi[0]), gct_float(lo[0])};
+}
+
+static inline GCT_FN float gct_pair_value(const gct_pair &p) { return p.x + p.y; } /* exact: lo = x - hi */
+
+static inline GCT_FN uint32_t gct_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* A's fragment of step k0 for A(i, k) = A[i lda + k]: rows g and g + 8, columns k0 + 2t and
+ * k0 + 2t + 1. */
+static inline GCT_FN void gct_frag_rows(const float *A, int lda, int k0, int g, int t, uint32_t (&hi)[4],
+                                        uint32_t (&lo)[4])
+{
+    const float2 r0 = *(const float2 *)(A + g * lda + k0 + 2 * t), r1 = *(const float2 *)(A + (g + 8) * lda + k0 + 2 * t);
+    const float v[4] = {r0.x, r1.x, r0.y, r1.y};
+    gct_split(v, hi, lo);
+}
+
+/* A's fragment of step k0 for A = Mᵀ with its rows permuted: A(i, k) = M[k ldm + π(i)], π(g) =
+ * 2g and π(g + 8) = 2g + 1, so that a lane's two rows are adjacent columns of M (D's rows g
+ * and g + 8 are then M's columns 2g and 2g + 1). */
+static inline GCT_FN void gct_frag_cols(const float *M, int ldm, int k0, int g, int t, uint32_t (&hi)[4],
+                                        uint32_t (&lo)[4])
+{
+    const float2 r0 = *(const float2 *)(M + (k0 + 2 * t) * ldm + 2 * g);
+    const float2 r1 = *(const float2 *)(M + (k0 + 2 * t + 1) * ldm + 2 * g);
+    const float v[4] = {r0.x, r0.y, r1.x, r1.y};
+    gct_split(v, hi, lo);
+}
+
+/* B's fragment of step k0 from pairs, B(k, c) = P[k ldp + c]: rows k0 + 2t, k0 + 2t + 1 of
+ * column g. */
+static inline GCT_FN void gct_frag_pairs(const gct_pair *P, int ldp, int k0, int g, int t, uint32_t (&hi)[2],
+                                         uint32_t (&lo)[2])
+{
+    const gct_pair p0 = P[(k0 + 2 * t) * ldp + g], p1 = P[(k0 + 2 * t + 1) * ldp + g];
+    hi[0] = gct_bits(p0.x), hi[1] = gct_bits(p1.x);
+    lo[0] = gct_bits(p0.y), lo[1] = gct_bits(p1.y);
+}
+
+/* A 16-row unit of the block's 16 state columns, two 16 x 8 tiles (c[0] columns 0-7, c[1]
+ * 8-15): c += A B over k in [0, k1), k1 a multiple of 8, B as pairs. A by rows (gct_frag_rows)
+ * or, COLS, as the transpose of M (gct_frag_cols). A's split serves both tiles: six
+ * independent MMAs a step. */
+template <bool COLS, class L>
+static inline GCT_FN void gct_unit(L &l, gct_acc (&c)[2], const float *A, int lda, const gct_pair *B, int ldb,
+                                   int k1)
+{
+    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+    GCT_UNROLL4
+    for (int k0 = 0; k0 < k1; k0 += 8) {
+        uint32_t ah[4], al[4], bh0[2], bl0[2], bh1[2], bl1[2];
+        if (COLS)
+            gct_frag_cols(A, lda, k0, g, t, ah, al);
+        else
+            gct_frag_rows(A, lda, k0, g, t, ah, al);
+        gct_frag_pairs(B, ldb, k0, g, t, bh0, bl0);
+        gct_frag_pairs(B + 8, ldb, k0, g, t, bh1, bl1);
+        l.mma(c[0].hh, ah, bh0);
+        l.mma(c[1].hh, ah, bh1);
+        l.mma(c[0].hl, ah, bl0);
+        l.mma(c[1].hl, ah, bl1);
+        l.mma(c[0].lh, al, bh0);
+        l.mma(c[1].lh, al, bh1);
+    }
+}
+
+/* Where element e (0-7) of a lane's unit lies: c[e / 4]'s element e % 4, in the unit's row
+ * gct_unit_row (of 16) and column gct_unit_col (of 16). */
+static inline GCT_FN int gct_unit_row(int e, int g, bool cols) { return cols ? 2 * g + ((e & 3) >> 1) : g + 8 * ((e & 3) >> 1); }
+static inline GCT_FN int gct_unit_col(int e, int t) { return 8 * (e >> 2) + 2 * t + (e & 1); }
+
+/* The scan's shared rows: Wk and q rows dk + 8 floats apart (8 or 24 mod 32: gct_frag_rows'
+ * 8-byte loads free of bank conflicts), k rows dk + 4 (gct_frag_cols'), Qk rows GC + 8, Wv
+ * rows GCT_LS; S, U and Ud rows GCT_LP pairs (gct_frag_pairs': rows 2t apart 4t mod 16 pairs). */
+#define GCT_LP (GC_COLS + 2)
+static inline __host__ __device__ gct_strides gct_scan_strides(int32_t dk) { return gct_strides{dk + 8, dk + 4, GC + 8, GCT_LS}; }
+
+/* Shared memory of the tensor-core scan, bytes (Qwen3.5's dk 128: 212.5 KB). */
+static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk)
+{
+    const gct_strides ld = gct_scan_strides(dk);
+    return ((size_t)2 * GC * ld.w + (size_t)2 * GC * ld.k + (size_t)2 * GC * ld.qk + (size_t)GC * ld.wv + 2 * GC) * 4 +
+           ((size_t)dk + 2 * GC) * GCT_LP * sizeof(gct_pair);
+}
+
 /* The chunks in order for block (value head j, state column block cb); smem holds
  * gdn_chunk_tc_smem(dk) bytes. Two barriers a chunk: the next chunk's k rows, Qk and G are
  * copied (into the other buffers) from the start of a chunk, its Wk, Wv and q rows after the
  * first phase; O and the state update run side by side.
- * Per chunk of n <= GC tokens, 8 warps on 16 x 8 tiles:
- *   U = Wv - Wk S, and Qn S    64 x 16 each from K = dk (one set of S's fragments): tile
- *                              (w / 2, w % 2)
- *   O = e^G (Qn S) + Qk U      Qk U from K <= 16 (w / 2 + 1): the same tile
- *   S = e^Glast S + Knᵀ Ud     dk x 16 from K = n rounded up to 8: tiles w and w + 8 as a
- *                              pair (the same Ud fragments), then w + 16 and w + 24, ...
- * Rows past n of U and Ud are written zero, and so are Kn's rows from n to a multiple of 8;
- * Qk's entries past n (its global rows hold nothing there) are read as zero: no NaN reaches a
- * sum.
- * Shared rows are padded so that every fragment load is free of bank conflicts: Wk, Qn and
- * Qk rows (A, by rows) are 4 mod 32 floats, Kn rows (A, by columns) 8 or 24, and S, Wv, U, Ud
- * rows (B) GC_COLS + 8 = 24. */
+ * Per chunk of n <= GC tokens, 8 warps on units of 16 rows x the block's 16 columns:
+ *   phase 1, K = dk    warps 0-3: Qn S for rows 16 (3 - w), kept in registers;
+ *                      warps 4-7: U = Wv - Wk S for rows 16 (w - 4), rows past n zero, into U
+ *                      and Ud = e^(Glast - G) U (pairs)
+ *   phase 2            warps 0-3: O = e^G (Qn S) + Qk U for their rows, K causal (<= 16 (4 - w):
+ *                      the longest on warp 0)
+ *   phase 3, K = n8    every warp: S = e^Glast S + Knᵀ Ud for state rows 16 w (gct_frag_cols)
+ * Kn's rows from n to n8 (n rounded up to 8) are zeroed, and Qk's diagonal blocks above the
+ * diagonal and past n (the prep's area holds nothing there): U and Ud rows past n are zero, so
+ * no NaN reaches a sum. */
 template <class L>
 static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int cb, float *smem)
 {
     const int dk = a.dk, dv = a.dv, Hk = a.Hk, c0 = cb * GC_COLS, tid = l.tid();
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
-    const int lk = dk + 4, lkk = dk + 8, lq = GC + 4, nc = (a.T + GC - 1) / GC;
+    const int nc = (a.T + GC - 1) / GC;
+    const gct_strides ld = gct_scan_strides(dk);
     /* k rows, Qk and G double-buffered (chunk c + 1's copied while chunk c runs); Wk, Wv and
      * q rows copied once chunk c's first phase has read them */
-    float *Wk = smem, *Qn = Wk + GC * lk, *Kb = Qn + GC * lk, *Qkb = Kb + 2 * GC * lkk;
-    float *S = Qkb + 2 * GC * lq, *Wv = S + dk * GCT_LS, *U = Wv + GC * GCT_LS, *Ud = U + GC * GCT_LS;
-    float *Gb = Ud + GC * GCT_LS;
+    float *Wk = smem, *Qn = Wk + GC * ld.w, *Kb = Qn + GC * ld.w, *Qkb = Kb + 2 * GC * ld.k;
+    float *Wv = Qkb + 2 * GC * ld.qk, *Gb = Wv + GC * ld.wv;
+    gct_pair *S = (gct_pair *)(Gb + 2 * GC), *U = S + dk * GCT_LP, *Ud = U + GC * GCT_LP;
     float *St = a.state + (int64_t)j * dk * dv;
     for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
         int r = i / GC_COLS, c = i % GC_COLS;
-        S[r * GCT_LS + c] = c0 + c < dv ? St[(int64_t)r * dv + c0 + c] : 0.0f;
+        S[r * GCT_LP + c] = gct_pair_of(c0 + c < dv ? St[(int64_t)r * dv + c0 + c] : 0.0f);
     }
-    for (int i = tid; i < GC * GCT_LS; i += GC_THREADS)
+    for (int i = tid; i < GC * ld.wv; i += GC_THREADS)
         Wv[i] = 0.0f; /* columns past dv stay zero */
     l.sync();
-    gct_fetch(l, a, GCT_WK | GCT_Q | GCT_QKG | GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qkb, Wv, Gb, lkk, GCT_LS);
-    /* the tile of U and O: rows m0 + g (+ 8), columns n0 + 2t (+ 1) */
-    const int m0 = 16 * (warp >> 1), n0 = 8 * (warp & 1);
+    gct_fetch(l, a, GCT_WK | GCT_Q | GCT_QKG | GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qkb, Wv, Gb, ld);
+    const bool o_warp = warp < 4;
+    const int m0 = 16 * (o_warp ? 3 - warp : warp - 4); /* the warp's rows in phases 1 and 2 */
     for (int c = 0; c < nc; c++) {
         const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC, n8 = (n + 7) & ~7, nb = (c + 1) & 1;
         const bool more = c + 1 < nc;
-        float *Kn = Kb + (c & 1) * GC * lkk, *Qk = Qkb + (c & 1) * GC * lq, *G = Gb + (c & 1) * GC;
+        float *Kn = Kb + (c & 1) * GC * ld.k, *Qk = Qkb + (c & 1) * GC * ld.qk, *G = Gb + (c & 1) * GC;
         l.wait_all();
         l.sync(); /* chunk c's copies landed; chunk c - 1 read its buffers and wrote S */
         if (more)
-            gct_fetch(l, a, GCT_K | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kb + nb * GC * lkk, Qkb + nb * GC * lq, Wv,
-                      Gb + nb * GC, lkk, GCT_LS);
-        for (int i = tid; i < (n8 - n) * dk; i += GC_THREADS) /* Kn's rows to a multiple of 8: zero */
-            Kn[(n + i / dk) * lkk + i % dk] = 0.0f;
+            gct_fetch(l, a, GCT_K | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kb + nb * GC * ld.k, Qkb + nb * GC * ld.qk, Wv,
+                      Gb + nb * GC, ld);
+        for (int i = tid; i < (n8 - n) * dk; i += GC_THREADS) /* Kn's rows to a multiple of 8 */
+            Kn[(n + i / dk) * ld.k + i % dk] = 0.0f;
+        for (int i = tid; i < 4 * 256; i += GC_THREADS) { /* Qk's diagonal blocks */
+            const int b = 16 * (i >> 8), r = b + ((i >> 4) & 15), s = b + (i & 15);
+            if (s > r || s >= n)
+                Qk[r * ld.qk + s] = 0.0f;
+        }
         const float glast = G[n - 1];
-        gct_acc u = {}, qs = {}; /* Wk S and Qn S: the same fragments of S */
-        { /* U = Wv - Wk S; rows past n zero */
+        float qs[8] = {}; /* warps 0-3: Qn S */
+        {
+            gct_acc p[2] = {};
             if (m0 < n)
-                gct_tile2(l, u, Wk + m0 * lk, qs, Qn + m0 * lk, lk, 1, S + n0, GCT_LS, 1, dk);
-            for (int r = 0; r < 4; r++) {
-                int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
-                float v = i < n ? Wv[i * GCT_LS + cc] - gct_acc_value(u, r) : 0.0f;
-                U[i * GCT_LS + cc] = v;
-                Ud[i * GCT_LS + cc] = i < n ? expf(glast - G[i]) * v : 0.0f;
+                gct_unit<false>(l, p, (o_warp ? Qn : Wk) + m0 * ld.w, ld.w, S, GCT_LP, dk);
+            for (int e = 0; e < 8; e++) {
+                const int i = m0 + gct_unit_row(e, g, false), cc = gct_unit_col(e, t);
+                const float sum = gct_acc_value(p[e >> 2], e & 3);
+                if (o_warp) {
+                    qs[e] = sum;
+                } else {
+                    const float v = i < n ? Wv[i * ld.wv + cc] - sum : 0.0f;
+                    U[i * GCT_LP + cc] = gct_pair_of(v);
+                    Ud[i * GCT_LP + cc] = gct_pair_of(i < n ? expf(glast - G[i]) * v : 0.0f);
+                }
             }
         }
         l.sync(); /* U and Ud complete; S, Wk, Wv and q read */
         if (more)
-            gct_fetch(l, a, GCT_WK | GCT_Q, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lkk, GCT_LS);
-        if (m0 < n) { /* O = e^G (Qn S) + Qk U, Qn S from the first phase */
-            gct_acc qu = {};
-            gct_tile(l, qu, Qk + m0 * lq, lq, 1, U + n0, GCT_LS, 1, m0 + 16 < n8 ? m0 + 16 : n8, n, true, m0);
-            for (int r = 0; r < 4; r++) {
-                int i = m0 + g + 8 * (r >> 1), cc = n0 + 2 * t + (r & 1);
+            gct_fetch(l, a, GCT_WK | GCT_Q, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, ld);
+        if (o_warp && m0 < n) { /* O = e^G (Qn S) + Qk U */
+            gct_acc p[2] = {};
+            gct_unit<false>(l, p, Qk + m0 * ld.qk, ld.qk, U, GCT_LP, m0 + 16 < n8 ? m0 + 16 : n8);
+            for (int e = 0; e < 8; e++) {
+                const int i = m0 + gct_unit_row(e, g, false), cc = gct_unit_col(e, t);
                 if (i < n && c0 + cc < dv)
                     a.out[(int64_t)(t0 + i) * a.ldo + (int64_t)j * dv + c0 + cc] =
-                        expf(G[i]) * gct_acc_value(qs, r) + gct_acc_value(qu, r);
+                        expf(G[i]) * qs[e] + gct_acc_value(p[e >> 2], e & 3);
             }
         }
-        /* S = e^Glast S + Knᵀ Ud (no barrier after O: O reads neither S nor Kn); A(r, s) =
-         * Kn[s][r]; tiles w and w + 8 (rows 64 apart, the same columns) as a pair */
+        /* S = e^Glast S + Knᵀ Ud (no barrier after O: O reads neither S nor Kn) */
         const float el = expf(glast);
-        for (int tile = warp; tile < dk / 8; tile += 2 * (GC_THREADS / 32)) {
-            const int r0 = 16 * (tile >> 1), cn = 8 * (tile & 1);
-            const bool pair = tile + GC_THREADS / 32 < dk / 8;
-            gct_acc k0 = {}, k1 = {};
-            if (pair)
-                gct_tile2(l, k0, Kn + r0, k1, Kn + r0 + 64, 1, lkk, Ud + cn, GCT_LS, 1, n8);
-            else
-                gct_tile(l, k0, Kn + r0, 1, lkk, Ud + cn, GCT_LS, 1, n8, n8, false, 0);
-            for (int r = 0; r < 4; r++) {
-                float *p = S + (r0 + g + 8 * (r >> 1)) * GCT_LS + cn + 2 * t + (r & 1);
-                *p = el * *p + gct_acc_value(k0, r);
-                if (pair)
-                    p[64 * GCT_LS] = el * p[64 * GCT_LS] + gct_acc_value(k1, r);
+        for (int r0 = 16 * warp; r0 < dk; r0 += 16 * (GC_THREADS / 32)) {
+            gct_acc p[2] = {};
+            gct_unit<true>(l, p, Kn + r0, ld.k, Ud, GCT_LP, n8);
+            for (int e = 0; e < 8; e++) {
+                gct_pair &x = S[(r0 + gct_unit_row(e, g, true)) * GCT_LP + gct_unit_col(e, t)];
+                x = gct_pair_of(el * gct_pair_value(x) + gct_acc_value(p[e >> 2], e & 3));
             }
         }
     }
@@ -329,7 +435,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
     for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
         int r = i / GC_COLS, c = i % GC_COLS;
         if (c0 + c < dv)
-            St[(int64_t)r * dv + c0 + c] = S[r * GCT_LS + c];
+            St[(int64_t)r * dv + c0 + c] = gct_pair_value(S[r * GCT_LP + c]);
     }
 }
 
@@ -337,47 +443,106 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
 
 static inline __host__ __device__ float gct_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* V's columns in shared memory: dv rounded up to 8 (zero past dv), and its row stride, 8 or 24
- * mod 32 (conflict-free B fragments by rows). */
+/* V's columns in shared memory: dv rounded up to 8 (zero past dv), and its row stride, 4 mod
+ * 32 (the substitution reads V as B by rows, k permuted: rows 2t apart 8t mod 32 banks). */
 static inline __host__ __device__ int gct_v_cols(int dv) { return (dv + 7) & ~7; }
-static inline __host__ __device__ int gct_v_ld(int dv) { return gct_v_cols(dv) + (gct_v_cols(dv) % 16 == 0 ? 8 : 16); }
+static inline __host__ __device__ int gct_v_ld(int dv) { return gct_v_cols(dv) + (36 - gct_v_cols(dv) % 32) % 32; }
 
-/* Shared memory of the tensor-core prep, bytes: Q, K [GC][dk + 4], V [GC][gct_v_ld], N
- * [GC][GC + 4], beta [GC], then G [GC] in double. */
+/* Row strides of the prep's Q and K (dk + 8: gct_frag_rows' 8-byte loads free of conflicts) and
+ * of N (GC + 8). */
+#define GCT_PREP_LN (GC + 8)
+static inline __host__ __device__ int gct_prep_lk(int dk) { return dk + 8; }
+
+/* Shared memory of the tensor-core prep, bytes: Q, K [GC][dk + 8], V [GC][gct_v_ld], N
+ * [GC][GC + 8], beta [GC], then G [GC] in double. */
 static inline __host__ __device__ size_t gdn_chunk_prep_tc_smem(int32_t dk, int32_t dv)
 {
-    return ((size_t)2 * GC * (dk + 4) + (size_t)GC * gct_v_ld(dv) + (size_t)GC * (GC + 4) + GC) * 4 +
+    return ((size_t)2 * GC * gct_prep_lk(dk) + (size_t)GC * gct_v_ld(dv) + (size_t)GC * GCT_PREP_LN + GC) * 4 +
            (size_t)GC * 8;
 }
 
-/* GC rows of `width` columns into X [GC][ldx]: row r < n, column < cols from src[r row_stride +
- * column], zero elsewhere; 8 loads per thread issued before their stores (a load-store loop
- * waits on L2 each time: gdn_chunk_prep_kernel measured 61 us a layer so) */
+/* Starts copying GC rows of `width` columns into X [GC][ldx]: row r < n, column < cols from
+ * src[r row_stride + column] by cp.async (16 bytes where src allows, else 4), zero elsewhere;
+ * the caller commits. All of a block's copies are in flight at once (a load-store loop waits
+ * on L2 each time: the FMA prep measured 61 us a layer so). */
 template <class L>
-static inline GCT_FN void gct_load_rows(L &l, float *X, int ldx, const float *src, int64_t row_stride, int cols,
-                                        int width, int n)
+static inline GCT_FN void gct_stage_rows(L &l, float *X, int ldx, const float *src, int64_t row_stride, int cols,
+                                         int width, int n)
 {
     const int tid = l.tid();
-    for (int base = tid; base < GC * width; base += 8 * GC_THREADS) {
-        float v[8];
-        for (int u = 0; u < 8; u++) {
-            int i = base + u * GC_THREADS, r = i / width, col = i % width;
-            v[u] = i < GC * width && r < n && col < cols ? src[(int64_t)r * row_stride + col] : 0.0f;
+    if (cols % 4 == 0 && row_stride % 4 == 0 && ((uintptr_t)src & 15) == 0)
+        for (int i = tid; i < n * (cols / 4); i += GC_THREADS)
+            l.copy16(X + (i / (cols / 4)) * ldx + 4 * (i % (cols / 4)), src + (i / (cols / 4)) * row_stride + 4 * (i % (cols / 4)));
+    else
+        for (int i = tid; i < n * cols; i += GC_THREADS)
+            l.copy4(X + (i / cols) * ldx + i % cols, src + (i / cols) * row_stride + i % cols);
+    for (int i = tid; i < (GC - n) * width; i += GC_THREADS)
+        X[(n + i / width) * ldx + i % width] = 0.0f;
+    for (int i = tid; width > cols && i < n * (width - cols); i += GC_THREADS)
+        X[(i / (width - cols)) * ldx + cols + i % (width - cols)] = 0.0f;
+}
+
+/* Q Kᵀ and K Kᵀ for a 16 x 16 unit: c1 += A1 Bᵀ and c2 += A2 Bᵀ with B's rows n0.. in
+ * memory (B(k, c) = B[c ldb + k]), k permuted as gct_frag_rows; A1's and A2's splits serve
+ * both tiles, B's both products: twelve MMAs a step. */
+template <class L>
+static inline GCT_FN void gct_unit_abt(L &l, gct_acc (&c1)[2], gct_acc (&c2)[2], const float *A1, const float *A2,
+                                       int lda, const float *B, int ldb, int k1)
+{
+    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+    GCT_UNROLL4
+    for (int k0 = 0; k0 < k1; k0 += 8) {
+        uint32_t h1[4], l1[4], h2[4], l2[4];
+        gct_frag_rows(A1, lda, k0, g, t, h1, l1);
+        gct_frag_rows(A2, lda, k0, g, t, h2, l2);
+        for (int nt = 0; nt < 2; nt++) {
+            const float2 bv = *(const float2 *)(B + (8 * nt + g) * ldb + k0 + 2 * t);
+            const float b[2] = {bv.x, bv.y};
+            uint32_t bh[2], bl[2];
+            gct_split(b, bh, bl);
+            l.mma(c1[nt].hh, h1, bh);
+            l.mma(c2[nt].hh, h2, bh);
+            l.mma(c1[nt].hl, h1, bl);
+            l.mma(c2[nt].hl, h2, bl);
+            l.mma(c1[nt].lh, l1, bh);
+            l.mma(c2[nt].lh, l2, bh);
         }
-        for (int u = 0; u < 8; u++) {
-            int i = base + u * GC_THREADS;
-            if (i < GC * width)
-                X[(i / width) * ldx + i % width] = v[u];
-        }
+    }
+}
+
+/* c += A B for a 16 x 16 unit whose two 8-column tiles may lie in different arrays: B(k, c) =
+ * B0[k ld0 + c] for c < 8, B1[k ld1 + c - 8] after; A by rows, k permuted (B's rows k0 + 2t
+ * and k0 + 2t + 1: conflict-free for strides 4 mod 32). */
+template <class L>
+static inline GCT_FN void gct_unit_rows(L &l, gct_acc (&c)[2], const float *A, int lda, const float *B0, int ld0,
+                                        const float *B1, int ld1, int k1)
+{
+    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
+    GCT_UNROLL4
+    for (int k0 = 0; k0 < k1; k0 += 8) {
+        uint32_t ah[4], al[4];
+        gct_frag_rows(A, lda, k0, g, t, ah, al);
+        const float b[2][2] = {{B0[(k0 + 2 * t) * ld0 + g], B0[(k0 + 2 * t + 1) * ld0 + g]},
+                               {B1[(k0 + 2 * t) * ld1 + g], B1[(k0 + 2 * t + 1) * ld1 + g]}};
+        uint32_t bh0[2], bl0[2], bh1[2], bl1[2];
+        gct_split(b[0], bh0, bl0);
+        gct_split(b[1], bh1, bl1);
+        l.mma(c[0].hh, ah, bh0);
+        l.mma(c[1].hh, ah, bh1);
+        l.mma(c[0].hl, ah, bl0);
+        l.mma(c[1].hl, ah, bl1);
+        l.mma(c[0].lh, al, bh0);
+        l.mma(c[1].lh, al, bh1);
     }
 }
 
 /* The state-free matrices of chunk c for value head j (gdn_chunk_prep_kernel's contract):
  * Qk = D ∘ (Q Kᵀ) on and below the diagonal, zero above; A = diag(β) D ∘ (K Kᵀ) below it;
  * Wv, Wk = (I + A)⁻¹ [diag(β) V | diag(β e^G) K]; G the cumulative log decay. The products
- * are the 20 tiles of 16 x 8 that touch the lower triangle, in 3xTF32; A is kept negated (N),
+ * are the 10 units of 16 x 16 that touch the lower triangle, in 3xTF32; A is kept negated (N),
  * and the substitution goes by blocks of 16 rows: the rows before a block through the tensor
- * cores (X_b += N_b,<b X_<b), then the 16 x 16 triangle a column per thread. */
+ * cores (X_b += N_b,<b X_<b, units of two 8-column tiles of X = [V | K]), then the 16 x 16
+ * triangle a column per thread. */
 template <class L>
 static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int c, float *smem)
 {
@@ -385,40 +550,42 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
     const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
-    const int lk = dk + 4, dv8 = gct_v_cols(dv), lv = gct_v_ld(dv), ln = GC + 4;
+    const int lk = gct_prep_lk(dk), dv8 = gct_v_cols(dv), lv = gct_v_ld(dv), ln = GCT_PREP_LN;
     float *Q = smem, *K = Q + GC * lk, *V = K + GC * lk, *N = V + GC * lv, *beta = N + GC * ln;
     double *G = (double *)(beta + GC);
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk, *betas = kn + (int64_t)a.T * Hk * dk;
     float *area = gdn_chunk_area(a, j, c), *Wk = area, *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *Gf = Qk + GC * GC;
-    gct_load_rows(l, Q, lk, qn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, dk, n);
-    gct_load_rows(l, K, lk, kn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, dk, n);
-    gct_load_rows(l, V, lv, a.qkv + (int64_t)t0 * a.ldi + 2 * (int64_t)Hk * dk + (int64_t)j * dv, a.ldi, dv, dv8, n);
+    gct_stage_rows(l, Q, lk, qn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, dk, n);
+    gct_stage_rows(l, K, lk, kn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, dk, n);
+    gct_stage_rows(l, V, lv, a.qkv + (int64_t)t0 * a.ldi + 2 * (int64_t)Hk * dk + (int64_t)j * dv, a.ldi, dv, dv8, n);
+    l.commit();
     if (tid < n) {
         beta[tid] = betas[(int64_t)(t0 + tid) * a.Hv + j];
         G[tid] = (double)(a.ssm_a[j] * gct_softplus(a.a[(int64_t)(t0 + tid) * a.lda + j] + a.dt[j]));
     }
+    l.wait_all();
     l.sync();
     if (tid == 0) /* cumulative log decay, in double as the CPU */
         for (int i = 1; i < n; i++)
             G[i] += G[i - 1];
     l.sync();
-    for (int q = warp; q < 20; q += GC_THREADS / 32) { /* tile q: rows mt, columns nt <= 2 mt + 1 */
-        const int mt = q < 2 ? 0 : q < 6 ? 1 : q < 12 ? 2 : 3, m0 = 16 * mt;
-        const int n0 = 8 * (q - (mt == 0 ? 0 : mt == 1 ? 2 : mt == 2 ? 6 : 12));
+    for (int q = warp; q < 10; q += GC_THREADS / 32) { /* unit q: rows mt, columns u <= mt */
+        const int mt = q < 1 ? 0 : q < 3 ? 1 : q < 6 ? 2 : 3, m0 = 16 * mt;
+        const int n0 = 16 * (q - (mt == 0 ? 0 : mt == 1 ? 1 : mt == 2 ? 3 : 6));
         if (m0 >= n || n0 >= n)
             continue;
-        gct_acc kk = {}, qk = {};
-        gct_tile2(l, kk, K + m0 * lk, qk, Q + m0 * lk, lk, 1, K + n0 * lk, 1, lk, dk);
-        for (int r = 0; r < 4; r++) {
-            int i = m0 + g + 8 * (r >> 1), s = n0 + 2 * t + (r & 1);
-            bool in = i < n && s < n;
-            float d = in && s <= i ? expf((float)(G[i] - G[s])) : 0.0f;
-            N[i * ln + s] = in && s < i ? -gct_acc_value(kk, r) * beta[i] * d : 0.0f;
+        gct_acc kk[2] = {}, qk[2] = {};
+        gct_unit_abt(l, kk, qk, K + m0 * lk, Q + m0 * lk, lk, K + n0 * lk, lk, dk);
+        for (int e = 0; e < 8; e++) {
+            const int i = m0 + gct_unit_row(e, g, false), s = n0 + gct_unit_col(e, t);
+            const bool in = i < n && s < n;
+            const float d = in && s <= i ? expf((float)(G[i] - G[s])) : 0.0f;
+            N[i * ln + s] = in && s < i ? -gct_acc_value(kk[e >> 2], e & 3) * beta[i] * d : 0.0f;
             if (in)
-                Qk[i * GC + s] = gct_acc_value(qk, r) * d;
+                Qk[i * GC + s] = gct_acc_value(qk[e >> 2], e & 3) * d;
         }
     }
-    for (int i = tid; i < n * n; i += GC_THREADS) /* Qk above the tiles: zero */
+    for (int i = tid; i < n * n; i += GC_THREADS) /* Qk above the units: zero */
         if (i % n >= ((i / n) & ~15) + 16)
             Qk[(i / n) * GC + i % n] = 0.0f;
     l.sync(); /* N complete; K no longer read as k */
@@ -427,19 +594,27 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
     for (int i = tid; i < n * dk; i += GC_THREADS)
         K[(i / dk) * lk + i % dk] *= beta[i / dk] * expf((float)G[i / dk]);
     l.sync();
-    const int nq = dv8 / 8 + dk / 8; /* 8-column tiles of X = [V | K] */
+    const int nq = dv8 / 8 + dk / 8; /* 8-column tiles of X = [V | K], in units of two */
     for (int i0 = 0; i0 < n; i0 += 16) {
-        for (int q = warp; i0 > 0 && q < nq; q += GC_THREADS / 32) {
-            float *X = q < dv8 / 8 ? V + 8 * q : K + 8 * (q - dv8 / 8);
-            const int ld = q < dv8 / 8 ? lv : lk;
-            float x[4];
-            for (int r = 0; r < 4; r++)
-                x[r] = X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)];
-            gct_acc xb;
-            gct_acc_set(xb, x);
-            gct_tile(l, xb, N + i0 * ln, ln, 1, X, ld, 1, i0, i0, false, 0);
-            for (int r = 0; r < 4; r++)
-                X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)] = gct_acc_value(xb, r);
+        for (int q = 2 * warp; i0 > 0 && q < nq; q += 2 * (GC_THREADS / 32)) {
+            const int q1 = q + 1 < nq ? q + 1 : q; /* an odd last tile: its pair is itself, discarded */
+            float *X0 = q < dv8 / 8 ? V + 8 * q : K + 8 * (q - dv8 / 8);
+            float *X1 = q1 < dv8 / 8 ? V + 8 * q1 : K + 8 * (q1 - dv8 / 8);
+            const int ld0 = q < dv8 / 8 ? lv : lk, ld1 = q1 < dv8 / 8 ? lv : lk;
+            gct_acc xb[2];
+            for (int nt = 0; nt < 2; nt++) {
+                float *X = nt ? X1 : X0;
+                const int ld = nt ? ld1 : ld0;
+                float x[4];
+                for (int r = 0; r < 4; r++)
+                    x[r] = X[(i0 + g + 8 * (r >> 1)) * ld + 2 * t + (r & 1)];
+                gct_acc_set(xb[nt], x);
+            }
+            gct_unit_rows(l, xb, N + i0 * ln, ln, X0, ld0, X1, ld1, i0);
+            for (int e = 0; e < 8; e++)
+                if (e < 4 || q1 != q)
+                    (e < 4 ? X0 : X1)[(i0 + gct_unit_row(e, g, false)) * (e < 4 ? ld0 : ld1) + 2 * t + (e & 1)] =
+                        gct_acc_value(xb[e >> 2], e & 3);
         }
         if (i0 > 0)
             l.sync();

@@ -42,11 +42,15 @@ static size_t scan_smem(int32_t dk)
             3 * (size_t)GC * GC_COLS + GC) * 4;
 }
 
+/* The tensor-core kernels' shared memory at most: sm_90's opt-in per block (227 KB); a GPU with
+ * less takes the column scan (launch_gdn_chunked). */
+#define GDN_TC_SMEM_MAX (227 * 1024)
+
 bool gdn_chunked_supports(int32_t dk, int32_t dv)
 {
     return gdn_scan_supports(dk, dv) && dk % 16 == 0 && dk <= 128 && dv <= 256 &&
            prep_smem(dk, dv) <= 200 * 1024 && scan_smem(dk) <= 200 * 1024 &&
-           gdn_chunk_tc_smem(dk) <= 200 * 1024 && gdn_chunk_prep_tc_smem(dk, dv) <= 200 * 1024;
+           gdn_chunk_tc_smem(dk) <= GDN_TC_SMEM_MAX && gdn_chunk_prep_tc_smem(dk, dv) <= GDN_TC_SMEM_MAX;
 }
 
 /* One block per (value head j, chunk c): Wv, Wk (the forward substitution of the WY form),
@@ -247,9 +251,10 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         Wv[i] = 0.0f; /* columns past dv stay zero */
     __syncthreads();
     gdn_gpu_lanes lanes;
-    gct_fetch(lanes, a, GCT_WK, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
-    gct_fetch(lanes, a, GCT_Q | GCT_QKG, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
-    gct_fetch(lanes, a, GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, lk, GC_COLS);
+    const gct_strides ld = {lk, lk, lq, GC_COLS};
+    gct_fetch(lanes, a, GCT_WK, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, ld);
+    gct_fetch(lanes, a, GCT_Q | GCT_QKG, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, ld);
+    gct_fetch(lanes, a, GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qk, Wv, G, ld);
     for (int c = 0; c < nc; c++) {
         const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC;
         const bool more = c + 1 < nc;
@@ -257,7 +262,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         cp_async_wait<0>();
         __syncthreads();
         if (more)
-            gct_fetch(lanes, a, GCT_K, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G, lk, GC_COLS);
+            gct_fetch(lanes, a, GCT_K, c + 1, kh, j, c0, Wk, Qn, Kb + ((c + 1) & 1) * GC * lk, Qk, Wv, G, ld);
         const float glast = G[n - 1];
         /* U = Wv − Wk S */
         {
@@ -275,7 +280,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         }
         __syncthreads(); /* U complete; Wk and Wv free */
         if (more)
-            gct_fetch(lanes, a, GCT_WK, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
+            gct_fetch(lanes, a, GCT_WK, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, ld);
         /* O = diag(e^G) Q S + Qk U */
         {
             float o[4][2];
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_kernel(const __grid
         }
         __syncthreads(); /* O read the old state, q, Qk and G */
         if (more)
-            gct_fetch(lanes, a, GCT_Q | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, lk, GC_COLS);
+            gct_fetch(lanes, a, GCT_Q | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, ld);
         /* S = e^{G_last} S + Kᵀ Ud */
         const float el = expf(glast);
         for (int r0 = 8 * grp; r0 < dk; r0 += 8 * 16) {
@@ -353,11 +358,16 @@ cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, cuda
 {
     if (!gdn_chunked_supports(a->dk, a->dv) || !a->scratch)
         return cudaErrorInvalidValue;
-    cudaError_t e = launch_gdn_prep(a, s);
-    if (e != cudaSuccess)
-        return e;
     size_t ps = tensor_cores ? gdn_chunk_prep_tc_smem(a->dk, a->dv) : prep_smem(a->dk, a->dv);
     size_t ss = tensor_cores ? gdn_chunk_tc_smem(a->dk) : scan_smem(a->dk);
+    int dev = 0, optin = 0;
+    cudaError_t e;
+    if ((e = cudaGetDevice(&dev)) || (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
+        return e;
+    if ((size_t)optin < (ps > ss ? ps : ss)) /* less shared memory a block than sm_90's: the column scan */
+        return launch_gdn_scan(a, s);
+    if ((e = launch_gdn_prep(a, s)))
+        return e;
     void (*prep)(const struct gdn_args) = tensor_cores ? gdn_chunk_prep_tc_kernel : gdn_chunk_prep_kernel;
     void (*scan)(const struct gdn_args) = tensor_cores ? gdn_chunk_scan_tc_kernel : gdn_chunk_scan_kernel;
     if ((e = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ps)) ||
