@@ -181,14 +181,32 @@ static inline GCT_FN void gct_tile2(L &l, gct_acc &c1, const float *A1, gct_acc 
 /* What gct_fetch copies: Wk's rows and Wv's columns, q rows, Qk's rows and G, k rows. */
 enum { GCT_WK = 1, GCT_Q = 2, GCT_QKG = 4, GCT_K = 8 };
 
+/* f(row, col) for every row < rows and col < w, spread over the block's threads. Where w
+ * divides GC_THREADS (every power of two up to it: the shapes the models have) a thread keeps
+ * one column and steps whole rows, so a step costs no division; session 53 found the copies'
+ * and element loops' divisions by a run-time width worth as many instructions as the
+ * products. */
+template <class L, class F>
+static inline GCT_FN void gct_for_rows(L &l, int rows, int w, F f)
+{
+    const int tid = l.tid();
+    if (w <= 0)
+        return;
+    if (GC_THREADS % w == 0) {
+        const int col = tid % w, step = GC_THREADS / w;
+        for (int r = tid / w; r < rows; r += step)
+            f(r, col);
+    } else {
+        for (int i = tid; i < rows * w; i += GC_THREADS)
+            f(i / w, i % w);
+    }
+}
+
 /* n rows of `cols` floats (a multiple of 4), 16 bytes at a time */
 template <class L>
 static inline GCT_FN void gct_copy_rows(L &l, float *dst, int ldd, const float *src, int64_t lds, int n, int cols)
 {
-    for (int i = l.tid(); i < n * (cols / 4); i += GC_THREADS) {
-        int t = i / (cols / 4), r = 4 * (i % (cols / 4));
-        l.copy16(dst + t * ldd + r, src + t * lds + r);
-    }
+    gct_for_rows(l, n, cols / 4, [&](int t, int q) { l.copy16(dst + t * ldd + 4 * q, src + t * lds + 4 * q); });
 }
 
 /* Row strides (floats) of what gct_fetch copies into shared memory: Wk's and q's rows, k's,
@@ -381,8 +399,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         if (more)
             gct_fetch(l, a, GCT_K | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kb + nb * GC * ld.k, Qkb + nb * GC * ld.qk, Wv,
                       Gb + nb * GC, ld);
-        for (int i = tid; i < (n8 - n) * dk; i += GC_THREADS) /* Kn's rows to a multiple of 8 */
-            Kn[(n + i / dk) * ld.k + i % dk] = 0.0f;
+        gct_for_rows(l, n8 - n, dk, [&](int r, int col) { Kn[(n + r) * ld.k + col] = 0.0f; }); /* Kn's rows to n8 */
         for (int i = tid; i < 4 * 256; i += GC_THREADS) { /* Qk's diagonal blocks */
             const int b = 16 * (i >> 8), r = b + ((i >> 4) & 15), s = b + (i & 15);
             if (s > r || s >= n)
@@ -454,10 +471,10 @@ static inline __host__ __device__ int gct_v_ld(int dv) { return gct_v_cols(dv) +
 static inline __host__ __device__ int gct_prep_lk(int dk) { return dk + 8; }
 
 /* Shared memory of the tensor-core prep, bytes: Q, K [GC][dk + 8], V [GC][gct_v_ld], N
- * [GC][GC + 8], beta [GC], then G [GC] in double. */
+ * [GC][GC + 8], beta and beta e^G [GC], then G [GC] in double. */
 static inline __host__ __device__ size_t gdn_chunk_prep_tc_smem(int32_t dk, int32_t dv)
 {
-    return ((size_t)2 * GC * gct_prep_lk(dk) + (size_t)GC * gct_v_ld(dv) + (size_t)GC * GCT_PREP_LN + GC) * 4 +
+    return ((size_t)2 * GC * gct_prep_lk(dk) + (size_t)GC * gct_v_ld(dv) + (size_t)GC * GCT_PREP_LN + 2 * GC) * 4 +
            (size_t)GC * 8;
 }
 
@@ -469,17 +486,12 @@ template <class L>
 static inline GCT_FN void gct_stage_rows(L &l, float *X, int ldx, const float *src, int64_t row_stride, int cols,
                                          int width, int n)
 {
-    const int tid = l.tid();
     if (cols % 4 == 0 && row_stride % 4 == 0 && ((uintptr_t)src & 15) == 0)
-        for (int i = tid; i < n * (cols / 4); i += GC_THREADS)
-            l.copy16(X + (i / (cols / 4)) * ldx + 4 * (i % (cols / 4)), src + (i / (cols / 4)) * row_stride + 4 * (i % (cols / 4)));
+        gct_copy_rows(l, X, ldx, src, row_stride, n, cols);
     else
-        for (int i = tid; i < n * cols; i += GC_THREADS)
-            l.copy4(X + (i / cols) * ldx + i % cols, src + (i / cols) * row_stride + i % cols);
-    for (int i = tid; i < (GC - n) * width; i += GC_THREADS)
-        X[(n + i / width) * ldx + i % width] = 0.0f;
-    for (int i = tid; width > cols && i < n * (width - cols); i += GC_THREADS)
-        X[(i / (width - cols)) * ldx + cols + i % (width - cols)] = 0.0f;
+        gct_for_rows(l, n, cols, [&](int r, int col) { l.copy4(X + r * ldx + col, src + r * row_stride + col); });
+    gct_for_rows(l, GC - n, width, [&](int r, int col) { X[(n + r) * ldx + col] = 0.0f; });
+    gct_for_rows(l, n, width - cols, [&](int r, int col) { X[r * ldx + cols + col] = 0.0f; });
 }
 
 /* Q Kᵀ and K Kᵀ for a 16 x 16 unit: c1 += A1 Bᵀ and c2 += A2 Bᵀ with B's rows n0.. in
@@ -552,7 +564,8 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
     const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
     const int lk = gct_prep_lk(dk), dv8 = gct_v_cols(dv), lv = gct_v_ld(dv), ln = GCT_PREP_LN;
     float *Q = smem, *K = Q + GC * lk, *V = K + GC * lk, *N = V + GC * lv, *beta = N + GC * ln;
-    double *G = (double *)(beta + GC);
+    float *kscale = beta + GC; /* beta e^G a row: K's scale */
+    double *G = (double *)(kscale + GC);
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * Hk * dk, *betas = kn + (int64_t)a.T * Hk * dk;
     float *area = gdn_chunk_area(a, j, c), *Wk = area, *Wv = Wk + GC * dk, *Qk = Wv + GC * dv, *Gf = Qk + GC * GC;
     gct_stage_rows(l, Q, lk, qn + ((int64_t)t0 * Hk + kh) * dk, (int64_t)Hk * dk, dk, dk, n);
@@ -569,6 +582,8 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
         for (int i = 1; i < n; i++)
             G[i] += G[i - 1];
     l.sync();
+    if (tid < n)
+        kscale[tid] = beta[tid] * expf((float)G[tid]);
     for (int q = warp; q < 10; q += GC_THREADS / 32) { /* unit q: rows mt, columns u <= mt */
         const int mt = q < 1 ? 0 : q < 3 ? 1 : q < 6 ? 2 : 3, m0 = 16 * mt;
         const int n0 = 16 * (q - (mt == 0 ? 0 : mt == 1 ? 1 : mt == 2 ? 3 : 6));
@@ -585,14 +600,13 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
                 Qk[i * GC + s] = gct_acc_value(qk[e >> 2], e & 3) * d;
         }
     }
-    for (int i = tid; i < n * n; i += GC_THREADS) /* Qk above the units: zero */
-        if (i % n >= ((i / n) & ~15) + 16)
-            Qk[(i / n) * GC + i % n] = 0.0f;
+    gct_for_rows(l, n, n, [&](int i, int s) { /* Qk above the units: zero */
+        if (s >= (i & ~15) + 16)
+            Qk[i * GC + s] = 0.0f;
+    });
     l.sync(); /* N complete; K no longer read as k */
-    for (int i = tid; i < n * dv8; i += GC_THREADS)
-        V[(i / dv8) * lv + i % dv8] *= beta[i / dv8];
-    for (int i = tid; i < n * dk; i += GC_THREADS)
-        K[(i / dk) * lk + i % dk] *= beta[i / dk] * expf((float)G[i / dk]);
+    gct_for_rows(l, n, dv8, [&](int r, int col) { V[r * lv + col] *= beta[r]; });
+    gct_for_rows(l, n, dk, [&](int r, int col) { K[r * lk + col] *= kscale[r]; });
     l.sync();
     const int nq = dv8 / 8 + dk / 8; /* 8-column tiles of X = [V | K], in units of two */
     for (int i0 = 0; i0 < n; i0 += 16) {
@@ -633,10 +647,8 @@ static GCT_FN void gdn_chunk_prep_tc(L &l, const struct gdn_args &a, int j, int 
         }
         l.sync();
     }
-    for (int i = tid; i < n * dk; i += GC_THREADS)
-        Wk[i] = K[(i / dk) * lk + i % dk];
-    for (int i = tid; i < n * dv; i += GC_THREADS)
-        Wv[i] = V[(i / dv) * lv + i % dv];
+    gct_for_rows(l, n, dk, [&](int r, int col) { Wk[r * dk + col] = K[r * lk + col]; });
+    gct_for_rows(l, n, dv, [&](int r, int col) { Wv[r * dv + col] = V[r * lv + col]; });
     if (tid < n)
         Gf[tid] = (float)G[tid];
 }
