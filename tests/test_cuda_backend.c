@@ -928,7 +928,7 @@ static void test_backend_errors(void **st)
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
      * 1,024; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_res_min_blocks, _pair_ and _multi_ 0 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
-     * gdn_staged 0 or 1; gdn_wide 0 or 1; gdn_chunked 0 to 2; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
+     * gdn_staged 0 or 1; gdn_wide 0 or 1; gdn_chunked 0 to 2; gdn_scan_warps 0, 8 or 16; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
@@ -962,6 +962,7 @@ static void test_backend_errors(void **st)
                    {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},
                    {"gdn_wide", offsetof(struct cuda_options, gdn_wide), {-1, 2}},
                    {"gdn_chunked", offsetof(struct cuda_options, gdn_chunked), {-1, 3}},
+                   {"gdn_scan_warps", offsetof(struct cuda_options, gdn_scan_warps), {-1, 12}},
                    {"gemvq_one_pass", offsetof(struct cuda_options, gemvq_one_pass), {-1, 2}},
                    {"gemv_smem_norm_late", offsetof(struct cuda_options, gemv_smem_norm_late), {-2, 2}},
                    {"attn_one_split", offsetof(struct cuda_options, attn_one_split), {-1, 4097}},

@@ -1063,7 +1063,8 @@ static void deltanet_case(int32_t Hk, int32_t Hv, int32_t dk, int32_t dv, bool t
 {
     struct cuda_options o = cuda_default_options();
     o.gdn_par = par > 0;
-    o.gdn_chunked = par >= 2 ? par - 1 : 0;
+    o.gdn_chunked = par >= 3 ? 2 : par == 2 ? 1 : 0;
+    o.gdn_scan_warps = par == 4 ? 16 : 0;
     struct op_case c;
     int32_t C = 2 * Hk * dk + Hv * dv;
     int32_t widths[] = {C, Hv, Hv, Hv * dv, Hv * dv};
@@ -1089,8 +1090,8 @@ static void test_op_deltanet(void **state)
 {
     (void)state;
     /* prefill: recurrent kernel (par 0), the column scan (1), the chunks of 64 tokens with
-     * f32 products (2) and with 3xTF32 tensor-core products (3) */
-    for (int par = 0; par < 4; par++) {
+     * f32 products (2) and with 3xTF32 tensor-core products, the walk on 8 warps (3) or 16 (4) */
+    for (int par = 0; par < 5; par++) {
         deltanet_case(2, 4, 32, 48, false, 11, 3, par);
         deltanet_case(16, 16, 128, 128, true, 40, 2, par);
         deltanet_case(2, 6, 64, 40, true, 1, 3, par);

@@ -139,33 +139,42 @@ static void reference(const tc_case &c, const tc_inputs &in, std::vector<double>
     }
 }
 
+/* The scan's block on nw warps (8 or 16). */
+static void run_scan(simt_lanes &l, int nw, const gdn_args &a, int j, int cb, float *smem)
+{
+    if (nw == 16)
+        gdn_chunk_scan_tc<16>(l, a, j, cb, smem);
+    else
+        gdn_chunk_scan_tc<8>(l, a, j, cb, smem);
+}
+
 /* Runs the kernel's blocks one after another; returns "" or what the emulator reported. */
-static std::string run_kernel(const tc_case &c, tc_inputs &in, bool copy_at_wait)
+static std::string run_kernel(const tc_case &c, tc_inputs &in, bool copy_at_wait, int nw)
 {
     struct gdn_args a = {};
     a.T = c.T, a.Hk = c.Hk, a.Hv = c.Hv, a.dk = c.dk, a.dv = c.dv, a.tiled = c.tiled;
     a.scratch = in.scratch.data(), a.state = in.state.data(), a.out = in.out.data(), a.ldo = in.ldo;
-    std::vector<float> smem(gdn_chunk_tc_smem(c.dk) / 4);
-    simt_block block(GC_THREADS, copy_at_wait, 12345u);
+    std::vector<float> smem(gdn_chunk_tc_smem(c.dk, nw) / 4);
+    simt_block block(32 * nw, copy_at_wait, 12345u);
     for (int j = 0; j < c.Hv; j++)
         for (int cb = 0; cb < (c.dv + GC_COLS - 1) / GC_COLS; cb++) {
             std::fill(smem.begin(), smem.end(), NAN); /* fresh shared memory */
-            std::string e = block.run([&](simt_lanes &l) { gdn_chunk_scan_tc(l, a, j, cb, smem.data()); });
+            std::string e = block.run([&](simt_lanes &l) { run_scan(l, nw, a, j, cb, smem.data()); });
             if (!e.empty())
                 return e;
         }
     return "";
 }
 
-static void check_case(const tc_case &c, bool copy_at_wait)
+static void check_case(const tc_case &c, bool copy_at_wait, int nw)
 {
     char what[128];
-    snprintf(what, sizeof(what), "Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d copies %s", c.Hk, c.Hv, c.dk, c.dv, c.T,
-             c.tiled, copy_at_wait ? "at the wait" : "at once");
+    snprintf(what, sizeof(what), "Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d %d warps, copies %s", c.Hk, c.Hv, c.dk, c.dv,
+             c.T, c.tiled, nw, copy_at_wait ? "at the wait" : "at once");
     tc_inputs in = make_inputs(c, 0x9e3779b97f4a7c15ull ^ (uint64_t)(c.dk * 131 + c.T));
     std::vector<double> want_out, want_state;
     reference(c, in, want_out, want_state);
-    std::string e = run_kernel(c, in, copy_at_wait);
+    std::string e = run_kernel(c, in, copy_at_wait, nw);
     if (!e.empty())
         fail_msg("%s: %s", what, e.c_str());
     double scale = 0.0, worst = 0.0;
@@ -198,7 +207,8 @@ static void check_case(const tc_case &c, bool copy_at_wait)
 }
 
 /* Awkward shapes: partial last chunks (2, 22 and 5 tokens), value columns that do not fill the
- * last block of 16, dk 16 (S update tiles for 2 of 8 warps) and Qwen3.5's 128 x 128 heads. */
+ * last block of 16, dk 16 (S update tiles for 2 of 8 warps) and Qwen3.5's 128 x 128 heads; on 8
+ * warps and on 16 (the products' K split in halves). */
 static void test_chunk_scan_tc(void **state)
 {
     (void)state;
@@ -210,7 +220,8 @@ static void test_chunk_scan_tc(void **state)
     };
     for (const tc_case &c : cases)
         for (int w = 0; w < 2; w++)
-            check_case(c, w == 1);
+            for (int nw = 8; nw <= 16; nw += 8)
+                check_case(c, w == 1, nw);
 }
 
 /* ---- the prep ---- */
@@ -370,11 +381,11 @@ static void test_chunk_prep_tc(void **state)
 /* ---- both kernels against the recurrence ---- */
 
 /* The prep's blocks, then the scan's, on the same scratch; state and out as the scan takes them. */
-static std::string run_both(const tc_case &c, gdn_args a)
+static std::string run_both(const tc_case &c, gdn_args a, int nw)
 {
     const int nc = (c.T + GC - 1) / GC;
-    std::vector<float> smem(std::max(gdn_chunk_prep_tc_smem(c.dk, c.dv), gdn_chunk_tc_smem(c.dk)) / 4);
-    simt_block block(GC_THREADS, true, 2024u);
+    std::vector<float> smem(std::max(gdn_chunk_prep_tc_smem(c.dk, c.dv), gdn_chunk_tc_smem(c.dk, nw)) / 4);
+    simt_block block(GC_THREADS, true, 2024u), scan_block(32 * nw, true, 2025u);
     for (int j = 0; j < c.Hv; j++)
         for (int ch = 0; ch < nc; ch++) {
             std::fill(smem.begin(), smem.end(), NAN);
@@ -385,7 +396,7 @@ static std::string run_both(const tc_case &c, gdn_args a)
     for (int j = 0; j < c.Hv; j++)
         for (int cb = 0; cb < (c.dv + GC_COLS - 1) / GC_COLS; cb++) {
             std::fill(smem.begin(), smem.end(), NAN);
-            std::string e = block.run([&](simt_lanes &l) { gdn_chunk_scan_tc(l, a, j, cb, smem.data()); });
+            std::string e = scan_block.run([&](simt_lanes &l) { run_scan(l, nw, a, j, cb, smem.data()); });
             if (!e.empty())
                 return e;
         }
@@ -438,10 +449,12 @@ static void test_chunked_tc_is_the_recurrence(void **state)
 {
     (void)state;
     const tc_case cases[] = {{2, 4, 32, 40, 150, false}, {1, 2, 128, 128, 130, true}, {2, 2, 16, 23, 5, false}};
-    for (const tc_case &c : cases) {
+    for (int i = 0; i < 6; i++) {
+        const tc_case &c = cases[i % 3];
+        const int nw = i < 3 ? 8 : 16;
         char what[128];
-        snprintf(what, sizeof(what), "prep + scan Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d", c.Hk, c.Hv, c.dk, c.dv, c.T,
-                 c.tiled);
+        snprintf(what, sizeof(what), "prep + scan Hk=%d Hv=%d dk=%d dv=%d T=%d tiled=%d, %d warps", c.Hk, c.Hv, c.dk,
+                 c.dv, c.T, c.tiled, nw);
         prep_inputs in = make_prep_inputs(c, 0xd1b54a32d192ed03ull ^ (uint64_t)c.T);
         gdn_args a = prep_args(c, in);
         uint64_t seed = 77;
@@ -451,7 +464,7 @@ static void test_chunked_tc_is_the_recurrence(void **state)
         std::vector<double> want_out, want_state;
         recurrence(c, in, S, want_out, want_state);
         a.state = S.data(), a.out = out.data(), a.ldo = c.Hv * c.dv;
-        std::string e = run_both(c, a);
+        std::string e = run_both(c, a, nw);
         if (!e.empty())
             fail_msg("%s: %s", what, e.c_str());
         double wo = compare(what, "outputs", out.data(), c.Hv * c.dv, want_out, c.T, c.Hv * c.dv);

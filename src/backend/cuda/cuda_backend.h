@@ -71,6 +71,9 @@ struct cuda_options {
                           * (the default), 1 the scan's products in f32 FMAs (2.71 vs 2.02 ms
                           * per Qwen3.5 pp512, session 6), 2 on the tensor cores in 3xTF32
                           * (gdn_chunk_tc.cuh: 88.6k vs 91.4k tok/s, session 52) */
+    int32_t gdn_scan_warps; /* gdn_chunked 2: warps a block of the walk over chunks, 8 or 16
+                             * (the products' K split in halves), 0 the default (8);
+                             * unmeasured as of session 53 */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
     bool gemm_merge;     /* prefill: products of one input with weights back to back (q|k|v,
                           * gate|up, DeltaNet's qkv|z|beta|alpha) as one product */

@@ -681,8 +681,8 @@ cudaError_t launch_gdn_prep(const struct gdn_args *a, cudaStream_t s);
 bool gdn_chunked_supports(int32_t dk, int32_t dv);
 int64_t gdn_chunked_scratch_floats(const struct gdn_args *a);
 /* tensor_cores: both kernels' products in 3xTF32 on the tensor cores (gdn_chunk_tc.cuh),
- * else in f32 FMAs */
-cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, cudaStream_t s);
+ * else in f32 FMAs; scan_warps (8 or 16): the tensor-core walk's warps a block */
+cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, int scan_warps, cudaStream_t s);
 /* Token-parallel causal conv for prefill, in place on x ([T][ldx]) and on the conv state
  * ([K-1][C]: its rows become the last K - 1 inputs); halo is scratch of
  * gdn_conv_par_scratch_floats() floats. */

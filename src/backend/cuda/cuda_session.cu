@@ -643,7 +643,7 @@ qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err)
             if (st)
                 return st;
             a.scratch = cs->scratch;
-            CUDA_CHECK(chunked ? launch_gdn_chunked(&a, cs->opt.gdn_chunked == 2, s) : launch_gdn_scan(&a, s));
+            CUDA_CHECK(chunked ? launch_gdn_chunked(&a, cs->opt.gdn_chunked == 2, cs->opt.gdn_scan_warps ? cs->opt.gdn_scan_warps : 8, s) : launch_gdn_scan(&a, s));
             break;
         }
         CUDA_CHECK(launch_gdn_core(&a, s));

@@ -31,7 +31,7 @@
 
 #define GC 64          /* tokens per chunk */
 #define GC_COLS 16     /* state columns per scan block */
-#define GC_THREADS 256 /* threads per block of both kernels */
+#define GC_THREADS 256 /* threads per block of the prep (and of the scan on 8 warps) */
 #define GCT_LS (GC_COLS + 8)
 
 /* Floats of the scan's prep scratch (qn, kn, beta, decay, kq), rounded up to 16 bytes: the
@@ -67,7 +67,7 @@ static inline __host__ __device__ float gct_float(uint32_t u)
 
 /* ---- warp tiles on the tensor cores ----
  * What L gives:
- *   tid()                     the thread's index in its block of GC_THREADS;
+ *   tid()                     the thread's index in its block;
  *   sync()                    __syncthreads;
  *   copy16(dst, src), copy4   cp.async of 16 / 4 bytes into shared memory; commit(), wait_all();
  *   mma(d, a, b)              mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, d += A B: lane
@@ -186,27 +186,27 @@ enum { GCT_WK = 1, GCT_Q = 2, GCT_QKG = 4, GCT_K = 8 };
  * one column and steps whole rows, so a step costs no division; session 53 found the copies'
  * and element loops' divisions by a run-time width worth as many instructions as the
  * products. */
-template <class L, class F>
+template <int NT = GC_THREADS, class L, class F>
 static inline GCT_FN void gct_for_rows(L &l, int rows, int w, F f)
 {
     const int tid = l.tid();
     if (w <= 0)
         return;
-    if (GC_THREADS % w == 0) {
-        const int col = tid % w, step = GC_THREADS / w;
+    if (NT % w == 0) {
+        const int col = tid % w, step = NT / w;
         for (int r = tid / w; r < rows; r += step)
             f(r, col);
     } else {
-        for (int i = tid; i < rows * w; i += GC_THREADS)
+        for (int i = tid; i < rows * w; i += NT)
             f(i / w, i % w);
     }
 }
 
 /* n rows of `cols` floats (a multiple of 4), 16 bytes at a time */
-template <class L>
+template <int NT = GC_THREADS, class L>
 static inline GCT_FN void gct_copy_rows(L &l, float *dst, int ldd, const float *src, int64_t lds, int n, int cols)
 {
-    gct_for_rows(l, n, cols / 4, [&](int t, int q) { l.copy16(dst + t * ldd + 4 * q, src + t * lds + 4 * q); });
+    gct_for_rows<NT>(l, n, cols / 4, [&](int t, int q) { l.copy16(dst + t * ldd + 4 * q, src + t * lds + 4 * q); });
 }
 
 /* Row strides (floats) of what gct_fetch copies into shared memory: Wk's and q's rows, k's,
@@ -218,7 +218,7 @@ struct gct_strides {
 /* Starts the copies of chunk c's parts named in `which` (GCT_*) into shared memory; one commit
  * per call. Both scans use it (the FMA scan with dk + 4, dk + 4, GC + 4 and GC_COLS; this one
  * with gct_scan_strides). */
-template <class L>
+template <int NT = GC_THREADS, class L>
 static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, int c, int kh, int j, int c0,
                                     float *Wk, float *Qn, float *Kn, float *Qk, float *Wv, float *G,
                                     const gct_strides &ld)
@@ -230,18 +230,18 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
     const int64_t rows = ((int64_t)t0 * a.Hk + kh) * dk, lds = (int64_t)a.Hk * dk; /* in qn, kn */
     const float *qn = a.scratch, *kn = qn + (int64_t)a.T * a.Hk * dk;
     if (which & GCT_WK) {
-        gct_copy_rows(l, Wk, ld.w, gWk, dk, n, dk);
-        for (int i = tid; i < n * GC_COLS; i += GC_THREADS)
+        gct_copy_rows<NT>(l, Wk, ld.w, gWk, dk, n, dk);
+        for (int i = tid; i < n * GC_COLS; i += NT)
             if (c0 + i % GC_COLS < dv)
                 l.copy4(Wv + (i / GC_COLS) * ld.wv + i % GC_COLS, gWv + (i / GC_COLS) * dv + c0 + i % GC_COLS);
     }
     if (which & GCT_Q)
-        gct_copy_rows(l, Qn, ld.w, qn + rows, lds, n, dk);
+        gct_copy_rows<NT>(l, Qn, ld.w, qn + rows, lds, n, dk);
     if (which & GCT_K)
-        gct_copy_rows(l, Kn, ld.k, kn + rows, lds, n, dk);
+        gct_copy_rows<NT>(l, Kn, ld.k, kn + rows, lds, n, dk);
     if (which & GCT_QKG) {
-        gct_copy_rows(l, Qk, ld.qk, gQk, GC, n, GC);
-        for (int i = tid; i < n; i += GC_THREADS)
+        gct_copy_rows<NT>(l, Qk, ld.qk, gQk, GC, n, GC);
+        for (int i = tid; i < n; i += NT)
             l.copy4(G + i, gG + i);
     }
     l.commit();
@@ -344,31 +344,43 @@ static inline GCT_FN int gct_unit_col(int e, int t) { return 8 * (e >> 2) + 2 * 
 #define GCT_LP (GC_COLS + 2)
 static inline __host__ __device__ gct_strides gct_scan_strides(int32_t dk) { return gct_strides{dk + 8, dk + 4, GC + 8, GCT_LS}; }
 
-/* Shared memory of the tensor-core scan, bytes (Qwen3.5's dk 128: 212.5 KB). */
-static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk)
+/* Shared memory of the tensor-core scan on nw warps, bytes (Qwen3.5's dk 128: 212.5 KB on 8,
+ * 220.5 KB on 16: the halves' sums, Pt). */
+static inline __host__ __device__ size_t gdn_chunk_tc_smem(int32_t dk, int nw)
 {
     const gct_strides ld = gct_scan_strides(dk);
     return ((size_t)2 * GC * ld.w + (size_t)2 * GC * ld.k + (size_t)2 * GC * ld.qk + (size_t)GC * ld.wv + 2 * GC) * 4 +
-           ((size_t)dk + 2 * GC) * GCT_LP * sizeof(gct_pair);
+           ((size_t)dk + 2 * GC) * GCT_LP * sizeof(gct_pair) + (nw == 16 ? (size_t)8 * 8 * 32 * 4 : 0);
 }
 
-/* The chunks in order for block (value head j, state column block cb); smem holds
- * gdn_chunk_tc_smem(dk) bytes. Two barriers a chunk: the next chunk's k rows, Qk and G are
- * copied (into the other buffers) from the start of a chunk, its Wk, Wv and q rows after the
- * first phase; O and the state update run side by side.
- * Per chunk of n <= GC tokens, 8 warps on units of 16 rows x the block's 16 columns:
- *   phase 1, K = dk    warps 0-3: Qn S for rows 16 (3 - w), kept in registers;
- *                      warps 4-7: U = Wv - Wk S for rows 16 (w - 4), rows past n zero, into U
- *                      and Ud = e^(Glast - G) U (pairs)
- *   phase 2            warps 0-3: O = e^G (Qn S) + Qk U for their rows, K causal (<= 16 (4 - w):
- *                      the longest on warp 0)
- *   phase 3, K = n8    every warp: S = e^Glast S + Knᵀ Ud for state rows 16 w (gct_frag_cols)
+/* The chunks in order for block (value head j, state column block cb), NW warps (8 or 16);
+ * smem holds gdn_chunk_tc_smem(dk, NW) bytes. The next chunk's k rows, Qk and G are copied
+ * (into the other buffers) from the start of a chunk, its Wk, Wv and q rows once the first
+ * phase has read them; O and the state update run side by side.
+ * Per chunk of n <= GC tokens, on units of 16 rows x the block's 16 columns (unit u of the
+ * first phase: Qn S for rows 16 (3 - u) when u < 4, else U for rows 16 (u - 4)):
+ *   NW = 8 (two barriers a chunk):
+ *     phase 1, K = dk    warp w: unit w; the U warps write U = Wv - Wk S (rows past n zero)
+ *                        and Ud = e^(Glast - G) U as pairs, the Qn S warps keep theirs
+ *     phase 2            warps 0-3: O = e^G (Qn S) + Qk U for their rows, K causal (the
+ *                        longest on warp 0)
+ *     phase 3, K = n8    every warp: S = e^Glast S + Knᵀ Ud for state rows 16 w
+ *   NW = 16 (three barriers; each warp's share of the products halved, 4 warps a scheduler
+ *   where 8 leave 2, the limit session 52 measured):
+ *     phase 1            warps w and w + 8: unit w & 7 over k < dk / 2 and k >= dk / 2; the
+ *                        half that does not finish the unit leaves its sums in Pt (warps 0-3
+ *                        for Qn S, 12-15 for U)
+ *     barrier, then warps 4-7 finish U and Ud
+ *     phase 2            warps 8-11: O, Qn S their own half + warps 0-3's
+ *     phase 3            warps 0-7: the state update as with 8
  * Kn's rows from n to n8 (n rounded up to 8) are zeroed, and Qk's diagonal blocks above the
  * diagonal and past n (the prep's area holds nothing there): U and Ud rows past n are zero, so
  * no NaN reaches a sum. */
-template <class L>
+template <int NW, class L>
 static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int cb, float *smem)
 {
+    static_assert(NW == 8 || NW == 16, "the scan runs on 8 or 16 warps");
+    constexpr int NT = 32 * NW;
     const int dk = a.dk, dv = a.dv, Hk = a.Hk, c0 = cb * GC_COLS, tid = l.tid();
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int kh = a.tiled ? j % Hk : j / (a.Hv / Hk);
@@ -379,17 +391,22 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
     float *Wk = smem, *Qn = Wk + GC * ld.w, *Kb = Qn + GC * ld.w, *Qkb = Kb + 2 * GC * ld.k;
     float *Wv = Qkb + 2 * GC * ld.qk, *Gb = Wv + GC * ld.wv;
     gct_pair *S = (gct_pair *)(Gb + 2 * GC), *U = S + dk * GCT_LP, *Ud = U + GC * GCT_LP;
+    float *Pt = (float *)(Ud + GC * GCT_LP); /* NW = 16: [unit][element][lane] */
     float *St = a.state + (int64_t)j * dk * dv;
-    for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
+    for (int i = tid; i < dk * GC_COLS; i += NT) {
         int r = i / GC_COLS, c = i % GC_COLS;
         S[r * GCT_LP + c] = gct_pair_of(c0 + c < dv ? St[(int64_t)r * dv + c0 + c] : 0.0f);
     }
-    for (int i = tid; i < GC * ld.wv; i += GC_THREADS)
+    for (int i = tid; i < GC * ld.wv; i += NT)
         Wv[i] = 0.0f; /* columns past dv stay zero */
     l.sync();
-    gct_fetch(l, a, GCT_WK | GCT_Q | GCT_QKG | GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qkb, Wv, Gb, ld);
-    const bool o_warp = warp < 4;
-    const int m0 = 16 * (o_warp ? 3 - warp : warp - 4); /* the warp's rows in phases 1 and 2 */
+    gct_fetch<NT>(l, a, GCT_WK | GCT_Q | GCT_QKG | GCT_K, 0, kh, j, c0, Wk, Qn, Kb, Qkb, Wv, Gb, ld);
+    const int unit = warp & 7, half = NW == 16 ? warp >> 3 : 0;
+    const bool qs_unit = unit < 4;
+    const int m0 = 16 * (qs_unit ? 3 - unit : unit - 4); /* the unit's rows */
+    const int k_lo = half * (dk / 2), k_len = NW == 16 ? dk / 2 : dk;
+    /* who finishes the unit (writes U, or computes O); the other half leaves its sums in Pt */
+    const bool finisher = NW == 8 || (qs_unit ? half == 1 : half == 0);
     for (int c = 0; c < nc; c++) {
         const int t0 = c * GC, n = a.T - t0 < GC ? a.T - t0 : GC, n8 = (n + 7) & ~7, nb = (c + 1) & 1;
         const bool more = c + 1 < nc;
@@ -397,48 +414,54 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
         l.wait_all();
         l.sync(); /* chunk c's copies landed; chunk c - 1 read its buffers and wrote S */
         if (more)
-            gct_fetch(l, a, GCT_K | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kb + nb * GC * ld.k, Qkb + nb * GC * ld.qk, Wv,
-                      Gb + nb * GC, ld);
-        gct_for_rows(l, n8 - n, dk, [&](int r, int col) { Kn[(n + r) * ld.k + col] = 0.0f; }); /* Kn's rows to n8 */
-        for (int i = tid; i < 4 * 256; i += GC_THREADS) { /* Qk's diagonal blocks */
+            gct_fetch<NT>(l, a, GCT_K | GCT_QKG, c + 1, kh, j, c0, Wk, Qn, Kb + nb * GC * ld.k, Qkb + nb * GC * ld.qk,
+                          Wv, Gb + nb * GC, ld);
+        gct_for_rows<NT>(l, n8 - n, dk, [&](int r, int col) { Kn[(n + r) * ld.k + col] = 0.0f; }); /* to n8 */
+        for (int i = tid; i < 4 * 256; i += NT) { /* Qk's diagonal blocks */
             const int b = 16 * (i >> 8), r = b + ((i >> 4) & 15), s = b + (i & 15);
             if (s > r || s >= n)
                 Qk[r * ld.qk + s] = 0.0f;
         }
         const float glast = G[n - 1];
-        float qs[8] = {}; /* warps 0-3: Qn S */
+        float sums[8] = {}; /* the unit's sums (a finisher's: both halves) */
         {
             gct_acc p[2] = {};
             if (m0 < n)
-                gct_unit<false>(l, p, (o_warp ? Qn : Wk) + m0 * ld.w, ld.w, S, GCT_LP, dk);
+                gct_unit<false>(l, p, (qs_unit ? Qn : Wk) + m0 * ld.w + k_lo, ld.w, S + k_lo * GCT_LP, GCT_LP, k_len);
+            for (int e = 0; e < 8; e++) {
+                sums[e] = gct_acc_value(p[e >> 2], e & 3);
+                if (!finisher)
+                    Pt[(unit * 8 + e) * 32 + lane] = sums[e];
+            }
+        }
+        if (NW == 16)
+            l.sync(); /* the halves' sums in Pt */
+        if (finisher && !qs_unit) { /* U = Wv - Wk S, Ud = e^(Glast - G) U */
             for (int e = 0; e < 8; e++) {
                 const int i = m0 + gct_unit_row(e, g, false), cc = gct_unit_col(e, t);
-                const float sum = gct_acc_value(p[e >> 2], e & 3);
-                if (o_warp) {
-                    qs[e] = sum;
-                } else {
-                    const float v = i < n ? Wv[i * ld.wv + cc] - sum : 0.0f;
-                    U[i * GCT_LP + cc] = gct_pair_of(v);
-                    Ud[i * GCT_LP + cc] = gct_pair_of(i < n ? expf(glast - G[i]) * v : 0.0f);
-                }
+                const float sum = NW == 16 ? sums[e] + Pt[(unit * 8 + e) * 32 + lane] : sums[e];
+                const float v = i < n ? Wv[i * ld.wv + cc] - sum : 0.0f;
+                U[i * GCT_LP + cc] = gct_pair_of(v);
+                Ud[i * GCT_LP + cc] = gct_pair_of(i < n ? expf(glast - G[i]) * v : 0.0f);
             }
         }
         l.sync(); /* U and Ud complete; S, Wk, Wv and q read */
         if (more)
-            gct_fetch(l, a, GCT_WK | GCT_Q, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, ld);
-        if (o_warp && m0 < n) { /* O = e^G (Qn S) + Qk U */
+            gct_fetch<NT>(l, a, GCT_WK | GCT_Q, c + 1, kh, j, c0, Wk, Qn, Kn, Qk, Wv, G, ld);
+        if (finisher && qs_unit && m0 < n) { /* O = e^G (Qn S) + Qk U */
             gct_acc p[2] = {};
             gct_unit<false>(l, p, Qk + m0 * ld.qk, ld.qk, U, GCT_LP, m0 + 16 < n8 ? m0 + 16 : n8);
             for (int e = 0; e < 8; e++) {
                 const int i = m0 + gct_unit_row(e, g, false), cc = gct_unit_col(e, t);
+                const float qs = NW == 16 ? Pt[(unit * 8 + e) * 32 + lane] + sums[e] : sums[e];
                 if (i < n && c0 + cc < dv)
                     a.out[(int64_t)(t0 + i) * a.ldo + (int64_t)j * dv + c0 + cc] =
-                        expf(G[i]) * qs[e] + gct_acc_value(p[e >> 2], e & 3);
+                        expf(G[i]) * qs + gct_acc_value(p[e >> 2], e & 3);
             }
         }
-        /* S = e^Glast S + Knᵀ Ud (no barrier after O: O reads neither S nor Kn) */
+        /* S = e^Glast S + Knᵀ Ud (no barrier after O: O reads neither S nor Kn), warps 0-7 */
         const float el = expf(glast);
-        for (int r0 = 16 * warp; r0 < dk; r0 += 16 * (GC_THREADS / 32)) {
+        for (int r0 = 16 * warp; warp < 8 && r0 < dk; r0 += 16 * 8) {
             gct_acc p[2] = {};
             gct_unit<true>(l, p, Kn + r0, ld.k, Ud, GCT_LP, n8);
             for (int e = 0; e < 8; e++) {
@@ -449,7 +472,7 @@ static GCT_FN void gdn_chunk_scan_tc(L &l, const struct gdn_args &a, int j, int 
     }
     l.wait_all();
     l.sync();
-    for (int i = tid; i < dk * GC_COLS; i += GC_THREADS) {
+    for (int i = tid; i < dk * GC_COLS; i += NT) {
         int r = i / GC_COLS, c = i % GC_COLS;
         if (c0 + c < dv)
             St[(int64_t)r * dv + c0 + c] = gct_pair_value(S[r * GCT_LP + c]);

@@ -50,7 +50,7 @@ bool gdn_chunked_supports(int32_t dk, int32_t dv)
 {
     return gdn_scan_supports(dk, dv) && dk % 16 == 0 && dk <= 128 && dv <= 256 &&
            prep_smem(dk, dv) <= 200 * 1024 && scan_smem(dk) <= 200 * 1024 &&
-           gdn_chunk_tc_smem(dk) <= GDN_TC_SMEM_MAX && gdn_chunk_prep_tc_smem(dk, dv) <= GDN_TC_SMEM_MAX;
+           gdn_chunk_tc_smem(dk, 16) <= GDN_TC_SMEM_MAX && gdn_chunk_prep_tc_smem(dk, dv) <= GDN_TC_SMEM_MAX;
 }
 
 /* One block per (value head j, chunk c): Wv, Wk (the forward substitution of the WY form),
@@ -345,21 +345,23 @@ __global__ void __launch_bounds__(GC_THREADS) gdn_chunk_prep_tc_kernel(const __g
     gdn_chunk_prep_tc(lanes, a, blockIdx.x, blockIdx.y, gsm);
 }
 
-__global__ void __launch_bounds__(GC_THREADS) gdn_chunk_scan_tc_kernel(const __grid_constant__ struct gdn_args a)
+template <int NW>
+__global__ void __launch_bounds__(32 * NW) gdn_chunk_scan_tc_kernel(const __grid_constant__ struct gdn_args a)
 {
     extern __shared__ __align__(16) float gsm[];
     griddep_launch();
     griddep_wait();
     gdn_gpu_lanes lanes;
-    gdn_chunk_scan_tc(lanes, a, blockIdx.x, blockIdx.y, gsm);
+    gdn_chunk_scan_tc<NW>(lanes, a, blockIdx.x, blockIdx.y, gsm);
 }
 
-cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, cudaStream_t s)
+cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, int scan_warps, cudaStream_t s)
 {
-    if (!gdn_chunked_supports(a->dk, a->dv) || !a->scratch)
+    if (!gdn_chunked_supports(a->dk, a->dv) || !a->scratch || (scan_warps != 8 && scan_warps != 16))
         return cudaErrorInvalidValue;
+    const int nw = tensor_cores ? scan_warps : GC_THREADS / 32;
     size_t ps = tensor_cores ? gdn_chunk_prep_tc_smem(a->dk, a->dv) : prep_smem(a->dk, a->dv);
-    size_t ss = tensor_cores ? gdn_chunk_tc_smem(a->dk) : scan_smem(a->dk);
+    size_t ss = tensor_cores ? gdn_chunk_tc_smem(a->dk, nw) : scan_smem(a->dk);
     int dev = 0, optin = 0;
     cudaError_t e;
     if ((e = cudaGetDevice(&dev)) || (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
@@ -369,12 +371,14 @@ cudaError_t launch_gdn_chunked(const struct gdn_args *a, bool tensor_cores, cuda
     if ((e = launch_gdn_prep(a, s)))
         return e;
     void (*prep)(const struct gdn_args) = tensor_cores ? gdn_chunk_prep_tc_kernel : gdn_chunk_prep_kernel;
-    void (*scan)(const struct gdn_args) = tensor_cores ? gdn_chunk_scan_tc_kernel : gdn_chunk_scan_kernel;
+    void (*scan)(const struct gdn_args) = !tensor_cores ? gdn_chunk_scan_kernel
+                                          : nw == 16   ? gdn_chunk_scan_tc_kernel<16>
+                                                       : gdn_chunk_scan_tc_kernel<8>;
     if ((e = cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ps)) ||
         (e = cudaFuncSetAttribute(scan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss)))
         return e;
     unsigned nc = (unsigned)((a->T + GC - 1) / GC);
     if ((e = launch_k(a->pdl, prep, dim3(a->Hv, nc), dim3(GC_THREADS), ps, s, *a)))
         return e;
-    return launch_k(a->pdl, scan, dim3(a->Hv, (a->dv + GC_COLS - 1) / GC_COLS), dim3(GC_THREADS), ss, s, *a);
+    return launch_k(a->pdl, scan, dim3(a->Hv, (a->dv + GC_COLS - 1) / GC_COLS), dim3(32 * nw), ss, s, *a);
 }

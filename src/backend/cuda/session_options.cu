@@ -348,6 +348,9 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
                        (int)until, (int)from);
     if (o->gdn_staged != 0 && o->gdn_staged != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_staged %d (0: off, 1: on)", (int)o->gdn_staged);
+    if (o->gdn_scan_warps != 0 && o->gdn_scan_warps != 8 && o->gdn_scan_warps != 16)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_scan_warps %d (0: the default, 8 or 16)",
+                       (int)o->gdn_scan_warps);
     if (o->gdn_chunked < 0 || o->gdn_chunked > 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG,
                        "cuda: gdn_chunked %d (0: the column scan, 1: chunks with f32 products, 2: on the tensor cores)",
