@@ -20,6 +20,9 @@
  *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
  *
+ * 0. The SM clock, at the start and at the end (cuda_sm_clock): where it is held down (under 70%
+ *    of the rated peak: a power brake or thermal slowdown) the timings are printed but no JSON
+ *    record is written, and the exit status is 3 (session 53's H100 ran at ~300 of 1,980 MHz).
  * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
  *    attention) and 4 greedy steps through the CPU backend (reference DeltaNet, f32-activation
  *    quantised kernels) and through CUDA, twice: QWENRT_PRECISION_EXACT (logits within 1e-2,
@@ -1165,6 +1168,22 @@ static int print_pick(int reps, struct qwenrt_error *err)
     return 0;
 }
 
+/* The SM clock now (cuda_sm_clock: 20 ms warm, 10 ms measured), printed; whether it is held
+ * down (cuda_clock_held_down) or could not be read: no JSON record is written then. */
+static bool clock_held_down(const char *when)
+{
+    struct qwenrt_error err = {0};
+    double mhz = 0.0, rated = 0.0;
+    if (cuda_sm_clock(20, 10, &mhz, &rated, &err)) {
+        fprintf(stderr, "sm clock (%s): %s\n", when, err.message);
+        return true;
+    }
+    bool held = cuda_clock_held_down(mhz, rated);
+    printf("sm clock (%s): %.0f MHz, rated %.0f%s\n", when, mhz, rated,
+           held ? ": HELD DOWN (power brake or thermal slowdown?), these timings are no record" : "");
+    return held;
+}
+
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
@@ -1318,6 +1337,11 @@ int main(int argc, char **argv)
     }
     char dev[256];
     cuda_device_describe(dev, sizeof(dev));
+    bool held_down = clock_held_down("start");
+    if (held_down && json) {
+        printf("no JSON record: the SM clock is held down\n");
+        json = NULL;
+    }
     if (gemv)
         gemv_table(&m->hp);
     if (mega_only) /* a profiler's target: a few megakernel steps and nothing else */
@@ -1540,6 +1564,13 @@ int main(int argc, char **argv)
            n_gen, depth, arch, type, vs[0].tok_s, vs[7].tok_s, vs[4].tok_s, vs[3].tok_s, vs[6].tok_s, vs[5].tok_s, vs[8].tok_s, vs[9].tok_s, vs[10].tok_s, vs[11].tok_s, vs[12].tok_s, vs[13].tok_s, vs[14].tok_s);
     printf("device: %s; weight bytes %.3f GB; validation worst rel err exact %.3g, default %.3g (free-running decode drift %.3g); hashes pp %016llx tg %016llx\n",
            dev, bytes / 1e9, verr, verr_fast, drift_fast, (unsigned long long)pp_hash, (unsigned long long)tg_hash);
+    if (clock_held_down("end") && !held_down) {
+        held_down = true;
+        if (json)
+            printf("no JSON record: the SM clock is held down\n");
+    }
+    if (held_down)
+        json = NULL;
     if (json && !decode_only && !prefill_only) {
         FILE *f = fopen(json, "w");
         if (f) {
@@ -1570,5 +1601,5 @@ int main(int argc, char **argv)
     free(out);
     free(logits), free(logits0);
     qwenrt_model_free(m);
-    return 0;
+    return held_down ? 3 : 0; /* 3: the timings ran on held-down clocks */
 }

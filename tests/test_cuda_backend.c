@@ -1003,6 +1003,37 @@ static void test_backend_errors(void **st)
  * gemv_smem_xreg, x is held in registers as 4 chunks of 8 per lane up to K = 1024 and 8 up to
  * 2048 (no norm in these launches), staged in shared memory above. Built without CUDA (the
  * stub), nothing is taken. */
+/* cuda_bench's guard against held-down clocks (host code): a GPU at its power limit (~89% of
+ * the peak) is no slowdown, session 53's power-braked H100 (~300 of 1,980 MHz) is, and an
+ * unknown peak decides nothing. */
+static void test_clock_held_down(void **st)
+{
+    (void)st;
+    assert_false(cuda_clock_held_down(1755.0, 1980.0));
+    assert_false(cuda_clock_held_down(1980.0, 1980.0));
+    assert_true(cuda_clock_held_down(296.6, 1980.0));
+    assert_true(cuda_clock_held_down(1300.0, 1980.0));
+    assert_false(cuda_clock_held_down(300.0, 0.0));
+    struct qwenrt_error err = {0};
+    double mhz = -1.0, rated = -1.0;
+    if (cuda_backend_compiled()) { /* refused before any device work */
+        assert_int_equal(cuda_sm_clock(0, 10, &mhz, &rated, &err), QWENRT_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.message, "warm_ms 0"));
+        assert_int_equal(cuda_sm_clock(20, 1001, &mhz, &rated, &err), QWENRT_ERR_INVALID_ARG);
+    }
+    assert_true(mhz == -1.0 && rated == -1.0);
+}
+
+/* The SM clock on the device: a rate between 100 MHz and a little over the rated peak. */
+static void test_sm_clock(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    double mhz = 0.0, rated = 0.0;
+    assert_int_equal(cuda_sm_clock(5, 5, &mhz, &rated, &err), QWENRT_OK);
+    assert_true(rated > 100.0 && mhz > 100.0 && mhz < 1.1 * rated);
+}
+
 /* The DeltaNet step's staged state slice (cuda_options.gdn_staged), host code: dk rows of
  * dv / GS + 1 floats, GS blocks per head: one per norm group (8 where dv / 8 >= 4), or with
  * gdn_wide one per two groups where a block of two stays within 512 threads (16 threads a
@@ -1119,13 +1150,16 @@ int main(void)
         printf("(only the tests that need no device run)\n");
         const struct CMUnitTest none[] = {cmocka_unit_test(test_backend_errors),
                                           cmocka_unit_test(test_gemv_shape_choices),
-                                          cmocka_unit_test(test_gdn_staged_shape)};
+                                          cmocka_unit_test(test_gdn_staged_shape),
+                                          cmocka_unit_test(test_clock_held_down)};
         return cmocka_run_group_tests(none, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_errors),
         cmocka_unit_test(test_gemv_shape_choices),
         cmocka_unit_test(test_gdn_staged_shape),
+        cmocka_unit_test(test_clock_held_down),
+        cmocka_unit_test(test_sm_clock),
         cmocka_unit_test(test_fixtures_api),
         cmocka_unit_test(test_fixtures_default_precision),
         cmocka_unit_test(test_fixtures_kv_f16),

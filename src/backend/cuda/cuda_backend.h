@@ -654,6 +654,22 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
 qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t blocks, int32_t *id,
                           struct qwenrt_error *err);
 
+/* The SM clock as a kernel sees it: a block on every multiprocessor spins warm_ms, then block 0
+ * counts clock64 cycles over %globaltimer nanoseconds for ms more; *mhz is that rate and
+ * *rated_mhz the device's peak (cudaDevAttrClockRate). A bench checks the two with
+ * cuda_clock_held_down before it writes a record: session 53 was lent an H100 whose hardware
+ * power brake held it at ~300 of 1,980 MHz, every timing ~5x slow. Errors: INVALID_ARG (ms or
+ * warm_ms outside 1-1,000), BACKEND. */
+qwenrt_status cuda_sm_clock(int32_t warm_ms, int32_t ms, double *mhz, double *rated_mhz, struct qwenrt_error *err);
+
+/* Whether a measured SM clock is held down: under 70% of the rated peak (a GPU at its power
+ * limit runs at ~85-95% of it; a power brake or thermal slowdown far lower). Unknown (rated
+ * 0): no. */
+static inline bool cuda_clock_held_down(double mhz, double rated_mhz)
+{
+    return rated_mhz > 0.0 && mhz < 0.7 * rated_mhz;
+}
+
 /* The launch floor: a graph of n_launch dependent launches of an empty kernel (blocks x
  * threads, in clusters of cluster blocks when cluster > 1; with programmatic dependent launch
  * when pdl) replayed reps times; *us: the median replay's microseconds per launch. Errors:

@@ -1,14 +1,53 @@
 /*
  * cuda_microbench.cu — measurements without a session: the launch floor (a chain of empty
  * kernels in one graph, with or without PDL and clusters: cuda_launch_floor_bench), one GEMV
- * kernel alone over random weights (cuda_gemv_bench, optionally with its block time line) and
- * the argmax (cuda_argmax), for cuda_bench and the CUDA tests (tests/test_cuda_ops.c).
+ * kernel alone over random weights (cuda_gemv_bench, optionally with its block time line),
+ * the argmax (cuda_argmax) and the SM clock a kernel sees (cuda_sm_clock), for cuda_bench and
+ * the CUDA tests (tests/test_cuda_ops.c).
  */
+#include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_session.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ------------------------------------------------------------------ SM clock */
+
+/* Every block spins warm_ns (the clocks leave idle); then block 0 counts cycles over ns. */
+__global__ void sm_clock_kernel(unsigned long long warm_ns, unsigned long long ns, unsigned long long *out)
+{
+    const unsigned long long start = globaltimer_ns();
+    while (globaltimer_ns() - start < warm_ns) {
+    }
+    if (blockIdx.x != 0 || threadIdx.x != 0)
+        return;
+    const long long c0 = clock64();
+    const unsigned long long t0 = globaltimer_ns();
+    unsigned long long t = t0;
+    while (t - t0 < ns)
+        t = globaltimer_ns();
+    out[0] = (unsigned long long)(clock64() - c0), out[1] = t - t0;
+}
+
+extern "C" qwenrt_status cuda_sm_clock(int32_t warm_ms, int32_t ms, double *mhz, double *rated_mhz,
+                                       struct qwenrt_error *err)
+{
+    if (warm_ms < 1 || warm_ms > 1000 || ms < 1 || ms > 1000)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_sm_clock: warm_ms %d and ms %d must lie in 1-1000",
+                       (int)warm_ms, (int)ms);
+    int dev = 0, sms = 0, khz = 0;
+    unsigned long long *d = NULL, h[2] = {0, 0};
+    cudaError_t e;
+    if (!(e = cudaGetDevice(&dev)) && !(e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) &&
+        !(e = cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev)) && !(e = cudaMalloc(&d, sizeof(h)))) {
+        sm_clock_kernel<<<sms, 32>>>(1000000ull * (unsigned)warm_ms, 1000000ull * (unsigned)ms, d);
+        if (!(e = cudaGetLastError()) && !(e = cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost)))
+            *mhz = h[1] ? 1e3 * (double)h[0] / (double)h[1] : 0.0, *rated_mhz = khz / 1e3;
+    }
+    cudaFree(d);
+    return e ? cuda_fail(err, e, __FILE__, __LINE__, "cuda_sm_clock") : QWENRT_OK;
+}
 
 /* ------------------------------------------------------------------ launch floor */
 

@@ -243,6 +243,12 @@ bool cuda_session_uses_megakernel(const struct cuda_session *cs, const char **wh
     return false;
 }
 
+qwenrt_status cuda_sm_clock(int32_t warm_ms, int32_t ms, double *mhz, double *rated_mhz, struct qwenrt_error *err)
+{
+    (void)warm_ms, (void)ms, (void)mhz, (void)rated_mhz;
+    return not_built(err);
+}
+
 qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t blocks, int32_t threads, int32_t cluster,
                                       bool pdl, int32_t reps, double *us, struct qwenrt_error *err)
 {
