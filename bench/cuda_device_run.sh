@@ -30,6 +30,13 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv
+# a GPU whose clocks the hardware holds down (session 53: an H100 power-braked to ~300 MHz)
+# times everything ~5x slow: say so before anything runs (cuda_bench also refuses to write
+# records there, exit status 3)
+reasons=$(nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader 2>/dev/null | head -n 1)
+case "$reasons" in
+0x*) [ $(( reasons & 0xe8 )) -ne 0 ] && echo "WARNING: clocks held down (event reasons $reasons: hardware or thermal slowdown, power brake): timings are no records" ;;
+esac
 if [ "$what" = tests ] || [ "$what" = all ]; then
     for t in $TESTS; do
         t0=$(date +%s)

@@ -306,6 +306,21 @@ static inline GCT_FN void gct_frag_pairs(const gct_pair *P, int ldp, int k0, int
     lo[0] = gct_bits(p0.y), lo[1] = gct_bits(p1.y);
 }
 
+/* One 3xTF32 step of two tiles with the same A (split: ah + al) and their own B (bh0 + bl0,
+ * bh1 + bl1): six independent MMAs, the two tiles' terms interleaved. */
+template <class L>
+static inline GCT_FN void gct_mma3_pair(L &l, gct_acc (&c)[2], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                        const uint32_t (&bh0)[2], const uint32_t (&bl0)[2], const uint32_t (&bh1)[2],
+                                        const uint32_t (&bl1)[2])
+{
+    l.mma(c[0].hh, ah, bh0);
+    l.mma(c[1].hh, ah, bh1);
+    l.mma(c[0].hl, ah, bl0);
+    l.mma(c[1].hl, ah, bl1);
+    l.mma(c[0].lh, al, bh0);
+    l.mma(c[1].lh, al, bh1);
+}
+
 /* A 16-row unit of the block's 16 state columns, two 16 x 8 tiles (c[0] columns 0-7, c[1]
  * 8-15): c += A B over k in [0, k1), k1 a multiple of 8, B as pairs. A by rows (gct_frag_rows)
  * or, COLS, as the transpose of M (gct_frag_cols). A's split serves both tiles: six
@@ -324,12 +339,7 @@ static inline GCT_FN void gct_unit(L &l, gct_acc (&c)[2], const float *A, int ld
             gct_frag_rows(A, lda, k0, g, t, ah, al);
         gct_frag_pairs(B, ldb, k0, g, t, bh0, bl0);
         gct_frag_pairs(B + 8, ldb, k0, g, t, bh1, bl1);
-        l.mma(c[0].hh, ah, bh0);
-        l.mma(c[1].hh, ah, bh1);
-        l.mma(c[0].hl, ah, bl0);
-        l.mma(c[1].hl, ah, bl1);
-        l.mma(c[0].lh, al, bh0);
-        l.mma(c[1].lh, al, bh1);
+        gct_mma3_pair(l, c, ah, al, bh0, bl0, bh1, bl1);
     }
 }
 
@@ -562,12 +572,7 @@ static inline GCT_FN void gct_unit_rows(L &l, gct_acc (&c)[2], const float *A, i
         uint32_t bh0[2], bl0[2], bh1[2], bl1[2];
         gct_split(b[0], bh0, bl0);
         gct_split(b[1], bh1, bl1);
-        l.mma(c[0].hh, ah, bh0);
-        l.mma(c[1].hh, ah, bh1);
-        l.mma(c[0].hl, ah, bl0);
-        l.mma(c[1].hl, ah, bl1);
-        l.mma(c[0].lh, al, bh0);
-        l.mma(c[1].lh, al, bh1);
+        gct_mma3_pair(l, c, ah, al, bh0, bl0, bh1, bl1);
     }
 }
 
