@@ -10,13 +10,21 @@
  * (0.0330 against 0.0329 from reordering alone: docs/perf-log.md, session 50).
  *
  * The FMA kernels this replaces took 51 us (prep) and 90 us (scan) a layer against ~15 and ~25
- * us of issue (session 6). On the H200 (session 52) these take 64 us (scan) and 36 us (prep): one
- * block of 8 warps a multiprocessor (shared memory) leaves 2 warps a scheduler, issuing at half
- * rate — latency, not the tensor pipes, is the limit; more warps a block is the next step
- * (docs/perf-log.md, session 52). This form was written in a session without a GPU (51), so both bodies
- * are templates over the lanes L that run them — gdn_gpu_lanes (gdn_chunked.cu) on the GPU, the
- * emulator of tests/simt_host.h in tests/test_gdn_chunk_tc_host.cu (CI) — and GCT_FN is
- * __device__ or __host__ accordingly.
+ * us of issue (session 6). On the H200 (session 52) the first form of these took 64 us (scan)
+ * and 36 us (prep): one block of 8 warps a multiprocessor (shared memory) leaves 2 warps a
+ * scheduler, and each step of six MMAs took ~64 instructions (every fragment element a scalar
+ * shared load and a split). Session 53 cut the instructions: the k's of a step permuted so that
+ * A's elements come in 8-byte loads (gct_frag_rows / gct_frag_cols), the block's own B operands
+ * (S, U, Ud) stored split (gct_pair), units of 16 x 16 whose A split serves two tiles
+ * (gct_unit), and the copies' and element loops' divisions gone (gct_for_rows); and the scan
+ * became a template on its warps, 8 or 16 (the products' K split in halves): 4 warps a
+ * scheduler. Measured so far only on a power-braked H100 (perf-log session 53); the decision
+ * between the column scan and these waits for bench/gdn_chunked_ab.sh on a healthy GPU.
+ *
+ * This form was written in a session without a GPU (51), so both bodies are templates over the
+ * lanes L that run them — gdn_gpu_lanes (gdn_chunked.cu) on the GPU, the emulator of
+ * tests/simt_host.h in tests/test_gdn_chunk_tc_host.cu (CI) — and GCT_FN is __device__ or
+ * __host__ accordingly.
  */
 #ifndef QWENRT_BACKEND_CUDA_GDN_CHUNK_TC_CUH
 #define QWENRT_BACKEND_CUDA_GDN_CHUNK_TC_CUH
@@ -109,74 +117,16 @@ static inline GCT_FN void gct_split(const float (&x)[N], uint32_t (&hi)[N], uint
     }
 }
 
-/* c += A B for one 16 x 8 x 8 step in 3xTF32 (fragments as L::mma). */
-template <class L>
-static inline GCT_FN void gct_mma3(L &l, gct_acc &c, const float (&a)[4], const float (&b)[2])
-{
-    uint32_t ah[4], al[4], bh[2], bl[2];
-    gct_split(a, ah, al);
-    gct_split(b, bh, bl);
-    l.mma(c.hh, ah, bh);
-    l.mma(c.hl, ah, bl);
-    l.mma(c.lh, al, bh);
-}
-
 /* The product loops over k, unrolled by 4 on the GPU so that a step's shared loads overlap
  * the previous step's MMAs (2 warps a scheduler hide nothing else: perf-log session 52);
- * registers are free here, since shared memory holds the kernels to one block a
- * multiprocessor. The host emulator runs them as written. */
+ * shared memory holds the kernels to one block a multiprocessor, so registers are free up to
+ * the block's share (the 16-warp scan sits at its 128 without spills). The host emulator runs
+ * them as written. */
 #ifdef __CUDA_ARCH__
 #define GCT_UNROLL4 _Pragma("unroll 4")
 #else
 #define GCT_UNROLL4
 #endif
-
-/* A 16 x 8 tile of a warp: c += A[16 rows][k in 0..k1) B[k][8 columns]. A(i, k) is
- * A[i ai + k ak] and read as zero where k >= kn, or k > row0 + i when causal (row0: the tile's
- * first row in the chunk); B(k, c) is B[k bk + c bc]. k1 is a multiple of 8. */
-template <class L>
-static inline GCT_FN void gct_tile(L &l, gct_acc &c, const float *A, int ai, int ak,
-                                   const float *B, int bk, int bc, int k1, int kn, bool causal, int row0)
-{
-    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
-    GCT_UNROLL4
-    for (int k = 0; k < k1; k += 8) {
-        const int ka = k + t, kb = k + t + 4;
-        const bool a0 = ka < kn && (!causal || ka <= row0 + g), a1 = ka < kn && (!causal || ka <= row0 + g + 8);
-        const bool a2 = kb < kn && (!causal || kb <= row0 + g), a3 = kb < kn && (!causal || kb <= row0 + g + 8);
-        float a[4] = {a0 ? A[g * ai + ka * ak] : 0.0f, a1 ? A[(g + 8) * ai + ka * ak] : 0.0f,
-                      a2 ? A[g * ai + kb * ak] : 0.0f, a3 ? A[(g + 8) * ai + kb * ak] : 0.0f};
-        float b[2] = {B[ka * bk + g * bc], B[kb * bk + g * bc]};
-        gct_mma3(l, c, a, b);
-    }
-}
-
-/* Two 16 x 8 tiles with the same B: c1 += A1 B and c2 += A2 B over k in 0..k1 (a multiple of
- * 8), no masks; A1 and A2 as gct_tile's A with the same strides. B's fragments are loaded and
- * split once for both, and the six MMAs of a step are independent. */
-template <class L>
-static inline GCT_FN void gct_tile2(L &l, gct_acc &c1, const float *A1, gct_acc &c2, const float *A2, int ai,
-                                    int ak, const float *B, int bk, int bc, int k1)
-{
-    const int lane = l.tid() & 31, g = lane >> 2, t = lane & 3;
-    GCT_UNROLL4
-    for (int k = 0; k < k1; k += 8) {
-        const int ka = k + t, kb = k + t + 4;
-        const int o0 = g * ai + ka * ak, o1 = (g + 8) * ai + ka * ak, o2 = g * ai + kb * ak, o3 = (g + 8) * ai + kb * ak;
-        float a1[4] = {A1[o0], A1[o1], A1[o2], A1[o3]}, a2[4] = {A2[o0], A2[o1], A2[o2], A2[o3]};
-        float b[2] = {B[ka * bk + g * bc], B[kb * bk + g * bc]};
-        uint32_t h1[4], l1[4], h2[4], l2[4], bh[2], bl[2];
-        gct_split(a1, h1, l1);
-        gct_split(a2, h2, l2);
-        gct_split(b, bh, bl);
-        l.mma(c1.hh, h1, bh);
-        l.mma(c2.hh, h2, bh);
-        l.mma(c1.hl, h1, bl);
-        l.mma(c2.hl, h2, bl);
-        l.mma(c1.lh, l1, bh);
-        l.mma(c2.lh, l2, bh);
-    }
-}
 
 /* What gct_fetch copies: Wk's rows and Wv's columns, q rows, Qk's rows and G, k rows. */
 enum { GCT_WK = 1, GCT_Q = 2, GCT_QKG = 4, GCT_K = 8 };
