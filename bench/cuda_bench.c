@@ -22,7 +22,8 @@
  *
  * 0. The SM clock, at the start and at the end (cuda_sm_clock): where it is held down (under 70%
  *    of the rated peak: a power brake or thermal slowdown) the timings are printed but no JSON
- *    record is written, and the exit status is 3 (session 53's H100 ran at ~300 of 1,980 MHz).
+ *    record is written (here and with --batch), and the exit status of a run that otherwise
+ *    succeeds is 3 (session 53's H100 ran at ~300 of 1,980 MHz).
  * 1. Validation first (no timing for a path that fails): a 40-token prompt (GEMMs, GEMM
  *    attention) and 4 greedy steps through the CPU backend (reference DeltaNet, f32-activation
  *    quantised kernels) and through CUDA, twice: QWENRT_PRECISION_EXACT (logits within 1e-2,
@@ -1371,7 +1372,7 @@ int main(int argc, char **argv)
             fprintf(jf, "\n  ],\n  \"status\": \"%s\"\n}\n", rc ? "failed" : "ok");
             fclose(jf);
         }
-        return rc;
+        return rc ? rc : held_down ? 3 : 0;
     }
     if (timeline)
         return decode_timeline(m, &sw, depth, reps, kv_f16);

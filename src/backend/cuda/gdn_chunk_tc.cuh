@@ -133,9 +133,9 @@ enum { GCT_WK = 1, GCT_Q = 2, GCT_QKG = 4, GCT_K = 8 };
 
 /* f(row, col) for every row < rows and col < w, spread over the block's threads. Where w
  * divides GC_THREADS (every power of two up to it: the shapes the models have) a thread keeps
- * one column and steps whole rows, so a step costs no division; session 53 found the copies'
- * and element loops' divisions by a run-time width worth as many instructions as the
- * products. */
+ * one column and steps whole rows, so a step costs no division; by session 53's count the
+ * copies' and element loops' divisions by a run-time width came near the products' own
+ * instructions. */
 template <int NT = GC_THREADS, class L, class F>
 static inline GCT_FN void gct_for_rows(L &l, int rows, int w, F f)
 {
@@ -204,7 +204,7 @@ static inline GCT_FN void gct_fetch(L &l, const struct gdn_args &a, int which, i
  * itself and reads as B (S, U, Ud) is kept as TF32 pairs (hi, lo) = (x, y) of a float2, split
  * once when written; A's operands (copied from the prep's areas) are split as they are loaded.
  * Session 52's scan split every fragment at every load (ALU 31-45% busy, ~64 instructions a
- * step of six MMAs); here a step is ~22. */
+ * step of six MMAs); here a step is ~28 (PTX of the unrolled loop). */
 typedef float2 gct_pair;
 
 static inline GCT_FN gct_pair gct_pair_of(float x)
