@@ -58,6 +58,7 @@
  *    per graph, several grid shapes, without and with PDL), then exit.
  * Prints a table and writes one JSON record. Weight bytes per token are taken from the model.
  */
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -1185,6 +1186,41 @@ static bool clock_held_down(const char *when)
     return held;
 }
 
+/* An integer option's value: the whole text a number from lo to hi, else an error that names the
+ * option, the text and the range (what), and false. */
+struct int_option {
+    const char *name; /* "--n-gen" */
+    int *value;
+    long lo, hi;
+    const char *what; /* "tokens generated", after "expected LO to HI" */
+};
+
+static bool parse_int_option(const struct int_option *o, const char *text)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < o->lo || v > o->hi) {
+        fprintf(stderr, "%s %s: expected %ld to %ld %s\n", o->name, text, o->lo, o->hi, o->what);
+        return false;
+    }
+    *o->value = (int)v;
+    return true;
+}
+
+/* The integer option argv[*i] names, its value taken from argv[*i + 1]: 1 parsed, 0 not an
+ * integer option of opts, -1 a bad value (named on stderr). */
+static int take_int_option(const struct int_option *opts, size_t n, int argc, char **argv, int *i)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (strcmp(argv[*i], opts[k].name) || *i + 1 >= argc)
+            continue;
+        *i += 1;
+        return parse_int_option(&opts[k], argv[*i]) ? 1 : -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
@@ -1203,28 +1239,35 @@ int main(int argc, char **argv)
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
+    const struct int_option int_opts[] = {
+        {"--n-prompt", &n_prompt, 1, CUDA_BENCH_DEPTH_MAX, "prompt tokens"},
+        {"--n-gen", &n_gen, 1, CUDA_BENCH_DEPTH_MAX, "tokens generated"},
+        {"--depth", &depth, 0, CUDA_BENCH_DEPTH_MAX, "prompt tokens before the decode"},
+        {"--reps", &reps, 1, 64, "repetitions a measurement"},
+        {"--gemv-smem-launch", &smem_launch, 0, 2, "(cuda_options.gemv_smem_launch)"},
+        {"--gemv-mma", &gemv_mma, 0, 1, "(cuda_options.gemv_mma)"},
+        {"--batch-check", &batch_chk, 1, 16, "sessions"},
+    };
     for (int i = 1; i < argc; i++) {
+        int taken = take_int_option(int_opts, sizeof(int_opts) / sizeof(int_opts[0]), argc, argv, &i);
+        if (taken < 0)
+            return 2;
+        if (taken)
+            continue;
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch = argv[++i], arch_given = 1;
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i], type_given = 1;
         else if (!strcmp(argv[i], "--gguf") && i + 1 < argc) gguf = argv[++i];
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) tokenizer = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-        else if (!strcmp(argv[i], "--n-prompt") && i + 1 < argc) n_prompt = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--n-gen") && i + 1 < argc) n_gen = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atoi(argv[++i]); /* decode after a prompt of this many tokens */
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
         else if (!strcmp(argv[i], "--no-merge")) no_merge = 1; /* prefill products one by one */
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
-        else if (!strcmp(argv[i], "--gemv-smem-launch") && i + 1 < argc) smem_launch = atoi(argv[++i]); /* cuda_options.gemv_smem_launch */
-        else if (!strcmp(argv[i], "--gemv-mma") && i + 1 < argc) gemv_mma = atoi(argv[++i]); /* cuda_options.gemv_mma */
         else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
-        else if (!strcmp(argv[i], "--batch-check") && i + 1 < argc) batch_chk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch-ab") && i + 1 < argc) batch_ab = argv[++i];
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
         else if (!strcmp(argv[i], "--mega-only")) mega_only = 1;
@@ -1256,11 +1299,6 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (depth < 0 || depth > CUDA_BENCH_DEPTH_MAX) { /* atoi: a non-number reads as 0 */
-        fprintf(stderr, "--depth %d: expected 0 to %d prompt tokens before the decode\n", (int)depth,
-                CUDA_BENCH_DEPTH_MAX);
-        return 2;
-    }
     /* decode variants (unnamed switches: off) */
     struct variant vs[] = {{.name = "megakernel", .graph = true, .fuse = true, .v2 = true, .mega = true, .threads = 256, .split = true},
                            {.name = "graph,unfused", .graph = true, .v2 = true, .threads = 256, .split = true},
@@ -1289,8 +1327,6 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (reps > 64)
-        reps = 64;
     if (batch && !batch_list_max(batch, 64)) /* before the model is made */
         return 2;
     if (batch_ab && (!batch || !parse_batch_ab(batch_ab, &ab))) {

@@ -3,7 +3,9 @@
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
 # GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
 # cmake --build build-cudaperf --target cuda_bench test_cuda_backend test_cuda_ops test_cuda_graph
-# test_cuda_batch; cp to .devbin/).
+# test_cuda_batch; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
+# of it kernels): configured with -DQWENRT_SHARED_LIB=ON they share one libqwenrt.so, and all of
+# them with qwenrt fit the carry limit (~27 MB xz-compressed; the library goes in .devbin/ too).
 # Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|all] ; logs and JSON go to $OUT.
 # validate: issue 6's long check at the real geometry — `qwenrt validate --backend cuda` on
 # synth models (CFGS, default BF16 and Q4_K_M of both), a VP-token prompt then VN decoded
@@ -28,7 +30,7 @@ for b in cuda_bench qwenrt $TESTS; do
 done
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv
 # a GPU whose clocks the hardware holds down (session 53: an H100 power-braked to ~300 MHz)
 # times everything ~5x slow: say so before anything runs (cuda_bench also refuses to write

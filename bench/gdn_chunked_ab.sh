@@ -12,7 +12,7 @@ ROUNDS=${1:-2}
 LENGTHS=${2:-"64 128 512 2048"}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 CB=.devbin/cuda_bench
 nvidia-smi --query-gpu=name,clocks.sm,clocks_event_reasons.active --format=csv,noheader
 if [ -x .devbin/test_cuda_ops ]; then

@@ -10,7 +10,7 @@
 # us) this way (docs/perf-log.md).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 n=${1:-150}
 [ $# -gt 0 ] && shift

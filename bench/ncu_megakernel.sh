@@ -7,7 +7,7 @@
 # stall-reason breakdown and the hottest lines (bench/ncu_top.py); the report stays in $OUT.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+export LD_LIBRARY_PATH="$PWD/.devbin:$PWD/.devlibs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 a=${1:-qwen3-0.6b}; t=${2:-bf16}
 timeout ${NCU_TIMEOUT:-240} "$NCU" --clock-control none -k regex:mk_kernel -c 1 \

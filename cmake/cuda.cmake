@@ -61,3 +61,16 @@ set_tests_properties(cuda_bench_gdn_chunked_args PROPERTIES
 add_test(NAME cuda_bench_depth_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --sweep 0:0:0:0:0 --depth -5)
 set_tests_properties(cuda_bench_depth_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--depth -5: expected 0 to 32768 prompt tokens before the decode")
+add_test(NAME cuda_bench_gdn_scan_warps_args COMMAND cuda_bench --arch qwen35-tiny --type bf16 --gdn-scan-warps 12)
+set_tests_properties(cuda_bench_gdn_scan_warps_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--gdn-scan-warps 12: expected 0 \\(the default\\), 8 or 16")
+# integer options: a non-number, trailing text and a value out of range are each named
+add_test(NAME cuda_bench_reps_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --reps abc)
+set_tests_properties(cuda_bench_reps_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--reps abc: expected 1 to 64 repetitions a measurement")
+add_test(NAME cuda_bench_n_gen_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --n-gen 12x)
+set_tests_properties(cuda_bench_n_gen_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--n-gen 12x: expected 1 to 32768 tokens generated")
+add_test(NAME cuda_bench_batch_check_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --batch-check 17)
+set_tests_properties(cuda_bench_batch_check_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--batch-check 17: expected 1 to 16 sessions")

@@ -5,13 +5,24 @@
 
 #include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* F16C from CPUID leaf 1 (ECX bit 29) itself: Clang before 16 does not know "f16c" as a
+ * __builtin_cpu_supports name (a compile error, which broke the clang build of make fuzz). */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
 
 uint32_t cpu_features_detect(void)
 {
     uint32_t f = 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
         f |= CPU_AVX2; /* its kernels convert f16 with F16C (matmul_avx2.c, attention_avx2.c) */
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
