@@ -9,6 +9,9 @@
 # leaves its input in build-fuzz/artifacts/ and makes the script exit 1; reproduce it with
 #   build-fuzz/<target> build-fuzz/artifacts/<file>
 # Seconds run per target are added up in build-fuzz/fuzz-time.tsv (target, seconds, date, result).
+#   FUZZ_SEEDS_ONLY=1 scripts/fuzz.sh   build, then run each target once over its committed seeds
+#                                       and stop (deterministic: what CI runs, so that the clang
+#                                       build and the harnesses keep working)
 set -eu
 cd "$(dirname "$0")/.."
 B=${FUZZ_BUILD:-build-fuzz}
@@ -39,8 +42,12 @@ for t in $targets; do
     start=$(date +%s)
     # rss/malloc limit 2 GiB: an input that makes qwenrt allocate more is a finding (a limit
     # is missing). -timeout 20: one input running longer is a hang.
-    if nice -n "$NICE" "$B/$t" "$B/corpus/$t" "tests/fuzz/corpus/$t" -max_total_time="$SECS" \
-        -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
+    if [ "${FUZZ_SEEDS_ONLY:-0}" = 1 ]; then
+        set -- "tests/fuzz/corpus/$t" -runs=0
+    else
+        set -- "$B/corpus/$t" "tests/fuzz/corpus/$t" -max_total_time="$SECS"
+    fi
+    if nice -n "$NICE" "$B/$t" "$@" -rss_limit_mb=2048 -timeout=20 -print_final_stats=1 \
         -artifact_prefix="$B/artifacts/$t-" >"$B/logs/$t.log" 2>&1; then
         result=ok
     else
