@@ -81,7 +81,10 @@ struct qwenrt_model_info {
     int32_t n_ff;          /* MLP intermediate size */
     int32_t n_ctx_train;   /* maximum context the model was trained for */
     int64_t n_params;      /* parameters of the text model (tied LM head counted once) */
-    int64_t weight_bytes;  /* bytes of all weights as stored */
+    int64_t weight_bytes;  /* bytes of all weights as stored (after any conversion below) */
+    int32_t n_converted;   /* weight matrices stored in another type for the backend, whose
+                            * kernels do not compute with the file's (CUDA: Q4_0 as Q8_0,
+                            * exactly; Q5_K as F16, each value rounded to the nearest f16) */
 };
 void qwenrt_model_get_info(const struct qwenrt_model *model, struct qwenrt_model_info *info);
 

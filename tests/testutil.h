@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "format/safetensors.h"
+#include "model/model.h"
 #include "qwenrt.h"
 
 /* ||a - b|| / ||b|| over n floats */
@@ -76,6 +77,28 @@ static inline const struct qr_tensor *ref_tensor(const struct safetensors_file *
     if (!t)
         fail_msg("reference tensor '%s' missing", name);
     return t;
+}
+
+/* Every quantised product of model m (its matmuls and LM head) bound to the CPU's .exact
+ * kernel: x in f32 instead of rounded to 8 bits, the reference that products with float x (the
+ * GPU's exact precision, float weights, converted matrices) are measured from. */
+static inline void test_bind_f32_x(struct qwenrt_model *m)
+{
+    for (int ph = 0; ph < 2; ph++)
+        for (int32_t i = 0; i < m->plans[ph].n_ops; i++) {
+            struct plan_op *op = &m->plans[ph].ops[i];
+            if (!op->w || dtype_is_float(op->w->dtype) || (op->kind != OP_LOGITS && op->kind != OP_MATMUL))
+                continue;
+            enum qr_dtype t = op->w->dtype;
+            if (op->kind == OP_LOGITS)
+                op->kernel = "logits.exact";
+            else if (op->kind == OP_MATMUL)
+                op->kernel = t == QR_Q8_0 ? "matmul.q8_0.exact" : t == QR_Q4_0 ? "matmul.q4_0.exact"
+                           : t == QR_Q4_K ? "matmul.q4_k.exact" : t == QR_Q5_K ? "matmul.q5_k.exact"
+                           : t == QR_Q6_K ? "matmul.q6_k.exact" : NULL;
+            if (!op->kernel)
+                fail_msg("no f32-x kernel for %s", dtype_traits(t)->name);
+        }
 }
 
 /* A fresh directory /tmp/qwenrt-<tag>-XXXXXX in buf (for a test group's setup): 0 or -1. */

@@ -134,6 +134,19 @@ bool cli_parse_ids(const char *s, int32_t **ids, int32_t *n)
     return true;
 }
 
+/* Says on stderr when the backend computes with converted copies of some weights (more
+ * memory than the file; qwenrt_model_info.n_converted). */
+static void note_converted(const struct qwenrt_model *m, const char *backend)
+{
+    struct qwenrt_model_info info;
+    qwenrt_model_get_info(m, &info);
+    if (info.n_converted > 0)
+        fprintf(stderr,
+                "qwenrt: %d weight matrices converted for the %s backend (Q4_0 as Q8_0, others as "
+                "F16): %.2f GiB of weights\n",
+                info.n_converted, backend, (double)info.weight_bytes / (1 << 30));
+}
+
 struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
 {
     if (!o->model) {
@@ -154,6 +167,7 @@ struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
         struct qwenrt_model *m = t.model; /* the binding lives in the model's plans */
         t.model = NULL;
         tool_close(&t);
+        note_converted(m, o->backend ? o->backend : "cpu");
         return m;
     }
     struct qwenrt_model_params p = qwenrt_model_default_params();
@@ -165,6 +179,7 @@ struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
         fprintf(stderr, "qwenrt: %s\n", err.message);
         return NULL;
     }
+    note_converted(m, p.backend);
     return m;
 }
 

@@ -21,6 +21,7 @@
 #define MODEL_MAX_SHARDS 64
 
 struct owned_chunk;
+struct transcoded_tensor;
 
 struct layer_weights {
     const float *attn_norm;           /* [n_embd] input_layernorm */
@@ -78,12 +79,24 @@ struct qwenrt_model {
     struct model_weights w;
     bool v_head_tiled;                /* DeltaNet value heads in GGUF (tiled) order */
     struct owned_chunk *owned;        /* small f32 vectors converted at load (a list) */
+    /* The backend's stored weight types (model_load_for); a matrix of another type is bound
+     * as its transcoded copy (quant/transcode.h), made once per file tensor. NULL: any type. */
+    bool (*weight_dtype_ok)(int32_t dtype);
+    struct transcoded_tensor *transcoded; /* those copies (a list) */
     struct plan plans[2];             /* [PHASE_PREFILL], [PHASE_DECODE] */
     struct model_cuda_tuning cuda_tuning; /* from the profile the model was bound under */
     int n_threads;
     char backend[16];
     int64_t n_params, weight_bytes;
 };
+
+/* qwenrt_model_load with the stored weight types the backend computes with given: a matrix
+ * whose type weight_dtype_ok refuses is bound as a copy in transcode_target's type (Q4_0 as
+ * Q8_0 exactly, others as F16). weight_dtype_ok NULL: the backend's own (the CUDA backend:
+ * cuda_weight_dtype_supported; the CPU: every type). Tests pass their own. */
+qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params *params,
+                             bool (*weight_dtype_ok)(int32_t dtype), struct qwenrt_model **out,
+                             struct qwenrt_error *err);
 
 /* Name mapping: the tensor called `gguf_name` (llama.cpp spelling, e.g. "blk.3.attn_q.weight")
  * in whatever format the model was loaded from, or NULL. */

@@ -8,6 +8,7 @@
  */
 #include <dirent.h>
 #include <jansson.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +21,19 @@
 #include "base/meminfo.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "quant/transcode.h"
 
 struct owned_chunk {
     struct owned_chunk *next;
     float data[];
+};
+
+/* A file tensor rewritten in a type the backend computes with (model->weight_dtype_ok). */
+struct transcoded_tensor {
+    struct transcoded_tensor *next;
+    const struct qr_tensor *from; /* the file's tensor */
+    struct qr_tensor t;           /* its copy: same name and shape, another dtype */
+    void *data;                   /* t.data, owned */
 };
 
 float *model_alloc_floats(struct qwenrt_model *m, size_t n)
@@ -62,6 +72,64 @@ static const char *file_name_of(const struct qwenrt_model *m, const char *gguf_n
     return gguf_name;
 }
 
+/* Rows [0, n_rows) of `from` at src rewritten at dst (transcode_rows), in chunks over the
+ * model's threads; false when any chunk failed (only for lack of memory: the type and the row
+ * size were checked). */
+static bool transcode_parallel(const struct qwenrt_model *m, const struct qr_tensor *from, void *dst)
+{
+    enum { CHUNK_ROWS = 256 };
+    size_t in_bytes, out_bytes;
+    int64_t K = from->ne[0], n_rows = tensor_nrows(from);
+    if (!dtype_row_bytes(from->dtype, K, &in_bytes) ||
+        !dtype_row_bytes(transcode_target(from->dtype), K, &out_bytes))
+        return false;
+    int64_t n_chunks = (n_rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(m->n_threads > 0 ? m->n_threads : omp_get_max_threads()) reduction(| : failed)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        int64_t r0 = c * CHUNK_ROWS, rows = n_rows - r0 < CHUNK_ROWS ? n_rows - r0 : CHUNK_ROWS;
+        if (!transcode_rows(from->dtype, (const uint8_t *)from->data + (size_t)r0 * in_bytes,
+                            (uint8_t *)dst + (size_t)r0 * out_bytes, K, rows))
+            failed = 1;
+    }
+    return !failed;
+}
+
+/* The copy of t in a type the backend computes with: made once per file tensor (so a tied
+ * output matrix stays the embedding's), owned by the model. */
+static qwenrt_status bind_transcoded(struct qwenrt_model *m, const struct qr_tensor *t, const char *fn,
+                                     const struct qr_tensor **out, struct qwenrt_error *err)
+{
+    for (struct transcoded_tensor *c = m->transcoded; c; c = c->next)
+        if (c->from == t) {
+            *out = &c->t;
+            return QWENRT_OK;
+        }
+    enum qr_dtype to = transcode_target(t->dtype);
+    size_t row_bytes, bytes;
+    if (to == QR_DTYPE_INVALID || !dtype_row_bytes(to, t->ne[0], &row_bytes) ||
+        size_mul_overflows(row_bytes, (size_t)tensor_nrows(t), &bytes))
+        return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, which the %s backend cannot compute with or convert",
+                       m->path, fn, dtype_traits(t->dtype)->name, m->backend);
+    struct transcoded_tensor *c = xcalloc(1, sizeof(*c));
+    void *data = c ? xalloc_aligned(bytes, 1) : NULL;
+    if (!data || !transcode_parallel(m, t, data)) {
+        xfree(data);
+        xfree(c);
+        return err_set(err, QWENRT_ERR_NOMEM, "%s: out of memory converting tensor '%s' (%s) to %s for the %s backend",
+                       m->path, fn, dtype_traits(t->dtype)->name, dtype_traits(to)->name, m->backend);
+    }
+    c->from = t;
+    c->t = *t;
+    c->t.dtype = to;
+    c->t.data = c->data = data;
+    c->t.nbytes = bytes;
+    c->next = m->transcoded;
+    m->transcoded = c;
+    *out = &c->t;
+    return QWENRT_OK;
+}
+
 qwenrt_status model_bind_matrix(struct qwenrt_model *m, const struct qr_tensor **out, int64_t ne0,
                                 int64_t ne1, bool required, struct qwenrt_error *err,
                                 const char *fmt, ...)
@@ -86,6 +154,8 @@ qwenrt_status model_bind_matrix(struct qwenrt_model *m, const struct qr_tensor *
     if (!quant_can_dequantize(t->dtype))
         return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, which qwenrt cannot compute with",
                        m->path, fn, dtype_traits(t->dtype) ? dtype_traits(t->dtype)->name : "unknown");
+    if (m->weight_dtype_ok && !m->weight_dtype_ok(t->dtype))
+        return bind_transcoded(m, t, fn, out, err);
     *out = t;
     return QWENRT_OK;
 }
@@ -300,6 +370,13 @@ static qwenrt_status check_backend(const char *backend, struct qwenrt_error *err
 qwenrt_status qwenrt_model_load(const char *path, const struct qwenrt_model_params *params,
                                 struct qwenrt_model **out, struct qwenrt_error *err)
 {
+    return model_load_for(path, params, NULL, out, err);
+}
+
+qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params *params,
+                             bool (*weight_dtype_ok)(int32_t dtype), struct qwenrt_model **out,
+                             struct qwenrt_error *err)
+{
     *out = NULL;
     struct qwenrt_model_params defaults = qwenrt_model_default_params();
     if (!params)
@@ -314,6 +391,9 @@ qwenrt_status qwenrt_model_load(const char *path, const struct qwenrt_model_para
     }
     m->n_threads = params->n_threads;
     snprintf(m->backend, sizeof(m->backend), "%s", params->backend ? params->backend : "cpu");
+    m->weight_dtype_ok = weight_dtype_ok          ? weight_dtype_ok
+                         : !strcmp(m->backend, "cuda") ? cuda_weight_dtype_supported
+                                                       : NULL;
     qwenrt_status st = check_backend(m->backend, err);
     if (st)
         ; /* reported by check_backend */
@@ -361,6 +441,12 @@ void qwenrt_model_free(struct qwenrt_model *m)
         xfree(m->owned);
         m->owned = next;
     }
+    while (m->transcoded) {
+        struct transcoded_tensor *next = m->transcoded->next;
+        xfree(m->transcoded->data);
+        xfree(m->transcoded);
+        m->transcoded = next;
+    }
     xfree(m->w.layers);
     if (m->format == MODEL_FORMAT_GGUF)
         gguf_close(&m->gguf);
@@ -394,4 +480,6 @@ void qwenrt_model_get_info(const struct qwenrt_model *m, struct qwenrt_model_inf
     info->n_ctx_train = m->hp.n_ctx_train;
     info->n_params = m->n_params;
     info->weight_bytes = m->weight_bytes;
+    for (const struct transcoded_tensor *c = m->transcoded; c; c = c->next)
+        info->n_converted++;
 }

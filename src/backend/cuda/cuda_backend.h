@@ -406,6 +406,11 @@ struct cuda_options cuda_default_options(void);
 /* true when this build has the CUDA backend. */
 bool cuda_backend_compiled(void);
 
+/* true when the CUDA kernels compute with weights stored as dtype (F32, F16, BF16, Q8_0, Q4_K,
+ * Q6_K). Defined in both builds (weight_types.c): a model loaded for the CUDA backend has its
+ * other matrices (Q4_0, Q5_K) transcoded at load (model_load.c, quant/transcode.h). */
+bool cuda_weight_dtype_supported(int32_t dtype);
+
 /* Checks that a CUDA device can be used: a driver, a device of compute capability 8.0 or
  * newer, and (need_bytes > 0) that much free device memory. Errors: BACKEND with the reason
  * (not compiled in, no driver, driver too old, no device, device too old, too little

@@ -254,8 +254,7 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(const __grid_cons
 
 bool gemv_supports(int32_t dtype)
 {
-    return dtype == QR_F32 || dtype == QR_F16 || dtype == QR_BF16 || dtype == QR_Q8_0 ||
-           dtype == QR_Q4_K || dtype == QR_Q6_K;
+    return cuda_weight_dtype_supported(dtype);
 }
 
 template <int DT>
