@@ -15,19 +15,7 @@
 #include "tools/convert.h"
 #include "tools/synth.h"
 
-static char tmpdir[64];
-
-static int setup(void **st)
-{
-    (void)st;
-    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "gguf-model");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return test_tmpdir_remove(tmpdir);
-}
+TEST_GROUP_TMPDIR("gguf-model")
 
 /* Converts fixture `dir` to GGUF of `type`, loads it, compares logits with the reference. */
 static void check_converted(const char *dir, const char *type, double tol)

@@ -14,19 +14,7 @@
 #include "qwenrt.h"
 #include "runtime/session.h"
 
-static char tmpdir[64];
-
-static int setup(void **st)
-{
-    (void)st;
-    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "model-errors");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return test_tmpdir_remove(tmpdir);
-}
+TEST_GROUP_TMPDIR("model-errors")
 
 static void write_file(const char *path, const char *text)
 {

@@ -12,19 +12,7 @@
 #include "base/alloc.h"
 #include "tokenizer/tokenizer.h"
 
-static char tmpdir[64];
-
-static int setup(void **state)
-{
-    (void)state;
-    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "regress");
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return test_tmpdir_remove(tmpdir);
-}
+TEST_GROUP_TMPDIR("regress")
 
 /* Writes bytes to <tmpdir>/name; returns the path (static storage). */
 static const char *write_tmp(const char *name, const void *data, size_t size)

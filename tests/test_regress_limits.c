@@ -25,19 +25,7 @@
 #define TINY "tests/data/qwen3-tiny-f32"
 #define TINY35 "tests/data/qwen35-tiny-f32"
 
-static char tmpdir[64];
-
-static int setup(void **state)
-{
-    (void)state;
-    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "limits");
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return test_tmpdir_remove(tmpdir);
-}
+TEST_GROUP_TMPDIR("limits")
 
 static struct qwenrt_model *load(const char *path)
 {

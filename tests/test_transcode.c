@@ -22,19 +22,7 @@
 #include "tools/gguf_export.h"
 #include "tools/synth.h"
 
-static char tmpdir[64];
-
-static int setup(void **st)
-{
-    (void)st;
-    return test_tmpdir_make(tmpdir, sizeof(tmpdir), "transcode");
-}
-
-static int teardown(void **st)
-{
-    (void)st;
-    return test_tmpdir_remove(tmpdir);
-}
+TEST_GROUP_TMPDIR("transcode")
 
 static uint32_t rng = 12345u;
 

@@ -116,6 +116,22 @@ static inline int test_tmpdir_remove(const char *dir)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* A test group's scratch directory: defines `tmpdir` and the group's `setup` and `teardown`,
+ * which make it (test_tmpdir_make with tag) and remove it, for cmocka_run_group_tests(tests,
+ * setup, teardown). */
+#define TEST_GROUP_TMPDIR(tag)                                                                     \
+    static char tmpdir[64];                                                                        \
+    static int setup(void **group_state)                                                           \
+    {                                                                                              \
+        (void)group_state;                                                                         \
+        return test_tmpdir_make(tmpdir, sizeof(tmpdir), tag);                                      \
+    }                                                                                              \
+    static int teardown(void **group_state)                                                        \
+    {                                                                                              \
+        (void)group_state;                                                                         \
+        return test_tmpdir_remove(tmpdir);                                                         \
+    }
+
 /* A fixture directory opened with its transformers reference (prompt, greedy ids, the
  * decode logits after the prompt and each generated id) and its model loaded. */
 struct ref_fixture {
