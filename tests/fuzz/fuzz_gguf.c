@@ -1,15 +1,18 @@
 /*
  * fuzz_gguf.c — libFuzzer target for the GGUF reader and everything that reads GGUF metadata:
- * gguf_open and its accessors, hparams_from_gguf + hparams_validate, tokenizer_load_gguf, and
- * qwenrt_model_load on the same bytes (tensor binding, plans). Any crash, leak, sanitizer
- * report, or a success that hands out a view outside the file, is a finding.
+ * gguf_open and its accessors, hparams_from_gguf + hparams_validate, tokenizer_load_gguf,
+ * qwenrt_model_load on the same bytes (tensor binding, plans), and model_load_for with the CUDA
+ * backend's weight types (Q4_0 and Q5_K matrices converted: quant/transcode.h). Any crash,
+ * leak, sanitizer report, or a success that hands out a view outside the file, is a finding.
  * Seeds: tests/fuzz/corpus/fuzz_gguf/ (small valid GGUF files and near misses).
  */
 #include "fuzz_util.h"
 
+#include "backend/cuda/cuda_backend.h"
 #include "base/alloc.h"
 #include "format/gguf.h"
 #include "model/hparams.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 /* Reads every value (recursively) so that lengths and counts are exercised. */
@@ -82,6 +85,8 @@ static void run_file(const char *path)
     struct qwenrt_model_params mp = qwenrt_model_default_params();
     mp.n_threads = 1;
     if (qwenrt_model_load(path, &mp, &m, &err) == QWENRT_OK)
+        qwenrt_model_free(m);
+    if (model_load_for(path, &mp, cuda_weight_dtype_supported, &m, &err) == QWENRT_OK)
         qwenrt_model_free(m);
 }
 

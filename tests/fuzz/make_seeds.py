@@ -4,8 +4,8 @@
 Usage: tests/fuzz/make_seeds.py QWENRT_BIN OUT_DIR
 Writes OUT_DIR/{qwen3,qwen35}-micro/ (config.json, model.safetensors, tokenizer.json: random f32
 weights with the exact tensor names and shapes qwenrt expects, hidden size 32, one or two layers,
-a 259-token byte-level tokenizer) and converts each to OUT_DIR/*.gguf (f32 and q8_0) with
-`qwenrt convert`. The q8_0 GGUF files, configs and tokenizer were copied by hand into
+a 259-token byte-level tokenizer) and converts each to OUT_DIR/*.gguf (f32, q8_0 and q4_0) with
+`qwenrt convert`. The q8_0 and q4_0 GGUF files (q4_0: what a load for the CUDA backend converts), configs and tokenizer were copied by hand into
 tests/fuzz/corpus/ (fuzz_gguf, fuzz_config, fuzz_tokenizer_json) and committed, so this only
 needs to run again when the formats change. Only the Python standard library is used.
 """
@@ -118,7 +118,7 @@ def main():
             json.dump(cfg, f, indent=1)
         write_safetensors(os.path.join(d, "model.safetensors"), tensors)
         write_tokenizer(os.path.join(d, "tokenizer.json"))
-        for ty in ("f32", "q8_0"):
+        for ty in ("f32", "q8_0", "q4_0"):
             subprocess.run([qwenrt, "convert", d, "-o", os.path.join(out, f"{name}-{ty}.gguf"),
                             "--type", ty], check=True)
 
