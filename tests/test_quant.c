@@ -183,8 +183,11 @@ static void test_bad_sizes(void **state)
     assert_false(quant_dequantize_row(QR_Q4_K, q, y, 255));
     assert_false(quant_quantize_row(QR_Q6_K, x, q, 288));
     assert_false(quant_quantize_row(QR_Q8_0, x, q, 33));
-    assert_false(quant_dequantize_row(QR_Q3_K, q, y, 256)); /* no dequantiser */
-    assert_false(quant_can_dequantize(QR_Q2_K));
+    assert_false(quant_dequantize_row(QR_Q8_1, q, y, 256)); /* no dequantiser */
+    assert_false(quant_dequantize_row(QR_Q3_K, q, y, 255)); /* not whole super-blocks */
+    assert_false(quant_quantize_row(QR_Q3_K, x, q, 256));   /* read only: no quantiser */
+    assert_false(quant_can_dequantize(QR_Q8_1));
+    assert_true(quant_can_dequantize(QR_Q2_K));
     assert_true(quant_can_dequantize(QR_Q5_K));
 }
 

@@ -8,7 +8,11 @@
  * - a Q4_0 model loaded with Q4_0 refused computes the same logits as the plain load, its
  *   matrices Q8_0 and its tied output still the embedding; a Q5_K_M model's Q5_K matrices become
  *   F16 (its Q6_K ones stay) and its logits stay within the f16 rounding of the plain load's;
- * - failing any allocation of such a load returns an error without leaking (ASan).
+ * - failing any allocation of such a load returns an error without leaking (ASan);
+ * - the types qwenrt only reads (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K): blocks built by hand give the
+ *   values their layout defines; Q5_0 as Q8_0 and Q3_K as Q6_K are exact, the others their
+ *   nearest f16; a model stored in each loads for the CPU (converted) and computes the logits of
+ *   the same model stored as the f32 values of its blocks.
  */
 #include "testutil.h"
 
@@ -16,6 +20,8 @@
 
 #include "base/alloc.h"
 #include "base/half.h"
+#include "format/gguf.h"
+#include "quant/blocks.h"
 #include "model/model.h"
 #include "quant/quant.h"
 #include "quant/transcode.h"
@@ -53,9 +59,9 @@ static void test_targets_and_refusals(void **st)
     assert_int_equal(transcode_target(QR_Q4_0), QR_Q8_0);
     assert_int_equal(transcode_target(QR_Q5_K), QR_F16);
     assert_int_equal(transcode_target(QR_Q4_K), QR_F16);
-    assert_int_equal(transcode_target(QR_Q4_1), QR_DTYPE_INVALID); /* not dequantisable */
+    assert_int_equal(transcode_target(QR_Q8_1), QR_DTYPE_INVALID); /* not dequantisable */
     uint8_t src[64] = {0}, dst[256];
-    assert_false(transcode_rows(QR_Q4_1, src, dst, 32, 1));
+    assert_false(transcode_rows(QR_Q8_1, src, dst, 32, 1));
     assert_false(transcode_rows(QR_Q4_0, src, dst, 48, 1));  /* not whole blocks of 32 */
     assert_false(transcode_rows(QR_Q5_K, src, dst, 128, 1)); /* not whole blocks of 256 */
     assert_false(transcode_rows(QR_Q4_0, src, dst, 32, -1));
@@ -142,12 +148,16 @@ static const char *synth_model(const char *arch, enum export_type type, bool wid
     return path;
 }
 
-/* Logits of the prompt 1..T under model m (CPU session), caller frees. */
+/* Logits of the prompt 1..T under model m (CPU session, an f32 KV cache whatever the weights'
+ * type: the default would round K and V to f16 for quantised and 16-bit weights only), caller
+ * frees. */
 static float *prompt_logits(struct qwenrt_model *m, int32_t T)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_session *s = NULL;
-    assert_int_equal(qwenrt_session_init(m, NULL, &s, &err), QWENRT_OK);
+    struct qwenrt_session_params sp = qwenrt_session_default_params();
+    sp.kv_type = QWENRT_KV_F32;
+    assert_int_equal(qwenrt_session_init(m, &sp, &s, &err), QWENRT_OK);
     int32_t ids[16];
     for (int32_t i = 0; i < T; i++)
         ids[i] = 1 + 37 * i;
@@ -305,6 +315,206 @@ static void test_transcoding_load_alloc_faults(void **st)
     }
 }
 
+/* ---- the types qwenrt only reads ---- */
+
+static uint16_t h(float v) { return f32_to_f16(v); }
+
+/* Q4_1 / Q5_0 / Q5_1 blocks built by hand: the values their layouts define. */
+static void test_legacy_blocks_by_hand(void **st)
+{
+    (void)st;
+    float y[32];
+    struct block_q4_1 a = {.d = h(0.5f), .m = h(-1.0f)};
+    a.qs[0] = 0x21, a.qs[15] = 0xF0; /* element 0: 1, 16: 2, 15: 0, 31: 15 */
+    quant_dequant_q4_1(&a, y, 1);
+    assert_true(y[0] == -0.5f && y[16] == 0.0f && y[15] == -1.0f && y[31] == 6.5f && y[1] == -1.0f);
+
+    struct block_q5_0 b = {.d = h(0.25f), .qh = {0x01, 0x00, 0x02, 0x80}}; /* bits 0, 17, 31 */
+    b.qs[0] = 0x3F, b.qs[1] = 0x3F, b.qs[15] = 0xF0;
+    quant_dequant_q5_0(&b, y, 1);
+    /* 0: 15|16 -> 31 - 16; 16: 3 (bit 16 clear) - 16; 17: 3|16 - 16; 31: 15|16 - 16; 15: 0 - 16 */
+    assert_true(y[0] == 3.75f && y[16] == -3.25f && y[17] == 0.75f && y[31] == 3.75f && y[15] == -4.0f);
+
+    struct block_q5_1 c = {.d = h(2.0f), .m = h(1.0f), .qh = {0x00, 0x01, 0x00, 0x00}}; /* bit 8 */
+    c.qs[8] = 0x71;
+    quant_dequant_q5_1(&c, y, 1);
+    assert_true(y[8] == 35.0f && y[24] == 15.0f && y[0] == 1.0f); /* (1|16)·2 + 1, 7·2 + 1 */
+}
+
+/* Q2_K / Q3_K super-blocks built by hand. */
+static void test_k_low_bits_by_hand(void **st)
+{
+    (void)st;
+    float y[256];
+    struct block_q2_k a = {.d = h(1.0f), .dmin = h(0.5f)};
+    a.scales[0] = 0x21;  /* sub-block 0: scale 1, min 2 */
+    a.scales[2] = 0x03;  /* sub-block 2 (elements 32..47): scale 3, min 0 */
+    a.scales[9] = 0xF4;  /* sub-block 9 (elements 144..159): scale 4, min 15 */
+    a.scales[10] = 0x12; /* sub-block 10 (elements 160..175): scale 2, min 1 */
+    a.qs[0] = 0xE4;      /* bits 0-1: 0 (element 0), 2-3: 1 (element 32), 4-5: 2, 6-7: 3 */
+    a.qs[32] = 0x0C;     /* half 1, l = 0, bits 2-3 (j = 1): 3 -> element 128 + 32 = 160 */
+    a.qs[48] = 0x03;     /* half 1, l = 16, bits 0-1 (j = 0): 3 -> element 144 */
+    quant_dequant_q2_k(&a, y, 1);
+    assert_true(y[0] == -1.0f);   /* 1·1·0 − 0.5·2 */
+    assert_true(y[32] == 3.0f);   /* 1·3·1 − 0 */
+    assert_true(y[96] == 0.0f);   /* sub-block 6: scale 0, min 0 */
+    assert_true(y[144] == 4.5f);  /* 4·3 − 0.5·15 */
+    assert_true(y[160] == 5.5f);  /* 2·3 − 0.5·1 */
+
+    struct block_q3_k b = {.d = h(0.5f)};
+    b.scales[0] = 0x08; /* sub-block 0: low 4 bits 8 */
+    b.scales[8] = 0x02; /* sub-block 0: high 2 bits 2 -> 40 */
+    b.scales[5] = 0x10; /* sub-block 13: low 4 bits in byte 13 % 8's high nibble: 1 */
+    b.scales[9] = 0xC0; /* sub-block 13: high bits (byte 8 + 13 % 4, shift 2·3) 3 -> 49 */
+    b.qs[0] = 0x03;     /* element 0: 3 */
+    b.qs[1] = 0x03;     /* element 1: 3 */
+    b.hmask[0] = 0x01;  /* element 0 keeps 3; element 1's bit clear: 3 − 4 */
+    b.qs[53] = 0x40;    /* half 1, j = 3, l = 21: element 128 + 96 + 21 = 245 (sub-block 15) */
+    b.qs[37] = 0x0C;    /* half 1, j = 1, l = 5: element 128 + 32 + 5 = 165 (sub-block 10) */
+    b.hmask[5] = 0x20;  /* bit 4·1 + 1 for element 165 */
+    quant_dequant_q3_k(&b, y, 1);
+    assert_int_equal(quant_q3_k_scale(b.scales, 0), 40);
+    assert_int_equal(quant_q3_k_scale(b.scales, 13), 49);
+    assert_true(y[0] == 0.5f * 8.0f * 3.0f);
+    assert_true(y[1] == 0.5f * 8.0f * -1.0f);
+    assert_true(y[165] == 0.5f * -32.0f * 3.0f); /* sub-block 10's scale 0 − 32, hmask set */
+    assert_true(y[245] == 0.5f * -32.0f * -3.0f); /* level 1, hmask clear: 1 − 4 */
+    assert_true(y[2] == 0.5f * 8.0f * -4.0f);     /* level 0, hmask clear */
+}
+
+/* n blocks of type t: random bytes, with each f16 scale field set to a finite value of
+ * magnitude ~scale (caller frees). */
+static uint8_t *random_blocks(enum qr_dtype t, int64_t nb, float scale)
+{
+    const struct qr_dtype_traits *tr = dtype_traits(t);
+    uint8_t *b = malloc((size_t)(nb * tr->type_size));
+    for (int64_t i = 0; i < nb * tr->type_size; i++)
+        b[i] = (uint8_t)(urand() * 127.0f + 128.0f);
+    /* where each type keeps its f16 fields: offset of d, and of m / dmin (-1: none) */
+    int d_off = t == QR_Q2_K ? 80 : t == QR_Q3_K ? 108 : 0;
+    int m_off = t == QR_Q4_1 || t == QR_Q5_1 ? 2 : t == QR_Q2_K ? 82 : -1;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *blk = b + i * tr->type_size;
+        uint16_t d = f32_to_f16(scale * (0.5f + 0.5f * fabsf(urand()))), m = f32_to_f16(scale * 4.0f * urand());
+        memcpy(blk + d_off, &d, 2);
+        if (m_off >= 0)
+            memcpy(blk + m_off, &m, 2);
+    }
+    return b;
+}
+
+/* Q5_0 as Q8_0 and Q3_K as Q6_K: the same floats; Q4_1, Q5_1, Q2_K as F16: the nearest. */
+static void test_read_only_types_transcoded(void **st)
+{
+    (void)st;
+    const enum qr_dtype types[] = {QR_Q5_0, QR_Q3_K, QR_Q4_1, QR_Q5_1, QR_Q2_K};
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        enum qr_dtype t = types[k], to = transcode_target(t);
+        int64_t K = 512, n = 5, nb = K / dtype_traits(t)->block_size * n;
+        size_t out_rb;
+        uint8_t *src = random_blocks(t, nb, 0.01f);
+        assert_true(dtype_row_bytes(to, K, &out_rb));
+        uint8_t *dst = malloc(out_rb * (size_t)n);
+        assert_true(transcode_rows(t, src, dst, K, n));
+        float *v = malloc((size_t)(K * n) * 4), *w = malloc((size_t)(K * n) * 4);
+        assert_true(quant_dequantize_row(t, src, v, K * n));
+        assert_true(quant_dequantize_row(to, dst, w, K * n));
+        for (int64_t i = 0; i < K * n; i++) {
+            if (to == QR_F16)
+                assert_nearest_f16(((const uint16_t *)dst)[i], v[i]);
+            else if (memcmp(&v[i], &w[i], 4))
+                fail_msg("%s as %s: element %lld is %.9g, was %.9g", dtype_traits(t)->name,
+                         dtype_traits(to)->name, (long long)i, w[i], v[i]);
+        }
+        assert_int_equal(to, t == QR_Q5_0 ? QR_Q8_0 : t == QR_Q3_K ? QR_Q6_K : QR_F16);
+        free(v), free(w), free(src), free(dst);
+    }
+}
+
+/* Writes the GGUF at src again twice: at typed with every matrix whose rows are whole blocks
+ * of t as random blocks of t, and at f32 with those matrices as the blocks' f32 values; the
+ * rest (vectors, metadata) as they are. Returns how many matrices were replaced. */
+static int write_typed_pair(const char *src, enum qr_dtype t, float scale, const char *typed, const char *f32)
+{
+    struct qwenrt_error err = {0};
+    struct gguf_file gf;
+    struct gguf_writer *wt = NULL, *wf = NULL;
+    assert_int_equal(gguf_open(&gf, src, &err), QWENRT_OK);
+    assert_int_equal(gguf_writer_init(&wt, &err), QWENRT_OK);
+    assert_int_equal(gguf_writer_init(&wf, &err), QWENRT_OK);
+    for (int64_t i = 0; i < gf.n_kv; i++) {
+        assert_int_equal(gguf_writer_set(wt, gf.kvs[i].key, &gf.kvs[i].value), QWENRT_OK);
+        assert_int_equal(gguf_writer_set(wf, gf.kvs[i].key, &gf.kvs[i].value), QWENRT_OK);
+    }
+    void *owned[2 * 64];
+    int n_owned = 0, replaced = 0;
+    int64_t bs = dtype_traits(t)->block_size;
+    for (int64_t i = 0; i < gf.n_tensors; i++) {
+        const struct qr_tensor *x = &gf.tensors[i];
+        const void *dt = x->data, *df = x->data;
+        enum qr_dtype ty = x->dtype;
+        if (x->n_dims == 2 && x->ne[0] % bs == 0 && x->dtype == QR_F32) {
+            int64_t n = x->ne[0] * x->ne[1];
+            uint8_t *b = random_blocks(t, n / bs, scale);
+            float *v = malloc((size_t)n * 4);
+            assert_true(quant_dequantize_row(t, b, v, n));
+            dt = owned[n_owned++] = b, df = owned[n_owned++] = v, ty = t;
+            replaced++;
+            assert_true(n_owned <= 2 * 64);
+        }
+        assert_int_equal(gguf_writer_add_tensor(wt, x->name, ty, x->n_dims, x->ne, dt), QWENRT_OK);
+        assert_int_equal(gguf_writer_add_tensor(wf, x->name, QR_F32, x->n_dims, x->ne, df), QWENRT_OK);
+    }
+    assert_int_equal(gguf_writer_write(wt, typed, NULL, NULL, &err), QWENRT_OK);
+    assert_int_equal(gguf_writer_write(wf, f32, NULL, NULL, &err), QWENRT_OK);
+    gguf_writer_free(wt);
+    gguf_writer_free(wf);
+    for (int k = 0; k < n_owned; k++)
+        free(owned[k]);
+    gguf_close(&gf);
+    return replaced;
+}
+
+/* A model stored in each read-only type loads for the CPU (its matrices converted) and, with x
+ * in f32 throughout, computes the logits of the same model stored as the blocks' f32 values:
+ * to summation order where the conversion is exact (Q5_0, Q3_K), within f16 rounding (~1e-3,
+ * as f16 files) where it is not. */
+static void test_read_only_type_models(void **st)
+{
+    (void)st;
+    const enum qr_dtype types[] = {QR_Q4_1, QR_Q5_0, QR_Q5_1, QR_Q2_K, QR_Q3_K};
+    const float scales[] = {0.004f, 0.003f, 0.003f, 0.004f, 0.0004f}; /* weights of ~0.02-0.05 */
+    char base[256], typed[256], f32[256];
+    synth_model("qwen3-tiny", EXPORT_F32, true, base, sizeof(base));
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        enum qr_dtype t = types[k];
+        struct qwenrt_error err = {0};
+        snprintf(typed, sizeof(typed), "%s/typed-%s.gguf", tmpdir, dtype_traits(t)->name);
+        snprintf(f32, sizeof(f32), "%s/typed-%s-f32.gguf", tmpdir, dtype_traits(t)->name);
+        int replaced = write_typed_pair(base, t, scales[k], typed, f32);
+        struct qwenrt_model *a = NULL, *b = NULL;
+        if (qwenrt_model_load(typed, NULL, &a, &err) != QWENRT_OK)
+            fail_msg("load %s: %s", typed, err.message);
+        assert_int_equal(qwenrt_model_load(f32, NULL, &b, &err), QWENRT_OK);
+        struct qwenrt_model_info info;
+        qwenrt_model_get_info(a, &info);
+        assert_int_equal(info.n_converted, replaced);
+        assert_int_equal(count_dtype(a, transcode_target(t)), replaced);
+        test_bind_f32_x(a);
+        const int32_t T = 6;
+        float *la = prompt_logits(a, T), *lb = prompt_logits(b, T);
+        double e = rel_err(la, lb, (size_t)T * (size_t)a->hp.n_vocab);
+        bool exact = transcode_target(t) != QR_F16;
+        printf("%s model (%d matrices as %s) vs its f32 values: logits rel diff %.3g\n", dtype_traits(t)->name,
+               replaced, dtype_traits(transcode_target(t))->name, e);
+        assert_true(replaced > 0);
+        assert_true(e <= (exact ? 1e-5 : 1e-3)); /* measured 3e-7; 2-4e-5 */
+        free(la), free(lb);
+        qwenrt_model_free(a);
+        qwenrt_model_free(b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,6 +524,10 @@ int main(void)
         cmocka_unit_test(test_q4_0_model_as_q8_0),
         cmocka_unit_test(test_q5_k_model_as_f16),
         cmocka_unit_test(test_transcoding_load_alloc_faults),
+        cmocka_unit_test(test_legacy_blocks_by_hand),
+        cmocka_unit_test(test_k_low_bits_by_hand),
+        cmocka_unit_test(test_read_only_types_transcoded),
+        cmocka_unit_test(test_read_only_type_models),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

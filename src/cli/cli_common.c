@@ -142,8 +142,9 @@ static void note_converted(const struct qwenrt_model *m, const char *backend)
     qwenrt_model_get_info(m, &info);
     if (info.n_converted > 0)
         fprintf(stderr,
-                "qwenrt: %d weight matrices converted for the %s backend (Q4_0 as Q8_0, others as "
-                "F16): %.2f GiB of weights\n",
+                "qwenrt: %d weight matrices converted for the %s backend, whose kernels lack their "
+                "type (exactly to Q8_0 / Q6_K where the type allows, else to F16): %.2f GiB of "
+                "weights\n",
                 info.n_converted, backend, (double)info.weight_bytes / (1 << 30));
 }
 

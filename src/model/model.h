@@ -80,7 +80,7 @@ struct qwenrt_model {
     bool v_head_tiled;                /* DeltaNet value heads in GGUF (tiled) order */
     struct owned_chunk *owned;        /* small f32 vectors converted at load (a list) */
     /* The backend's stored weight types (model_load_for); a matrix of another type is bound
-     * as its transcoded copy (quant/transcode.h), made once per file tensor. NULL: any type. */
+     * as its transcoded copy (quant/transcode.h), made once per file tensor. */
     bool (*weight_dtype_ok)(int32_t dtype);
     struct transcoded_tensor *transcoded; /* those copies (a list) */
     struct plan plans[2];             /* [PHASE_PREFILL], [PHASE_DECODE] */
@@ -91,9 +91,9 @@ struct qwenrt_model {
 };
 
 /* qwenrt_model_load with the stored weight types the backend computes with given: a matrix
- * whose type weight_dtype_ok refuses is bound as a copy in transcode_target's type (Q4_0 as
- * Q8_0 exactly, others as F16). weight_dtype_ok NULL: the backend's own (the CUDA backend:
- * cuda_weight_dtype_supported; the CPU: every type). Tests pass their own. */
+ * whose type weight_dtype_ok refuses is bound as a copy in transcode_target's type (Q4_0 and
+ * Q5_0 as Q8_0, Q3_K as Q6_K, exactly; others as F16). weight_dtype_ok NULL: the backend's own
+ * (cuda_weight_dtype_supported, cpu_weight_dtype_supported). Tests pass their own. */
 qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params *params,
                              bool (*weight_dtype_ok)(int32_t dtype), struct qwenrt_model **out,
                              struct qwenrt_error *err);

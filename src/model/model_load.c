@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "base/meminfo.h"
@@ -393,7 +394,7 @@ qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params 
     snprintf(m->backend, sizeof(m->backend), "%s", params->backend ? params->backend : "cpu");
     m->weight_dtype_ok = weight_dtype_ok          ? weight_dtype_ok
                          : !strcmp(m->backend, "cuda") ? cuda_weight_dtype_supported
-                                                       : NULL;
+                                                       : cpu_weight_dtype_supported;
     qwenrt_status st = check_backend(m->backend, err);
     if (st)
         ; /* reported by check_backend */

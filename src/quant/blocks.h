@@ -59,6 +59,43 @@ struct block_q8_k {
 };
 _Static_assert(sizeof(struct block_q8_k) == 292, "block_q8_k must be 292 bytes");
 
+/* Read-only types (other_quants.c): llama.cpp files use them, qwenrt dequantises them and
+ * computes with converted copies (quant/transcode.h). */
+struct block_q4_1 {
+    uint16_t d, m;         /* f16 scale and offset */
+    uint8_t qs[QK8_0 / 2]; /* as Q4_0; x = d·q + m, q in 0..15 */
+};
+_Static_assert(sizeof(struct block_q4_1) == 20, "block_q4_1 must be 20 bytes");
+
+struct block_q5_0 {
+    uint16_t d;            /* f16 scale */
+    uint8_t qh[4];         /* 5th bits: bit j of the little-endian word -> element j */
+    uint8_t qs[QK8_0 / 2]; /* low 4 bits as Q4_0; x = d·(q − 16), q in 0..31 */
+};
+_Static_assert(sizeof(struct block_q5_0) == 22, "block_q5_0 must be 22 bytes");
+
+struct block_q5_1 {
+    uint16_t d, m;         /* f16 scale and offset */
+    uint8_t qh[4];         /* as Q5_0 */
+    uint8_t qs[QK8_0 / 2]; /* as Q5_0; x = d·q + m */
+};
+_Static_assert(sizeof(struct block_q5_1) == 24, "block_q5_1 must be 24 bytes");
+
+struct block_q2_k {
+    uint8_t scales[QK_K / 16]; /* sub-block s of 16: scale low nibble, min high nibble */
+    uint8_t qs[QK_K / 4];      /* 2-bit levels, see quant_dequant_q2_k */
+    uint16_t d, dmin;          /* f16 super-scales; x = d·sc·q − dmin·m, q in 0..3 */
+};
+_Static_assert(sizeof(struct block_q2_k) == 84, "block_q2_k must be 84 bytes");
+
+struct block_q3_k {
+    uint8_t hmask[QK_K / 8]; /* high bits: set means q, clear means q − 4 */
+    uint8_t qs[QK_K / 4];    /* low 2 bits, laid out as Q2_K's */
+    uint8_t scales[12];      /* 16 6-bit scales, packed (quant_q3_k_scale), offset 32 */
+    uint16_t d;              /* f16; x = d·(sc − 32)·q, q in −4..3 */
+};
+_Static_assert(sizeof(struct block_q3_k) == 110, "block_q3_k must be 110 bytes");
+
 /* Q4_K/Q5_K packed scales: sub-block j (0..7) -> 6-bit scale *sc and 6-bit min *m. */
 static inline void quant_k_scale_min(const uint8_t s[12], int j, uint8_t *sc, uint8_t *m)
 {
@@ -78,6 +115,20 @@ void quant_dequant_q4_k(const struct block_q4_k *b, float *y, int64_t nb);
 void quant_dequant_q5_k(const struct block_q5_k *b, float *y, int64_t nb);
 void quant_dequant_q6_k(const struct block_q6_k *b, float *y, int64_t nb);
 void quant_dequant_q8_k(const struct block_q8_k *b, float *y, int64_t nb);
+void quant_dequant_q4_1(const struct block_q4_1 *b, float *y, int64_t nb);
+void quant_dequant_q5_0(const struct block_q5_0 *b, float *y, int64_t nb);
+void quant_dequant_q5_1(const struct block_q5_1 *b, float *y, int64_t nb);
+void quant_dequant_q2_k(const struct block_q2_k *b, float *y, int64_t nb);
+void quant_dequant_q3_k(const struct block_q3_k *b, float *y, int64_t nb);
+/* The 6-bit scale of Q3_K sub-block s (0..15), 0..63 (the offset 32 not yet removed). */
+int quant_q3_k_scale(const uint8_t scales[12], int s);
+/* The 2-bit field of level i (0..255) of a Q2_K / Q3_K super-block's qs: bits 2j..2j+1 of
+ * qs[32h + l], where i = 128h + 32j + l. */
+static inline int quant_k2_level(const uint8_t qs[QK_K / 4], int i)
+{
+    int h = i / 128, j = (i % 128) / 32, l = i % 32;
+    return (qs[32 * h + l] >> (2 * j)) & 3;
+}
 
 /* Quantisers with scale search (weights): minimise the squared round-trip error. */
 void quant_quant_q8_0(const float *x, struct block_q8_0 *b, int64_t nb);
@@ -85,6 +136,9 @@ void quant_quant_q4_0(const float *x, struct block_q4_0 *b, int64_t nb);
 void quant_quant_q4_k(const float *x, struct block_q4_k *b, int64_t nb);
 void quant_quant_q5_k(const float *x, struct block_q5_k *b, int64_t nb);
 void quant_quant_q6_k(const float *x, struct block_q6_k *b, int64_t nb);
+
+/* Q6_K's ql / qh from its 256 levels L (−32..31, element order); scales and d untouched. */
+void quant_q6_k_pack_levels(const int8_t L[QK_K], struct block_q6_k *b);
 
 /* Activation quantisers (fast, max-abs scale; what the matmul kernels feed integer dots). */
 void quant_quant_q8_k(const float *x, struct block_q8_k *b, int64_t nb);

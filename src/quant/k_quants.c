@@ -220,16 +220,21 @@ void quant_quant_q6_k(const float *x, struct block_q6_k *b, int64_t nb)
                 }
             }
         }
-        for (int h = 0; h < 2; h++) {
-            for (int l = 0; l < 32; l++) {
-                const int8_t *Lh = L + 128 * h;
-                int q1 = Lh[l] + 32, q2 = Lh[l + 32] + 32, q3 = Lh[l + 64] + 32;
-                int q4 = Lh[l + 96] + 32;
-                b[i].ql[64 * h + l] = (uint8_t)((q1 & 0xF) | ((q3 & 0xF) << 4));
-                b[i].ql[64 * h + l + 32] = (uint8_t)((q2 & 0xF) | ((q4 & 0xF) << 4));
-                b[i].qh[32 * h + l] =
-                    (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
-            }
+        quant_q6_k_pack_levels(L, &b[i]);
+    }
+}
+
+void quant_q6_k_pack_levels(const int8_t L[QK_K], struct block_q6_k *b)
+{
+    for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < 32; l++) {
+            const int8_t *Lh = L + 128 * h;
+            int q1 = Lh[l] + 32, q2 = Lh[l + 32] + 32, q3 = Lh[l + 64] + 32;
+            int q4 = Lh[l + 96] + 32;
+            b->ql[64 * h + l] = (uint8_t)((q1 & 0xF) | ((q3 & 0xF) << 4));
+            b->ql[64 * h + l + 32] = (uint8_t)((q2 & 0xF) | ((q4 & 0xF) << 4));
+            b->qh[32 * h + l] =
+                (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
         }
     }
 }

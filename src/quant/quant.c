@@ -1,6 +1,7 @@
 /*
  * quant.c — row (de)quantisation dispatch by dtype. Plain float types live here; block types
- * live in their own files (q8_0.c, q4_0.c, k_quants.c; structs in blocks.h) and are dispatched
+ * live in their own files (q8_0.c, q4_0.c, k_quants.c, other_quants.c for the types qwenrt only
+ * reads; structs in blocks.h) and are dispatched
  * from the switches below after checking that n is a whole number of blocks.
  */
 #include "quant/quant.h"
@@ -20,7 +21,12 @@ static int64_t block_elems(enum qr_dtype t)
         return 1;
     case QR_Q8_0:
     case QR_Q4_0:
+    case QR_Q4_1:
+    case QR_Q5_0:
+    case QR_Q5_1:
         return QK8_0;
+    case QR_Q2_K:
+    case QR_Q3_K:
     case QR_Q4_K:
     case QR_Q5_K:
     case QR_Q6_K:
@@ -39,6 +45,11 @@ bool quant_can_dequantize(enum qr_dtype t)
     case QR_BF16:
     case QR_Q8_0:
     case QR_Q4_0:
+    case QR_Q4_1:
+    case QR_Q5_0:
+    case QR_Q5_1:
+    case QR_Q2_K:
+    case QR_Q3_K:
     case QR_Q4_K:
     case QR_Q5_K:
     case QR_Q6_K:
@@ -73,6 +84,21 @@ bool quant_dequantize_row(enum qr_dtype t, const void *src, float *dst, int64_t 
         return true;
     case QR_Q8_K:
         quant_dequant_q8_k(src, dst, nb);
+        return true;
+    case QR_Q4_1:
+        quant_dequant_q4_1(src, dst, nb);
+        return true;
+    case QR_Q5_0:
+        quant_dequant_q5_0(src, dst, nb);
+        return true;
+    case QR_Q5_1:
+        quant_dequant_q5_1(src, dst, nb);
+        return true;
+    case QR_Q2_K:
+        quant_dequant_q2_k(src, dst, nb);
+        return true;
+    case QR_Q3_K:
+        quant_dequant_q3_k(src, dst, nb);
         return true;
     case QR_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));

@@ -129,6 +129,11 @@ static const struct cpu_matmul_variant variants[] = {
 
 const struct cpu_matmul_variant *cpu_matmul_variants(void) { return variants; }
 
+bool cpu_weight_dtype_supported(int32_t dtype)
+{
+    return cpu_matmul_pick((enum qr_dtype)dtype, 0, NULL) != NULL;
+}
+
 const struct cpu_matmul_variant *cpu_matmul_pick(enum qr_dtype wtype, uint32_t features,
                                                  const char *key)
 {

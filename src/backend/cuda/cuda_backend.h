@@ -408,7 +408,8 @@ bool cuda_backend_compiled(void);
 
 /* true when the CUDA kernels compute with weights stored as dtype (F32, F16, BF16, Q8_0, Q4_K,
  * Q6_K). Defined in both builds (weight_types.c): a model loaded for the CUDA backend has its
- * other matrices (Q4_0, Q5_K) transcoded at load (model_load.c, quant/transcode.h). */
+ * other matrices (Q4_0, Q5_K, and the types qwenrt only reads) transcoded at load (model_load.c,
+ * quant/transcode.h). */
 bool cuda_weight_dtype_supported(int32_t dtype);
 
 /* Checks that a CUDA device can be used: a driver, a device of compute capability 8.0 or
