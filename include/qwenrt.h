@@ -83,9 +83,9 @@ struct qwenrt_model_info {
     int64_t n_params;      /* parameters of the text model (tied LM head counted once) */
     int64_t weight_bytes;  /* bytes of all weights as stored (after any conversion below) */
     int32_t n_converted;   /* weight matrices stored in another type for the backend, whose
-                            * kernels do not compute with the file's: Q4_0 and Q5_0 as Q8_0 and
-                            * Q3_K as Q6_K exactly, Q4_1, Q5_1, Q2_K (and Q5_K on CUDA) as F16,
-                            * each value rounded to the nearest f16 */
+                            * kernels do not compute with the file's: Q4_0, Q5_0 and IQ4_NL as
+                            * Q8_0 and Q3_K as Q6_K exactly, Q4_1, Q5_1, Q2_K, IQ4_XS (and Q5_K
+                            * on CUDA) as F16, each value rounded to the nearest f16 */
 };
 void qwenrt_model_get_info(const struct qwenrt_model *model, struct qwenrt_model_info *info);
 

@@ -27,6 +27,8 @@ enum qr_dtype {
     QR_Q5_K = 13,
     QR_Q6_K = 14,
     QR_Q8_K = 15,
+    QR_IQ4_NL = 20,
+    QR_IQ4_XS = 23,
     QR_I8 = 24,
     QR_I16 = 25,
     QR_I32 = 26,

@@ -91,8 +91,8 @@ struct qwenrt_model {
 };
 
 /* qwenrt_model_load with the stored weight types the backend computes with given: a matrix
- * whose type weight_dtype_ok refuses is bound as a copy in transcode_target's type (Q4_0 and
- * Q5_0 as Q8_0, Q3_K as Q6_K, exactly; others as F16). weight_dtype_ok NULL: the backend's own
+ * whose type weight_dtype_ok refuses is bound as a copy in transcode_target's type (Q4_0, Q5_0
+ * and IQ4_NL as Q8_0, Q3_K as Q6_K, exactly; others as F16). weight_dtype_ok NULL: the backend's own
  * (cuda_weight_dtype_supported, cpu_weight_dtype_supported). Tests pass their own. */
 qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params *params,
                              bool (*weight_dtype_ok)(int32_t dtype), struct qwenrt_model **out,

@@ -96,6 +96,23 @@ struct block_q3_k {
 };
 _Static_assert(sizeof(struct block_q3_k) == 110, "block_q3_k must be 110 bytes");
 
+/* IQ4_NL / IQ4_XS: 4-bit indices into a fixed table of 16 int8 levels (quant_iq4_levels). */
+struct block_iq4_nl {
+    uint16_t d;            /* f16 scale */
+    uint8_t qs[QK8_0 / 2]; /* indices, nibbles as Q4_0; x = d·levels[q] */
+};
+_Static_assert(sizeof(struct block_iq4_nl) == 18, "block_iq4_nl must be 18 bytes");
+
+struct block_iq4_xs {
+    uint16_t d;          /* f16 super-scale */
+    uint16_t scales_h;   /* high 2 bits of sub-block b's scale: bits 2b, 2b + 1 */
+    uint8_t scales_l[4]; /* low 4 bits: nibble b % 2 of byte b / 2 */
+    uint8_t qs[QK_K / 2];/* 8 sub-blocks of 32, each 16 bytes as an IQ4_NL block's */
+};                       /* x = d·(ls − 32)·levels[q] */
+_Static_assert(sizeof(struct block_iq4_xs) == 136, "block_iq4_xs must be 136 bytes");
+
+extern const int8_t quant_iq4_levels[16];
+
 /* Q4_K/Q5_K packed scales: sub-block j (0..7) -> 6-bit scale *sc and 6-bit min *m. */
 static inline void quant_k_scale_min(const uint8_t s[12], int j, uint8_t *sc, uint8_t *m)
 {
@@ -120,6 +137,10 @@ void quant_dequant_q5_0(const struct block_q5_0 *b, float *y, int64_t nb);
 void quant_dequant_q5_1(const struct block_q5_1 *b, float *y, int64_t nb);
 void quant_dequant_q2_k(const struct block_q2_k *b, float *y, int64_t nb);
 void quant_dequant_q3_k(const struct block_q3_k *b, float *y, int64_t nb);
+void quant_dequant_iq4_nl(const struct block_iq4_nl *b, float *y, int64_t nb);
+void quant_dequant_iq4_xs(const struct block_iq4_xs *b, float *y, int64_t nb);
+/* The 6-bit scale of IQ4_XS sub-block b (0..7), 0..63 (the offset 32 not yet removed). */
+int quant_iq4_xs_scale(const struct block_iq4_xs *x, int b);
 /* The 6-bit scale of Q3_K sub-block s (0..15), 0..63 (the offset 32 not yet removed). */
 int quant_q3_k_scale(const uint8_t scales[12], int s);
 /* The 2-bit field of level i (0..255) of a Q2_K / Q3_K super-block's qs: bits 2j..2j+1 of

@@ -24,6 +24,7 @@ static int64_t block_elems(enum qr_dtype t)
     case QR_Q4_1:
     case QR_Q5_0:
     case QR_Q5_1:
+    case QR_IQ4_NL:
         return QK8_0;
     case QR_Q2_K:
     case QR_Q3_K:
@@ -31,6 +32,7 @@ static int64_t block_elems(enum qr_dtype t)
     case QR_Q5_K:
     case QR_Q6_K:
     case QR_Q8_K:
+    case QR_IQ4_XS:
         return QK_K;
     default:
         return 0;
@@ -54,6 +56,8 @@ bool quant_can_dequantize(enum qr_dtype t)
     case QR_Q5_K:
     case QR_Q6_K:
     case QR_Q8_K:
+    case QR_IQ4_NL:
+    case QR_IQ4_XS:
         return true;
     default:
         return false;
@@ -99,6 +103,12 @@ bool quant_dequantize_row(enum qr_dtype t, const void *src, float *dst, int64_t 
         return true;
     case QR_Q3_K:
         quant_dequant_q3_k(src, dst, nb);
+        return true;
+    case QR_IQ4_NL:
+        quant_dequant_iq4_nl(src, dst, nb);
+        return true;
+    case QR_IQ4_XS:
+        quant_dequant_iq4_xs(src, dst, nb);
         return true;
     case QR_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));

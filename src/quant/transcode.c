@@ -1,6 +1,6 @@
 /*
- * transcode.c — Q4_0 and Q5_0 rows as Q8_0, Q3_K rows as Q6_K, any other dequantisable rows
- * as F16 (see transcode.h).
+ * transcode.c — Q4_0, Q5_0 and IQ4_NL rows as Q8_0, Q3_K rows as Q6_K, any other
+ * dequantisable rows as F16 (see transcode.h).
  */
 #include "quant/transcode.h"
 
@@ -13,7 +13,7 @@
 
 enum qr_dtype transcode_target(enum qr_dtype from)
 {
-    if (from == QR_Q4_0 || from == QR_Q5_0)
+    if (from == QR_Q4_0 || from == QR_Q5_0 || from == QR_IQ4_NL)
         return QR_Q8_0;
     if (from == QR_Q3_K)
         return QR_Q6_K;
@@ -39,6 +39,16 @@ static void q5_0_block_as_q8_0(const struct block_q5_0 *in, struct block_q8_0 *o
     for (int e = 0; e < QK8_0; e++) {
         int low = e < QK8_0 / 2 ? in->qs[e] & 0xF : in->qs[e - QK8_0 / 2] >> 4;
         out->qs[e] = (int8_t)((low | (int)((h >> e) & 1u) << 4) - 16);
+    }
+}
+
+/* IQ4_NL block -> Q8_0 block: the same scale bits, each index's level as the int8 value. */
+static void iq4_nl_block_as_q8_0(const struct block_iq4_nl *in, struct block_q8_0 *out)
+{
+    out->d = in->d;
+    for (int j = 0; j < QK8_0 / 2; j++) {
+        out->qs[j] = quant_iq4_levels[in->qs[j] & 0xF];
+        out->qs[j + QK8_0 / 2] = quant_iq4_levels[in->qs[j] >> 4];
     }
 }
 
@@ -75,12 +85,15 @@ bool transcode_rows(enum qr_dtype from, const void *src, void *dst, int64_t K, i
     const uint8_t *in = (const uint8_t *)src;
     uint8_t *out = (uint8_t *)dst;
     /* block for block: rows are whole blocks, so the rows are one run of blocks */
-    if (from == QR_Q4_0 || from == QR_Q5_0) {
+    if (to == QR_Q8_0) {
+        struct block_q8_0 *o = (struct block_q8_0 *)out;
         for (int64_t b = 0; b < K / QK8_0 * n_rows; b++) {
             if (from == QR_Q4_0)
-                q4_0_block_as_q8_0((const struct block_q4_0 *)in + b, (struct block_q8_0 *)out + b);
+                q4_0_block_as_q8_0((const struct block_q4_0 *)in + b, o + b);
+            else if (from == QR_Q5_0)
+                q5_0_block_as_q8_0((const struct block_q5_0 *)in + b, o + b);
             else
-                q5_0_block_as_q8_0((const struct block_q5_0 *)in + b, (struct block_q8_0 *)out + b);
+                iq4_nl_block_as_q8_0((const struct block_iq4_nl *)in + b, o + b);
         }
         return true;
     }

@@ -1,14 +1,15 @@
 /*
  * transcode.h — weight rows rewritten in a stored type that a backend computes with, for the
  * types it does not (the CUDA kernels handle F32, F16, BF16, Q8_0, Q4_K and Q6_K, the CPU's
- * also Q4_0 and Q5_K; Q4_1, Q5_0, Q5_1, Q2_K and Q3_K have no kernels at all). model_load.c
+ * also Q4_0 and Q5_K; Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL and IQ4_XS have no kernels at all). model_load.c
  * transcodes each such matrix once when the model is loaded for that backend, so the plans,
  * the kernels and the reference path of that model all see the same values.
  *
  *   Q4_0 -> Q8_0  exactly: each block keeps its f16 scale d, and its levels q − 8 (−8..7) become
  *                 int8 values; d·(q − 8) is the same product in both formats. 34 bytes a
  *                 block instead of 18.
- *   Q5_0 -> Q8_0  exactly, the same way (levels q − 16, −16..15).
+ *   Q5_0 -> Q8_0  exactly, the same way (levels q − 16, −16..15); IQ4_NL too (its 16 int8
+ *                 levels are Q8_0 values).
  *   Q3_K -> Q6_K  exactly: the same d, each 16-element sub-block's scale sc − 32 as Q6_K's int8
  *                 scale, levels −4..3 as Q6_K's −32..31 (210 bytes a super-block, not 110).
  *   other -> F16  every other dequantisable type: each value as quant_dequantize_row gives it,
@@ -24,7 +25,7 @@
 
 #include "format/dtype.h"
 
-/* The type `from` is transcoded to: QR_Q8_0 for Q4_0 and Q5_0, QR_Q6_K for Q3_K, QR_F16 for
+/* The type `from` is transcoded to: QR_Q8_0 for Q4_0, Q5_0 and IQ4_NL, QR_Q6_K for Q3_K, QR_F16 for
  * any other type quant_dequantize_row handles, QR_DTYPE_INVALID for a type it does not. */
 enum qr_dtype transcode_target(enum qr_dtype from);
 

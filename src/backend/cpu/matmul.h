@@ -49,7 +49,7 @@ const struct cpu_matmul_variant *cpu_matmul_pick(enum qr_dtype wtype, uint32_t f
 
 /* true when a variant computes with weights stored as dtype (every type with kernels has a
  * portable one); a model loaded for the CPU has its other matrices (Q4_1, Q5_0, Q5_1, Q2_K,
- * Q3_K) converted (model_load.c, quant/transcode.h). */
+ * Q3_K, IQ4_NL, IQ4_XS) converted (model_load.c, quant/transcode.h). */
 bool cpu_weight_dtype_supported(int32_t dtype);
 
 /* Reference: dequantise each row to f32, plain dot products (fixed order, rows split across

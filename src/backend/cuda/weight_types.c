@@ -2,7 +2,8 @@
  * weight_types.c — the stored weight types the CUDA kernels compute with, in one place for
  * both builds (with and without nvcc): the session refuses any other (cuda_session.cu, via
  * gemv_supports), and model_load.c transcodes a model's other matrices when it is loaded for
- * the CUDA backend (quant/transcode.h: Q4_0 and Q5_0 as Q8_0, Q3_K as Q6_K, others as F16).
+ * the CUDA backend (quant/transcode.h: Q4_0, Q5_0 and IQ4_NL as Q8_0, Q3_K as Q6_K, others
+ * as F16).
  */
 #include "backend/cuda/cuda_backend.h"
 #include "format/dtype.h"
