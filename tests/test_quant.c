@@ -7,7 +7,8 @@
  *    expected values computed here from the chosen codes. Catches layout mistakes that a round
  *    trip through our own quantiser would hide.
  * 2. tests/data/quant/llama_blocks.gguf: rows quantised and dequantised by llama.cpp's ggml
- *    (see tests/data/quant/README.md); our dequantiser must reproduce ggml's values.
+ *    (see tests/data/quant/README.md); our dequantiser must reproduce ggml's values; so must
+ *    it for the types qwenrt only reads (llama_blocks_read_only.gguf, bit for bit).
  * 3. Round-trip error on uniform and Gaussian data must not exceed llama.cpp's reference
  *    quantisers' error on the same data (numbers measured with ggml, recorded below).
  */
@@ -268,6 +269,36 @@ static void test_llama_fixture(void **state)
     gguf_close(&gf);
 }
 
+/* The types qwenrt only reads: ggml's blocks of the same rows (llama_blocks_read_only.gguf)
+ * dequantise to ggml's values, bit for bit (the products are formed in ggml's order). */
+static void test_llama_fixture_read_only(void **state)
+{
+    (void)state;
+    static const char *names[] = {"q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "iq4_nl", "iq4_xs"};
+    static const enum qr_dtype types[] = {QR_Q4_1, QR_Q5_0, QR_Q5_1, QR_Q2_K, QR_Q3_K, QR_IQ4_NL, QR_IQ4_XS};
+    struct gguf_file gf;
+    struct qwenrt_error err = {0};
+    assert_int_equal(gguf_open(&gf, "tests/data/quant/llama_blocks_read_only.gguf", &err), QWENRT_OK);
+    int64_t n = tensor_nelements(gguf_find_tensor(&gf, "source"));
+    float *got = xmalloc((size_t)n, sizeof(float));
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        char dn[32];
+        snprintf(dn, sizeof(dn), "%s.dequant", names[t]);
+        const struct qr_tensor *q = gguf_find_tensor(&gf, names[t]), *ref = gguf_find_tensor(&gf, dn);
+        assert_non_null(q);
+        assert_non_null(ref);
+        assert_int_equal(q->dtype, types[t]);
+        assert_int_equal(tensor_nelements(q), n);
+        assert_true(quant_dequantize_row(types[t], q->data, got, n));
+        const float *want = ref->data;
+        for (int64_t i = 0; i < n; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)))
+                fail_msg("%s element %lld: got %.9g, ggml %.9g", names[t], (long long)i, got[i], want[i]);
+    }
+    xfree(got);
+    gguf_close(&gf);
+}
+
 /* ---- quantiser quality against llama.cpp's numbers ---- */
 
 /* Same generator as the scratch program that measured ggml (an LCG and Box-Muller in double),
@@ -332,7 +363,8 @@ int main(void)
         cmocka_unit_test(test_known_q4_k),        cmocka_unit_test(test_known_q5_k),
         cmocka_unit_test(test_known_q6_k),        cmocka_unit_test(test_known_q8_k),
         cmocka_unit_test(test_bad_sizes),         cmocka_unit_test(test_zero_and_constant),
-        cmocka_unit_test(test_llama_fixture),     cmocka_unit_test(test_rmse_vs_llama),
+        cmocka_unit_test(test_llama_fixture),
+        cmocka_unit_test(test_llama_fixture_read_only),     cmocka_unit_test(test_rmse_vs_llama),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
