@@ -713,6 +713,12 @@ static void test_bad_tensors(void **state)
     expect_fail(c->path, &b, QWENRT_ERR_FORMAT, "negative");
     one_tensor(&b, 1, odd, QR_Q8_0, 0);
     expect_fail(c->path, &b, QWENRT_ERR_FORMAT, "blocks");
+    /* the types qwenrt only reads get the same checks: whole blocks, data inside the file */
+    one_tensor(&b, 1, odd, QR_Q3_K, 0);
+    expect_fail(c->path, &b, QWENRT_ERR_FORMAT, "blocks");
+    const uint64_t one_super[1] = {256}; /* an IQ4_XS super-block: 136 bytes, the data has 64 */
+    one_tensor(&b, 1, one_super, QR_IQ4_XS, 0);
+    expect_fail(c->path, &b, QWENRT_ERR_FORMAT, "past the end");
     free(b.p);
 }
 
