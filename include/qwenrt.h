@@ -123,7 +123,9 @@ struct qwenrt_session_params {
 
 struct qwenrt_session_params qwenrt_session_default_params(void);
 
-/* A session holds one sequence's state (KV cache, DeltaNet state, position). */
+/* A session holds one sequence's state (KV cache, DeltaNet state, position). On the GPU the
+ * sessions of one model share one copy of its weights, uploaded by the first and freed with
+ * the last. Free a model's sessions before the model. */
 qwenrt_status qwenrt_session_init(struct qwenrt_model *model,
                                   const struct qwenrt_session_params *params,
                                   struct qwenrt_session **out, struct qwenrt_error *err);

@@ -7,7 +7,7 @@
  *     through the decode megakernel and through the decode graph; the default precision, the
  *     f16 KV cache, calibrate on CUDA;
  *   - checkpoints of CUDA sessions (snapshot, restore across sessions and backends, reset), a
- *     prompt prefilled in two pieces;
+ *     prompt prefilled in two pieces; the sessions of one model sharing its weights;
  *   - sampling on the GPU: qwenrt_session_sample against the sampler on the whole row, and
  *     several sampled steps per graph (session_generate) against token by token, with the
  *     steps past a stop undone;
@@ -217,6 +217,80 @@ static void test_fixtures_api(void **st)
     for (int i = 0; i < 4; i++)
         check_fixture(fixtures[i], 0);
     check_fixture(fixtures[2], 0); /* again: the error must not move between runs */
+}
+
+/* The sessions of one model share one copy of its weights on the device (device_weights.cu):
+ * the second session takes the first's, which outlives the first while the second runs (the
+ * second's logits after the first is freed are the same bits as before), and the last session
+ * freed empties the model's slot, so the next session uploads a new copy. A session made
+ * without the slot (cuda_session_init) keeps its own. Both fixture families. */
+/* The last position's logits of s, copied to out ([V] floats). */
+static void copy_logits(struct qwenrt_session *s, float *out, int32_t V)
+{
+    const float *l = qwenrt_session_logits(s);
+    assert_non_null(l);
+    memcpy(out, l, (size_t)V * sizeof(float));
+}
+
+static void check_shared_weights(const char *dir)
+{
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    struct qwenrt_error err = {0};
+    if (qwenrt_model_load(dir, &mp, &m, &err) != QWENRT_OK)
+        fail_msg("load %s: %s", dir, err.message);
+    const int32_t ids[5] = {1, 7, 42, 3, 9};
+    int32_t V = m->hp.n_vocab;
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float)),
+          *lb2 = malloc((size_t)V * sizeof(float));
+    assert_non_null(la), assert_non_null(lb), assert_non_null(lb2);
+    struct qwenrt_session *a = NULL, *b = NULL, *c = NULL;
+    assert_null(m->device_weights.cuda);
+    assert_int_equal(qwenrt_session_init(m, NULL, &a, &err), QWENRT_OK);
+    assert_non_null(m->device_weights.cuda);
+    assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
+    const void *wa = cuda_session_weights(a->cuda);
+    assert_non_null(wa);
+    assert_ptr_equal(cuda_session_weights(b->cuda), wa);
+    struct cuda_session *own = NULL;
+    assert_int_equal(cuda_session_init(m->plans, 16, NULL, &own, &err), QWENRT_OK);
+    assert_true(cuda_session_weights(own) != wa); /* no slot: a copy of its own */
+    cuda_session_free(own);
+    assert_int_equal(qwenrt_session_prefill(a, ids, 4, NULL, &err), QWENRT_OK);
+    copy_logits(a, la, V);
+    assert_int_equal(qwenrt_session_prefill(b, ids, 4, NULL, &err), QWENRT_OK);
+    copy_logits(b, lb, V);
+    if (memcmp(la, lb, (size_t)V * sizeof(float)))
+        fail_msg("%s: two sessions sharing the weights differ", dir);
+    assert_int_equal(qwenrt_session_decode(a, ids[4], &err), QWENRT_OK);
+    copy_logits(a, la, V);
+    qwenrt_session_free(a); /* b still holds the copy */
+    assert_non_null(m->device_weights.cuda);
+    assert_int_equal(qwenrt_session_decode(b, ids[4], &err), QWENRT_OK);
+    copy_logits(b, lb2, V);
+    if (memcmp(la, lb2, (size_t)V * sizeof(float)))
+        fail_msg("%s: the second session's decode after the first was freed differs", dir);
+    qwenrt_session_free(b);
+    assert_null(m->device_weights.cuda);
+    assert_int_equal(qwenrt_session_init(m, NULL, &c, &err), QWENRT_OK); /* a new copy */
+    assert_non_null(m->device_weights.cuda);
+    assert_int_equal(qwenrt_session_prefill(c, ids, 4, NULL, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_decode(c, ids[4], &err), QWENRT_OK);
+    copy_logits(c, lb2, V);
+    if (memcmp(la, lb2, (size_t)V * sizeof(float)))
+        fail_msg("%s: a session on the new copy differs", dir);
+    qwenrt_session_free(c);
+    assert_null(m->device_weights.cuda);
+    free(la), free(lb), free(lb2);
+    qwenrt_model_free(m);
+}
+
+static void test_sessions_share_weights(void **st)
+{
+    (void)st;
+    check_shared_weights(fixtures[1]);
+    check_shared_weights(fixtures[3]);
 }
 
 /* The default precision: fast prefill products for the bf16 fixtures (x in one bf16 term for
@@ -1161,6 +1235,7 @@ int main(void)
         cmocka_unit_test(test_clock_held_down),
         cmocka_unit_test(test_sm_clock),
         cmocka_unit_test(test_fixtures_api),
+        cmocka_unit_test(test_sessions_share_weights),
         cmocka_unit_test(test_fixtures_default_precision),
         cmocka_unit_test(test_fixtures_kv_f16),
         cmocka_unit_test(test_calibrate_cuda),

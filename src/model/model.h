@@ -1,6 +1,7 @@
 /*
  * model.h — a loaded model: hyper-parameters, the files it maps, weight views, and the plans
- * its architecture builds. Read-only after qwenrt_model_load; shared by sessions.
+ * its architecture builds. Read-only after qwenrt_model_load (but for the device copy of the
+ * weights its CUDA sessions share, under its own lock); shared by sessions.
  *
  * Weight tensors are views into the mapped files. Small vectors (norm weights, DeltaNet
  * A/dt_bias/conv weights) are converted at load into owned f32 arrays in one convention:
@@ -12,6 +13,8 @@
 #ifndef QWENRT_MODEL_MODEL_H
 #define QWENRT_MODEL_MODEL_H
 
+#include <pthread.h>
+
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/hparams.h"
@@ -22,6 +25,15 @@
 
 struct owned_chunk;
 struct transcoded_tensor;
+struct cuda_weights;
+
+/* The device copy of the weights that the model's CUDA sessions share (device_weights.cu): the
+ * first session uploads it, the last one frees it. The one part of a model that changes after
+ * load, so it has a lock of its own. */
+struct model_device_weights {
+    pthread_mutex_t mu;        /* guards cuda */
+    struct cuda_weights *cuda; /* NULL while no CUDA session of the model is open */
+};
 
 struct layer_weights {
     const float *attn_norm;           /* [n_embd] input_layernorm */
@@ -85,6 +97,7 @@ struct qwenrt_model {
     struct transcoded_tensor *transcoded; /* those copies (a list) */
     struct plan plans[2];             /* [PHASE_PREFILL], [PHASE_DECODE] */
     struct model_cuda_tuning cuda_tuning; /* from the profile the model was bound under */
+    struct model_device_weights device_weights; /* its sessions' copy on the GPU */
     int n_threads;
     char backend[16];
     int64_t n_params, weight_bytes;

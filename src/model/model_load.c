@@ -390,6 +390,7 @@ qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params 
         xfree(m);
         return err_set(err, QWENRT_ERR_NOMEM, "%s: out of memory", path);
     }
+    pthread_mutex_init(&m->device_weights.mu, NULL);
     m->n_threads = params->n_threads;
     snprintf(m->backend, sizeof(m->backend), "%s", params->backend ? params->backend : "cpu");
     m->weight_dtype_ok = weight_dtype_ok          ? weight_dtype_ok
@@ -455,6 +456,7 @@ void qwenrt_model_free(struct qwenrt_model *m)
         safetensors_close(&m->shards[i]);
     xfree(m->shards);
     xfree(m->path);
+    pthread_mutex_destroy(&m->device_weights.mu); /* its sessions are gone: cuda is NULL */
     xfree(m);
 }
 

@@ -170,7 +170,9 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
     opt.prefill_bf16 = precision != QWENRT_PRECISION_EXACT;
     if (precision == QWENRT_PRECISION_EXACT)
         opt.gemvq_int8 = -1; /* x in f32 (the default rounds it to 8 bits, as the CPU's products) */
-    return cuda_session_init(s->model->plans, s->state.n_ctx, &opt, &s->cuda, err);
+    /* the model's sessions share one copy of the weights on the device */
+    struct model_device_weights *dw = &s->model->device_weights;
+    return cuda_session_init_shared(s->model->plans, s->state.n_ctx, &opt, &dw->mu, &dw->cuda, &s->cuda, err);
 }
 
 qwenrt_status qwenrt_session_init(struct qwenrt_model *model,

@@ -1,8 +1,8 @@
 /*
  * cuda_backend.h — executing plans on an NVIDIA GPU: the C interface the session calls.
  *
- * A cuda_session owns everything on the device for one sequence: a copy of every weight the
- * plans use (one cudaMalloc arena), the KV cache ([n_ctx][kv_width] f32 per attention layer),
+ * A cuda_session holds everything on the device for one sequence: the weights the plans use
+ * (one cudaMalloc arena, shared by the sessions of one model: device_weights.cu), the KV cache ([n_ctx][kv_width] f32 per attention layer),
  * the DeltaNet conv state ([conv_k-1][conv_dim] f32) and recurrent state ([Hv][dk][dv] f32),
  * activation buffers ([T][width] f32 per plan buffer) and the cuBLASLt handle. The backend
  * reads only plans (src/plan/plan.h): layer kinds, widths and weights come from the ops.
@@ -26,6 +26,7 @@
 #ifndef QWENRT_BACKEND_CUDA_BACKEND_H
 #define QWENRT_BACKEND_CUDA_BACKEND_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -432,6 +433,23 @@ qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_ctx,
                                 struct qwenrt_error *err);
 void cuda_session_free(struct cuda_session *cs);
 
+/* The device copy of a model's weights (device_weights.cu): made by the first session of the
+ * model on a device, shared by the sessions after it, freed with the last of them. */
+struct cuda_weights;
+
+/* cuda_session_init with the weights shared through *slot, which *mu guards (the model's
+ * struct model_device_weights): a session takes the copy in *slot when it is on the same device
+ * and has the same layout, else uploads its own and, where *slot is empty, leaves it there for
+ * the sessions after it. mu and slot NULL: a copy of the session's own (cuda_session_init). */
+qwenrt_status cuda_session_init_shared(const struct plan *plans, int32_t n_ctx,
+                                       const struct cuda_options *opt, pthread_mutex_t *mu,
+                                       struct cuda_weights **slot, struct cuda_session **out,
+                                       struct qwenrt_error *err);
+
+/* The device address of the session's weights (NULL without CUDA): two sessions sharing one
+ * copy give the same address. For tests. */
+const void *cuda_session_weights(const struct cuda_session *cs);
+
 /* Runs T tokens at positions pos0.. (T == 1: decode plan, else prefill plan). Writes the
  * logits of the last position, or of every position when all_logits, to logits
  * ([rows][n_vocab] floats) and waits for the GPU. logits NULL (with all_logits false): the
@@ -752,7 +770,7 @@ qwenrt_status cuda_session_profile_decode(struct cuda_session *cs, int32_t id, i
                                           int32_t reps, char *report, size_t report_len,
                                           struct qwenrt_error *err);
 
-/* Bytes of device memory the session holds. */
+/* Bytes of device memory the session uses (weights shared with other sessions counted in full). */
 int64_t cuda_session_device_bytes(const struct cuda_session *cs);
 
 #ifdef __cplusplus

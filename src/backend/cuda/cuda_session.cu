@@ -7,7 +7,8 @@
  *
  * Weights: every tensor and small vector the two plans name is copied once into one arena
  * (256-byte aligned entries, so 16-byte vector loads of rows are aligned when the row length
- * allows). Ops are resolved to device pointers at init (struct dop, one per plan op).
+ * allows), which the sessions of one model share (device_weights.cu). Ops are resolved to
+ * device pointers at init (struct dop, one per plan op).
  * Buffers: prefill buffers grow with T; decode has its own one-token buffers, so a captured
  * decode graph never sees a pointer change. ids/pos live in device memory (d_ids, d_pos).
  *
@@ -204,12 +205,9 @@ static qwenrt_status collect(struct cuda_session *cs, struct qwenrt_error *err)
     return QWENRT_OK;
 }
 
-static qwenrt_status upload(struct cuda_session *cs, struct qwenrt_error *err)
+/* Each op's device pointers into the weights' arena (weights_acquire put them there). */
+static qwenrt_status resolve_ops(struct cuda_session *cs, struct qwenrt_error *err)
 {
-    CUDA_CHECK(cudaMalloc(&cs->arena, cs->arena_bytes ? cs->arena_bytes : 256));
-    for (int32_t i = 0; i < cs->n_map; i++)
-        CUDA_CHECK(cudaMemcpy(cs->arena + cs->map[i].off, cs->map[i].host, cs->map[i].bytes,
-                              cudaMemcpyHostToDevice));
     for (int ph = 0; ph < 2; ph++) {
         const struct plan *p = &cs->plans[ph];
         cs->dops[ph] = (struct dop *)xcalloc((size_t)p->n_ops, sizeof(struct dop));
@@ -722,7 +720,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     cudaFree(cs->mlp_acc);
     cudaFree(cs->ao_part);
     cudaFree(cs->ao_count);
-    cudaFree(cs->arena);
+    weights_release(cs->weights);
     cudaFree(cs->scratch);
     if (cs->stream)
         cudaStreamDestroy(cs->stream);
@@ -797,20 +795,19 @@ static qwenrt_status plan_merges(struct cuda_session *cs, struct qwenrt_error *e
     return st;
 }
 
-static qwenrt_status init_device(struct cuda_session *cs, struct qwenrt_error *err)
+static qwenrt_status init_device(struct cuda_session *cs, pthread_mutex_t *mu, struct cuda_weights **slot,
+                                 struct qwenrt_error *err)
 {
     qwenrt_status st = collect(cs, err);
-    if (st)
+    if (st || (st = weights_acquire(cs, mu, slot, err)))
         return st;
-    if ((st = cuda_probe((int64_t)cs->arena_bytes + (64 << 20), err)))
-        return err_prefix(err, "weights of %lld MiB: ", (long long)(cs->arena_bytes >> 20));
     CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->n_sm, cudaDevAttrMultiProcessorCount, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-    if ((st = upload(cs, err)) || (st = alloc_state(cs, err)) || (st = plan_merges(cs, err)))
+    if ((st = resolve_ops(cs, err)) || (st = alloc_state(cs, err)) || (st = plan_merges(cs, err)))
         return st;
     CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&cs->d_out, (size_t)cs->n_ctx * sizeof(int32_t)));
@@ -841,6 +838,14 @@ extern "C" qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_c
                                            const struct cuda_options *opt,
                                            struct cuda_session **out, struct qwenrt_error *err)
 {
+    return cuda_session_init_shared(plans, n_ctx, opt, NULL, NULL, out, err);
+}
+
+extern "C" qwenrt_status cuda_session_init_shared(const struct plan *plans, int32_t n_ctx,
+                                                  const struct cuda_options *opt, pthread_mutex_t *mu,
+                                                  struct cuda_weights **slot, struct cuda_session **out,
+                                                  struct qwenrt_error *err)
+{
     *out = NULL;
     qwenrt_status st = opt ? check_options(opt, err) : QWENRT_OK;
     if (st || (st = cuda_probe(0, err)))
@@ -851,7 +856,7 @@ extern "C" qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_c
     cs->plans = plans;
     cs->n_ctx = n_ctx;
     cs->opt = opt ? *opt : cuda_default_options();
-    st = init_device(cs, err);
+    st = init_device(cs, mu, slot, err);
     if (st) {
         cuda_session_free(cs);
         return st;
@@ -1201,6 +1206,11 @@ extern "C" qwenrt_status cuda_session_state_io(struct cuda_session *cs, int32_t 
                                bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, cs->stream));
     CUDA_CHECK(cudaStreamSynchronize(cs->stream));
     return QWENRT_OK;
+}
+
+extern "C" const void *cuda_session_weights(const struct cuda_session *cs)
+{
+    return cs ? cs->arena : NULL;
 }
 
 extern "C" int64_t cuda_session_device_bytes(const struct cuda_session *cs)

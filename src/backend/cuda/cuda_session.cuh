@@ -3,6 +3,7 @@
  * program's steps, a run's context, and the functions one file calls in another. Private to
  * them; the backend's interface is cuda_backend.h. The files:
  *   cuda_session.cu     a session's life: probing, weights, state, running ops and plans
+ *   device_weights.cu   the weights' device copy, shared by the sessions of one model
  *   session_options.cu  cuda_default_options, the options' checks, the session's picks
  *   decode_program.cu   the fused decode program: steps, their launches, graph capture
  *   session_output.cu   what a run hands back: logits, top-k, the on-GPU generation loops
@@ -66,8 +67,9 @@ struct cuda_session {
     struct cuda_options opt;
     int32_t n_ctx, n_layer, n_vocab;
     cudaStream_t stream;
-    uint8_t *arena;           /* weights */
+    uint8_t *arena;           /* weights: weights->arena */
     size_t arena_bytes;
+    struct cuda_weights *weights; /* the copy that holds them, maybe shared (device_weights.cu) */
     struct hostdev *map;      /* host pointer -> arena offset */
     int32_t n_map, cap_map;
     struct dop *dops[2];      /* [n_ops] per phase */
@@ -317,6 +319,17 @@ bool pick_gemvq_shape(struct cuda_session *cs);
 bool decode_pdl_applies(const struct plan *p);
 bool fast_prefill_applies(const struct plan *p);
 int32_t fast_x_terms(const struct cuda_options *o, const struct plan *p);
+
+/* device_weights.cu */
+
+/* Points cs->arena at the weights of cs->map (laid out by collect): the copy in *slot where it
+ * fits this device and layout, else a new one uploaded here (after checking the device has
+ * room for it), left in *slot when that is empty. mu and slot NULL: a copy of cs's own.
+ * Sets cs->weights; nothing is held on error. */
+qwenrt_status weights_acquire(struct cuda_session *cs, pthread_mutex_t *mu, struct cuda_weights **slot,
+                              struct qwenrt_error *err);
+/* Drops a session's hold on w; the last one frees the copy and empties its slot. NULL: nothing. */
+void weights_release(struct cuda_weights *w);
 
 /* cuda_batch.cu */
 

@@ -58,6 +58,21 @@ qwenrt_status cuda_session_init(const struct plan *plans, int32_t n_ctx,
 
 void cuda_session_free(struct cuda_session *cs) { (void)cs; }
 
+qwenrt_status cuda_session_init_shared(const struct plan *plans, int32_t n_ctx,
+                                       const struct cuda_options *opt, pthread_mutex_t *mu,
+                                       struct cuda_weights **slot, struct cuda_session **out,
+                                       struct qwenrt_error *err)
+{
+    (void)mu, (void)slot;
+    return cuda_session_init(plans, n_ctx, opt, out, err);
+}
+
+const void *cuda_session_weights(const struct cuda_session *cs)
+{
+    (void)cs;
+    return NULL;
+}
+
 qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t *ids, int32_t T,
                                int32_t pos0, bool all_logits, float *logits, cuda_dump_fn dump,
                                void *dump_user, struct qwenrt_error *err)
