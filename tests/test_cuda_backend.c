@@ -1183,6 +1183,50 @@ static void check_gemv_smem_kind_minimum(void)
     }
 }
 
+/* Which decode plans launch with PDL by their weights alone (session_options.cu's
+ * decode_pdl_applies; host code, so CI checks it): 16-bit layers, and 16-bit layers with
+ * quantised matrices among them (a Q5_K_M file loaded for CUDA: Q5_K converted to F16, Q6_K
+ * kept); not quantised layers alone (gemvq picks its own) nor F32 ones. */
+static void check_pdl_rule(enum export_type type, bool for_cuda, bool want)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen3-tiny", type, 0, true, path, sizeof(path));
+    if (for_cuda) {
+        qwenrt_model_free(m);
+        m = NULL;
+        if (model_load_for(path, NULL, cuda_weight_dtype_supported, &m, &err))
+            fail_msg("load %s for CUDA: %s", export_type_name(type), err.message);
+    }
+    const struct plan *p = &m->plans[PHASE_DECODE];
+    int n16 = 0, nq = 0;
+    for (int32_t i = 0; i < p->n_ops; i++)
+        if (p->ops[i].kind == OP_MATMUL && p->ops[i].w) {
+            enum qr_dtype dt = (enum qr_dtype)p->ops[i].w->dtype;
+            n16 += dt == QR_BF16 || dt == QR_F16;
+            nq += !dtype_is_float(dt);
+        }
+    if (type == EXPORT_Q5_K_M && for_cuda && (n16 == 0 || nq == 0))
+        fail_msg("Q5_K_M for CUDA: %d 16-bit and %d quantised layer matrices, want both", n16, nq);
+    bool got = cuda_decode_plan_takes_pdl(p);
+    if (got != (want && cuda_backend_compiled()))
+        fail_msg("%s%s: PDL %d, want %d", export_type_name(type), for_cuda ? " (for CUDA)" : "", got, want);
+    qwenrt_model_free(m);
+    remove(path);
+}
+
+static void test_decode_pdl_rule(void **st)
+{
+    (void)st;
+    check_pdl_rule(EXPORT_BF16, false, true);
+    check_pdl_rule(EXPORT_F16, false, true);
+    check_pdl_rule(EXPORT_Q5_K_M, true, true);
+    check_pdl_rule(EXPORT_Q5_K_M, false, false);
+    check_pdl_rule(EXPORT_Q4_K_M, false, false);
+    check_pdl_rule(EXPORT_Q8_0, false, false);
+    check_pdl_rule(EXPORT_F32, false, false);
+}
+
 static void test_gemv_shape_choices(void **st)
 {
     (void)st;
@@ -1224,6 +1268,7 @@ int main(void)
         printf("(only the tests that need no device run)\n");
         const struct CMUnitTest none[] = {cmocka_unit_test(test_backend_errors),
                                           cmocka_unit_test(test_gemv_shape_choices),
+                                          cmocka_unit_test(test_decode_pdl_rule),
                                           cmocka_unit_test(test_gdn_staged_shape),
                                           cmocka_unit_test(test_clock_held_down)};
         return cmocka_run_group_tests(none, NULL, NULL);
@@ -1231,6 +1276,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_errors),
         cmocka_unit_test(test_gemv_shape_choices),
+        cmocka_unit_test(test_decode_pdl_rule),
         cmocka_unit_test(test_gdn_staged_shape),
         cmocka_unit_test(test_clock_held_down),
         cmocka_unit_test(test_sm_clock),

@@ -71,10 +71,12 @@ struct cuda_options {
                           * (gdn_chunked.cu) instead of the token-by-token column scan: 0 off
                           * (the default), 1 the scan's products in f32 FMAs (2.71 vs 2.02 ms
                           * per Qwen3.5 pp512, session 6), 2 on the tensor cores in 3xTF32
-                          * (gdn_chunk_tc.cuh: 88.6k vs 91.4k tok/s, session 52) */
+                          * (gdn_chunk_tc.cuh: 88.6k vs 91.4k tok/s, session 52; session
+                          * 55, H200: pp64 20.6k vs 25.1k, pp512 90.4k vs 92.9k, pp2048
+                          * 113.5k vs 112.2k) */
     int32_t gdn_scan_warps; /* gdn_chunked 2: warps a block of the walk over chunks, 8 or 16
-                             * (the products' K split in halves), 0 the default (8);
-                             * unmeasured as of session 53 */
+                             * (the products' K split in halves), 0 the default (8); session
+                             * 55: 16 level with 8 at pp64-2048 (within 1%) */
     bool gemm_stack3;    /* prefill, bf16x2: the 3 split terms as one GEMM over 3T columns */
     bool gemm_merge;     /* prefill: products of one input with weights back to back (q|k|v,
                           * gate|up, DeltaNet's qkv|z|beta|alpha) as one product */
@@ -601,6 +603,10 @@ qwenrt_status cuda_session_reset(struct cuda_session *cs, struct qwenrt_error *e
 qwenrt_status cuda_session_read_kv(struct cuda_session *cs, int32_t layer, bool v,
                                    int32_t n_pos, float *dst, struct qwenrt_error *err);
 
+/* For the tests: whether a session's decode steps over decode_plan launch with PDL by the
+ * weights' types alone (cuda_options.gemv_smem on, pdl off): layers of 16-bit weights, with
+ * block-quantised matrices among them or not, and no F32 ones. */
+bool cuda_decode_plan_takes_pdl(const struct plan *decode_plan);
 /* For the tests: whether the decode GEMV of one token of N x K weights of dtype (aligned, no
  * norm) runs the shared-memory kernel (gemv_smem.cu) when cuda_options.gemv_smem is on. */
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K);

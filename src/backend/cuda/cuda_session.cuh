@@ -186,7 +186,8 @@ struct cuda_session {
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
     bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
     bool decode_pdl;          /* the decode steps launch with PDL: opt.pdl, or opt.gemv_smem with
-                               * 16-bit layer weights (decode_pdl_applies) */
+                               * 16-bit layer weights, quantised ones among them or not
+                               * (decode_pdl_applies) */
     int32_t x_terms;          /* the fast products' bf16 terms of x (opt.prefill_x_terms) */
     int32_t gs_warps, gs_kb;  /* gemv_smem's block shape: the options', or pick_gemv_smem_shape's */
     int32_t gs_min_blocks;    /* its warps halved below this many blocks (same) */

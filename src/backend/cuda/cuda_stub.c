@@ -308,6 +308,12 @@ int64_t cuda_session_device_bytes(const struct cuda_session *cs)
     return 0;
 }
 
+bool cuda_decode_plan_takes_pdl(const struct plan *decode_plan)
+{
+    (void)decode_plan;
+    return false;
+}
+
 bool cuda_gemv_smem_takes(int32_t dtype, int32_t N, int32_t K)
 {
     (void)dtype, (void)N, (void)K;

@@ -180,19 +180,29 @@ int32_t pick_gemvq_rows(const struct cuda_session *cs)
 
 /* Whether the decode GEMVs of the layers take gemv_smem (16-bit weights; the LM head does not
  * count: it stays gemv2 or gemvq): then PDL pays (their weights load while the kernel before
- * runs), while with gemv2 / gemvq it costs 4-18% (docs/perf-log.md, sessions 12 and 13). */
+ * runs), while with gemv2 / gemvq alone it costs 4-18% (docs/perf-log.md, sessions 12 and 13).
+ * 16-bit layers with some block-quantised matrices among them (a Q5_K_M file on the GPU: its
+ * Q5_K matrices converted to F16 at load, its Q6_K ones kept) take it too: session 55 measured
+ * Qwen3-0.6B Q5_K_M at 1,242 tok/s without PDL, 1,441 with it; Qwen3.5-0.8B Q5_K_M 1,144 and
+ * 1,549 (the same bits). F32 matrices: none. */
 bool decode_pdl_applies(const struct plan *p)
 {
-    bool any = false;
+    bool any16 = false;
     for (int32_t i = 0; i < p->n_ops; i++) {
         const struct plan_op *op = &p->ops[i];
         if (op->kind != OP_MATMUL || !op->w)
             continue;
-        if (op->w->dtype != QR_BF16 && op->w->dtype != QR_F16)
+        if (op->w->dtype == QR_BF16 || op->w->dtype == QR_F16)
+            any16 = true;
+        else if (dtype_is_float((enum qr_dtype)op->w->dtype))
             return false;
-        any = true;
     }
-    return any;
+    return any16;
+}
+
+extern "C" bool cuda_decode_plan_takes_pdl(const struct plan *decode_plan)
+{
+    return decode_pdl_applies(decode_plan);
 }
 
 /* true when every layer matmul of the plan has block-quantised weights (gemvq's). */
