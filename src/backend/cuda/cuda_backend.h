@@ -2,8 +2,8 @@
  * cuda_backend.h — executing plans on an NVIDIA GPU: the C interface the session calls.
  *
  * A cuda_session holds everything on the device for one sequence: the weights the plans use
- * (one cudaMalloc arena, shared by the sessions of one model: device_weights.cu), the KV cache ([n_ctx][kv_width] f32 per attention layer),
- * the DeltaNet conv state ([conv_k-1][conv_dim] f32) and recurrent state ([Hv][dk][dv] f32),
+ * (one cudaMalloc arena, shared by the sessions of one model: device_weights.cu), the KV
+ * cache ([n_ctx][kv_width] f32 per attention layer), the DeltaNet conv state ([conv_k-1][conv_dim] f32) and recurrent state ([Hv][dk][dv] f32),
  * activation buffers ([T][width] f32 per plan buffer) and the cuBLASLt handle. The backend
  * reads only plans (src/plan/plan.h): layer kinds, widths and weights come from the ops.
  *
