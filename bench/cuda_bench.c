@@ -452,7 +452,8 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"mlp_rows", offsetof(struct cuda_options, mlp_rows)},
                   {"attn_rope_regs", offsetof(struct cuda_options, attn_rope_regs)},
                   {"mlp_rows_cluster", offsetof(struct cuda_options, mlp_rows_cluster)},
-                  {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down)}};
+                  {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down)},
+                  {"lm_screen", offsetof(struct cuda_options, lm_screen)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);
@@ -585,7 +586,7 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
     int32_t V = m->hp.n_vocab, ids[SWEEP_MAX][4], out[512];
     float *logits = malloc((size_t)V * 4), *first = malloc((size_t)V * 4);
     int32_t *prompt = malloc((size_t)(depth > 0 ? depth : 1) * sizeof(int32_t));
-    double t[SWEEP_MAX][64] = {{0}}, worst[SWEEP_MAX] = {0};
+    double t[SWEEP_MAX][64] = {{0}}, worst[SWEEP_MAX] = {0}, exact[SWEEP_MAX] = {0};
     struct qwenrt_error err = {0};
     static char refused[SWEEP_MAX][sizeof(err.message)]; /* why a shape's session could not be made */
     int rc = 1;
@@ -612,6 +613,9 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
                 ok = ok && !cuda_session_generate(cs, 17, depth, n, 32, out, logits, &err);
                 t[i][round] = time_now_s() - t0;
             }
+            int64_t picks = 0, rows = 0; /* the screened LM head's exact rows a token */
+            if (cuda_session_lm_screen(cs, &picks, &rows) && picks > 0)
+                exact[i] = (double)rows / (double)picks;
             cuda_session_free(cs);
             if (!ok) {
                 fprintf(stderr, "--sweep %s: %s\n", names[i], err.message);
@@ -624,14 +628,16 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
             if (i > 0 && round == reps - 1)
                 worst[i] = rel_err(logits, first, (size_t)V);
         }
-    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d @ depth %d tok/s (median of %d) | logits vs the first | first ids |\n|---|---:|---:|---|\n",
+    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d @ depth %d tok/s (median of %d) | logits vs the first | first ids "
+           "| LM head rows read exactly a token (screen) |\n|---|---:|---:|---|---:|\n",
            n, depth, reps);
     for (int i = 0; i < ns; i++)
         if (refused[i][0])
-            printf("| %s | refused: %s | | |\n", names[i], refused[i]);
+            printf("| %s | refused: %s | | | |\n", names[i], refused[i]);
         else
-            printf("| %s | %.1f | %.2g | %s |\n", names[i], n / median(t[i], reps), worst[i],
-                   memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same");
+            printf("| %s | %.1f | %.2g | %s | %s%.1f |\n", names[i], n / median(t[i], reps), worst[i],
+                   memcmp(ids[i], ids[0], sizeof(ids[0])) ? "differ" : "same", exact[i] > 0 ? "" : "no screen ",
+                   exact[i]);
     rc = 0;
 out:
     free(logits), free(first), free(prompt);

@@ -4,7 +4,8 @@
  * cuda_options switch of the decode program (gemvq, 8-bit x, the fused MLP and its row form,
  * gemv_smem and its shapes, the attention's forms: RoPE inside, pipelined, shared K/V, lanes,
  * staged, cluster-merged, with the o product; the DeltaNet step split per head, staged, wide;
- * early reads, L2 prefetch, launches ahead, knock-outs, the time line, the greedy graph steps)
+ * early reads, L2 prefetch, launches ahead, knock-outs, the time line, the greedy graph steps,
+ * the screened LM head)
  * decoding side by side with the form it replaces, and the megakernel against the graph on
  * real widths and quantised weights; Q4_0 and Q5_K_M files, whose matrices the CUDA backend
  * converts at load, against the CPU over the same weights. Needs a GPU (cuda_testutil.h).
@@ -434,6 +435,58 @@ static void test_generate_graph_steps(void **st)
                archs[k]);
         free_synth_pair(a, b, m, path, la, lb);
     }
+}
+
+/* The greedy loop with the screened LM head (cuda_options.lm_screen, lm_screen.cu) against
+ * the whole head and the argmax: both fixtures' synth models (Qwen3's also at the real width,
+ * 1,024), BF16 and F32 heads, 40 tokens read back every 16 in graphs of 8 and single steps:
+ * the same ids, and the same last logits bit for bit (the screened graphs leave the logits
+ * unwritten; the loop fills them from the last hidden state with the plain step). The screen
+ * counts one pick per token and reads fewer than a quarter of the rows exactly; a session
+ * without it has none, and a Q8_0 head (already 8-bit) takes none. */
+static void check_screen_generate(const char *arch, enum export_type type, int32_t width)
+{
+    struct qwenrt_error err = {0};
+    char path[256];
+    struct qwenrt_model *m = load_synth(arch, type, width, false, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.lm_screen = 1, off.lm_screen = 0;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, arch);
+    int32_t V = m->hp.n_vocab, ga[40], gb[40];
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    if (cuda_session_generate(a, 7, 0, 37, 16, ga, la, &err) || cuda_session_generate(b, 7, 0, 37, 16, gb, lb, &err))
+        fail_msg("%s generate: %s", arch, err.message);
+    if (cuda_session_generate(a, ga[36], 37, 3, 0, ga + 37, la, &err) ||
+        cuda_session_generate(b, gb[36], 37, 3, 0, gb + 37, lb, &err))
+        fail_msg("%s generate: %s", arch, err.message);
+    assert_memory_equal(ga, gb, sizeof(ga));
+    assert_memory_equal(la, lb, (size_t)V * 4);
+    int64_t picks = 0, rows = 0;
+    bool quantised = type == EXPORT_Q8_0;
+    assert_int_equal(cuda_session_lm_screen(a, &picks, &rows), !quantised);
+    if (!quantised) {
+        assert_int_equal(picks, 40);
+        assert_true(rows >= picks && rows < picks * V / 4);
+    }
+    printf("%s (type %d, width %d): 40 greedy tokens, the same ids and last logits with the screen (%.1f rows "
+           "exactly a token)\n", arch, (int)type, (int)m->hp.n_embd, picks ? (double)rows / picks : 0.0);
+    assert_false(cuda_session_lm_screen(b, &picks, &rows));
+    assert_int_equal(picks, 0);
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_lm_screen_generate(void **st)
+{
+    (void)st;
+    check_screen_generate("qwen3-tiny", EXPORT_BF16, 0);
+    check_screen_generate("qwen35-tiny", EXPORT_BF16, 0);
+    check_screen_generate("qwen3-tiny", EXPORT_F32, 0);
+    check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024);
+    check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0);
 }
 
 static void test_decode_omit_steps(void **st)
@@ -1448,6 +1501,7 @@ int main(void)
         cmocka_unit_test(test_qkv_attn),
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_generate_graph_steps),
+        cmocka_unit_test(test_lm_screen_generate),
     };
     cuda_tests_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);

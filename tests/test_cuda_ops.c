@@ -4,7 +4,8 @@
  * weight dtype, GEMV and GEMM paths, decode steps after a prefill so that the KV cache and the
  * DeltaNet state carry over; the decode GEMV variants and the batched GEMVs (gemv_batch*.cu,
  * gemvq_batch*.cu) against the plain kernels; the greedy loop's argmax against its contract,
- * the top-m selection (topk.cu) against its reference kernel and a host sort, sample.cu's draw
+ * the screened LM head (lm_screen.cu) against exact logits in double, the top-m selection
+ * (topk.cu) against its reference kernel and a host sort, sample.cu's draw
  * against the host sampler's, and the decode attention's cheaper helpers (device_checks.cu)
  * against the plain ones. Needs a GPU (cuda_testutil.h).
  */
@@ -1165,6 +1166,156 @@ static void test_op_argmax(void **st)
     free(x);
 }
 
+/* The screened LM head (lm_screen.cu) against the argmax of exact logits computed here in
+ * double: awkward sizes (one row, K = 32, K beyond one 1,024-column pass), each 16- and
+ * 32-bit dtype; a planted near-tie (a copy of the winning row raised by a few units in the
+ * last place, far inside the 8-bit copy's error: only the exact pass can tell them apart); an
+ * exact tie (the lower index wins); all-NaN input (0, as the argmax); a row with Inf (the
+ * screen declines); bad arguments. Each pick three times in a row (the scratch comes back
+ * zeroed), and the screen must read most rows only through the copy. */
+struct screen_ref {
+    int32_t best, second;
+    double l_best, l_second, scale; /* scale: max_j sum_k |x_k w_jk| (the f32 sums' size) */
+};
+
+static struct screen_ref screen_reference(const float *h, const float *g, float eps, const uint8_t *w,
+                                          enum qr_dtype dt, int32_t N, int32_t K)
+{
+    size_t rb;
+    assert_true(dtype_row_bytes(dt, K, &rb));
+    double ss = 0.0;
+    for (int32_t k = 0; k < K; k++)
+        ss += (double)h[k] * h[k];
+    double inv = 1.0 / sqrt(ss / K + eps), *x = malloc((size_t)K * sizeof(double));
+    float *row = malloc((size_t)K * sizeof(float));
+    for (int32_t k = 0; k < K; k++)
+        x[k] = h[k] * inv * g[k];
+    struct screen_ref r = {-1, -1, -INFINITY, -INFINITY, 0.0};
+    for (int32_t j = 0; j < N; j++) {
+        assert_true(quant_dequantize_row(dt, w + (size_t)j * rb, row, K));
+        double l = 0.0, a = 0.0;
+        for (int32_t k = 0; k < K; k++)
+            l += x[k] * row[k], a += fabs(x[k] * row[k]);
+        r.scale = a > r.scale ? a : r.scale;
+        if (l > r.l_best)
+            r.second = r.best, r.l_second = r.l_best, r.best = j, r.l_best = l;
+        else if (l > r.l_second)
+            r.second = j, r.l_second = l;
+    }
+    free(x);
+    free(row);
+    return r;
+}
+
+/* One pick checked: the token's exact logit is the largest (up to the f32 sums' rounding) and
+ * is the reference's where the top two stand apart; returns the token. */
+static int32_t check_screen_pick(const float *h, const float *g, const uint8_t *w, enum qr_dtype dt, int32_t N,
+                                 int32_t K, const char *what)
+{
+    struct qwenrt_error err = {0};
+    int32_t id = -2;
+    int64_t rows = 0;
+    bool built = false;
+    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, 3, &id, &rows, &built, &err))
+        fail_msg("lm_screen %s (dtype %d, %d x %d): %s", what, (int)dt, (int)N, (int)K, err.message);
+    assert_true(built);
+    struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
+    const double tol = 1e-5 * r.scale;
+    if (r.l_best - r.l_second > tol && id != r.best)
+        fail_msg("lm_screen %s (dtype %d, %d x %d): %d, want %d (gap %.3g)", what, (int)dt, (int)N, (int)K, (int)id,
+                 (int)r.best, r.l_best - r.l_second);
+    assert_true(id >= 0 && id < N);
+    assert_true(rows >= 3);
+    if (N >= 1000 && rows > 3 * (int64_t)N / 20) /* more than 5% of the rows read exactly */
+        fail_msg("lm_screen %s (%d x %d): %lld rows exactly over 3 picks", what, (int)N, (int)K, (long long)rows);
+    printf("lm_screen %-9s dtype %2d, %6d x %4d: token %6d, %4.1f rows exactly a pick\n", what, (int)dt, (int)N,
+           (int)K, (int)id, rows / 3.0);
+    return id;
+}
+
+/* Row dst = row src of w (stored as dt), element k raised by delta (rounded as dt stores it). */
+static void screen_copy_row(uint8_t *w, enum qr_dtype dt, int32_t K, int32_t src, int32_t dst, int32_t k, float delta)
+{
+    size_t rb;
+    assert_true(dtype_row_bytes(dt, K, &rb));
+    float *row = malloc((size_t)K * sizeof(float));
+    assert_true(quant_dequantize_row(dt, w + (size_t)src * rb, row, K));
+    row[k] += delta;
+    assert_true(quant_quantize_row(dt, row, w + (size_t)dst * rb, K));
+    free(row);
+}
+
+static void screen_case(enum qr_dtype dt, int32_t N, int32_t K)
+{
+    size_t nbytes, rb;
+    assert_true(dtype_row_bytes(dt, K, &rb));
+    uint8_t *w = random_weights(dt, K, N, 0.05f, &nbytes);
+    float *h = malloc((size_t)K * sizeof(float)), *g = malloc((size_t)K * sizeof(float));
+    for (int32_t k = 0; k < K; k++)
+        h[k] = frand() * 3.0f, g[k] = 1.0f + 0.2f * frand();
+    int32_t id = check_screen_pick(h, g, w, dt, N, K, "random");
+    if (N >= 2) {
+        /* a near-tie: a copy of the winner, its element of the largest |x| raised ~12 units in
+         * the last place of a 16-bit weight */
+        int32_t kmax = 0, dst = (id + N / 2 + 1) % N;
+        if (dst == id)
+            dst = (id + 1) % N;
+        for (int32_t k = 1; k < K; k++)
+            if (fabsf(h[k] * g[k]) > fabsf(h[kmax] * g[kmax]))
+                kmax = k;
+        float sign = h[kmax] * g[kmax] > 0 ? 1.0f : -1.0f;
+        screen_copy_row(w, dt, K, id, dst, kmax, sign * 0.05f * 0.06f);
+        struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
+        assert_int_equal(r.best, dst);
+        assert_true(r.l_best - r.l_second > 3e-5 * r.scale); /* apart beyond the f32 sums' rounding */
+        assert_int_equal(check_screen_pick(h, g, w, dt, N, K, "near-tie"), dst);
+        /* an exact tie: the same bytes again at another row; the lower index wins */
+        int32_t other = (dst + N / 3 + 1) % N;
+        if (other != dst) {
+            memcpy(w + (size_t)other * rb, w + (size_t)dst * rb, rb);
+            assert_int_equal(check_screen_pick(h, g, w, dt, N, K, "tie"), other < dst ? other : dst);
+        }
+    }
+    free(w), free(h), free(g);
+}
+
+static void test_lm_screen(void **st)
+{
+    (void)st;
+    screen_case(QR_BF16, 1, 32);
+    screen_case(QR_BF16, 1037, 96);
+    screen_case(QR_F16, 4099, 160);
+    screen_case(QR_F32, 3001, 1056);
+    screen_case(QR_BF16, 2050, 2080);
+    screen_case(QR_BF16, 40009, 1024);
+    struct qwenrt_error err = {0};
+    const int32_t N = 777, K = 64;
+    size_t nbytes;
+    uint8_t *w = random_weights(QR_BF16, K, N, 0.05f, &nbytes);
+    float h[64], g[64];
+    for (int32_t k = 0; k < K; k++)
+        h[k] = NAN, g[k] = 1.0f;
+    int32_t id = -2;
+    int64_t rows = 0;
+    bool built = false;
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 2, &id, &rows, &built, &err), QWENRT_OK);
+    assert_true(built);
+    assert_int_equal(id, 0); /* every logit NaN: 0, as the argmax; every row was read exactly */
+    assert_int_equal(rows, 2 * N);
+    float inf_row[64];
+    for (int32_t k = 0; k < K; k++)
+        h[k] = frand(), inf_row[k] = k == 5 ? INFINITY : 0.0f;
+    assert_true(quant_quantize_row(QR_BF16, inf_row, w + 9 * 2 * K, K));
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 1, &id, &rows, &built, &err), QWENRT_OK);
+    assert_false(built);
+    assert_int_equal(id, -1);
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, 48, 1, &id, &rows, &built, &err),
+                     QWENRT_ERR_INVALID_ARG);
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q8_0, N, K, 1, &id, &rows, &built, &err),
+                     QWENRT_ERR_INVALID_ARG);
+    free(w);
+}
+
 /* The GPU's top-m selection (topk.cu) against its one-thread reference kernel and a host sort:
  * awkward vocabulary sizes around the 4096-logit slices, rows full of ties (multiples of 0.5),
  * temperatures that create ties by rounding, m from 1 to the limit, gathered ids; a NaN ranks
@@ -1289,6 +1440,7 @@ int main(void)
         cmocka_unit_test(test_topk_select),
         cmocka_unit_test(test_topk_rows),
         cmocka_unit_test(test_op_argmax),
+        cmocka_unit_test(test_lm_screen),
     };
     cuda_tests_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -199,6 +199,10 @@ struct cuda_options {
                           * with two: docs/perf-log.md); 1 or 2 force it. With two terms,
                           * weights bf16 does not hold (F16, quantised) are dequantised into
                           * two bf16 terms as well (three products). */
+    int32_t lm_screen;     /* the greedy loop's LM head (16- or 32-bit rows): 1 (default) read
+                          * through an 8-bit copy, then exactly for the rows its proven bound
+                          * cannot rule out (lm_screen.cuh: the same token, fewer bytes); 0 the
+                          * whole head exactly, then the argmax */
     int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
                           * 1,024 that many blocks, the last to arrive finishing; 0 (default):
                           * 128 (docs/perf-log.md, session 18) */
@@ -677,6 +681,17 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
                               bool pdl, int32_t reps, double *us, double *gbs, double *timeline,
                               struct qwenrt_error *err);
 
+/* For the tests: the screened LM head (lm_screen.cu) over host inputs: h [K], norm_w [K]
+ * (x = h * (1 / rms(h)) * norm_w, as the fused final norm), rows w [N][K] of dtype (QR_F32,
+ * QR_F16 or QR_BF16 bytes), N >= 1, K a multiple of 32 up to 8,192; reps picks in a row (the
+ * scratch must come back zeroed: each must give the same). *id: the token (the argmax of the
+ * exact logits, ties to the lowest index, 0 when all are NaN), *exact_rows the rows computed
+ * exactly over all reps; *built false (and *id -1) when the screen declines the rows (a bound
+ * that is not finite). Errors: INVALID_ARG, BACKEND. */
+qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w, int32_t dtype,
+                                  int32_t N, int32_t K, int32_t reps, int32_t *id, int64_t *exact_rows, bool *built,
+                                  struct qwenrt_error *err);
+
 /* For the tests: the greedy loop's argmax kernel over n host floats (copied to the device 4
  * bytes past a 16-byte boundary when misalign: the kernel's scalar path) in blocks blocks (1:
  * the single-block kernel). *id: the largest value that is not NaN, ties to the lowest index,
@@ -753,6 +768,12 @@ int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv, bool wide);
 /* Graph launches cuda_session_generate has made on this session (one per token, or one per
  * cuda_options.gen_graph_steps tokens); 0 for a NULL session. */
 int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs);
+
+/* The greedy loop's screened LM head (cuda_options.lm_screen, lm_screen.cuh): whether this
+ * session has one (made by its first cuda_session_generate where it applies), the tokens it
+ * picked and the rows it computed exactly for them (a synchronous read). false (with zeros)
+ * where there is none. */
+bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64_t *exact_rows);
 
 /* Bytes of weights the decode program's launches ask the L2 for per token
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */

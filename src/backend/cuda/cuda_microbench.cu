@@ -322,6 +322,68 @@ extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, i
     return st;
 }
 
+/* ------------------------------------------------------------------ the screened LM head */
+
+/* cuda_lm_screen_pick's device part: the inputs at d (h, norm_w, then the rows), reps picks. */
+static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
+                                     int32_t reps, int32_t *id, int64_t *exact_rows, bool *built,
+                                     struct qwenrt_error *err)
+{
+    struct lm_screen *sc = NULL;
+    qwenrt_status st = lm_screen_build(d + 8 * (size_t)K, dtype, N, K, row_bytes, 0, &sc, err);
+    if (st || !sc)
+        return st;
+    *built = true;
+    int32_t *d_id = (int32_t *)(d + 8 * (size_t)K + (size_t)N * row_bytes);
+    struct lm_screen_args a = {(const float *)d, (const float *)d + K, eps, d + 8 * (size_t)K, dtype, row_bytes,
+                               d_id, NULL, NULL, NULL, false};
+    int64_t picks = 0;
+    cudaError_t e = cudaSuccess;
+    for (int32_t r = 0; r < reps && e == cudaSuccess; r++) {
+        int32_t one = -1;
+        e = launch_lm_screen(sc, &a, 0);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(&one, d_id, sizeof(one), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess && r > 0 && one != *id)
+            st = err_set(err, QWENRT_ERR_BACKEND, "cuda_lm_screen_pick: pick %d gave %d, the first %d", (int)r,
+                         (int)one, (int)*id);
+        *id = st ? *id : one;
+    }
+    if (e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "the screened LM head");
+    if (!st)
+        st = lm_screen_counts(sc, &picks, exact_rows, err);
+    if (!st && picks != reps)
+        st = err_set(err, QWENRT_ERR_BACKEND, "cuda_lm_screen_pick: %lld picks counted, %d made", (long long)picks,
+                     (int)reps);
+    lm_screen_free(sc);
+    return st;
+}
+
+extern "C" qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w,
+                                             int32_t dtype, int32_t N, int32_t K, int32_t reps, int32_t *id,
+                                             int64_t *exact_rows, bool *built, struct qwenrt_error *err)
+{
+    *id = -1, *exact_rows = 0, *built = false;
+    const int64_t eb = dtype == QR_F32 ? 4 : 2, row_bytes = eb * K;
+    if (!h || !norm_w || !w || reps < 1 || !lm_screen_applies(dtype, N, K, row_bytes, (void *)16, (float *)16, (float *)16))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_pick: %d rows of %d of dtype %d, %d picks", (int)N,
+                       (int)K, (int)dtype, (int)reps);
+    uint8_t *d = NULL; /* h, norm_w (4 K each: 16-byte aligned as K % 32 == 0), the rows, the id */
+    cudaError_t e = cudaMalloc(&d, 8 * (size_t)K + (size_t)N * row_bytes + 16);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(d, h, 4 * (size_t)K, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(d + 4 * (size_t)K, norm_w, 4 * (size_t)K, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(d + 8 * (size_t)K, w, (size_t)N * row_bytes, cudaMemcpyHostToDevice);
+    qwenrt_status st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc, cudaMemcpy")
+                                        : screen_pick_run(d, eps, dtype, N, K, row_bytes, reps, id, exact_rows, built,
+                                                          err);
+    cudaFree(d);
+    return st;
+}
+
 extern "C" qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T,
                                          bool norm, int32_t kernel, bool pdl, int32_t reps, double *us,
                                          double *gbs, double *timeline, struct qwenrt_error *err)

@@ -685,6 +685,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     if (cs->gemm_ready)
         gemm_free(&cs->gemm);
     mk_free(cs->mk);
+    lm_screen_free(cs->screen);
     free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
     free_bufs(cs->dbufs);
     free_bufs(cs->bbufs);

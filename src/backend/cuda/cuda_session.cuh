@@ -15,6 +15,7 @@
 #define QWENRT_BACKEND_CUDA_SESSION_CUH
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/lm_screen.cuh"
 #include "backend/cuda/cuda_matmul.cuh"
 #include "backend/cuda/prefill_merge.h"
 #include "backend/cuda/megakernel.cuh"
@@ -201,6 +202,9 @@ struct cuda_session {
     bool gq_after_wait;       /* gemvq blocks start the next launch after their wait (same) */
     bool gq_int8;             /* gemvq's x in 8 bits (same) */
     struct argmax_scratch am; /* the greedy loop's argmax (opt.argmax_blocks) */
+    struct lm_screen *screen; /* the greedy loop's screened LM head (opt.lm_screen), made by its
+                               * first call (lm_screen_ready), or NULL */
+    bool screen_tried;        /* lm_screen_ready ran (screen NULL: the plain head serves) */
     unsigned long long *tl;   /* while cuda_session_timeline captures: [n_steps][TL_MAX_BLOCKS][TL_SLOTS] stamps */
     char mk_why[160];
 };
@@ -266,6 +270,12 @@ qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err);
 const double *rope_table(const struct cuda_session *cs, const struct plan_op *op);
 /* The context of the decode program's steps: one token, the session's decode buffers. */
 struct run_ctx decode_ctx(struct cuda_session *cs);
+/* The greedy loop's screened LM head (opt.lm_screen): made on the first call where it applies
+ * (cs->screen stays NULL where it does not, or where the device has no room for the copy:
+ * the plain head serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX then pick through it and
+ * leave the logits buffer unwritten, which enqueue_last_logits fills from the last hidden state. */
+qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err);
+qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *err);
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
 int32_t ld_of(const struct run_ctx *r, int32_t id);
 /* The session's choices of GEMV kernel and shape (options and picks) into a launch's args. */

@@ -289,6 +289,13 @@ int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs)
     return 0;
 }
 
+bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64_t *exact_rows)
+{
+    (void)cs;
+    *picks = *exact_rows = 0;
+    return false;
+}
+
 qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t id, int32_t pos, int32_t reps, char *report,
                                     size_t report_len, struct qwenrt_error *err)
 {
@@ -378,6 +385,15 @@ qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t bloc
 {
     (void)x, (void)n, (void)misalign, (void)blocks;
     *id = 0;
+    return not_built(err);
+}
+
+qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w, int32_t dtype,
+                                  int32_t N, int32_t K, int32_t reps, int32_t *id, int64_t *exact_rows, bool *built,
+                                  struct qwenrt_error *err)
+{
+    (void)h, (void)norm_w, (void)eps, (void)w, (void)dtype, (void)N, (void)K, (void)reps;
+    *id = -1, *exact_rows = 0, *built = false;
     return not_built(err);
 }
 

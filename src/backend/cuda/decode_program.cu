@@ -674,11 +674,11 @@ static bool step_omitted(const struct cuda_session *cs, const char *label)
     return false;
 }
 
-/* Enqueues one decode step (the program, or the plan op by op). */
-qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
+/* Enqueues the first n steps of the decode program. */
+static qwenrt_status enqueue_steps(struct cuda_session *cs, int32_t n, struct qwenrt_error *err)
 {
     struct run_ctx r = decode_ctx(cs);
-    for (int32_t i = 0; i < cs->n_steps; i++) {
+    for (int32_t i = 0; i < n; i++) {
         if (step_omitted(cs, step_label(r.p, &cs->steps[i])))
             continue;
         r.stamps = cs->tl ? cs->tl + (size_t)i * TL_MAX_BLOCKS * TL_SLOTS : NULL;
@@ -687,6 +687,62 @@ qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
             return st;
     }
     return QWENRT_OK;
+}
+
+/* Enqueues one decode step (the program, or the plan op by op). */
+qwenrt_status enqueue_decode(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    return enqueue_steps(cs, cs->n_steps, err);
+}
+
+/* ---- the greedy loop's screened LM head (lm_screen.cuh) ---- */
+
+/* The index of the program's last step when the screen can stand in for it and the argmax
+ * after it: the final norm and the LM head in one GEMV, over rows the screen takes; else -1
+ * (also while steps are left out for a measurement). */
+static int32_t screen_step(const struct cuda_session *cs, struct lm_screen_args *a)
+{
+    const struct plan *p = &cs->plans[PHASE_DECODE];
+    const struct dop *d = cs->dops[PHASE_DECODE];
+    if (cs->n_steps < 1 || (cs->opt.omit_steps && *cs->opt.omit_steps))
+        return -1;
+    const int32_t i = cs->n_steps - 1;
+    const struct step *st = &cs->steps[i];
+    if (st->kind != STEP_NORM_GEMV || st->n_mm != 1 || st->swiglu || p->ops[st->mm[0]].kind != OP_LOGITS)
+        return -1;
+    const struct plan_op *norm = &p->ops[st->op];
+    const struct dop *lm = &d[st->mm[0]];
+    memset(a, 0, sizeof(*a));
+    a->h = cs->dbufs[norm->in], a->norm_w = d[st->op].vec, a->eps = norm->eps;
+    a->w = lm->w, a->dtype = lm->dtype, a->row_bytes = lm->row_bytes;
+    a->ids = cs->d_ids, a->pos0 = cs->d_pos, a->out_ids = cs->d_out, a->step = cs->d_step;
+    a->pdl = cs->decode_pdl;
+    return lm->N == cs->n_vocab && lm_screen_applies(lm->dtype, lm->N, lm->K, lm->row_bytes, lm->w, a->h, a->norm_w)
+               ? i
+               : -1;
+}
+
+qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    (void)err;
+    if (cs->screen_tried)
+        return QWENRT_OK;
+    cs->screen_tried = true;
+    struct lm_screen_args a;
+    int32_t i = cs->opt.lm_screen && cs->opt.graph && !cs->mk ? screen_step(cs, &a) : -1;
+    if (i < 0)
+        return QWENRT_OK;
+    const struct dop *lm = &cs->dops[PHASE_DECODE][cs->steps[i].mm[0]];
+    struct qwenrt_error why;
+    if (lm_screen_build(lm->w, lm->dtype, lm->N, lm->K, lm->row_bytes, cs->stream, &cs->screen, &why))
+        cudaGetLastError(); /* no room for the copy (a GPU nearly full): the plain head serves */
+    return QWENRT_OK;
+}
+
+qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    struct run_ctx r = decode_ctx(cs);
+    return run_step(&r, &cs->steps[cs->n_steps - 1], err);
 }
 
 /* The attention variant for a graph launch of n decode steps from position pos: 1 (the
@@ -737,9 +793,13 @@ qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraph
     cudaGraph_t g = NULL;
     CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeThreadLocal));
     qwenrt_status st = QWENRT_OK;
+    struct lm_screen_args sa;
+    const bool screened = gen == GEN_ARGMAX && cs->screen && screen_step(cs, &sa) >= 0;
     for (int32_t k = 0; k < steps && !st; k++) {
-        st = enqueue_decode(cs, err);
-        cudaError_t e = !st && gen != GEN_NONE ? enqueue_pick(cs, (enum gen_mode)gen) : cudaSuccess;
+        st = enqueue_steps(cs, cs->n_steps - screened, err); /* the screen stands in for the LM head */
+        cudaError_t e = st || gen == GEN_NONE ? cudaSuccess
+                        : screened            ? launch_lm_screen(cs->screen, &sa, cs->stream)
+                                              : enqueue_pick(cs, (enum gen_mode)gen);
         if (e != cudaSuccess)
             st = cuda_fail(err, e, __FILE__, __LINE__, "the token's pick");
     }

@@ -20,6 +20,13 @@ extern "C" int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs
     return cs ? cs->gen_launches : 0;
 }
 
+extern "C" bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64_t *exact_rows)
+{
+    struct qwenrt_error err;
+    *picks = *exact_rows = 0;
+    return cs && cs->screen && lm_screen_counts(cs->screen, picks, exact_rows, &err) == QWENRT_OK;
+}
+
 /* Which kernel a decode attention step takes in the default graphs (those without the cluster
  * merge), as launch_attention chooses: attention_staged.cu's, attention_lanes.cu's or
  * attention_shared_kv.cu's. */

@@ -27,6 +27,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemm_cache = true;
     o.attn_tiled = true;
     o.gdn_par = true;
+    o.lm_screen = 1; /* docs/perf-log.md, session 56 */
     o.gdn_chunked = 0; /* FMA form: 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
     o.gemm_stack3 = true;
     o.gemm_merge = true;
@@ -289,6 +290,8 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
     if (o->gemvq_smem_kb < 0 || o->gemvq_smem_kb > GEMVQ_SMEM_KB_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_smem_kb %d (0: what the block needs, or up to %d)",
                        (int)o->gemvq_smem_kb, GEMVQ_SMEM_KB_LIMIT);
+    if (o->lm_screen < 0 || o->lm_screen > 1)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: lm_screen %d (0 or 1)", (int)o->lm_screen);
     if (o->argmax_blocks < 0 || o->argmax_blocks > ARGMAX_BLOCKS_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: argmax_blocks %d (0: %d, 1: one block, or up to %d)",
                        (int)o->argmax_blocks, ARGMAX_BLOCKS_DEFAULT, ARGMAX_BLOCKS_LIMIT);

@@ -337,6 +337,8 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
     qwenrt_status st = stage_inputs(cs, &id, 1, pos0, err);
     if (st)
         return st;
+    if (!cs->mk && (st = lm_screen_ready(cs, err)))
+        return st;
     CUDA_CHECK(cudaMemsetAsync(cs->d_step, 0, sizeof(int32_t), cs->stream));
     const int32_t k = cs->opt.gen_graph_steps > 1 ? cs->opt.gen_graph_steps : 1;
     int32_t every = readback_every > 0 ? readback_every : n, done = 0;
@@ -376,6 +378,8 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
             done = i + 1;
         }
     }
+    if (cs->screen && cs->opt.graph && !cs->mk && (st = enqueue_last_logits(cs, err)))
+        return st; /* the screened graphs left the logits unwritten */
     cs->last_row = cs->dbufs[p->buf_logits];
     cs->row_gen++;
     cs->mk_top_ready = false;

@@ -1,0 +1,454 @@
+/*
+ * lm_screen.cu — the greedy decode's LM head through an 8-bit copy, then the exact rows that
+ * can still win (the design and the bound: lm_screen.cuh).
+ *
+ * Three kernels:
+ *   build   once per session: the copy (int8 rows, an f16 scale per 32) and E, W;
+ *   screen  each token: every block normalises h and quantises x to 8 bits with a scale per 32
+ *           (the same bits in every block), then its warps take 4 rows at a time, 16 bytes
+ *           of each row a lane (dp4a), writing the approximate logits and the largest of them
+ *           (an atomicMax on order-preserving bits); block 0 also writes x and |x|^2, |x~ - x|^2;
+ *   pick    each token: the threshold max a - 2B, a scan of the approximate logits, the exact
+ *           dot product (a warp each) of every row at or over it, an atomicMax on (logit,
+ *           lowest index) keys; the last block to arrive writes the token as launch_argmax does
+ *           and zeroes the scratch for the next token.
+ */
+#include "backend/cuda/lm_screen.cuh"
+
+#include <math.h>
+
+extern "C" {
+#include "base/alloc.h"
+}
+
+#define SCR_THREADS 256
+#define SCR_WARPS (SCR_THREADS / 32)
+#define SCR_ROWS 4          /* rows a warp screens at once */
+#define PICK_BLOCKS 128
+#define BUILD_BLOCKS 1024
+
+/* Device scratch kept zeroed between tokens (amax, count, key) and the statistics. */
+struct scr_scratch {
+    float xx, xe;             /* |x|^2 and |x~ - x|^2 of the token (block 0 of the screen) */
+    unsigned amax;            /* order-preserving bits of the largest approximate logit, 0: none */
+    unsigned count;           /* the pick's arrivals */
+    unsigned long long key;   /* the best exact (logit, index) so far, 0: none */
+    unsigned long long picks; /* statistics: tokens picked, rows computed exactly */
+    unsigned long long rows;
+    unsigned e_bits, w_bits;  /* build: E and W as bits of non-negative floats */
+};
+
+struct lm_screen {
+    int8_t *q;       /* [N][K] */
+    __half *s;       /* [N][K / 32] */
+    float *approx;   /* [N] */
+    float *x;        /* [K] the token's normalised x (block 0 of the screen) */
+    struct scr_scratch *sc;
+    int32_t N, K, screen_blocks;
+    float E, W;
+};
+
+__device__ __forceinline__ unsigned ord_bits(float v)
+{
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float unord_bits(unsigned o)
+{
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+__device__ __forceinline__ float scr_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float scr_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* The block's sum of v (warp sums, then warp 0 adds them in order: the same bits in every
+ * block for the same inputs); every thread gets it. red: SCR_WARPS floats of shared memory. */
+__device__ float scr_block_sum(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = scr_warp_sum(v);
+    __syncthreads(); /* red may still be read by an earlier call */
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < SCR_WARPS; w++)
+        t += red[w];
+    return t;
+}
+
+/* Element k of a 16- or 32-bit row. */
+__device__ __forceinline__ float scr_elem(const uint8_t *row, int32_t dtype, int k)
+{
+    if (dtype == QR_F32)
+        return ((const float *)row)[k];
+    uint16_t u = ((const uint16_t *)row)[k];
+    return dtype == QR_BF16 ? bf16_bits_to_f32(u) : f16_bits_to_f32(u);
+}
+
+/* ---- build: a warp per row, a lane per block of 32 ---- */
+__global__ void __launch_bounds__(SCR_THREADS) lm_screen_build_kernel(const uint8_t *w, int32_t dtype, int64_t row_bytes,
+                                                                      int32_t N, int32_t K, int8_t *q, __half *s,
+                                                                      struct scr_scratch *sc, float gk)
+{
+    const int lane = threadIdx.x & 31, nb = K / 32;
+    const int64_t n_warps = (int64_t)gridDim.x * SCR_WARPS;
+    for (int64_t r = (int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5); r < N; r += n_warps) {
+        const uint8_t *row = w + r * row_bytes;
+        float se = 0.0f, sw = 0.0f, sq = 0.0f;
+        for (int b = lane; b < nb; b += 32) {
+            float v[32], m = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 32; k++)
+                v[k] = scr_elem(row, dtype, 32 * b + k), m = fmaxf(m, fabsf(v[k]));
+            __half sh = __float2half_rn(m / 127.0f);
+            float d = __half2float(sh);
+            uint32_t packed[8];
+#pragma unroll
+            for (int k = 0; k < 32; k++) {
+                float t = d > 0.0f ? fminf(fmaxf(rintf(v[k] / d), -127.0f), 127.0f) : 0.0f;
+                float e = d * t - v[k]; /* d * t is exact in f32 (11 + 8 bits) */
+                se += e * e, sw += v[k] * v[k], sq += (d * t) * (d * t);
+                int8_t qi = (int8_t)(int)t;
+                if (k % 4 == 0)
+                    packed[k / 4] = 0;
+                packed[k / 4] |= (uint32_t)(uint8_t)qi << (8 * (k % 4));
+            }
+            uint4 *dst = (uint4 *)(q + r * K + 32 * b);
+            dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+            s[r * nb + b] = sh;
+        }
+        se = scr_warp_sum(se), sw = scr_warp_sum(sw), sq = scr_warp_sum(sq);
+        if (lane == 0) {
+            /* non-negative floats order as their bits; NaN (any sign) orders above +Inf once
+             * made positive, so a NaN row shows in the maximum */
+            float eb = (sqrtf(se) + gk * sqrtf(sw)) * 1.001f, wb = sqrtf(sq) * 1.001f;
+            atomicMax(&sc->e_bits, __float_as_uint(eb) & 0x7fffffffu | (eb != eb ? 0x7fc00000u : 0u));
+            atomicMax(&sc->w_bits, __float_as_uint(wb) & 0x7fffffffu | (wb != wb ? 0x7fc00000u : 0u));
+        }
+    }
+}
+
+/* ---- screen ---- */
+struct screen_params {
+    const float *h, *norm_w;
+    float eps;
+    const int8_t *q;
+    const __half *s;
+    float *approx, *x;
+    struct scr_scratch *sc;
+    int32_t N, K;
+};
+
+/* Every block: x = h * (1 / rms) * norm_w, quantised per 32 into xq (int8) and xs (scales);
+ * block 0 writes x and the two norms. */
+__device__ void screen_stage(const struct screen_params &P, int8_t *xq, float *xs, float *red)
+{
+    const int K = P.K, nt = blockDim.x, lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < K; k += nt) {
+        float v = __ldcg(P.h + k);
+        ss += v * v;
+    }
+    ss = scr_block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)K + P.eps);
+    float xx = 0.0f, xe = 0.0f;
+    for (int k = threadIdx.x; k < K; k += nt) { /* nt % 32 == 0: a warp holds one block of 32 */
+        float x = __ldcg(P.h + k) * inv * __ldg(P.norm_w + k);
+        float m = scr_warp_max(fabsf(x)), d = m / 127.0f;
+        float t = d > 0.0f ? fminf(fmaxf(rintf(x / d), -127.0f), 127.0f) : 0.0f;
+        float e = x - d * t;
+        xx += x * x, xe += e * e;
+        xq[k] = (int8_t)(int)t;
+        if (lane == 0)
+            xs[k / 32] = d;
+        if (blockIdx.x == 0)
+            P.x[k] = x;
+    }
+    xx = scr_block_sum(xx, red);
+    xe = scr_block_sum(xe, red);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        P.sc->xx = xx, P.sc->xe = xe;
+    __syncthreads();
+}
+
+__device__ __forceinline__ int dp4a16(uint4 a, uint4 b)
+{
+    int t = __dp4a((int)a.x, (int)b.x, 0);
+    t = __dp4a((int)a.y, (int)b.y, t);
+    t = __dp4a((int)a.z, (int)b.z, t);
+    return __dp4a((int)a.w, (int)b.w, t);
+}
+
+/* Rows r0 .. r0 + SCR_ROWS - 1: each lane takes 16-byte chunks lane and lane + 32 of each pass
+ * of 1,024 columns (the scale of chunk c is block c / 2's, fetched once a pass by lane b and
+ * handed round); the approximate logits go to approx, their largest to *best. */
+__device__ __forceinline__ void screen_rows(const struct screen_params &P, int64_t r0, const int8_t *xq,
+                                            const float *xs, float &best)
+{
+    const int K = P.K, lane = threadIdx.x & 31, nc = K / 16, nb = K / 32;
+    float acc[SCR_ROWS];
+#pragma unroll
+    for (int r = 0; r < SCR_ROWS; r++)
+        acc[r] = 0.0f;
+    for (int p = 0; p < K; p += 1024) {
+        const int c0 = p / 16 + lane, c1 = c0 + 32, b = p / 32 + lane;
+        uint4 q0[SCR_ROWS], q1[SCR_ROWS];
+        float d[SCR_ROWS];
+#pragma unroll
+        for (int r = 0; r < SCR_ROWS; r++) {
+            const bool ok = r0 + r < P.N;
+            const uint4 *row = (const uint4 *)(P.q + (r0 + r) * K);
+            q0[r] = ok && c0 < nc ? __ldcs(row + c0) : make_uint4(0, 0, 0, 0);
+            q1[r] = ok && c1 < nc ? __ldcs(row + c1) : make_uint4(0, 0, 0, 0);
+            d[r] = ok && b < nb ? __half2float(P.s[(r0 + r) * nb + b]) : 0.0f;
+        }
+        const uint4 x0 = c0 < nc ? ((const uint4 *)xq)[c0] : make_uint4(0, 0, 0, 0);
+        const uint4 x1 = c1 < nc ? ((const uint4 *)xq)[c1] : make_uint4(0, 0, 0, 0);
+        const float s0 = c0 < nc ? xs[c0 / 2] : 0.0f, s1 = c1 < nc ? xs[c1 / 2] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < SCR_ROWS; r++) {
+            float d0 = __shfl_sync(0xffffffffu, d[r], lane / 2), d1 = __shfl_sync(0xffffffffu, d[r], 16 + lane / 2);
+            acc[r] += (float)dp4a16(q0[r], x0) * (d0 * s0) + (float)dp4a16(q1[r], x1) * (d1 * s1);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < SCR_ROWS; r++) {
+        float v = scr_warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < P.N) {
+            P.approx[r0 + r] = v;
+            if (v > best) /* NaN never wins */
+                best = v;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(SCR_THREADS) lm_screen_kernel(struct screen_params P)
+{
+    extern __shared__ __align__(16) unsigned char scr_smem[];
+    __shared__ float red[SCR_WARPS];
+    int8_t *xq = (int8_t *)scr_smem;
+    float *xs = (float *)(scr_smem + ((P.K + 15) & ~15));
+    griddep_launch();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t first = ((int64_t)blockIdx.x * SCR_WARPS + warp) * SCR_ROWS;
+    const int64_t stride = (int64_t)gridDim.x * SCR_WARPS * SCR_ROWS;
+    /* the copy is never written: its first rows may be asked for before the wait */
+    for (int r = 0; r < SCR_ROWS && first + r < P.N; r++)
+        for (int c = lane; c < P.K / 16; c += 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(P.q + (first + r) * P.K + 16 * c));
+    griddep_wait();
+    screen_stage(P, xq, xs, red);
+    float best = -INFINITY;
+    for (int64_t r0 = first; r0 < P.N; r0 += stride)
+        screen_rows(P, r0, xq, xs, best);
+    if (lane == 0 && best > -INFINITY)
+        atomicMax(&P.sc->amax, ord_bits(best));
+}
+
+/* ---- pick ---- */
+struct pick_params {
+    const float *approx, *x;
+    const uint8_t *w;
+    int32_t dtype;
+    int64_t row_bytes;
+    struct scr_scratch *sc;
+    int32_t N, K;
+    float E, W, gp;
+    int32_t *ids, *pos0, *out_ids, *step;
+};
+
+/* The exact logit of row j (the warp's f32 sums over the 16- or 32-bit row and x). */
+__device__ float exact_logit(const struct pick_params &P, int64_t j)
+{
+    const int lane = threadIdx.x & 31;
+    const uint8_t *row = P.w + j * P.row_bytes;
+    float acc = 0.0f;
+    if (P.dtype == QR_F32) {
+        for (int k = 4 * lane; k < P.K; k += 128) {
+            float4 w = __ldg((const float4 *)(row + 4 * (int64_t)k)), x = __ldcg((const float4 *)(P.x + k));
+            acc += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+        }
+    } else {
+        for (int k = 8 * lane; k < P.K; k += 256) {
+            uint4 raw = __ldg((const uint4 *)(row + 2 * (int64_t)k));
+            float4 x0 = __ldcg((const float4 *)(P.x + k)), x1 = __ldcg((const float4 *)(P.x + k + 4));
+            const uint16_t *u = (const uint16_t *)&raw;
+            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc += (P.dtype == QR_BF16 ? bf16_bits_to_f32(u[e]) : f16_bits_to_f32(u[e])) * xv[e];
+        }
+    }
+    return scr_warp_sum(acc);
+}
+
+__global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
+{
+    __shared__ float s_thr;
+    __shared__ bool s_last;
+    griddep_launch();
+    griddep_wait();
+    struct scr_scratch *sc = P.sc;
+    if (threadIdx.x == 0) {
+        float nx = sqrtf(__ldcg(&sc->xx)) * 1.001f, ne = sqrtf(__ldcg(&sc->xe)) * 1.001f;
+        float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
+        float am = unord_bits(__ldcg(&sc->amax)); /* NaN when no row had a number */
+        float thr = am - 2.0f * B;
+        s_thr = thr - 1e-6f * (fabsf(am) + 2.0f * B); /* the subtraction's rounding */
+    }
+    __syncthreads();
+    const float thr = s_thr; /* NaN: every row is read exactly */
+    const int lane = threadIdx.x & 31;
+    const int64_t step = (int64_t)gridDim.x * SCR_WARPS * 32;
+    unsigned long long n_rows = 0;
+    for (int64_t base = ((int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5)) * 32; base < P.N; base += step) {
+        const int64_t i = base + lane;
+        const bool cand = i < P.N && !(__ldcg(P.approx + i) < thr);
+        for (unsigned m = __ballot_sync(0xffffffffu, cand); m; m &= m - 1) {
+            const int64_t j = base + __ffs(m) - 1;
+            float v = exact_logit(P, j);
+            n_rows++;
+            if (lane == 0 && v == v) /* (logit, lowest index) as one ordered key */
+                atomicMax(&sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
+        }
+    }
+    if (lane == 0 && n_rows)
+        atomicAdd(&sc->rows, n_rows);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        s_last = atomicAdd(&sc->count, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last || threadIdx.x != 0)
+        return;
+    __threadfence();
+    unsigned long long key = atomicAdd(&sc->key, 0ull);
+    int32_t id = key ? (int32_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0; /* all NaN: 0, as argmax */
+    P.ids[0] = id;
+    if (P.step) {
+        P.out_ids[*P.step] = id;
+        (*P.step)++;
+        (*P.pos0)++;
+    }
+    sc->key = 0, sc->amax = 0, sc->count = 0; /* ready for the next token */
+    sc->picks++;
+}
+
+/* ---- host ---- */
+
+bool lm_screen_applies(int32_t dtype, int32_t N, int32_t K, int64_t row_bytes, const void *w, const float *h,
+                       const float *norm_w)
+{
+    int64_t eb = dtype == QR_F32 ? 4 : dtype == QR_F16 || dtype == QR_BF16 ? 2 : 0;
+    return eb && N > 0 && K >= 32 && K % 32 == 0 && K <= LM_SCREEN_MAX_K && row_bytes == eb * K &&
+           (uintptr_t)w % 16 == 0 && (uintptr_t)h % 16 == 0 && norm_w != NULL;
+}
+
+void lm_screen_free(struct lm_screen *sc)
+{
+    if (!sc)
+        return;
+    cudaFree(sc->q), cudaFree(sc->s), cudaFree(sc->approx), cudaFree(sc->x), cudaFree(sc->sc);
+    xfree(sc);
+}
+
+static size_t screen_smem(int32_t K)
+{
+    return (size_t)((K + 15) & ~15) + (size_t)(K / 32) * sizeof(float);
+}
+
+qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
+                              cudaStream_t s, struct lm_screen **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    struct lm_screen *sc = (struct lm_screen *)xcalloc(1, sizeof(*sc));
+    if (!sc)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    sc->N = N, sc->K = K;
+    cudaError_t e = cudaMalloc(&sc->q, (size_t)N * K);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->s, (size_t)N * (K / 32) * sizeof(__half));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->approx, (size_t)N * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->x, (size_t)K * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->sc, sizeof(*sc->sc));
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(sc->sc, 0, sizeof(*sc->sc), s);
+    const float gk = (float)K * 0x1p-24f * 1.01f;
+    if (e == cudaSuccess) {
+        lm_screen_build_kernel<<<BUILD_BLOCKS, SCR_THREADS, 0, s>>>((const uint8_t *)w, dtype, row_bytes, N, K,
+                                                                    sc->q, sc->s, sc->sc, gk);
+        e = cudaGetLastError();
+    }
+    struct scr_scratch host;
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(&host, sc->sc, sizeof(host), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    int dev = 0, n_sm = 0, per_sm = 0;
+    if (e == cudaSuccess)
+        e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lm_screen_kernel, SCR_THREADS, screen_smem(K));
+    if (e != cudaSuccess) {
+        lm_screen_free(sc);
+        return cuda_fail(err, e, __FILE__, __LINE__, "the LM head's 8-bit copy");
+    }
+    memcpy(&sc->E, &host.e_bits, sizeof(float));
+    memcpy(&sc->W, &host.w_bits, sizeof(float));
+    sc->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
+    if (!isfinite(sc->E) || !isfinite(sc->W)) {
+        lm_screen_free(sc);
+        return QWENRT_OK;
+    }
+    *out = sc;
+    return QWENRT_OK;
+}
+
+cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s)
+{
+    struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->sc, sc->N, sc->K};
+    cudaError_t e = launch_k(a->pdl, lm_screen_kernel, dim3(sc->screen_blocks), dim3(SCR_THREADS),
+                             screen_smem(sc->K), s, sp);
+    if (e != cudaSuccess)
+        return e;
+    struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, sc->N, sc->K,
+                             sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
+                             a->ids, a->pos0, a->out_ids, a->step};
+    return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS), 0, s, pp);
+}
+
+qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows, struct qwenrt_error *err)
+{
+    struct scr_scratch host;
+    CUDA_CHECK(cudaMemcpy(&host, sc->sc, sizeof(host), cudaMemcpyDeviceToHost));
+    *picks = (int64_t)host.picks, *rows = (int64_t)host.rows;
+    return QWENRT_OK;
+}
+
+void lm_screen_constants(const struct lm_screen *sc, float *E, float *W, int64_t *bytes)
+{
+    *E = sc->E, *W = sc->W;
+    *bytes = (int64_t)sc->N * sc->K + (int64_t)sc->N * (sc->K / 32) * 2;
+}

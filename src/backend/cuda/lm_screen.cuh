@@ -1,0 +1,66 @@
+/*
+ * lm_screen.cuh — the greedy decode's LM head read through an 8-bit copy (lm_screen.cu).
+ *
+ * A greedy step needs the argmax of the logits, not the logits. For a 16-bit LM head (Qwen3-0.6B
+ * BF16: 311 MB a token; Qwen3.5-0.8B BF16: 508 MB, a fifth of its token) the screen reads an
+ * 8-bit copy instead (Q8_0's blocks of 32 with an f16 scale, the activations in 8 bits too),
+ * which gives every row an approximate logit a_j with a proven bound |a_j - l_j| <= B on its
+ * distance from the exact one l_j. Only the rows with a_j >= max a - 2B can hold the exact
+ * argmax; their exact logits (the 16-bit rows, f32 sums) are computed and the largest wins, ties
+ * to the lowest index as launch_argmax. The token is the argmax of exact logits, whatever the
+ * bound lets through: a loose bound costs time (more rows read exactly), never the answer.
+ *
+ * The bound, per token, with x the normalised activation and x~ its 8-bit form:
+ *   B = |x| * E + (|x~ - x| + g' * |x~|) * W
+ *   E = max_j (|e_j| + g_K * |w_j|), e_j = s q_j - w_j the copy's error on row j
+ *   W = max_j |s q_j|, g_K = K * 2^-24 and g' = (K / 32 + 8) * 2^-24 (the f32 sums' rounding)
+ * (Cauchy-Schwarz on each of the three parts of a_j - l_j), each term rounded up by 0.1%.
+ * E and W are measured once when the copy is made; |x| and |x~ - x| each token.
+ */
+#ifndef QWENRT_BACKEND_CUDA_LM_SCREEN_CUH
+#define QWENRT_BACKEND_CUDA_LM_SCREEN_CUH
+
+#include "backend/cuda/cuda_internal.cuh"
+
+#define LM_SCREEN_MAX_K 8192 /* columns the staging's shared memory holds */
+
+struct lm_screen;
+
+/* The LM head step's device arguments: its input (the residual, normalised here as the fused
+ * norm + GEMV does: x * (1 / rms) * norm_w), the exact rows, and the greedy loop's outputs
+ * (as launch_argmax: ids[0] the token; with step, out_ids[*step] too, then *step and *pos0
+ * advance). */
+struct lm_screen_args {
+    const float *h;
+    const float *norm_w;
+    float eps;
+    const void *w; /* [N] rows of row_bytes, dtype QR_F32, QR_F16 or QR_BF16 */
+    int32_t dtype;
+    int64_t row_bytes;
+    int32_t *ids, *pos0, *out_ids, *step;
+    bool pdl;
+};
+
+/* Whether the screen takes an LM head of N rows of K elements of dtype (dense 16- or 32-bit
+ * rows at w, K a multiple of 32 up to LM_SCREEN_MAX_K) reading the activation h. */
+bool lm_screen_applies(int32_t dtype, int32_t N, int32_t K, int64_t row_bytes, const void *w, const float *h,
+                       const float *norm_w);
+
+/* Makes the 8-bit copy of the rows at w on the device and measures E and W. *out is NULL
+ * (with QWENRT_OK) when the bound is not finite (rows with Inf or NaN, or beyond f16's range):
+ * the plain LM head then serves. */
+qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
+                              cudaStream_t s, struct lm_screen **out, struct qwenrt_error *err);
+void lm_screen_free(struct lm_screen *sc);
+
+/* One greedy pick: two launches (the screen over the copy, then the exact rows and the pick). */
+cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s);
+
+/* Picks made and rows computed exactly since the copy was made (one synchronous copy). */
+qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows,
+                               struct qwenrt_error *err);
+
+/* The bound's constants E and W (see above), and the copy's bytes. */
+void lm_screen_constants(const struct lm_screen *sc, float *E, float *W, int64_t *bytes);
+
+#endif
