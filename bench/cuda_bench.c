@@ -17,7 +17,7 @@
  *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved;
  *              each timed run after an untimed prompt of --depth tokens)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
- *              [--no-validate] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
+ *              [--no-validate] [--keep-layer-types] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
  *
  * 0. The SM clock, at the start and at the end (cuda_sm_clock): where it is held down (under 70%
@@ -1230,6 +1230,7 @@ static int take_int_option(const struct int_option *opts, size_t n, int argc, ch
 int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
+    bool keep_layer_types = false; /* qwenrt_model_params.keep_layer_types */
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, pick = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     int32_t gdn_chunked = 0, prefill_all = 0, gdn_scan_warps = 0;
     const char *tg_variant = NULL;
@@ -1266,6 +1267,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) tokenizer = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--no-validate")) no_validate = 1;
+        else if (!strcmp(argv[i], "--keep-layer-types")) keep_layer_types = true;
         else if (!strcmp(argv[i], "--no-merge")) no_merge = 1; /* prefill products one by one */
         else if (!strcmp(argv[i], "--gemv")) gemv = 1;
         else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
@@ -1301,7 +1303,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1374,6 +1376,7 @@ int main(int argc, char **argv)
     struct qwenrt_model *m = NULL;
     struct qwenrt_model_params mp = qwenrt_model_default_params();
     mp.backend = "cuda";
+    mp.keep_layer_types = keep_layer_types;
     if (qwenrt_model_load(path, &mp, &m, &err)) {
         fprintf(stderr, "load: %s\n", err.message);
         return 1;

@@ -54,6 +54,10 @@ struct qwenrt_model;
 struct qwenrt_model_params {
     int n_threads;       /* CPU threads for kernels; 0 = all available cores */
     const char *backend; /* "cpu" (default when NULL) or "cuda" */
+    bool keep_layer_types; /* where the backend converts some of a file's layer matrices to F16
+                          * (Q5_K_M's Q5_K on "cuda"), the load converts its other block-quantised
+                          * layer matrices too (Q5_K_M's Q6_K: layers of one kind decode faster);
+                          * true keeps those as stored (less memory, a slower decode) */
 };
 
 struct qwenrt_model_params qwenrt_model_default_params(void);

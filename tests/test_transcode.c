@@ -197,15 +197,16 @@ static int count_dtype(const struct qwenrt_model *m, enum qr_dtype t)
 }
 
 /* Matrix by matrix: those of type `from` in the plain load are copies of type `to` with the same
- * name and shape in the transcoded one; every other keeps its type and bytes. */
+ * name and shape in the transcoded one, and so are the layer matrices (not the embedding) of
+ * type `with_layers` (QR_DTYPE_INVALID: none); every other keeps its type and bytes. */
 static void assert_only_from_transcoded(const struct qwenrt_model *plain, const struct qwenrt_model *tc,
-                                        enum qr_dtype from, enum qr_dtype to)
+                                        enum qr_dtype from, enum qr_dtype to, enum qr_dtype with_layers)
 {
     const struct qr_tensor *a[1 + 16 * QR_MAX_LAYERS], *b[1 + 16 * QR_MAX_LAYERS];
     int n = matrices(plain, a);
     assert_int_equal(matrices(tc, b), n);
     for (int i = 0; i < n; i++) {
-        if (a[i]->dtype != from) {
+        if (a[i]->dtype != from && (i == 0 || a[i]->dtype != with_layers)) {
             assert_int_equal(b[i]->dtype, a[i]->dtype);
             assert_int_equal(b[i]->nbytes, a[i]->nbytes);
             assert_memory_equal(b[i]->data, a[i]->data, a[i]->nbytes);
@@ -224,7 +225,7 @@ static void assert_only_from_transcoded(const struct qwenrt_model *plain, const 
  * product on its .exact kernel, so that only the weights differ): returns the logits' relative
  * difference; *moved / *kept count the refused type's matrices after each load. */
 static double compare_loads(const char *path, bool (*refuse)(int32_t), enum qr_dtype from,
-                            enum qr_dtype to, bool f32_x, int *moved, int *kept)
+                            enum qr_dtype to, enum qr_dtype with_layers, bool f32_x, int *moved, int *kept)
 {
     struct qwenrt_error err = {0};
     struct qwenrt_model *plain = NULL, *tc = NULL;
@@ -235,7 +236,7 @@ static double compare_loads(const char *path, bool (*refuse)(int32_t), enum qr_d
         test_bind_f32_x(plain);
         test_bind_f32_x(tc);
     }
-    assert_only_from_transcoded(plain, tc, from, to);
+    assert_only_from_transcoded(plain, tc, from, to, with_layers);
     *kept = count_dtype(plain, from);
     *moved = count_dtype(tc, to) - count_dtype(plain, to);
     struct qwenrt_model_info ip, it;
@@ -245,7 +246,10 @@ static double compare_loads(const char *path, bool (*refuse)(int32_t), enum qr_d
     assert_int_equal(it.n_converted, *moved);
     assert_int_equal(count_dtype(tc, from), 0);
     assert_ptr_equal(tc->w.output, tc->w.tok_embd); /* tied: one copy */
-    assert_true(tc->weight_bytes > plain->weight_bytes); /* the copies are larger */
+    if (*moved > 0)
+        assert_true(tc->weight_bytes > plain->weight_bytes); /* the copies are larger */
+    else
+        assert_int_equal(tc->weight_bytes, plain->weight_bytes);
     const int32_t T = 6;
     float *a = prompt_logits(plain, T), *b = prompt_logits(tc, T);
     double e = rel_err(b, a, (size_t)T * (size_t)plain->hp.n_vocab);
@@ -265,7 +269,7 @@ static void test_q4_0_model_as_q8_0(void **st)
         char path[256];
         int moved, kept;
         synth_model(archs[a], EXPORT_Q4_0, false, path, sizeof(path));
-        double e = compare_loads(path, refuse_q4_0, QR_Q4_0, QR_Q8_0, false, &moved, &kept);
+        double e = compare_loads(path, refuse_q4_0, QR_Q4_0, QR_Q8_0, QR_DTYPE_INVALID, false, &moved, &kept);
         printf("%s q4_0 -> q8_0: %d of %d matrices, logits rel diff %.3g\n", archs[a], moved, kept, e);
         assert_true(kept > 0);
         assert_int_equal(moved, kept);
@@ -273,22 +277,42 @@ static void test_q4_0_model_as_q8_0(void **st)
     }
 }
 
-/* Q5_K_M as F16 for its Q5_K matrices (its Q6_K ones stay), both loads' quantised products
- * with x in f32: each weight moves by at most 2^-11 relative (test_others_as_f16_nearest), the
- * logits by ~1e-3 as f16 files do (test_gguf_model); a wrong layout or element order moves
- * them by O(1). (With the fast kernels the plain load rounds x to 8 bits: 2.5e-2.) */
+/* Q5_K_M as F16 for its Q5_K matrices and, with them, its Q6_K layer matrices (uniform
+ * layers; the embedding keeps Q6_K), both loads' quantised products with x in f32: each weight
+ * moves by at most 2^-11 relative (test_others_as_f16_nearest), the logits by ~1e-3 as f16
+ * files do (test_gguf_model); a wrong layout or element order moves them by O(1). (With the
+ * fast kernels the plain load rounds x to 8 bits: 2.5e-2.) With keep_layer_types the Q6_K
+ * layer matrices stay; a Q4_K_M file, where nothing becomes F16, keeps every matrix as it is. */
 static void test_q5_k_model_as_f16(void **st)
 {
     (void)st;
     char path[256];
     int moved, kept;
     synth_model("qwen3-tiny", EXPORT_Q5_K_M, true, path, sizeof(path));
-    double e = compare_loads(path, refuse_q5_k, QR_Q5_K, QR_F16, true, &moved, &kept);
-    printf("qwen3-tiny (256 wide) q5_k_m -> f16: %d of %d Q5_K matrices, logits rel diff %.3g\n", moved,
-           kept, e);
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *plain = NULL;
+    assert_int_equal(qwenrt_model_load(path, NULL, &plain, &err), QWENRT_OK);
+    int q6_layers = count_dtype(plain, QR_Q6_K) - (plain->w.tok_embd->dtype == QR_Q6_K);
+    qwenrt_model_free(plain);
+    double e = compare_loads(path, refuse_q5_k, QR_Q5_K, QR_F16, QR_Q6_K, true, &moved, &kept);
+    printf("qwen3-tiny (256 wide) q5_k_m -> f16: %d of %d Q5_K matrices and %d Q6_K layer matrices, logits rel "
+           "diff %.3g\n", kept, kept, q6_layers, e);
     assert_true(kept > 0);
-    assert_int_equal(moved, kept);
+    assert_true(q6_layers > 0);
+    assert_int_equal(moved, kept + q6_layers);
     assert_true(e <= 5e-3);
+    /* with keep_layer_types the Q6_K layer matrices stay */
+    struct qwenrt_model_params keep = qwenrt_model_default_params();
+    keep.keep_layer_types = true;
+    struct qwenrt_model *tc = NULL;
+    assert_int_equal(model_load_for(path, &keep, refuse_q5_k, &tc, &err), QWENRT_OK);
+    assert_int_equal(count_dtype(tc, QR_Q6_K), q6_layers + (tc->w.tok_embd->dtype == QR_Q6_K));
+    assert_int_equal(count_dtype(tc, QR_Q5_K), 0);
+    qwenrt_model_free(tc);
+    synth_model("qwen3-tiny", EXPORT_Q4_K_M, true, path, sizeof(path));
+    compare_loads(path, refuse_q5_k, QR_Q5_K, QR_F16, QR_DTYPE_INVALID, true, &moved, &kept); /* all kept */
+    assert_int_equal(kept, 0);
+    assert_int_equal(moved, 0);
 }
 
 /* Failing each allocation of a transcoding load in turn: an error (no crash, no leak), until

@@ -95,6 +95,8 @@ struct qwenrt_model {
      * as its transcoded copy (quant/transcode.h), made once per file tensor. */
     bool (*weight_dtype_ok)(int32_t dtype);
     struct transcoded_tensor *transcoded; /* those copies (a list) */
+    bool layers_f16;                  /* some layer matrix is converted to F16, so every
+                                       * block-quantised one is (model_load_for) */
     struct plan plans[2];             /* [PHASE_PREFILL], [PHASE_DECODE] */
     struct model_cuda_tuning cuda_tuning; /* from the profile the model was bound under */
     struct model_device_weights device_weights; /* its sessions' copy on the GPU */
@@ -105,7 +107,10 @@ struct qwenrt_model {
 
 /* qwenrt_model_load with the stored weight types the backend computes with given: a matrix
  * whose type weight_dtype_ok refuses is bound as a copy in transcode_target's type (Q4_0, Q5_0
- * and IQ4_NL as Q8_0, Q3_K as Q6_K, exactly; others as F16). weight_dtype_ok NULL: the backend's own
+ * and IQ4_NL as Q8_0, Q3_K as Q6_K, exactly; others as F16). Where that makes some layer
+ * matrix F16, every block-quantised layer matrix whose target is F16 is converted too (Q5_K_M
+ * on the GPU: its Q6_K layer matrices with its Q5_K ones; the embedding keeps its type), unless
+ * params->keep_layer_types. weight_dtype_ok NULL: the backend's own
  * (cuda_weight_dtype_supported, cpu_weight_dtype_supported). Tests pass their own. */
 qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params *params,
                              bool (*weight_dtype_ok)(int32_t dtype), struct qwenrt_model **out,

@@ -131,6 +131,31 @@ static qwenrt_status bind_transcoded(struct qwenrt_model *m, const struct qr_ten
     return QWENRT_OK;
 }
 
+/* A block-quantised layer matrix ("blk.N.*", not F32, F16 or BF16) that the backend keeps
+ * but that becomes F16 when m->layers_f16 (model_load_for). */
+static bool goes_f16_with_layers(const struct qwenrt_model *m, const char *gguf_name, enum qr_dtype t)
+{
+    return m->layers_f16 && !strncmp(gguf_name, "blk.", 4) && t != QR_F32 && t != QR_F16 && t != QR_BF16 &&
+           transcode_target(t) == QR_F16;
+}
+
+/* Whether the backend converts some layer matrix of the file to F16 (Q5_K_M on the GPU: its
+ * Q5_K ones). The layers would then mix F16 with the block-quantised matrices the backend
+ * keeps (Q5_K_M's Q6_K), and a decode step of one kind of layer matrix is faster than the mix
+ * (docs/perf-log.md, session 56): the load converts those to F16 as well. */
+static bool layers_partly_f16(const struct qwenrt_model *m)
+{
+    if (m->format != MODEL_FORMAT_GGUF || !m->weight_dtype_ok)
+        return false;
+    for (int64_t i = 0; i < m->gguf.n_tensors; i++) {
+        const struct qr_tensor *t = &m->gguf.tensors[i];
+        if (!strncmp(t->name, "blk.", 4) && t->n_dims >= 2 && !m->weight_dtype_ok(t->dtype) &&
+            transcode_target(t->dtype) == QR_F16)
+            return true;
+    }
+    return false;
+}
+
 qwenrt_status model_bind_matrix(struct qwenrt_model *m, const struct qr_tensor **out, int64_t ne0,
                                 int64_t ne1, bool required, struct qwenrt_error *err,
                                 const char *fmt, ...)
@@ -155,7 +180,7 @@ qwenrt_status model_bind_matrix(struct qwenrt_model *m, const struct qr_tensor *
     if (!quant_can_dequantize(t->dtype))
         return err_set(err, QWENRT_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, which qwenrt cannot compute with",
                        m->path, fn, dtype_traits(t->dtype) ? dtype_traits(t->dtype)->name : "unknown");
-    if (m->weight_dtype_ok && !m->weight_dtype_ok(t->dtype))
+    if ((m->weight_dtype_ok && !m->weight_dtype_ok(t->dtype)) || goes_f16_with_layers(m, name, t->dtype))
         return bind_transcoded(m, t, fn, out, err);
     *out = t;
     return QWENRT_OK;
@@ -414,8 +439,10 @@ qwenrt_status model_load_for(const char *path, const struct qwenrt_model_params 
         if (!m->w.layers)
             st = err_set(err, QWENRT_ERR_NOMEM, "%s: out of memory", path);
     }
-    if (!st)
+    if (!st) {
+        m->layers_f16 = !params->keep_layer_types && layers_partly_f16(m);
         st = m->hp.arch == ARCH_QWEN35 ? qwen35_load_weights(m, err) : qwen3_load_weights(m, err);
+    }
     for (int ph = 0; ph < 2 && !st; ph++) {
         if (!plan_init(&m->plans[ph], (enum plan_phase)ph))
             st = err_set(err, QWENRT_ERR_NOMEM, "%s: out of memory", path);
