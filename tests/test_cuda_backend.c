@@ -1186,9 +1186,10 @@ static void check_gemv_smem_kind_minimum(void)
 
 /* Which decode plans launch with PDL by their weights alone (session_options.cu's
  * decode_pdl_applies; host code, so CI checks it): 16-bit layers, and 16-bit layers with
- * quantised matrices among them (a Q5_K_M file loaded for CUDA: Q5_K converted to F16, Q6_K
- * kept); not quantised layers alone (gemvq picks its own) nor F32 ones. */
-static void check_pdl_rule(enum export_type type, bool for_cuda, bool want)
+ * quantised matrices among them (a Q5_K_M file loaded for CUDA with keep_layer_types: Q5_K
+ * converted to F16, Q6_K kept; without it every layer matrix is F16); not quantised layers
+ * alone (gemvq picks its own) nor F32 ones. */
+static void check_pdl_rule(enum export_type type, bool for_cuda, bool keep, bool want)
 {
     struct qwenrt_error err = {0};
     char path[256];
@@ -1196,7 +1197,9 @@ static void check_pdl_rule(enum export_type type, bool for_cuda, bool want)
     if (for_cuda) {
         qwenrt_model_free(m);
         m = NULL;
-        if (model_load_for(path, NULL, cuda_weight_dtype_supported, &m, &err))
+        struct qwenrt_model_params mp = qwenrt_model_default_params();
+        mp.keep_layer_types = keep;
+        if (model_load_for(path, &mp, cuda_weight_dtype_supported, &m, &err))
             fail_msg("load %s for CUDA: %s", export_type_name(type), err.message);
     }
     const struct plan *p = &m->plans[PHASE_DECODE];
@@ -1207,8 +1210,9 @@ static void check_pdl_rule(enum export_type type, bool for_cuda, bool want)
             n16 += dt == QR_BF16 || dt == QR_F16;
             nq += !dtype_is_float(dt);
         }
-    if (type == EXPORT_Q5_K_M && for_cuda && (n16 == 0 || nq == 0))
-        fail_msg("Q5_K_M for CUDA: %d 16-bit and %d quantised layer matrices, want both", n16, nq);
+    if (type == EXPORT_Q5_K_M && for_cuda && (n16 == 0 || (nq == 0) == keep))
+        fail_msg("Q5_K_M for CUDA%s: %d 16-bit and %d quantised layer matrices, want %s", keep ? " (kept)" : "", n16,
+                 nq, keep ? "both" : "16-bit only");
     bool got = cuda_decode_plan_takes_pdl(p);
     if (got != (want && cuda_backend_compiled()))
         fail_msg("%s%s: PDL %d, want %d", export_type_name(type), for_cuda ? " (for CUDA)" : "", got, want);
@@ -1219,13 +1223,14 @@ static void check_pdl_rule(enum export_type type, bool for_cuda, bool want)
 static void test_decode_pdl_rule(void **st)
 {
     (void)st;
-    check_pdl_rule(EXPORT_BF16, false, true);
-    check_pdl_rule(EXPORT_F16, false, true);
-    check_pdl_rule(EXPORT_Q5_K_M, true, true);
-    check_pdl_rule(EXPORT_Q5_K_M, false, false);
-    check_pdl_rule(EXPORT_Q4_K_M, false, false);
-    check_pdl_rule(EXPORT_Q8_0, false, false);
-    check_pdl_rule(EXPORT_F32, false, false);
+    check_pdl_rule(EXPORT_BF16, false, false, true);
+    check_pdl_rule(EXPORT_F16, false, false, true);
+    check_pdl_rule(EXPORT_Q5_K_M, true, true, true);
+    check_pdl_rule(EXPORT_Q5_K_M, true, false, true);
+    check_pdl_rule(EXPORT_Q5_K_M, false, false, false);
+    check_pdl_rule(EXPORT_Q4_K_M, false, false, false);
+    check_pdl_rule(EXPORT_Q8_0, false, false, false);
+    check_pdl_rule(EXPORT_F32, false, false, false);
 }
 
 static void test_gemv_shape_choices(void **st)

@@ -441,7 +441,8 @@ static void test_generate_graph_steps(void **st)
  * the whole head and the argmax: both fixtures' synth models (Qwen3's also at the real width,
  * 1,024), BF16 and F32 heads, 40 tokens read back every 16 in graphs of 8 and single steps:
  * the same ids, and the same last logits bit for bit (the screened graphs leave the logits
- * unwritten; the loop fills them from the last hidden state with the plain step). The screen
+ * unwritten; the loop fills them from the last hidden state with the plain step); then the
+ * sampled loop, top_k 20 and 1, 20 tokens each: the same draws and last logits. The screen
  * counts one pick per token and reads fewer than a quarter of the rows exactly; a session
  * without it has none, and a Q8_0 head (already 8-bit) takes none. */
 static void check_screen_generate(const char *arch, enum export_type type, int32_t width)
@@ -472,6 +473,23 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
         assert_int_equal(picks, 40);
         assert_true(rows >= picks && rows < picks * V / 4);
     }
+    /* sampled, top_k 20 (graphs of 8, then 4 single steps), and top_k 1 */
+    struct cuda_sample_params sp = {0.8f, 0.95f, 0.0f, 20, 12345};
+    int32_t sa[20], sb[20];
+    for (int pass = 0; pass < 2; pass++) {
+        if (cuda_session_generate_sampled(a, ga[39], 40 + 20 * pass, 20, &sp, sa, &err) ||
+            cuda_session_generate_sampled(b, ga[39], 40 + 20 * pass, 20, &sp, sb, &err))
+            fail_msg("%s sampled: %s", arch, err.message);
+        assert_memory_equal(sa, sb, sizeof(sa));
+        if (cuda_session_logits(a, la, &err) || cuda_session_logits(b, lb, &err))
+            fail_msg("%s logits: %s", arch, err.message);
+        assert_memory_equal(la, lb, (size_t)V * 4);
+        sp.top_k = 1;
+    }
+    int64_t picks2 = 0;
+    assert_int_equal(cuda_session_lm_screen(a, &picks2, &rows), !quantised);
+    if (!quantised)
+        assert_int_equal(picks2, 80); /* 40 greedy and 40 sampled tokens */
     printf("%s (type %d, width %d): 40 greedy tokens, the same ids and last logits with the screen (%.1f rows "
            "exactly a token)\n", arch, (int)type, (int)m->hp.n_embd, picks ? (double)rows / picks : 0.0);
     assert_false(cuda_session_lm_screen(b, &picks, &rows));

@@ -1176,6 +1176,7 @@ static void test_op_argmax(void **st)
 struct screen_ref {
     int32_t best, second;
     double l_best, l_second, scale; /* scale: max_j sum_k |x_k w_jk| (the f32 sums' size) */
+    double *logits;                 /* [N] every exact logit (caller frees) */
 };
 
 static struct screen_ref screen_reference(const float *h, const float *g, float eps, const uint8_t *w,
@@ -1190,12 +1191,13 @@ static struct screen_ref screen_reference(const float *h, const float *g, float 
     float *row = malloc((size_t)K * sizeof(float));
     for (int32_t k = 0; k < K; k++)
         x[k] = h[k] * inv * g[k];
-    struct screen_ref r = {-1, -1, -INFINITY, -INFINITY, 0.0};
+    struct screen_ref r = {-1, -1, -INFINITY, -INFINITY, 0.0, malloc((size_t)N * sizeof(double))};
     for (int32_t j = 0; j < N; j++) {
         assert_true(quant_dequantize_row(dt, w + (size_t)j * rb, row, K));
         double l = 0.0, a = 0.0;
         for (int32_t k = 0; k < K; k++)
             l += x[k] * row[k], a += fabs(x[k] * row[k]);
+        r.logits[j] = l;
         r.scale = a > r.scale ? a : r.scale;
         if (l > r.l_best)
             r.second = r.best, r.l_second = r.l_best, r.best = j, r.l_best = l;
@@ -1216,11 +1218,12 @@ static int32_t check_screen_pick(const float *h, const float *g, const uint8_t *
     int32_t id = -2;
     int64_t rows = 0;
     bool built = false;
-    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, 3, &id, &rows, &built, &err))
+    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, 0, 3, &id, NULL, &rows, &built, &err))
         fail_msg("lm_screen %s (dtype %d, %d x %d): %s", what, (int)dt, (int)N, (int)K, err.message);
     assert_true(built);
     struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
     const double tol = 1e-5 * r.scale;
+    free(r.logits);
     if (r.l_best - r.l_second > tol && id != r.best)
         fail_msg("lm_screen %s (dtype %d, %d x %d): %d, want %d (gap %.3g)", what, (int)dt, (int)N, (int)K, (int)id,
                  (int)r.best, r.l_best - r.l_second);
@@ -1231,6 +1234,62 @@ static int32_t check_screen_pick(const float *h, const float *g, const uint8_t *
     printf("lm_screen %-9s dtype %2d, %6d x %4d: token %6d, %4.1f rows exactly a pick\n", what, (int)dt, (int)N,
            (int)K, (int)id, rows / 3.0);
     return id;
+}
+
+/* Rank order of the m best of l (value descending, then index ascending) into ids. */
+static void best_m(const double *l, int32_t N, int32_t m, int32_t *ids)
+{
+    for (int32_t k = 0; k < m; k++) {
+        int32_t b = -1;
+        for (int32_t j = 0; j < N; j++) {
+            bool taken = false;
+            for (int32_t q = 0; q < k && !taken; q++)
+                taken = ids[q] == j;
+            if (!taken && (b < 0 || l[j] > l[b]))
+                b = j;
+        }
+        ids[k] = b;
+    }
+}
+
+/* The sampled loop's form for m: the row's m best are the exact logits' m best (where the
+ * m-th and the next stand apart), each value there the exact logit, every row not read
+ * exactly -Inf. */
+static void check_screen_best(const float *h, const float *g, const uint8_t *w, enum qr_dtype dt, int32_t N, int32_t K,
+                              int32_t m)
+{
+    struct qwenrt_error err = {0};
+    int32_t id = -2, got[64], want[65];
+    int64_t rows = 0;
+    bool built = false;
+    float *row = malloc((size_t)N * sizeof(float));
+    double *rd = malloc((size_t)N * sizeof(double));
+    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, m, 2, &id, row, &rows, &built, &err))
+        fail_msg("lm_screen best %d (dtype %d, %d x %d): %s", (int)m, (int)dt, (int)N, (int)K, err.message);
+    assert_true(built);
+    struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
+    const double tol = 1e-5 * r.scale;
+    int64_t finite = 0;
+    for (int32_t j = 0; j < N; j++) {
+        rd[j] = row[j];
+        if (isinf(row[j]) && row[j] < 0)
+            continue;
+        finite++;
+        if (fabs(row[j] - r.logits[j]) > tol)
+            fail_msg("lm_screen best %d: row %d is %.9g, exactly %.9g", (int)m, (int)j, row[j], r.logits[j]);
+    }
+    assert_true(finite >= m);
+    assert_int_equal(2 * finite, rows); /* the rows read exactly (each pick), the others -Inf */
+    best_m(rd, N, m, got);
+    best_m(r.logits, N, m < N ? m + 1 : m, want);
+    bool apart = m == N || r.logits[want[m - 1]] - r.logits[want[m]] > tol;
+    for (int32_t k = 0; k < m && apart; k++)
+        if (got[k] != want[k] && fabs(r.logits[got[k]] - r.logits[want[k]]) > tol)
+            fail_msg("lm_screen best %d (%d x %d): rank %d is row %d, want %d", (int)m, (int)N, (int)K, (int)k,
+                     (int)got[k], (int)want[k]);
+    printf("lm_screen best %3d, dtype %2d, %6d x %4d: %lld rows exactly\n", (int)m, (int)dt, (int)N, (int)K,
+           (long long)finite);
+    free(r.logits), free(row), free(rd);
 }
 
 /* Row dst = row src of w (stored as dt), element k raised by delta (rounded as dt stores it). */
@@ -1254,6 +1313,10 @@ static void screen_case(enum qr_dtype dt, int32_t N, int32_t K)
     for (int32_t k = 0; k < K; k++)
         h[k] = frand() * 3.0f, g[k] = 1.0f + 0.2f * frand();
     int32_t id = check_screen_pick(h, g, w, dt, N, K, "random");
+    const int32_t ms[] = {1, 7, 40};
+    for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+        if (ms[i] <= N && N <= 5000)
+            check_screen_best(h, g, w, dt, N, K, ms[i]);
     if (N >= 2) {
         /* a near-tie: a copy of the winner, its element of the largest |x| raised ~12 units in
          * the last place of a 16-bit weight */
@@ -1266,6 +1329,7 @@ static void screen_case(enum qr_dtype dt, int32_t N, int32_t K)
         float sign = h[kmax] * g[kmax] > 0 ? 1.0f : -1.0f;
         screen_copy_row(w, dt, K, id, dst, kmax, sign * 0.05f * 0.06f);
         struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
+        free(r.logits);
         assert_int_equal(r.best, dst);
         assert_true(r.l_best - r.l_second > 3e-5 * r.scale); /* apart beyond the f32 sums' rounding */
         assert_int_equal(check_screen_pick(h, g, w, dt, N, K, "near-tie"), dst);
@@ -1298,7 +1362,7 @@ static void test_lm_screen(void **st)
     int32_t id = -2;
     int64_t rows = 0;
     bool built = false;
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 2, &id, &rows, &built, &err), QWENRT_OK);
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 0, 2, &id, NULL, &rows, &built, &err), QWENRT_OK);
     assert_true(built);
     assert_int_equal(id, 0); /* every logit NaN: 0, as the argmax; every row was read exactly */
     assert_int_equal(rows, 2 * N);
@@ -1306,12 +1370,12 @@ static void test_lm_screen(void **st)
     for (int32_t k = 0; k < K; k++)
         h[k] = frand(), inf_row[k] = k == 5 ? INFINITY : 0.0f;
     assert_true(quant_quantize_row(QR_BF16, inf_row, w + 9 * 2 * K, K));
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 1, &id, &rows, &built, &err), QWENRT_OK);
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 0, 1, &id, NULL, &rows, &built, &err), QWENRT_OK);
     assert_false(built);
     assert_int_equal(id, -1);
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, 48, 1, &id, &rows, &built, &err),
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, 48, 0, 1, &id, NULL, &rows, &built, &err),
                      QWENRT_ERR_INVALID_ARG);
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q8_0, N, K, 1, &id, &rows, &built, &err),
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q8_0, N, K, 0, 1, &id, NULL, &rows, &built, &err),
                      QWENRT_ERR_INVALID_ARG);
     free(w);
 }

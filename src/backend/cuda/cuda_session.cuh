@@ -270,11 +270,14 @@ qwenrt_status run_op(struct run_ctx *r, int32_t i, struct qwenrt_error *err);
 const double *rope_table(const struct cuda_session *cs, const struct plan_op *op);
 /* The context of the decode program's steps: one token, the session's decode buffers. */
 struct run_ctx decode_ctx(struct cuda_session *cs);
-/* The greedy loop's screened LM head (opt.lm_screen): made on the first call where it applies
- * (cs->screen stays NULL where it does not, or where the device has no room for the copy:
- * the plain head serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX then pick through it and
- * leave the logits buffer unwritten, which enqueue_last_logits fills from the last hidden state. */
+/* The generation loops' screened LM head (opt.lm_screen): made on the first call where it
+ * applies (cs->screen stays NULL where it does not, or where the device has no room for the
+ * copy: the plain head serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX, and of
+ * GEN_SAMPLE for top_k up to lm_screen_best_limit, then pick through it and leave the logits
+ * buffer partly written, which enqueue_last_logits fills from the last hidden state. */
 qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err);
+/* Whether the graphs of gen (enum gen_mode) pick through the screen; fills a when they do. */
+bool lm_screen_takes(const struct cuda_session *cs, int gen, struct lm_screen_args *a);
 qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *err);
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
 int32_t ld_of(const struct run_ctx *r, int32_t id);

@@ -739,6 +739,13 @@ qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err)
     return QWENRT_OK;
 }
 
+bool lm_screen_takes(const struct cuda_session *cs, int gen, struct lm_screen_args *a)
+{
+    if (!cs->screen || screen_step(cs, a) < 0)
+        return false;
+    return gen == GEN_ARGMAX || (gen == GEN_SAMPLE && cs->samp_m >= 1 && cs->samp_m <= lm_screen_best_limit(cs->screen));
+}
+
 qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *err)
 {
     struct run_ctx r = decode_ctx(cs);
@@ -794,12 +801,16 @@ qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraph
     CUDA_CHECK(cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeThreadLocal));
     qwenrt_status st = QWENRT_OK;
     struct lm_screen_args sa;
-    const bool screened = gen == GEN_ARGMAX && cs->screen && screen_step(cs, &sa) >= 0;
+    const bool screened = lm_screen_takes(cs, gen, &sa);
+    float *row = cs->dbufs[cs->plans[PHASE_DECODE].buf_logits];
     for (int32_t k = 0; k < steps && !st; k++) {
         st = enqueue_steps(cs, cs->n_steps - screened, err); /* the screen stands in for the LM head */
         cudaError_t e = st || gen == GEN_NONE ? cudaSuccess
-                        : screened            ? launch_lm_screen(cs->screen, &sa, cs->stream)
-                                              : enqueue_pick(cs, (enum gen_mode)gen);
+                        : !screened           ? enqueue_pick(cs, (enum gen_mode)gen)
+                        : gen == GEN_ARGMAX   ? launch_lm_screen(cs->screen, &sa, cs->stream)
+                                              : launch_lm_screen_best(cs->screen, &sa, cs->samp_m, row, cs->stream);
+        if (e == cudaSuccess && !st && screened && gen == GEN_SAMPLE)
+            e = enqueue_pick(cs, GEN_SAMPLE); /* the m best of the row the screen wrote */
         if (e != cudaSuccess)
             st = cuda_fail(err, e, __FILE__, __LINE__, "the token's pick");
     }

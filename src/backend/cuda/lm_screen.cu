@@ -8,10 +8,12 @@
  *           (the same bits in every block), then its warps take 4 rows at a time, 16 bytes
  *           of each row a lane (dp4a), writing the approximate logits and the largest of them
  *           (an atomicMax on order-preserving bits); block 0 also writes x and |x|^2, |x~ - x|^2;
- *   pick    each token: the threshold max a - 2B, a scan of the approximate logits, the exact
- *           dot product (a warp each) of every row at or over it, an atomicMax on (logit,
- *           lowest index) keys; the last block to arrive writes the token as launch_argmax does
- *           and zeroes the scratch for the next token.
+ *   pick    each token: the threshold (max a, or a lower bound on the m-th largest a) - 2B, a
+ *           scan of the approximate logits, the exact dot product (a warp each) of every row
+ *           at or over it; for the argmax an atomicMax on (logit, lowest index) keys, and the
+ *           last block to arrive writes the token as launch_argmax does; for the m best (the
+ *           sampled loop) the exact logits of those rows and -Inf for the others, which
+ *           launch_topk then ranks. The last block zeroes the scratch for the next token.
  */
 #include "backend/cuda/lm_screen.cuh"
 
@@ -43,6 +45,7 @@ struct lm_screen {
     __half *s;       /* [N][K / 32] */
     float *approx;   /* [N] */
     float *x;        /* [K] the token's normalised x (block 0 of the screen) */
+    unsigned *block_max; /* [screen_blocks] */
     struct scr_scratch *sc;
     int32_t N, K, screen_blocks;
     float E, W;
@@ -152,6 +155,7 @@ struct screen_params {
     const int8_t *q;
     const __half *s;
     float *approx, *x;
+    unsigned *block_max; /* [gridDim.x] each block's largest approximate logit (ordered bits, 0: none) */
     struct scr_scratch *sc;
     int32_t N, K;
 };
@@ -258,8 +262,18 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_screen_kernel(struct screen_pa
     float best = -INFINITY;
     for (int64_t r0 = first; r0 < P.N; r0 += stride)
         screen_rows(P, r0, xq, xs, best);
-    if (lane == 0 && best > -INFINITY)
-        atomicMax(&P.sc->amax, ord_bits(best));
+    __shared__ unsigned warp_best[SCR_WARPS];
+    if (lane == 0)
+        warp_best[warp] = best > -INFINITY ? ord_bits(best) : 0u;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned b = 0;
+        for (int w = 0; w < SCR_WARPS; w++)
+            b = max(b, warp_best[w]);
+        P.block_max[blockIdx.x] = b;
+        if (b)
+            atomicMax(&P.sc->amax, b);
+    }
 }
 
 /* ---- pick ---- */
@@ -272,7 +286,35 @@ struct pick_params {
     int32_t N, K;
     float E, W, gp;
     int32_t *ids, *pos0, *out_ids, *step;
+    int32_t m;                  /* 0: the argmax; else the m best rows into logits */
+    float *logits;              /* m > 0: [N] the exact logit of every row that can be among the
+                                 * m best, -Inf for every other */
+    const unsigned *block_max;  /* the screen's block maxima (m > 0) */
+    int32_t n_blocks;
 };
+
+/* A lower bound on the m-th largest approximate logit: the m-th largest of the screen's block
+ * maxima (m blocks hold a value at least that large, each in a row of its own); NaN where
+ * fewer than m blocks have one (then every row is read exactly). Every thread gets it. */
+__device__ float mth_block_max(const struct pick_params &P, unsigned *keys)
+{
+    __shared__ unsigned s_key;
+    if (threadIdx.x == 0)
+        s_key = 0;
+    for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x)
+        keys[i] = __ldcg(P.block_max + i);
+    __syncthreads();
+    for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x) {
+        const unsigned v = keys[i];
+        int above = 0, at_least = 0;
+        for (int j = 0; j < P.n_blocks && above < P.m; j++) /* most values stop early */
+            above += keys[j] > v, at_least += keys[j] >= v;
+        if (v && above < P.m && at_least >= P.m)
+            s_key = v; /* every thread that gets here holds the same value */
+    }
+    __syncthreads();
+    return s_key ? unord_bits(s_key) : NAN;
+}
 
 /* The exact logit of row j (the warp's f32 sums over the 16- or 32-bit row and x). */
 __device__ float exact_logit(const struct pick_params &P, int64_t j)
@@ -301,17 +343,19 @@ __device__ float exact_logit(const struct pick_params &P, int64_t j)
 
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
 {
+    extern __shared__ unsigned pick_keys[]; /* m > 0: the block maxima */
     __shared__ float s_thr;
     __shared__ bool s_last;
     griddep_launch();
     griddep_wait();
     struct scr_scratch *sc = P.sc;
+    /* the argmax: the largest approximate logit; the m best: a lower bound on the m-th largest */
+    const float top = P.m ? mth_block_max(P, pick_keys) : unord_bits(__ldcg(&sc->amax)); /* NaN: none */
     if (threadIdx.x == 0) {
         float nx = sqrtf(__ldcg(&sc->xx)) * 1.001f, ne = sqrtf(__ldcg(&sc->xe)) * 1.001f;
         float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
-        float am = unord_bits(__ldcg(&sc->amax)); /* NaN when no row had a number */
-        float thr = am - 2.0f * B;
-        s_thr = thr - 1e-6f * (fabsf(am) + 2.0f * B); /* the subtraction's rounding */
+        float thr = top - 2.0f * B;
+        s_thr = thr - 1e-6f * (fabsf(top) + 2.0f * B); /* the subtraction's rounding */
     }
     __syncthreads();
     const float thr = s_thr; /* NaN: every row is read exactly */
@@ -321,11 +365,15 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     for (int64_t base = ((int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5)) * 32; base < P.N; base += step) {
         const int64_t i = base + lane;
         const bool cand = i < P.N && !(__ldcg(P.approx + i) < thr);
+        if (P.m && i < P.N && !cand)
+            P.logits[i] = -INFINITY;
         for (unsigned m = __ballot_sync(0xffffffffu, cand); m; m &= m - 1) {
             const int64_t j = base + __ffs(m) - 1;
             float v = exact_logit(P, j);
             n_rows++;
-            if (lane == 0 && v == v) /* (logit, lowest index) as one ordered key */
+            if (lane == 0 && P.m)
+                P.logits[j] = v;
+            else if (lane == 0 && v == v) /* (logit, lowest index) as one ordered key */
                 atomicMax(&sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
         }
     }
@@ -339,7 +387,12 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     if (!s_last || threadIdx.x != 0)
         return;
     __threadfence();
+    sc->amax = 0, sc->count = 0; /* ready for the next token */
+    sc->picks++;
+    if (P.m)
+        return; /* the m best are in logits for launch_topk */
     unsigned long long key = atomicAdd(&sc->key, 0ull);
+    sc->key = 0;
     int32_t id = key ? (int32_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0; /* all NaN: 0, as argmax */
     P.ids[0] = id;
     if (P.step) {
@@ -347,8 +400,6 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         (*P.step)++;
         (*P.pos0)++;
     }
-    sc->key = 0, sc->amax = 0, sc->count = 0; /* ready for the next token */
-    sc->picks++;
 }
 
 /* ---- host ---- */
@@ -366,6 +417,7 @@ void lm_screen_free(struct lm_screen *sc)
     if (!sc)
         return;
     cudaFree(sc->q), cudaFree(sc->s), cudaFree(sc->approx), cudaFree(sc->x), cudaFree(sc->sc);
+    cudaFree(sc->block_max);
     xfree(sc);
 }
 
@@ -418,6 +470,11 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     memcpy(&sc->E, &host.e_bits, sizeof(float));
     memcpy(&sc->W, &host.w_bits, sizeof(float));
     sc->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
+    e = cudaMalloc(&sc->block_max, (size_t)sc->screen_blocks * sizeof(unsigned));
+    if (e != cudaSuccess) {
+        lm_screen_free(sc);
+        return cuda_fail(err, e, __FILE__, __LINE__, "the LM head's 8-bit copy");
+    }
     if (!isfinite(sc->E) || !isfinite(sc->W)) {
         lm_screen_free(sc);
         return QWENRT_OK;
@@ -426,17 +483,37 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     return QWENRT_OK;
 }
 
-cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s)
+/* The screen, then the pick: the argmax (m 0) or the m best rows' exact logits into logits. */
+static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
+                                   float *logits, cudaStream_t s)
 {
-    struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->sc, sc->N, sc->K};
+    struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->block_max, sc->sc,
+                               sc->N, sc->K};
     cudaError_t e = launch_k(a->pdl, lm_screen_kernel, dim3(sc->screen_blocks), dim3(SCR_THREADS),
                              screen_smem(sc->K), s, sp);
     if (e != cudaSuccess)
         return e;
     struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, sc->N, sc->K,
                              sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
-                             a->ids, a->pos0, a->out_ids, a->step};
-    return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS), 0, s, pp);
+                             a->ids, a->pos0, a->out_ids, a->step, m, logits, sc->block_max, sc->screen_blocks};
+    return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS),
+                    m ? (size_t)sc->screen_blocks * sizeof(unsigned) : 0, s, pp);
+}
+
+cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s)
+{
+    return screen_and_pick(sc, a, 0, NULL, s);
+}
+
+cudaError_t launch_lm_screen_best(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
+                                  float *logits, cudaStream_t s)
+{
+    return m < 1 ? cudaErrorInvalidValue : screen_and_pick(sc, a, m, logits, s);
+}
+
+int32_t lm_screen_best_limit(const struct lm_screen *sc)
+{
+    return sc->screen_blocks;
 }
 
 qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows, struct qwenrt_error *err)

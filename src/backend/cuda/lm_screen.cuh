@@ -9,6 +9,9 @@
  * argmax; their exact logits (the 16-bit rows, f32 sums) are computed and the largest wins, ties
  * to the lowest index as launch_argmax. The token is the argmax of exact logits, whatever the
  * bound lets through: a loose bound costs time (more rows read exactly), never the answer.
+ * The sampled loop takes the m best instead of the argmax: every row whose approximate logit is
+ * within 2B of a lower bound on the m-th largest is computed exactly (each of the exact m best
+ * is among them), the others are set to -Inf, and the usual top-m selection follows.
  *
  * The bound, per token, with x the normalised activation and x~ its 8-bit form:
  *   B = |x| * E + (|x~ - x| + g' * |x~|) * W
@@ -55,6 +58,14 @@ void lm_screen_free(struct lm_screen *sc);
 
 /* One greedy pick: two launches (the screen over the copy, then the exact rows and the pick). */
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s);
+
+/* The sampled loop's form: the exact logit of every row that can be among the m largest
+ * exact logits written to logits [N], -Inf for every other row, so that launch_topk's m best of
+ * that row are those of the exact logits (ties and order included). Two launches; m from 1 to
+ * lm_screen_best_limit (the screen's blocks, whose maxima bound the m-th largest from below). */
+cudaError_t launch_lm_screen_best(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
+                                  float *logits, cudaStream_t s);
+int32_t lm_screen_best_limit(const struct lm_screen *sc);
 
 /* Picks made and rows computed exactly since the copy was made (one synchronous copy). */
 qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows,

@@ -432,6 +432,8 @@ extern "C" qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, 
     qwenrt_status st = top_ready(cs, err);
     if (!st)
         st = top_args(cs->n_vocab, sp->temperature, sp->top_k, NULL, 0, cs->topk_keys, err);
+    if (!st)
+        st = lm_screen_ready(cs, err);
     if (st || (st = sample_graphs_for(cs, sp, err)) || (st = stage_inputs(cs, &id, 1, pos0, err)))
         return st;
     *cs->h_sp = *sp;
@@ -448,6 +450,9 @@ extern "C" qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, 
         cs->gen_launches++;
         i += many ? k : 1;
     }
+    struct lm_screen_args sa;
+    if (lm_screen_takes(cs, GEN_SAMPLE, &sa) && (st = enqueue_last_logits(cs, err)))
+        return st; /* the screened graphs left the logits row partly written */
     CUDA_CHECK(cudaMemcpyAsync(out_ids, cs->d_out, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, cs->stream));
     CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* also: h_sp and h_stage are free again */
     cs->unsynced = false;
