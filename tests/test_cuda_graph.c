@@ -454,7 +454,7 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.lm_screen = 1, off.lm_screen = 0;
     struct cuda_session *a = NULL, *b = NULL;
-    init_pair(m, 64, &on, &off, &a, &b, arch);
+    init_pair(m, 96, &on, &off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, ga[40], gb[40];
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     assert_non_null(la);
