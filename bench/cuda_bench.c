@@ -17,6 +17,7 @@
  *              GEMV: pdl, gemvq_warps, _rows, _launch, _smem_kb, _head_blocks, argmax_blocks, steps left out; rounds interleaved;
  *              each timed run after an untimed prompt of --depth tokens)
  *              [--tokenizer tokenizer.json]  (embedded in the synth GGUF: llama.cpp needs one)
+ *              [--sweep-sampled K]  (the sweep's runs sampled: t 0.8, top_k K, top_p 0.95, min_p 0.05)
  *              [--no-validate] [--keep-layer-types] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
  *
@@ -578,7 +579,19 @@ static int decode_timeline(struct qwenrt_model *m, const struct sweep *sw, int32
     return rc;
 }
 
-static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int32_t depth, int reps)
+/* One timed generation of decode_sweep: greedy, or sampled (top_k > 0: t 0.8, top_p 0.95,
+ * min_p 0.05, the same seed each run) with its last logits read back. */
+static bool sweep_generate(struct cuda_session *cs, int32_t depth, int32_t n, int32_t top_k, int32_t *out,
+                           float *logits, struct qwenrt_error *err)
+{
+    if (top_k <= 0)
+        return !cuda_session_generate(cs, 17, depth, n, 32, out, logits, err);
+    struct cuda_sample_params sp = {0.8f, 0.95f, 0.05f, top_k, 1};
+    return !cuda_session_generate_sampled(cs, 17, depth, n, &sp, out, err) && !cuda_session_logits(cs, logits, err);
+}
+
+static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t n, int32_t depth, int reps,
+                        int32_t top_k)
 {
     const struct cuda_options *os = sw->os;
     const char(*names)[192] = sw->names;
@@ -610,7 +623,7 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
                 ok = !cuda_session_reset(cs, &err);
                 ok = ok && (depth == 0 || !cuda_session_run(cs, prompt, depth, 0, false, NULL, NULL, NULL, &err));
                 double t0 = time_now_s();
-                ok = ok && !cuda_session_generate(cs, 17, depth, n, 32, out, logits, &err);
+                ok = ok && sweep_generate(cs, depth, n, top_k, out, logits, &err);
                 t[i][round] = time_now_s() - t0;
             }
             int64_t picks = 0, rows = 0; /* the screened LM head's exact rows a token */
@@ -628,9 +641,9 @@ static int decode_sweep(struct qwenrt_model *m, const struct sweep *sw, int32_t 
             if (i > 0 && round == reps - 1)
                 worst[i] = rel_err(logits, first, (size_t)V);
         }
-    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d @ depth %d tok/s (median of %d) | logits vs the first | first ids "
+    printf("| sweep P:W:R:L:KB[:H[:A[:I[:Q]]]] | tg%d @ depth %d tok/s (median of %d%s) | logits vs the first | first ids "
            "| LM head rows read exactly a token (screen) |\n|---|---:|---:|---|---:|\n",
-           n, depth, reps);
+           n, depth, reps, top_k > 0 ? ", sampled" : "");
     for (int i = 0; i < ns; i++)
         if (refused[i][0])
             printf("| %s | refused: %s | | | |\n", names[i], refused[i]);
@@ -1231,6 +1244,7 @@ int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     bool keep_layer_types = false; /* qwenrt_model_params.keep_layer_types */
+    int32_t sweep_top_k = 0;       /* --sweep-sampled K: the sweep's runs sampled with top_k K */
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, pick = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     int32_t gdn_chunked = 0, prefill_all = 0, gdn_scan_warps = 0;
     const char *tg_variant = NULL;
@@ -1273,6 +1287,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
         else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
+        else if (!strcmp(argv[i], "--sweep-sampled") && i + 1 < argc) sweep_top_k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
@@ -1303,7 +1318,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1422,7 +1437,7 @@ int main(int argc, char **argv)
     if (timeline)
         return decode_timeline(m, &sw, depth, reps, kv_f16);
     if (sweep)
-        return decode_sweep(m, &sw, n_gen, depth, reps);
+        return decode_sweep(m, &sw, n_gen, depth, reps, sweep_top_k);
     /* Gates. Exact: same argmax everywhere and logits within 1e-3 (Qwen3: 6e-6 measured);
      * Qwen3.5 within 5e-2: its recurrence amplifies summation-order differences on random
      * weights (2.0e-2 after 40 prompt tokens, hidden error growing ~1.3x per layer from 6e-6;

@@ -442,10 +442,11 @@ static void test_generate_graph_steps(void **st)
  * 1,024), BF16 and F32 heads, 40 tokens read back every 16 in graphs of 8 and single steps:
  * the same ids, and the same last logits bit for bit (the screened graphs leave the logits
  * unwritten; the loop fills them from the last hidden state with the plain step); then the
- * sampled loop, top_k 20 and 1, 20 tokens each: the same draws and last logits. The screen
+ * sampled loop, top_k 20 and 1, 20 tokens each: the same draws and last logits. A Q4_K_M
+ * file's Q6_K head is screened too; a Q8_0 head is not. The screen
  * counts one pick per token and reads fewer than a quarter of the rows exactly; a session
  * without it has none, and a Q8_0 head (already 8-bit) takes none. */
-static void check_screen_generate(const char *arch, enum export_type type, int32_t width)
+static void check_screen_generate(const char *arch, enum export_type type, int32_t width, bool screened)
 {
     struct qwenrt_error err = {0};
     char path[256];
@@ -467,9 +468,8 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     assert_memory_equal(ga, gb, sizeof(ga));
     assert_memory_equal(la, lb, (size_t)V * 4);
     int64_t picks = 0, rows = 0;
-    bool quantised = type == EXPORT_Q8_0;
-    assert_int_equal(cuda_session_lm_screen(a, &picks, &rows), !quantised);
-    if (!quantised) {
+    assert_int_equal(cuda_session_lm_screen(a, &picks, &rows), screened);
+    if (screened) {
         assert_int_equal(picks, 40);
         assert_true(rows >= picks && rows < picks * V / 4);
     }
@@ -487,8 +487,8 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
         sp.top_k = 1;
     }
     int64_t picks2 = 0;
-    assert_int_equal(cuda_session_lm_screen(a, &picks2, &rows), !quantised);
-    if (!quantised)
+    assert_int_equal(cuda_session_lm_screen(a, &picks2, &rows), screened);
+    if (screened)
         assert_int_equal(picks2, 80); /* 40 greedy and 40 sampled tokens */
     printf("%s (type %d, width %d): 40 greedy tokens, the same ids and last logits with the screen (%.1f rows "
            "exactly a token)\n", arch, (int)type, (int)m->hp.n_embd, picks ? (double)rows / picks : 0.0);
@@ -500,11 +500,12 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
 static void test_lm_screen_generate(void **st)
 {
     (void)st;
-    check_screen_generate("qwen3-tiny", EXPORT_BF16, 0);
-    check_screen_generate("qwen35-tiny", EXPORT_BF16, 0);
-    check_screen_generate("qwen3-tiny", EXPORT_F32, 0);
-    check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024);
-    check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0);
+    check_screen_generate("qwen3-tiny", EXPORT_BF16, 0, true);
+    check_screen_generate("qwen35-tiny", EXPORT_BF16, 0, true);
+    check_screen_generate("qwen3-tiny", EXPORT_F32, 0, true);
+    check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024, true);
+    check_screen_generate("qwen3-tiny", EXPORT_Q4_K_M, 1024, true); /* a Q6_K head */
+    check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0, false);
 }
 
 static void test_decode_omit_steps(void **st)

@@ -683,7 +683,8 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
 
 /* For the tests: the screened LM head (lm_screen.cu) over host inputs: h [K], norm_w [K]
  * (x = h * (1 / rms(h)) * norm_w, as the fused final norm), rows w [N][K] of dtype (QR_F32,
- * QR_F16 or QR_BF16 bytes), N >= 1, K a multiple of 32 up to 8,192; reps picks in a row (the
+ * QR_F16 or QR_BF16 bytes, K a multiple of 32 up to 8,192; QR_Q6_K, K a multiple of 256),
+ * N >= 1; reps picks in a row (the
  * scratch must come back zeroed: each must give the same). m 0: *id the token (the argmax of
  * the exact logits, ties to the lowest index, 0 when all are NaN); m >= 1: row [N] the sampled
  * loop's row (the exact logit of each row that can be among the m largest, -Inf for the others;

@@ -335,7 +335,7 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
     if (st || !sc)
         return st;
     *built = true;
-    int32_t *d_id = (int32_t *)(d + 8 * (size_t)K + (size_t)N * row_bytes);
+    int32_t *d_id = (int32_t *)(d + ((8 * (size_t)K + (size_t)N * row_bytes + 15) & ~(size_t)15));
     float *d_row = (float *)(d_id + 4);
     const int32_t limit = lm_screen_best_limit(sc);
     if (m > limit) {
@@ -381,13 +381,14 @@ extern "C" qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w
                                              struct qwenrt_error *err)
 {
     *id = -1, *exact_rows = 0, *built = false;
-    const int64_t eb = dtype == QR_F32 ? 4 : 2, row_bytes = eb * K;
+    size_t rb = 0;
+    const int64_t row_bytes = K > 0 && dtype_row_bytes((enum qr_dtype)dtype, K, &rb) ? (int64_t)rb : 0;
     if (!h || !norm_w || !w || reps < 1 || m < 0 || (m && !row) ||
         !lm_screen_applies(dtype, N, K, row_bytes, (void *)16, (float *)16, (float *)16))
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_pick: %d rows of %d of dtype %d, %d picks", (int)N,
                        (int)K, (int)dtype, (int)reps);
     uint8_t *d = NULL; /* h, norm_w (4 K each: 16-byte aligned as K % 32 == 0), the rows, the id */
-    cudaError_t e = cudaMalloc(&d, 8 * (size_t)K + (size_t)N * row_bytes + 16 + (size_t)N * sizeof(float));
+    cudaError_t e = cudaMalloc(&d, 8 * (size_t)K + (size_t)N * row_bytes + 32 + (size_t)N * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMemcpy(d, h, 4 * (size_t)K, cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
