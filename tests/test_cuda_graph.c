@@ -442,8 +442,8 @@ static void test_generate_graph_steps(void **st)
  * 1,024), BF16 and F32 heads, 40 tokens read back every 16 in graphs of 8 and single steps:
  * the same ids, and the same last logits bit for bit (the screened graphs leave the logits
  * unwritten; the loop fills them from the last hidden state with the plain step); then the
- * sampled loop, top_k 20 and 1, 20 tokens each: the same draws and last logits. A Q4_K_M
- * file's Q6_K head is screened too; a Q8_0 head is not. The screen
+ * sampled loop (lm_screen 2), top_k 20 and 1, 20 tokens each: the same draws and last logits.
+ * A Q4_K_M file's Q6_K head and a Q8_0 head are not screened. The screen
  * counts one pick per token and reads fewer than a quarter of the rows exactly; a session
  * without it has none, and a Q8_0 head (already 8-bit) takes none. */
 static void check_screen_generate(const char *arch, enum export_type type, int32_t width, bool screened)
@@ -453,7 +453,7 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     struct qwenrt_model *m = load_synth(arch, type, width, false, path, sizeof(path));
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
-    on.lm_screen = 1, off.lm_screen = 0;
+    on.lm_screen = 2, off.lm_screen = 0; /* greedy and sampled */
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 96, &on, &off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, ga[40], gb[40];
@@ -500,11 +500,14 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
 static void test_lm_screen_generate(void **st)
 {
     (void)st;
+    /* the default screens the greedy loop only */
+    struct cuda_options d = cuda_default_options();
+    assert_int_equal(d.lm_screen, 1);
     check_screen_generate("qwen3-tiny", EXPORT_BF16, 0, true);
     check_screen_generate("qwen35-tiny", EXPORT_BF16, 0, true);
     check_screen_generate("qwen3-tiny", EXPORT_F32, 0, true);
     check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024, true);
-    check_screen_generate("qwen3-tiny", EXPORT_Q4_K_M, 1024, true); /* a Q6_K head */
+    check_screen_generate("qwen3-tiny", EXPORT_Q4_K_M, 1024, false); /* a Q6_K head: not screened */
     check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0, false);
 }
 

@@ -199,10 +199,11 @@ struct cuda_options {
                           * with two: docs/perf-log.md); 1 or 2 force it. With two terms,
                           * weights bf16 does not hold (F16, quantised) are dequantised into
                           * two bf16 terms as well (three products). */
-    int32_t lm_screen;     /* the greedy loop's LM head (16- or 32-bit rows): 1 (default) read
-                          * through an 8-bit copy, then exactly for the rows its proven bound
-                          * cannot rule out (lm_screen.cuh: the same token, fewer bytes); 0 the
-                          * whole head exactly, then the argmax */
+    int32_t lm_screen;     /* the generation loops' LM head (16- or 32-bit rows) read through
+                          * an 8-bit copy, then exactly for the rows its proven bound cannot
+                          * rule out (lm_screen.cuh: the same tokens, fewer bytes): 1 (default)
+                          * in the greedy loop (+7% / +10%, H100), 2 in the sampled loop too
+                          * (top_k rows: -1% / +2.5%, so not by default); 0 never */
     int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
                           * 1,024 that many blocks, the last to arrive finishing; 0 (default):
                           * 128 (docs/perf-log.md, session 18) */
@@ -683,8 +684,7 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
 
 /* For the tests: the screened LM head (lm_screen.cu) over host inputs: h [K], norm_w [K]
  * (x = h * (1 / rms(h)) * norm_w, as the fused final norm), rows w [N][K] of dtype (QR_F32,
- * QR_F16 or QR_BF16 bytes, K a multiple of 32 up to 8,192; QR_Q6_K, K a multiple of 256),
- * N >= 1; reps picks in a row (the
+ * QR_F16 or QR_BF16 bytes), N >= 1, K a multiple of 32 up to 8,192; reps picks in a row (the
  * scratch must come back zeroed: each must give the same). m 0: *id the token (the argmax of
  * the exact logits, ties to the lowest index, 0 when all are NaN); m >= 1: row [N] the sampled
  * loop's row (the exact logit of each row that can be among the m largest, -Inf for the others;

@@ -273,7 +273,7 @@ struct run_ctx decode_ctx(struct cuda_session *cs);
 /* The generation loops' screened LM head (opt.lm_screen): made on the first call where it
  * applies (cs->screen stays NULL where it does not, or where the device has no room for the
  * copy: the plain head serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX, and of
- * GEN_SAMPLE for top_k up to lm_screen_best_limit, then pick through it and leave the logits
+ * GEN_SAMPLE with opt.lm_screen 2 for top_k up to lm_screen_best_limit, then pick through it and leave the logits
  * buffer partly written, which enqueue_last_logits fills from the last hidden state. */
 qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err);
 /* Whether the graphs of gen (enum gen_mode) pick through the screen; fills a when they do. */

@@ -743,7 +743,8 @@ bool lm_screen_takes(const struct cuda_session *cs, int gen, struct lm_screen_ar
 {
     if (!cs->screen || screen_step(cs, a) < 0)
         return false;
-    return gen == GEN_ARGMAX || (gen == GEN_SAMPLE && cs->samp_m >= 1 && cs->samp_m <= lm_screen_best_limit(cs->screen));
+    return gen == GEN_ARGMAX || (gen == GEN_SAMPLE && cs->opt.lm_screen == 2 && cs->samp_m >= 1 &&
+                                 cs->samp_m <= lm_screen_best_limit(cs->screen));
 }
 
 qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *err)

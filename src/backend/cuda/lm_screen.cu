@@ -95,13 +95,11 @@ __device__ float scr_block_sum(float v, float *red)
     return t;
 }
 
-/* Element k of a row (16- or 32-bit, or Q6_K dequantised as the GEMV's deq_elem does). */
+/* Element k of a 16- or 32-bit row. */
 __device__ __forceinline__ float scr_elem(const uint8_t *row, int32_t dtype, int k)
 {
     if (dtype == QR_F32)
         return ((const float *)row)[k];
-    if (dtype != QR_BF16 && dtype != QR_F16)
-        return deq_elem(row, dtype, k);
     uint16_t u = ((const uint16_t *)row)[k];
     return dtype == QR_BF16 ? bf16_bits_to_f32(u) : f16_bits_to_f32(u);
 }
@@ -324,10 +322,7 @@ __device__ float exact_logit(const struct pick_params &P, int64_t j)
     const int lane = threadIdx.x & 31;
     const uint8_t *row = P.w + j * P.row_bytes;
     float acc = 0.0f;
-    if (P.dtype == QR_Q6_K) { /* element by element: a few rows a token */
-        for (int k = lane; k < P.K; k += 32)
-            acc += scr_elem(row, P.dtype, k) * __ldcg(P.x + k);
-    } else if (P.dtype == QR_F32) {
+    if (P.dtype == QR_F32) {
         for (int k = 4 * lane; k < P.K; k += 128) {
             float4 w = __ldg((const float4 *)(row + 4 * (int64_t)k)), x = __ldcg((const float4 *)(P.x + k));
             acc += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
@@ -412,9 +407,6 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
 bool lm_screen_applies(int32_t dtype, int32_t N, int32_t K, int64_t row_bytes, const void *w, const float *h,
                        const float *norm_w)
 {
-    if (dtype == QR_Q6_K) /* 210-byte blocks of 256: read element by element, no alignment */
-        return N > 0 && K >= 256 && K % 256 == 0 && K <= LM_SCREEN_MAX_K && row_bytes == (int64_t)K / 256 * 210 &&
-               (uintptr_t)h % 16 == 0 && norm_w != NULL;
     int64_t eb = dtype == QR_F32 ? 4 : dtype == QR_F16 || dtype == QR_BF16 ? 2 : 0;
     return eb && N > 0 && K >= 32 && K % 32 == 0 && K <= LM_SCREEN_MAX_K && row_bytes == eb * K &&
            (uintptr_t)w % 16 == 0 && (uintptr_t)h % 16 == 0 && norm_w != NULL;

@@ -37,7 +37,7 @@ struct lm_screen_args {
     const float *h;
     const float *norm_w;
     float eps;
-    const void *w; /* [N] rows of row_bytes, dtype QR_F32, QR_F16, QR_BF16 or QR_Q6_K */
+    const void *w; /* [N] rows of row_bytes, dtype QR_F32, QR_F16 or QR_BF16 */
     int32_t dtype;
     int64_t row_bytes;
     int32_t *ids, *pos0, *out_ids, *step;
@@ -45,9 +45,9 @@ struct lm_screen_args {
 };
 
 /* Whether the screen takes an LM head of N rows of K elements of dtype (dense 16- or 32-bit
- * rows at w, K a multiple of 32 up to LM_SCREEN_MAX_K; or Q6_K rows, K a multiple of 256: the
- * head of Q4_K_M and Q5_K_M files, which gemvq streams at ~60% of the bandwidth where the 8-bit
- * copy streams near it, docs/perf-log.md session 56) reading the activation h. */
+ * rows at w, K a multiple of 32 up to LM_SCREEN_MAX_K) reading the activation h. Not a Q6_K
+ * head (Q4_K_M and Q5_K_M files): measured slower than gemvq's, and gemvq's 8-bit x gives
+ * other logits than the exact pass's f32 x (docs/perf-log.md, session 56). */
 bool lm_screen_applies(int32_t dtype, int32_t N, int32_t K, int64_t row_bytes, const void *w, const float *h,
                        const float *norm_w);
 

@@ -290,8 +290,9 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
     if (o->gemvq_smem_kb < 0 || o->gemvq_smem_kb > GEMVQ_SMEM_KB_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_smem_kb %d (0: what the block needs, or up to %d)",
                        (int)o->gemvq_smem_kb, GEMVQ_SMEM_KB_LIMIT);
-    if (o->lm_screen < 0 || o->lm_screen > 1)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: lm_screen %d (0 or 1)", (int)o->lm_screen);
+    if (o->lm_screen < 0 || o->lm_screen > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: lm_screen %d (0 off, 1 greedy, 2 greedy and sampled)",
+                       (int)o->lm_screen);
     if (o->argmax_blocks < 0 || o->argmax_blocks > ARGMAX_BLOCKS_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: argmax_blocks %d (0: %d, 1: one block, or up to %d)",
                        (int)o->argmax_blocks, ARGMAX_BLOCKS_DEFAULT, ARGMAX_BLOCKS_LIMIT);
