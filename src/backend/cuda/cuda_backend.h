@@ -687,8 +687,8 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
  * QR_F16 or QR_BF16 bytes), N >= 1, K a multiple of 32 up to 8,192; reps picks in a row (the
  * scratch must come back zeroed: each must give the same). m 0: *id the token (the argmax of
  * the exact logits, ties to the lowest index, 0 when all are NaN); m >= 1: row [N] the sampled
- * loop's row (the exact logit of each row that can be among the m largest, -Inf for the others;
- * *id 0). *exact_rows: the rows computed exactly over all reps; *built false (and *id -1) when
+ * loop's row (the exact logit of each row that can be among the m largest, for the others a
+ * value below the m-th largest; *id 0). *exact_rows: the rows computed exactly over all reps; *built false (and *id -1) when
  * the screen declines the rows (a bound that is not finite). Errors: INVALID_ARG (also m above
  * the screen's limit, its blocks), BACKEND. */
 qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w, int32_t dtype,

@@ -12,8 +12,8 @@
  *           scan of the approximate logits, the exact dot product (a warp each) of every row
  *           at or over it; for the argmax an atomicMax on (logit, lowest index) keys, and the
  *           last block to arrive writes the token as launch_argmax does; for the m best (the
- *           sampled loop) the exact logits of those rows and -Inf for the others, which
- *           launch_topk then ranks. The last block zeroes the scratch for the next token.
+ *           sampled loop) the exact logits of those rows and, for the others, an upper bound
+ *           of theirs that stays below the m-th best, which launch_topk then ranks. The last block zeroes the scratch for the next token.
  */
 #include "backend/cuda/lm_screen.cuh"
 
@@ -344,7 +344,7 @@ __device__ float exact_logit(const struct pick_params &P, int64_t j)
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
 {
     extern __shared__ unsigned pick_keys[]; /* m > 0: the block maxima */
-    __shared__ float s_thr;
+    __shared__ float s_thr, s_bound;
     __shared__ bool s_last;
     griddep_launch();
     griddep_wait();
@@ -356,17 +356,22 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
         float thr = top - 2.0f * B;
         s_thr = thr - 1e-6f * (fabsf(top) + 2.0f * B); /* the subtraction's rounding */
+        s_bound = B;
     }
     __syncthreads();
-    const float thr = s_thr; /* NaN: every row is read exactly */
+    const float thr = s_thr, B = s_bound; /* thr NaN: every row is read exactly */
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * SCR_WARPS * 32;
     unsigned long long n_rows = 0;
     for (int64_t base = ((int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5)) * 32; base < P.N; base += step) {
         const int64_t i = base + lane;
-        const bool cand = i < P.N && !(__ldcg(P.approx + i) < thr);
+        const float a = i < P.N ? __ldcg(P.approx + i) : 0.0f;
+        const bool cand = i < P.N && !(a < thr);
+        /* a row ruled out gets a + B, an upper bound of its exact logit below the m-th best
+         * (a < thr <= t - 2B and the m-th best >= t - B): distinct values, where -Inf for all
+         * of them made topk.cu's radix select walk every digit of its ties */
         if (P.m && i < P.N && !cand)
-            P.logits[i] = -INFINITY;
+            P.logits[i] = a + B;
         for (unsigned m = __ballot_sync(0xffffffffu, cand); m; m &= m - 1) {
             const int64_t j = base + __ffs(m) - 1;
             float v = exact_logit(P, j);

@@ -11,7 +11,8 @@
  * bound lets through: a loose bound costs time (more rows read exactly), never the answer.
  * The sampled loop takes the m best instead of the argmax: every row whose approximate logit is
  * within 2B of a lower bound on the m-th largest is computed exactly (each of the exact m best
- * is among them), the others are set to -Inf, and the usual top-m selection follows.
+ * is among them), the others get a + B (below the m-th best), and the usual top-m selection
+ * follows.
  *
  * The bound, per token, with x the normalised activation and x~ its 8-bit form:
  *   B = |x| * E + (|x~ - x| + g' * |x~|) * W
@@ -62,8 +63,9 @@ void lm_screen_free(struct lm_screen *sc);
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s);
 
 /* The sampled loop's form: the exact logit of every row that can be among the m largest
- * exact logits written to logits [N], -Inf for every other row, so that launch_topk's m best of
- * that row are those of the exact logits (ties and order included). Two launches; m from 1 to
+ * exact logits written to logits [N], and for every other row an upper bound of its exact
+ * logit that is below the m-th largest, so that launch_topk's m best of that row are those of
+ * the exact logits (ties and order included). Two launches; m from 1 to
  * lm_screen_best_limit (the screen's blocks, whose maxima bound the m-th largest from below). */
 cudaError_t launch_lm_screen_best(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
                                   float *logits, cudaStream_t s);
