@@ -16,6 +16,7 @@
  *           of theirs that stays below the m-th best, which launch_topk then ranks. The last block zeroes the scratch for the next token.
  */
 #include "backend/cuda/lm_screen.cuh"
+#include "backend/cuda/cuda_device.cuh"
 
 #include <math.h>
 
@@ -62,14 +63,6 @@ __device__ __forceinline__ float unord_bits(unsigned o)
     return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
-__device__ __forceinline__ float scr_warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ float scr_warp_max(float v)
 {
 #pragma unroll
@@ -78,22 +71,6 @@ __device__ __forceinline__ float scr_warp_max(float v)
     return v;
 }
 
-/* The block's sum of v (warp sums, then warp 0 adds them in order: the same bits in every
- * block for the same inputs); every thread gets it. red: SCR_WARPS floats of shared memory. */
-__device__ float scr_block_sum(float v, float *red)
-{
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = scr_warp_sum(v);
-    __syncthreads(); /* red may still be read by an earlier call */
-    if (lane == 0)
-        red[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < SCR_WARPS; w++)
-        t += red[w];
-    return t;
-}
 
 /* Element k of a 16- or 32-bit row. */
 __device__ __forceinline__ float scr_elem(const uint8_t *row, int32_t dtype, int k)
@@ -137,7 +114,7 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_screen_build_kernel(const uint
             dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
             s[r * nb + b] = sh;
         }
-        se = scr_warp_sum(se), sw = scr_warp_sum(sw), sq = scr_warp_sum(sq);
+        se = warp_sum(se), sw = warp_sum(sw), sq = warp_sum(sq);
         if (lane == 0) {
             /* non-negative floats order as their bits; NaN (any sign) orders above +Inf once
              * made positive, so a NaN row shows in the maximum */
@@ -170,7 +147,7 @@ __device__ void screen_stage(const struct screen_params &P, int8_t *xq, float *x
         float v = __ldcg(P.h + k);
         ss += v * v;
     }
-    ss = scr_block_sum(ss, red);
+    ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)K + P.eps);
     float xx = 0.0f, xe = 0.0f;
     for (int k = threadIdx.x; k < K; k += nt) { /* nt % 32 == 0: a warp holds one block of 32 */
@@ -185,8 +162,8 @@ __device__ void screen_stage(const struct screen_params &P, int8_t *xq, float *x
         if (blockIdx.x == 0)
             P.x[k] = x;
     }
-    xx = scr_block_sum(xx, red);
-    xe = scr_block_sum(xe, red);
+    xx = block_sum(xx, red);
+    xe = block_sum(xe, red);
     if (blockIdx.x == 0 && threadIdx.x == 0)
         P.sc->xx = xx, P.sc->xe = xe;
     __syncthreads();
@@ -234,7 +211,7 @@ __device__ __forceinline__ void screen_rows(const struct screen_params &P, int64
     }
 #pragma unroll
     for (int r = 0; r < SCR_ROWS; r++) {
-        float v = scr_warp_sum(acc[r]);
+        float v = warp_sum(acc[r]);
         if (lane == 0 && r0 + r < P.N) {
             P.approx[r0 + r] = v;
             if (v > best) /* NaN never wins */
@@ -246,7 +223,7 @@ __device__ __forceinline__ void screen_rows(const struct screen_params &P, int64
 __global__ void __launch_bounds__(SCR_THREADS) lm_screen_kernel(struct screen_params P)
 {
     extern __shared__ __align__(16) unsigned char scr_smem[];
-    __shared__ float red[SCR_WARPS];
+    __shared__ float red[32];
     int8_t *xq = (int8_t *)scr_smem;
     float *xs = (float *)(scr_smem + ((P.K + 15) & ~15));
     griddep_launch();
@@ -338,7 +315,7 @@ __device__ float exact_logit(const struct pick_params &P, int64_t j)
                 acc += (P.dtype == QR_BF16 ? bf16_bits_to_f32(u[e]) : f16_bits_to_f32(u[e])) * xv[e];
         }
     }
-    return scr_warp_sum(acc);
+    return warp_sum(acc);
 }
 
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
