@@ -61,6 +61,9 @@ e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --k
     fail "--kv-type f16 failed"
 [ -n "$e" ] || fail "--kv-type f16 generated nothing"
 if "$Q" run -m "$T/m.gguf" -p x --kv-type q8 2>"$T/err"; then fail "--kv-type q8 accepted"; fi
+# --keep-layer-types: nothing is converted on the CPU, so the same text
+e=$("$Q" run -m "$T/m.gguf" -p "Hello" -n 16 --temp 0 --no-stats --threads 2 --keep-layer-types)
+[ "$e" = "$a" ] || fail "--keep-layer-types changed the CPU's output: '$e' vs '$a'"
 grep -q "kv-type must be default, f32 or f16, got 'q8'" "$T/err" || fail "kv-type error: $(cat "$T/err")"
 if "$Q" compare -m "$T/m.gguf" --ref "$T/m.gguf" -n 4 --kv-type f16 2>"$T/err"; then fail "compare --kv-type f16 accepted"; fi
 grep -q "compare: --kv-type f16 is not taken here" "$T/err" || fail "compare kv-type error: $(cat "$T/err")"

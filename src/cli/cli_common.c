@@ -94,6 +94,8 @@ int cli_parse_model_opt(struct cli_model_opts *o, int argc, char **argv, int *i)
             return -1;
         }
         o->kv_type = !strcmp(v, "f16") ? QWENRT_KV_F16 : !strcmp(v, "f32") ? QWENRT_KV_F32 : QWENRT_KV_DEFAULT;
+    } else if (!strcmp(a, "--keep-layer-types")) {
+        o->keep_layer_types = true;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!(v = cli_value(argc, argv, i)) || !cli_parse_int(a, v, 1, 1 << 22, &n))
             return -1;
@@ -143,7 +145,8 @@ static void note_converted(const struct qwenrt_model *m, const char *backend)
     if (info.n_converted > 0)
         fprintf(stderr,
                 "qwenrt: %d weight matrices converted for the %s backend, whose kernels lack their "
-                "type (exactly to Q8_0 / Q6_K where the type allows, else to F16): %.2f GiB of "
+                "type (exactly to Q8_0 / Q6_K where the type allows, else to F16, with the other "
+                "block-quantised layer matrices beside them unless --keep-layer-types): %.2f GiB of "
                 "weights\n",
                 info.n_converted, backend, (double)info.weight_bytes / (1 << 30));
 }
@@ -159,7 +162,8 @@ struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
         struct tool_open_params tp = {.model_path = o->model, .backend = o->backend,
                                       .n_threads = o->threads, .profile = o->profile,
                                       .command = o->command ? o->command : "this command",
-                                      .intent = PROFILE_INTENT_INVESTIGATE};
+                                      .intent = PROFILE_INTENT_INVESTIGATE,
+                                      .keep_layer_types = o->keep_layer_types};
         struct tool_model t;
         if (tool_open(&tp, &t, &err) != QWENRT_OK) {
             fprintf(stderr, "qwenrt: %s\n", err.message);
@@ -173,6 +177,7 @@ struct qwenrt_model *cli_load_model(const struct cli_model_opts *o)
     }
     struct qwenrt_model_params p = qwenrt_model_default_params();
     p.n_threads = o->threads;
+    p.keep_layer_types = o->keep_layer_types;
     if (o->backend)
         p.backend = o->backend;
     struct qwenrt_model *m = NULL;

@@ -19,6 +19,7 @@ struct cli_model_opts {
     int32_t precision;   /* --precision default|exact: enum qwenrt_precision */
     int32_t kv_type;     /* --kv-type default|f32|f16: enum qwenrt_kv_type */
     const char *command; /* the command's name, for intent errors ("run", "serve", ...) */
+    bool keep_layer_types; /* --keep-layer-types: qwenrt_model_params.keep_layer_types */
 };
 
 /* If argv[*i] is one of the common model options, consumes it (and its value) and returns 1;

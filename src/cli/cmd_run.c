@@ -43,9 +43,11 @@ static int usage(void)
             "                  [--presence-penalty X] [--seed S] [--stop TEXT]... [--think|--no-think]\n"
             "                  [--threads N] [--ctx-size N] [--backend cpu|cuda]\n"
             "                  [--precision default|exact] [--kv-type default|f32|f16]\n"
-            "                  [--profile ID|FILE] [--gpu-steps N] [--no-stats]\n"
+            "                  [--profile ID|FILE] [--gpu-steps N] [--no-stats] [--keep-layer-types]\n"
             "  --gpu-steps N: tokens drawn per GPU submission where the sampler allows (no penalties\n"
-            "                 or bias, top-k below 256): default 16; 1 = token by token\n");
+            "                 or bias, top-k below 256): default 16; 1 = token by token\n"
+            "  --keep-layer-types: where the backend converts some layer matrices to F16 (Q5_K_M on\n"
+            "                 cuda), keep the others as stored (less memory, a slower decode)\n");
     return 2;
 }
 

@@ -23,7 +23,7 @@ static int usage(void)
             "                    [--max-tokens N] [--max-prompt N] [--max-body-kb N]\n"
             "                    [--timeout S] [--top-k K] [--alias NAME] [--threads N]\n"
             "                    [--backend cpu|cuda] [--precision default|exact] [--kv-type default|f32|f16]\n"
-            "                    [--profile ID|FILE] [--no-log]\n"
+            "                    [--profile ID|FILE] [--no-log] [--keep-layer-types]\n"
             "  --host ADDR      address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N         port (default 8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY    require 'Authorization: Bearer KEY' on /v1/* and /metrics\n"
@@ -43,7 +43,9 @@ static int usage(void)
             "                   f32), f32 or f16\n"
             "  --profile P      a runtime profile: kernels, or a CUDA calibration's decode shapes\n"
             "                   (qwenrt calibrate --backend cuda -o P)\n"
-            "  --no-log         no request log lines on stderr\n");
+            "  --no-log         no request log lines on stderr\n"
+            "  --keep-layer-types  where the backend converts some layer matrices to F16 (Q5_K_M\n"
+            "                   on cuda), keep the others as stored (less memory, a slower decode)\n");
     return 2;
 }
 

@@ -54,6 +54,7 @@ qwenrt_status tool_open(const struct tool_open_params *pr, struct tool_model *t,
     }
     struct qwenrt_model_params mp = qwenrt_model_default_params();
     mp.n_threads = pr->n_threads;
+    mp.keep_layer_types = pr->keep_layer_types;
     mp.backend = backend;
     if ((st = qwenrt_model_load(pr->model_path, &mp, &t->model, err)))
         goto out_fail;

@@ -29,6 +29,7 @@ struct tool_open_params {
     const char *command;      /* for intent errors: "bench", "validate", ... */
     unsigned intent;          /* PROFILE_INTENT_* of the command */
     bool reference;           /* bind every op to its *.ref kernel instead of the profile */
+    bool keep_layer_types;    /* qwenrt_model_params.keep_layer_types */
 };
 
 qwenrt_status tool_open(const struct tool_open_params *params, struct tool_model *out,
