@@ -1244,7 +1244,7 @@ int main(int argc, char **argv)
 {
     const char *arch = "qwen3-0.6b", *type = "bf16", *gguf = NULL, *json = NULL, *tokenizer = NULL;
     bool keep_layer_types = false; /* qwenrt_model_params.keep_layer_types */
-    int32_t sweep_top_k = 0;       /* --sweep-sampled K: the sweep's runs sampled with top_k K */
+    int sweep_top_k = 0;           /* --sweep-sampled K: the sweep's runs sampled with top_k K */
     int n_prompt = 512, n_gen = 128, depth = 0, reps = 5, no_validate = 0, no_merge = 0, gemv = 0, launch_floor = 0, pick = 0, mega_only = 0, decode_only = 0, prefill_only = 0, api_only = 0;
     int32_t gdn_chunked = 0, prefill_all = 0, gdn_scan_warps = 0;
     const char *tg_variant = NULL;
@@ -1268,6 +1268,7 @@ int main(int argc, char **argv)
         {"--gemv-smem-launch", &smem_launch, 0, 2, "(cuda_options.gemv_smem_launch)"},
         {"--gemv-mma", &gemv_mma, 0, 1, "(cuda_options.gemv_mma)"},
         {"--batch-check", &batch_chk, 1, 16, "sessions"},
+        {"--sweep-sampled", &sweep_top_k, 1, CUDA_TOP_MAX_M - 1, "candidates (top_k) of the sweep's draws"},
     };
     for (int i = 1; i < argc; i++) {
         int taken = take_int_option(int_opts, sizeof(int_opts) / sizeof(int_opts[0]), argc, argv, &i);
@@ -1287,7 +1288,6 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gemv-smem") && i + 1 < argc && sscanf(argv[++i], "%d:%d", &smem_warps, &smem_kb) == 2) {}
         else if (!strcmp(argv[i], "--kv-f16")) kv_f16 = 1; /* cuda_options.kv_f16 in the prefill and decode runs */
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
-        else if (!strcmp(argv[i], "--sweep-sampled") && i + 1 < argc) sweep_top_k = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];

@@ -64,6 +64,9 @@ set_tests_properties(cuda_bench_depth_args PROPERTIES
 add_test(NAME cuda_bench_gdn_scan_warps_args COMMAND cuda_bench --arch qwen35-tiny --type bf16 --gdn-scan-warps 12)
 set_tests_properties(cuda_bench_gdn_scan_warps_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--gdn-scan-warps 12: expected 0 \\(the default\\), 8 or 16")
+add_test(NAME cuda_bench_sweep_sampled_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --sweep 0:0:0:0:0 --sweep-sampled 300)
+set_tests_properties(cuda_bench_sweep_sampled_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--sweep-sampled 300: expected 1 to 255 candidates \\(top_k\\) of the sweep's draws")
 # integer options: a non-number, trailing text and a value out of range are each named
 add_test(NAME cuda_bench_reps_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --reps abc)
 set_tests_properties(cuda_bench_reps_args PROPERTIES
