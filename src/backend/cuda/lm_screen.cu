@@ -265,7 +265,7 @@ struct pick_params {
     int32_t *ids, *pos0, *out_ids, *step;
     int32_t m;                  /* 0: the argmax; else the m best rows into logits */
     float *logits;              /* m > 0: [N] the exact logit of every row that can be among the
-                                 * m best, -Inf for every other */
+                                 * m best, a + B (below the m-th best) for every other */
     const unsigned *block_max;  /* the screen's block maxima (m > 0) */
     int32_t n_blocks;
 };
