@@ -440,8 +440,9 @@ static void test_generate_graph_steps(void **st)
 /* The greedy loop with the screened LM head (cuda_options.lm_screen, lm_screen.cu) against
  * the whole head and the argmax: both fixtures' synth models (Qwen3's also at the real width,
  * 1,024), BF16 and F32 heads, 40 tokens read back every 16 in graphs of 8 and single steps:
- * the same ids, and the same last logits bit for bit (the screened graphs leave the logits
- * unwritten; the loop fills them from the last hidden state with the plain step); then the
+ * the same ids, the same top 5 after the first call (which asks for no logits), and the same
+ * last logits bit for bit (the screened graphs leave the logits unwritten; the first read
+ * fills them from the last hidden state with the plain step); then the
  * sampled loop (lm_screen 2), top_k 20 and 1, 20 tokens each: the same draws and last logits.
  * A Q4_K_M file's Q6_K head and a Q8_0 head are not screened. The screen
  * counts one pick per token and reads fewer than a quarter of the rows exactly; a session
@@ -460,8 +461,17 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
     assert_non_null(la);
     assert_non_null(lb);
-    if (cuda_session_generate(a, 7, 0, 37, 16, ga, la, &err) || cuda_session_generate(b, 7, 0, 37, 16, gb, lb, &err))
+    if (cuda_session_generate(a, 7, 0, 37, 16, ga, NULL, &err) || cuda_session_generate(b, 7, 0, 37, 16, gb, NULL, &err))
         fail_msg("%s generate: %s", arch, err.message);
+    { /* no logits asked for: the screened loop's row is made when it is first read, here */
+        int32_t ta[5], tb[5];
+        float va[5], vb[5];
+        if (cuda_session_top(a, 1.0f, 5, NULL, 0, ta, va, NULL, &err) ||
+            cuda_session_top(b, 1.0f, 5, NULL, 0, tb, vb, NULL, &err))
+            fail_msg("%s top: %s", arch, err.message);
+        assert_memory_equal(ta, tb, sizeof(ta));
+        assert_memory_equal(va, vb, sizeof(va));
+    }
     if (cuda_session_generate(a, ga[36], 37, 3, 0, ga + 37, la, &err) ||
         cuda_session_generate(b, gb[36], 37, 3, 0, gb + 37, lb, &err))
         fail_msg("%s generate: %s", arch, err.message);

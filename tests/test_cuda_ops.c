@@ -1219,7 +1219,7 @@ static int32_t check_screen_pick(const float *h, const float *g, const uint8_t *
     int32_t id = -2;
     int64_t rows = 0;
     bool built = false;
-    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, 0, 3, &id, NULL, &rows, &built, &err))
+    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, 0, 3, &id, NULL, NULL, &rows, &built, &err))
         fail_msg("lm_screen %s (dtype %d, %d x %d): %s", what, (int)dt, (int)N, (int)K, err.message);
     assert_true(built);
     struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
@@ -1253,43 +1253,47 @@ static void best_m(const double *l, int32_t N, int32_t m, int32_t *ids)
     }
 }
 
-/* The sampled loop's form for m: the row's m best are the exact logits' m best (where the
- * m-th and the next stand apart), each value there the exact logit, every other value either
- * exact (a row read exactly) or below the m-th best exact logit. */
+/* The sampled loop's form for m: its m best rows, ranked, are the exact logits' m best (where
+ * the m-th and the next stand apart; ranks may swap only within the sums' rounding), each value
+ * the row's exact logit, every one at least the m-th best exact logit. */
 static void check_screen_best(const float *h, const float *g, const uint8_t *w, enum qr_dtype dt, int32_t N, int32_t K,
                               int32_t m)
 {
     struct qwenrt_error err = {0};
     int32_t id = -2, got[64], want[65];
+    float vals[64];
     int64_t rows = 0;
     bool built = false;
-    float *row = malloc((size_t)N * sizeof(float));
-    double *rd = malloc((size_t)N * sizeof(double));
-    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, m, 2, &id, row, &rows, &built, &err))
+    assert_true(m <= 64);
+    if (cuda_lm_screen_pick(h, g, 1e-6f, w, dt, N, K, m, 2, &id, got, vals, &rows, &built, &err))
         fail_msg("lm_screen best %d (dtype %d, %d x %d): %s", (int)m, (int)dt, (int)N, (int)K, err.message);
     assert_true(built);
     struct screen_ref r = screen_reference(h, g, 1e-6f, w, dt, N, K);
     const double tol = 1e-5 * r.scale;
     best_m(r.logits, N, m < N ? m + 1 : m, want);
-    int64_t exact = 0;
-    for (int32_t j = 0; j < N; j++) {
-        rd[j] = row[j];
-        if (fabs(row[j] - r.logits[j]) <= tol)
-            exact++;
-        else if (!(row[j] < r.logits[want[m - 1]]))
-            fail_msg("lm_screen best %d: row %d is %.9g, exactly %.9g, the m-th best %.9g", (int)m, (int)j, row[j],
-                     r.logits[j], r.logits[want[m - 1]]);
-    }
-    assert_true(exact >= m && rows >= 2 * (int64_t)m && rows % 2 == 0); /* each pick reads the same rows */
-    best_m(rd, N, m, got);
-    bool apart = m == N || r.logits[want[m - 1]] - r.logits[want[m]] > tol;
-    for (int32_t k = 0; k < m && apart; k++)
-        if (got[k] != want[k] && fabs(r.logits[got[k]] - r.logits[want[k]]) > tol)
+    assert_true(rows >= 2 * (int64_t)m && rows % 2 == 0); /* each pick reads the same rows */
+    const bool apart = m == N || r.logits[want[m - 1]] - r.logits[want[m]] > tol;
+    for (int32_t k = 0; k < m; k++) {
+        assert_true(got[k] >= 0 && got[k] < N);
+        for (int32_t q = 0; q < k; q++)
+            if (got[q] == got[k])
+                fail_msg("lm_screen best %d: row %d twice (ranks %d and %d)", (int)m, (int)got[k], (int)q, (int)k);
+        if (fabs(vals[k] - r.logits[got[k]]) > tol)
+            fail_msg("lm_screen best %d: rank %d, row %d is %.9g, exactly %.9g", (int)m, (int)k, (int)got[k], vals[k],
+                     r.logits[got[k]]);
+        if (k > 0 && !(vals[k] <= vals[k - 1]))
+            fail_msg("lm_screen best %d: rank %d (%.9g) above rank %d (%.9g)", (int)m, (int)k, vals[k], (int)k - 1,
+                     vals[k - 1]);
+        if (r.logits[got[k]] < r.logits[want[m - 1]] - tol)
+            fail_msg("lm_screen best %d: rank %d is row %d at %.9g, below the m-th best %.9g", (int)m, (int)k,
+                     (int)got[k], r.logits[got[k]], r.logits[want[m - 1]]);
+        if (apart && got[k] != want[k] && fabs(r.logits[got[k]] - r.logits[want[k]]) > tol)
             fail_msg("lm_screen best %d (%d x %d): rank %d is row %d, want %d", (int)m, (int)N, (int)K, (int)k,
                      (int)got[k], (int)want[k]);
+    }
     printf("lm_screen best %3d, dtype %2d, %6d x %4d: %lld rows exactly\n", (int)m, (int)dt, (int)N, (int)K,
            (long long)(rows / 2));
-    free(r.logits), free(row), free(rd);
+    free(r.logits);
 }
 
 /* Row dst = row src of w (stored as dt), element k raised by delta (rounded as dt stores it). */
@@ -1365,22 +1369,43 @@ static void test_lm_screen(void **st)
     int32_t id = -2;
     int64_t rows = 0;
     bool built = false;
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 0, 2, &id, NULL, &rows, &built, &err), QWENRT_OK);
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 0, 2, &id, NULL, NULL, &rows, &built, &err), QWENRT_OK);
     assert_true(built);
     assert_int_equal(id, 0); /* every logit NaN: 0, as the argmax; every row was read exactly */
     assert_int_equal(rows, 2 * N);
+    { /* the sampled form with every logit NaN: all 9,001 rows are candidates (the last block
+       * selects them in chunks); NaN keys rank by the lower id */
+        const int32_t NN = 9001, M = 40;
+        uint8_t *w2 = random_weights(QR_BF16, K, NN, 0.05f, &nbytes);
+        int32_t top[40];
+        float vals[40];
+        assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w2, QR_BF16, NN, K, M, 2, &id, top, vals, &rows, &built, &err),
+                         QWENRT_OK);
+        assert_true(built);
+        assert_int_equal(rows, 2 * NN);
+        for (int32_t k = 0; k < M; k++) {
+            assert_int_equal(top[k], k);
+            assert_true(isnan(vals[k]));
+        }
+        assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w2, QR_BF16, NN, K, 300, 1, &id, top, vals, &rows, &built,
+                                             &err),
+                         QWENRT_ERR_INVALID_ARG); /* m over CUDA_TOP_MAX_M */
+        assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w2, QR_BF16, NN, K, 5, 1, &id, NULL, vals, &rows, &built, &err),
+                         QWENRT_ERR_INVALID_ARG);
+        free(w2);
+    }
     float inf_row[64];
     for (int32_t k = 0; k < K; k++)
         h[k] = frand(), inf_row[k] = k == 5 ? INFINITY : 0.0f;
     assert_true(quant_quantize_row(QR_BF16, inf_row, w + 9 * 2 * K, K));
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 0, 1, &id, NULL, &rows, &built, &err), QWENRT_OK);
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, K, 0, 1, &id, NULL, NULL, &rows, &built, &err), QWENRT_OK);
     assert_false(built);
     assert_int_equal(id, -1);
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, 48, 0, 1, &id, NULL, &rows, &built, &err),
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_BF16, N, 48, 0, 1, &id, NULL, NULL, &rows, &built, &err),
                      QWENRT_ERR_INVALID_ARG);
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q8_0, N, K, 0, 1, &id, NULL, &rows, &built, &err),
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q8_0, N, K, 0, 1, &id, NULL, NULL, &rows, &built, &err),
                      QWENRT_ERR_INVALID_ARG);
-    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q6_K, 3, 256, 0, 1, &id, NULL, &rows, &built, &err),
+    assert_int_equal(cuda_lm_screen_pick(h, g, 1e-6f, w, QR_Q6_K, 3, 256, 0, 1, &id, NULL, NULL, &rows, &built, &err),
                      QWENRT_ERR_INVALID_ARG); /* a Q6_K head is not screened */
     free(w);
 }

@@ -686,14 +686,15 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
  * (x = h * (1 / rms(h)) * norm_w, as the fused final norm), rows w [N][K] of dtype (QR_F32,
  * QR_F16 or QR_BF16 bytes), N >= 1, K a multiple of 32 up to 8,192; reps picks in a row (the
  * scratch must come back zeroed: each must give the same). m 0: *id the token (the argmax of
- * the exact logits, ties to the lowest index, 0 when all are NaN); m >= 1: row [N] the sampled
- * loop's row (the exact logit of each row that can be among the m largest, for the others a
- * value below the m-th largest; *id 0). *exact_rows: the rows computed exactly over all reps; *built false (and *id -1) when
- * the screen declines the rows (a bound that is not finite). Errors: INVALID_ARG (also m above
- * the screen's limit, its blocks), BACKEND. */
+ * the exact logits, ties to the lowest index, 0 when all are NaN); m >= 1: the sampled loop's
+ * ranking at temperature 1, top_ids [m] and top_vals [m] the m best rows (by exact logit, ties
+ * to the lower index), best first, and their exact logits; *id 0. *exact_rows: the rows
+ * computed exactly over all reps; *built false (and *id -1) when the screen declines the rows
+ * (a bound that is not finite). Errors: INVALID_ARG (also m above the screen's limit: its
+ * blocks, at most CUDA_TOP_MAX_M), BACKEND. */
 qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w, int32_t dtype,
-                                  int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, float *row,
-                                  int64_t *exact_rows, bool *built, struct qwenrt_error *err);
+                                  int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, int32_t *top_ids,
+                                  float *top_vals, int64_t *exact_rows, bool *built, struct qwenrt_error *err);
 
 /* For the tests: the greedy loop's argmax kernel over n host floats (copied to the device 4
  * bytes past a 16-byte boundary when misalign: the kernel's scalar path) in blocks blocks (1:

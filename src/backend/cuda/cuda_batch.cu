@@ -720,6 +720,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         CUDA_CHECK(cudaMemcpyAsync(logits, c0->bbufs[p->buf_logits], n * row, cudaMemcpyDeviceToHost, c0->stream));
     for (int32_t r = 0; to_rows && r < n; r++) { /* for cuda_session_top / _logits */
         css[r]->last_row = css[r]->dbufs[p->buf_logits];
+        css[r]->row_stale = false;
         css[r]->row_gen++;
         css[r]->mk_top_ready = false;
     }

@@ -734,7 +734,8 @@ cudaError_t topk_prepare(int32_t *max_keys);
 cudaError_t topk_alloc_scratch(unsigned long long **scratch);
 /* With draw (not with reference): the last block then draws the next token from the ranked
  * candidates as sample.cu does (draw->sp in device memory, m = its top_k), writing it where
- * launch_sample would. */
+ * launch_sample would. pdl: launched as a programmatic dependent of the kernel before it (the
+ * decode loop's graphs), the row read after griddepcontrol.wait. */
 struct topk_draw {
     const struct cuda_sample_params *sp;
     int32_t *next_id, *pos0, *out_ids, *step;
@@ -742,7 +743,7 @@ struct topk_draw {
 cudaError_t launch_topk(const float *logits, int32_t V, float temperature, int32_t m,
                         const int32_t *gather, int32_t n_gather, unsigned long long *scratch,
                         int32_t *out_ids, float *out_vals, float *gather_vals, bool reference,
-                        cudaStream_t s, const struct topk_draw *draw = NULL);
+                        cudaStream_t s, const struct topk_draw *draw = NULL, bool pdl = false);
 /* The same selection for n rows in one launch (blockIdx.y: the row), each row with its own
  * logits, scratch and results (ids, vals: device pointers, which may be mapped host memory),
  * all of V logits with the same temperature and m, no gather: the server's picks of every

@@ -325,10 +325,10 @@ extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, i
 /* ------------------------------------------------------------------ the screened LM head */
 
 /* cuda_lm_screen_pick's device part: the inputs at d (h, norm_w, the rows, the id, then the
- * logits row), reps picks. */
+ * logits row and the m best's ids and values), reps picks. */
 static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
-                                     int32_t m, int32_t reps, int32_t *id, float *row, int64_t *exact_rows,
-                                     bool *built, struct qwenrt_error *err)
+                                     int32_t m, int32_t reps, int32_t *id, int32_t *top_ids, float *top_vals,
+                                     int64_t *exact_rows, bool *built, struct qwenrt_error *err)
 {
     struct lm_screen *sc = NULL;
     qwenrt_status st = lm_screen_build(d + 8 * (size_t)K, dtype, N, K, row_bytes, 0, &sc, err);
@@ -337,6 +337,8 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
     *built = true;
     int32_t *d_id = (int32_t *)(d + ((8 * (size_t)K + (size_t)N * row_bytes + 15) & ~(size_t)15));
     float *d_row = (float *)(d_id + 4);
+    int32_t *d_top_ids = (int32_t *)(d_row + N);
+    float *d_top_vals = (float *)(d_top_ids + (m > 0 ? m : 0));
     const int32_t limit = lm_screen_best_limit(sc);
     if (m > limit) {
         lm_screen_free(sc);
@@ -344,26 +346,30 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
     }
     struct lm_screen_args a = {(const float *)d, (const float *)d + K, eps, d + 8 * (size_t)K, dtype, row_bytes,
                                d_id, NULL, NULL, NULL, false};
+    const struct lm_screen_sampled smp = {m, 1.0f, d_row, d_top_ids, d_top_vals, NULL};
+    const size_t top_bytes = (size_t)(m > 0 ? m : 0) * sizeof(int32_t);
+    int32_t *prev = (int32_t *)malloc(2 * top_bytes + 1);
     int64_t picks = 0;
-    cudaError_t e = cudaSuccess;
-    for (int32_t r = 0; r < reps && e == cudaSuccess; r++) {
+    cudaError_t e = prev ? cudaSuccess : cudaErrorMemoryAllocation;
+    for (int32_t r = 0; r < reps && e == cudaSuccess && !st; r++) {
         int32_t one = -1;
-        e = m ? launch_lm_screen_best(sc, &a, m, d_row, 0) : launch_lm_screen(sc, &a, 0);
+        e = m ? launch_lm_screen_sampled(sc, &a, &smp, 0) : launch_lm_screen(sc, &a, 0);
         if (e == cudaSuccess && !m)
             e = cudaMemcpy(&one, d_id, sizeof(one), cudaMemcpyDeviceToHost);
-        if (e == cudaSuccess && m) { /* the row's bytes must not change from pick to pick */
-            float *prev = r > 0 ? (float *)malloc((size_t)N * sizeof(float)) : NULL;
-            if (prev)
-                memcpy(prev, row, (size_t)N * sizeof(float));
-            e = cudaMemcpy(row, d_row, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost);
-            one = prev && memcmp(prev, row, (size_t)N * sizeof(float)) ? -3 : 0;
-            free(prev);
+        if (e == cudaSuccess && m) { /* the m best must not change from pick to pick */
+            if (r > 0)
+                memcpy(prev, top_ids, top_bytes), memcpy(prev + m, top_vals, top_bytes);
+            e = cudaMemcpy(top_ids, d_top_ids, top_bytes, cudaMemcpyDeviceToHost);
+            if (e == cudaSuccess)
+                e = cudaMemcpy(top_vals, d_top_vals, top_bytes, cudaMemcpyDeviceToHost);
+            one = r > 0 && (memcmp(prev, top_ids, top_bytes) || memcmp(prev + m, top_vals, top_bytes)) ? -3 : 0;
         }
         if (e == cudaSuccess && r > 0 && one != *id)
             st = err_set(err, QWENRT_ERR_BACKEND, "cuda_lm_screen_pick: pick %d gave %d, the first %d", (int)r,
                          (int)one, (int)*id);
         *id = st ? *id : one;
     }
+    free(prev);
     if (e != cudaSuccess)
         st = cuda_fail(err, e, __FILE__, __LINE__, "the screened LM head");
     if (!st)
@@ -377,18 +383,19 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
 
 extern "C" qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w,
                                              int32_t dtype, int32_t N, int32_t K, int32_t m, int32_t reps,
-                                             int32_t *id, float *row, int64_t *exact_rows, bool *built,
-                                             struct qwenrt_error *err)
+                                             int32_t *id, int32_t *top_ids, float *top_vals, int64_t *exact_rows,
+                                             bool *built, struct qwenrt_error *err)
 {
     *id = -1, *exact_rows = 0, *built = false;
     size_t rb = 0;
     const int64_t row_bytes = K > 0 && dtype_row_bytes((enum qr_dtype)dtype, K, &rb) ? (int64_t)rb : 0;
-    if (!h || !norm_w || !w || reps < 1 || m < 0 || (m && !row) ||
+    if (!h || !norm_w || !w || reps < 1 || m < 0 || m > CUDA_TOP_MAX_M || (m && (!top_ids || !top_vals)) ||
         !lm_screen_applies(dtype, N, K, row_bytes, (void *)16, (float *)16, (float *)16))
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_pick: %d rows of %d of dtype %d, %d picks", (int)N,
-                       (int)K, (int)dtype, (int)reps);
-    uint8_t *d = NULL; /* h, norm_w (4 K each: 16-byte aligned as K % 32 == 0), the rows, the id */
-    cudaError_t e = cudaMalloc(&d, 8 * (size_t)K + (size_t)N * row_bytes + 32 + (size_t)N * sizeof(float));
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_pick: %d rows of %d of dtype %d, m %d, %d picks",
+                       (int)N, (int)K, (int)dtype, (int)m, (int)reps);
+    uint8_t *d = NULL; /* h, norm_w (4 K each: 16-byte aligned as K % 32 == 0), the rows, the id, the row, the m best */
+    cudaError_t e = cudaMalloc(&d, 8 * (size_t)K + (size_t)N * row_bytes + 32 + (size_t)N * sizeof(float) +
+                                       (size_t)m * 8);
     if (e == cudaSuccess)
         e = cudaMemcpy(d, h, 4 * (size_t)K, cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
@@ -396,8 +403,8 @@ extern "C" qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w
     if (e == cudaSuccess)
         e = cudaMemcpy(d + 8 * (size_t)K, w, (size_t)N * row_bytes, cudaMemcpyHostToDevice);
     qwenrt_status st = e != cudaSuccess ? cuda_fail(err, e, __FILE__, __LINE__, "cudaMalloc, cudaMemcpy")
-                                        : screen_pick_run(d, eps, dtype, N, K, row_bytes, m, reps, id, row,
-                                                          exact_rows, built, err);
+                                        : screen_pick_run(d, eps, dtype, N, K, row_bytes, m, reps, id, top_ids,
+                                                          top_vals, exact_rows, built, err);
     cudaFree(d);
     return st;
 }

@@ -1092,6 +1092,7 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
         return st;
     }
     cs->last_row = b[p->buf_logits] + (size_t)(rows - 1) * cs->n_vocab;
+    cs->row_stale = false;
     cs->row_gen++;
     if (!logits && !all_logits) { /* the row stays on the device (cuda_session_top) */
         cs->unsynced = true;

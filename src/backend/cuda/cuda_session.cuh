@@ -135,6 +135,9 @@ struct cuda_session {
     int32_t *h_stage;         /* pinned: [0] id, [1] pos, [2] step */
     bool unsynced;            /* a run returned without waiting (h_stage may be in flight) */
     const float *last_row;    /* device: the last position's logits of the latest run */
+    bool row_stale;           /* last_row still to be computed: a screened generation loop left it
+                               * for the LM head over its last hidden state (session_output.cu's
+                               * row_ready, before any read of it) */
     int32_t *d_mk_top;        /* [2] the megakernel's argmax of the latest single decode step
                                * (id, the logit's bits) */
     bool mk_top_ready;        /* d_mk_top belongs to last_row */
@@ -274,7 +277,8 @@ struct run_ctx decode_ctx(struct cuda_session *cs);
  * applies (cs->screen stays NULL where it does not, or where the device has no room for the
  * copy: the plain head serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX, and of
  * GEN_SAMPLE with opt.lm_screen 2 for top_k up to lm_screen_best_limit, then pick through it and leave the logits
- * buffer partly written, which enqueue_last_logits fills from the last hidden state. */
+ * buffer partly written, which enqueue_last_logits fills from the last hidden state when the
+ * row is first read (cs->row_stale). */
 qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err);
 /* Whether the graphs of gen (enum gen_mode) pick through the screen; fills a when they do. */
 bool lm_screen_takes(const struct cuda_session *cs, int gen, struct lm_screen_args *a);

@@ -389,10 +389,11 @@ qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t bloc
 }
 
 qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w, int32_t dtype,
-                                  int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, float *row,
-                                  int64_t *exact_rows, bool *built, struct qwenrt_error *err)
+                                  int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, int32_t *top_ids,
+                                  float *top_vals, int64_t *exact_rows, bool *built, struct qwenrt_error *err)
 {
-    (void)h, (void)norm_w, (void)eps, (void)w, (void)dtype, (void)N, (void)K, (void)m, (void)reps, (void)row;
+    (void)h, (void)norm_w, (void)eps, (void)w, (void)dtype, (void)N, (void)K, (void)m, (void)reps;
+    (void)top_ids, (void)top_vals;
     *id = -1, *exact_rows = 0, *built = false;
     return not_built(err);
 }

@@ -789,7 +789,7 @@ static cudaError_t enqueue_pick(struct cuda_session *cs, enum gen_mode mode)
                                                           cs->d_step, cs->stream, cs->decode_pdl, &cs->am);
     struct topk_draw dr = {cs->d_sp, cs->d_ids, cs->d_pos, cs->d_out, cs->d_step}; /* drawn in topk's last block */
     return launch_topk(row, cs->n_vocab, cs->samp_t, cs->samp_m, NULL, 0, cs->d_topk, cs->d_top,
-                       (float *)(cs->d_top + CUDA_TOP_MAX_M), NULL, false, cs->stream, &dr);
+                       (float *)(cs->d_top + CUDA_TOP_MAX_M), NULL, false, cs->stream, &dr, cs->decode_pdl);
 }
 
 /* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph, steps
@@ -803,15 +803,15 @@ qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraph
     qwenrt_status st = QWENRT_OK;
     struct lm_screen_args sa;
     const bool screened = lm_screen_takes(cs, gen, &sa);
-    float *row = cs->dbufs[cs->plans[PHASE_DECODE].buf_logits];
+    /* the sampled screen ranks and draws as enqueue_pick's topk does, into the same buffers */
+    const struct lm_screen_sampled smp = {cs->samp_m, cs->samp_t, cs->dbufs[cs->plans[PHASE_DECODE].buf_logits],
+                                          cs->d_top, (float *)(cs->d_top + CUDA_TOP_MAX_M), cs->d_sp};
     for (int32_t k = 0; k < steps && !st; k++) {
         st = enqueue_steps(cs, cs->n_steps - screened, err); /* the screen stands in for the LM head */
         cudaError_t e = st || gen == GEN_NONE ? cudaSuccess
                         : !screened           ? enqueue_pick(cs, (enum gen_mode)gen)
                         : gen == GEN_ARGMAX   ? launch_lm_screen(cs->screen, &sa, cs->stream)
-                                              : launch_lm_screen_best(cs->screen, &sa, cs->samp_m, row, cs->stream);
-        if (e == cudaSuccess && !st && screened && gen == GEN_SAMPLE)
-            e = enqueue_pick(cs, GEN_SAMPLE); /* the m best of the row the screen wrote */
+                                              : launch_lm_screen_sampled(cs->screen, &sa, &smp, cs->stream);
         if (e != cudaSuccess)
             st = cuda_fail(err, e, __FILE__, __LINE__, "the token's pick");
     }

@@ -12,11 +12,15 @@
  *           scan of the approximate logits, the exact dot product (a warp each) of every row
  *           at or over it; for the argmax an atomicMax on (logit, lowest index) keys, and the
  *           last block to arrive writes the token as launch_argmax does; for the m best (the
- *           sampled loop) the exact logits of those rows and, for the others, an upper bound
- *           of theirs that stays below the m-th best, which launch_topk then ranks. The last block zeroes the scratch for the next token.
+ *           sampled loop) each such row's exact logit goes to the logits row and its key
+ *           (topk_select.cuh's order) to a list, from which the last block to arrive selects
+ *           the m best, ranks them and draws the token (sample.cuh), as topk.cu's last block
+ *           does for a whole row. The last block zeroes the scratch for the next token.
  */
 #include "backend/cuda/lm_screen.cuh"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/sample.cuh"
+#include "backend/cuda/topk_select.cuh"
 
 #include <math.h>
 
@@ -28,6 +32,7 @@ extern "C" {
 #define SCR_WARPS (SCR_THREADS / 32)
 #define SCR_ROWS 4          /* rows a warp screens at once */
 #define PICK_BLOCKS 128
+#define PICK_CHUNK 4096     /* candidate keys the sampled pick's last block selects from at once */
 #define BUILD_BLOCKS 1024
 
 /* Device scratch kept zeroed between tokens (amax, count, key) and the statistics. */
@@ -35,6 +40,7 @@ struct scr_scratch {
     float xx, xe;             /* |x|^2 and |x~ - x|^2 of the token (block 0 of the screen) */
     unsigned amax;            /* order-preserving bits of the largest approximate logit, 0: none */
     unsigned count;           /* the pick's arrivals */
+    unsigned n_cand;          /* the sampled pick's candidates so far */
     unsigned long long key;   /* the best exact (logit, index) so far, 0: none */
     unsigned long long picks; /* statistics: tokens picked, rows computed exactly */
     unsigned long long rows;
@@ -46,6 +52,7 @@ struct lm_screen {
     __half *s;       /* [N][K / 32] */
     float *approx;   /* [N] */
     float *x;        /* [K] the token's normalised x (block 0 of the screen) */
+    unsigned long long *cand; /* [N] the sampled pick's candidate keys */
     unsigned *block_max; /* [screen_blocks] */
     struct scr_scratch *sc;
     int32_t N, K, screen_blocks;
@@ -263,34 +270,76 @@ struct pick_params {
     int32_t N, K;
     float E, W, gp;
     int32_t *ids, *pos0, *out_ids, *step;
-    int32_t m;                  /* 0: the argmax; else the m best rows into logits */
-    float *logits;              /* m > 0: [N] the exact logit of every row that can be among the
-                                 * m best, a + B (below the m-th best) for every other */
-    const unsigned *block_max;  /* the screen's block maxima (m > 0) */
+    int32_t m;                  /* 0: the argmax; else the m best rows, ranked, then a draw */
+    float temperature;          /* m > 0: the keys' order is logit / temperature's */
+    float *logits;              /* m > 0: [N] the exact logit of every candidate row written */
+    unsigned long long *cand;   /* m > 0: [N] the candidates' keys */
+    const unsigned *block_max;  /* m > 0: the screen's block maxima */
     int32_t n_blocks;
+    int32_t *top_ids;           /* m > 0: the m best, best first, and their exact logits */
+    float *top_vals;
+    const struct cuda_sample_params *sp; /* m > 0: the draw's sampler (NULL: rank only) */
 };
 
 /* A lower bound on the m-th largest approximate logit: the m-th largest of the screen's block
- * maxima (m blocks hold a value at least that large, each in a row of its own); NaN where
- * fewer than m blocks have one (then every row is read exactly). Every thread gets it. */
-__device__ float mth_block_max(const struct pick_params &P, unsigned *keys)
+ * maxima (m blocks hold a value at least that large, each in a row of its own), by the radix
+ * select over (maximum, block) keys; NaN where fewer than m blocks have one (then every row is
+ * read exactly). Every thread gets it. */
+__device__ float mth_block_max(const struct pick_params &P, unsigned long long *keys, unsigned long long *best,
+                               struct topk_sel *st)
 {
-    __shared__ unsigned s_key;
+    __shared__ unsigned s_min;
     if (threadIdx.x == 0)
-        s_key = 0;
+        s_min = 0xffffffffu;
     for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x)
-        keys[i] = __ldcg(P.block_max + i);
+        keys[i] = ((unsigned long long)__ldcg(P.block_max + i) << 32) | (0xffffffffu - (unsigned)i);
     __syncthreads();
-    for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x) {
-        const unsigned v = keys[i];
-        int above = 0, at_least = 0;
-        for (int j = 0; j < P.n_blocks && above < P.m; j++) /* most values stop early */
-            above += keys[j] > v, at_least += keys[j] >= v;
-        if (v && above < P.m && at_least >= P.m)
-            s_key = v; /* every thread that gets here holds the same value */
+    topk_block_select(keys, P.n_blocks, P.m, best, st); /* n_blocks >= m: lm_screen_best_limit */
+    for (int i = threadIdx.x; i < P.m; i += blockDim.x)
+        atomicMin(&s_min, (unsigned)(best[i] >> 32));
+    __syncthreads();
+    return s_min ? unord_bits(s_min) : NAN; /* 0: a block with no value among the m */
+}
+
+/* The sampled pick's last block: the m best of the n candidates' keys (n >= m: at least m
+ * rows reach the threshold, see mth_block_max), PICK_CHUNK at a time into keys, ranked into
+ * top_ids / top_vals (the exact logits the row holds for them), then the draw. */
+__device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigned long long *keys,
+                                 unsigned long long *best, struct topk_sel *st)
+{
+    const int32_t m = P.m;
+    int32_t kept = 0;
+    for (int32_t c0 = 0; c0 < n;) {
+        const int32_t take = min(PICK_CHUNK - kept, n - c0);
+        for (int32_t i = threadIdx.x; i < take; i += blockDim.x)
+            keys[kept + i] = __ldcg(P.cand + c0 + i);
+        c0 += take, kept += take;
+        __syncthreads();
+        if (kept > m) {
+            topk_block_select(keys, kept, m, best, st);
+            for (int32_t i = threadIdx.x; i < m; i += blockDim.x)
+                keys[i] = best[i];
+            __syncthreads();
+            kept = m;
+        }
     }
+    for (int32_t i = kept + threadIdx.x; i < m; i += blockDim.x)
+        keys[i] = 0; /* never taken (n >= m); a padding key ranks last */
     __syncthreads();
-    return s_key ? unord_bits(s_key) : NAN;
+    for (int32_t i = threadIdx.x; i < m; i += blockDim.x) { /* rank = the keys ahead of it */
+        const unsigned long long key = keys[i];
+        int32_t rank = 0;
+        for (int32_t j = 0; j < m; j++)
+            rank += keys[j] > key || (keys[j] == key && j < i);
+        const int32_t id = key ? topk_id(key) : 0;
+        P.top_ids[rank] = id;
+        P.top_vals[rank] = key ? __ldcg(P.logits + id) : -INFINITY;
+    }
+    if (!P.sp)
+        return;
+    __syncthreads(); /* the ranked candidates are written (and best is free) */
+    if (threadIdx.x < 32)
+        sample_draw_warp(P.top_ids, P.top_vals, P.sp, P.ids, P.pos0, P.out_ids, P.step, (float *)best);
 }
 
 /* The exact logit of row j (the warp's f32 sums over the 16- or 32-bit row and x). */
@@ -320,23 +369,26 @@ __device__ float exact_logit(const struct pick_params &P, int64_t j)
 
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
 {
-    extern __shared__ unsigned pick_keys[]; /* m > 0: the block maxima */
-    __shared__ float s_thr, s_bound;
+    extern __shared__ unsigned long long pick_keys[]; /* m > 0: the block maxima, then candidates */
+    __shared__ unsigned long long s_best[TOPK_MAX_M];
+    __shared__ struct topk_sel s_sel;
+    __shared__ float s_thr;
     __shared__ bool s_last;
+    __shared__ unsigned s_n;
     griddep_launch();
     griddep_wait();
     struct scr_scratch *sc = P.sc;
     /* the argmax: the largest approximate logit; the m best: a lower bound on the m-th largest */
-    const float top = P.m ? mth_block_max(P, pick_keys) : unord_bits(__ldcg(&sc->amax)); /* NaN: none */
+    const float top = P.m ? mth_block_max(P, pick_keys, s_best, &s_sel)
+                          : unord_bits(__ldcg(&sc->amax)); /* NaN: none */
     if (threadIdx.x == 0) {
         float nx = sqrtf(__ldcg(&sc->xx)) * 1.001f, ne = sqrtf(__ldcg(&sc->xe)) * 1.001f;
         float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
         float thr = top - 2.0f * B;
         s_thr = thr - 1e-6f * (fabsf(top) + 2.0f * B); /* the subtraction's rounding */
-        s_bound = B;
     }
     __syncthreads();
-    const float thr = s_thr, B = s_bound; /* thr NaN: every row is read exactly */
+    const float thr = s_thr; /* NaN: every row is read exactly */
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * SCR_WARPS * 32;
     unsigned long long n_rows = 0;
@@ -344,17 +396,12 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         const int64_t i = base + lane;
         const float a = i < P.N ? __ldcg(P.approx + i) : 0.0f;
         const bool cand = i < P.N && !(a < thr);
-        /* a row ruled out gets a + B, an upper bound of its exact logit below the m-th best
-         * (a < thr <= t - 2B and the m-th best >= t - B): distinct values, where -Inf for all
-         * of them made topk.cu's radix select walk every digit of its ties */
-        if (P.m && i < P.N && !cand)
-            P.logits[i] = a + B;
         for (unsigned m = __ballot_sync(0xffffffffu, cand); m; m &= m - 1) {
             const int64_t j = base + __ffs(m) - 1;
             float v = exact_logit(P, j);
             n_rows++;
-            if (lane == 0 && P.m)
-                P.logits[j] = v;
+            if (lane == 0 && P.m) /* a row ruled out (a < thr) is below the m-th best: unwritten */
+                P.logits[j] = v, P.cand[atomicAdd(&sc->n_cand, 1u)] = topk_key(v, P.temperature, (int32_t)j);
             else if (lane == 0 && v == v) /* (logit, lowest index) as one ordered key */
                 atomicMax(&sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
         }
@@ -366,13 +413,22 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     if (threadIdx.x == 0)
         s_last = atomicAdd(&sc->count, 1u) == gridDim.x - 1;
     __syncthreads();
-    if (!s_last || threadIdx.x != 0)
+    if (!s_last)
         return;
     __threadfence();
-    sc->amax = 0, sc->count = 0; /* ready for the next token */
-    sc->picks++;
-    if (P.m)
-        return; /* the m best are in logits for launch_topk */
+    if (threadIdx.x == 0)
+        s_n = atomicAdd(&sc->n_cand, 0u);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sc->amax = 0, sc->count = 0, sc->n_cand = 0; /* ready for the next token */
+        sc->picks++;
+    }
+    if (P.m) {
+        pick_sample_last(P, (int32_t)s_n, pick_keys, s_best, &s_sel);
+        return;
+    }
+    if (threadIdx.x != 0)
+        return;
     unsigned long long key = atomicAdd(&sc->key, 0ull);
     sc->key = 0;
     int32_t id = key ? (int32_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0; /* all NaN: 0, as argmax */
@@ -399,7 +455,7 @@ void lm_screen_free(struct lm_screen *sc)
     if (!sc)
         return;
     cudaFree(sc->q), cudaFree(sc->s), cudaFree(sc->approx), cudaFree(sc->x), cudaFree(sc->sc);
-    cudaFree(sc->block_max);
+    cudaFree(sc->block_max), cudaFree(sc->cand);
     xfree(sc);
 }
 
@@ -423,6 +479,8 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
         e = cudaMalloc(&sc->approx, (size_t)N * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMalloc(&sc->x, (size_t)K * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->cand, (size_t)N * sizeof(unsigned long long));
     if (e == cudaSuccess)
         e = cudaMalloc(&sc->sc, sizeof(*sc->sc));
     if (e == cudaSuccess)
@@ -452,6 +510,8 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     memcpy(&sc->E, &host.e_bits, sizeof(float));
     memcpy(&sc->W, &host.w_bits, sizeof(float));
     sc->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
+    if (sc->screen_blocks > PICK_CHUNK) /* the sampled pick holds every block's maximum */
+        sc->screen_blocks = PICK_CHUNK;
     e = cudaMalloc(&sc->block_max, (size_t)sc->screen_blocks * sizeof(unsigned));
     if (e != cudaSuccess) {
         lm_screen_free(sc);
@@ -465,9 +525,9 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     return QWENRT_OK;
 }
 
-/* The screen, then the pick: the argmax (m 0) or the m best rows' exact logits into logits. */
+/* The screen, then the pick: the argmax (m 0) or the m best ranked (and the draw). */
 static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
-                                   float *logits, cudaStream_t s)
+                                   const struct lm_screen_sampled *smp, cudaStream_t s)
 {
     struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->block_max, sc->sc,
                                sc->N, sc->K};
@@ -477,9 +537,12 @@ static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_s
         return e;
     struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, sc->N, sc->K,
                              sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
-                             a->ids, a->pos0, a->out_ids, a->step, m, logits, sc->block_max, sc->screen_blocks};
+                             a->ids, a->pos0, a->out_ids, a->step, m, smp ? smp->temperature : 1.0f,
+                             smp ? smp->logits : NULL, sc->cand, sc->block_max, sc->screen_blocks,
+                             smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL};
+    const int32_t n_keys = sc->screen_blocks > PICK_CHUNK ? sc->screen_blocks : PICK_CHUNK;
     return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS),
-                    m ? (size_t)sc->screen_blocks * sizeof(unsigned) : 0, s, pp);
+                    m ? (size_t)n_keys * sizeof(unsigned long long) : 0, s, pp);
 }
 
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s)
@@ -487,15 +550,17 @@ cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_
     return screen_and_pick(sc, a, 0, NULL, s);
 }
 
-cudaError_t launch_lm_screen_best(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
-                                  float *logits, cudaStream_t s)
+cudaError_t launch_lm_screen_sampled(const struct lm_screen *sc, const struct lm_screen_args *a,
+                                     const struct lm_screen_sampled *smp, cudaStream_t s)
 {
-    return m < 1 ? cudaErrorInvalidValue : screen_and_pick(sc, a, m, logits, s);
+    const bool ok = smp && smp->m >= 1 && smp->m <= lm_screen_best_limit(sc) && smp->temperature > 0.0f &&
+                    smp->logits && smp->top_ids && smp->top_vals && (!smp->sp || a->ids);
+    return ok ? screen_and_pick(sc, a, smp->m, smp, s) : cudaErrorInvalidValue;
 }
 
 int32_t lm_screen_best_limit(const struct lm_screen *sc)
 {
-    return sc->screen_blocks;
+    return sc->screen_blocks < TOPK_MAX_M ? sc->screen_blocks : TOPK_MAX_M;
 }
 
 qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows, struct qwenrt_error *err)

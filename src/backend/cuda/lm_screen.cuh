@@ -11,8 +11,8 @@
  * bound lets through: a loose bound costs time (more rows read exactly), never the answer.
  * The sampled loop takes the m best instead of the argmax: every row whose approximate logit is
  * within 2B of a lower bound on the m-th largest is computed exactly (each of the exact m best
- * is among them), the others get a + B (below the m-th best), and the usual top-m selection
- * follows.
+ * is among them), and the m best of those rows are ranked and drawn from in the same launch,
+ * as topk.cu does for a whole row.
  *
  * The bound, per token, with x the normalised activation and x~ its 8-bit form:
  *   B = |x| * E + (|x~ - x| + g' * |x~|) * W
@@ -62,13 +62,23 @@ void lm_screen_free(struct lm_screen *sc);
 /* One greedy pick: two launches (the screen over the copy, then the exact rows and the pick). */
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s);
 
-/* The sampled loop's form: the exact logit of every row that can be among the m largest
- * exact logits written to logits [N], and for every other row an upper bound of its exact
- * logit that is below the m-th largest, so that launch_topk's m best of that row are those of
- * the exact logits (ties and order included). Two launches; m from 1 to
- * lm_screen_best_limit (the screen's blocks, whose maxima bound the m-th largest from below). */
-cudaError_t launch_lm_screen_best(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
-                                  float *logits, cudaStream_t s);
+/* The sampled loop's form: the m best rows by exact logit / temperature (ties: the lower id),
+ * as launch_topk ranks a whole row, into top_ids / top_vals (the exact logits), best first;
+ * with sp, the draw from them (sample.cuh: the token to ids[0], and with step, out_ids[*step],
+ * then *step and *pos0 advance, as launch_topk's draw). The logits row [N] gets the exact logit
+ * of every row read exactly and keeps its old values elsewhere. Two launches; m from 1 to
+ * lm_screen_best_limit (the screen's blocks, whose maxima bound the m-th largest from below;
+ * at most TOPK_MAX_M), and sp->top_k == m. */
+struct lm_screen_sampled {
+    int32_t m;
+    float temperature;
+    float *logits;
+    int32_t *top_ids;
+    float *top_vals;
+    const struct cuda_sample_params *sp; /* NULL: rank only */
+};
+cudaError_t launch_lm_screen_sampled(const struct lm_screen *sc, const struct lm_screen_args *a,
+                                     const struct lm_screen_sampled *smp, cudaStream_t s);
 int32_t lm_screen_best_limit(const struct lm_screen *sc);
 
 /* Picks made and rows computed exactly since the copy was made (one synchronous copy). */

@@ -14,10 +14,26 @@
 
 /* ------------------------------------------------------------------ reading the logits */
 
-extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qwenrt_error *err)
+/* last_row ready to read: a screened generation loop leaves it for the plain LM head step over
+ * its last hidden state, enqueued here on the first read (most loops never read it: the API's
+ * greedy loop calls cuda_session_generate every 16 tokens). */
+static qwenrt_status row_ready(struct cuda_session *cs, struct qwenrt_error *err)
 {
     if (!cs->last_row)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    if (!cs->row_stale)
+        return QWENRT_OK;
+    qwenrt_status st = enqueue_last_logits(cs, err);
+    if (!st)
+        cs->row_stale = false, cs->unsynced = true; /* a group pick on another stream waits for it */
+    return st;
+}
+
+extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qwenrt_error *err)
+{
+    qwenrt_status st = row_ready(cs, err);
+    if (st)
+        return st;
     if (!cs->h_row)
         CUDA_CHECK(cudaMallocHost(&cs->h_row, (size_t)cs->n_vocab * sizeof(float)));
     CUDA_CHECK(cudaMemcpyAsync(cs->h_row, cs->last_row, (size_t)cs->n_vocab * sizeof(float),
@@ -127,9 +143,9 @@ static bool top_pending_fits(const struct cuda_session *cs, float temperature, i
 extern "C" qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature, int32_t m,
                                                 const int32_t *gather, int32_t n_gather, struct qwenrt_error *err)
 {
-    if (!cs->last_row)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
-    qwenrt_status st = top_ready(cs, err);
+    qwenrt_status st = row_ready(cs, err);
+    if (!st)
+        st = top_ready(cs, err);
     if (st || (st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err)))
         return st;
     if (cs->top_pending) /* h_top may still be written by the one before */
@@ -154,7 +170,9 @@ static qwenrt_status top_group_member(struct cuda_session *cs, const struct cuda
     if (!cs->last_row || cs->n_vocab != c0->n_vocab)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: a session of the group has %s",
                        cs->last_row ? "another vocabulary" : "no logits yet");
-    qwenrt_status st = top_ready(cs, err);
+    qwenrt_status st = row_ready(cs, err);
+    if (!st)
+        st = top_ready(cs, err);
     if (st || (st = top_args(cs->n_vocab, temperature, m, NULL, 0, cs->topk_keys, err)))
         return st;
     if (!cs->h_top_dev && cudaHostGetDevicePointer((void **)&cs->h_top_dev, cs->h_top, 0) != cudaSuccess) {
@@ -206,8 +224,9 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
                                           const int32_t *gather, int32_t n_gather, int32_t *ids,
                                           float *vals, float *gather_vals, struct qwenrt_error *err)
 {
-    if (!cs->last_row)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    qwenrt_status st = row_ready(cs, err);
+    if (st)
+        return st;
     if (cs->top_pending) { /* started ahead: its results if they are these, else let it finish */
         bool fits = top_pending_fits(cs, temperature, m, gather, n_gather);
         cs->top_pending = false;
@@ -218,7 +237,7 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
             return QWENRT_OK;
         }
     }
-    qwenrt_status st = top_ready(cs, err);
+    st = top_ready(cs, err);
     if (st)
         return st;
     st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err);
@@ -378,11 +397,12 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
             done = i + 1;
         }
     }
-    if (cs->screen && cs->opt.graph && !cs->mk && (st = enqueue_last_logits(cs, err)))
-        return st; /* the screened graphs left the logits unwritten */
     cs->last_row = cs->dbufs[p->buf_logits];
+    cs->row_stale = cs->screen && cs->opt.graph && !cs->mk; /* the screened graphs left it unwritten */
     cs->row_gen++;
     cs->mk_top_ready = false;
+    if (last_logits && (st = row_ready(cs, err)))
+        return st;
     if (last_logits) {
         CUDA_CHECK(cudaMemcpyAsync(last_logits, cs->dbufs[p->buf_logits],
                                    (size_t)cs->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
@@ -451,12 +471,12 @@ extern "C" qwenrt_status cuda_session_generate_sampled(struct cuda_session *cs, 
         i += many ? k : 1;
     }
     struct lm_screen_args sa;
-    if (lm_screen_takes(cs, GEN_SAMPLE, &sa) && (st = enqueue_last_logits(cs, err)))
-        return st; /* the screened graphs left the logits row partly written */
+    const bool screened = lm_screen_takes(cs, GEN_SAMPLE, &sa); /* the row left partly written */
     CUDA_CHECK(cudaMemcpyAsync(out_ids, cs->d_out, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, cs->stream));
     CUDA_CHECK(cudaStreamSynchronize(cs->stream)); /* also: h_sp and h_stage are free again */
     cs->unsynced = false;
     cs->last_row = cs->dbufs[cs->plans[PHASE_DECODE].buf_logits];
+    cs->row_stale = screened;
     cs->row_gen++;
     cs->mk_top_ready = false;
     return QWENRT_OK;
