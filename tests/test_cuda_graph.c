@@ -510,9 +510,9 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
 static void test_lm_screen_generate(void **st)
 {
     (void)st;
-    /* the default screens the greedy loop only */
+    /* the default screens the greedy and the sampled loop */
     struct cuda_options d = cuda_default_options();
-    assert_int_equal(d.lm_screen, 1);
+    assert_int_equal(d.lm_screen, 2);
     check_screen_generate("qwen3-tiny", EXPORT_BF16, 0, true);
     check_screen_generate("qwen35-tiny", EXPORT_BF16, 0, true);
     check_screen_generate("qwen3-tiny", EXPORT_F32, 0, true);

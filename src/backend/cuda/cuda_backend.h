@@ -201,9 +201,9 @@ struct cuda_options {
                           * two bf16 terms as well (three products). */
     int32_t lm_screen;     /* the generation loops' LM head (16- or 32-bit rows) read through
                           * an 8-bit copy, then exactly for the rows its proven bound cannot
-                          * rule out (lm_screen.cuh: the same tokens, fewer bytes): 1 (default)
-                          * in the greedy loop (+7% / +10%, H100), 2 in the sampled loop too
-                          * (top_k rows: -1% / +2.5%, so not by default); 0 never */
+                          * rule out (lm_screen.cuh: the same tokens, fewer bytes): 1 in the
+                          * greedy loop (+7% / +10%, H100), 2 (default) in the sampled loop too
+                          * (top_k up to 255: +6% / +10%, H100, session 57); 0 never */
     int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
                           * 1,024 that many blocks, the last to arrive finishing; 0 (default):
                           * 128 (docs/perf-log.md, session 18) */

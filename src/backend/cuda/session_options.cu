@@ -27,7 +27,7 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.gemm_cache = true;
     o.attn_tiled = true;
     o.gdn_par = true;
-    o.lm_screen = 1; /* docs/perf-log.md, session 56 */
+    o.lm_screen = 2; /* greedy and sampled: docs/perf-log.md, sessions 56 and 57 */
     o.gdn_chunked = 0; /* FMA form: 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
     o.gemm_stack3 = true;
     o.gemm_merge = true;
