@@ -3,8 +3,10 @@
  * tokens of a row chosen on the GPU (topk.cu; one launch for several sessions with the same
  * sampler, cuda_sessions_top_start), and the on-GPU generation loops: cuda_session_generate
  * (greedy, ids read back every readback_every steps) and cuda_session_generate_sampled (the
- * draw of sample.cu in topk.cu's last block), gen_graph_steps steps per graph launch. The
- * graphs come from decode_program.cu's capture, one per attention variant, made on first use.
+ * draw of sample.cu in topk.cu's last block, or in the screened pick's: lm_screen.cu),
+ * gen_graph_steps steps per graph launch. The graphs come from decode_program.cu's capture,
+ * one per attention variant, made on first use. A screened loop leaves the logits row to be
+ * made on its first read (row_ready).
  */
 #include "backend/cuda/cuda_session.cuh"
 
