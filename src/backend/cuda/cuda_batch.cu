@@ -685,6 +685,12 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     }
     if ((st = batch_branches(c0, err)))
         return st;
+    /* a step that leaves the sessions' rows alone (host logits) keeps each session's row as it
+     * was: one a screened loop left to be made is made now, from the hidden state the step
+     * would overwrite */
+    for (int32_t r = 0; logits && r < n; r++)
+        if (css[r]->row_stale && (st = session_row_ready(css[r], err)))
+            return st;
     /* every session's state is used on c0's stream: they must be idle (a run that returned
      * without waiting may still be in flight on its own stream) */
     for (int32_t r = 0; r < n; r++)

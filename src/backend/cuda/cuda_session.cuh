@@ -136,8 +136,8 @@ struct cuda_session {
     bool unsynced;            /* a run returned without waiting (h_stage may be in flight) */
     const float *last_row;    /* device: the last position's logits of the latest run */
     bool row_stale;           /* last_row still to be computed: a screened generation loop left it
-                               * for the LM head over its last hidden state (session_output.cu's
-                               * row_ready, before any read of it) */
+                               * for the LM head over its last hidden state (session_row_ready,
+                               * before any read of it) */
     int32_t *d_mk_top;        /* [2] the megakernel's argmax of the latest single decode step
                                * (id, the logit's bits) */
     bool mk_top_ready;        /* d_mk_top belongs to last_row */
@@ -283,6 +283,11 @@ qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err)
 /* Whether the graphs of gen (enum gen_mode) pick through the screen; fills a when they do. */
 bool lm_screen_takes(const struct cuda_session *cs, int gen, struct lm_screen_args *a);
 qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *err);
+/* last_row ready to read: a screened generation loop leaves it (cs->row_stale) for the plain
+ * LM head step over its last hidden state, enqueued here on the first read; most loops never
+ * read it (the API's greedy loop calls cuda_session_generate every 16 tokens). INVALID_ARG
+ * when nothing has run. */
+qwenrt_status session_row_ready(struct cuda_session *cs, struct qwenrt_error *err);
 /* Row stride of buffer id in this run (a merged product's outputs share one buffer). */
 int32_t ld_of(const struct run_ctx *r, int32_t id);
 /* The session's choices of GEMV kernel and shape (options and picks) into a launch's args. */

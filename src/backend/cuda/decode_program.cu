@@ -753,6 +753,18 @@ qwenrt_status enqueue_last_logits(struct cuda_session *cs, struct qwenrt_error *
     return run_step(&r, &cs->steps[cs->n_steps - 1], err);
 }
 
+qwenrt_status session_row_ready(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (!cs->last_row)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
+    if (!cs->row_stale)
+        return QWENRT_OK;
+    qwenrt_status st = enqueue_last_logits(cs, err);
+    if (!st)
+        cs->row_stale = false, cs->unsynced = true; /* a pick or step on another stream waits for it */
+    return st;
+}
+
 /* The attention variant for a graph launch of n decode steps from position pos: 1 (the
  * cluster-merged splits) where cl_mode says so for every one of them, else 0. */
 int attn_variant(const struct cuda_session *cs, int32_t pos, int32_t n)

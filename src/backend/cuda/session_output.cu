@@ -6,7 +6,7 @@
  * draw of sample.cu in topk.cu's last block, or in the screened pick's: lm_screen.cu),
  * gen_graph_steps steps per graph launch. The graphs come from decode_program.cu's capture,
  * one per attention variant, made on first use. A screened loop leaves the logits row to be
- * made on its first read (row_ready).
+ * made on its first read (session_row_ready).
  */
 #include "backend/cuda/cuda_session.cuh"
 
@@ -16,24 +16,9 @@
 
 /* ------------------------------------------------------------------ reading the logits */
 
-/* last_row ready to read: a screened generation loop leaves it for the plain LM head step over
- * its last hidden state, enqueued here on the first read (most loops never read it: the API's
- * greedy loop calls cuda_session_generate every 16 tokens). */
-static qwenrt_status row_ready(struct cuda_session *cs, struct qwenrt_error *err)
-{
-    if (!cs->last_row)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no logits yet (nothing has run)");
-    if (!cs->row_stale)
-        return QWENRT_OK;
-    qwenrt_status st = enqueue_last_logits(cs, err);
-    if (!st)
-        cs->row_stale = false, cs->unsynced = true; /* a group pick on another stream waits for it */
-    return st;
-}
-
 extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst, struct qwenrt_error *err)
 {
-    qwenrt_status st = row_ready(cs, err);
+    qwenrt_status st = session_row_ready(cs, err);
     if (st)
         return st;
     if (!cs->h_row)
@@ -145,7 +130,7 @@ static bool top_pending_fits(const struct cuda_session *cs, float temperature, i
 extern "C" qwenrt_status cuda_session_top_start(struct cuda_session *cs, float temperature, int32_t m,
                                                 const int32_t *gather, int32_t n_gather, struct qwenrt_error *err)
 {
-    qwenrt_status st = row_ready(cs, err);
+    qwenrt_status st = session_row_ready(cs, err);
     if (!st)
         st = top_ready(cs, err);
     if (st || (st = top_args(cs->n_vocab, temperature, m, gather, n_gather, cs->topk_keys, err)))
@@ -172,7 +157,7 @@ static qwenrt_status top_group_member(struct cuda_session *cs, const struct cuda
     if (!cs->last_row || cs->n_vocab != c0->n_vocab)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda top: a session of the group has %s",
                        cs->last_row ? "another vocabulary" : "no logits yet");
-    qwenrt_status st = row_ready(cs, err);
+    qwenrt_status st = session_row_ready(cs, err);
     if (!st)
         st = top_ready(cs, err);
     if (st || (st = top_args(cs->n_vocab, temperature, m, NULL, 0, cs->topk_keys, err)))
@@ -226,7 +211,7 @@ extern "C" qwenrt_status cuda_session_top(struct cuda_session *cs, float tempera
                                           const int32_t *gather, int32_t n_gather, int32_t *ids,
                                           float *vals, float *gather_vals, struct qwenrt_error *err)
 {
-    qwenrt_status st = row_ready(cs, err);
+    qwenrt_status st = session_row_ready(cs, err);
     if (st)
         return st;
     if (cs->top_pending) { /* started ahead: its results if they are these, else let it finish */
@@ -403,7 +388,7 @@ extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t 
     cs->row_stale = cs->screen && cs->opt.graph && !cs->mk; /* the screened graphs left it unwritten */
     cs->row_gen++;
     cs->mk_top_ready = false;
-    if (last_logits && (st = row_ready(cs, err)))
+    if (last_logits && (st = session_row_ready(cs, err)))
         return st;
     if (last_logits) {
         CUDA_CHECK(cudaMemcpyAsync(last_logits, cs->dbufs[p->buf_logits],
