@@ -1,6 +1,6 @@
 /*
- * lm_screen.cu — the greedy decode's LM head through an 8-bit copy, then the exact rows that
- * can still win (the design and the bound: lm_screen.cuh).
+ * lm_screen.cu — the generation loops' LM head through an 8-bit copy, then the exact rows that
+ * can still win or be among the top_k (the design and the bound: lm_screen.cuh).
  *
  * Three kernels:
  *   build   once per session: the copy (int8 rows, an f16 scale per 32) and E, W;
@@ -326,15 +326,7 @@ __device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigne
     for (int32_t i = kept + threadIdx.x; i < m; i += blockDim.x)
         keys[i] = 0; /* never taken (n >= m); a padding key ranks last */
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < m; i += blockDim.x) { /* rank = the keys ahead of it */
-        const unsigned long long key = keys[i];
-        int32_t rank = 0;
-        for (int32_t j = 0; j < m; j++)
-            rank += keys[j] > key || (keys[j] == key && j < i);
-        const int32_t id = key ? topk_id(key) : 0;
-        P.top_ids[rank] = id;
-        P.top_vals[rank] = key ? __ldcg(P.logits + id) : -INFINITY;
-    }
+    topk_write_ranked(keys, m, P.logits, P.top_ids, P.top_vals);
     if (!P.sp)
         return;
     __syncthreads(); /* the ranked candidates are written (and best is free) */

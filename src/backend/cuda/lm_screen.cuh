@@ -1,5 +1,5 @@
 /*
- * lm_screen.cuh — the greedy decode's LM head read through an 8-bit copy (lm_screen.cu).
+ * lm_screen.cuh — the generation loops' LM head read through an 8-bit copy (lm_screen.cu).
  *
  * A greedy step needs the argmax of the logits, not the logits. For a 16-bit LM head (Qwen3-0.6B
  * BF16: 311 MB a token; Qwen3.5-0.8B BF16: 508 MB, a fifth of its token) the screen reads an

@@ -75,15 +75,7 @@ __device__ __forceinline__ void topk_row(const float *logits, int32_t V, float t
         gather_vals[i] = logits[gather[i]];
     __syncthreads();
     topk_block_select(tk_keys, n, m, best, &st);
-    for (int32_t i = threadIdx.x; i < m; i += blockDim.x) { /* rank = the keys ahead of it */
-        unsigned long long key = best[i];
-        int32_t rank = 0;
-        for (int32_t j = 0; j < m; j++)
-            rank += best[j] > key || (best[j] == key && j < i);
-        int32_t id = topk_id(key);
-        out_ids[rank] = id;
-        out_vals[rank] = logits[id];
-    }
+    topk_write_ranked(best, m, logits, out_ids, out_vals);
     if (threadIdx.x == 0)
         *arrivals = 0; /* ready for the next launch */
     if (!dr.sp)

@@ -134,4 +134,21 @@ static __device__ void topk_block_select(const unsigned long long *s, int32_t n,
     __syncthreads();
 }
 
+/* The m keys (the m best, any order) ranked into out_ids / out_vals, best first: each key's
+ * rank is the count of keys ahead of it, its value logits[id] (read through L2: other blocks of
+ * the same launch may have written it). A padding key (0) ranks last as id 0, value -Inf. */
+static __device__ void topk_write_ranked(const unsigned long long *keys, int32_t m, const float *logits,
+                                         int32_t *out_ids, float *out_vals)
+{
+    for (int32_t i = threadIdx.x; i < m; i += blockDim.x) {
+        const unsigned long long key = keys[i];
+        int32_t rank = 0;
+        for (int32_t j = 0; j < m; j++)
+            rank += keys[j] > key || (keys[j] == key && j < i);
+        const int32_t id = key ? topk_id(key) : 0;
+        out_ids[rank] = id;
+        out_vals[rank] = key ? __ldcg(logits + id) : -INFINITY;
+    }
+}
+
 #endif
