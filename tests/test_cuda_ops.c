@@ -1373,9 +1373,10 @@ static void test_lm_screen(void **st)
     assert_true(built);
     assert_int_equal(id, 0); /* every logit NaN: 0, as the argmax; every row was read exactly */
     assert_int_equal(rows, 2 * N);
-    { /* the sampled form with every logit NaN: all 9,001 rows are candidates (the last block
-       * selects them in chunks); NaN keys rank by the lower id */
-        const int32_t NN = 9001, M = 40;
+    { /* the sampled form with every logit NaN: all 40,009 rows are candidates (each pick block
+       * finds more than it lists for its warps, and the last block selects them in chunks);
+       * NaN keys rank by the lower id */
+        const int32_t NN = 40009, M = 40;
         uint8_t *w2 = random_weights(QR_BF16, K, NN, 0.05f, &nbytes);
         int32_t top[40];
         float vals[40];

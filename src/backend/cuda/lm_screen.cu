@@ -33,6 +33,7 @@ extern "C" {
 #define SCR_ROWS 4          /* rows a warp screens at once */
 #define PICK_BLOCKS 128
 #define PICK_CHUNK 4096     /* candidate keys the sampled pick's last block selects from at once */
+#define PICK_LIST 128       /* candidate rows a pick block lists for its warps */
 #define BUILD_BLOCKS 1024
 
 /* Device scratch kept zeroed between tokens (amax, count, key) and the statistics. */
@@ -334,29 +335,69 @@ __device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigne
         sample_draw_warp(P.top_ids, P.top_vals, P.sp, P.ids, P.pos0, P.out_ids, P.step, (float *)best);
 }
 
-/* The exact logit of row j (the warp's f32 sums over the 16- or 32-bit row and x). */
+/* The exact logit of row j (the warp's f32 sums over the 16- or 32-bit row and x): each lane
+ * takes 16 bytes of the row a pass, in order, with the loads of EX_PASSES passes issued before
+ * the first is used (a row costs one memory round trip, not one a pass). */
+#define EX_PASSES 4
 __device__ float exact_logit(const struct pick_params &P, int64_t j)
 {
     const int lane = threadIdx.x & 31;
     const uint8_t *row = P.w + j * P.row_bytes;
     float acc = 0.0f;
     if (P.dtype == QR_F32) {
-        for (int k = 4 * lane; k < P.K; k += 128) {
-            float4 w = __ldg((const float4 *)(row + 4 * (int64_t)k)), x = __ldcg((const float4 *)(P.x + k));
-            acc += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+        for (int k0 = 4 * lane; k0 < P.K; k0 += 128 * EX_PASSES) {
+            float4 w[EX_PASSES], x[EX_PASSES];
+#pragma unroll
+            for (int u = 0; u < EX_PASSES; u++) {
+                const int k = k0 + 128 * u;
+                w[u] = k < P.K ? __ldg((const float4 *)(row + 4 * (int64_t)k)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                x[u] = k < P.K ? __ldcg((const float4 *)(P.x + k)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < EX_PASSES; u++)
+                if (k0 + 128 * u < P.K)
+                    acc += w[u].x * x[u].x + w[u].y * x[u].y + w[u].z * x[u].z + w[u].w * x[u].w;
         }
     } else {
-        for (int k = 8 * lane; k < P.K; k += 256) {
-            uint4 raw = __ldg((const uint4 *)(row + 2 * (int64_t)k));
-            float4 x0 = __ldcg((const float4 *)(P.x + k)), x1 = __ldcg((const float4 *)(P.x + k + 4));
-            const uint16_t *u = (const uint16_t *)&raw;
-            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const bool bf = P.dtype == QR_BF16;
+        for (int k0 = 8 * lane; k0 < P.K; k0 += 256 * EX_PASSES) {
+            uint4 raw[EX_PASSES];
+            float4 x0[EX_PASSES], x1[EX_PASSES];
 #pragma unroll
-            for (int e = 0; e < 8; e++)
-                acc += (P.dtype == QR_BF16 ? bf16_bits_to_f32(u[e]) : f16_bits_to_f32(u[e])) * xv[e];
+            for (int u = 0; u < EX_PASSES; u++) {
+                const int k = k0 + 256 * u;
+                const bool in = k < P.K;
+                raw[u] = in ? __ldg((const uint4 *)(row + 2 * (int64_t)k)) : make_uint4(0, 0, 0, 0);
+                x0[u] = in ? __ldcg((const float4 *)(P.x + k)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                x1[u] = in ? __ldcg((const float4 *)(P.x + k + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < EX_PASSES; u++) {
+                if (k0 + 256 * u >= P.K)
+                    break;
+                const uint16_t *h = (const uint16_t *)&raw[u];
+                const float xv[8] = {x0[u].x, x0[u].y, x0[u].z, x0[u].w, x1[u].x, x1[u].y, x1[u].z, x1[u].w};
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    acc += (bf ? bf16_bits_to_f32(h[e]) : f16_bits_to_f32(h[e])) * xv[e];
+            }
         }
     }
     return warp_sum(acc);
+}
+
+/* One candidate row j by the calling warp: its exact logit, then (lane 0) into the m best's
+ * list and the row, or into the argmax's key. */
+__device__ __forceinline__ void take_row(const struct pick_params &P, int64_t j, unsigned long long &n_rows)
+{
+    const float v = exact_logit(P, j);
+    n_rows++;
+    if ((threadIdx.x & 31) != 0)
+        return;
+    if (P.m) /* a row ruled out (a < thr) is below the m-th best: unwritten */
+        P.logits[j] = v, P.cand[atomicAdd(&P.sc->n_cand, 1u)] = topk_key(v, P.temperature, (int32_t)j);
+    else if (v == v) /* (logit, lowest index) as one ordered key */
+        atomicMax(&P.sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
 }
 
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
@@ -366,7 +407,8 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     __shared__ struct topk_sel s_sel;
     __shared__ float s_thr;
     __shared__ bool s_last;
-    __shared__ unsigned s_n;
+    __shared__ unsigned s_n, s_listed;
+    __shared__ int32_t s_list[PICK_LIST];
     griddep_launch();
     griddep_wait();
     struct scr_scratch *sc = P.sc;
@@ -378,26 +420,37 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
         float thr = top - 2.0f * B;
         s_thr = thr - 1e-6f * (fabsf(top) + 2.0f * B); /* the subtraction's rounding */
+        s_listed = 0;
     }
     __syncthreads();
     const float thr = s_thr; /* NaN: every row is read exactly */
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * SCR_WARPS * 32;
     unsigned long long n_rows = 0;
+    /* the block's candidates go to s_list and are spread over its warps after the scan (one
+     * warp finding several would read them one after another); past PICK_LIST, the warp that
+     * finds one reads it at once */
     for (int64_t base = ((int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5)) * 32; base < P.N; base += step) {
         const int64_t i = base + lane;
         const float a = i < P.N ? __ldcg(P.approx + i) : 0.0f;
         const bool cand = i < P.N && !(a < thr);
-        for (unsigned m = __ballot_sync(0xffffffffu, cand); m; m &= m - 1) {
-            const int64_t j = base + __ffs(m) - 1;
-            float v = exact_logit(P, j);
-            n_rows++;
-            if (lane == 0 && P.m) /* a row ruled out (a < thr) is below the m-th best: unwritten */
-                P.logits[j] = v, P.cand[atomicAdd(&sc->n_cand, 1u)] = topk_key(v, P.temperature, (int32_t)j);
-            else if (lane == 0 && v == v) /* (logit, lowest index) as one ordered key */
-                atomicMax(&sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
-        }
+        const unsigned mask = __ballot_sync(0xffffffffu, cand);
+        if (!mask)
+            continue;
+        unsigned first = 0;
+        if (lane == 0)
+            first = atomicAdd(&s_listed, (unsigned)__popc(mask));
+        first = __shfl_sync(0xffffffffu, first, 0);
+        const unsigned slot = first + (unsigned)__popc(mask & ((1u << lane) - 1u));
+        if (cand && slot < PICK_LIST)
+            s_list[slot] = (int32_t)i;
+        for (unsigned over = __ballot_sync(0xffffffffu, cand && slot >= PICK_LIST); over; over &= over - 1)
+            take_row(P, base + __ffs(over) - 1, n_rows);
     }
+    __syncthreads();
+    const int32_t n_listed = s_listed < PICK_LIST ? (int32_t)s_listed : PICK_LIST;
+    for (int32_t c = threadIdx.x >> 5; c < n_listed; c += SCR_WARPS)
+        take_row(P, s_list[c], n_rows);
     if (lane == 0 && n_rows)
         atomicAdd(&sc->rows, n_rows);
     __threadfence();
