@@ -454,9 +454,7 @@ static int32_t *sweep_field(struct cuda_options *o, const char *key)
                   {"attn_rope_regs", offsetof(struct cuda_options, attn_rope_regs)},
                   {"mlp_rows_cluster", offsetof(struct cuda_options, mlp_rows_cluster)},
                   {"mlp_rows_down", offsetof(struct cuda_options, mlp_rows_down)},
-                  {"lm_screen", offsetof(struct cuda_options, lm_screen)},
-                  {"lm_screen_launches", offsetof(struct cuda_options, lm_screen_launches)},
-                  {"lm_screen_blocks", offsetof(struct cuda_options, lm_screen_blocks)}};
+                  {"lm_screen", offsetof(struct cuda_options, lm_screen)}};
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].name))
             return (int32_t *)((char *)o + fields[i].off);

@@ -1000,7 +1000,7 @@ static void test_backend_errors(void **st)
      * gemv_smem warps 0 (the session picks), 1, 2, 4, 8 or 16, KB 0 or 16 to 226, launch 0 (the
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
      * warps 0, 4, 8, KB reserved 0 to 200, LM-head loop blocks 0 to 8; argmax blocks 0 to
-     * 1,024; lm_screen 0 to 2, lm_screen_launches 0 to 2, lm_screen_blocks 0 to 8; the attention's minimum
+     * 1,024; lm_screen 0 to 2; the attention's minimum
      * positions per split 0 or 16 to 4096; gemv_smem_res_min_blocks, _pair_ and _multi_ 0 to 4096; gemv_smem_xreg 0 or 1; gen_graph_steps 0 to 16;
      * gdn_staged 0 or 1; gdn_wide 0 or 1; gdn_chunked 0 to 2; gdn_scan_warps 0, 8 or 16; gemvq_one_pass 0 or 1; gemv_smem_norm_late -1 to 1; attn_one_split 0
      * to 4096; attn_o 0, 1, 8 or 16; attn_o_single 0 to 4096; attn_cluster -1 to 2, its window's
@@ -1022,8 +1022,6 @@ static void test_backend_errors(void **st)
                    {"gemvq_head_blocks", offsetof(struct cuda_options, gemvq_head_blocks), {-1, 9}},
                    {"argmax_blocks", offsetof(struct cuda_options, argmax_blocks), {-1, 1025}},
                    {"lm_screen", offsetof(struct cuda_options, lm_screen), {-1, 3}},
-                   {"lm_screen_launches", offsetof(struct cuda_options, lm_screen_launches), {-1, 3}},
-                   {"lm_screen_blocks", offsetof(struct cuda_options, lm_screen_blocks), {-1, 9}},
                    {"gemvq_int8", offsetof(struct cuda_options, gemvq_int8), {-2, 2}},
                    {"qkv_attn", offsetof(struct cuda_options, qkv_attn), {4, 32}},
                    {"gemv_smem_min_blocks", offsetof(struct cuda_options, gemv_smem_min_blocks), {-1, 5000}},

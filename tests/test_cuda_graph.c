@@ -444,12 +444,10 @@ static void test_generate_graph_steps(void **st)
  * last logits bit for bit (the screened graphs leave the logits unwritten; the first read
  * fills them from the last hidden state with the plain step); then the
  * sampled loop (lm_screen 2), top_k 20 and 1, 20 tokens each: the same draws and last logits.
- * The greedy pick in the screen's own launch (the default) and, for two models, in a launch of
- * its own (lm_screen_launches 2). A Q4_K_M file's Q6_K head and a Q8_0 head are not screened. The screen
+ * A Q4_K_M file's Q6_K head and a Q8_0 head are not screened. The screen
  * counts one pick per token and reads fewer than a quarter of the rows exactly; a session
  * without it has none, and a Q8_0 head (already 8-bit) takes none. */
-static void check_screen_generate(const char *arch, enum export_type type, int32_t width, bool screened,
-                                  int32_t launches)
+static void check_screen_generate(const char *arch, enum export_type type, int32_t width, bool screened)
 {
     struct qwenrt_error err = {0};
     char path[256];
@@ -457,7 +455,6 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     struct cuda_options on = cuda_default_options(), off = on;
     on.mega = off.mega = CUDA_MEGA_OFF;
     on.lm_screen = 2, off.lm_screen = 0; /* greedy and sampled */
-    on.lm_screen_launches = launches;
     struct cuda_session *a = NULL, *b = NULL;
     init_pair(m, 96, &on, &off, &a, &b, arch);
     int32_t V = m->hp.n_vocab, ga[40], gb[40];
@@ -503,9 +500,8 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     assert_int_equal(cuda_session_lm_screen(a, &picks2, &rows), screened);
     if (screened)
         assert_int_equal(picks2, 80); /* 40 greedy and 40 sampled tokens */
-    printf("%s (type %d, width %d, launches %d): 40 greedy tokens, the same ids and last logits with the screen "
-           "(%.1f rows exactly a token)\n", arch, (int)type, (int)m->hp.n_embd, (int)launches,
-           picks ? (double)rows / picks : 0.0);
+    printf("%s (type %d, width %d): 40 greedy tokens, the same ids and last logits with the screen (%.1f rows "
+           "exactly a token)\n", arch, (int)type, (int)m->hp.n_embd, picks ? (double)rows / picks : 0.0);
     assert_false(cuda_session_lm_screen(b, &picks, &rows));
     assert_int_equal(picks, 0);
     free_synth_pair(a, b, m, path, la, lb);
@@ -517,15 +513,12 @@ static void test_lm_screen_generate(void **st)
     /* the default screens the greedy and the sampled loop */
     struct cuda_options d = cuda_default_options();
     assert_int_equal(d.lm_screen, 2);
-    assert_int_equal(d.lm_screen_launches, 0); /* the greedy pick in the screen's launch */
-    check_screen_generate("qwen3-tiny", EXPORT_BF16, 0, true, 0);
-    check_screen_generate("qwen35-tiny", EXPORT_BF16, 0, true, 0);
-    check_screen_generate("qwen3-tiny", EXPORT_F32, 0, true, 0);
-    check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024, true, 0);
-    check_screen_generate("qwen35-tiny", EXPORT_BF16, 0, true, 2);
-    check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024, true, 2);
-    check_screen_generate("qwen3-tiny", EXPORT_Q4_K_M, 1024, false, 0); /* a Q6_K head: not screened */
-    check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0, false, 0);
+    check_screen_generate("qwen3-tiny", EXPORT_BF16, 0, true);
+    check_screen_generate("qwen35-tiny", EXPORT_BF16, 0, true);
+    check_screen_generate("qwen3-tiny", EXPORT_F32, 0, true);
+    check_screen_generate("qwen3-tiny", EXPORT_BF16, 1024, true);
+    check_screen_generate("qwen3-tiny", EXPORT_Q4_K_M, 1024, false); /* a Q6_K head: not screened */
+    check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0, false);
 }
 
 static void test_decode_omit_steps(void **st)

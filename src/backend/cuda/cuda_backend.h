@@ -204,11 +204,6 @@ struct cuda_options {
                           * rule out (lm_screen.cuh: the same tokens, fewer bytes): 1 in the
                           * greedy loop (+7% / +10%, H100), 2 (default) in the sampled loop too
                           * (top_k up to 255: +6% / +10%, H100, session 57); 0 never */
-    int32_t lm_screen_launches; /* the screened greedy pick: 1 in the screen's own launch (its
-                          * last block computes the rows it cannot rule out), 2 in a launch of
-                          * its own after the screen; 0 (default): 1 */
-    int32_t lm_screen_blocks; /* the one-launch screen's blocks per multiprocessor, 1 to 8
-                          * (fewer where fewer fit); 0 (default): all that fit */
     int32_t argmax_blocks; /* the greedy loop's argmax: 1 one block (the first kernel), 2 to
                           * 1,024 that many blocks, the last to arrive finishing; 0 (default):
                           * 128 (docs/perf-log.md, session 18) */
@@ -690,8 +685,7 @@ qwenrt_status cuda_gemv_bench(int32_t dtype, int32_t N, int32_t K, int32_t T, bo
 /* For the tests: the screened LM head (lm_screen.cu) over host inputs: h [K], norm_w [K]
  * (x = h * (1 / rms(h)) * norm_w, as the fused final norm), rows w [N][K] of dtype (QR_F32,
  * QR_F16 or QR_BF16 bytes), N >= 1, K a multiple of 32 up to 8,192; reps picks in a row (the
- * scratch must come back zeroed: each must give the same; m 0 alternates the pick in the
- * screen's launch, from the first, and in its own). m 0: *id the token (the argmax of
+ * scratch must come back zeroed: each must give the same). m 0: *id the token (the argmax of
  * the exact logits, ties to the lowest index, 0 when all are NaN); m >= 1: the sampled loop's
  * ranking at temperature 1, top_ids [m] and top_vals [m] the m best rows (by exact logit, ties
  * to the lower index), best first, and their exact logits; *id 0. *exact_rows: the rows

@@ -345,7 +345,7 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_pick: m %d (at most %d here)", (int)m, (int)limit);
     }
     struct lm_screen_args a = {(const float *)d, (const float *)d + K, eps, d + 8 * (size_t)K, dtype, row_bytes,
-                               d_id, NULL, NULL, NULL, false, false, 0};
+                               d_id, NULL, NULL, NULL, false};
     const struct lm_screen_sampled smp = {m, 1.0f, d_row, d_top_ids, d_top_vals, NULL};
     const size_t top_bytes = (size_t)(m > 0 ? m : 0) * sizeof(int32_t);
     int32_t *prev = (int32_t *)malloc(2 * top_bytes + 1);
@@ -353,7 +353,6 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
     cudaError_t e = prev ? cudaSuccess : cudaErrorMemoryAllocation;
     for (int32_t r = 0; r < reps && e == cudaSuccess && !st; r++) {
         int32_t one = -1;
-        a.one_launch = r % 2 == 0; /* the greedy pick in the screen's launch, then in its own, ... */
         e = m ? launch_lm_screen_sampled(sc, &a, &smp, 0) : launch_lm_screen(sc, &a, 0);
         if (e == cudaSuccess && !m)
             e = cudaMemcpy(&one, d_id, sizeof(one), cudaMemcpyDeviceToHost);

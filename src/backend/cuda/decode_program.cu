@@ -717,8 +717,6 @@ static int32_t screen_step(const struct cuda_session *cs, struct lm_screen_args 
     a->w = lm->w, a->dtype = lm->dtype, a->row_bytes = lm->row_bytes;
     a->ids = cs->d_ids, a->pos0 = cs->d_pos, a->out_ids = cs->d_out, a->step = cs->d_step;
     a->pdl = cs->decode_pdl;
-    a->one_launch = cs->opt.lm_screen_launches != 2;
-    a->blocks_per_sm = cs->opt.lm_screen_blocks;
     return lm->N == cs->n_vocab && lm_screen_applies(lm->dtype, lm->N, lm->K, lm->row_bytes, lm->w, a->h, a->norm_w)
                ? i
                : -1;

@@ -16,10 +16,6 @@
  *           (topk_select.cuh's order) to a list, from which the last block to arrive selects
  *           the m best, ranks them and draws the token (sample.cuh), as topk.cu's last block
  *           does for a whole row. The last block zeroes the scratch for the next token.
- * The greedy pick can also finish inside the screen's launch (screen_pick, the default): each
- * block lists its rows within 2B of the largest approximate logit seen when it finishes (its
- * own at least), and the screen's last block computes those of the list within 2B of the final
- * largest, the rows the pick kernel would, so one launch a token fewer.
  */
 #include "backend/cuda/lm_screen.cuh"
 #include "backend/cuda/cuda_device.cuh"
@@ -59,7 +55,6 @@ struct lm_screen {
     float *x;        /* [K] the token's normalised x (block 0 of the screen) */
     unsigned long long *cand; /* [N] the sampled pick's candidate keys */
     unsigned *block_max; /* [screen_blocks] */
-    int32_t n_sm, per_sm, per_sm_one; /* multiprocessors; screen blocks that fit on one (two launches, one) */
     struct scr_scratch *sc;
     int32_t N, K, screen_blocks;
     float E, W;
@@ -138,7 +133,135 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_screen_build_kernel(const uint
     }
 }
 
-/* ---- exact rows: the pick's, and the greedy screen's own (one launch) ---- */
+/* ---- screen ---- */
+struct screen_params {
+    const float *h, *norm_w;
+    float eps;
+    const int8_t *q;
+    const __half *s;
+    float *approx, *x;
+    unsigned *block_max; /* [gridDim.x] each block's largest approximate logit (ordered bits, 0: none) */
+    struct scr_scratch *sc;
+    int32_t N, K;
+};
+
+/* Every block: x = h * (1 / rms) * norm_w, quantised per 32 into xq (int8) and xs (scales);
+ * block 0 writes x and the two norms. */
+__device__ void screen_stage(const struct screen_params &P, int8_t *xq, float *xs, float *red)
+{
+    const int K = P.K, nt = blockDim.x, lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < K; k += nt) {
+        float v = __ldcg(P.h + k);
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)K + P.eps);
+    float xx = 0.0f, xe = 0.0f;
+    for (int k = threadIdx.x; k < K; k += nt) { /* nt % 32 == 0: a warp holds one block of 32 */
+        float x = __ldcg(P.h + k) * inv * __ldg(P.norm_w + k);
+        float m = scr_warp_max(fabsf(x)), d = m / 127.0f;
+        float t = d > 0.0f ? fminf(fmaxf(rintf(x / d), -127.0f), 127.0f) : 0.0f;
+        float e = x - d * t;
+        xx += x * x, xe += e * e;
+        xq[k] = (int8_t)(int)t;
+        if (lane == 0)
+            xs[k / 32] = d;
+        if (blockIdx.x == 0)
+            P.x[k] = x;
+    }
+    xx = block_sum(xx, red);
+    xe = block_sum(xe, red);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        P.sc->xx = xx, P.sc->xe = xe;
+    __syncthreads();
+}
+
+__device__ __forceinline__ int dp4a16(uint4 a, uint4 b)
+{
+    int t = __dp4a((int)a.x, (int)b.x, 0);
+    t = __dp4a((int)a.y, (int)b.y, t);
+    t = __dp4a((int)a.z, (int)b.z, t);
+    return __dp4a((int)a.w, (int)b.w, t);
+}
+
+/* Rows r0 .. r0 + SCR_ROWS - 1: each lane takes 16-byte chunks lane and lane + 32 of each pass
+ * of 1,024 columns (the scale of chunk c is block c / 2's, fetched once a pass by lane b and
+ * handed round); the approximate logits go to approx, their largest to *best. */
+__device__ __forceinline__ void screen_rows(const struct screen_params &P, int64_t r0, const int8_t *xq,
+                                            const float *xs, float &best)
+{
+    const int K = P.K, lane = threadIdx.x & 31, nc = K / 16, nb = K / 32;
+    float acc[SCR_ROWS];
+#pragma unroll
+    for (int r = 0; r < SCR_ROWS; r++)
+        acc[r] = 0.0f;
+    for (int p = 0; p < K; p += 1024) {
+        const int c0 = p / 16 + lane, c1 = c0 + 32, b = p / 32 + lane;
+        uint4 q0[SCR_ROWS], q1[SCR_ROWS];
+        float d[SCR_ROWS];
+#pragma unroll
+        for (int r = 0; r < SCR_ROWS; r++) {
+            const bool ok = r0 + r < P.N;
+            const uint4 *row = (const uint4 *)(P.q + (r0 + r) * K);
+            q0[r] = ok && c0 < nc ? __ldcs(row + c0) : make_uint4(0, 0, 0, 0);
+            q1[r] = ok && c1 < nc ? __ldcs(row + c1) : make_uint4(0, 0, 0, 0);
+            d[r] = ok && b < nb ? __half2float(P.s[(r0 + r) * nb + b]) : 0.0f;
+        }
+        const uint4 x0 = c0 < nc ? ((const uint4 *)xq)[c0] : make_uint4(0, 0, 0, 0);
+        const uint4 x1 = c1 < nc ? ((const uint4 *)xq)[c1] : make_uint4(0, 0, 0, 0);
+        const float s0 = c0 < nc ? xs[c0 / 2] : 0.0f, s1 = c1 < nc ? xs[c1 / 2] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < SCR_ROWS; r++) {
+            float d0 = __shfl_sync(0xffffffffu, d[r], lane / 2), d1 = __shfl_sync(0xffffffffu, d[r], 16 + lane / 2);
+            acc[r] += (float)dp4a16(q0[r], x0) * (d0 * s0) + (float)dp4a16(q1[r], x1) * (d1 * s1);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < SCR_ROWS; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < P.N) {
+            P.approx[r0 + r] = v;
+            if (v > best) /* NaN never wins */
+                best = v;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(SCR_THREADS) lm_screen_kernel(struct screen_params P)
+{
+    extern __shared__ __align__(16) unsigned char scr_smem[];
+    __shared__ float red[32];
+    int8_t *xq = (int8_t *)scr_smem;
+    float *xs = (float *)(scr_smem + ((P.K + 15) & ~15));
+    griddep_launch();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t first = ((int64_t)blockIdx.x * SCR_WARPS + warp) * SCR_ROWS;
+    const int64_t stride = (int64_t)gridDim.x * SCR_WARPS * SCR_ROWS;
+    /* the copy is never written: its first rows may be asked for before the wait */
+    for (int r = 0; r < SCR_ROWS && first + r < P.N; r++)
+        for (int c = lane; c < P.K / 16; c += 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(P.q + (first + r) * P.K + 16 * c));
+    griddep_wait();
+    screen_stage(P, xq, xs, red);
+    float best = -INFINITY;
+    for (int64_t r0 = first; r0 < P.N; r0 += stride)
+        screen_rows(P, r0, xq, xs, best);
+    __shared__ unsigned warp_best[SCR_WARPS];
+    if (lane == 0)
+        warp_best[warp] = best > -INFINITY ? ord_bits(best) : 0u;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned b = 0;
+        for (int w = 0; w < SCR_WARPS; w++)
+            b = max(b, warp_best[w]);
+        P.block_max[blockIdx.x] = b;
+        if (b)
+            atomicMax(&P.sc->amax, b);
+    }
+}
+
+/* ---- pick ---- */
 struct pick_params {
     const float *approx, *x;
     const uint8_t *w;
@@ -158,6 +281,59 @@ struct pick_params {
     float *top_vals;
     const struct cuda_sample_params *sp; /* m > 0: the draw's sampler (NULL: rank only) */
 };
+
+/* A lower bound on the m-th largest approximate logit: the m-th largest of the screen's block
+ * maxima (m blocks hold a value at least that large, each in a row of its own), by the radix
+ * select over (maximum, block) keys; NaN where fewer than m blocks have one (then every row is
+ * read exactly). Every thread gets it. */
+__device__ float mth_block_max(const struct pick_params &P, unsigned long long *keys, unsigned long long *best,
+                               struct topk_sel *st)
+{
+    __shared__ unsigned s_min;
+    if (threadIdx.x == 0)
+        s_min = 0xffffffffu;
+    for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x)
+        keys[i] = ((unsigned long long)__ldcg(P.block_max + i) << 32) | (0xffffffffu - (unsigned)i);
+    __syncthreads();
+    topk_block_select(keys, P.n_blocks, P.m, best, st); /* n_blocks >= m: lm_screen_best_limit */
+    for (int i = threadIdx.x; i < P.m; i += blockDim.x)
+        atomicMin(&s_min, (unsigned)(best[i] >> 32));
+    __syncthreads();
+    return s_min ? unord_bits(s_min) : NAN; /* 0: a block with no value among the m */
+}
+
+/* The sampled pick's last block: the m best of the n candidates' keys (n >= m: at least m
+ * rows reach the threshold, see mth_block_max), PICK_CHUNK at a time into keys, ranked into
+ * top_ids / top_vals (the exact logits the row holds for them), then the draw. */
+__device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigned long long *keys,
+                                 unsigned long long *best, struct topk_sel *st)
+{
+    const int32_t m = P.m;
+    int32_t kept = 0;
+    for (int32_t c0 = 0; c0 < n;) {
+        const int32_t take = min(PICK_CHUNK - kept, n - c0);
+        for (int32_t i = threadIdx.x; i < take; i += blockDim.x)
+            keys[kept + i] = __ldcg(P.cand + c0 + i);
+        c0 += take, kept += take;
+        __syncthreads();
+        if (kept > m) {
+            topk_block_select(keys, kept, m, best, st);
+            for (int32_t i = threadIdx.x; i < m; i += blockDim.x)
+                keys[i] = best[i];
+            __syncthreads();
+            kept = m;
+        }
+    }
+    for (int32_t i = kept + threadIdx.x; i < m; i += blockDim.x)
+        keys[i] = 0; /* never taken (n >= m); a padding key ranks last */
+    __syncthreads();
+    topk_write_ranked(keys, m, P.logits, P.top_ids, P.top_vals);
+    if (!P.sp)
+        return;
+    __syncthreads(); /* the ranked candidates are written (and best is free) */
+    if (threadIdx.x < 32)
+        sample_draw_warp(P.top_ids, P.top_vals, P.sp, P.ids, P.pos0, P.out_ids, P.step, (float *)best);
+}
 
 /* The exact logit of row j (the warp's f32 sums over the 16- or 32-bit row and x): each lane
  * takes 16 bytes of the row a pass, in order, with the loads of EX_PASSES passes issued before
@@ -224,343 +400,13 @@ __device__ __forceinline__ void take_row(const struct pick_params &P, int64_t j,
         atomicMax(&P.sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
 }
 
-
-/* The threshold top - 2B (B the bound of lm_screen.cuh for the token's |x|^2 = xx and
- * |x~ - x|^2 = xe), less the subtraction's rounding; NaN where top is (every row then reaches it). */
-__device__ __forceinline__ float pick_threshold(const struct pick_params &P, float top, float xx, float xe)
-{
-    const float nx = sqrtf(xx) * 1.001f, ne = sqrtf(xe) * 1.001f;
-    const float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
-    return top - 2.0f * B - 1e-6f * (fabsf(top) + 2.0f * B);
-}
-
-/* The rows among n items that reach thr (item(i, a) returns item i's row and sets a, its
- * approximate logit), each computed exactly by a warp of the block (take_row). A warp scans 32
- * items at a time from first, step apart. The block's candidates are listed in s_list and
- * spread over its warps after the scan (one warp finding several would read them one after
- * another); past PICK_LIST the warp that finds one reads it at once. Every thread calls it. */
-template <class Item>
-__device__ void pick_candidates(const struct pick_params &P, int64_t first, int64_t n, int64_t step, float thr,
-                                Item item, int32_t *s_list, unsigned *s_listed)
-{
-    const int lane = threadIdx.x & 31;
-    unsigned long long n_rows = 0;
-    if (threadIdx.x == 0)
-        *s_listed = 0;
-    __syncthreads();
-    for (int64_t base = first; base < n; base += step) {
-        const int64_t i = base + lane;
-        float a = 0.0f;
-        const int64_t j = i < n ? item(i, a) : -1;
-        const bool cand = i < n && !(a < thr);
-        const unsigned mask = __ballot_sync(0xffffffffu, cand);
-        if (!mask)
-            continue;
-        unsigned at = 0;
-        if (lane == 0)
-            at = atomicAdd(s_listed, (unsigned)__popc(mask));
-        at = __shfl_sync(0xffffffffu, at, 0) + (unsigned)__popc(mask & ((1u << lane) - 1u));
-        if (cand && at < PICK_LIST)
-            s_list[at] = (int32_t)j;
-        for (unsigned over = __ballot_sync(0xffffffffu, cand && at >= PICK_LIST); over; over &= over - 1)
-            take_row(P, __shfl_sync(0xffffffffu, j, __ffs(over) - 1), n_rows);
-    }
-    __syncthreads();
-    const int32_t n_listed = *s_listed < PICK_LIST ? (int32_t)*s_listed : PICK_LIST;
-    for (int32_t c = threadIdx.x >> 5; c < n_listed; c += SCR_WARPS)
-        take_row(P, s_list[c], n_rows);
-    if (lane == 0 && n_rows)
-        atomicAdd(&P.sc->rows, n_rows);
-}
-
-/* The greedy pick's end, by one thread of the last block once every exact row is in: the
- * token (the best key's row; 0 where every logit was NaN, as launch_argmax) to ids[0], and with
- * step to out_ids[*step], then *step and *pos0 advance; the key zeroed for the next token. */
-__device__ void finish_argmax(const struct pick_params &P)
-{
-    const unsigned long long key = atomicAdd(&P.sc->key, 0ull);
-    P.sc->key = 0;
-    const int32_t id = key ? (int32_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0;
-    P.ids[0] = id;
-    if (P.step) {
-        P.out_ids[*P.step] = id;
-        (*P.step)++;
-        (*P.pos0)++;
-    }
-}
-
-/* Whether the calling block is the last of the grid to get here (every thread gets the answer);
- * the others' writes before their call are then visible to it. */
-__device__ bool last_to_arrive(struct scr_scratch *sc)
-{
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        s_last = atomicAdd(&sc->count, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (s_last)
-        __threadfence();
-    return s_last;
-}
-
-/* ---- screen ---- */
-struct screen_params {
-    const float *h, *norm_w;
-    float eps;
-    const int8_t *q;
-    const __half *s;
-    float *approx, *x;
-    unsigned *block_max; /* [gridDim.x] each block's largest approximate logit (ordered bits, 0: none) */
-    struct scr_scratch *sc;
-    int32_t N, K;
-    struct pick_params pick; /* lm_screen_kernel<true>: the greedy pick in the screen's launch */
-};
-
-/* Every block: x = h * (1 / rms) * norm_w, quantised per 32 into xq (int8) and xs (scales),
- * and the two norms |x|^2, |x~ - x|^2 into *xx_out, *xe_out (every thread: the same in every
- * block); block 0 writes x and the norms. */
-__device__ void screen_stage(const struct screen_params &P, int8_t *xq, float *xs, float *red, float *xx_out,
-                             float *xe_out)
-{
-    const int K = P.K, nt = blockDim.x, lane = threadIdx.x & 31;
-    float ss = 0.0f;
-    for (int k = threadIdx.x; k < K; k += nt) {
-        float v = __ldcg(P.h + k);
-        ss += v * v;
-    }
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss / (float)K + P.eps);
-    float xx = 0.0f, xe = 0.0f;
-    for (int k = threadIdx.x; k < K; k += nt) { /* nt % 32 == 0: a warp holds one block of 32 */
-        float x = __ldcg(P.h + k) * inv * __ldg(P.norm_w + k);
-        float m = scr_warp_max(fabsf(x)), d = m / 127.0f;
-        float t = d > 0.0f ? fminf(fmaxf(rintf(x / d), -127.0f), 127.0f) : 0.0f;
-        float e = x - d * t;
-        xx += x * x, xe += e * e;
-        xq[k] = (int8_t)(int)t;
-        if (lane == 0)
-            xs[k / 32] = d;
-        if (blockIdx.x == 0)
-            P.x[k] = x;
-    }
-    xx = block_sum(xx, red);
-    xe = block_sum(xe, red);
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        P.sc->xx = xx, P.sc->xe = xe;
-    *xx_out = xx, *xe_out = xe;
-    __syncthreads();
-}
-
-__device__ __forceinline__ int dp4a16(uint4 a, uint4 b)
-{
-    int t = __dp4a((int)a.x, (int)b.x, 0);
-    t = __dp4a((int)a.y, (int)b.y, t);
-    t = __dp4a((int)a.z, (int)b.z, t);
-    return __dp4a((int)a.w, (int)b.w, t);
-}
-
-/* Rows r0 .. r0 + SCR_ROWS - 1: each lane takes 16-byte chunks lane and lane + 32 of each pass
- * of 1,024 columns (the scale of chunk c is block c / 2's, fetched once a pass by lane b and
- * handed round); the approximate logits go to approx, their largest to *best. */
-__device__ __forceinline__ void screen_rows(const struct screen_params &P, int64_t r0, const int8_t *xq,
-                                            const float *xs, float &best)
-{
-    const int K = P.K, lane = threadIdx.x & 31, nc = K / 16, nb = K / 32;
-    float acc[SCR_ROWS];
-#pragma unroll
-    for (int r = 0; r < SCR_ROWS; r++)
-        acc[r] = 0.0f;
-    for (int p = 0; p < K; p += 1024) {
-        const int c0 = p / 16 + lane, c1 = c0 + 32, b = p / 32 + lane;
-        uint4 q0[SCR_ROWS], q1[SCR_ROWS];
-        float d[SCR_ROWS];
-#pragma unroll
-        for (int r = 0; r < SCR_ROWS; r++) {
-            const bool ok = r0 + r < P.N;
-            const uint4 *row = (const uint4 *)(P.q + (r0 + r) * K);
-            q0[r] = ok && c0 < nc ? __ldcs(row + c0) : make_uint4(0, 0, 0, 0);
-            q1[r] = ok && c1 < nc ? __ldcs(row + c1) : make_uint4(0, 0, 0, 0);
-            d[r] = ok && b < nb ? __half2float(P.s[(r0 + r) * nb + b]) : 0.0f;
-        }
-        const uint4 x0 = c0 < nc ? ((const uint4 *)xq)[c0] : make_uint4(0, 0, 0, 0);
-        const uint4 x1 = c1 < nc ? ((const uint4 *)xq)[c1] : make_uint4(0, 0, 0, 0);
-        const float s0 = c0 < nc ? xs[c0 / 2] : 0.0f, s1 = c1 < nc ? xs[c1 / 2] : 0.0f;
-#pragma unroll
-        for (int r = 0; r < SCR_ROWS; r++) {
-            float d0 = __shfl_sync(0xffffffffu, d[r], lane / 2), d1 = __shfl_sync(0xffffffffu, d[r], 16 + lane / 2);
-            acc[r] += (float)dp4a16(q0[r], x0) * (d0 * s0) + (float)dp4a16(q1[r], x1) * (d1 * s1);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < SCR_ROWS; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < P.N) {
-            P.approx[r0 + r] = v;
-            if (v > best) /* NaN never wins */
-                best = v;
-        }
-    }
-}
-
-/* The greedy pick in the screen's own launch, after the block's rows: those within 2B of run
- * (the largest approximate logit so far, at least the block's own: a superset of the rows
- * within 2B of the final largest) go to the candidates' list as (a, row) keys; the last block
- * to arrive computes exactly the listed rows within 2B of the final largest and writes the
- * token, as lm_pick_kernel does after a whole scan. */
-__device__ void screen_pick(const struct screen_params &P, int64_t first, int64_t stride, float xx, float xe,
-                            unsigned run)
-{
-    __shared__ float s_thr;
-    __shared__ unsigned s_n, s_listed;
-    __shared__ int32_t s_list[PICK_LIST];
-    const struct pick_params &K = P.pick;
-    struct scr_scratch *sc = P.sc;
-    const int lane = threadIdx.x & 31;
-    const float thr = pick_threshold(K, unord_bits(run), xx, xe); /* run 0 (none yet): NaN, every row */
-    /* the warp's own rows (screen_rows' groups of SCR_ROWS, stride apart), 8 groups a pass */
-    for (int64_t g0 = 0; first + g0 * stride < P.N; g0 += 32 / SCR_ROWS) {
-        const int64_t r = first + (g0 + lane / SCR_ROWS) * stride + lane % SCR_ROWS;
-        const float a = r < P.N ? P.approx[r] : 0.0f; /* this warp's lane 0 wrote it */
-        const bool cand = r < P.N && !(a < thr);
-        const unsigned mask = __ballot_sync(0xffffffffu, cand);
-        if (!mask)
-            continue;
-        unsigned at = 0;
-        if (lane == 0)
-            at = atomicAdd(&sc->n_cand, (unsigned)__popc(mask));
-        at = __shfl_sync(0xffffffffu, at, 0) + (unsigned)__popc(mask & ((1u << lane) - 1u));
-        if (cand)
-            K.cand[at] = ((unsigned long long)ord_bits(a) << 32) | (unsigned)r;
-    }
-    if (!last_to_arrive(sc))
-        return;
-    if (threadIdx.x == 0) {
-        s_n = atomicAdd(&sc->n_cand, 0u);
-        s_thr = pick_threshold(K, unord_bits(atomicAdd(&sc->amax, 0u)), xx, xe);
-    }
-    __syncthreads();
-    const unsigned long long *list = K.cand;
-    pick_candidates(
-        K, (int64_t)(threadIdx.x >> 5) * 32, s_n, SCR_THREADS, s_thr,
-        [list](int64_t i, float &a) {
-            const unsigned long long e = __ldcg(list + i);
-            a = unord_bits((unsigned)(e >> 32));
-            return (int64_t)(e & 0xffffffffu);
-        },
-        s_list, &s_listed);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        sc->amax = 0, sc->count = 0, sc->n_cand = 0; /* ready for the next token */
-        sc->picks++;
-        finish_argmax(K);
-    }
-}
-
-template <bool PICK_HERE>
-__global__ void __launch_bounds__(SCR_THREADS) lm_screen_kernel(struct screen_params P)
-{
-    extern __shared__ __align__(16) unsigned char scr_smem[];
-    __shared__ float red[32];
-    __shared__ unsigned warp_best[SCR_WARPS], s_run;
-    int8_t *xq = (int8_t *)scr_smem;
-    float *xs = (float *)(scr_smem + ((P.K + 15) & ~15));
-    griddep_launch();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t first = ((int64_t)blockIdx.x * SCR_WARPS + warp) * SCR_ROWS;
-    const int64_t stride = (int64_t)gridDim.x * SCR_WARPS * SCR_ROWS;
-    /* the copy is never written: its first rows may be asked for before the wait */
-    for (int r = 0; r < SCR_ROWS && first + r < P.N; r++)
-        for (int c = lane; c < P.K / 16; c += 32)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(P.q + (first + r) * P.K + 16 * c));
-    griddep_wait();
-    float xx, xe;
-    screen_stage(P, xq, xs, red, &xx, &xe);
-    float best = -INFINITY;
-    for (int64_t r0 = first; r0 < P.N; r0 += stride)
-        screen_rows(P, r0, xq, xs, best);
-    if (lane == 0)
-        warp_best[warp] = best > -INFINITY ? ord_bits(best) : 0u;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned b = 0;
-        for (int w = 0; w < SCR_WARPS; w++)
-            b = max(b, warp_best[w]);
-        if (PICK_HERE) { /* the largest so far, at least the block's own */
-            s_run = max(b ? atomicMax(&P.sc->amax, b) : atomicAdd(&P.sc->amax, 0u), b);
-        } else { /* block_max: the sampled pick's bound on the m-th largest (grid screen_blocks) */
-            P.block_max[blockIdx.x] = b;
-            if (b)
-                atomicMax(&P.sc->amax, b);
-        }
-    }
-    if (!PICK_HERE)
-        return;
-    __syncthreads();
-    screen_pick(P, first, stride, xx, xe, s_run);
-}
-
-/* ---- pick ---- */
-/* A lower bound on the m-th largest approximate logit: the m-th largest of the screen's block
- * maxima (m blocks hold a value at least that large, each in a row of its own), by the radix
- * select over (maximum, block) keys; NaN where fewer than m blocks have one (then every row is
- * read exactly). Every thread gets it. */
-__device__ float mth_block_max(const struct pick_params &P, unsigned long long *keys, unsigned long long *best,
-                               struct topk_sel *st)
-{
-    __shared__ unsigned s_min;
-    if (threadIdx.x == 0)
-        s_min = 0xffffffffu;
-    for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x)
-        keys[i] = ((unsigned long long)__ldcg(P.block_max + i) << 32) | (0xffffffffu - (unsigned)i);
-    __syncthreads();
-    topk_block_select(keys, P.n_blocks, P.m, best, st); /* n_blocks >= m: lm_screen_best_limit */
-    for (int i = threadIdx.x; i < P.m; i += blockDim.x)
-        atomicMin(&s_min, (unsigned)(best[i] >> 32));
-    __syncthreads();
-    return s_min ? unord_bits(s_min) : NAN; /* 0: a block with no value among the m */
-}
-
-/* The sampled pick's last block: the m best of the n candidates' keys (n >= m: at least m
- * rows reach the threshold, see mth_block_max), PICK_CHUNK at a time into keys, ranked into
- * top_ids / top_vals (the exact logits the row holds for them), then the draw. */
-__device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigned long long *keys,
-                                 unsigned long long *best, struct topk_sel *st)
-{
-    const int32_t m = P.m;
-    int32_t kept = 0;
-    for (int32_t c0 = 0; c0 < n;) {
-        const int32_t take = min(PICK_CHUNK - kept, n - c0);
-        for (int32_t i = threadIdx.x; i < take; i += blockDim.x)
-            keys[kept + i] = __ldcg(P.cand + c0 + i);
-        c0 += take, kept += take;
-        __syncthreads();
-        if (kept > m) {
-            topk_block_select(keys, kept, m, best, st);
-            for (int32_t i = threadIdx.x; i < m; i += blockDim.x)
-                keys[i] = best[i];
-            __syncthreads();
-            kept = m;
-        }
-    }
-    for (int32_t i = kept + threadIdx.x; i < m; i += blockDim.x)
-        keys[i] = 0; /* never taken (n >= m); a padding key ranks last */
-    __syncthreads();
-    topk_write_ranked(keys, m, P.logits, P.top_ids, P.top_vals);
-    if (!P.sp)
-        return;
-    __syncthreads(); /* the ranked candidates are written (and best is free) */
-    if (threadIdx.x < 32)
-        sample_draw_warp(P.top_ids, P.top_vals, P.sp, P.ids, P.pos0, P.out_ids, P.step, (float *)best);
-}
-
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
 {
     extern __shared__ unsigned long long pick_keys[]; /* m > 0: the block maxima, then candidates */
     __shared__ unsigned long long s_best[TOPK_MAX_M];
     __shared__ struct topk_sel s_sel;
     __shared__ float s_thr;
+    __shared__ bool s_last;
     __shared__ unsigned s_n, s_listed;
     __shared__ int32_t s_list[PICK_LIST];
     griddep_launch();
@@ -569,20 +415,52 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     /* the argmax: the largest approximate logit; the m best: a lower bound on the m-th largest */
     const float top = P.m ? mth_block_max(P, pick_keys, s_best, &s_sel)
                           : unord_bits(__ldcg(&sc->amax)); /* NaN: none */
-    if (threadIdx.x == 0)
-        s_thr = pick_threshold(P, top, __ldcg(&sc->xx), __ldcg(&sc->xe));
+    if (threadIdx.x == 0) {
+        float nx = sqrtf(__ldcg(&sc->xx)) * 1.001f, ne = sqrtf(__ldcg(&sc->xe)) * 1.001f;
+        float B = (nx * P.E + (ne + P.gp * (nx + ne)) * P.W) * 1.001f;
+        float thr = top - 2.0f * B;
+        s_thr = thr - 1e-6f * (fabsf(top) + 2.0f * B); /* the subtraction's rounding */
+        s_listed = 0;
+    }
     __syncthreads();
-    const float *approx = P.approx;
-    pick_candidates(
-        P, ((int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5)) * 32, P.N, (int64_t)gridDim.x * SCR_WARPS * 32,
-        s_thr,
-        [approx](int64_t i, float &a) {
-            a = __ldcg(approx + i);
-            return i;
-        },
-        s_list, &s_listed);
-    if (!last_to_arrive(sc))
+    const float thr = s_thr; /* NaN: every row is read exactly */
+    const int lane = threadIdx.x & 31;
+    const int64_t step = (int64_t)gridDim.x * SCR_WARPS * 32;
+    unsigned long long n_rows = 0;
+    /* the block's candidates go to s_list and are spread over its warps after the scan (one
+     * warp finding several would read them one after another); past PICK_LIST, the warp that
+     * finds one reads it at once */
+    for (int64_t base = ((int64_t)blockIdx.x * SCR_WARPS + (threadIdx.x >> 5)) * 32; base < P.N; base += step) {
+        const int64_t i = base + lane;
+        const float a = i < P.N ? __ldcg(P.approx + i) : 0.0f;
+        const bool cand = i < P.N && !(a < thr);
+        const unsigned mask = __ballot_sync(0xffffffffu, cand);
+        if (!mask)
+            continue;
+        unsigned first = 0;
+        if (lane == 0)
+            first = atomicAdd(&s_listed, (unsigned)__popc(mask));
+        first = __shfl_sync(0xffffffffu, first, 0);
+        const unsigned slot = first + (unsigned)__popc(mask & ((1u << lane) - 1u));
+        if (cand && slot < PICK_LIST)
+            s_list[slot] = (int32_t)i;
+        for (unsigned over = __ballot_sync(0xffffffffu, cand && slot >= PICK_LIST); over; over &= over - 1)
+            take_row(P, base + __ffs(over) - 1, n_rows);
+    }
+    __syncthreads();
+    const int32_t n_listed = s_listed < PICK_LIST ? (int32_t)s_listed : PICK_LIST;
+    for (int32_t c = threadIdx.x >> 5; c < n_listed; c += SCR_WARPS)
+        take_row(P, s_list[c], n_rows);
+    if (lane == 0 && n_rows)
+        atomicAdd(&sc->rows, n_rows);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        s_last = atomicAdd(&sc->count, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last)
         return;
+    __threadfence();
     if (threadIdx.x == 0)
         s_n = atomicAdd(&sc->n_cand, 0u);
     __syncthreads();
@@ -590,10 +468,21 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         sc->amax = 0, sc->count = 0, sc->n_cand = 0; /* ready for the next token */
         sc->picks++;
     }
-    if (P.m)
+    if (P.m) {
         pick_sample_last(P, (int32_t)s_n, pick_keys, s_best, &s_sel);
-    else if (threadIdx.x == 0)
-        finish_argmax(P);
+        return;
+    }
+    if (threadIdx.x != 0)
+        return;
+    unsigned long long key = atomicAdd(&sc->key, 0ull);
+    sc->key = 0;
+    int32_t id = key ? (int32_t)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0; /* all NaN: 0, as argmax */
+    P.ids[0] = id;
+    if (P.step) {
+        P.out_ids[*P.step] = id;
+        (*P.step)++;
+        (*P.pos0)++;
+    }
 }
 
 /* ---- host ---- */
@@ -658,20 +547,14 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lm_screen_kernel<false>, SCR_THREADS,
-                                                          screen_smem(K));
-    int per_sm_one = 0;
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_one, lm_screen_kernel<true>, SCR_THREADS,
-                                                          screen_smem(K));
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lm_screen_kernel, SCR_THREADS, screen_smem(K));
     if (e != cudaSuccess) {
         lm_screen_free(sc);
         return cuda_fail(err, e, __FILE__, __LINE__, "the LM head's 8-bit copy");
     }
     memcpy(&sc->E, &host.e_bits, sizeof(float));
     memcpy(&sc->W, &host.w_bits, sizeof(float));
-    sc->n_sm = n_sm, sc->per_sm = per_sm > 0 ? per_sm : 1, sc->per_sm_one = per_sm_one > 0 ? per_sm_one : 1;
-    sc->screen_blocks = n_sm * sc->per_sm;
+    sc->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
     if (sc->screen_blocks > PICK_CHUNK) /* the sampled pick holds every block's maximum */
         sc->screen_blocks = PICK_CHUNK;
     e = cudaMalloc(&sc->block_max, (size_t)sc->screen_blocks * sizeof(unsigned));
@@ -687,27 +570,21 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     return QWENRT_OK;
 }
 
-/* The screen, then the pick: the argmax (m 0; in the screen's launch where a->one_launch) or the
- * m best ranked (and the draw). */
+/* The screen, then the pick: the argmax (m 0) or the m best ranked (and the draw). */
 static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
                                    const struct lm_screen_sampled *smp, cudaStream_t s)
 {
-    const struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, sc->N,
-                                   sc->K, sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
-                                   a->ids, a->pos0, a->out_ids, a->step, m, smp ? smp->temperature : 1.0f,
-                                   smp ? smp->logits : NULL, sc->cand, sc->block_max, sc->screen_blocks,
-                                   smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL};
-    const struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->block_max, sc->sc,
-                                     sc->N, sc->K, pp};
-    if (m == 0 && a->one_launch) {
-        const int32_t per_sm = a->blocks_per_sm && a->blocks_per_sm < sc->per_sm_one ? a->blocks_per_sm : sc->per_sm_one;
-        return launch_k(a->pdl, lm_screen_kernel<true>, dim3(sc->n_sm * per_sm), dim3(SCR_THREADS),
-                        screen_smem(sc->K), s, sp);
-    }
-    cudaError_t e = launch_k(a->pdl, lm_screen_kernel<false>, dim3(sc->screen_blocks), dim3(SCR_THREADS),
+    struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->block_max, sc->sc,
+                               sc->N, sc->K};
+    cudaError_t e = launch_k(a->pdl, lm_screen_kernel, dim3(sc->screen_blocks), dim3(SCR_THREADS),
                              screen_smem(sc->K), s, sp);
     if (e != cudaSuccess)
         return e;
+    struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, sc->N, sc->K,
+                             sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
+                             a->ids, a->pos0, a->out_ids, a->step, m, smp ? smp->temperature : 1.0f,
+                             smp ? smp->logits : NULL, sc->cand, sc->block_max, sc->screen_blocks,
+                             smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL};
     const int32_t n_keys = sc->screen_blocks > PICK_CHUNK ? sc->screen_blocks : PICK_CHUNK;
     return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS),
                     m ? (size_t)n_keys * sizeof(unsigned long long) : 0, s, pp);

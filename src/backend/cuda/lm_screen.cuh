@@ -43,8 +43,6 @@ struct lm_screen_args {
     int64_t row_bytes;
     int32_t *ids, *pos0, *out_ids, *step;
     bool pdl;
-    bool one_launch;       /* the greedy pick in the screen's own launch (its last block) */
-    int32_t blocks_per_sm; /* one_launch: the screen's blocks per multiprocessor (0: all that fit) */
 };
 
 /* Whether the screen takes an LM head of N rows of K elements of dtype (dense 16- or 32-bit
@@ -61,10 +59,7 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
                               cudaStream_t s, struct lm_screen **out, struct qwenrt_error *err);
 void lm_screen_free(struct lm_screen *sc);
 
-/* One greedy pick: the screen over the copy, then the exact rows and the pick, in a launch of
- * their own or, with a->one_launch, in the screen's: each block lists its rows within 2B of the
- * largest approximate logit seen so far, and the last block computes those of the list within
- * 2B of the final largest exactly (the same rows, the same token). */
+/* One greedy pick: two launches (the screen over the copy, then the exact rows and the pick). */
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s);
 
 /* The sampled loop's form: the m best rows by exact logit / temperature (ties: the lower id),

@@ -290,12 +290,6 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
     if (o->gemvq_smem_kb < 0 || o->gemvq_smem_kb > GEMVQ_SMEM_KB_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gemvq_smem_kb %d (0: what the block needs, or up to %d)",
                        (int)o->gemvq_smem_kb, GEMVQ_SMEM_KB_LIMIT);
-    if (o->lm_screen_launches < 0 || o->lm_screen_launches > 2)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: lm_screen_launches %d (0 automatic, 1 or 2)",
-                       (int)o->lm_screen_launches);
-    if (o->lm_screen_blocks < 0 || o->lm_screen_blocks > 8)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: lm_screen_blocks %d (0 automatic, 1 to 8)",
-                       (int)o->lm_screen_blocks);
     if (o->lm_screen < 0 || o->lm_screen > 2)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: lm_screen %d (0 off, 1 greedy, 2 greedy and sampled)",
                        (int)o->lm_screen);
