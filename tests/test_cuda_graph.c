@@ -521,6 +521,50 @@ static void test_lm_screen_generate(void **st)
     check_screen_generate("qwen3-tiny", EXPORT_Q8_0, 0, false);
 }
 
+/* A GPU with no room for the screen's 8-bit copy (another program holds all but 48 MB while the
+ * first generation call would make it; the copy of 151,936 rows of 1,024 needs ~160 MB): the
+ * plain head serves, with the same tokens and logits as a session without the screen, and the
+ * session reports no screen; once the memory is back it stays without one (tried once). */
+static void test_lm_screen_no_room(void **st)
+{
+    (void)st;
+    struct qwenrt_error err = {0};
+    struct model_hparams hp;
+    assert_int_equal(synth_preset("qwen3-tiny", &hp, &err), QWENRT_OK);
+    hp.n_embd = 1024, hp.n_ff = 3072, hp.head_dim = hp.n_rot = 128, hp.n_head = 16, hp.n_head_kv = 8;
+    hp.n_vocab = 151936; /* Qwen3-0.6B's head */
+    char path[256];
+    struct qwenrt_model *m = write_load_synth("qwen3-tiny", &hp, EXPORT_BF16, "-noroom", path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    off.lm_screen = 0;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 64, &on, &off, &a, &b, "no room");
+    int32_t ga[24], gb[24], V = m->hp.n_vocab;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    struct cuda_memory_hold *hold = NULL;
+    if (cuda_test_hold_memory((int64_t)48 << 20, &hold, &err))
+        fail_msg("holding device memory: %s", err.message);
+    qwenrt_status sa = cuda_session_generate(a, 7, 0, 16, 8, ga, NULL, &err);
+    cuda_test_release_memory(hold);
+    if (sa)
+        fail_msg("generate with the GPU nearly full: %s", err.message);
+    if (cuda_session_generate(a, ga[15], 16, 8, 0, ga + 16, la, &err) ||
+        cuda_session_generate(b, 7, 0, 16, 8, gb, NULL, &err) ||
+        cuda_session_generate(b, gb[15], 16, 8, 0, gb + 16, lb, &err))
+        fail_msg("generate: %s", err.message);
+    assert_memory_equal(ga, gb, sizeof(ga));
+    assert_memory_equal(la, lb, (size_t)V * 4);
+    int64_t picks = -1, rows = -1;
+    assert_false(cuda_session_lm_screen(a, &picks, &rows));
+    assert_int_equal(picks, 0);
+    printf("lm_screen with 48 MB free: no copy, the plain head: 24 greedy tokens and the last logits as "
+           "without the screen\n");
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
 static void test_decode_omit_steps(void **st)
 {
     (void)st;
@@ -1534,6 +1578,7 @@ int main(void)
         cmocka_unit_test(test_decode_omit_steps),
         cmocka_unit_test(test_generate_graph_steps),
         cmocka_unit_test(test_lm_screen_generate),
+        cmocka_unit_test(test_lm_screen_no_room),
     };
     cuda_tests_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -696,6 +696,13 @@ qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps
                                   int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, int32_t *top_ids,
                                   float *top_vals, int64_t *exact_rows, bool *built, struct qwenrt_error *err);
 
+/* For the tests: device memory taken until at most leave_bytes stay free (in chunks, the largest
+ * that cudaMalloc grants), as another program filling the GPU would; *hold gives it back to
+ * cuda_test_release_memory. Errors: NOMEM (the hold's own list), BACKEND. */
+struct cuda_memory_hold;
+qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
+void cuda_test_release_memory(struct cuda_memory_hold *hold);
+
 /* For the tests: the greedy loop's argmax kernel over n host floats (copied to the device 4
  * bytes past a 16-byte boundary when misalign: the kernel's scalar path) in blocks blocks (1:
  * the single-block kernel). *id: the largest value that is not NaN, ties to the lowest index,

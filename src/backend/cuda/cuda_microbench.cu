@@ -3,7 +3,8 @@
  * kernels in one graph, with or without PDL and clusters: cuda_launch_floor_bench), one GEMV
  * kernel alone over random weights (cuda_gemv_bench, optionally with its block time line),
  * the argmax (cuda_argmax) and the SM clock a kernel sees (cuda_sm_clock), for cuda_bench and
- * the CUDA tests (tests/test_cuda_ops.c).
+ * the CUDA tests (tests/test_cuda_ops.c); and for the tests, device memory held as by another
+ * program (cuda_test_hold_memory).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_session.cuh"
@@ -320,6 +321,53 @@ extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, i
     cudaFree(sc.part);
     cudaFree(sc.count);
     return st;
+}
+
+/* ------------------------------------------------------------------ a GPU nearly full */
+
+#define HOLD_MAX_CHUNKS 256
+
+struct cuda_memory_hold {
+    void *chunk[HOLD_MAX_CHUNKS];
+    int n;
+};
+
+extern "C" void cuda_test_release_memory(struct cuda_memory_hold *hold)
+{
+    if (!hold)
+        return;
+    for (int i = 0; i < hold->n; i++)
+        cudaFree(hold->chunk[i]);
+    free(hold);
+}
+
+extern "C" qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold,
+                                               struct qwenrt_error *err)
+{
+    *hold = NULL;
+    struct cuda_memory_hold *h = (struct cuda_memory_hold *)calloc(1, sizeof(*h));
+    if (!h)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda_test_hold_memory: out of memory");
+    const size_t step = (size_t)2 << 20; /* cudaMalloc's granularity */
+    size_t free_b = 0, total = 0;
+    cudaError_t e = cudaMemGetInfo(&free_b, &total);
+    while (e == cudaSuccess && (int64_t)free_b > leave_bytes && h->n < HOLD_MAX_CHUNKS) {
+        size_t want = ((size_t)((int64_t)free_b - leave_bytes) + step - 1) / step * step;
+        void *p = NULL;
+        while (want >= step && cudaMalloc(&p, want) != cudaSuccess)
+            want /= 2;
+        cudaGetLastError(); /* a refused size is no error here */
+        if (want < step)
+            break; /* nothing more is granted */
+        h->chunk[h->n++] = p;
+        e = cudaMemGetInfo(&free_b, &total);
+    }
+    if (e != cudaSuccess) {
+        cuda_test_release_memory(h);
+        return cuda_fail(err, e, __FILE__, __LINE__, "holding device memory");
+    }
+    *hold = h;
+    return QWENRT_OK;
 }
 
 /* ------------------------------------------------------------------ the screened LM head */

@@ -388,6 +388,18 @@ qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t bloc
     return not_built(err);
 }
 
+qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err)
+{
+    (void)leave_bytes;
+    *hold = NULL;
+    return not_built(err);
+}
+
+void cuda_test_release_memory(struct cuda_memory_hold *hold)
+{
+    (void)hold;
+}
+
 qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps, const void *w, int32_t dtype,
                                   int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, int32_t *top_ids,
                                   float *top_vals, int64_t *exact_rows, bool *built, struct qwenrt_error *err)
