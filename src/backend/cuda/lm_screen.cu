@@ -33,9 +33,6 @@ extern "C" {
 #define SCR_ROWS 4          /* rows a warp screens at once */
 #define PICK_BLOCKS 128
 #define PICK_CHUNK 4096     /* candidate keys the sampled pick's last block selects from at once */
-#define RANK_SELECT_MAX 512 /* candidate keys it ranks by counting instead (each thread over all) */
-#define SCREEN_MAX_BLOCKS 1024 /* the screen's grid at most (the sampled pick ranks their maxima) */
-static_assert(RANK_SELECT_MAX >= TOPK_MAX_M && PICK_CHUNK >= SCREEN_MAX_BLOCKS, "the pick's key space");
 #define PICK_LIST 128       /* candidate rows a pick block lists for its warps */
 #define BUILD_BLOCKS 1024
 
@@ -285,77 +282,52 @@ struct pick_params {
     const struct cuda_sample_params *sp; /* m > 0: the draw's sampler (NULL: rank only) */
 };
 
-/* How many of the n keys at s (shared memory: every thread reads the same one at a time) lie
- * above key: its rank among them, 0 the largest, where the keys are distinct. */
-__device__ __forceinline__ int32_t keys_above(const unsigned long long *s, int32_t n, unsigned long long key)
-{
-    int32_t above = 0;
-#pragma unroll 8
-    for (int32_t j = 0; j < n; j++)
-        above += s[j] > key;
-    return above;
-}
-
 /* A lower bound on the m-th largest approximate logit: the m-th largest of the screen's block
- * maxima (m blocks hold a value at least that large, each in a row of its own): the
- * (maximum, block) keys are distinct, and the one with m - 1 above it is that; NaN where it is a
- * block with no value (fewer than m blocks have one: then every row is read exactly). Every
- * thread gets it. n_blocks is at most SCREEN_MAX_BLOCKS: each thread counts over all of them. */
-__device__ float mth_block_max(const struct pick_params &P, unsigned long long *keys)
+ * maxima (m blocks hold a value at least that large, each in a row of its own), by the radix
+ * select over (maximum, block) keys; NaN where fewer than m blocks have one (then every row is
+ * read exactly). Every thread gets it. */
+__device__ float mth_block_max(const struct pick_params &P, unsigned long long *keys, unsigned long long *best,
+                               struct topk_sel *st)
 {
-    __shared__ unsigned s_mth;
+    __shared__ unsigned s_min;
     if (threadIdx.x == 0)
-        s_mth = 0;
+        s_min = 0xffffffffu;
     for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x)
         keys[i] = ((unsigned long long)__ldcg(P.block_max + i) << 32) | (0xffffffffu - (unsigned)i);
     __syncthreads();
-    for (int i = threadIdx.x; i < P.n_blocks; i += blockDim.x) /* n_blocks >= m: lm_screen_best_limit */
-        if (keys_above(keys, P.n_blocks, keys[i]) == P.m - 1)
-            s_mth = (unsigned)(keys[i] >> 32);
+    topk_block_select(keys, P.n_blocks, P.m, best, st); /* n_blocks >= m: lm_screen_best_limit */
+    for (int i = threadIdx.x; i < P.m; i += blockDim.x)
+        atomicMin(&s_min, (unsigned)(best[i] >> 32));
     __syncthreads();
-    return s_mth ? unord_bits(s_mth) : NAN; /* 0: a block with no value */
+    return s_min ? unord_bits(s_min) : NAN; /* 0: a block with no value among the m */
 }
 
-/* The sampled pick's last block: the m best of the n candidates' keys ranked into top_ids /
- * top_vals (the exact logits the row holds for them), then the draw. Up to RANK_SELECT_MAX keys
- * (the usual case) each counts the keys above it, which is its rank (the keys are distinct: each
- * holds its row); more (a loose bound, NaN logits) are selected PICK_CHUNK at a time into keys
- * by the radix select and then ranked. n >= m: at least m rows reach the threshold (see
- * mth_block_max); the ranks past n, were there any, would get padding (id 0, -Inf). */
+/* The sampled pick's last block: the m best of the n candidates' keys (n >= m: at least m
+ * rows reach the threshold, see mth_block_max), PICK_CHUNK at a time into keys, ranked into
+ * top_ids / top_vals (the exact logits the row holds for them), then the draw. */
 __device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigned long long *keys,
                                  unsigned long long *best, struct topk_sel *st)
 {
     const int32_t m = P.m;
-    if (n <= RANK_SELECT_MAX) {
-        for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
-            keys[i] = __ldcg(P.cand + i);
+    int32_t kept = 0;
+    for (int32_t c0 = 0; c0 < n;) {
+        const int32_t take = min(PICK_CHUNK - kept, n - c0);
+        for (int32_t i = threadIdx.x; i < take; i += blockDim.x)
+            keys[kept + i] = __ldcg(P.cand + c0 + i);
+        c0 += take, kept += take;
         __syncthreads();
-        for (int32_t i = threadIdx.x; i < n || i < m; i += blockDim.x) {
-            const int32_t rank = i < n ? keys_above(keys, n, keys[i]) : i;
-            if (rank < m) {
-                const int32_t id = i < n ? topk_id(keys[i]) : 0;
-                P.top_ids[rank] = id;
-                P.top_vals[rank] = i < n ? __ldcg(P.logits + id) : -INFINITY;
-            }
-        }
-    } else {
-        int32_t kept = 0;
-        for (int32_t c0 = 0; c0 < n;) {
-            const int32_t take = min(PICK_CHUNK - kept, n - c0);
-            for (int32_t i = threadIdx.x; i < take; i += blockDim.x)
-                keys[kept + i] = __ldcg(P.cand + c0 + i);
-            c0 += take, kept += take;
+        if (kept > m) {
+            topk_block_select(keys, kept, m, best, st);
+            for (int32_t i = threadIdx.x; i < m; i += blockDim.x)
+                keys[i] = best[i];
             __syncthreads();
-            if (kept > m) {
-                topk_block_select(keys, kept, m, best, st);
-                for (int32_t i = threadIdx.x; i < m; i += blockDim.x)
-                    keys[i] = best[i];
-                __syncthreads();
-                kept = m;
-            }
+            kept = m;
         }
-        topk_write_ranked(keys, m, P.logits, P.top_ids, P.top_vals);
     }
+    for (int32_t i = kept + threadIdx.x; i < m; i += blockDim.x)
+        keys[i] = 0; /* never taken (n >= m); a padding key ranks last */
+    __syncthreads();
+    topk_write_ranked(keys, m, P.logits, P.top_ids, P.top_vals);
     if (!P.sp)
         return;
     __syncthreads(); /* the ranked candidates are written (and best is free) */
@@ -441,7 +413,7 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     griddep_wait();
     struct scr_scratch *sc = P.sc;
     /* the argmax: the largest approximate logit; the m best: a lower bound on the m-th largest */
-    const float top = P.m ? mth_block_max(P, pick_keys)
+    const float top = P.m ? mth_block_max(P, pick_keys, s_best, &s_sel)
                           : unord_bits(__ldcg(&sc->amax)); /* NaN: none */
     if (threadIdx.x == 0) {
         float nx = sqrtf(__ldcg(&sc->xx)) * 1.001f, ne = sqrtf(__ldcg(&sc->xe)) * 1.001f;
@@ -583,8 +555,8 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     memcpy(&sc->E, &host.e_bits, sizeof(float));
     memcpy(&sc->W, &host.w_bits, sizeof(float));
     sc->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
-    if (sc->screen_blocks > SCREEN_MAX_BLOCKS) /* the sampled pick ranks every block's maximum */
-        sc->screen_blocks = SCREEN_MAX_BLOCKS;
+    if (sc->screen_blocks > PICK_CHUNK) /* the sampled pick holds every block's maximum */
+        sc->screen_blocks = PICK_CHUNK;
     e = cudaMalloc(&sc->block_max, (size_t)sc->screen_blocks * sizeof(unsigned));
     if (e != cudaSuccess) {
         lm_screen_free(sc);
@@ -613,8 +585,9 @@ static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_s
                              a->ids, a->pos0, a->out_ids, a->step, m, smp ? smp->temperature : 1.0f,
                              smp ? smp->logits : NULL, sc->cand, sc->block_max, sc->screen_blocks,
                              smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL};
+    const int32_t n_keys = sc->screen_blocks > PICK_CHUNK ? sc->screen_blocks : PICK_CHUNK;
     return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS),
-                    m ? (size_t)PICK_CHUNK * sizeof(unsigned long long) : 0, s, pp); /* >= the blocks */
+                    m ? (size_t)n_keys * sizeof(unsigned long long) : 0, s, pp);
 }
 
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s)

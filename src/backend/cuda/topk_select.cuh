@@ -1,7 +1,8 @@
 /*
  * topk_select.cuh — the m best of n 64-bit keys by one block (a radix select over 8-bit digits
  * from the top), and the key that orders tokens for it: shared by topk.cu (a logits row's m
- * best) and lm_screen.cu (the m best of the screen's candidates where they are many). The order and the select are described at the top of topk.cu.
+ * best) and lm_screen.cu (the m best of the screen's candidates, and the m-th largest of its
+ * block maxima). The order and the select are described at the top of topk.cu.
  */
 #ifndef QWENRT_BACKEND_CUDA_TOPK_SELECT_CUH
 #define QWENRT_BACKEND_CUDA_TOPK_SELECT_CUH
