@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -20,6 +20,8 @@
  *              [--sweep-sampled K]  (the sweep's runs sampled: t 0.8, top_k K, top_p 0.95, min_p 0.05)
  *              [--no-validate] [--keep-layer-types] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
+ *              [--screen-sessions N]  (only decode: N default sessions in turn, each one greedy
+ *              tg --n-gen with its screened LM head's device addresses; every third unscreened)
  *
  * 0. The SM clock, at the start and at the end (cuda_sm_clock): where it is held down (under 70%
  *    of the rated peak: a power brake or thermal slowdown) the timings are printed but no JSON
@@ -657,6 +659,43 @@ out:
     return rc;
 }
 
+/* --screen-sessions N: N sessions of the default options made and freed in turn, as --sweep does,
+ * each timed on one greedy tg n from position 0 after a warm-up, with where its screened LM
+ * head's buffers lie; every third session without the screen, for contrast. For the screened
+ * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
+static int screen_sessions(struct qwenrt_model *m, int count, int32_t n)
+{
+    struct qwenrt_error err = {0};
+    int32_t out[512];
+    n = n < 4 ? 4 : n > 500 ? 500 : n;
+    printf("| session | screen | tg%d tok/s | copy | scales | approx | scratch |\n|---:|---|---:|---|---|---|---|\n", n);
+    for (int i = 0; i < count; i++) {
+        struct cuda_options o = cuda_default_options();
+        o.mega = CUDA_MEGA_OFF;
+        if (i % 3 == 2)
+            o.lm_screen = 0;
+        struct cuda_session *cs = NULL;
+        double t = 0;
+        bool ok = !cuda_session_init(m->plans, n + 8, &o, &cs, &err);
+        for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
+            ok = !cuda_session_reset(cs, &err);
+            double t0 = time_now_s();
+            ok = ok && !cuda_session_generate(cs, 17, 0, n, 32, out, NULL, &err);
+            t = time_now_s() - t0;
+        }
+        uint64_t a[4];
+        bool screened = ok && cuda_session_lm_screen_buffers(cs, a);
+        cuda_session_free(cs);
+        if (!ok) {
+            fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
+            return 1;
+        }
+        printf("| %d | %s | %.1f | %#llx | %#llx | %#llx | %#llx |\n", i, screened ? "yes" : "no", n / t,
+               (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2], (unsigned long long)a[3]);
+    }
+    return 0;
+}
+
 /* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
 static int mega_steps(struct qwenrt_model *m, int32_t n)
 {
@@ -1257,6 +1296,7 @@ int main(int argc, char **argv)
     const char *batch_ab = NULL; /* --batch-ab "V;V;...": its variants interleaved (print_batch_ab) */
     static struct batch_ab ab;
     int batch_chk = 0;        /* --batch-check N: batched against alone at this geometry (batch_check) */
+    int screen_count = 0;     /* --screen-sessions N: sessions timed one by one with their screen's buffers */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
@@ -1268,6 +1308,7 @@ int main(int argc, char **argv)
         {"--gemv-smem-launch", &smem_launch, 0, 2, "(cuda_options.gemv_smem_launch)"},
         {"--gemv-mma", &gemv_mma, 0, 1, "(cuda_options.gemv_mma)"},
         {"--batch-check", &batch_chk, 1, 16, "sessions"},
+        {"--screen-sessions", &screen_count, 1, 64, "sessions"},
         {"--sweep-sampled", &sweep_top_k, 1, CUDA_TOP_MAX_M - 1, "candidates (top_k) of the sweep's draws"},
     };
     for (int i = 1; i < argc; i++) {
@@ -1318,7 +1359,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1409,6 +1450,8 @@ int main(int argc, char **argv)
         return mega_steps(m, 8);
     if (batch_chk)
         return batch_check(m, batch_chk, depth);
+    if (screen_count)
+        return screen_sessions(m, screen_count, n_gen);
     if (batch && batch_ab) /* a comparison, not a record: no --json */
         return print_batch_ab(m, batch, &ab, n_gen, depth, reps);
     if (batch) { /* --json: the table as a record */

@@ -786,6 +786,11 @@ int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs);
  * where there is none. */
 bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64_t *exact_rows);
 
+/* Where the screened LM head's buffers lie on the device (for a measurement of placement,
+ * cuda_bench --screen-sessions): addr[0] the 8-bit copy, [1] its scales, [2] the approximate
+ * logits, [3] the scratch its atomics use. false (zeros) where the session has no screen. */
+bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4]);
+
 /* Bytes of weights the decode program's launches ask the L2 for per token
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */
 int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs);

@@ -11,6 +11,8 @@
 
 #include "base/error.h"
 
+#include <string.h>
+
 static qwenrt_status not_built(struct qwenrt_error *err)
 {
     return err_set(err, QWENRT_ERR_BACKEND,
@@ -293,6 +295,13 @@ bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64
 {
     (void)cs;
     *picks = *exact_rows = 0;
+    return false;
+}
+
+bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
+{
+    (void)cs;
+    memset(addr, 0, 4 * sizeof(uint64_t));
     return false;
 }
 

@@ -621,3 +621,9 @@ void lm_screen_constants(const struct lm_screen *sc, float *E, float *W, int64_t
     *E = sc->E, *W = sc->W;
     *bytes = (int64_t)sc->N * sc->K + (int64_t)sc->N * (sc->K / 32) * 2;
 }
+
+void lm_screen_buffers(const struct lm_screen *sc, uint64_t addr[4])
+{
+    addr[0] = (uint64_t)(uintptr_t)sc->q, addr[1] = (uint64_t)(uintptr_t)sc->s;
+    addr[2] = (uint64_t)(uintptr_t)sc->approx, addr[3] = (uint64_t)(uintptr_t)sc->sc;
+}

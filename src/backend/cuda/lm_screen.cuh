@@ -85,6 +85,9 @@ int32_t lm_screen_best_limit(const struct lm_screen *sc);
 qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows,
                                struct qwenrt_error *err);
 
+/* Where the copy, its scales, the approximate logits and the scratch lie (device addresses). */
+void lm_screen_buffers(const struct lm_screen *sc, uint64_t addr[4]);
+
 /* The bound's constants E and W (see above), and the copy's bytes. */
 void lm_screen_constants(const struct lm_screen *sc, float *E, float *W, int64_t *bytes);
 

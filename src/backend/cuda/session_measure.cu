@@ -27,6 +27,15 @@ extern "C" bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *p
     return cs && cs->screen && lm_screen_counts(cs->screen, picks, exact_rows, &err) == QWENRT_OK;
 }
 
+extern "C" bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
+{
+    memset(addr, 0, 4 * sizeof(uint64_t));
+    if (!cs || !cs->screen)
+        return false;
+    lm_screen_buffers(cs->screen, addr);
+    return true;
+}
+
 /* Which kernel a decode attention step takes in the default graphs (those without the cluster
  * merge), as launch_attention chooses: attention_staged.cu's, attention_lanes.cu's or
  * attention_shared_kv.cu's. */
