@@ -232,6 +232,42 @@ static void copy_logits(struct qwenrt_session *s, float *out, int32_t V)
     memcpy(out, l, (size_t)V * sizeof(float));
 }
 
+/* Two sessions of m on one weights copy, greedy generation loops (the screened LM head where
+ * the head is 16- or 32-bit): the same tokens, one 8-bit copy of the head between them (the
+ * weights' own) and screen buffers of their own; the copy outlives the first session. */
+static void check_shared_screen(struct qwenrt_model *m, const int32_t *ids, const char *dir)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_sampler_params gp = qwenrt_sampler_default_params();
+    gp.temperature = 0.0f; /* greedy */
+    struct qwenrt_sampler *g = NULL;
+    assert_int_equal(qwenrt_sampler_init(&gp, m->hp.n_vocab, &g, &err), QWENRT_OK);
+    struct qwenrt_session *d = NULL, *e = NULL;
+    assert_int_equal(qwenrt_session_init(m, NULL, &d, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_init(m, NULL, &e, &err), QWENRT_OK);
+    int32_t gd[12], ge[12];
+    assert_int_equal(qwenrt_session_prefill(d, ids, 4, NULL, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_prefill(e, ids, 4, NULL, &err), QWENRT_OK);
+    assert_int_equal(session_generate(d, g, ids[4], 8, gd, &err), QWENRT_OK);
+    assert_int_equal(session_generate(e, g, ids[4], 8, ge, &err), QWENRT_OK);
+    assert_memory_equal(gd, ge, 8 * sizeof(int32_t));
+    uint64_t bd[4], be[4];
+    const bool screened = cuda_session_lm_screen_buffers(d->cuda, bd);
+    assert_int_equal(cuda_session_lm_screen_buffers(e->cuda, be), screened);
+    if (screened) {
+        assert_true(bd[0] != 0 && bd[0] == be[0] && bd[1] == be[1]); /* one copy */
+        assert_true(bd[2] != be[2] && bd[3] != be[3]);                 /* buffers of their own */
+    }
+    assert_int_equal(session_generate(d, g, gd[7], 4, gd + 8, &err), QWENRT_OK);
+    qwenrt_session_free(d); /* e still holds the weights, and with them the copy */
+    assert_int_equal(session_generate(e, g, ge[7], 4, ge + 8, &err), QWENRT_OK);
+    assert_memory_equal(gd, ge, sizeof(gd));
+    printf("%s: two sessions' greedy loops, %s\n", dir, screened ? "one screen copy between them" : "not screened");
+    qwenrt_session_free(e);
+    assert_null(m->device_weights.cuda);
+    qwenrt_sampler_free(g);
+}
+
 static void check_shared_weights(const char *dir)
 {
     struct qwenrt_model *m = NULL;
@@ -282,6 +318,7 @@ static void check_shared_weights(const char *dir)
         fail_msg("%s: a session on the new copy differs", dir);
     qwenrt_session_free(c);
     assert_null(m->device_weights.cuda);
+    check_shared_screen(m, ids, dir);
     free(la), free(lb), free(lb2);
     qwenrt_model_free(m);
 }

@@ -205,8 +205,8 @@ struct cuda_session {
     bool gq_after_wait;       /* gemvq blocks start the next launch after their wait (same) */
     bool gq_int8;             /* gemvq's x in 8 bits (same) */
     struct argmax_scratch am; /* the greedy loop's argmax (opt.argmax_blocks) */
-    struct lm_screen *screen; /* the greedy loop's screened LM head (opt.lm_screen), made by its
-                               * first call (lm_screen_ready), or NULL */
+    struct lm_screen *screen; /* the generation loops' screened LM head (opt.lm_screen) over the
+                               * weights' shared copy, made by the first call (lm_screen_ready), or NULL */
     bool screen_tried;        /* lm_screen_ready ran (screen NULL: the plain head serves) */
     unsigned long long *tl;   /* while cuda_session_timeline captures: [n_steps][TL_MAX_BLOCKS][TL_SLOTS] stamps */
     char mk_why[160];
@@ -274,8 +274,10 @@ const double *rope_table(const struct cuda_session *cs, const struct plan_op *op
 /* The context of the decode program's steps: one token, the session's decode buffers. */
 struct run_ctx decode_ctx(struct cuda_session *cs);
 /* The generation loops' screened LM head (opt.lm_screen): made on the first call where it
- * applies (cs->screen stays NULL where it does not, or where the device has no room for the
- * copy: the plain head serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX, and of
+ * applies, over the 8-bit copy the session's weights hold (weights_screen_copy: made by the
+ * first session that asks, shared by the rest) (cs->screen stays NULL where it does not apply,
+ * or where the device has no room for the copy or the session's buffers: the plain head
+ * serves, so it always returns QWENRT_OK); the graphs of GEN_ARGMAX, and of
  * GEN_SAMPLE with opt.lm_screen 2 for top_k up to lm_screen_best_limit, then pick through it and leave the logits
  * buffer partly written, which enqueue_last_logits fills from the last hidden state when the
  * row is first read (cs->row_stale). */
@@ -353,6 +355,11 @@ qwenrt_status weights_acquire(struct cuda_session *cs, pthread_mutex_t *mu, stru
                               struct qwenrt_error *err);
 /* Drops a session's hold on w; the last one frees the copy and empties its slot. NULL: nothing. */
 void weights_release(struct cuda_weights *w);
+/* The LM head's 8-bit copy of the rows at rows (in w's arena) for the screen: made on stream s
+ * by the first session of w that asks (lm_screen_copy_build), then shared; NULL where it cannot be
+ * made (a bound that is not finite, or no room: tried once for w) or for other rows. */
+const struct lm_screen_copy *weights_screen_copy(struct cuda_weights *w, const void *rows, int32_t dtype, int32_t N,
+                                                 int32_t K, int64_t row_bytes, cudaStream_t s);
 
 /* cuda_batch.cu */
 

@@ -733,9 +733,11 @@ qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err)
     if (i < 0)
         return QWENRT_OK;
     const struct dop *lm = &cs->dops[PHASE_DECODE][cs->steps[i].mm[0]];
+    const struct lm_screen_copy *copy =
+        weights_screen_copy(cs->weights, lm->w, lm->dtype, lm->N, lm->K, lm->row_bytes, cs->stream);
     struct qwenrt_error why;
-    if (lm_screen_build(lm->w, lm->dtype, lm->N, lm->K, lm->row_bytes, cs->stream, &cs->screen, &why))
-        cudaGetLastError(); /* no room for the copy (a GPU nearly full): the plain head serves */
+    if (copy && lm_screen_attach(copy, cs->stream, &cs->screen, &why))
+        cudaGetLastError(); /* no room for the session's buffers: the plain head serves */
     return QWENRT_OK;
 }
 

@@ -12,6 +12,10 @@
  * A copy is shared only with a session on the same device whose layout has the same bytes and
  * entries (the plans are the model's, so every session of it has the same; the check guards
  * against a caller with plans of its own). Nothing writes to the arena after the upload.
+ *
+ * The LM head's 8-bit copy (lm_screen.cuh, ~160-260 MB) is derived from the weights alone, so it
+ * lives here too: the first session that screens makes it (weights_screen_copy), the others
+ * share it, and it goes with the weights. Each session keeps its own screen buffers.
  */
 #include "backend/cuda/cuda_session.cuh"
 
@@ -27,6 +31,8 @@ struct cuda_weights {
     int32_t refs;               /* sessions holding it (guarded by *mu where shared) */
     pthread_mutex_t *mu;        /* the slot's lock, NULL for a session's own copy */
     struct cuda_weights **slot; /* the model's pointer to it, NULL for a session's own copy */
+    struct lm_screen_copy *screen; /* the LM head's 8-bit copy, or NULL (guarded by *mu) */
+    bool screen_tried;          /* weights_screen_copy ran (screen NULL: none can be made) */
 };
 
 static bool fits(const struct cuda_weights *w, const struct cuda_session *cs, int dev)
@@ -94,7 +100,25 @@ void weights_release(struct cuda_weights *w)
     if (w->mu)
         pthread_mutex_unlock(w->mu);
     if (last) {
+        lm_screen_copy_free(w->screen);
         cudaFree(w->arena);
         xfree(w);
     }
+}
+
+const struct lm_screen_copy *weights_screen_copy(struct cuda_weights *w, const void *rows, int32_t dtype, int32_t N,
+                                                 int32_t K, int64_t row_bytes, cudaStream_t s)
+{
+    if (w->mu)
+        pthread_mutex_lock(w->mu);
+    if (!w->screen_tried) {
+        w->screen_tried = true;
+        struct qwenrt_error why;
+        if (lm_screen_copy_build(rows, dtype, N, K, row_bytes, s, &w->screen, &why))
+            cudaGetLastError(); /* no room for the copy (a GPU nearly full): the plain head serves */
+    }
+    const struct lm_screen_copy *c = w->screen && lm_screen_copy_rows(w->screen) == rows ? w->screen : NULL;
+    if (w->mu)
+        pthread_mutex_unlock(w->mu);
+    return c;
 }

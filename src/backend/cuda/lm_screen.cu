@@ -48,9 +48,20 @@ struct scr_scratch {
     unsigned e_bits, w_bits;  /* build: E and W as bits of non-negative floats */
 };
 
+/* The copy of an LM head's rows: made once and shared by the sessions of one weights copy
+ * (device_weights.cu); never written after it is made. */
+struct lm_screen_copy {
+    int8_t *q;        /* [N][K] */
+    __half *s;        /* [N][K / 32] */
+    const void *rows; /* the 16- or 32-bit rows it copies */
+    int32_t N, K, screen_blocks;
+    float E, W;
+};
+
+/* A session's screen: the copy's pointers and constants, and the session's own buffers. */
 struct lm_screen {
-    int8_t *q;       /* [N][K] */
-    __half *s;       /* [N][K / 32] */
+    const int8_t *q; /* the copy's */
+    const __half *s;
     float *approx;   /* [N] */
     float *x;        /* [K] the token's normalised x (block 0 of the screen) */
     unsigned long long *cand; /* [N] the sampled pick's candidate keys */
@@ -58,6 +69,7 @@ struct lm_screen {
     struct scr_scratch *sc;
     int32_t N, K, screen_blocks;
     float E, W;
+    struct lm_screen_copy *own; /* lm_screen_build's copy, freed with the screen (else NULL) */
 };
 
 __device__ __forceinline__ unsigned ord_bits(float v)
@@ -495,13 +507,12 @@ bool lm_screen_applies(int32_t dtype, int32_t N, int32_t K, int64_t row_bytes, c
            (uintptr_t)w % 16 == 0 && (uintptr_t)h % 16 == 0 && norm_w != NULL;
 }
 
-void lm_screen_free(struct lm_screen *sc)
+void lm_screen_copy_free(struct lm_screen_copy *c)
 {
-    if (!sc)
+    if (!c)
         return;
-    cudaFree(sc->q), cudaFree(sc->s), cudaFree(sc->approx), cudaFree(sc->x), cudaFree(sc->sc);
-    cudaFree(sc->block_max), cudaFree(sc->cand);
-    xfree(sc);
+    cudaFree(c->q), cudaFree(c->s);
+    xfree(c);
 }
 
 static size_t screen_smem(int32_t K)
@@ -509,38 +520,45 @@ static size_t screen_smem(int32_t K)
     return (size_t)((K + 15) & ~15) + (size_t)(K / 32) * sizeof(float);
 }
 
-qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
-                              cudaStream_t s, struct lm_screen **out, struct qwenrt_error *err)
+/* The copy's rows and scales on the device and E, W measured (through a scratch of its own). */
+static cudaError_t copy_rows(struct lm_screen_copy *c, const void *w, int32_t dtype, int64_t row_bytes,
+                             cudaStream_t s)
 {
-    *out = NULL;
-    struct lm_screen *sc = (struct lm_screen *)xcalloc(1, sizeof(*sc));
-    if (!sc)
-        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
-    sc->N = N, sc->K = K;
-    cudaError_t e = cudaMalloc(&sc->q, (size_t)N * K);
+    const int32_t N = c->N, K = c->K;
+    struct scr_scratch *d_sc = NULL, host;
+    cudaError_t e = cudaMalloc(&c->q, (size_t)N * K);
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->s, (size_t)N * (K / 32) * sizeof(__half));
+        e = cudaMalloc(&c->s, (size_t)N * (K / 32) * sizeof(__half));
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->approx, (size_t)N * sizeof(float));
+        e = cudaMalloc(&d_sc, sizeof(*d_sc));
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->x, (size_t)K * sizeof(float));
-    if (e == cudaSuccess)
-        e = cudaMalloc(&sc->cand, (size_t)N * sizeof(unsigned long long));
-    if (e == cudaSuccess)
-        e = cudaMalloc(&sc->sc, sizeof(*sc->sc));
-    if (e == cudaSuccess)
-        e = cudaMemsetAsync(sc->sc, 0, sizeof(*sc->sc), s);
-    const float gk = (float)K * 0x1p-24f * 1.01f;
+        e = cudaMemsetAsync(d_sc, 0, sizeof(*d_sc), s);
     if (e == cudaSuccess) {
-        lm_screen_build_kernel<<<BUILD_BLOCKS, SCR_THREADS, 0, s>>>((const uint8_t *)w, dtype, row_bytes, N, K,
-                                                                    sc->q, sc->s, sc->sc, gk);
+        lm_screen_build_kernel<<<BUILD_BLOCKS, SCR_THREADS, 0, s>>>((const uint8_t *)w, dtype, row_bytes, N, K, c->q,
+                                                                    c->s, d_sc, (float)K * 0x1p-24f * 1.01f);
         e = cudaGetLastError();
     }
-    struct scr_scratch host;
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(&host, sc->sc, sizeof(host), cudaMemcpyDeviceToHost, s);
+        e = cudaMemcpyAsync(&host, d_sc, sizeof(host), cudaMemcpyDeviceToHost, s);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(s);
+    cudaFree(d_sc);
+    if (e == cudaSuccess) {
+        memcpy(&c->E, &host.e_bits, sizeof(float));
+        memcpy(&c->W, &host.w_bits, sizeof(float));
+    }
+    return e;
+}
+
+qwenrt_status lm_screen_copy_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
+                                   cudaStream_t s, struct lm_screen_copy **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    struct lm_screen_copy *c = (struct lm_screen_copy *)xcalloc(1, sizeof(*c));
+    if (!c)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    c->N = N, c->K = K, c->rows = w;
+    cudaError_t e = copy_rows(c, w, dtype, row_bytes, s);
     int dev = 0, n_sm = 0, per_sm = 0;
     if (e == cudaSuccess)
         e = cudaGetDevice(&dev);
@@ -549,24 +567,75 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
     if (e == cudaSuccess)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lm_screen_kernel, SCR_THREADS, screen_smem(K));
     if (e != cudaSuccess) {
-        lm_screen_free(sc);
+        lm_screen_copy_free(c);
         return cuda_fail(err, e, __FILE__, __LINE__, "the LM head's 8-bit copy");
     }
-    memcpy(&sc->E, &host.e_bits, sizeof(float));
-    memcpy(&sc->W, &host.w_bits, sizeof(float));
-    sc->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
-    if (sc->screen_blocks > PICK_CHUNK) /* the sampled pick holds every block's maximum */
-        sc->screen_blocks = PICK_CHUNK;
-    e = cudaMalloc(&sc->block_max, (size_t)sc->screen_blocks * sizeof(unsigned));
-    if (e != cudaSuccess) {
-        lm_screen_free(sc);
-        return cuda_fail(err, e, __FILE__, __LINE__, "the LM head's 8-bit copy");
-    }
-    if (!isfinite(sc->E) || !isfinite(sc->W)) {
-        lm_screen_free(sc);
+    c->screen_blocks = n_sm * (per_sm > 0 ? per_sm : 1);
+    if (c->screen_blocks > PICK_CHUNK) /* the sampled pick holds every block's maximum */
+        c->screen_blocks = PICK_CHUNK;
+    if (!isfinite(c->E) || !isfinite(c->W)) {
+        lm_screen_copy_free(c);
         return QWENRT_OK;
     }
+    *out = c;
+    return QWENRT_OK;
+}
+
+const void *lm_screen_copy_rows(const struct lm_screen_copy *c)
+{
+    return c->rows;
+}
+
+void lm_screen_free(struct lm_screen *sc)
+{
+    if (!sc)
+        return;
+    cudaFree(sc->approx), cudaFree(sc->x), cudaFree(sc->sc), cudaFree(sc->block_max), cudaFree(sc->cand);
+    lm_screen_copy_free(sc->own);
+    xfree(sc);
+}
+
+qwenrt_status lm_screen_attach(const struct lm_screen_copy *c, cudaStream_t s, struct lm_screen **out,
+                               struct qwenrt_error *err)
+{
+    *out = NULL;
+    struct lm_screen *sc = (struct lm_screen *)xcalloc(1, sizeof(*sc));
+    if (!sc)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
+    sc->q = c->q, sc->s = c->s, sc->N = c->N, sc->K = c->K, sc->screen_blocks = c->screen_blocks;
+    sc->E = c->E, sc->W = c->W;
+    cudaError_t e = cudaMalloc(&sc->approx, (size_t)c->N * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->x, (size_t)c->K * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->cand, (size_t)c->N * sizeof(unsigned long long));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->block_max, (size_t)c->screen_blocks * sizeof(unsigned));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&sc->sc, sizeof(*sc->sc));
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(sc->sc, 0, sizeof(*sc->sc), s);
+    if (e != cudaSuccess) {
+        lm_screen_free(sc);
+        return cuda_fail(err, e, __FILE__, __LINE__, "the LM head screen's buffers");
+    }
     *out = sc;
+    return QWENRT_OK;
+}
+
+qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
+                              cudaStream_t s, struct lm_screen **out, struct qwenrt_error *err)
+{
+    *out = NULL;
+    struct lm_screen_copy *c = NULL;
+    qwenrt_status st = lm_screen_copy_build(w, dtype, N, K, row_bytes, s, &c, err);
+    if (st || !c)
+        return st;
+    if ((st = lm_screen_attach(c, s, out, err))) {
+        lm_screen_copy_free(c);
+        return st;
+    }
+    (*out)->own = c;
     return QWENRT_OK;
 }
 
