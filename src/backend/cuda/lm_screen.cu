@@ -3,7 +3,8 @@
  * can still win or be among the top_k (the design and the bound: lm_screen.cuh).
  *
  * Three kernels:
- *   build   once per session: the copy (int8 rows, an f16 scale per 32) and E, W;
+ *   build   once per weights copy (shared by its sessions): the copy (int8 rows, an f16 scale
+ *           per 32) and E, W;
  *   screen  each token: every block normalises h and quantises x to 8 bits with a scale per 32
  *           (the same bits in every block), then its warps take 4 rows at a time, 16 bytes
  *           of each row a lane (dp4a), writing the approximate logits and the largest of them
