@@ -323,6 +323,63 @@ static void check_shared_weights(const char *dir)
     qwenrt_model_free(m);
 }
 
+/* A GPU nearly full (another program holds all but 32 MB of it). The first session of a model,
+ * which would upload the weights, is refused with an error that names the memory (the model's
+ * slot stays empty); a second session beside one that holds the weights cannot get its own
+ * buffers and is refused too, and the first goes on as before. Once the memory is back, a new
+ * session is made and gives the first one's logits. */
+static void test_sessions_no_room(void **st)
+{
+    (void)st;
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cuda";
+    struct qwenrt_error err = {0};
+    assert_int_equal(qwenrt_model_load(fixtures[1], &mp, &m, &err), QWENRT_OK);
+    const int32_t ids[4] = {1, 7, 42, 3};
+    const int32_t V = m->hp.n_vocab;
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    assert_non_null(la), assert_non_null(lb);
+    struct qwenrt_session *a = NULL, *b = NULL;
+    struct cuda_memory_hold *hold = NULL;
+    if (cuda_test_hold_memory((int64_t)32 << 20, &hold, &err))
+        fail_msg("holding device memory: %s", err.message);
+    qwenrt_status st_first = qwenrt_session_init(m, NULL, &a, &err);
+    cuda_test_release_memory(hold);
+    assert_int_not_equal(st_first, QWENRT_OK);
+    assert_null(a);
+    if (!strstr(err.message, "too little device memory"))
+        fail_msg("the refusal \"%s\" does not say there is too little device memory", err.message);
+    assert_null(m->device_weights.cuda);
+    assert_int_equal(qwenrt_session_init(m, NULL, &a, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_prefill(a, ids, 2, NULL, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_decode(a, ids[2], &err), QWENRT_OK); /* its decode made ready */
+    if (cuda_test_hold_memory((int64_t)0, &hold, &err))
+        fail_msg("holding device memory: %s", err.message);
+    qwenrt_status st_second = qwenrt_session_init(m, NULL, &b, &err);
+    char why[sizeof(err.message)];
+    snprintf(why, sizeof(why), "%s", err.message);
+    qwenrt_status st_decode = qwenrt_session_decode(a, ids[3], &err);
+    cuda_test_release_memory(hold);
+    assert_int_not_equal(st_second, QWENRT_OK);
+    assert_null(b);
+    assert_int_equal(st_decode, QWENRT_OK); /* the first session's buffers were all its own already */
+    copy_logits(a, la, V);
+    assert_int_equal(qwenrt_session_init(m, NULL, &b, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_prefill(b, ids, 2, NULL, &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_decode(b, ids[2], &err), QWENRT_OK);
+    assert_int_equal(qwenrt_session_decode(b, ids[3], &err), QWENRT_OK);
+    copy_logits(b, lb, V);
+    if (memcmp(la, lb, (size_t)V * sizeof(float)))
+        fail_msg("a session made after the memory came back differs from the first");
+    printf("no room: the first session refused (\"%s\"), the second too (\"%s\")\n", "too little device memory",
+           why);
+    qwenrt_session_free(a), qwenrt_session_free(b);
+    assert_null(m->device_weights.cuda);
+    free(la), free(lb);
+    qwenrt_model_free(m);
+}
+
 static void test_sessions_share_weights(void **st)
 {
     (void)st;
@@ -1325,6 +1382,7 @@ int main(void)
         cmocka_unit_test(test_sm_clock),
         cmocka_unit_test(test_fixtures_api),
         cmocka_unit_test(test_sessions_share_weights),
+        cmocka_unit_test(test_sessions_no_room),
         cmocka_unit_test(test_fixtures_default_precision),
         cmocka_unit_test(test_fixtures_kv_f16),
         cmocka_unit_test(test_calibrate_cuda),
