@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -22,6 +22,8 @@
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
  *              [--screen-sessions N]  (only decode: N default sessions in turn, each one greedy
  *              tg --n-gen with its screened LM head's device addresses; every third unscreened)
+ *              [--pick-phases]  (only the screened LM head's pick over random rows of both heads'
+ *              geometry, greedy and sampled, by phases from clock stamps: --reps picks each)
  *
  * 0. The SM clock, at the start and at the end (cuda_sm_clock): where it is held down (under 70%
  *    of the rated peak: a power brake or thermal slowdown) the timings are printed but no JSON
@@ -696,6 +698,27 @@ static int screen_sessions(struct qwenrt_model *m, int count, int32_t n)
     return 0;
 }
 
+/* --pick-phases: the screened LM head's pick by phases (cuda_lm_screen_phases) at both models'
+ * head geometry, greedy and sampled (top_k 20 and 40), reps picks each: where the sampled pick's
+ * time over the greedy one goes (docs/perf-log.md, session 58). */
+static int print_pick_phases(int reps, struct qwenrt_error *err)
+{
+    static const int32_t rows[2] = {151936, 248320}, ms[3] = {0, 20, 40};
+    printf("| head | m | threshold us | exact rows us | arrival us | select us | rank us | draw us | pick us | rows "
+           "exactly |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 3; k++) {
+            double us[CUDA_PICK_PHASES];
+            if (cuda_lm_screen_phases(rows[r], 1024, ms[k], reps, us, err)) {
+                fprintf(stderr, "--pick-phases: %s\n", err->message);
+                return 1;
+            }
+            printf("| %d x 1024 | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n", (int)rows[r],
+                   (int)ms[k], us[0], us[1], us[2], us[3], us[4], us[5], us[6], us[7]);
+        }
+    return 0;
+}
+
 /* n greedy megakernel steps from position 0 (for a profiler run with --mega-only). */
 static int mega_steps(struct qwenrt_model *m, int32_t n)
 {
@@ -1297,6 +1320,7 @@ int main(int argc, char **argv)
     static struct batch_ab ab;
     int batch_chk = 0;        /* --batch-check N: batched against alone at this geometry (batch_check) */
     int screen_count = 0;     /* --screen-sessions N: sessions timed one by one with their screen's buffers */
+    int pick_phases = 0;      /* --pick-phases: the screened pick's phases (print_pick_phases) */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
     int arch_given = 0, type_given = 0;
@@ -1331,6 +1355,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--sweep") && i + 1 < argc) sweep = argv[++i]; /* gemvq shapes, nothing else */
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
+        else if (!strcmp(argv[i], "--pick-phases")) pick_phases = 1;
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
         else if (!strcmp(argv[i], "--batch-ab") && i + 1 < argc) batch_ab = argv[++i];
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
@@ -1359,7 +1384,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1405,6 +1430,8 @@ int main(int argc, char **argv)
         return print_launch_floor(reps, &err);
     if (pick)
         return print_pick(reps, &err);
+    if (pick_phases)
+        return print_pick_phases(reps, &err);
     char path[512];
     snprintf(path, sizeof(path), "%s", gguf ? gguf : "");
     if (gguf && !arch_given) { /* label the rows with the file, not the default preset */

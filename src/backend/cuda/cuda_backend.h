@@ -696,6 +696,18 @@ qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps
                                   int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, int32_t *top_ids,
                                   float *top_vals, int64_t *exact_rows, bool *built, struct qwenrt_error *err);
 
+/* For cuda_bench --pick-phases: the screened LM head's pick (lm_screen.cu) over random BF16 rows
+ * [N][K] (a fixed stream; h random, norm weights 1), reps picks one after another, each with its
+ * phases' clocks: m 0 the greedy pick; m 1 to 255 the sampled one (the m best ranked and a draw
+ * at temperature 0.8, top_p 0.95, min_p 0.05). us[CUDA_PICK_PHASES], medians over the picks:
+ * [0] from the first block's start to the threshold known in every block (for m >= 1 the m-th
+ * block maximum), [1] the exact rows of every block, [2] the last block's arrival, [3] its
+ * select of the m best, [4] their ranking, [5] the draw, [6] the whole pick; [7] the rows read
+ * exactly a pick. Errors: INVALID_ARG, NOMEM, BACKEND. */
+#define CUDA_PICK_PHASES 8
+qwenrt_status cuda_lm_screen_phases(int32_t N, int32_t K, int32_t m, int32_t reps, double *us,
+                                    struct qwenrt_error *err);
+
 /* For the tests: device memory taken until at most leave_bytes stay free (in chunks, the largest
  * that cudaMalloc grants), as another program filling the GPU would; *hold gives it back to
  * cuda_test_release_memory. Errors: NOMEM (the hold's own list), BACKEND. */

@@ -3,11 +3,16 @@
  * kernels in one graph, with or without PDL and clusters: cuda_launch_floor_bench), one GEMV
  * kernel alone over random weights (cuda_gemv_bench, optionally with its block time line),
  * the argmax (cuda_argmax) and the SM clock a kernel sees (cuda_sm_clock), for cuda_bench and
- * the CUDA tests (tests/test_cuda_ops.c); and for the tests, device memory held as by another
- * program (cuda_test_hold_memory).
+ * the CUDA tests (tests/test_cuda_ops.c); the screened LM head's pick by phases
+ * (cuda_lm_screen_phases); and for the tests, device memory held as by another program
+ * (cuda_test_hold_memory).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_session.cuh"
+
+extern "C" {
+#include "base/half.h"
+}
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,6 +328,112 @@ extern "C" qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, i
     return st;
 }
 
+/* ------------------------------------------------------------------ the screened pick's phases */
+
+/* One pick's phases (us) from its stamps (lm_screen.cu's PICK_STAMPS), into col[j][rep]. */
+static void pick_phases(const unsigned long long *t, double **col, int rep)
+{
+    const int last = LM_SCREEN_PICK_STAMPS - 4, nb = last / 3;
+    unsigned long long entry = ~0ull, bound = 0, rows = 0;
+    for (int b = 0; b < nb; b++) {
+        entry = t[3 * b] < entry ? t[3 * b] : entry;
+        bound = t[3 * b + 1] > bound ? t[3 * b + 1] : bound;
+        rows = t[3 * b + 2] > rows ? t[3 * b + 2] : rows;
+    }
+    const double at[7] = {(double)entry, (double)bound, (double)rows, (double)t[last], (double)t[last + 1],
+                          (double)t[last + 2], (double)t[last + 3]};
+    for (int j = 0; j < 6; j++)
+        col[j][rep] = (at[j + 1] - at[j]) * 1e-3;
+    col[6][rep] = (at[6] - at[0]) * 1e-3;
+}
+
+/* cuda_lm_screen_phases' device part: d holds h [K], norm_w [K], then the rows. */
+static qwenrt_status phases_run(uint8_t *d, int32_t N, int32_t K, int32_t m, int32_t reps, double *us,
+                                struct qwenrt_error *err)
+{
+    struct lm_screen *sc = NULL;
+    int32_t *d_ids = NULL, *d_top_ids = NULL;
+    float *d_row = NULL, *d_top_vals = NULL;
+    struct cuda_sample_params *d_sp = NULL;
+    unsigned long long *d_stamps = NULL, h_stamps[LM_SCREEN_PICK_STAMPS];
+    double *col[7] = {NULL};
+    qwenrt_status st = lm_screen_build(d + 8 * (size_t)K, QR_BF16, N, K, 2 * (int64_t)K, 0, &sc, err);
+    if (st || !sc)
+        return st ? st : err_set(err, QWENRT_ERR_BACKEND, "cuda_lm_screen_phases: the screen declined the rows");
+    const struct cuda_sample_params sp = {0.8f, 0.95f, 0.05f, m, 12345};
+    cudaError_t e = cudaMalloc(&d_ids, 4 * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_row, (size_t)N * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_top_ids, 256 * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_top_vals, 256 * sizeof(float));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_sp, sizeof(sp));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&d_stamps, sizeof(h_stamps));
+    if (e == cudaSuccess)
+        e = cudaMemcpy(d_sp, &sp, sizeof(sp), cudaMemcpyHostToDevice);
+    for (int j = 0; j < 7; j++)
+        col[j] = (double *)calloc((size_t)reps, sizeof(double));
+    struct lm_screen_args a = {(const float *)d, (const float *)d + K, 1e-6f, d + 8 * (size_t)K, QR_BF16, 2 * (int64_t)K,
+                               d_ids, NULL, NULL, NULL, false, d_stamps};
+    const struct lm_screen_sampled smp = {m, sp.temperature, d_row, d_top_ids, d_top_vals, d_sp};
+    for (int32_t r = 0; r < reps && e == cudaSuccess && col[6]; r++) {
+        e = m ? launch_lm_screen_sampled(sc, &a, &smp, 0) : launch_lm_screen(sc, &a, 0);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(h_stamps, d_stamps, sizeof(h_stamps), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            pick_phases(h_stamps, col, r);
+    }
+    int64_t picks = 0, rows = 0;
+    if (e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "the screened pick's phases");
+    else if (!col[6])
+        st = err_set(err, QWENRT_ERR_NOMEM, "cuda_lm_screen_phases: out of memory");
+    else if (!(st = lm_screen_counts(sc, &picks, &rows, err))) {
+        for (int j = 0; j < 7; j++)
+            us[j] = median_d(col[j], reps);
+        us[7] = picks ? (double)rows / (double)picks : 0.0;
+    }
+    for (int j = 0; j < 7; j++)
+        free(col[j]);
+    cudaFree(d_ids), cudaFree(d_row), cudaFree(d_top_ids), cudaFree(d_top_vals), cudaFree(d_sp), cudaFree(d_stamps);
+    lm_screen_free(sc);
+    return st;
+}
+
+extern "C" qwenrt_status cuda_lm_screen_phases(int32_t N, int32_t K, int32_t m, int32_t reps, double *us,
+                                               struct qwenrt_error *err)
+{
+    if (N < 1 || K < 32 || K % 32 || K > LM_SCREEN_MAX_K || m < 0 || m > 255 || reps < 1 || reps > 1000)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_phases: %d rows of %d, m %d, %d picks", (int)N,
+                       (int)K, (int)m, (int)reps);
+    const size_t rows_bytes = (size_t)N * K * 2, bytes = 8 * (size_t)K + rows_bytes;
+    uint8_t *host = (uint8_t *)malloc(bytes), *d = NULL;
+    if (!host)
+        return err_set(err, QWENRT_ERR_NOMEM, "cuda_lm_screen_phases: out of memory");
+    float *h = (float *)host;
+    uint16_t *rows = (uint16_t *)(host + 8 * (size_t)K);
+    uint64_t x = 0x9e3779b97f4a7c15ull; /* a fixed stream: the same rows each run */
+    for (size_t i = 0; i < (size_t)N * K + K; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const float u = (float)(x >> 40) * 0x1p-24f - 0.5f; /* uniform in [-0.5, 0.5) */
+        if (i < (size_t)K)
+            h[i] = 4.0f * u, h[K + i] = 1.0f;
+        else
+            rows[i - K] = f32_to_bf16(0.1f * u);
+    }
+    cudaError_t e = cudaMalloc(&d, bytes);
+    if (e == cudaSuccess)
+        e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+    free(host);
+    qwenrt_status st = e == cudaSuccess ? phases_run(d, N, K, m, reps, us, err)
+                                        : cuda_fail(err, e, __FILE__, __LINE__, "the screened pick's phases");
+    cudaFree(d);
+    return st;
+}
+
 /* ------------------------------------------------------------------ a GPU nearly full */
 
 #define HOLD_MAX_CHUNKS 256
@@ -393,7 +504,7 @@ static qwenrt_status screen_pick_run(uint8_t *d, float eps, int32_t dtype, int32
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_pick: m %d (at most %d here)", (int)m, (int)limit);
     }
     struct lm_screen_args a = {(const float *)d, (const float *)d + K, eps, d + 8 * (size_t)K, dtype, row_bytes,
-                               d_id, NULL, NULL, NULL, false};
+                               d_id, NULL, NULL, NULL, false, NULL};
     const struct lm_screen_sampled smp = {m, 1.0f, d_row, d_top_ids, d_top_vals, NULL};
     const size_t top_bytes = (size_t)(m > 0 ? m : 0) * sizeof(int32_t);
     int32_t *prev = (int32_t *)malloc(2 * top_bytes + 1);

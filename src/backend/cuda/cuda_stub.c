@@ -397,6 +397,13 @@ qwenrt_status cuda_argmax(const float *x, int32_t n, bool misalign, int32_t bloc
     return not_built(err);
 }
 
+qwenrt_status cuda_lm_screen_phases(int32_t N, int32_t K, int32_t m, int32_t reps, double *us,
+                                    struct qwenrt_error *err)
+{
+    (void)N, (void)K, (void)m, (void)reps, (void)us;
+    return not_built(err);
+}
+
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err)
 {
     (void)leave_bytes;

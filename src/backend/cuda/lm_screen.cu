@@ -293,7 +293,21 @@ struct pick_params {
     int32_t *top_ids;           /* m > 0: the m best, best first, and their exact logits */
     float *top_vals;
     const struct cuda_sample_params *sp; /* m > 0: the draw's sampler (NULL: rank only) */
+    unsigned long long *stamps; /* lm_pick_kernel<true>: the phases' clocks (PICK_STAMPS) */
 };
+
+/* lm_pick_kernel<true>'s clock stamps (globaltimer ns), for a measurement of its phases
+ * (cuda_lm_screen_phases): per block b, [3b] after the wait, [3b + 1] with the threshold
+ * known, [3b + 2] with the block's exact rows done; the last block to arrive then stamps
+ * [3 PICK_BLOCKS + 0] on arrival, + 1 with the m best selected, + 2 ranked, + 3 at its end. */
+#define PICK_STAMPS (3 * PICK_BLOCKS + 4)
+static_assert(PICK_STAMPS == LM_SCREEN_PICK_STAMPS, "lm_screen.cuh's count of the pick's stamps");
+template <bool STAMPS>
+__device__ __forceinline__ void pick_stamp(const struct pick_params &P, int i)
+{
+    if (STAMPS && threadIdx.x == 0)
+        P.stamps[i] = globaltimer_ns();
+}
 
 /* A lower bound on the m-th largest approximate logit: the m-th largest of the screen's block
  * maxima (m blocks hold a value at least that large, each in a row of its own), by the radix
@@ -318,6 +332,7 @@ __device__ float mth_block_max(const struct pick_params &P, unsigned long long *
 /* The sampled pick's last block: the m best of the n candidates' keys (n >= m: at least m
  * rows reach the threshold, see mth_block_max), PICK_CHUNK at a time into keys, ranked into
  * top_ids / top_vals (the exact logits the row holds for them), then the draw. */
+template <bool STAMPS>
 __device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigned long long *keys,
                                  unsigned long long *best, struct topk_sel *st)
 {
@@ -340,7 +355,11 @@ __device__ void pick_sample_last(const struct pick_params &P, int32_t n, unsigne
     for (int32_t i = kept + threadIdx.x; i < m; i += blockDim.x)
         keys[i] = 0; /* never taken (n >= m); a padding key ranks last */
     __syncthreads();
+    pick_stamp<STAMPS>(P, 3 * PICK_BLOCKS + 1);
     topk_write_ranked(keys, m, P.logits, P.top_ids, P.top_vals);
+    if (STAMPS)
+        __syncthreads();
+    pick_stamp<STAMPS>(P, 3 * PICK_BLOCKS + 2);
     if (!P.sp)
         return;
     __syncthreads(); /* the ranked candidates are written (and best is free) */
@@ -413,6 +432,7 @@ __device__ __forceinline__ void take_row(const struct pick_params &P, int64_t j,
         atomicMax(&P.sc->key, ((unsigned long long)ord_bits(v) << 32) | (0xffffffffu - (unsigned)j));
 }
 
+template <bool STAMPS>
 __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params P)
 {
     extern __shared__ unsigned long long pick_keys[]; /* m > 0: the block maxima, then candidates */
@@ -424,6 +444,7 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     __shared__ int32_t s_list[PICK_LIST];
     griddep_launch();
     griddep_wait();
+    pick_stamp<STAMPS>(P, 3 * blockIdx.x);
     struct scr_scratch *sc = P.sc;
     /* the argmax: the largest approximate logit; the m best: a lower bound on the m-th largest */
     const float top = P.m ? mth_block_max(P, pick_keys, s_best, &s_sel)
@@ -436,6 +457,7 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         s_listed = 0;
     }
     __syncthreads();
+    pick_stamp<STAMPS>(P, 3 * blockIdx.x + 1);
     const float thr = s_thr; /* NaN: every row is read exactly */
     const int lane = threadIdx.x & 31;
     const int64_t step = (int64_t)gridDim.x * SCR_WARPS * 32;
@@ -468,6 +490,7 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         atomicAdd(&sc->rows, n_rows);
     __threadfence();
     __syncthreads();
+    pick_stamp<STAMPS>(P, 3 * blockIdx.x + 2);
     if (threadIdx.x == 0)
         s_last = atomicAdd(&sc->count, 1u) == gridDim.x - 1;
     __syncthreads();
@@ -477,12 +500,16 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
     if (threadIdx.x == 0)
         s_n = atomicAdd(&sc->n_cand, 0u);
     __syncthreads();
+    pick_stamp<STAMPS>(P, 3 * PICK_BLOCKS);
     if (threadIdx.x == 0) {
         sc->amax = 0, sc->count = 0, sc->n_cand = 0; /* ready for the next token */
         sc->picks++;
     }
     if (P.m) {
-        pick_sample_last(P, (int32_t)s_n, pick_keys, s_best, &s_sel);
+        pick_sample_last<STAMPS>(P, (int32_t)s_n, pick_keys, s_best, &s_sel);
+        if (STAMPS)
+            __syncthreads();
+        pick_stamp<STAMPS>(P, 3 * PICK_BLOCKS + 3);
         return;
     }
     if (threadIdx.x != 0)
@@ -496,6 +523,9 @@ __global__ void __launch_bounds__(SCR_THREADS) lm_pick_kernel(struct pick_params
         (*P.step)++;
         (*P.pos0)++;
     }
+    if (STAMPS) /* the greedy pick selects nothing: its phases after the arrival are its end */
+        P.stamps[3 * PICK_BLOCKS + 1] = P.stamps[3 * PICK_BLOCKS + 2] = P.stamps[3 * PICK_BLOCKS + 3] =
+            globaltimer_ns();
 }
 
 /* ---- host ---- */
@@ -654,10 +684,12 @@ static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_s
                              sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
                              a->ids, a->pos0, a->out_ids, a->step, m, smp ? smp->temperature : 1.0f,
                              smp ? smp->logits : NULL, sc->cand, sc->block_max, sc->screen_blocks,
-                             smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL};
+                             smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL,
+                             a->stamps};
     const int32_t n_keys = sc->screen_blocks > PICK_CHUNK ? sc->screen_blocks : PICK_CHUNK;
-    return launch_k(a->pdl, lm_pick_kernel, dim3(PICK_BLOCKS), dim3(SCR_THREADS),
-                    m ? (size_t)n_keys * sizeof(unsigned long long) : 0, s, pp);
+    const size_t smem = m ? (size_t)n_keys * sizeof(unsigned long long) : 0;
+    return a->stamps ? launch_k(a->pdl, lm_pick_kernel<true>, dim3(PICK_BLOCKS), dim3(SCR_THREADS), smem, s, pp)
+                     : launch_k(a->pdl, lm_pick_kernel<false>, dim3(PICK_BLOCKS), dim3(SCR_THREADS), smem, s, pp);
 }
 
 cudaError_t launch_lm_screen(const struct lm_screen *sc, const struct lm_screen_args *a, cudaStream_t s)

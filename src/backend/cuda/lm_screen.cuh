@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 #define LM_SCREEN_MAX_K 8192 /* columns the staging's shared memory holds */
+#define LM_SCREEN_PICK_STAMPS (3 * 128 + 4) /* the pick's phase clocks (lm_screen.cu) */
 
 struct lm_screen_copy; /* the 8-bit copy and its bound's constants: one per weights copy */
 struct lm_screen;      /* a session's screen over a copy: its own scratch and statistics */
@@ -44,6 +45,8 @@ struct lm_screen_args {
     int64_t row_bytes;
     int32_t *ids, *pos0, *out_ids, *step;
     bool pdl;
+    unsigned long long *stamps; /* NULL; else [LM_SCREEN_PICK_STAMPS] the pick's phase clocks
+                                 * (lm_screen.cu's PICK_STAMPS: a measurement) */
 };
 
 /* Whether the screen takes an LM head of N rows of K elements of dtype (dense 16- or 32-bit
