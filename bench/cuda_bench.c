@@ -662,15 +662,17 @@ out:
 }
 
 /* --screen-sessions N: N sessions of the default options made and freed in turn, as --sweep does,
- * each timed on one greedy tg n from position 0 after a warm-up, with where its screened LM
- * head's buffers lie; every third session without the screen, for contrast. For the screened
+ * each timed on one greedy tg n from position 0 after a warm-up, with its screened pick timed
+ * alone (cuda_session_lm_screen_time, 50 picks) and where its screen's buffers lie; every third
+ * session without the screen, for contrast. For the screened
  * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
 static int screen_sessions(struct qwenrt_model *m, int count, int32_t n)
 {
     struct qwenrt_error err = {0};
     int32_t out[512];
     n = n < 4 ? 4 : n > 500 ? 500 : n;
-    printf("| session | screen | tg%d tok/s | copy | scales | approx | scratch |\n|---:|---|---:|---|---|---|---|\n", n);
+    printf("| session | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch |\n"
+           "|---:|---|---:|---:|---|---|---|---|\n", n);
     for (int i = 0; i < count; i++) {
         struct cuda_options o = cuda_default_options();
         o.mega = CUDA_MEGA_OFF;
@@ -686,13 +688,16 @@ static int screen_sessions(struct qwenrt_model *m, int count, int32_t n)
             t = time_now_s() - t0;
         }
         uint64_t a[4];
+        double us = 0;
         bool screened = ok && cuda_session_lm_screen_buffers(cs, a);
+        if (screened && cuda_session_lm_screen_time(cs, 50, &us, &err))
+            ok = false;
         cuda_session_free(cs);
         if (!ok) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
             return 1;
         }
-        printf("| %d | %s | %.1f | %#llx | %#llx | %#llx | %#llx |\n", i, screened ? "yes" : "no", n / t,
+        printf("| %d | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx |\n", i, screened ? "yes" : "no", n / t, us,
                (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2], (unsigned long long)a[3]);
     }
     return 0;

@@ -472,6 +472,12 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
         assert_memory_equal(ta, tb, sizeof(ta));
         assert_memory_equal(va, vb, sizeof(va));
     }
+    { /* the screened pick timed alone (a measurement) changes nothing the loop reads next */
+        double us = 0;
+        assert_int_equal(cuda_session_lm_screen_time(a, 3, &us, &err), screened ? QWENRT_OK : QWENRT_ERR_INVALID_ARG);
+        assert_true(screened ? us > 0 : us == 0);
+        assert_int_equal(cuda_session_lm_screen_time(b, 3, &us, &err), QWENRT_ERR_INVALID_ARG);
+    }
     if (cuda_session_generate(a, ga[36], 37, 3, 0, ga + 37, la, &err) ||
         cuda_session_generate(b, gb[36], 37, 3, 0, gb + 37, lb, &err))
         fail_msg("%s generate: %s", arch, err.message);
@@ -480,7 +486,7 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     int64_t picks = 0, rows = 0;
     assert_int_equal(cuda_session_lm_screen(a, &picks, &rows), screened);
     if (screened) {
-        assert_int_equal(picks, 40);
+        assert_int_equal(picks, 43); /* 40 tokens and the 3 picks timed */
         assert_true(rows >= picks && rows < picks * V / 4);
     }
     /* sampled, top_k 20 (graphs of 8, then 4 single steps), and top_k 1 */
@@ -499,7 +505,7 @@ static void check_screen_generate(const char *arch, enum export_type type, int32
     int64_t picks2 = 0;
     assert_int_equal(cuda_session_lm_screen(a, &picks2, &rows), screened);
     if (screened)
-        assert_int_equal(picks2, 80); /* 40 greedy and 40 sampled tokens */
+        assert_int_equal(picks2, 83); /* 40 greedy and 40 sampled tokens, and the 3 timed */
     printf("%s (type %d, width %d): 40 greedy tokens, the same ids and last logits with the screen (%.1f rows "
            "exactly a token)\n", arch, (int)type, (int)m->hp.n_embd, picks ? (double)rows / picks : 0.0);
     assert_false(cuda_session_lm_screen(b, &picks, &rows));

@@ -802,6 +802,11 @@ bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64
  * cuda_bench --screen-sessions): addr[0] the 8-bit copy, [1] its scales, [2] the approximate
  * logits, [3] the scratch its atomics use. false (zeros) where the session has no screen. */
 bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4]);
+/* The screened LM head's greedy pick alone (its two launches, no PDL), reps times on the
+ * session's last hidden state: the median time from event to event, *us. For the same
+ * measurement. Errors: INVALID_ARG (no screen: no generation call yet, or none applies), BACKEND. */
+qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
+                                          struct qwenrt_error *err);
 
 /* Bytes of weights the decode program's launches ask the L2 for per token
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */

@@ -298,6 +298,13 @@ bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64
     return false;
 }
 
+qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
+                                          struct qwenrt_error *err)
+{
+    (void)cs, (void)reps, (void)us;
+    return not_built(err);
+}
+
 bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
 {
     (void)cs;

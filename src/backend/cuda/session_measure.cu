@@ -27,6 +27,47 @@ extern "C" bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *p
     return cs && cs->screen && lm_screen_counts(cs->screen, picks, exact_rows, &err) == QWENRT_OK;
 }
 
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
+                                                     struct qwenrt_error *err)
+{
+    struct lm_screen_args a;
+    if (!cs || reps < 1 || reps > 1000 || !lm_screen_takes(cs, GEN_ARGMAX, &a))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no screened LM head to time (or %d picks)", (int)reps);
+    a.pos0 = a.out_ids = a.step = NULL, a.pdl = false; /* the token to ids[0] only, nothing advanced */
+    float *ms = (float *)xcalloc((size_t)reps, sizeof(float));
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = ms ? cudaEventCreate(&e0) : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e1);
+    for (int32_t r = 0; r < reps && e == cudaSuccess; r++) {
+        e = cudaEventRecord(e0, cs->stream);
+        if (e == cudaSuccess)
+            e = launch_lm_screen(cs->screen, &a, cs->stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(e1, cs->stream);
+        if (e == cudaSuccess)
+            e = cudaEventSynchronize(e1);
+        if (e == cudaSuccess)
+            e = cudaEventElapsedTime(&ms[r], e0, e1);
+    }
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (e == cudaSuccess) {
+        qsort(ms, (size_t)reps, sizeof(float), cmp_float);
+        *us = 1e3 * ms[reps / 2];
+    }
+    xfree(ms); /* the greedy pick leaves the logits row alone */
+    return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "timing the screened LM head");
+}
+
 extern "C" bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
 {
     memset(addr, 0, 4 * sizeof(uint64_t));
