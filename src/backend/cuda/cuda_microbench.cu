@@ -374,12 +374,13 @@ static qwenrt_status phases_run(uint8_t *d, int32_t N, int32_t K, int32_t m, int
         e = cudaMalloc(&d_stamps, sizeof(h_stamps));
     if (e == cudaSuccess)
         e = cudaMemcpy(d_sp, &sp, sizeof(sp), cudaMemcpyHostToDevice);
+    bool have_cols = true;
     for (int j = 0; j < 7; j++)
-        col[j] = (double *)calloc((size_t)reps, sizeof(double));
+        have_cols = (col[j] = (double *)calloc((size_t)reps, sizeof(double))) != NULL && have_cols;
     struct lm_screen_args a = {(const float *)d, (const float *)d + K, 1e-6f, d + 8 * (size_t)K, QR_BF16, 2 * (int64_t)K,
                                d_ids, NULL, NULL, NULL, false, d_stamps};
     const struct lm_screen_sampled smp = {m, sp.temperature, d_row, d_top_ids, d_top_vals, d_sp};
-    for (int32_t r = 0; r < reps && e == cudaSuccess && col[6]; r++) {
+    for (int32_t r = 0; r < reps && e == cudaSuccess && have_cols; r++) {
         e = m ? launch_lm_screen_sampled(sc, &a, &smp, 0) : launch_lm_screen(sc, &a, 0);
         if (e == cudaSuccess)
             e = cudaMemcpy(h_stamps, d_stamps, sizeof(h_stamps), cudaMemcpyDeviceToHost);
@@ -389,7 +390,7 @@ static qwenrt_status phases_run(uint8_t *d, int32_t N, int32_t K, int32_t m, int
     int64_t picks = 0, rows = 0;
     if (e != cudaSuccess)
         st = cuda_fail(err, e, __FILE__, __LINE__, "the screened pick's phases");
-    else if (!col[6])
+    else if (!have_cols)
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda_lm_screen_phases: out of memory");
     else if (!(st = lm_screen_counts(sc, &picks, &rows, err))) {
         for (int j = 0; j < 7; j++)
