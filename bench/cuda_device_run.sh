@@ -6,7 +6,11 @@
 # test_cuda_batch; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
 # of it kernels): configured with -DQWENRT_SHARED_LIB=ON they share one libqwenrt.so, and all of
 # them with qwenrt fit the carry limit (~27 MB xz-compressed; the library goes in .devbin/ too).
-# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|all] ; logs and JSON go to $OUT.
+# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|all] ; logs and JSON go to $OUT.
+# screen: the screened LM head's measurements (session 58): `cuda_bench --screen-sessions 24`
+# for both BF16 models (each session's tok/s, its screened pick alone, its buffers' addresses:
+# the sessions that run ~5% slow now and then) and `cuda_bench --pick-phases` (the pick by
+# phases from clock stamps, greedy and top_k 20 / 40).
 # validate: issue 6's long check at the real geometry — `qwenrt validate --backend cuda` on
 # synth models (CFGS, default BF16 and Q4_K_M of both), a VP-token prompt then VN decoded
 # tokens (default 128 + 129: 256 positions checked, logits and KV against the CPU reference path,
@@ -99,6 +103,20 @@ if w:
 PY
         rm -f "/tmp/c-$a-$t.gguf"
     done
+fi
+if [ "$what" = screen ]; then
+    for a in qwen3-0.6b qwen35-0.8b; do
+        t0=$(date +%s)
+        timeout ${SCREEN_TIMEOUT:-150} .devbin/cuda_bench --arch $a --type bf16 --screen-sessions ${SCREEN_SESSIONS:-24} \
+            --n-gen 128 > "$OUT/screen-sessions-$a.log" 2>&1
+        echo "screen sessions $a rc=$? in $(( $(date +%s) - t0 )) s"
+        grep -E "^\|" "$OUT/screen-sessions-$a.log" | grep -v "^|---"
+        rm -f /tmp/synth-$a-bf16.gguf
+    done
+    t0=$(date +%s)
+    timeout ${SCREEN_TIMEOUT:-150} .devbin/cuda_bench --pick-phases --reps ${PICK_REPS:-50} > "$OUT/pick-phases.log" 2>&1
+    echo "pick phases rc=$? in $(( $(date +%s) - t0 )) s"
+    grep -E "^\||pick-phases" "$OUT/pick-phases.log" | grep -v "^|---"
 fi
 if [ "$what" = serve ]; then
     gunzip -c .devbin/tokenizer.json.gz > /tmp/tokenizer.json
