@@ -1090,6 +1090,21 @@ static void test_backend_errors(void **st)
     assert_int_equal(id, 0);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "1025 blocks"));
+    /* the screened pick's phase probe refuses a bad shape before any device work: no rows, K not
+     * a multiple of 32, m past 255, no picks; its per-session timing wants a session */
+    double phases[CUDA_PICK_PHASES];
+    assert_int_equal(cuda_lm_screen_phases(0, 1024, 0, 5, phases, &err), want);
+    assert_int_equal(cuda_lm_screen_phases(1000, 48, 0, 5, phases, &err), want);
+    assert_int_equal(cuda_lm_screen_phases(1000, 1024, 256, 5, phases, &err), want);
+    assert_int_equal(cuda_lm_screen_phases(1000, 1024, 40, 0, phases, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "cuda_lm_screen_phases: 1000 rows of 1024, m 40, 0 picks"));
+    assert_int_equal(cuda_session_lm_screen_time(NULL, 3, &us, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "no screened LM head"));
+    uint64_t addr[4] = {1, 2, 3, 4};
+    assert_false(cuda_session_lm_screen_buffers(NULL, addr));
+    assert_true(addr[0] == 0 && addr[3] == 0);
     /* the decode's shape options out of range are refused by name before any device work:
      * gemv_smem warps 0 (the session picks), 1, 2, 4, 8 or 16, KB 0 or 16 to 226, launch 0 (the
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,

@@ -528,7 +528,7 @@ static void test_lm_screen_generate(void **st)
 }
 
 /* A GPU with no room for the screen's 8-bit copy (another program holds all but 48 MB while the
- * first generation call would make it; the copy of 151,936 rows of 1,024 needs ~160 MB): the
+ * first generation call would make it; the copy of 151,936 rows of 1,024 needs ~165 MB): the
  * plain head serves, with the same tokens and logits as a session without the screen, and the
  * session reports no screen; once the memory is back it stays without one (tried once). */
 static void test_lm_screen_no_room(void **st)

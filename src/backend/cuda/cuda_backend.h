@@ -696,8 +696,8 @@ qwenrt_status cuda_lm_screen_pick(const float *h, const float *norm_w, float eps
                                   int32_t N, int32_t K, int32_t m, int32_t reps, int32_t *id, int32_t *top_ids,
                                   float *top_vals, int64_t *exact_rows, bool *built, struct qwenrt_error *err);
 
-/* For cuda_bench --pick-phases: the screened LM head's pick (lm_screen.cu) over random BF16 rows
- * [N][K] (a fixed stream; h random, norm weights 1), reps picks one after another, each with its
+/* For cuda_bench --pick-phases: the screened LM head's pick (lm_screen.cu) over pseudo-random
+ * BF16 rows [N][K] (the GEMV bench's fill; h a fixed pattern, norm weights 1), reps picks one after another, each with its
  * phases' clocks: m 0 the greedy pick; m 1 to 255 the sampled one (the m best ranked and a draw
  * at temperature 0.8, top_p 0.95, min_p 0.05). us[CUDA_PICK_PHASES], medians over the picks:
  * [0] from the first block's start to the threshold known in every block (for m >= 1 the m-th

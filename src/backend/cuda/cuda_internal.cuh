@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
@@ -29,6 +30,19 @@ static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, c
 {
     return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: %s: %s (%s)", file, line, what,
                    cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static inline int cmp_float_asc(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of v[0..n) (n >= 1; sorts v in place): the measurements' timings. */
+static inline float median_of_floats(float *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(float), cmp_float_asc);
+    return v[n / 2];
 }
 
 /* Returns from the enclosing status-returning function when call fails. */

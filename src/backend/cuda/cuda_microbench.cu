@@ -10,9 +10,6 @@
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_session.cuh"
 
-extern "C" {
-#include "base/half.h"
-}
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,12 +54,6 @@ extern "C" qwenrt_status cuda_sm_clock(int32_t warm_ms, int32_t ms, double *mhz,
 
 /* ------------------------------------------------------------------ launch floor */
 
-static int cmp_f(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The least a decode launch can cost: each block reads and writes one float the launch
  * before it wrote, nothing else. */
 __global__ void floor_kernel(float *p)
@@ -103,10 +94,8 @@ extern "C" qwenrt_status cuda_launch_floor_bench(int32_t n_launch, int32_t block
             !(e = cudaEventSynchronize(e1)) && r >= 0)
             e = cudaEventElapsedTime(&t[r], e0, e1);
     }
-    if (!e) {
-        qsort(t, (size_t)reps, sizeof(float), cmp_f);
-        *us = 1e3 * t[reps / 2] / n_launch;
-    }
+    if (!e)
+        *us = 1e3 * median_of_floats(t, reps) / n_launch;
     if (ge) cudaGraphExecDestroy(ge);
     if (g) cudaGraphDestroy(g);
     if (e0) cudaEventDestroy(e0);
@@ -269,8 +258,7 @@ static qwenrt_status gemv_bench_run(struct bench_bufs *b, int32_t dtype, int32_t
     cudaStreamDestroy(s);
     if (e != cudaSuccess)
         return cuda_fail(err, e, __FILE__, __LINE__, "gemv bench");
-    qsort(t, 7, sizeof(float), cmp_f);
-    *us = (double)t[3] * 1e3 / reps;
+    *us = (double)median_of_floats(t, 7) * 1e3 / reps;
     *gbs = (double)mat / (*us * 1e-6) / 1e9;
     if (nb > 0 && reps > 1) { /* the last replay's stamps */
         size_t n = TL_SLOTS * (size_t)nb * reps;
@@ -410,25 +398,20 @@ extern "C" qwenrt_status cuda_lm_screen_phases(int32_t N, int32_t K, int32_t m, 
     if (N < 1 || K < 32 || K % 32 || K > LM_SCREEN_MAX_K || m < 0 || m > 255 || reps < 1 || reps > 1000)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_lm_screen_phases: %d rows of %d, m %d, %d picks", (int)N,
                        (int)K, (int)m, (int)reps);
-    const size_t rows_bytes = (size_t)N * K * 2, bytes = 8 * (size_t)K + rows_bytes;
-    uint8_t *host = (uint8_t *)malloc(bytes), *d = NULL;
-    if (!host)
+    float *hn = (float *)malloc(8 * (size_t)K); /* h, then the norm weights */
+    uint8_t *d = NULL;
+    if (!hn)
         return err_set(err, QWENRT_ERR_NOMEM, "cuda_lm_screen_phases: out of memory");
-    float *h = (float *)host;
-    uint16_t *rows = (uint16_t *)(host + 8 * (size_t)K);
-    uint64_t x = 0x9e3779b97f4a7c15ull; /* a fixed stream: the same rows each run */
-    for (size_t i = 0; i < (size_t)N * K + K; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        const float u = (float)(x >> 40) * 0x1p-24f - 0.5f; /* uniform in [-0.5, 0.5) */
-        if (i < (size_t)K)
-            h[i] = 4.0f * u, h[K + i] = 1.0f;
-        else
-            rows[i - K] = f32_to_bf16(0.1f * u);
-    }
-    cudaError_t e = cudaMalloc(&d, bytes);
+    for (int32_t k = 0; k < K; k++)
+        hn[k] = (float)((k * 37) % 101 - 50) * 0.04f, hn[K + k] = 1.0f;
+    cudaError_t e = cudaMalloc(&d, 8 * (size_t)K + (size_t)N * K * 2);
     if (e == cudaSuccess)
-        e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
-    free(host);
+        e = cudaMemcpy(d, hn, 8 * (size_t)K, cudaMemcpyHostToDevice);
+    free(hn);
+    if (e == cudaSuccess) { /* the rows: bench_fill_kernel's bits read as BF16: 2^-7 to 2, either sign */
+        bench_fill_kernel<<<1024, 256>>>((uint16_t *)(d + 8 * (size_t)K), (int64_t)N * K, 7u);
+        e = cudaGetLastError();
+    }
     qwenrt_status st = e == cudaSuccess ? phases_run(d, N, K, m, reps, us, err)
                                         : cuda_fail(err, e, __FILE__, __LINE__, "the screened pick's phases");
     cudaFree(d);

@@ -13,7 +13,7 @@
  * entries (the plans are the model's, so every session of it has the same; the check guards
  * against a caller with plans of its own). Nothing writes to the arena after the upload.
  *
- * The LM head's 8-bit copy (lm_screen.cuh, ~160-260 MB) is derived from the weights alone, so it
+ * The LM head's 8-bit copy (lm_screen.cuh, 165 / 270 MB for Qwen3-0.6B / 3.5-0.8B) is derived from the weights alone, so it
  * lives here too: the first session that screens makes it (weights_screen_copy), the others
  * share it, and it goes with the weights. Each session keeps its own screen buffers.
  */

@@ -59,17 +59,14 @@ struct lm_screen_copy {
     float E, W;
 };
 
-/* A session's screen: the copy's pointers and constants, and the session's own buffers. */
+/* A session's screen: the copy it reads, and the session's own buffers. */
 struct lm_screen {
-    const int8_t *q; /* the copy's */
-    const __half *s;
+    const struct lm_screen_copy *c;
     float *approx;   /* [N] */
     float *x;        /* [K] the token's normalised x (block 0 of the screen) */
     unsigned long long *cand; /* [N] the sampled pick's candidate keys */
     unsigned *block_max; /* [screen_blocks] */
     struct scr_scratch *sc;
-    int32_t N, K, screen_blocks;
-    float E, W;
     struct lm_screen_copy *own; /* lm_screen_build's copy, freed with the screen (else NULL) */
 };
 
@@ -633,8 +630,7 @@ qwenrt_status lm_screen_attach(const struct lm_screen_copy *c, cudaStream_t s, s
     struct lm_screen *sc = (struct lm_screen *)xcalloc(1, sizeof(*sc));
     if (!sc)
         return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
-    sc->q = c->q, sc->s = c->s, sc->N = c->N, sc->K = c->K, sc->screen_blocks = c->screen_blocks;
-    sc->E = c->E, sc->W = c->W;
+    sc->c = c;
     cudaError_t e = cudaMalloc(&sc->approx, (size_t)c->N * sizeof(float));
     if (e == cudaSuccess)
         e = cudaMalloc(&sc->x, (size_t)c->K * sizeof(float));
@@ -674,19 +670,20 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
 static cudaError_t screen_and_pick(const struct lm_screen *sc, const struct lm_screen_args *a, int32_t m,
                                    const struct lm_screen_sampled *smp, cudaStream_t s)
 {
-    struct screen_params sp = {a->h, a->norm_w, a->eps, sc->q, sc->s, sc->approx, sc->x, sc->block_max, sc->sc,
-                               sc->N, sc->K};
-    cudaError_t e = launch_k(a->pdl, lm_screen_kernel, dim3(sc->screen_blocks), dim3(SCR_THREADS),
-                             screen_smem(sc->K), s, sp);
+    const struct lm_screen_copy *c = sc->c;
+    struct screen_params sp = {a->h, a->norm_w, a->eps, c->q, c->s, sc->approx, sc->x, sc->block_max, sc->sc,
+                               c->N, c->K};
+    cudaError_t e = launch_k(a->pdl, lm_screen_kernel, dim3(c->screen_blocks), dim3(SCR_THREADS),
+                             screen_smem(c->K), s, sp);
     if (e != cudaSuccess)
         return e;
-    struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, sc->N, sc->K,
-                             sc->E, sc->W, (float)(sc->K / 32 + 8) * 0x1p-24f * 1.1f,
+    struct pick_params pp = {sc->approx, sc->x, (const uint8_t *)a->w, a->dtype, a->row_bytes, sc->sc, c->N, c->K,
+                             c->E, c->W, (float)(c->K / 32 + 8) * 0x1p-24f * 1.1f,
                              a->ids, a->pos0, a->out_ids, a->step, m, smp ? smp->temperature : 1.0f,
-                             smp ? smp->logits : NULL, sc->cand, sc->block_max, sc->screen_blocks,
+                             smp ? smp->logits : NULL, sc->cand, sc->block_max, c->screen_blocks,
                              smp ? smp->top_ids : NULL, smp ? smp->top_vals : NULL, smp ? smp->sp : NULL,
                              a->stamps};
-    const int32_t n_keys = sc->screen_blocks > PICK_CHUNK ? sc->screen_blocks : PICK_CHUNK;
+    const int32_t n_keys = c->screen_blocks > PICK_CHUNK ? c->screen_blocks : PICK_CHUNK;
     const size_t smem = m ? (size_t)n_keys * sizeof(unsigned long long) : 0;
     return a->stamps ? launch_k(a->pdl, lm_pick_kernel<true>, dim3(PICK_BLOCKS), dim3(SCR_THREADS), smem, s, pp)
                      : launch_k(a->pdl, lm_pick_kernel<false>, dim3(PICK_BLOCKS), dim3(SCR_THREADS), smem, s, pp);
@@ -707,7 +704,8 @@ cudaError_t launch_lm_screen_sampled(const struct lm_screen *sc, const struct lm
 
 int32_t lm_screen_best_limit(const struct lm_screen *sc)
 {
-    return sc->screen_blocks < TOPK_MAX_M ? sc->screen_blocks : TOPK_MAX_M;
+    const struct lm_screen_copy *c = sc->c;
+    return c->screen_blocks < TOPK_MAX_M ? c->screen_blocks : TOPK_MAX_M;
 }
 
 qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64_t *rows, struct qwenrt_error *err)
@@ -720,12 +718,14 @@ qwenrt_status lm_screen_counts(const struct lm_screen *sc, int64_t *picks, int64
 
 void lm_screen_constants(const struct lm_screen *sc, float *E, float *W, int64_t *bytes)
 {
-    *E = sc->E, *W = sc->W;
-    *bytes = (int64_t)sc->N * sc->K + (int64_t)sc->N * (sc->K / 32) * 2;
+    const struct lm_screen_copy *c = sc->c;
+    *E = c->E, *W = c->W;
+    *bytes = (int64_t)c->N * c->K + (int64_t)c->N * (c->K / 32) * 2;
 }
 
 void lm_screen_buffers(const struct lm_screen *sc, uint64_t addr[4])
 {
-    addr[0] = (uint64_t)(uintptr_t)sc->q, addr[1] = (uint64_t)(uintptr_t)sc->s;
+    const struct lm_screen_copy *c = sc->c;
+    addr[0] = (uint64_t)(uintptr_t)c->q, addr[1] = (uint64_t)(uintptr_t)c->s;
     addr[2] = (uint64_t)(uintptr_t)sc->approx, addr[3] = (uint64_t)(uintptr_t)sc->sc;
 }

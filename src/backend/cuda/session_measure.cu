@@ -27,12 +27,6 @@ extern "C" bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *p
     return cs && cs->screen && lm_screen_counts(cs->screen, picks, exact_rows, &err) == QWENRT_OK;
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    const float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
 extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
                                                      struct qwenrt_error *err)
 {
@@ -60,10 +54,8 @@ extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, in
         cudaEventDestroy(e0);
     if (e1)
         cudaEventDestroy(e1);
-    if (e == cudaSuccess) {
-        qsort(ms, (size_t)reps, sizeof(float), cmp_float);
-        *us = 1e3 * ms[reps / 2];
-    }
+    if (e == cudaSuccess)
+        *us = 1e3 * median_of_floats(ms, reps);
     xfree(ms); /* the greedy pick leaves the logits row alone */
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "timing the screened LM head");
 }
