@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N [--screen-pattern SSU]] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -20,8 +20,9 @@
  *              [--sweep-sampled K]  (the sweep's runs sampled: t 0.8, top_k K, top_p 0.95, min_p 0.05)
  *              [--no-validate] [--keep-layer-types] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
- *              [--screen-sessions N]  (only decode: N default sessions in turn, each one greedy
- *              tg --n-gen with its screened LM head's device addresses; every third unscreened)
+ *              [--screen-sessions N [--screen-pattern SSU]]  (only decode: N default sessions in turn, each one greedy
+ *              tg --n-gen with its screened LM head's device addresses; every third unscreened, or
+ *              as the pattern says: S screened, s screened without its pick timed alone, U unscreened)
  *              [--pick-phases]  (only the screened LM head's pick over random rows of both heads'
  *              geometry, greedy and sampled, by phases from clock stamps: --reps picks each)
  *
@@ -661,22 +662,36 @@ out:
     return rc;
 }
 
+/* The time of day (UTC, milliseconds) into buf, as nvidia-smi's log writes it. */
+static void wall_clock_utc(char *buf, size_t size)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(buf, size, "%02d:%02d:%02d.%03ld", tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+}
+
 /* --screen-sessions N: N sessions of the default options made and freed in turn, as --sweep does,
  * each timed on one greedy tg n from position 0 after a warm-up, with its screened pick timed
- * alone (cuda_session_lm_screen_time, 50 picks) and where its screen's buffers lie; every third
- * session without the screen, for contrast. For the screened
+ * alone (cuda_session_lm_screen_time, 50 picks), where its screen's buffers lie and when it ended
+ * (to line up with the GPU's clock log, bench/cuda_device_run.sh screen). --screen-pattern P (default
+ * SSU) says which, letter by letter, repeated: S screened, s screened without its pick timed alone,
+ * U without the screen, for contrast. For the screened
  * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
-static int screen_sessions(struct qwenrt_model *m, int count, int32_t n)
+static int screen_sessions(struct qwenrt_model *m, int count, const char *pattern, int32_t n)
 {
+    size_t len = strlen(pattern);
     struct qwenrt_error err = {0};
     int32_t out[512];
     n = n < 4 ? 4 : n > 500 ? 500 : n;
-    printf("| session | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch |\n"
-           "|---:|---|---:|---:|---|---|---|---|\n", n);
+    printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch |\n"
+           "|---:|---|---|---:|---:|---|---|---|---|\n", n);
     for (int i = 0; i < count; i++) {
         struct cuda_options o = cuda_default_options();
         o.mega = CUDA_MEGA_OFF;
-        if (i % 3 == 2)
+        char kind = pattern[(size_t)i % len]; /* S screened, s screened without its pick timed alone, U not */
+        if (kind == 'U')
             o.lm_screen = 0;
         struct cuda_session *cs = NULL;
         double t = 0;
@@ -690,15 +705,19 @@ static int screen_sessions(struct qwenrt_model *m, int count, int32_t n)
         uint64_t a[4];
         double us = 0;
         bool screened = ok && cuda_session_lm_screen_buffers(cs, a);
-        if (screened && cuda_session_lm_screen_time(cs, 50, &us, &err))
+        if (screened && kind == 'S' && cuda_session_lm_screen_time(cs, 50, &us, &err))
             ok = false;
         cuda_session_free(cs);
         if (!ok) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
             return 1;
         }
-        printf("| %d | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx |\n", i, screened ? "yes" : "no", n / t, us,
-               (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2], (unsigned long long)a[3]);
+        char ended[32];
+        wall_clock_utc(ended, sizeof(ended));
+        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx |\n", i, ended, screened ? "yes" : "no",
+               n / t, us, (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2],
+               (unsigned long long)a[3]);
+        fflush(stdout); /* the rows line up with a clock log taken beside the run (nvidia-smi -lms) */
     }
     return 0;
 }
@@ -1325,6 +1344,7 @@ int main(int argc, char **argv)
     static struct batch_ab ab;
     int batch_chk = 0;        /* --batch-check N: batched against alone at this geometry (batch_check) */
     int screen_count = 0;     /* --screen-sessions N: sessions timed one by one with their screen's buffers */
+    const char *screen_pattern = "SSU"; /* --screen-pattern P: their kinds, letter by letter */
     int pick_phases = 0;      /* --pick-phases: the screened pick's phases (print_pick_phases) */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
@@ -1361,6 +1381,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--pick-phases")) pick_phases = 1;
+        else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
+            screen_pattern = argv[++i];
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsU")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone) or U (no screen)\n", screen_pattern);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = argv[++i];
         else if (!strcmp(argv[i], "--batch-ab") && i + 1 < argc) batch_ab = argv[++i];
         else if (!strcmp(argv[i], "--timeline")) timeline = 1; /* the decode graph's per-step times from block stamps */
@@ -1389,7 +1416,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N [--screen-pattern SSU]] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1483,7 +1510,7 @@ int main(int argc, char **argv)
     if (batch_chk)
         return batch_check(m, batch_chk, depth);
     if (screen_count)
-        return screen_sessions(m, screen_count, n_gen);
+        return screen_sessions(m, screen_count, screen_pattern, n_gen);
     if (batch && batch_ab) /* a comparison, not a record: no --json */
         return print_batch_ab(m, batch, &ab, n_gen, depth, reps);
     if (batch) { /* --json: the table as a record */

@@ -105,6 +105,11 @@ PY
     done
 fi
 if [ "$what" = screen ]; then
+    # the GPU's clocks, power and temperature every 100 ms beside the sessions (their rows carry
+    # the time they ended): whether a slow run of sessions is the GPU's clock, not the code
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+        --format=csv,noheader -lms 100 > "$OUT/screen-clocks.csv" 2>&1 &
+    clocks=$!
     for a in qwen3-0.6b qwen35-0.8b; do
         t0=$(date +%s)
         timeout ${SCREEN_TIMEOUT:-150} .devbin/cuda_bench --arch $a --type bf16 --screen-sessions ${SCREEN_SESSIONS:-24} \
@@ -113,6 +118,8 @@ if [ "$what" = screen ]; then
         grep -E "^\|" "$OUT/screen-sessions-$a.log" | grep -v "^|---"
         rm -f /tmp/synth-$a-bf16.gguf
     done
+    kill $clocks
+    python3 bench/clock_sessions.py "$OUT"/screen-sessions-*.log "$OUT/screen-clocks.csv"
     t0=$(date +%s)
     timeout ${SCREEN_TIMEOUT:-150} .devbin/cuda_bench --pick-phases --reps ${PICK_REPS:-50} > "$OUT/pick-phases.log" 2>&1
     echo "pick phases rc=$? in $(( $(date +%s) - t0 )) s"

@@ -58,6 +58,9 @@ set_tests_properties(cuda_bench_sweep_omit_args PROPERTIES
 add_test(NAME cuda_bench_screen_sessions_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --screen-sessions 0)
 set_tests_properties(cuda_bench_screen_sessions_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--screen-sessions 0: expected 1 to 64 sessions")
+add_test(NAME cuda_bench_screen_pattern_args COMMAND cuda_bench --arch qwen3-tiny --type bf16 --screen-sessions 2 --screen-pattern SxU)
+set_tests_properties(cuda_bench_screen_pattern_args PROPERTIES
+  PASS_REGULAR_EXPRESSION "--screen-pattern SxU: expected letters S")
 add_test(NAME cuda_bench_gdn_chunked_args COMMAND cuda_bench --arch qwen35-tiny --type bf16 --gdn-chunked 3)
 set_tests_properties(cuda_bench_gdn_chunked_args PROPERTIES
   PASS_REGULAR_EXPRESSION "--gdn-chunked 3: expected 0 \\(the column scan\\), 1 \\(chunks\\) or 2 \\(chunks on the tensor cores\\)")

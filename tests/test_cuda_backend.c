@@ -232,6 +232,32 @@ static void copy_logits(struct qwenrt_session *s, float *out, int32_t V)
     memcpy(out, l, (size_t)V * sizeof(float));
 }
 
+/* QWENRT_CUDA_LM_SCREEN=0: a session of m whose greedy loop reads the plain head, with the
+ * screened loop's 8 tokens (want) after the same prompt; a value it does not take is refused by
+ * name. screened: whether the default session screens (the head's type decides). */
+static void check_screen_switch(struct qwenrt_model *m, struct qwenrt_sampler *g, const int32_t *ids,
+                                const int32_t *want, bool screened)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_session *f = NULL;
+    setenv("QWENRT_CUDA_LM_SCREEN", "9", 1);
+    assert_int_equal(qwenrt_session_init(m, NULL, &f, &err), QWENRT_ERR_INVALID_ARG);
+    assert_null(f);
+    assert_non_null(strstr(err.message, "QWENRT_CUDA_LM_SCREEN=9"));
+    setenv("QWENRT_CUDA_LM_SCREEN", "0", 1);
+    qwenrt_status st = qwenrt_session_init(m, NULL, &f, &err);
+    unsetenv("QWENRT_CUDA_LM_SCREEN");
+    assert_int_equal(st, QWENRT_OK);
+    int32_t got[8];
+    uint64_t b[4];
+    assert_int_equal(qwenrt_session_prefill(f, ids, 4, NULL, &err), QWENRT_OK);
+    assert_int_equal(session_generate(f, g, ids[4], 8, got, &err), QWENRT_OK);
+    assert_false(cuda_session_lm_screen_buffers(f->cuda, b));
+    if (screened)
+        assert_memory_equal(got, want, sizeof(got));
+    qwenrt_session_free(f);
+}
+
 /* Two sessions of m on one weights copy, greedy generation loops (the screened LM head where
  * the head is 16- or 32-bit): the same tokens, one 8-bit copy of the head between them (the
  * weights' own) and screen buffers of their own; the copy outlives the first session. */
@@ -258,6 +284,7 @@ static void check_shared_screen(struct qwenrt_model *m, const int32_t *ids, cons
         assert_true(bd[0] != 0 && bd[0] == be[0] && bd[1] == be[1]); /* one copy */
         assert_true(bd[2] != be[2] && bd[3] != be[3]);                 /* buffers of their own */
     }
+    check_screen_switch(m, g, ids, gd, screened);
     assert_int_equal(session_generate(d, g, gd[7], 4, gd + 8, &err), QWENRT_OK);
     qwenrt_session_free(d); /* e still holds the weights, and with them the copy */
     assert_int_equal(session_generate(e, g, ge[7], 4, ge + 8, &err), QWENRT_OK);

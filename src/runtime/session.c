@@ -157,6 +157,15 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
      * QWENRT_CUDA_BATCH_BLOCKS=N: the batched attention's blocks a head pair and session
      * (cuda_options.attn_batch_blocks; default 0, the session picks; -1 a block a split). For
      * A/B runs; their ranges: cuda_session_init's check. */
+    /* QWENRT_CUDA_LM_SCREEN=0|1|2: the LM head screened through its 8-bit copy never, for greedy
+     * picks only, or for greedy and sampled ones (cuda_options.lm_screen, default 2): A/B runs */
+    const char *screen = getenv("QWENRT_CUDA_LM_SCREEN");
+    if (screen) {
+        if (strcmp(screen, "0") && strcmp(screen, "1") && strcmp(screen, "2"))
+            return err_set(err, QWENRT_ERR_INVALID_ARG,
+                           "QWENRT_CUDA_LM_SCREEN=%.32s: expected 0 (off), 1 (greedy) or 2 (greedy and sampled)", screen);
+        opt.lm_screen = (int32_t)(screen[0] - '0');
+    }
     if (env_count("QWENRT_CUDA_BATCH_PRE", 0, "a number of sessions (0: off)", &opt.gemvq_batch_pre, err) ||
         env_count("QWENRT_CUDA_BATCH_BLOCKS", -1, "a number of blocks (0: the session picks, -1: a block a split)",
                   &opt.attn_batch_blocks, err))
