@@ -4,7 +4,7 @@
  *
  *   cuda_bench --arch qwen3-0.6b --type bf16 [--gguf PATH] [--n-prompt 512] [--n-gen 128]
  *              (with --gguf the rows are labelled --arch / --type if given, else by the file)
- *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N [--screen-pattern SSU]] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
+ *              [--reps 5] [--json OUT.json] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab "V;V;..."]] [--batch-check N] [--screen-sessions N [--screen-pattern SSU] [--screen-shared]] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only]
  *              [--tg-variant NAME]  (one decode variant of the table below, e.g. "graph+fused")
  *              [--gemv-smem W:KB]  (gemv_smem's warps and KB per block at most in the decode
  *              runs: cuda_options.gemv_smem_warps / _kb, 0:0 the session's pick; one binary sweeps them)
@@ -20,7 +20,7 @@
  *              [--sweep-sampled K]  (the sweep's runs sampled: t 0.8, top_k K, top_p 0.95, min_p 0.05)
  *              [--no-validate] [--keep-layer-types] [--no-merge]  (prefill products one by one: cuda_options.gemm_merge off)
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
- *              [--screen-sessions N [--screen-pattern SSU]]  (only decode: N default sessions in turn, each one greedy
+ *              [--screen-sessions N [--screen-pattern SSU] [--screen-shared]]  (only decode: N default sessions in turn, each one greedy
  *              tg --n-gen with its screened LM head's device addresses; every third unscreened, or
  *              as the pattern says: S screened, s screened without its pick timed alone, U unscreened)
  *              [--pick-phases]  (only the screened LM head's pick over random rows of both heads'
@@ -677,25 +677,45 @@ static void wall_clock_utc(char *buf, size_t size)
  * alone (cuda_session_lm_screen_time, 50 picks), where its screen's buffers lie and when it ended
  * (to line up with the GPU's clock log, bench/cuda_device_run.sh screen). --screen-pattern P (default
  * SSU) says which, letter by letter, repeated: S screened, s screened without its pick timed alone,
- * U without the screen, for contrast. For the screened
+ * E / L screened with only the timing's events / launches (cuda_session_lm_screen_probe), P screened
+ * and its decode graph's time line printed after (cuda_session_timeline), N screened without the
+ * L2 look-ahead (cuda_options.l2_prefetch_mb 0), K screened with the norm + GEMV launches in at
+ * least 132 blocks (gemv_smem_min_blocks), a..h as s and then an empty launch of 1 << (letter - a)
+ * blocks, twice (cuda_launch_floor_bench: whether the blocks launched move a process between its
+ * fast and slow states), U without the screen. Each session uploads its own weights (cuda_session_init), as
+ * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
+ * copy and its one screen copy, as the API's sessions do (a holder session keeps them). For the screened
  * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
-static int screen_sessions(struct qwenrt_model *m, int count, const char *pattern, int32_t n)
+static int screen_sessions(struct qwenrt_model *m, int count, const char *pattern, bool shared, int32_t n)
 {
     size_t len = strlen(pattern);
     struct qwenrt_error err = {0};
+    struct model_device_weights *dw = &m->device_weights;
+    struct cuda_session *holder = NULL; /* --screen-shared: keeps the model's one copy for the run */
+    struct cuda_options ho = cuda_default_options();
+    ho.lm_screen = 0;
+    if (shared && cuda_session_init_shared(m->plans, 16, &ho, &dw->mu, &dw->cuda, &holder, &err)) {
+        fprintf(stderr, "--screen-shared: %s\n", err.message);
+        return 1;
+    }
     int32_t out[512];
     n = n < 4 ? 4 : n > 500 ? 500 : n;
-    printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch |\n"
-           "|---:|---|---|---:|---:|---|---|---|---|\n", n);
+    printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch | device "
+           "MiB free after |\n|---:|---|---|---:|---:|---|---|---|---|---:|\n", n);
     for (int i = 0; i < count; i++) {
         struct cuda_options o = cuda_default_options();
         o.mega = CUDA_MEGA_OFF;
         char kind = pattern[(size_t)i % len]; /* S screened, s screened without its pick timed alone, U not */
         if (kind == 'U')
             o.lm_screen = 0;
+        if (kind == 'N')
+            o.l2_prefetch_mb = 0; /* the decode launches ask the L2 for no weights ahead */
+        if (kind == 'K')
+            o.gemv_smem_min_blocks = 132; /* the norm + GEMV launches over every multiprocessor */
         struct cuda_session *cs = NULL;
         double t = 0;
-        bool ok = !cuda_session_init(m->plans, n + 8, &o, &cs, &err);
+        bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8, &o, &dw->mu, &dw->cuda, &cs, &err)
+                         : !cuda_session_init(m->plans, n + 8, &o, &cs, &err);
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
             ok = !cuda_session_reset(cs, &err);
             double t0 = time_now_s();
@@ -705,20 +725,32 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         uint64_t a[4];
         double us = 0;
         bool screened = ok && cuda_session_lm_screen_buffers(cs, a);
-        if (screened && kind == 'S' && cuda_session_lm_screen_time(cs, 50, &us, &err))
+        int32_t parts = kind == 'S' ? 3 : kind == 'E' ? 1 : kind == 'L' ? 2 : 0;
+        if (screened && parts && cuda_session_lm_screen_probe(cs, 50, parts, &us, &err))
             ok = false;
+        static char report[16384];
+        if (ok && kind == 'P' && !cuda_session_timeline(cs, 17, 0, 20, report, sizeof(report), &err))
+            printf("session %d's decode time line:\n%s", i, report);
         cuda_session_free(cs);
+        double floor_us = 0; /* a..h: one graph of one empty launch of 1 << (kind - 'a') blocks, twice */
+        if (ok && kind >= 'a' && kind <= 'h')
+            ok = !cuda_launch_floor_bench(1, 1 << (kind - 'a'), 32, 0, false, 1, &floor_us, &err);
+        int64_t free_b = 0, total_b = 0; /* what the freed session left behind, if anything */
+        if (ok)
+            ok = !cuda_device_memory(&free_b, &total_b, &err);
         if (!ok) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
+            cuda_session_free(holder);
             return 1;
         }
         char ended[32];
         wall_clock_utc(ended, sizeof(ended));
-        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx |\n", i, ended, screened ? "yes" : "no",
-               n / t, us, (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2],
-               (unsigned long long)a[3]);
+        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld |\n", i, ended,
+               screened ? "yes" : "no", n / t, us, (unsigned long long)a[0], (unsigned long long)a[1],
+               (unsigned long long)a[2], (unsigned long long)a[3], (long long)(free_b >> 20));
         fflush(stdout); /* the rows line up with a clock log taken beside the run (nvidia-smi -lms) */
     }
+    cuda_session_free(holder);
     return 0;
 }
 
@@ -1345,6 +1377,7 @@ int main(int argc, char **argv)
     int batch_chk = 0;        /* --batch-check N: batched against alone at this geometry (batch_check) */
     int screen_count = 0;     /* --screen-sessions N: sessions timed one by one with their screen's buffers */
     const char *screen_pattern = "SSU"; /* --screen-pattern P: their kinds, letter by letter */
+    int screen_shared = 0;    /* --screen-shared: they share one weights copy, as the API's sessions do */
     int pick_phases = 0;      /* --pick-phases: the screened pick's phases (print_pick_phases) */
     const char *sweep = NULL; /* --sweep P:W:R:L:KB,...: gemvq decode shapes (decode_sweep) */
     static struct sweep sw; /* its shapes, parsed before any work */
@@ -1381,10 +1414,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--launch-floor")) launch_floor = 1;
         else if (!strcmp(argv[i], "--pick")) pick = 1;
         else if (!strcmp(argv[i], "--pick-phases")) pick_phases = 1;
+        else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsU")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }
@@ -1416,7 +1450,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tg-variant") && i + 1 < argc) tg_variant = argv[++i], decode_only = 1; /* one decode variant's tg, no JSON */
         else if (!strcmp(argv[i], "--api-only")) api_only = decode_only = 1; /* the per-token API columns alone, no JSON */
         else {
-            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N [--screen-pattern SSU]] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
+            fprintf(stderr, "usage: %s --arch A --type T [--gguf P] [--n-prompt N] [--n-gen N] [--depth D] [--reps N] [--json F] [--gemv] [--launch-floor] [--pick] [--pick-phases] [--batch N,N,... [--batch-ab V;V;...]] [--batch-check N] [--screen-sessions N [--screen-pattern SSU] [--screen-shared]] [--mega-only] [--decode-only] [--prefill-only] [--prefill-all] [--gdn-chunked 0|1|2] [--gdn-scan-warps 0|8|16] [--api-only] [--tg-variant NAME] [--gemv-smem W:KB] [--gemv-smem-launch 0|1|2] [--gemv-mma 0|1] [--kv-f16] [--sweep P:W:R:L:KB[:H[:A[:I[:Q]]]][+NAME=V...][@STEP;...],...] [--timeline] [--sweep-sampled K] [--no-validate] [--keep-layer-types] [--tokenizer F]\n", argv[0]);
             return 2;
         }
     }
@@ -1510,7 +1544,7 @@ int main(int argc, char **argv)
     if (batch_chk)
         return batch_check(m, batch_chk, depth);
     if (screen_count)
-        return screen_sessions(m, screen_count, screen_pattern, n_gen);
+        return screen_sessions(m, screen_count, screen_pattern, screen_shared, n_gen);
     if (batch && batch_ab) /* a comparison, not a record: no --json */
         return print_batch_ab(m, batch, &ab, n_gen, depth, reps);
     if (batch) { /* --json: the table as a record */

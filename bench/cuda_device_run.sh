@@ -6,7 +6,10 @@
 # test_cuda_batch; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
 # of it kernels): configured with -DQWENRT_SHARED_LIB=ON they share one libqwenrt.so, and all of
 # them with qwenrt fit the carry limit (~27 MB xz-compressed; the library goes in .devbin/ too).
-# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|all] ; logs and JSON go to $OUT.
+# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|all] ; logs and JSON go to $OUT.
+# slowstate: Qwen3-0.6B BF16 sessions in turn (tok/s and the device MiB free after each, in
+# brackets) with the driver's default hardware queues, 1 and 32: what the state is that slows
+# the sessions after ~7 made and freed, or after launches outside a graph (perf-log, session 59).
 # screen: the screened LM head's measurements (session 58): `cuda_bench --screen-sessions 24`
 # for both BF16 models (each session's tok/s, its screened pick alone, its buffers' addresses:
 # the sessions that run ~5% slow now and then) and `cuda_bench --pick-phases` (the pick by
@@ -124,6 +127,20 @@ if [ "$what" = screen ]; then
     timeout ${SCREEN_TIMEOUT:-150} .devbin/cuda_bench --pick-phases --reps ${PICK_REPS:-50} > "$OUT/pick-phases.log" 2>&1
     echo "pick phases rc=$? in $(( $(date +%s) - t0 )) s"
     grep -E "^\||pick-phases" "$OUT/pick-phases.log" | grep -v "^|---"
+fi
+if [ "$what" = slowstate ]; then
+    # the process state that slows every later session ~5% (perf-log, session 59): sessions in
+    # turn with the device memory each leaves behind, then the same with the driver's hardware
+    # queues at 1 and 32 (CUDA_DEVICE_MAX_CONNECTIONS; default 8, and every session makes a stream)
+    for conn in default 1 32; do
+        for p in sssssssssss sLsssss; do
+            if [ $conn = default ]; then env=""; else env="CUDA_DEVICE_MAX_CONNECTIONS=$conn"; fi
+            env $env timeout 90 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} \
+                --screen-pattern $p --n-gen 128 > "$OUT/slowstate-$conn-$p.log" 2>&1
+            echo "connections $conn, $p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$conn-$p.log" |
+                awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"
+        done
+    done
 fi
 if [ "$what" = serve ]; then
     gunzip -c .devbin/tokenizer.json.gz > /tmp/tokenizer.json

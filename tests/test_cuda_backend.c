@@ -369,8 +369,13 @@ static void test_sessions_no_room(void **st)
     assert_non_null(la), assert_non_null(lb);
     struct qwenrt_session *a = NULL, *b = NULL;
     struct cuda_memory_hold *hold = NULL;
+    int64_t free0 = 0, total = 0, free1 = 0;
+    assert_int_equal(cuda_device_memory(&free0, &total, &err), QWENRT_OK);
+    assert_true(free0 > (int64_t)32 << 20 && free0 <= total);
     if (cuda_test_hold_memory((int64_t)32 << 20, &hold, &err))
         fail_msg("holding device memory: %s", err.message);
+    assert_int_equal(cuda_device_memory(&free1, &total, &err), QWENRT_OK);
+    assert_true(free1 <= (int64_t)32 << 20); /* the hold took the rest, as cuda_device_memory sees */
     qwenrt_status st_first = qwenrt_session_init(m, NULL, &a, &err);
     cuda_test_release_memory(hold);
     assert_int_not_equal(st_first, QWENRT_OK);
@@ -1129,6 +1134,9 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_session_lm_screen_time(NULL, 3, &us, &err), want);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "no screened LM head"));
+    assert_int_equal(cuda_session_lm_screen_probe(NULL, 3, 3, &us, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "parts 3"));
     uint64_t addr[4] = {1, 2, 3, 4};
     assert_false(cuda_session_lm_screen_buffers(NULL, addr));
     assert_true(addr[0] == 0 && addr[3] == 0);

@@ -712,6 +712,10 @@ qwenrt_status cuda_lm_screen_phases(int32_t N, int32_t K, int32_t m, int32_t rep
  * that cudaMalloc grants), as another program filling the GPU would; *hold gives it back to
  * cuda_test_release_memory. Errors: NOMEM (the hold's own list), BACKEND. */
 struct cuda_memory_hold;
+/* For the bench: the current device's free and total memory (cudaMemGetInfo), to see whether
+ * sessions made and freed in turn give all of theirs back (cuda_bench --screen-sessions).
+ * Errors: BACKEND (the stub: not built). */
+qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_bytes, struct qwenrt_error *err);
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
 void cuda_test_release_memory(struct cuda_memory_hold *hold);
 
@@ -807,6 +811,11 @@ bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr
  * measurement. Errors: INVALID_ARG (no screen: no generation call yet, or none applies), BACKEND. */
 qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
                                           struct qwenrt_error *err);
+/* Its parts alone (parts 1: the events around no launch; 2: the launches, a stream sync after
+ * each; 3: both, as cuda_session_lm_screen_time): what in it leaves a process's later sessions
+ * slow (docs/perf-log.md, session 59). Errors: INVALID_ARG also for parts outside 1..3. */
+qwenrt_status cuda_session_lm_screen_probe(struct cuda_session *cs, int32_t reps, int32_t parts, double *us,
+                                           struct qwenrt_error *err);
 
 /* Bytes of weights the decode program's launches ask the L2 for per token
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */

@@ -465,6 +465,14 @@ extern "C" qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_
     return QWENRT_OK;
 }
 
+extern "C" qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_bytes, struct qwenrt_error *err)
+{
+    size_t free_b = 0, total = 0;
+    cudaError_t e = cudaMemGetInfo(&free_b, &total);
+    *free_bytes = (int64_t)free_b, *total_bytes = (int64_t)total;
+    return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "cudaMemGetInfo");
+}
+
 /* ------------------------------------------------------------------ the screened LM head */
 
 /* cuda_lm_screen_pick's device part: the inputs at d (h, norm_w, the rows, the id, then the

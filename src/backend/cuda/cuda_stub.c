@@ -305,6 +305,13 @@ qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps,
     return not_built(err);
 }
 
+qwenrt_status cuda_session_lm_screen_probe(struct cuda_session *cs, int32_t reps, int32_t parts, double *us,
+                                           struct qwenrt_error *err)
+{
+    (void)cs, (void)reps, (void)parts, (void)us;
+    return not_built(err);
+}
+
 bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
 {
     (void)cs;
@@ -415,6 +422,12 @@ qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold
 {
     (void)leave_bytes;
     *hold = NULL;
+    return not_built(err);
+}
+
+qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_bytes, struct qwenrt_error *err)
+{
+    *free_bytes = *total_bytes = 0;
     return not_built(err);
 }
 

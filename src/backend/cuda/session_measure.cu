@@ -27,27 +27,32 @@ extern "C" bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *p
     return cs && cs->screen && lm_screen_counts(cs->screen, picks, exact_rows, &err) == QWENRT_OK;
 }
 
-extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
-                                                     struct qwenrt_error *err)
+extern "C" qwenrt_status cuda_session_lm_screen_probe(struct cuda_session *cs, int32_t reps, int32_t parts,
+                                                      double *us, struct qwenrt_error *err)
 {
     struct lm_screen_args a;
-    if (!cs || reps < 1 || reps > 1000 || !lm_screen_takes(cs, GEN_ARGMAX, &a))
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no screened LM head to time (or %d picks)", (int)reps);
+    if (!cs || reps < 1 || reps > 1000 || parts < 1 || parts > 3 || !lm_screen_takes(cs, GEN_ARGMAX, &a))
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: no screened LM head to time (or %d picks, parts %d)",
+                       (int)reps, (int)parts);
     a.pos0 = a.out_ids = a.step = NULL, a.pdl = false; /* the token to ids[0] only, nothing advanced */
+    const bool events = parts & 1, launches = parts & 2;
     float *ms = (float *)xcalloc((size_t)reps, sizeof(float));
     cudaEvent_t e0 = NULL, e1 = NULL;
-    cudaError_t e = ms ? cudaEventCreate(&e0) : cudaErrorMemoryAllocation;
-    if (e == cudaSuccess)
+    cudaError_t e = ms ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess && events)
+        e = cudaEventCreate(&e0);
+    if (e == cudaSuccess && events)
         e = cudaEventCreate(&e1);
     for (int32_t r = 0; r < reps && e == cudaSuccess; r++) {
-        e = cudaEventRecord(e0, cs->stream);
-        if (e == cudaSuccess)
+        if (events)
+            e = cudaEventRecord(e0, cs->stream);
+        if (e == cudaSuccess && launches)
             e = launch_lm_screen(cs->screen, &a, cs->stream);
-        if (e == cudaSuccess)
+        if (e == cudaSuccess && events)
             e = cudaEventRecord(e1, cs->stream);
         if (e == cudaSuccess)
-            e = cudaEventSynchronize(e1);
-        if (e == cudaSuccess)
+            e = events ? cudaEventSynchronize(e1) : cudaStreamSynchronize(cs->stream);
+        if (e == cudaSuccess && events)
             e = cudaEventElapsedTime(&ms[r], e0, e1);
     }
     if (e0)
@@ -58,6 +63,12 @@ extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, in
         *us = 1e3 * median_of_floats(ms, reps);
     xfree(ms); /* the greedy pick leaves the logits row alone */
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "timing the screened LM head");
+}
+
+extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps, double *us,
+                                                     struct qwenrt_error *err)
+{
+    return cuda_session_lm_screen_probe(cs, reps, 3, us, err);
 }
 
 extern "C" bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
