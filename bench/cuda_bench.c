@@ -680,8 +680,7 @@ static void wall_clock_utc(char *buf, size_t size)
  * E / L screened with only the timing's events / launches (cuda_session_lm_screen_probe), P screened
  * and its decode graph's time line printed after (cuda_session_timeline), N screened without the
  * L2 look-ahead (cuda_options.l2_prefetch_mb 0), K screened with the norm + GEMV launches in at
- * least 132 blocks (gemv_smem_min_blocks), C screened with every decode launch asking for
- * all-shared L1 (smem_carveout 100), a..h as s and then an empty launch of 1 << (letter - a)
+ * least 132 blocks (gemv_smem_min_blocks), a..h as s and then an empty launch of 1 << (letter - a)
  * blocks, twice (cuda_launch_floor_bench: whether the blocks launched move a process between its
  * fast and slow states), U without the screen. Each session uploads its own weights (cuda_session_init), as
  * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
@@ -713,8 +712,6 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             o.l2_prefetch_mb = 0; /* the decode launches ask the L2 for no weights ahead */
         if (kind == 'K')
             o.gemv_smem_min_blocks = 132; /* the norm + GEMV launches over every multiprocessor */
-        if (kind == 'C')
-            o.smem_carveout = 100; /* every decode launch asks for all-shared L1 */
         struct cuda_session *cs = NULL;
         double t = 0;
         bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8, &o, &dw->mu, &dw->cuda, &cs, &err)
@@ -1420,8 +1417,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKCPUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), C (screened, all-shared L1 in every decode launch), a..h (as s, then an empty launch of 1..128 blocks) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

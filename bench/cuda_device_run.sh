@@ -9,8 +9,7 @@
 # Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|all] ; logs and JSON go to $OUT.
 # slowstate: Qwen3-0.6B BF16 sessions in turn (tok/s and the device MiB free after each, in
 # brackets) with the driver's default hardware queues, 1 and 32: what the state is that slows
-# the sessions after ~7 made and freed, or after launches outside a graph (perf-log, session 59);
-# then sessions whose decode launches all ask for all-shared L1 (C: smem_carveout 100) among them.
+# the sessions after ~7 made and freed, or after launches outside a graph (perf-log, session 59).
 # screen: the screened LM head's measurements (session 58): `cuda_bench --screen-sessions 24`
 # for both BF16 models (each session's tok/s, its screened pick alone, its buffers' addresses:
 # the sessions that run ~5% slow now and then) and `cuda_bench --pick-phases` (the pick by
@@ -142,13 +141,6 @@ if [ "$what" = slowstate ]; then
                 awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"
         done
     done
-    # C: every decode launch asks for all-shared L1 (smem_carveout 100), so that no launch waits
-    # for a multiprocessor to change its L1 / shared split: fast and slow sessions alike?
-    p=sCsCLsCsCsCs
-    timeout 90 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} --screen-pattern $p \
-        --n-gen 128 > "$OUT/slowstate-carveout.log" 2>&1
-    echo "carveout, $p: $(grep -E '^\| [0-9]' "$OUT/slowstate-carveout.log" |
-        awk -F'|' -v p=$p '{printf "%s%.0f ", substr(p, ($2 % length(p)) + 1, 1), $5}')"
 fi
 if [ "$what" = serve ]; then
     gunzip -c .devbin/tokenizer.json.gz > /tmp/tokenizer.json

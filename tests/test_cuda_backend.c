@@ -1151,8 +1151,7 @@ static void test_backend_errors(void **st)
      * edges 0 or 1 to ATTN_CLUSTER_POS_LIMIT with until after from (100: before the default from);
      * attn_pipe -1 to 1; gemv_smem_waves 0 to 4; gemv_smem_alone 0 to 2; gemv_launch_ahead -1 to 3;
      * attn_shared_kv -1 to 1; attn_lanes 0, 8, 16 or 32; attn_stage -1 to 8; mlp_rows 0 to 3; mlp_rows_cluster
-     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1; attn_rope_regs 0 or 1; attn_batch_blocks -1 to 32;
-     * smem_carveout -1 to 100 */
+     * 0, 1, 2, 4 or 8; mlp_rows_down 0 or 1; attn_rope_regs 0 or 1; attn_batch_blocks -1 to 32 */
     static const struct {
         const char *name;
         size_t offset; /* of an int32_t in struct cuda_options */
@@ -1177,7 +1176,6 @@ static void test_backend_errors(void **st)
                    {"gdn_early", offsetof(struct cuda_options, gdn_early), {-2, 1}},
                    {"attn_split_min", offsetof(struct cuda_options, attn_split_min), {8, 5000}},
                    {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}},
-                   {"smem_carveout", offsetof(struct cuda_options, smem_carveout), {-2, 101}},
                    {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}},
                    {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}},
                    {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},

@@ -291,34 +291,6 @@ static void test_l2_prefetch(void **st)
     check_l2_prefetch("qwen35-tiny", EXPORT_BF16, 0);
 }
 
-/* Every kernel node of the decode graphs asking for all-shared L1 (smem_carveout 100): the SM's
- * split changes no arithmetic, so the logits are bit for bit those of the driver's own choice,
- * from position 0 and after a 150-token prompt; and the graphs really carry it (nodes > 0).
- * Qwen3 BF16 at width 1024 (gemv_smem, the attention) and qwen35-tiny BF16 (the DeltaNet step). */
-static void check_smem_carveout(const char *arch, int32_t width)
-{
-    char path[256];
-    struct qwenrt_model *m = load_synth(arch, EXPORT_BF16, width, false, path, sizeof(path));
-    struct cuda_options on = cuda_default_options(), off = on;
-    on.mega = off.mega = CUDA_MEGA_OFF;
-    on.smem_carveout = 100;
-    struct cuda_session *a = NULL, *b = NULL;
-    init_pair(m, 256, &on, &off, &a, &b, arch);
-    char what[96];
-    snprintf(what, sizeof(what), "%s bf16: smem_carveout 100 / the driver's", arch);
-    decode_side_by_side(a, b, m->hp.n_vocab, 150, 40, true, what);
-    assert_true(cuda_session_carveout_nodes(a) > 0);
-    assert_true(cuda_session_carveout_nodes(b) == 0);
-    free_synth_pair(a, b, m, path, NULL, NULL);
-}
-
-static void test_smem_carveout(void **st)
-{
-    (void)st;
-    check_smem_carveout("qwen3-tiny", 1024);
-    check_smem_carveout("qwen35-tiny", 0);
-}
-
 /* cuda_session_timeline (a measurement): the report names the stamped steps of the decode
  * graph and a positive span; reps < 1 is refused by name; afterwards the session decodes as
  * one that never ran it (the timeline's graph is its own: no stamps left in the session's); a
@@ -1606,7 +1578,6 @@ int main(void)
         cmocka_unit_test(test_attention_rope_fused),
         cmocka_unit_test(test_attn_early),
         cmocka_unit_test(test_l2_prefetch),
-        cmocka_unit_test(test_smem_carveout),
         cmocka_unit_test(test_gdn_early),
         cmocka_unit_test(test_decode_timeline),
         cmocka_unit_test(test_qkv_attn),

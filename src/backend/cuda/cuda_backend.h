@@ -247,13 +247,6 @@ struct cuda_options {
                           * streams while the chain of dependent steps waits (a hint: results
                           * do not change). 0: off; 1 to 64 (default 8: docs/perf-log.md,
                           * session 20) */
-    int32_t smem_carveout; /* decode graphs: every kernel node asks for this percent of the
-                          * L1 / shared memory as shared memory (the node attribute
-                          * cudaLaunchAttributePreferredSharedMemoryCarveout, set between capture
-                          * and instantiation), so that no launch of the chain has to wait for a
-                          * multiprocessor to change its split: a probe of the state that slows a
-                          * process's later sessions (perf-log, session 59). -1 (default): not
-                          * set, the driver picks; 0 to 100: the percent (100: all shared) */
     int32_t gemv_smem_xreg; /* gemv_smem on the CUDA cores: each warp reads x from global
                           * memory into its registers and normalises it itself instead of the
                           * block staging x in shared memory (no x in shared memory, no block
@@ -823,10 +816,6 @@ qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, int32_t reps,
  * slow (docs/perf-log.md, session 59). Errors: INVALID_ARG also for parts outside 1..3. */
 qwenrt_status cuda_session_lm_screen_probe(struct cuda_session *cs, int32_t reps, int32_t parts, double *us,
                                            struct qwenrt_error *err);
-
-/* Kernel nodes of the session's last captured decode graph given cuda_options.smem_carveout
- * (0 when it is -1 or for a NULL session). */
-int64_t cuda_session_carveout_nodes(const struct cuda_session *cs);
 
 /* Bytes of weights the decode program's launches ask the L2 for per token
  * (cuda_options.l2_prefetch_mb); 0 when off or for a NULL session. */

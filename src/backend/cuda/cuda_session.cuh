@@ -187,7 +187,6 @@ struct cuda_session {
                                * ATTN_CLUSTER_FROM / _UNTIL) */
     int32_t cl_variant;       /* the variant being captured or enqueued (rope_attn_args reads it) */
     int64_t gen_launches;     /* graph launches of cuda_session_generate */
-    int64_t carveout_nodes;   /* kernel nodes the last capture gave opt.smem_carveout */
     struct mk_program *mk;    /* the decode megakernel, or NULL (mk_why says why) */
     bool fast_prefill;        /* opt.prefill_bf16 and fast_prefill_applies(prefill plan) */
     bool decode_pdl;          /* the decode steps launch with PDL: opt.pdl, or opt.gemv_smem with

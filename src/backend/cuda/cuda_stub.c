@@ -326,12 +326,6 @@ qwenrt_status cuda_session_timeline(struct cuda_session *cs, int32_t id, int32_t
     return not_built(err);
 }
 
-int64_t cuda_session_carveout_nodes(const struct cuda_session *cs)
-{
-    (void)cs;
-    return 0;
-}
-
 int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs)
 {
     (void)cs;

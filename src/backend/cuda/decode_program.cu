@@ -806,32 +806,6 @@ static cudaError_t enqueue_pick(struct cuda_session *cs, enum gen_mode mode)
                        (float *)(cs->d_top + CUDA_TOP_MAX_M), NULL, false, cs->stream, &dr, cs->decode_pdl);
 }
 
-/* Gives every kernel node of g the shared-memory carveout percent (cuda_options.smem_carveout);
- * *nodes counts them. */
-static cudaError_t graph_set_carveout(cudaGraph_t g, int32_t percent, int64_t *nodes)
-{
-    size_t n = 0;
-    *nodes = 0;
-    cudaError_t e = cudaGraphGetNodes(g, NULL, &n);
-    cudaGraphNode_t *v = e == cudaSuccess && n ? (cudaGraphNode_t *)xcalloc(n, sizeof(*v)) : NULL;
-    if (e == cudaSuccess && n && !v)
-        return cudaErrorMemoryAllocation;
-    if (e == cudaSuccess && n)
-        e = cudaGraphGetNodes(g, v, &n);
-    cudaLaunchAttributeValue val = {};
-    val.sharedMemCarveout = (unsigned)percent;
-    for (size_t i = 0; e == cudaSuccess && i < n; i++) {
-        cudaGraphNodeType type;
-        e = cudaGraphNodeGetType(v[i], &type);
-        if (e == cudaSuccess && type == cudaGraphNodeTypeKernel) {
-            e = cudaGraphKernelNodeSetAttribute(v[i], cudaLaunchAttributePreferredSharedMemoryCarveout, &val);
-            *nodes += e == cudaSuccess;
-        }
-    }
-    xfree(v);
-    return e;
-}
-
 /* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph, steps
  * times over (gen only: each step reads the position and the token the one before it left on
  * the GPU, so the copies are the same step run in sequence). */
@@ -863,10 +837,6 @@ qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraph
     }
     if (e != cudaSuccess)
         return cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamEndCapture");
-    if (cs->opt.smem_carveout >= 0 && (e = graph_set_carveout(g, cs->opt.smem_carveout, &cs->carveout_nodes))) {
-        cudaGraphDestroy(g);
-        return cuda_fail(err, e, __FILE__, __LINE__, "the decode graph's shared-memory carveout");
-    }
     e = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess)

@@ -127,11 +127,6 @@ extern "C" int32_t cuda_session_count_steps(const struct cuda_session *cs, const
     return n;
 }
 
-extern "C" int64_t cuda_session_carveout_nodes(const struct cuda_session *cs)
-{
-    return cs ? cs->carveout_nodes : 0;
-}
-
 extern "C" int64_t cuda_session_l2_prefetch_bytes(const struct cuda_session *cs)
 {
     int64_t n = 0;

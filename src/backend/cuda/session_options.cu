@@ -28,7 +28,6 @@ extern "C" struct cuda_options cuda_default_options(void)
     o.attn_tiled = true;
     o.gdn_par = true;
     o.lm_screen = 2; /* greedy and sampled: docs/perf-log.md, sessions 56 and 57 */
-    o.smem_carveout = -1; /* the driver picks (a probe, session 59) */
     o.gdn_chunked = 0; /* FMA form: 2.71 vs 2.02 ms per pp512 (docs/perf-log.md, session 6) */
     o.gemm_stack3 = true;
     o.gemm_merge = true;
@@ -329,9 +328,6 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
     if (o->qkv_attn != 0 && o->qkv_attn != 8 && o->qkv_attn != 16)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: qkv_attn %d (0: off, or clusters of 8 or 16 blocks)",
                        (int)o->qkv_attn);
-    if (o->smem_carveout < -1 || o->smem_carveout > 100)
-        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: smem_carveout %d (-1: the driver picks, or 0 to 100 percent)",
-                       (int)o->smem_carveout);
     if (o->l2_prefetch_mb < 0 || o->l2_prefetch_mb > 64)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: l2_prefetch_mb %d (0: off, or 1 to 64)",
                        (int)o->l2_prefetch_mb);
