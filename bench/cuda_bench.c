@@ -682,7 +682,8 @@ static void wall_clock_utc(char *buf, size_t size)
  * L2 look-ahead (cuda_options.l2_prefetch_mb 0), K screened with the norm + GEMV launches in at
  * least 132 blocks (gemv_smem_min_blocks), a..h as s and then an empty launch of 1 << (letter - a)
  * blocks, twice (cuda_launch_floor_bench: whether the blocks launched move a process between its
- * fast and slow states), U without the screen. Each session uploads its own weights (cuda_session_init), as
+ * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
+ * a count of submissions?), U without the screen. Each session uploads its own weights (cuda_session_init), as
  * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
  * copy and its one screen copy, as the API's sessions do (a holder session keeps them). For the screened
  * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
@@ -706,6 +707,13 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         struct cuda_options o = cuda_default_options();
         o.mega = CUDA_MEGA_OFF;
         char kind = pattern[(size_t)i % len]; /* S screened, s screened without its pick timed alone, U not */
+        double wait_us = 0; /* W: 4 x 65 graph launches of one empty block first (the ~256 submissions?) */
+        for (int w = 0; kind == 'W' && w < 4; w++)
+            if (cuda_launch_floor_bench(1, 1, 32, 0, false, 64, &wait_us, &err)) {
+                fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
+                cuda_session_free(holder);
+                return 1;
+            }
         if (kind == 'U')
             o.lm_screen = 0;
         if (kind == 'N')
@@ -1417,8 +1425,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

@@ -8,8 +8,9 @@
 # them with qwenrt fit the carry limit (~27 MB xz-compressed; the library goes in .devbin/ too).
 # Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|all] ; logs and JSON go to $OUT.
 # slowstate: Qwen3-0.6B BF16 sessions in turn (tok/s and the device MiB free after each, in
-# brackets) with the driver's default hardware queues, 1 and 32: what the state is that slows
-# the sessions after ~7 made and freed, or after launches outside a graph (perf-log, session 59).
+# brackets), alone and after 260 empty graph launches (W): whether the state that slows the
+# sessions after ~7 made and freed, or after launches outside a graph, is a count of the
+# process's submissions (perf-log, session 59).
 # screen: the screened LM head's measurements (session 58): `cuda_bench --screen-sessions 24`
 # for both BF16 models (each session's tok/s, its screened pick alone, its buffers' addresses:
 # the sessions that run ~5% slow now and then) and `cuda_bench --pick-phases` (the pick by
@@ -129,17 +130,14 @@ if [ "$what" = screen ]; then
     grep -E "^\||pick-phases" "$OUT/pick-phases.log" | grep -v "^|---"
 fi
 if [ "$what" = slowstate ]; then
-    # the process state that slows every later session ~5% (perf-log, session 59): sessions in
-    # turn with the device memory each leaves behind, then the same with the driver's hardware
-    # queues at 1 and 32 (CUDA_DEVICE_MAX_CONNECTIONS; default 8, and every session makes a stream)
-    for conn in default 1 32; do
-        for p in sssssssssss sLsssss; do
-            if [ $conn = default ]; then env=""; else env="CUDA_DEVICE_MAX_CONNECTIONS=$conn"; fi
-            env $env timeout 90 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} \
-                --screen-pattern $p --n-gen 128 > "$OUT/slowstate-$conn-$p.log" 2>&1
-            echo "connections $conn, $p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$conn-$p.log" |
-                awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"
-        done
+    # the process state that slows every session ~5% (perf-log, session 59): it set in at ~256
+    # submissions (graph and kernel launches) in every probe so far. W makes 260 empty graph
+    # launches before its session: if the count is the state, W's session and all after it are slow
+    for p in sssssssssss Wsss ssWsss; do
+        timeout 90 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} \
+            --screen-pattern $p --n-gen 128 > "$OUT/slowstate-$p.log" 2>&1
+        echo "$p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$p.log" |
+            awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"
     done
 fi
 if [ "$what" = serve ]; then
