@@ -6,7 +6,9 @@
 # test_cuda_batch; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
 # of it kernels): configured with -DQWENRT_SHARED_LIB=ON they share one libqwenrt.so, and all of
 # them with qwenrt fit the carry limit (~27 MB xz-compressed; the library goes in .devbin/ too).
-# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|all] ; logs and JSON go to $OUT.
+# Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|records|all] ; logs and JSON go to $OUT.
+# records: `cuda_bench --reps 3 --json` for CFGS (default Qwen3-0.6B BF16 and Q4_K_M, Qwen3.5-0.8B
+# BF16), only where the GPU is an H200; the JSON files go to $OUT for bench/results/.
 # slowstate: Qwen3-0.6B BF16 sessions in turn (tok/s and the device MiB free after each, in
 # brackets), alone and after 260 empty graph launches (W): whether the state that slows the
 # sessions after ~7 made and freed, or after launches outside a graph, is a count of the
@@ -139,6 +141,23 @@ if [ "$what" = slowstate ]; then
         echo "$p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$p.log" |
             awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"
     done
+fi
+if [ "$what" = records ]; then
+    # the records of bench/results/cuda-A-T.json, taken only on an H200 (issue 6's machine; the
+    # pool lends H100s too, whose figures are no records): copy $OUT/cuda-*.json into bench/results/
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
+    *H200*)
+        for cfg in ${CFGS:-qwen3-0.6b:bf16 qwen35-0.8b:bf16 qwen3-0.6b:q4_k_m}; do
+            a=${cfg%%:*}; t=${cfg##*:}
+            t0=$(date +%s)
+            timeout ${RECORD_TIMEOUT:-150} .devbin/cuda_bench --arch "$a" --type "$t" --reps 3 \
+                --json "$OUT/cuda-$a-$t.json" > "$OUT/record-$a-$t.log" 2>&1
+            echo "record $a $t rc=$? in $(( $(date +%s) - t0 )) s"
+            grep -E "^\|" "$OUT/record-$a-$t.log" | grep -v "^|---" | head -8
+            rm -f /tmp/synth-$a-$t.gguf
+        done ;;
+    *) echo "records: not an H200, none taken" ;;
+    esac
 fi
 if [ "$what" = serve ]; then
     gunzip -c .devbin/tokenizer.json.gz > /tmp/tokenizer.json
