@@ -4,7 +4,7 @@
 
   clock_sessions.py SESSIONS.log [SESSIONS.log ...] CLOCKS.csv
 
-SESSIONS.log: cuda_bench's table, whose rows carry the time each session ended (UTC, ms).
+SESSIONS.log: cuda_bench's table, whose rows carry the time each session ended (UTC).
 CLOCKS.csv: `nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,
 clocks_event_reasons.active --format=csv,noheader -lms 100`.
 Prints each session's tok/s beside the SM clock, memory clock, power and temperature sampled
@@ -14,9 +14,11 @@ a session that runs slow on a slower clock is the GPU, not the code.
 import sys
 
 
-def seconds(hms):
-    """'18:50:40.123' (or nvidia-smi's '2026/12/05 18:50:40.123') -> seconds of the day."""
-    h, m, s = hms.split()[-1].split(":")
+def seconds(stamp):
+    """cuda_bench's '2026-12-05T18:50:40.123456+00:00' or nvidia-smi's '2026/12/05 18:50:40.123'
+    -> seconds of the day (both UTC)."""
+    hms = stamp.split()[-1].split("T")[-1].split("+")[0]
+    h, m, s = hms.split(":")
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 

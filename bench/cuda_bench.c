@@ -22,7 +22,8 @@
  *              [--depth D]  (decode tg after a D-token prompt, as llama-bench -d D; prompt untimed)
  *              [--screen-sessions N [--screen-pattern SSU] [--screen-shared]]  (only decode: N default sessions in turn, each one greedy
  *              tg --n-gen with its screened LM head's device addresses; every third unscreened, or
- *              as the pattern says: S screened, s screened without its pick timed alone, U unscreened)
+ *              as the pattern says: S screened, s screened without its pick timed alone, U unscreened,
+ *              and the probes' letters listed at screen_sessions)
  *              [--pick-phases]  (only the screened LM head's pick over random rows of both heads'
  *              geometry, greedy and sampled, by phases from clock stamps: --reps picks each)
  *
@@ -76,6 +77,7 @@
 #include "model/model.h"
 #include "qwenrt.h"
 #include "runtime/session.h"
+#include "tools/records.h"
 #include "tools/synth.h"
 
 static int cmp_d(const void *a, const void *b)
@@ -662,16 +664,6 @@ out:
     return rc;
 }
 
-/* The time of day (UTC, milliseconds) into buf, as nvidia-smi's log writes it. */
-static void wall_clock_utc(char *buf, size_t size)
-{
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    snprintf(buf, size, "%02d:%02d:%02d.%03ld", tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-}
-
 /* --screen-sessions N: N sessions of the default options made and freed in turn, as --sweep does,
  * each timed on one greedy tg n from position 0 after a warm-up, with its screened pick timed
  * alone (cuda_session_lm_screen_time, 50 picks), where its screen's buffers lie and when it ended
@@ -751,8 +743,8 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             cuda_session_free(holder);
             return 1;
         }
-        char ended[32];
-        wall_clock_utc(ended, sizeof(ended));
+        char ended[40];
+        records_now(ended); /* UTC, as the records stamp their runs */
         printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld |\n", i, ended,
                screened ? "yes" : "no", n / t, us, (unsigned long long)a[0], (unsigned long long)a[1],
                (unsigned long long)a[2], (unsigned long long)a[3], (long long)(free_b >> 20));

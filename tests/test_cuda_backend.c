@@ -1134,6 +1134,12 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_session_lm_screen_time(NULL, 3, &us, &err), want);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "no screened LM head"));
+    /* the device's memory: free within total where a device answers, else an error and zeros */
+    int64_t free_b = -1, total_b = -1;
+    if (cuda_device_memory(&free_b, &total_b, &err) == QWENRT_OK)
+        assert_true(free_b > 0 && free_b <= total_b);
+    else
+        assert_true(free_b == 0 && total_b == 0 && err.message[0]);
     assert_int_equal(cuda_session_lm_screen_probe(NULL, 3, 3, &us, &err), want);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "parts 3"));

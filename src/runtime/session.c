@@ -152,11 +152,6 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
         opt.mega = CUDA_MEGA_OFF;
     else if (mega && (!strcmp(mega, "on") || !strcmp(mega, "1")))
         opt.mega = CUDA_MEGA_ON;
-    /* QWENRT_CUDA_BATCH_PRE=N: the batched step's quantised products take x quantised once a
-     * product from N sessions (cuda_options.gemvq_batch_pre; default 2, 0 off);
-     * QWENRT_CUDA_BATCH_BLOCKS=N: the batched attention's blocks a head pair and session
-     * (cuda_options.attn_batch_blocks; default 0, the session picks; -1 a block a split). For
-     * A/B runs; their ranges: cuda_session_init's check. */
     /* QWENRT_CUDA_LM_SCREEN=0|1|2: the LM head screened through its 8-bit copy never, for greedy
      * picks only, or for greedy and sampled ones (cuda_options.lm_screen, default 2): A/B runs */
     const char *screen = getenv("QWENRT_CUDA_LM_SCREEN");
@@ -166,6 +161,11 @@ static qwenrt_status init_cuda(struct qwenrt_session *s, int32_t precision, int3
                            "QWENRT_CUDA_LM_SCREEN=%.32s: expected 0 (off), 1 (greedy) or 2 (greedy and sampled)", screen);
         opt.lm_screen = (int32_t)(screen[0] - '0');
     }
+    /* QWENRT_CUDA_BATCH_PRE=N: the batched step's quantised products take x quantised once a
+     * product from N sessions (cuda_options.gemvq_batch_pre; default 2, 0 off);
+     * QWENRT_CUDA_BATCH_BLOCKS=N: the batched attention's blocks a head pair and session
+     * (cuda_options.attn_batch_blocks; default 0, the session picks; -1 a block a split). For
+     * A/B runs; their ranges: cuda_session_init's check. */
     if (env_count("QWENRT_CUDA_BATCH_PRE", 0, "a number of sessions (0: off)", &opt.gemvq_batch_pre, err) ||
         env_count("QWENRT_CUDA_BATCH_BLOCKS", -1, "a number of blocks (0: the session picks, -1: a block a split)",
                   &opt.attn_batch_blocks, err))
