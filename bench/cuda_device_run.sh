@@ -10,9 +10,10 @@
 # records: `cuda_bench --reps 3 --json` for CFGS (default Qwen3-0.6B BF16 and Q4_K_M, Qwen3.5-0.8B
 # BF16), only where the GPU is an H200; the JSON files go to $OUT for bench/results/.
 # slowstate: Qwen3-0.6B BF16 sessions in turn (tok/s and the device MiB free after each, in
-# brackets), alone and after 260 empty graph launches (W): whether the state that slows the
-# sessions after ~7 made and freed, or after launches outside a graph, is a count of the
-# process's submissions (perf-log, session 59).
+# brackets), alone, after 260 empty graph launches (W), with 16 decode steps a graph launch (G)
+# and after a context reset (R): whether the state that slows the sessions after ~7 made and
+# freed, or after launches outside a graph, is a count of the process's submissions, and whether
+# it belongs to the CUDA context (perf-log, sessions 59-60).
 # screen: the screened LM head's measurements (session 58): `cuda_bench --screen-sessions 24`
 # for both BF16 models (each session's tok/s, its screened pick alone, its buffers' addresses:
 # the sessions that run ~5% slow now and then) and `cuda_bench --pick-phases` (the pick by
@@ -134,8 +135,11 @@ fi
 if [ "$what" = slowstate ]; then
     # the process state that slows every session ~5% (perf-log, session 59): it set in at ~256
     # submissions (graph and kernel launches) in every probe so far. W makes 260 empty graph
-    # launches before its session: if the count is the state, W's session and all after it are slow
-    for p in sssssssssss Wsss ssWsss; do
+    # launches before its session: if the count is the state, W's session and all after it are slow.
+    # G: 16 decode steps a graph launch (~21 submissions a session instead of ~37): if the count is
+    # the state, the G sessions stay fast until session ~12 instead of 7. R: the context reset
+    # before its session: if the state is the context's, R and the ~6 sessions after it are fast again
+    for p in sssssssssss Wsss ssWsss GGGGGGGGGGGGGGG sssssssssRssss; do
         timeout 90 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} \
             --screen-pattern $p --n-gen 128 > "$OUT/slowstate-$p.log" 2>&1
         echo "$p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$p.log" |

@@ -1138,6 +1138,8 @@ static void test_backend_errors(void **st)
     int64_t free_b = -1, total_b = -1;
     if (cuda_device_memory(&free_b, &total_b, &err) == QWENRT_OK)
         assert_true(free_b > 0 && free_b <= total_b);
+    if (!cuda_tests_device()) /* the bench's context reset: an error, not a crash, without a device */
+        assert_int_equal(cuda_bench_device_reset(&err), QWENRT_ERR_BACKEND);
     else
         assert_true(free_b == 0 && total_b == 0 && err.message[0]);
     assert_int_equal(cuda_session_lm_screen_probe(NULL, 3, 3, &us, &err), want);

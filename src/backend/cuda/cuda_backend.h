@@ -716,6 +716,12 @@ struct cuda_memory_hold;
  * sessions made and freed in turn give all of theirs back (cuda_bench --screen-sessions).
  * Errors: BACKEND (the stub: not built). */
 qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_bytes, struct qwenrt_error *err);
+/* For the bench only: cudaDeviceReset — the process's primary context destroyed, every device
+ * allocation of the process with it, and made afresh by the next CUDA call. The caller must hold
+ * no session, model copy or other device object (cuda_bench --screen-pattern R: whether the
+ * state that slows every session after ~256 submissions belongs to the context). Errors:
+ * BACKEND (the stub: not built). */
+qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err);
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
 void cuda_test_release_memory(struct cuda_memory_hold *hold);
 

@@ -5,7 +5,7 @@
  * the argmax (cuda_argmax) and the SM clock a kernel sees (cuda_sm_clock), for cuda_bench and
  * the CUDA tests (tests/test_cuda_ops.c); the screened LM head's pick by phases
  * (cuda_lm_screen_phases); and for the tests, device memory held as by another program
- * (cuda_test_hold_memory).
+ * (cuda_test_hold_memory); for the bench, the context reset (cuda_bench_device_reset).
  */
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_session.cuh"
@@ -471,6 +471,12 @@ extern "C" qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_
     cudaError_t e = cudaMemGetInfo(&free_b, &total);
     *free_bytes = (int64_t)free_b, *total_bytes = (int64_t)total;
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "cudaMemGetInfo");
+}
+
+extern "C" qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err)
+{
+    cudaError_t e = cudaDeviceReset();
+    return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "cudaDeviceReset");
 }
 
 /* ------------------------------------------------------------------ the screened LM head */

@@ -431,6 +431,11 @@ qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_bytes, stru
     return not_built(err);
 }
 
+qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err)
+{
+    return not_built(err);
+}
+
 void cuda_test_release_memory(struct cuda_memory_hold *hold)
 {
     (void)hold;
