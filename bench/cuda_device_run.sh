@@ -3,7 +3,7 @@
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
 # GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
 # cmake --build build-cudaperf --target cuda_bench test_cuda_backend test_cuda_ops test_cuda_graph
-# test_cuda_batch; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
+# test_cuda_batch test_cuda_faults; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
 # of it kernels): configured with -DQWENRT_SHARED_LIB=ON they share one libqwenrt.so, and all of
 # them with qwenrt fit the carry limit (~27 MB xz-compressed; the library goes in .devbin/ too).
 # Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|records|all] ; logs and JSON go to $OUT.
@@ -33,7 +33,7 @@
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
 # binaries may come gzipped or xz-compressed (the carried tree is limited to 64 MiB)
-TESTS="test_cuda_ops test_cuda_graph test_cuda_batch test_cuda_backend"
+TESTS="test_cuda_ops test_cuda_graph test_cuda_batch test_cuda_backend test_cuda_faults"
 for b in cuda_bench qwenrt $TESTS; do
     [ -e ".devbin/$b.gz" ] && gunzip -f ".devbin/$b.gz"
     [ -e ".devbin/$b.xz" ] && xz -d -f ".devbin/$b.xz"

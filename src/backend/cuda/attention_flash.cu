@@ -533,11 +533,11 @@ qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a
     int64_t part_bytes = (int64_t)a->n_head * FA_QCHUNK * FA_SPLITS * FA_BQ * (a->hd + 2) * 4;
     int64_t count_bytes = (int64_t)a->n_head * FA_QCHUNK * 4;
     if (part_bytes > g->fa_part_cap || count_bytes > g->fa_count_cap) {
-        cudaFree(g->fa_part);
-        cudaFree(g->fa_count);
+        dev_free(g->allocs, g->fa_part);
+        dev_free(g->allocs, g->fa_count);
         g->fa_part = NULL, g->fa_count = NULL, g->fa_part_cap = g->fa_count_cap = 0;
-        CUDA_CHECK(cudaMalloc(&g->fa_part, (size_t)part_bytes));
-        CUDA_CHECK(cudaMalloc(&g->fa_count, (size_t)count_bytes));
+        CUDA_CHECK(dev_malloc(g->allocs, &g->fa_part, (size_t)part_bytes));
+        CUDA_CHECK(dev_malloc(g->allocs, &g->fa_count, (size_t)count_bytes));
         CUDA_CHECK(cudaMemsetAsync(g->fa_count, 0, (size_t)count_bytes, s));
         g->fa_part_cap = part_bytes, g->fa_count_cap = count_bytes;
     }
@@ -547,9 +547,9 @@ qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a
     int64_t qe = (int64_t)a->n_head * op.tp * a->hd, ke = (int64_t)a->n_head_kv * op.kp * a->hd;
     int64_t ops_bytes = (qe + 2 * ke) * 2;
     if (ops_bytes > g->fa_ops_cap) {
-        cudaFree(g->fa_ops);
+        dev_free(g->allocs, g->fa_ops);
         g->fa_ops = NULL, g->fa_ops_cap = 0;
-        CUDA_CHECK(cudaMalloc(&g->fa_ops, (size_t)ops_bytes));
+        CUDA_CHECK(dev_malloc(g->allocs, &g->fa_ops, (size_t)ops_bytes));
         g->fa_ops_cap = ops_bytes;
     }
     op.q = (__half *)g->fa_ops, op.k = op.q + qe, op.v = (__nv_bfloat16 *)(op.k + ke);

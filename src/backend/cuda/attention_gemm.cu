@@ -33,14 +33,14 @@ void attention_gemm_free(struct gemm_ctx *g)
     for (int32_t i = 0; i < g->n_bcache; i++)
         bgemm_plan_free(&g->bcache[i]);
     g->n_bcache = 0;
-    cudaFree(g->scores);
+    dev_free(g->allocs, g->scores);
     g->scores = NULL;
     g->scores_cap = 0;
-    cudaFree(g->fa_part);
-    cudaFree(g->fa_count);
+    dev_free(g->allocs, g->fa_part);
+    dev_free(g->allocs, g->fa_count);
     g->fa_part = NULL, g->fa_count = NULL;
     g->fa_part_cap = g->fa_count_cap = 0;
-    cudaFree(g->fa_ops);
+    dev_free(g->allocs, g->fa_ops);
     g->fa_ops = NULL;
     g->fa_ops_cap = 0;
 }
@@ -177,9 +177,9 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
     tc = tc > a->T ? a->T : tc < 1 ? 1 : tc;
     int64_t need = (int64_t)a->n_head * tc * Tk_all * (int64_t)sizeof(float);
     if (need > g->scores_cap) {
-        cudaFree(g->scores);
+        dev_free(g->allocs, g->scores);
         g->scores = NULL, g->scores_cap = 0;
-        CUDA_CHECK(cudaMalloc(&g->scores, (size_t)need));
+        CUDA_CHECK(dev_malloc(g->allocs, &g->scores, (size_t)need));
         g->scores_cap = need;
     }
     float scale = 1.0f / sqrtf((float)a->hd);

@@ -405,6 +405,23 @@ struct cuda_options {
                           * loop's), so that a step's share of the pipelined step time is the
                           * difference; the results are wrong. Must outlive the session.
                           * NULL (default): none */
+    struct cuda_alloc_count *allocs; /* for the tests: the session's device and pinned
+                          * allocations counted here, and the fail_at-th of them failed on
+                          * purpose (struct cuda_alloc_count). Must outlive the session and the
+                          * weights and screen copies it makes. NULL (default): none */
+};
+
+/* For the tests (cuda_options.allocs): every device and pinned allocation a session makes —
+ * its buffers and state, the weights' and the screen's copies it uploads, its graphs' scratch,
+ * the megakernel's tables — counted, and one of them failed as out of memory, so that a test
+ * can walk every allocation's error path and see that nothing stays behind (live back to 0
+ * once the session is freed). An allocation made by one session and freed by another (a
+ * shared copy) is counted where it was made. */
+struct cuda_alloc_count {
+    int64_t fail_at; /* the fail_at-th allocation (from 1) fails (a real cudaMalloc of an
+                      * impossible size: cudaErrorMemoryAllocation); 0: none */
+    int64_t made;    /* allocations asked for, the failed one included */
+    int64_t live;    /* allocations made and not yet freed */
 };
 
 #define GEN_GRAPH_STEPS_LIMIT 16

@@ -595,19 +595,19 @@ extern "C" int32_t cuda_batch_seq_steps(const struct cuda_session *cs)
  * n times a session's, the counters zeroed; none where the attention has no splits. */
 static qwenrt_status alloc_batch_splits(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
 {
-    cudaFree(c0->b_part);
-    cudaFree(c0->b_count);
+    dev_free(c0->opt.allocs, c0->b_part);
+    dev_free(c0->opt.allocs, c0->b_count);
     c0->b_part = NULL, c0->b_count = NULL;
     if (!c0->att_part)
         return QWENRT_OK;
-    cudaError_t e = cudaMalloc(&c0->b_part, (size_t)n * c0->att_part_floats * sizeof(float));
+    cudaError_t e = dev_malloc(c0->opt.allocs, &c0->b_part, (size_t)n * c0->att_part_floats * sizeof(float));
     if (e == cudaSuccess)
-        e = cudaMalloc(&c0->b_count, (size_t)n * c0->att_heads * sizeof(unsigned));
+        e = dev_malloc(c0->opt.allocs, &c0->b_count, (size_t)n * c0->att_heads * sizeof(unsigned));
     if (e == cudaSuccess)
         e = cudaMemsetAsync(c0->b_count, 0, (size_t)n * c0->att_heads * sizeof(unsigned), c0->stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        cudaFree(c0->b_part);
+        dev_free(c0->opt.allocs, c0->b_part);
         c0->b_part = NULL;
         return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: no device memory for the attention's partials of %d sessions",
                        n);
@@ -619,11 +619,11 @@ static qwenrt_status alloc_batch_splits(struct cuda_session *c0, int32_t n, stru
  * where cuda_options.gemvq_batch_pre asks for it. */
 static qwenrt_status alloc_batch_qpre(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
 {
-    cudaFree(c0->b_qpre);
+    dev_free(c0->opt.allocs, c0->b_qpre);
     c0->b_qpre = NULL;
     if (c0->opt.gemvq_batch_pre <= 0 || n < c0->opt.gemvq_batch_pre)
         return QWENRT_OK;
-    if (cudaMalloc(&c0->b_qpre, gemvq_batch_pre_bytes(n, GEMVQ_BATCH_PRE_KMAX)) != cudaSuccess) {
+    if (dev_malloc(c0->opt.allocs, &c0->b_qpre, gemvq_batch_pre_bytes(n, GEMVQ_BATCH_PRE_KMAX)) != cudaSuccess) {
         cudaGetLastError();
         c0->b_qpre = NULL;
         return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: no device memory for the quantised x of %d sessions", n);
@@ -635,15 +635,15 @@ static qwenrt_status alloc_batch_qpre(struct cuda_session *c0, int32_t n, struct
  * sessions. */
 static qwenrt_status alloc_batch_stage(struct cuda_session *c0, int32_t n, struct qwenrt_error *err)
 {
-    cudaFree(c0->b_pos);
-    cudaFreeHost(c0->b_stage);
+    dev_free(c0->opt.allocs, c0->b_pos);
+    dev_free_host(c0->opt.allocs, c0->b_stage);
     c0->b_pos = NULL, c0->b_stage = NULL;
-    cudaError_t e = cudaMalloc(&c0->b_pos, (size_t)n * sizeof(int32_t));
+    cudaError_t e = dev_malloc(c0->opt.allocs, &c0->b_pos, (size_t)n * sizeof(int32_t));
     if (e == cudaSuccess)
-        e = cudaMallocHost(&c0->b_stage, 2 * (size_t)n * sizeof(int32_t));
+        e = dev_malloc_host(c0->opt.allocs, &c0->b_stage, 2 * (size_t)n * sizeof(int32_t));
     if (e != cudaSuccess) {
         cudaGetLastError();
-        cudaFree(c0->b_pos);
+        dev_free(c0->opt.allocs, c0->b_pos);
         c0->b_pos = NULL, c0->b_stage = NULL;
         return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: no memory for the positions of %d sessions", n);
     }
@@ -669,7 +669,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
     qwenrt_status st;
     if (n > c0->cap_batch) { /* the batch's activations: n rows of every decode buffer */
         CUDA_CHECK(cudaStreamSynchronize(c0->stream));
-        free_bufs(c0->bbufs);
+        free_bufs(c0->opt.allocs, c0->bbufs);
         if (c0->g_batch)
             cudaGraphExecDestroy(c0->g_batch);
         c0->g_batch = NULL;
@@ -678,7 +678,7 @@ extern "C" qwenrt_status cuda_batch_decode(struct cuda_session *const *css, cons
         c0->cap_batch = 0;
         if (!(c0->b_key = (const struct cuda_session **)xcalloc((size_t)n, sizeof(*c0->b_key))))
             return err_set(err, QWENRT_ERR_NOMEM, "cuda batch: out of memory");
-        if ((st = alloc_bufs(p, c0->bbufs, n, n, err)) || (st = alloc_batch_splits(c0, n, err)) ||
+        if ((st = alloc_bufs(c0->opt.allocs, p, c0->bbufs, n, n, err)) || (st = alloc_batch_splits(c0, n, err)) ||
             (st = alloc_batch_stage(c0, n, err)) || (st = alloc_batch_qpre(c0, n, err)))
             return st;
         c0->cap_batch = n;

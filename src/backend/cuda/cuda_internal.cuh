@@ -32,6 +32,60 @@ static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, c
                    cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* A session's device (host false) or pinned (host true) allocation of n bytes, counted in a
+ * (cuda_options.allocs; NULL: not counted). The a->fail_at-th fails through the allocator
+ * itself, asked for an impossible size, so that it fails as a real shortage does. A failure is
+ * returned, and taken out of CUDA's last-error state: left there, the next launch's
+ * cudaGetLastError would report it, and a session whose buffer could not grow would fail its
+ * next, smaller call too. Every allocation a session owns comes here and goes back through
+ * dev_free / dev_free_host with the same a. */
+static inline cudaError_t dev_malloc_bytes(struct cuda_alloc_count *a, void **p, size_t n, bool host)
+{
+    const bool fail = a && ++a->made == a->fail_at;
+    const size_t bytes = fail ? (size_t)1 << 62 : n;
+    cudaError_t e = host ? cudaMallocHost(p, bytes) : cudaMalloc(p, bytes);
+    if (fail && e == cudaSuccess) { /* a device with 4 EiB: still a failure */
+        host ? cudaFreeHost(*p) : cudaFree(*p);
+        e = cudaErrorMemoryAllocation;
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+    } else if (a) {
+        a->live++;
+    }
+    return e;
+}
+
+template <class T> static inline cudaError_t dev_malloc(struct cuda_alloc_count *a, T **p, size_t n)
+{
+    return dev_malloc_bytes(a, (void **)p, n, false);
+}
+
+template <class T> static inline cudaError_t dev_malloc_host(struct cuda_alloc_count *a, T **p, size_t n)
+{
+    return dev_malloc_bytes(a, (void **)p, n, true);
+}
+
+/* Frees what dev_malloc (dev_free) or dev_malloc_host (dev_free_host) made; NULL: nothing. */
+static inline void dev_free(struct cuda_alloc_count *a, const void *p)
+{
+    if (!p)
+        return;
+    if (a)
+        a->live--;
+    cudaFree((void *)p);
+}
+
+static inline void dev_free_host(struct cuda_alloc_count *a, const void *p)
+{
+    if (!p)
+        return;
+    if (a)
+        a->live--;
+    cudaFreeHost((void *)p);
+}
+
 static inline int cmp_float_asc(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -745,7 +799,8 @@ int64_t topk_scratch_keys(int32_t V, int32_t m, int32_t max_keys);
  * the last block holds on this device (TOPK_MAX_MERGE on Hopper, fewer where a block's
  * shared memory is smaller). */
 cudaError_t topk_prepare(int32_t *max_keys);
-cudaError_t topk_alloc_scratch(unsigned long long **scratch);
+/* a: the session's allocation count (cuda_options.allocs; NULL: none); freed by dev_free. */
+cudaError_t topk_alloc_scratch(struct cuda_alloc_count *a, unsigned long long **scratch);
 /* With draw (not with reference): the last block then draws the next token from the ranked
  * candidates as sample.cu does (draw->sp in device memory, m = its top_k), writing it where
  * launch_sample would. pdl: launched as a programmatic dependent of the kernel before it (the

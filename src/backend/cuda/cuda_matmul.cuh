@@ -61,6 +61,7 @@ struct gemm_ctx {
     int64_t fa_part_cap, fa_count_cap; /* bytes */
     void *fa_ops;          /* attention_flash: q, k, v rounded to 16 bits, head-major */
     int64_t fa_ops_cap;    /* bytes */
+    struct cuda_alloc_count *allocs; /* the session's allocation count (dev_malloc), or NULL */
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
@@ -127,7 +128,9 @@ static inline qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st,
         }                                                                                 \
     } while (0)
 
-qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err);
+/* The cuBLASLt handle and workspace; the scratch buffers grow on use, all counted in allocs
+ * (the session's, or NULL). Nothing is kept on error. */
+qwenrt_status gemm_init(struct gemm_ctx *g, struct cuda_alloc_count *allocs, struct qwenrt_error *err);
 void gemm_free(struct gemm_ctx *g);
 qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream_t s,
                        struct qwenrt_error *err);

@@ -276,7 +276,7 @@ static qwenrt_status alloc_rope_table(struct cuda_session *cs, struct qwenrt_err
             return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
         for (int32_t k = 0; k < half; k++)
             f[k] = pow((double)op->rope_theta, -2.0 * (double)k / (double)op->n_rot);
-        cudaError_t e = cudaMalloc(&cs->rope_freq, (size_t)half * sizeof(double));
+        cudaError_t e = dev_malloc(cs->opt.allocs, &cs->rope_freq, (size_t)half * sizeof(double));
         if (e == cudaSuccess)
             e = cudaMemcpy(cs->rope_freq, f, (size_t)half * sizeof(double), cudaMemcpyHostToDevice);
         xfree(f);
@@ -309,8 +309,8 @@ static qwenrt_status alloc_attention_splits(struct cuda_session *cs, struct qwen
     int32_t s = ATT_SPLIT_BLOCKS_PER_SM * (cs->n_sm > 0 ? cs->n_sm : 132) / heads;
     cs->att_splits = s < 1 ? 1 : s > ATT_MAX_SPLITS ? ATT_MAX_SPLITS : s;
     cs->att_part_floats = (int64_t)heads * cs->att_splits * (hd + 2), cs->att_heads = heads;
-    CUDA_CHECK(cudaMalloc(&cs->att_part, (size_t)cs->att_part_floats * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&cs->att_count, (size_t)heads * sizeof(unsigned)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->att_part, (size_t)cs->att_part_floats * sizeof(float)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->att_count, (size_t)heads * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(cs->att_count, 0, (size_t)heads * sizeof(unsigned)));
     return QWENRT_OK;
 }
@@ -338,7 +338,7 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
     qwenrt_status st = cuda_probe((int64_t)cs->state_bytes + (64 << 20), err);
     if (st)
         return err_prefix(err, "KV cache and state for %d positions: ", cs->n_ctx);
-    CUDA_CHECK(cudaMalloc(&cs->state, cs->state_bytes ? cs->state_bytes : 256));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->state, cs->state_bytes ? cs->state_bytes : 256));
     CUDA_CHECK(cudaMemset(cs->state, 0, cs->state_bytes));
     if ((st = alloc_attention_splits(cs, err)) || (st = alloc_rope_table(cs, err)))
         return st;
@@ -361,25 +361,25 @@ static qwenrt_status alloc_state(struct cuda_session *cs, struct qwenrt_error *e
 }
 
 /* Frees bufs; own (NULL: every buffer owns its memory) names the views to leave alone. */
-void free_bufs(float **b, const int32_t *own)
+void free_bufs(struct cuda_alloc_count *a, float **b, const int32_t *own)
 {
     for (int i = 0; i < PLAN_MAX_BUFS; i++) {
         if (!own || own[i] == i)
-            cudaFree(b[i]);
+            dev_free(a, b[i]);
         b[i] = NULL;
     }
 }
 
 /* Allocates bufs for T tokens (the logits buffer for rows rows). With own / off / ld (merged
  * products): buffer i is a view at column off[i] of buffer own[i], rows ld[i] floats long. */
-qwenrt_status alloc_bufs(const struct plan *p, float **b, int32_t T, int32_t rows, struct qwenrt_error *err,
-                         const int32_t *own, const int32_t *off, const int32_t *ld)
+qwenrt_status alloc_bufs(struct cuda_alloc_count *a, const struct plan *p, float **b, int32_t T, int32_t rows,
+                         struct qwenrt_error *err, const int32_t *own, const int32_t *off, const int32_t *ld)
 {
     for (int32_t i = 0; i < p->n_bufs; i++) {
         if (own && own[i] != i)
             continue;
         size_t n = (size_t)(i == p->buf_logits ? rows : T) * (size_t)(ld ? ld[i] : p->bufs[i].width);
-        CUDA_CHECK(cudaMalloc(&b[i], n * sizeof(float) + 256));
+        CUDA_CHECK(dev_malloc(a, &b[i], n * sizeof(float) + 256));
     }
     for (int32_t i = 0; own && i < p->n_bufs; i++)
         if (own[i] != i)
@@ -409,10 +409,10 @@ static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwe
     if (n <= cs->scratch_cap)
         return QWENRT_OK;
     CUDA_CHECK(cudaStreamSynchronize(cs->stream));
-    cudaFree(cs->scratch);
+    dev_free(cs->opt.allocs, cs->scratch);
     cs->scratch = NULL;
     cs->scratch_cap = 0;
-    CUDA_CHECK(cudaMalloc(&cs->scratch, (size_t)n * sizeof(float)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->scratch, (size_t)n * sizeof(float)));
     cs->scratch_cap = n;
     return QWENRT_OK;
 }
@@ -421,7 +421,7 @@ static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwe
 static qwenrt_status gemm_ready(struct cuda_session *cs, struct qwenrt_error *err)
 {
     if (!cs->gemm_ready) {
-        qwenrt_status st = gemm_init(&cs->gemm, err);
+        qwenrt_status st = gemm_init(&cs->gemm, cs->opt.allocs, err);
         if (st)
             return st;
         cs->gemm_ready = true;
@@ -668,6 +668,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
 {
     if (!cs)
         return;
+    struct cuda_alloc_count *a = cs->opt.allocs; /* the tests' count, or NULL */
     if (cs->stream)
         cudaStreamSynchronize(cs->stream);
     for (int v = 0; v < 2; v++) {
@@ -686,43 +687,43 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
         gemm_free(&cs->gemm);
     mk_free(cs->mk);
     lm_screen_free(cs->screen);
-    free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
-    free_bufs(cs->dbufs);
-    free_bufs(cs->bbufs);
-    cudaFree(cs->b_part);
-    cudaFree(cs->b_count);
-    cudaFree(cs->b_qpre);
-    cudaFree(cs->b_pos);
-    cudaFreeHost(cs->b_stage);
+    free_bufs(a, cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
+    free_bufs(a, cs->dbufs);
+    free_bufs(a, cs->bbufs);
+    dev_free(a, cs->b_part);
+    dev_free(a, cs->b_count);
+    dev_free(a, cs->b_qpre);
+    dev_free(a, cs->b_pos);
+    dev_free_host(a, cs->b_stage);
     batch_free(cs);
-    cudaFree(cs->d_ids);
-    cudaFree(cs->d_pos);
-    cudaFree(cs->d_step);
-    cudaFree(cs->am.part);
-    cudaFree(cs->am.count);
-    cudaFree(cs->d_out);
-    cudaFree(cs->d_mk_top);
-    cudaFreeHost(cs->h_stage);
-    cudaFree(cs->d_topk);
-    cudaFree(cs->d_top);
-    cudaFree(cs->d_sp);
-    cudaFreeHost(cs->h_sp);
-    cudaFree(cs->snap);
-    cudaFreeHost(cs->h_top);
-    cudaFreeHost(cs->h_row);
+    dev_free(a, cs->d_ids);
+    dev_free(a, cs->d_pos);
+    dev_free(a, cs->d_step);
+    dev_free(a, cs->am.part);
+    dev_free(a, cs->am.count);
+    dev_free(a, cs->d_out);
+    dev_free(a, cs->d_mk_top);
+    dev_free_host(a, cs->h_stage);
+    dev_free(a, cs->d_topk);
+    dev_free(a, cs->d_top);
+    dev_free(a, cs->d_sp);
+    dev_free_host(a, cs->h_sp);
+    dev_free(a, cs->snap);
+    dev_free_host(a, cs->h_top);
+    dev_free_host(a, cs->h_row);
     if (cs->top_ev)
         cudaEventDestroy(cs->top_ev);
-    cudaFree(cs->state);
-    cudaFree(cs->att_part);
-    cudaFree(cs->rope_freq);
-    cudaFree(cs->att_count);
-    cudaFree(cs->mlp_part);
-    cudaFree(cs->mlp_count);
-    cudaFree(cs->mlp_acc);
-    cudaFree(cs->ao_part);
-    cudaFree(cs->ao_count);
+    dev_free(a, cs->state);
+    dev_free(a, cs->att_part);
+    dev_free(a, cs->rope_freq);
+    dev_free(a, cs->att_count);
+    dev_free(a, cs->mlp_part);
+    dev_free(a, cs->mlp_count);
+    dev_free(a, cs->mlp_acc);
+    dev_free(a, cs->ao_part);
+    dev_free(a, cs->ao_count);
     weights_release(cs->weights);
-    cudaFree(cs->scratch);
+    dev_free(a, cs->scratch);
     if (cs->stream)
         cudaStreamDestroy(cs->stream);
     xfree(cs->kc);
@@ -766,6 +767,7 @@ static qwenrt_status build_megakernel(struct cuda_session *cs, struct qwenrt_err
     in.kv_width = cs->kv_width, in.conv_dim = cs->conv_dim, in.n_sm = cs->n_sm;
     in.threads = cs->opt.mega_threads;
     in.fuse_down = cs->opt.mega_fuse_down;
+    in.allocs = cs->opt.allocs;
     struct qwenrt_error e2;
     memset(&e2, 0, sizeof(e2));
     qwenrt_status st = mk_build(&in, &cs->mk, &e2);
@@ -810,17 +812,17 @@ static qwenrt_status init_device(struct cuda_session *cs, pthread_mutex_t *mu, s
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->cc_major, cudaDevAttrComputeCapabilityMajor, dev));
     if ((st = resolve_ops(cs, err)) || (st = alloc_state(cs, err)) || (st = plan_merges(cs, err)))
         return st;
-    CUDA_CHECK(cudaMalloc(&cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&cs->d_out, (size_t)cs->n_ctx * sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&cs->d_mk_top, 2 * sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&cs->d_pos, sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&cs->d_step, sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_ids, (size_t)cs->n_ctx * sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_out, (size_t)cs->n_ctx * sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_mk_top, 2 * sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_pos, sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_step, sizeof(int32_t)));
     cs->am.blocks = cs->opt.argmax_blocks ? cs->opt.argmax_blocks : ARGMAX_BLOCKS_DEFAULT;
-    CUDA_CHECK(cudaMalloc(&cs->am.part, (size_t)cs->am.blocks * sizeof(int2)));
-    CUDA_CHECK(cudaMalloc(&cs->am.count, sizeof(unsigned)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->am.part, (size_t)cs->am.blocks * sizeof(int2)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->am.count, sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(cs->am.count, 0, sizeof(unsigned)));
-    CUDA_CHECK(cudaMallocHost(&cs->h_stage, 4 * sizeof(int32_t)));
-    if ((st = alloc_bufs(&cs->plans[PHASE_DECODE], cs->dbufs, 1, 1, err)))
+    CUDA_CHECK(dev_malloc_host(cs->opt.allocs, &cs->h_stage, 4 * sizeof(int32_t)));
+    if ((st = alloc_bufs(cs->opt.allocs, &cs->plans[PHASE_DECODE], cs->dbufs, 1, 1, err)))
         return st;
     if ((st = build_program(cs, err)))
         return st;
@@ -1061,9 +1063,9 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
             int32_t capT = T > cs->cap_T ? T : cs->cap_T;
             int32_t cap_rows = rows > cs->cap_rows ? rows : cs->cap_rows;
             CUDA_CHECK(cudaStreamSynchronize(cs->stream));
-            free_bufs(cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
+            free_bufs(cs->opt.allocs, cs->pbufs, cs->pm.run ? cs->pm.own : NULL);
             cs->cap_T = cs->cap_rows = 0;
-            if ((st = alloc_bufs(p, cs->pbufs, capT, cap_rows, err, cs->pm.own, cs->pm.off, cs->pm.ld)))
+            if ((st = alloc_bufs(cs->opt.allocs, p, cs->pbufs, capT, cap_rows, err, cs->pm.own, cs->pm.off, cs->pm.ld)))
                 return st;
             cs->cap_T = capT, cs->cap_rows = cap_rows;
         }
@@ -1115,7 +1117,7 @@ extern "C" qwenrt_status cuda_session_snapshot(struct cuda_session *cs, bool res
     if (!cs->rec_bytes)
         return QWENRT_OK;
     if (!cs->snap) {
-        cudaError_t e = cudaMalloc(&cs->snap, cs->rec_bytes);
+        cudaError_t e = dev_malloc(cs->opt.allocs, &cs->snap, cs->rec_bytes);
         if (e != cudaSuccess) {
             cudaGetLastError();
             cs->snap = NULL;

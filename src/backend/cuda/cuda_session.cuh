@@ -259,12 +259,14 @@ enum gen_mode { GEN_NONE, GEN_ARGMAX, GEN_SAMPLE };
 
 /* cuda_session.cu */
 
-/* Frees bufs; own (NULL: every buffer owns its memory) names the views to leave alone. */
-void free_bufs(float **b, const int32_t *own = NULL);
+/* Frees bufs; own (NULL: every buffer owns its memory) names the views to leave alone. a: the
+ * session's allocation count (cuda_options.allocs, for dev_free). */
+void free_bufs(struct cuda_alloc_count *a, float **b, const int32_t *own = NULL);
 /* Allocates bufs for T tokens (the logits buffer for rows rows). With own / off / ld (merged
  * products): buffer i is a view at column off[i] of buffer own[i], rows ld[i] floats long. */
-qwenrt_status alloc_bufs(const struct plan *p, float **b, int32_t T, int32_t rows, struct qwenrt_error *err,
-                         const int32_t *own = NULL, const int32_t *off = NULL, const int32_t *ld = NULL);
+qwenrt_status alloc_bufs(struct cuda_alloc_count *a, const struct plan *p, float **b, int32_t T, int32_t rows,
+                         struct qwenrt_error *err, const int32_t *own = NULL, const int32_t *off = NULL,
+                         const int32_t *ld = NULL);
 /* The DeltaNet core's arguments for op i over T tokens (no scratch, no fused norm). */
 struct gdn_args gdn_args_of(const struct run_ctx *r, int32_t i, int32_t T);
 /* Op i of r's plan, alone. */

@@ -179,10 +179,10 @@ static qwenrt_status merge_mlp_steps(struct cuda_session *cs, struct qwenrt_erro
     cs->n_steps = n;
     if (!hidden)
         return QWENRT_OK;
-    CUDA_CHECK(cudaMalloc(&cs->mlp_part, (size_t)MLPF_MAX_CLUSTERS * hidden * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&cs->mlp_count, 2 * sizeof(unsigned)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->mlp_part, (size_t)MLPF_MAX_CLUSTERS * hidden * sizeof(float)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->mlp_count, 2 * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(cs->mlp_count, 0, 2 * sizeof(unsigned)));
-    CUDA_CHECK(cudaMalloc(&cs->mlp_acc, (size_t)hidden * 8));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->mlp_acc, (size_t)hidden * 8));
     CUDA_CHECK(cudaMemset(cs->mlp_acc, 0, (size_t)hidden * 8));
     return QWENRT_OK;
 }
@@ -278,8 +278,8 @@ static qwenrt_status merge_attn_o_steps(struct cuda_session *cs, struct qwenrt_e
     cs->n_steps = n;
     if (!part)
         return QWENRT_OK;
-    CUDA_CHECK(cudaMalloc(&cs->ao_part, (size_t)part * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&cs->ao_count, 16 * sizeof(unsigned)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->ao_part, (size_t)part * sizeof(float)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->ao_count, 16 * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(cs->ao_count, 0, 16 * sizeof(unsigned)));
     return QWENRT_OK;
 }
@@ -736,7 +736,7 @@ qwenrt_status lm_screen_ready(struct cuda_session *cs, struct qwenrt_error *err)
     const struct lm_screen_copy *copy =
         weights_screen_copy(cs->weights, lm->w, lm->dtype, lm->N, lm->K, lm->row_bytes, cs->stream);
     struct qwenrt_error why;
-    if (copy && lm_screen_attach(copy, cs->stream, &cs->screen, &why))
+    if (copy && lm_screen_attach(copy, cs->opt.allocs, cs->stream, &cs->screen, &why))
         cudaGetLastError(); /* no room for the session's buffers: the plain head serves */
     return QWENRT_OK;
 }

@@ -33,6 +33,7 @@ struct cuda_weights {
     struct cuda_weights **slot; /* the model's pointer to it, NULL for a session's own copy */
     struct lm_screen_copy *screen; /* the LM head's 8-bit copy, or NULL (guarded by *mu) */
     bool screen_tried;          /* weights_screen_copy ran (screen NULL: none can be made) */
+    struct cuda_alloc_count *allocs; /* the count of the session that uploaded it (dev_malloc) */
 };
 
 static bool fits(const struct cuda_weights *w, const struct cuda_session *cs, int dev)
@@ -51,12 +52,12 @@ static qwenrt_status upload_copy(const struct cuda_session *cs, int dev, struct 
     struct cuda_weights *w = (struct cuda_weights *)xcalloc(1, sizeof(*w));
     if (!w)
         return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
-    w->bytes = cs->arena_bytes, w->n_map = cs->n_map, w->dev = dev, w->refs = 1;
-    cudaError_t e = cudaMalloc(&w->arena, cs->arena_bytes ? cs->arena_bytes : 256);
+    w->bytes = cs->arena_bytes, w->n_map = cs->n_map, w->dev = dev, w->refs = 1, w->allocs = cs->opt.allocs;
+    cudaError_t e = dev_malloc(w->allocs, &w->arena, cs->arena_bytes ? cs->arena_bytes : 256);
     for (int32_t i = 0; e == cudaSuccess && i < cs->n_map; i++)
         e = cudaMemcpy(w->arena + cs->map[i].off, cs->map[i].host, cs->map[i].bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) {
-        cudaFree(w->arena);
+        dev_free(w->allocs, w->arena);
         xfree(w);
         return cuda_fail(err, e, __FILE__, __LINE__, "the weights' upload (cudaMalloc, cudaMemcpy)");
     }
@@ -101,7 +102,7 @@ void weights_release(struct cuda_weights *w)
         pthread_mutex_unlock(w->mu);
     if (last) {
         lm_screen_copy_free(w->screen);
-        cudaFree(w->arena);
+        dev_free(w->allocs, w->arena);
         xfree(w);
     }
 }
@@ -114,7 +115,7 @@ const struct lm_screen_copy *weights_screen_copy(struct cuda_weights *w, const v
     if (!w->screen_tried) {
         w->screen_tried = true;
         struct qwenrt_error why;
-        if (lm_screen_copy_build(rows, dtype, N, K, row_bytes, s, &w->screen, &why))
+        if (lm_screen_copy_build(rows, dtype, N, K, row_bytes, w->allocs, s, &w->screen, &why))
             cudaGetLastError(); /* no room for the copy (a GPU nearly full): the plain head serves */
     }
     const struct lm_screen_copy *c = w->screen && lm_screen_copy_rows(w->screen) == rows ? w->screen : NULL;

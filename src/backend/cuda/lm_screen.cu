@@ -57,6 +57,7 @@ struct lm_screen_copy {
     const void *rows; /* the 16- or 32-bit rows it copies */
     int32_t N, K, screen_blocks;
     float E, W;
+    struct cuda_alloc_count *allocs; /* the count of the session that made it (dev_malloc), or NULL */
 };
 
 /* A session's screen: the copy it reads, and the session's own buffers. */
@@ -68,6 +69,7 @@ struct lm_screen {
     unsigned *block_max; /* [screen_blocks] */
     struct scr_scratch *sc;
     struct lm_screen_copy *own; /* lm_screen_build's copy, freed with the screen (else NULL) */
+    struct cuda_alloc_count *allocs; /* its session's allocation count (dev_malloc), or NULL */
 };
 
 __device__ __forceinline__ unsigned ord_bits(float v)
@@ -539,7 +541,7 @@ void lm_screen_copy_free(struct lm_screen_copy *c)
 {
     if (!c)
         return;
-    cudaFree(c->q), cudaFree(c->s);
+    dev_free(c->allocs, c->q), dev_free(c->allocs, c->s);
     xfree(c);
 }
 
@@ -554,11 +556,11 @@ static cudaError_t copy_rows(struct lm_screen_copy *c, const void *w, int32_t dt
 {
     const int32_t N = c->N, K = c->K;
     struct scr_scratch *d_sc = NULL, host;
-    cudaError_t e = cudaMalloc(&c->q, (size_t)N * K);
+    cudaError_t e = dev_malloc(c->allocs, &c->q, (size_t)N * K);
     if (e == cudaSuccess)
-        e = cudaMalloc(&c->s, (size_t)N * (K / 32) * sizeof(__half));
+        e = dev_malloc(c->allocs, &c->s, (size_t)N * (K / 32) * sizeof(__half));
     if (e == cudaSuccess)
-        e = cudaMalloc(&d_sc, sizeof(*d_sc));
+        e = dev_malloc(c->allocs, &d_sc, sizeof(*d_sc));
     if (e == cudaSuccess)
         e = cudaMemsetAsync(d_sc, 0, sizeof(*d_sc), s);
     if (e == cudaSuccess) {
@@ -570,7 +572,7 @@ static cudaError_t copy_rows(struct lm_screen_copy *c, const void *w, int32_t dt
         e = cudaMemcpyAsync(&host, d_sc, sizeof(host), cudaMemcpyDeviceToHost, s);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(s);
-    cudaFree(d_sc);
+    dev_free(c->allocs, d_sc);
     if (e == cudaSuccess) {
         memcpy(&c->E, &host.e_bits, sizeof(float));
         memcpy(&c->W, &host.w_bits, sizeof(float));
@@ -579,13 +581,14 @@ static cudaError_t copy_rows(struct lm_screen_copy *c, const void *w, int32_t dt
 }
 
 qwenrt_status lm_screen_copy_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
-                                   cudaStream_t s, struct lm_screen_copy **out, struct qwenrt_error *err)
+                                   struct cuda_alloc_count *allocs, cudaStream_t s, struct lm_screen_copy **out,
+                                   struct qwenrt_error *err)
 {
     *out = NULL;
     struct lm_screen_copy *c = (struct lm_screen_copy *)xcalloc(1, sizeof(*c));
     if (!c)
         return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
-    c->N = N, c->K = K, c->rows = w;
+    c->N = N, c->K = K, c->rows = w, c->allocs = allocs;
     cudaError_t e = copy_rows(c, w, dtype, row_bytes, s);
     int dev = 0, n_sm = 0, per_sm = 0;
     if (e == cudaSuccess)
@@ -618,28 +621,29 @@ void lm_screen_free(struct lm_screen *sc)
 {
     if (!sc)
         return;
-    cudaFree(sc->approx), cudaFree(sc->x), cudaFree(sc->sc), cudaFree(sc->block_max), cudaFree(sc->cand);
+    struct cuda_alloc_count *a = sc->allocs;
+    dev_free(a, sc->approx), dev_free(a, sc->x), dev_free(a, sc->sc), dev_free(a, sc->block_max), dev_free(a, sc->cand);
     lm_screen_copy_free(sc->own);
     xfree(sc);
 }
 
-qwenrt_status lm_screen_attach(const struct lm_screen_copy *c, cudaStream_t s, struct lm_screen **out,
-                               struct qwenrt_error *err)
+qwenrt_status lm_screen_attach(const struct lm_screen_copy *c, struct cuda_alloc_count *allocs, cudaStream_t s,
+                               struct lm_screen **out, struct qwenrt_error *err)
 {
     *out = NULL;
     struct lm_screen *sc = (struct lm_screen *)xcalloc(1, sizeof(*sc));
     if (!sc)
         return err_set(err, QWENRT_ERR_NOMEM, "cuda: out of memory");
-    sc->c = c;
-    cudaError_t e = cudaMalloc(&sc->approx, (size_t)c->N * sizeof(float));
+    sc->c = c, sc->allocs = allocs;
+    cudaError_t e = dev_malloc(allocs, &sc->approx, (size_t)c->N * sizeof(float));
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->x, (size_t)c->K * sizeof(float));
+        e = dev_malloc(allocs, &sc->x, (size_t)c->K * sizeof(float));
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->cand, (size_t)c->N * sizeof(unsigned long long));
+        e = dev_malloc(allocs, &sc->cand, (size_t)c->N * sizeof(unsigned long long));
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->block_max, (size_t)c->screen_blocks * sizeof(unsigned));
+        e = dev_malloc(allocs, &sc->block_max, (size_t)c->screen_blocks * sizeof(unsigned));
     if (e == cudaSuccess)
-        e = cudaMalloc(&sc->sc, sizeof(*sc->sc));
+        e = dev_malloc(allocs, &sc->sc, sizeof(*sc->sc));
     if (e == cudaSuccess)
         e = cudaMemsetAsync(sc->sc, 0, sizeof(*sc->sc), s);
     if (e != cudaSuccess) {
@@ -655,10 +659,10 @@ qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K
 {
     *out = NULL;
     struct lm_screen_copy *c = NULL;
-    qwenrt_status st = lm_screen_copy_build(w, dtype, N, K, row_bytes, s, &c, err);
+    qwenrt_status st = lm_screen_copy_build(w, dtype, N, K, row_bytes, NULL, s, &c, err);
     if (st || !c)
         return st;
-    if ((st = lm_screen_attach(c, s, out, err))) {
+    if ((st = lm_screen_attach(c, NULL, s, out, err))) {
         lm_screen_copy_free(c);
         return st;
     }

@@ -59,16 +59,18 @@ bool lm_screen_applies(int32_t dtype, int32_t N, int32_t K, int64_t row_bytes, c
 /* Makes the 8-bit copy of the rows at w on the device (on stream s, which it synchronises) and
  * measures E and W. *out is NULL (with QWENRT_OK) when the bound is not finite (rows with Inf or
  * NaN, or beyond f16's range): the plain LM head then serves. The copy is only read after this,
- * so the sessions of one weights copy share it (device_weights.cu, weights_screen_copy). */
+ * so the sessions of one weights copy share it (device_weights.cu, weights_screen_copy). allocs:
+ * the count of the session that makes it (cuda_options.allocs), or NULL, for its whole life. */
 qwenrt_status lm_screen_copy_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
-                                   cudaStream_t s, struct lm_screen_copy **out, struct qwenrt_error *err);
+                                   struct cuda_alloc_count *allocs, cudaStream_t s, struct lm_screen_copy **out,
+                                   struct qwenrt_error *err);
 void lm_screen_copy_free(struct lm_screen_copy *c);
 const void *lm_screen_copy_rows(const struct lm_screen_copy *c); /* the rows it was made from */
 
 /* A session's screen over copy c (which must outlive it): the buffers one token's screen and
- * pick write (~13 bytes a row), zeroed statistics. */
-qwenrt_status lm_screen_attach(const struct lm_screen_copy *c, cudaStream_t s, struct lm_screen **out,
-                               struct qwenrt_error *err);
+ * pick write (~13 bytes a row), zeroed statistics, counted in allocs (the session's, or NULL). */
+qwenrt_status lm_screen_attach(const struct lm_screen_copy *c, struct cuda_alloc_count *allocs, cudaStream_t s,
+                               struct lm_screen **out, struct qwenrt_error *err);
 /* A screen with a copy of its own (both above; the copy is freed with it): for the tests. */
 qwenrt_status lm_screen_build(const void *w, int32_t dtype, int32_t N, int32_t K, int64_t row_bytes,
                               cudaStream_t s, struct lm_screen **out, struct qwenrt_error *err);

@@ -761,27 +761,33 @@ out:
 
 /* Grows a device buffer to at least bytes (contents not kept). p and cap are the owner's own
  * fields: when the new allocation fails they read NULL and 0, never the freed buffer. */
-static qwenrt_status grow(void **p, int64_t *cap, int64_t bytes, struct qwenrt_error *err)
+static qwenrt_status grow(struct cuda_alloc_count *a, void **p, int64_t *cap, int64_t bytes, struct qwenrt_error *err)
 {
     if (bytes <= *cap)
         return QWENRT_OK;
-    if (*p)
-        cudaFree(*p);
+    dev_free(a, *p);
     *p = NULL;
     *cap = 0;
-    CUDA_CHECK(cudaMalloc(p, (size_t)bytes));
+    CUDA_CHECK(dev_malloc(a, p, (size_t)bytes));
     *cap = bytes;
     return QWENRT_OK;
 }
 
-qwenrt_status gemm_init(struct gemm_ctx *g, struct qwenrt_error *err)
+qwenrt_status gemm_init(struct gemm_ctx *g, struct cuda_alloc_count *allocs, struct qwenrt_error *err)
 {
     memset(g, 0, sizeof(*g));
+    g->allocs = allocs;
     cublasStatus_t s = cublasLtCreate(&g->lt);
-    if (s != CUBLAS_STATUS_SUCCESS)
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        g->lt = NULL;
         return lt_fail(err, s, __FILE__, __LINE__, "cublasLtCreate");
+    }
     g->ws_bytes = 32u << 20;
-    CUDA_CHECK(cudaMalloc(&g->ws, g->ws_bytes));
+    cudaError_t e = dev_malloc(allocs, &g->ws, g->ws_bytes);
+    if (e != cudaSuccess) { /* nothing kept: the handle goes too */
+        gemm_free(g);
+        return cuda_fail(err, e, __FILE__, __LINE__, "the cuBLASLt workspace (cudaMalloc)");
+    }
     return QWENRT_OK;
 }
 
@@ -792,11 +798,11 @@ void gemm_free(struct gemm_ctx *g)
         lt_plan_free(&g->cache[i]);
     if (g->lt)
         cublasLtDestroy(g->lt);
-    cudaFree(g->ws);
-    cudaFree(g->wf32);
-    cudaFree(g->wbf16);
-    cudaFree(g->xsplit);
-    cudaFree(g->c3);
+    dev_free(g->allocs, g->ws);
+    dev_free(g->allocs, g->wf32);
+    dev_free(g->allocs, g->wbf16);
+    dev_free(g->allocs, g->xsplit);
+    dev_free(g->allocs, g->c3);
     memset(g, 0, sizeof(*g));
 }
 
@@ -818,7 +824,7 @@ static qwenrt_status xsplit_grow(struct gemm_ctx *g, int64_t bytes, struct qwenr
 {
     if (bytes > g->xsplit_cap)
         g->xb_src = NULL;
-    return grow((void **)&g->xsplit, &g->xsplit_cap, bytes, err);
+    return grow(g->allocs, (void **)&g->xsplit, &g->xsplit_cap, bytes, err);
 }
 
 qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t K, int64_t ldx,
@@ -839,7 +845,7 @@ static qwenrt_status weights_bf16(struct gemm_ctx *g, const struct gemm_call *c,
     *wb = c->w;
     if (c->dtype == QR_BF16 && c->row_bytes == c->K * 2)
         return QWENRT_OK;
-    qwenrt_status st = grow((void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err);
+    qwenrt_status st = grow(g->allocs, (void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err);
     if (st)
         return st;
     dequant_bf16_kernel<1><<<4096, 256, 0, s>>>(g->wbf16, NULL, (const uint8_t *)c->w, c->dtype,
@@ -887,7 +893,7 @@ static qwenrt_status gemm_run_w2(struct gemm_ctx *g, const struct gemm_call *c,
                                  struct qwenrt_error *err)
 {
     int64_t nk = (int64_t)c->N * c->K, tn = (int64_t)c->T * c->N;
-    qwenrt_status st = grow((void **)&g->wbf16, &g->wbf16_cap, 2 * nk * 2, err);
+    qwenrt_status st = grow(g->allocs, (void **)&g->wbf16, &g->wbf16_cap, 2 * nk * 2, err);
     if (st)
         return st;
     __nv_bfloat16 *whi = g->wbf16, *wlo = whi + nk;
@@ -895,7 +901,7 @@ static qwenrt_status gemm_run_w2(struct gemm_ctx *g, const struct gemm_call *c,
                                                  c->K, c->row_bytes);
     CUDA_CHECK(cudaGetLastError());
     if (c->stack3 && c->N <= GEMM_STACK2_MAX_N) {
-        if ((st = grow((void **)&g->c3, &g->c3_cap, 3 * tn * 4, err)) ||
+        if ((st = grow(g->allocs, (void **)&g->c3, &g->c3_cap, 3 * tn * 4, err)) ||
             (st = lt_matmul(g, CUDA_R_16BF, whi, c->K, xhi, c->K, g->c3, c->N, c->N, c->K,
                             2 * (int64_t)c->T, 0.0f, s, err)) ||
             (st = lt_matmul(g, CUDA_R_16BF, wlo, c->K, xhi, c->K, g->c3 + 2 * tn, c->N, c->N,
@@ -941,7 +947,7 @@ static qwenrt_status gemm_run_split(struct gemm_ctx *g, const struct gemm_call *
     if (c->stack3 && (terms == 3 || c->N <= GEMM_STACK2_MAX_N)) {
         /* one product over terms x T columns (the terms are contiguous [T][K] blocks): more
          * output tiles than one term has, so small-N products fill the GPU */
-        if ((st = grow((void **)&g->c3, &g->c3_cap, terms * (int64_t)c->T * c->N * 4, err)))
+        if ((st = grow(g->allocs, (void **)&g->c3, &g->c3_cap, terms * (int64_t)c->T * c->N * 4, err)))
             return st;
         if ((st = lt_matmul(g, CUDA_R_16BF, wb, c->K, hi, c->K, g->c3, c->N, c->N, c->K,
                             terms * (int64_t)c->T, 0.0f, s, err)))
@@ -974,7 +980,7 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         return gemm_run_split(g, c, 3, s, err);
     const float *wf = (const float *)c->w;
     if (c->dtype != QR_F32 || c->row_bytes != c->K * 4) {
-        if ((st = grow((void **)&g->wf32, &g->wf32_cap, (int64_t)c->N * c->K * 4, err)))
+        if ((st = grow(g->allocs, (void **)&g->wf32, &g->wf32_cap, (int64_t)c->N * c->K * 4, err)))
             return st;
         CUDA_CHECK(launch_dequant(g->wf32, c->w, c->dtype, c->N, c->K, c->row_bytes, s));
         wf = g->wf32;

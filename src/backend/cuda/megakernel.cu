@@ -1257,9 +1257,9 @@ qwenrt_status mk_configure(struct mk_program *mk, int32_t n_sm, struct qwenrt_er
 qwenrt_status mk_make_schedules(struct mk_program *mk, struct qwenrt_error *err)
 {
     size_t n_sched = (size_t)mk->nb * (size_t)(mk->max_chunks > 0 ? mk->max_chunks : 1);
-    CUDA_CHECK(cudaMalloc(&mk->d_sched, n_sched * sizeof(struct mk_chunk)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_sched, n_sched * sizeof(struct mk_chunk)));
     CUDA_CHECK(cudaMemset(mk->d_sched, 0, n_sched * sizeof(struct mk_chunk)));
-    CUDA_CHECK(cudaMalloc(&mk->d_gfirst, (size_t)mk->nb * (size_t)(mk->n_g + 1) * sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_gfirst, (size_t)mk->nb * (size_t)(mk->n_g + 1) * sizeof(int32_t)));
     mk_schedule_kernel<<<mk->nb, 1>>>(mk->d_gt, mk->n_g, mk->d_sched, mk->d_gfirst, mk->max_chunks);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -32,6 +32,7 @@ struct mk_inputs {
     int32_t kv_width, conv_dim, n_sm;
     int32_t threads;       /* per block: 256 or 512 */
     bool fuse_down;        /* the down product joins its SwiGLU phase (16-bit weights: mk_down) */
+    struct cuda_alloc_count *allocs; /* the session's allocation count (dev_malloc), or NULL */
 };
 
 struct mk_program;

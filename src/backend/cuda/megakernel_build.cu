@@ -266,15 +266,15 @@ void mk_free(struct mk_program *mk)
 {
     if (!mk)
         return;
-    cudaFree(mk->d_ph);
-    cudaFree(mk->d_gt);
-    cudaFree(mk->d_sched);
-    cudaFree(mk->d_gfirst);
-    cudaFree(mk->d_part);
-    cudaFree(mk->d_freq);
-    cudaFree(mk->d_cnt);
-    cudaFree(mk->d_sync);
-    cudaFree(mk->d_wt);
+    dev_free(mk->allocs, mk->d_ph);
+    dev_free(mk->allocs, mk->d_gt);
+    dev_free(mk->allocs, mk->d_sched);
+    dev_free(mk->allocs, mk->d_gfirst);
+    dev_free(mk->allocs, mk->d_part);
+    dev_free(mk->allocs, mk->d_freq);
+    dev_free(mk->allocs, mk->d_cnt);
+    dev_free(mk->allocs, mk->d_sync);
+    dev_free(mk->allocs, mk->d_wt);
     xfree(mk->kinds);
     xfree(mk);
 }
@@ -378,22 +378,22 @@ static qwenrt_status mk_table(const struct mk_builder *b, struct mk_gdesc **out,
 static qwenrt_status mk_upload(struct mk_program *mk, const struct mk_builder *b,
                                const struct mk_gdesc *gt, struct qwenrt_error *err)
 {
-    CUDA_CHECK(cudaMalloc(&mk->d_gt, (size_t)b->n_g * sizeof(struct mk_gdesc)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_gt, (size_t)b->n_g * sizeof(struct mk_gdesc)));
     CUDA_CHECK(cudaMemcpy(mk->d_gt, gt, (size_t)b->n_g * sizeof(struct mk_gdesc), cudaMemcpyHostToDevice));
     double freq[513] = {0};
     int32_t nf = b->n_rot / 2 < 512 ? b->n_rot / 2 : 512;
     for (int32_t i = 0; i < nf; i++) /* as the reference: theta^(-2i/n_rot) in double */
         freq[i] = pow((double)b->theta, -2.0 * (double)i / (double)b->n_rot);
-    CUDA_CHECK(cudaMalloc(&mk->d_freq, (size_t)(nf + 1) * sizeof(double)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_freq, (size_t)(nf + 1) * sizeof(double)));
     CUDA_CHECK(cudaMemcpy(mk->d_freq, freq, (size_t)(nf + 1) * sizeof(double), cudaMemcpyHostToDevice));
     for (int32_t i = 0; i < b->n_ph; i++)
         b->ph[i].inv_freq = mk->d_freq;
-    CUDA_CHECK(cudaMalloc(&mk->d_ph, (size_t)b->n_ph * sizeof(struct mk_phase)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_ph, (size_t)b->n_ph * sizeof(struct mk_phase)));
     CUDA_CHECK(cudaMemcpy(mk->d_ph, b->ph, (size_t)b->n_ph * sizeof(struct mk_phase), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc(&mk->d_part, (size_t)(b->part_floats + 1) * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&mk->d_cnt, (size_t)(b->max_heads + 1) * sizeof(unsigned)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_part, (size_t)(b->part_floats + 1) * sizeof(float)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_cnt, (size_t)(b->max_heads + 1) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(mk->d_cnt, 0, (size_t)(b->max_heads + 1) * sizeof(unsigned)));
-    CUDA_CHECK(cudaMalloc(&mk->d_sync, sizeof(struct mk_sync)));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_sync, sizeof(struct mk_sync)));
     CUDA_CHECK(cudaMemset(mk->d_sync, 0, sizeof(struct mk_sync)));
     return QWENRT_OK;
 }
@@ -407,7 +407,7 @@ static qwenrt_status mk_transpose_down(struct mk_builder *b, struct mk_program *
         total += (int64_t)b->ph[b->fused[i]].dseg.N * b->ph[b->fused[i]].dseg.row_bytes;
     if (total == 0)
         return QWENRT_OK;
-    CUDA_CHECK(cudaMalloc(&mk->d_wt, (size_t)total));
+    CUDA_CHECK(dev_malloc(mk->allocs, &mk->d_wt, (size_t)total));
     uint8_t *dst = (uint8_t *)mk->d_wt;
     for (int32_t i = 0; i < b->n_fused; i++) {
         struct mk_seg *d = &b->ph[b->fused[i]].dseg;
@@ -444,6 +444,8 @@ qwenrt_status mk_build(const struct mk_inputs *in, struct mk_program **out, stru
     struct mk_program *mk = NULL;
     if (!st && !(mk = (struct mk_program *)xcalloc(1, sizeof(*mk))))
         st = err_set(err, QWENRT_ERR_NOMEM, "cuda megakernel: out of memory");
+    if (mk)
+        mk->allocs = in->allocs;
     struct mk_gdesc *gt = NULL;
     if (!st)
         st = mk_transpose_down(&b, mk, err);

@@ -112,6 +112,7 @@ struct mk_program {
     unsigned *d_cnt;
     double *d_freq;
     void *d_wt;               /* the transposed down matrices of the fused phases (mk_down) */
+    struct cuda_alloc_count *allocs; /* the session's allocation count (dev_malloc), or NULL */
     int32_t n_ph, n_g, nb, threads, stage_bytes, scratch_floats, ph_in_smem, max_chunks;
     size_t smem;
 };

@@ -101,7 +101,7 @@ extern "C" qwenrt_status cuda_pick_bench(int32_t V, int32_t m, int32_t reps, dou
     if (e == cudaSuccess)
         e = cudaMalloc(&words, (size_t)(2 * CUDA_TOP_MAX_M + 8 + per_graph) * sizeof(int32_t));
     if (e == cudaSuccess)
-        e = topk_alloc_scratch(&keys);
+        e = topk_alloc_scratch(NULL, &keys);
     if (e == cudaSuccess)
         e = cudaMalloc(&d_sp, sizeof(*d_sp));
     if (e == cudaSuccess)

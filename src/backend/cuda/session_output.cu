@@ -22,7 +22,7 @@ extern "C" qwenrt_status cuda_session_logits(struct cuda_session *cs, float *dst
     if (st)
         return st;
     if (!cs->h_row)
-        CUDA_CHECK(cudaMallocHost(&cs->h_row, (size_t)cs->n_vocab * sizeof(float)));
+        CUDA_CHECK(dev_malloc_host(cs->opt.allocs, &cs->h_row, (size_t)cs->n_vocab * sizeof(float)));
     CUDA_CHECK(cudaMemcpyAsync(cs->h_row, cs->last_row, (size_t)cs->n_vocab * sizeof(float),
                                cudaMemcpyDeviceToHost, cs->stream));
     CUDA_CHECK(cudaStreamSynchronize(cs->stream));
@@ -111,10 +111,10 @@ static qwenrt_status top_ready(struct cuda_session *cs, struct qwenrt_error *err
     if (!cs->topk_keys)
         CUDA_CHECK(topk_prepare(&cs->topk_keys));
     if (!cs->d_topk)
-        CUDA_CHECK(topk_alloc_scratch(&cs->d_topk));
+        CUDA_CHECK(topk_alloc_scratch(cs->opt.allocs, &cs->d_topk));
     if (!cs->h_top)
-        CUDA_CHECK(cudaMallocHost(&cs->h_top, TOP_WORDS * sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&cs->d_top, TOP_WORDS * sizeof(int32_t)));
+        CUDA_CHECK(dev_malloc_host(cs->opt.allocs, &cs->h_top, TOP_WORDS * sizeof(int32_t)));
+    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_top, TOP_WORDS * sizeof(int32_t)));
     return QWENRT_OK;
 }
 
@@ -264,7 +264,7 @@ extern "C" qwenrt_status cuda_topk_host(const float *logits, int32_t V, float te
     int32_t *d_top = NULL, *h_top = NULL;
     e = cudaMalloc(&row, (size_t)V * sizeof(float));
     if (e == cudaSuccess)
-        e = topk_alloc_scratch(&keys);
+        e = topk_alloc_scratch(NULL, &keys);
     if (e == cudaSuccess)
         e = cudaMalloc(&d_top, TOP_WORDS * sizeof(int32_t));
     if (e == cudaSuccess)
@@ -302,7 +302,7 @@ extern "C" qwenrt_status cuda_topk_rows_host(const float *logits, int32_t n, int
     rows.n = n;
     e = cudaMalloc(&rows_d, (size_t)n * V * sizeof(float));
     for (int32_t r = 0; r < n && e == cudaSuccess; r++)
-        e = topk_alloc_scratch(&keys[r]);
+        e = topk_alloc_scratch(NULL, &keys[r]);
     if (e == cudaSuccess)
         e = cudaMallocHost(&h_top, (size_t)n * 2 * m * sizeof(int32_t));
     if (e == cudaSuccess)
@@ -406,8 +406,8 @@ static qwenrt_status sample_graphs_for(struct cuda_session *cs, const struct cud
 {
     if (!cs->d_sp) {
         if (!cs->h_sp)
-            CUDA_CHECK(cudaMallocHost(&cs->h_sp, sizeof(*cs->h_sp)));
-        CUDA_CHECK(cudaMalloc(&cs->d_sp, sizeof(*cs->d_sp)));
+            CUDA_CHECK(dev_malloc_host(cs->opt.allocs, &cs->h_sp, sizeof(*cs->h_sp)));
+        CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->d_sp, sizeof(*cs->d_sp)));
     }
     if (cs->samp_t == sp->temperature && cs->samp_m == sp->top_k)
         return QWENRT_OK;

@@ -167,9 +167,9 @@ cudaError_t topk_prepare(int32_t *max_keys)
     return cudaSuccess;
 }
 
-cudaError_t topk_alloc_scratch(unsigned long long **scratch)
+cudaError_t topk_alloc_scratch(struct cuda_alloc_count *a, unsigned long long **scratch)
 {
-    cudaError_t e = cudaMalloc(scratch, TOPK_SCRATCH_WORDS * sizeof(unsigned long long));
+    cudaError_t e = dev_malloc(a, scratch, TOPK_SCRATCH_WORDS * sizeof(unsigned long long));
     if (e == cudaSuccess)
         e = cudaMemset(*scratch + TOPK_MAX_MERGE, 0, sizeof(unsigned long long)); /* the arrival counter */
     return e;
