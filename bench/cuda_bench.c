@@ -675,8 +675,8 @@ out:
  * least 132 blocks (gemv_smem_min_blocks), a..h as s and then an empty launch of 1 << (letter - a)
  * blocks, twice (cuda_launch_floor_bench: whether the blocks launched move a process between its
  * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
- * a count of submissions?), G as s with 16 decode steps a graph launch (gen_graph_steps: half
- * the launches), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
+ * a count of submissions?), G / T as s with 16 / 32 decode steps a graph launch
+ * (gen_graph_steps: a half / a quarter of the launches), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
  * does the state belong to the context?), U without the screen. Each session uploads its own weights (cuda_session_init), as
  * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
  * copy and its one screen copy, as the API's sessions do (a holder session keeps them). For the screened
@@ -714,8 +714,8 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             cuda_session_free(holder);
             return 1;
         }
-        if (kind == 'G')
-            o.gen_graph_steps = 16; /* 8 graph launches for a tg128 instead of 16 */
+        if (kind == 'G' || kind == 'T')
+            o.gen_graph_steps = kind == 'G' ? 16 : 32; /* 8 or 4 graph launches a tg128 instead of 16 */
         if (kind == 'U')
             o.lm_screen = 0;
         if (kind == 'N')
@@ -1427,8 +1427,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGRUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G (as s, 16 decode steps a graph launch), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTRUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

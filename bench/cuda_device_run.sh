@@ -136,11 +136,12 @@ if [ "$what" = slowstate ]; then
     # the process state that slows every session ~5% (perf-log, session 59): it set in at ~256
     # submissions (graph and kernel launches) in every probe so far. W makes 260 empty graph
     # launches before its session: if the count is the state, W's session and all after it are slow.
-    # G: 16 decode steps a graph launch (~21 submissions a session instead of ~37): if the count is
-    # the state, the G sessions stay fast until session ~12 instead of 7. R: the context reset
-    # before its session: if the state is the context's, R and the ~6 sessions after it are fast again
-    for p in sssssssssss Wsss ssWsss GGGGGGGGGGGGGGG sssssssssRssss; do
-        timeout 90 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} \
+    # G / T: 16 / 32 decode steps a graph launch (~21 / ~13 submissions a session instead of ~37):
+    # if the count is the state, G stays fast until session ~12 and T until ~19 instead of 7. R: the
+    # context reset before its session: if the state is the context's, R and the ~6 sessions after
+    # it are fast again
+    for p in sssssssssss Wsss ssWsss GGGGGGGGGGGGGGG TTTTTTTTTTTTTTTTTTTTTTTT sssssssssRssss; do
+        timeout 150 .devbin/cuda_bench --arch qwen3-0.6b --type bf16 --screen-sessions ${#p} \
             --screen-pattern $p --n-gen 128 > "$OUT/slowstate-$p.log" 2>&1
         echo "$p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$p.log" |
             awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"

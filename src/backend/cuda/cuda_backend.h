@@ -390,7 +390,9 @@ struct cuda_options {
                           * launch runs that many tokens and only every that many does a
                           * token wait for the graph before it to end. 0 or 1: one step per
                           * graph; up to GEN_GRAPH_STEPS_LIMIT; default 8 (H200, session 22:
-                          * Qwen3.5-0.8B BF16 +1.0%, Qwen3-0.6B +0.3%, Q4_K_M +0.5%) */
+                          * Qwen3.5-0.8B BF16 +1.0%, Qwen3-0.6B +0.3%, Q4_K_M +0.5%). A graph
+                          * takes effect only where the caller reads the tokens back no more
+                          * often (cuda_session_generate's readback_every) */
     int32_t attn_batch_blocks; /* the server's batched step, once its attention splits the
                           * keys: blocks for each pair of query heads and session, each walking a
                           * run of the session's splits with one prologue, every cached row used
@@ -424,7 +426,7 @@ struct cuda_alloc_count {
     int64_t live;    /* allocations made and not yet freed */
 };
 
-#define GEN_GRAPH_STEPS_LIMIT 16
+#define GEN_GRAPH_STEPS_LIMIT 64 /* 16 until session 60; 32 and 64 for the slow state's probe */
 
 struct cuda_options cuda_default_options(void);
 

@@ -24,10 +24,14 @@ extern "C" {
 #include "format/dtype.h"
 }
 
-/* Turns a CUDA error into a status naming file, line, the call and CUDA's message. */
+/* Turns a CUDA error into a status naming file, line, the call and CUDA's message, and takes it
+ * out of CUDA's last-error state (the status carries it now: left there, the next launch's
+ * cudaGetLastError would report it again, failing a later call that did nothing wrong; an error
+ * that spoils the context stays sticky whatever is done here). */
 static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, const char *file,
                                       int line, const char *what)
 {
+    cudaGetLastError();
     return err_set(err, QWENRT_ERR_BACKEND, "%s:%d: %s: %s (%s)", file, line, what,
                    cudaGetErrorString(e), cudaGetErrorName(e));
 }
