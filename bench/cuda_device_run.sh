@@ -1,7 +1,8 @@
 #!/bin/sh
 # cuda_device_run.sh — what one call on the GPU machine runs: the CUDA tests, then the
 # benchmarks (the first with the single-GEMV bandwidth table). Binaries and the .so files the
-# GPU machine lacks are carried in .devbin/ and .devlibs/ (built on the CPU machine:
+# GPU machine lacks are carried in .devbin/ and .devlibs/ (bench/cuda_bundle.sh packs them into
+# .devexp/all.tar.xz, unpacked here; by hand, built on the CPU machine:
 # cmake --build build-cudaperf --target cuda_bench test_cuda_backend test_cuda_ops test_cuda_graph
 # test_cuda_batch test_cuda_faults; cp to .devbin/). Each of those programs links the whole library (~75 MB, most
 # of it kernels): configured with -DQWENRT_SHARED_LIB=ON they share one libqwenrt.so, and all of
@@ -32,6 +33,14 @@
 # serve: bench/cuda_serve_check.py on tiny synth models carrying the Qwen3 tokenizer, which
 # comes gzipped in .devbin/tokenizer.json.gz (build/deps is not carried).
 what=${1:-all}
+# the bundle of bench/cuda_bundle.sh, unpacked once a call (a call starts from a fresh copy of
+# the tree; the first step of a call unpacks, the later ones find .devbin/.unpacked)
+if [ -e .devexp/all.tar.xz ] && [ ! -e .devbin/.unpacked ]; then
+    rm -rf .devbin .devlibs
+    xz -d < .devexp/all.tar.xz | tar xf - || { echo "cuda_device_run: .devexp/all.tar.xz does not unpack" >&2; exit 9; }
+    touch .devbin/.unpacked
+    echo "bundle of $(cat .devexp/all.rev 2>/dev/null || echo '(unknown revision)')"
+fi
 # binaries may come gzipped or xz-compressed (the carried tree is limited to 64 MiB)
 TESTS="test_cuda_ops test_cuda_graph test_cuda_batch test_cuda_backend test_cuda_faults"
 for b in cuda_bench qwenrt $TESTS; do
