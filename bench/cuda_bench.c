@@ -676,7 +676,8 @@ out:
  * blocks, twice (cuda_launch_floor_bench: whether the blocks launched move a process between its
  * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
  * a count of submissions?), G / T as s with 16 / 32 decode steps a graph launch
- * (gen_graph_steps: a half / a quarter of the launches), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
+ * (gen_graph_steps: a half / a quarter of the launches), X as s after 8 streams made and destroyed
+ * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
  * does the state belong to the context?), U without the screen. Each session uploads its own weights (cuda_session_init), as
  * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
  * copy and its one screen copy, as the API's sessions do (a holder session keeps them). For the screened
@@ -711,6 +712,11 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         if (kind == 'R' && (shared || cuda_bench_device_reset(&err))) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i,
                     shared ? "R (a context reset) would take the shared weights with it" : err.message);
+            cuda_session_free(holder);
+            return 1;
+        }
+        if (kind == 'X' && cuda_bench_stream_churn(8, &err)) {
+            fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
             cuda_session_free(holder);
             return 1;
         }
@@ -1427,8 +1433,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTRUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

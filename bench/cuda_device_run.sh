@@ -152,7 +152,10 @@ if [ "$what" = slowstate ]; then
     # qwen35: Qwen3.5-0.8B, which turned slow after its first session in session 59; its reset
     # made 36 memsets (two for each DeltaNet layer) until session 60 and makes one now: if
     # memsets count, it stays fast until ~session 6
-    for p in sssssssssss Wsss ssWsss GGGGGGGGGGGGGGG TTTTTTTTTTTTTTTTTTTTTTTT sssssssssRssss qwen35:sssssssssss; do
+    # X: 8 streams made and destroyed before its session (every session makes and destroys its
+    # own): if stream churn is the state, X turns slow within ~1 session; if the count, as s
+    for p in sssssssssss Wsss ssWsss GGGGGGGGGGGGGGG TTTTTTTTTTTTTTTTTTTTTTTT XXXXXXXXXXX sssssssssRssss \
+        qwen35:sssssssssss; do
         a=qwen3-0.6b
         case $p in qwen35:*) a=qwen35-0.8b p=${p#qwen35:} ;; esac
         timeout 150 .devbin/cuda_bench --arch $a --type bf16 --screen-sessions ${#p} \

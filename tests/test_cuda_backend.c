@@ -1140,6 +1140,11 @@ static void test_backend_errors(void **st)
         assert_true(free_b > 0 && free_b <= total_b);
     if (!cuda_tests_device()) /* the bench's context reset: an error, not a crash, without a device */
         assert_int_equal(cuda_bench_device_reset(&err), QWENRT_ERR_BACKEND);
+    /* the bench's stream churn refuses a count outside 1-1,024 before touching the device */
+    assert_int_equal(cuda_bench_stream_churn(0, &err), want);
+    assert_int_equal(cuda_bench_stream_churn(1025, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "1025 streams"));
     else
         assert_true(free_b == 0 && total_b == 0 && err.message[0]);
     assert_int_equal(cuda_session_lm_screen_probe(NULL, 3, 3, &us, &err), want);

@@ -741,6 +741,10 @@ qwenrt_status cuda_device_memory(int64_t *free_bytes, int64_t *total_bytes, stru
  * state that slows every session after ~256 submissions belongs to the context). Errors:
  * BACKEND (the stub: not built). */
 qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err);
+/* For the bench only: n non-blocking streams made and destroyed, one after another, with no work
+ * on them (cuda_bench --screen-pattern X: whether making and destroying streams, as every session
+ * does, brings on the slow state). Errors: INVALID_ARG (n outside 1-1,024), BACKEND. */
+qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err);
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
 void cuda_test_release_memory(struct cuda_memory_hold *hold);
 

@@ -479,6 +479,21 @@ extern "C" qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err)
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "cudaDeviceReset");
 }
 
+extern "C" qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err)
+{
+    if (n < 1 || n > 1024)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_bench_stream_churn: %d streams (1 to 1,024)", (int)n);
+    for (int32_t i = 0; i < n; i++) {
+        cudaStream_t s = NULL;
+        cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+            e = cudaStreamDestroy(s);
+        if (e != cudaSuccess)
+            return cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamCreateWithFlags, cudaStreamDestroy");
+    }
+    return QWENRT_OK;
+}
+
 /* ------------------------------------------------------------------ the screened LM head */
 
 /* cuda_lm_screen_pick's device part: the inputs at d (h, norm_w, the rows, the id, then the

@@ -436,6 +436,12 @@ qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err)
     return not_built(err);
 }
 
+qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err)
+{
+    (void)n;
+    return not_built(err);
+}
+
 void cuda_test_release_memory(struct cuda_memory_hold *hold)
 {
     (void)hold;
