@@ -420,8 +420,8 @@ struct cuda_options {
  * once the session is freed). An allocation made by one session and freed by another (a
  * shared copy) is counted where it was made. */
 struct cuda_alloc_count {
-    int64_t fail_at; /* the fail_at-th allocation (from 1) fails (a real cudaMalloc of an
-                      * impossible size: cudaErrorMemoryAllocation); 0: none */
+    int64_t fail_at; /* the fail_at-th allocation (from 1) fails as out of memory
+                      * (cudaErrorMemoryAllocation); 0: none */
     int64_t made;    /* allocations asked for, the failed one included */
     int64_t live;    /* allocations made and not yet freed */
 };

@@ -37,21 +37,18 @@ static inline qwenrt_status cuda_fail(struct qwenrt_error *err, cudaError_t e, c
 }
 
 /* A session's device (host false) or pinned (host true) allocation of n bytes, counted in a
- * (cuda_options.allocs; NULL: not counted). The a->fail_at-th fails through the allocator
- * itself, asked for an impossible size, so that it fails as a real shortage does. A failure is
- * returned, and taken out of CUDA's last-error state: left there, the next launch's
- * cudaGetLastError would report it, and a session whose buffer could not grow would fail its
- * next, smaller call too. Every allocation a session owns comes here and goes back through
+ * (cuda_options.allocs; NULL: not counted); the a->fail_at-th fails as a shortage would, with
+ * cudaErrorMemoryAllocation. A failure is returned, and taken out of CUDA's last-error state:
+ * left there, the next launch's cudaGetLastError would report it, and a session whose buffer
+ * could not grow would fail its next, smaller call too (so a real failure and a made one leave
+ * the same state behind). Every allocation a session owns comes here and goes back through
  * dev_free / dev_free_host with the same a. */
 static inline cudaError_t dev_malloc_bytes(struct cuda_alloc_count *a, void **p, size_t n, bool host)
 {
-    const bool fail = a && ++a->made == a->fail_at;
-    const size_t bytes = fail ? (size_t)1 << 62 : n;
-    cudaError_t e = host ? cudaMallocHost(p, bytes) : cudaMalloc(p, bytes);
-    if (fail && e == cudaSuccess) { /* a device with 4 EiB: still a failure */
-        host ? cudaFreeHost(*p) : cudaFree(*p);
-        e = cudaErrorMemoryAllocation;
-    }
+    *p = NULL;
+    if (a && ++a->made == a->fail_at)
+        return cudaErrorMemoryAllocation;
+    cudaError_t e = host ? cudaMallocHost(p, n) : cudaMalloc(p, n);
     if (e != cudaSuccess) {
         cudaGetLastError();
         *p = NULL;
