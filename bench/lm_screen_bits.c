@@ -17,9 +17,9 @@
  * be lower, so these are the fewest rows it would read). Every step checks that the exact
  * argmax row passes (the bound's promise).
  *
- *   cc -O2 -fopenmp -Iinclude -Isrc bench/lm_screen_bits.c BUILD/libqwenrt.a \
- *      $(pkg-config --libs jansson libutf8proc) -lcrypto -lm -o /tmp/lm_screen_bits
- *   /tmp/lm_screen_bits MODEL.gguf [steps] [threads]     (synth models: qwenrt synth --seed 1234)
+ *   build/lm_screen_bits MODEL.gguf [steps] [threads]     (synth models: qwenrt synth --seed 1234)
+ * (built with the project; by hand: cc -O2 -fopenmp -Iinclude -Isrc bench/lm_screen_bits.c
+ *  BUILD/libqwenrt.a $(pkg-config --libs jansson libutf8proc) -lcrypto -lm)
  */
 #include <math.h>
 #include <stdio.h>
