@@ -131,6 +131,18 @@ static const char *const step_names[] = {"init A",    "prefill A",  "greedy A", 
 
 #define ALL_STEPS (sizeof(steps) / sizeof(steps[0]))
 
+/* The fixture at dir loaded for its plans (the sessions upload weights of their own). */
+static struct qwenrt_model *load_plans(const char *dir)
+{
+    struct qwenrt_error err = {0};
+    struct qwenrt_model *m = NULL;
+    struct qwenrt_model_params mp = qwenrt_model_default_params();
+    mp.backend = "cpu";
+    if (qwenrt_model_load(dir, &mp, &m, &err))
+        fail_msg("load %s: %s", dir, err.message);
+    return m;
+}
+
 /* The workload's first n_steps calls with options o (o->allocs counts, and fails one). Each
  * failed call must say it ran out of memory, and the workload must then go on to the end; the
  * sessions are freed. */
@@ -181,11 +193,7 @@ static void run_workload(const struct qwenrt_model *m, const struct cuda_options
 static void sweep_allocations(const char *dir, struct cuda_options o, size_t n_steps)
 {
     struct qwenrt_error err = {0};
-    struct qwenrt_model *m = NULL;
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = "cpu"; /* the plans; the sessions below upload their own weights */
-    if (qwenrt_model_load(dir, &mp, &m, &err))
-        fail_msg("load %s: %s", dir, err.message);
+    struct qwenrt_model *m = load_plans(dir);
     struct cuda_alloc_count count = {0};
     o.allocs = &count;
     /* warm-ups: the plain head's and the screen's paths (the context, cuBLASLt's first handle) */
@@ -246,13 +254,10 @@ static void test_megakernel_allocations_fail_cleanly(void **state)
     o.mega = CUDA_MEGA_ON;
     o.kv_f16 = false; /* the megakernel reads an f32 cache */
     struct qwenrt_error err = {0};
-    struct qwenrt_model *m = NULL;
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = "cpu";
+    struct qwenrt_model *m = load_plans("tests/data/qwen3-tiny-bf16");
     struct cuda_session *cs = NULL;
     const char *why = NULL;
-    if (qwenrt_model_load("tests/data/qwen3-tiny-bf16", &mp, &m, &err) ||
-        cuda_session_init(m->plans, FAULT_CTX, &o, &cs, &err))
+    if (cuda_session_init(m->plans, FAULT_CTX, &o, &cs, &err))
         fail_msg("qwen3-tiny-bf16: %s", err.message);
     if (!cuda_session_uses_megakernel(cs, &why))
         fail_msg("the megakernel does not take qwen3-tiny-bf16: %s", why ? why : "(no reason)");
@@ -267,11 +272,7 @@ static void test_counts_balance(void **state)
 {
     (void)state;
     struct qwenrt_error err = {0};
-    struct qwenrt_model *m = NULL;
-    struct qwenrt_model_params mp = qwenrt_model_default_params();
-    mp.backend = "cpu";
-    if (qwenrt_model_load("tests/data/qwen3-tiny-bf16", &mp, &m, &err))
-        fail_msg("load: %s", err.message);
+    struct qwenrt_model *m = load_plans("tests/data/qwen3-tiny-bf16");
     struct cuda_alloc_count count = {0};
     struct cuda_options o = cuda_default_options();
     o.allocs = &count;

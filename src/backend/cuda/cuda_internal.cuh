@@ -69,23 +69,17 @@ template <class T> static inline cudaError_t dev_malloc_host(struct cuda_alloc_c
 }
 
 /* Frees what dev_malloc (dev_free) or dev_malloc_host (dev_free_host) made; NULL: nothing. */
-static inline void dev_free(struct cuda_alloc_count *a, const void *p)
+static inline void dev_free_bytes(struct cuda_alloc_count *a, const void *p, bool host)
 {
     if (!p)
         return;
     if (a)
         a->live--;
-    cudaFree((void *)p);
+    host ? cudaFreeHost((void *)p) : cudaFree((void *)p);
 }
 
-static inline void dev_free_host(struct cuda_alloc_count *a, const void *p)
-{
-    if (!p)
-        return;
-    if (a)
-        a->live--;
-    cudaFreeHost((void *)p);
-}
+static inline void dev_free(struct cuda_alloc_count *a, const void *p) { dev_free_bytes(a, p, false); }
+static inline void dev_free_host(struct cuda_alloc_count *a, const void *p) { dev_free_bytes(a, p, true); }
 
 static inline int cmp_float_asc(const void *a, const void *b)
 {
