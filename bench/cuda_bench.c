@@ -666,8 +666,9 @@ out:
 
 /* --screen-sessions N: N sessions of the default options made and freed in turn, as --sweep does,
  * each timed on one greedy tg n from position 0 after a warm-up, with its screened pick timed
- * alone (cuda_session_lm_screen_time, 50 picks), where its screen's buffers lie and when it ended
- * (to line up with the GPU's clock log, bench/cuda_device_run.sh screen). --screen-pattern P (default
+ * alone (cuda_session_lm_screen_time, 50 picks), where its screen's buffers lie, when it ended
+ * (to line up with the GPU's clock log, bench/cuda_device_run.sh screen), its graph launches and
+ * the process's so far (the sessions' and the probes' empty graphs: the slow state's count). --screen-pattern P (default
  * SSU) says which, letter by letter, repeated: S screened, s screened without its pick timed alone,
  * E / L screened with only the timing's events / launches (cuda_session_lm_screen_probe), P screened
  * and its decode graph's time line printed after (cuda_session_timeline), N screened without the
@@ -697,18 +698,22 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
     int32_t out[512];
     n = n < 4 ? 4 : n > 500 ? 500 : n;
     printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch | device "
-           "MiB free after |\n|---:|---|---|---:|---:|---|---|---|---|---:|\n", n);
+           "MiB free after | its graph launches | the process's so far |\n|---:|---|---|---:|---:|---|---|---|---|---:|---:|---:|\n",
+           n);
+    int64_t process_graphs = 0; /* graph launches so far: the sessions' and W's (the count of the slow state) */
     for (int i = 0; i < count; i++) {
         struct cuda_options o = cuda_default_options();
         o.mega = CUDA_MEGA_OFF;
         char kind = pattern[(size_t)i % len]; /* S screened, s screened without its pick timed alone, U not */
         double wait_us = 0; /* W: 4 x 65 graph launches of one empty block first (the ~256 submissions?) */
-        for (int w = 0; kind == 'W' && w < 4; w++)
+        for (int w = 0; kind == 'W' && w < 4; w++) {
             if (cuda_launch_floor_bench(1, 1, 32, 0, false, 64, &wait_us, &err)) {
                 fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
                 cuda_session_free(holder);
                 return 1;
             }
+            process_graphs += 65; /* a warm-up and 64 replays */
+        }
         if (kind == 'R' && (shared || cuda_bench_device_reset(&err))) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i,
                     shared ? "R (a context reset) would take the shared weights with it" : err.message);
@@ -747,10 +752,14 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         static char report[16384];
         if (ok && kind == 'P' && !cuda_session_timeline(cs, 17, 0, 20, report, sizeof(report), &err))
             printf("session %d's decode time line:\n%s", i, report);
+        const int64_t graphs = cuda_session_gen_graph_launches(cs);
+        process_graphs += graphs;
         cuda_session_free(cs);
         double floor_us = 0; /* a..h: one graph of one empty launch of 1 << (kind - 'a') blocks, twice */
-        if (ok && kind >= 'a' && kind <= 'h')
+        if (ok && kind >= 'a' && kind <= 'h') {
             ok = !cuda_launch_floor_bench(1, 1 << (kind - 'a'), 32, 0, false, 1, &floor_us, &err);
+            process_graphs += 2; /* a warm-up and one replay */
+        }
         int64_t free_b = 0, total_b = 0; /* what the freed session left behind, if anything */
         if (ok)
             ok = !cuda_device_memory(&free_b, &total_b, &err);
@@ -761,9 +770,10 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         }
         char ended[40];
         records_now(ended); /* UTC, as the records stamp their runs */
-        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld |\n", i, ended,
+        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld | %lld | %lld |\n", i, ended,
                screened ? "yes" : "no", n / t, us, (unsigned long long)a[0], (unsigned long long)a[1],
-               (unsigned long long)a[2], (unsigned long long)a[3], (long long)(free_b >> 20));
+               (unsigned long long)a[2], (unsigned long long)a[3], (long long)(free_b >> 20), (long long)graphs,
+               (long long)process_graphs);
         fflush(stdout); /* the rows line up with a clock log taken beside the run (nvidia-smi -lms) */
     }
     cuda_session_free(holder);

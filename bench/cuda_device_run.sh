@@ -10,8 +10,8 @@
 # Usage: sh bench/cuda_device_run.sh [tests|bench|serve|validate|calibrate|screen|slowstate|records|all] ; logs and JSON go to $OUT.
 # records: `cuda_bench --reps 3 --json` for CFGS (default Qwen3-0.6B BF16 and Q4_K_M, Qwen3.5-0.8B
 # BF16), only where the GPU is an H200; the JSON files go to $OUT for bench/results/.
-# slowstate: Qwen3-0.6B BF16 sessions in turn (tok/s and the device MiB free after each, in
-# brackets), alone, after 260 empty graph launches (W), with 16 decode steps a graph launch (G)
+# slowstate: Qwen3-0.6B BF16 sessions in turn (each as its letter, tok/s @ the process's graph
+# launches after it), alone, after 260 empty graph launches (W), with 16 decode steps a graph launch (G)
 # and after a context reset (R): whether the state that slows the sessions after ~7 made and
 # freed, or after launches outside a graph, is a count of the process's submissions, and whether
 # it belongs to the CUDA context (perf-log, sessions 59-60).
@@ -161,7 +161,7 @@ if [ "$what" = slowstate ]; then
         timeout 150 .devbin/cuda_bench --arch $a --type bf16 --screen-sessions ${#p} \
             --screen-pattern $p --n-gen 128 > "$OUT/slowstate-$a-$p.log" 2>&1
         echo "$a $p: $(grep -E '^\| [0-9]' "$OUT/slowstate-$a-$p.log" |
-            awk -F'|' -v p=$p '{printf "%s%.0f(%s) ", substr(p, ($2 % length(p)) + 1, 1), $5, $11 + 0}')"
+            awk -F'|' -v p=$p '{printf "%s%.0f@%s ", substr(p, ($2 % length(p)) + 1, 1), $5, $13 + 0}')"
     done
 fi
 if [ "$what" = records ]; then
