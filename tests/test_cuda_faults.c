@@ -59,7 +59,7 @@ static qwenrt_status step_greedy_a(const struct qwenrt_model *m, const struct cu
                                    struct fault_run *r, struct qwenrt_error *err)
 {
     (void)m, (void)o;
-    return cuda_session_generate(s[0], prompt[5], 5, 8, 4, r->greedy, NULL, err);
+    return cuda_session_generate(s[0], prompt[5], 5, 8, 8, r->greedy, NULL, err); /* one 8-step graph */
 }
 
 static qwenrt_status step_logits_a(const struct qwenrt_model *m, const struct cuda_options *o,
