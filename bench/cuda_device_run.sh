@@ -42,7 +42,7 @@ if [ -e .devexp/all.tar.xz ] && [ ! -e .devbin/.unpacked ]; then
     echo "bundle of $(cat .devexp/all.rev 2>/dev/null || echo '(unknown revision)')"
 fi
 # binaries may come gzipped or xz-compressed (the carried tree is limited to 64 MiB)
-TESTS="test_cuda_ops test_cuda_graph test_cuda_batch test_cuda_backend test_cuda_faults"
+TESTS=${TESTS:-"test_cuda_ops test_cuda_graph test_cuda_batch test_cuda_backend test_cuda_faults"} # or the ones named
 for b in cuda_bench qwenrt $TESTS; do
     [ -e ".devbin/$b.gz" ] && gunzip -f ".devbin/$b.gz"
     [ -e ".devbin/$b.xz" ] && xz -d -f ".devbin/$b.xz"
