@@ -677,14 +677,19 @@ out:
  * blocks, twice (cuda_launch_floor_bench: whether the blocks launched move a process between its
  * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
  * a count of submissions?), G / T as s with 16 / 32 decode steps a graph launch
- * (gen_graph_steps: a half / a quarter of the launches), X as s after 8 streams made and destroyed
+ * (gen_graph_steps: a half / a quarter of the launches), F as s after a 64-token prefill (a prompt,
+ * as every qwenrt run and serve session starts: launches outside a graph), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
  * does the state belong to the context?), U without the screen. Each session uploads its own weights (cuda_session_init), as
  * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
  * copy and its one screen copy, as the API's sessions do (a holder session keeps them). For the screened
  * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
+#define SCREEN_PREFILL 64 /* F: the prompt each session prefills before its decode */
 static int screen_sessions(struct qwenrt_model *m, int count, const char *pattern, bool shared, int32_t n)
 {
+    int32_t prompt[SCREEN_PREFILL];
+    for (int32_t i = 0; i < SCREEN_PREFILL; i++)
+        prompt[i] = (int32_t)((i * 7919 + 17) % m->hp.n_vocab);
     size_t len = strlen(pattern);
     struct qwenrt_error err = {0};
     struct model_device_weights *dw = &m->device_weights;
@@ -735,12 +740,14 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             o.gemv_smem_min_blocks = 132; /* the norm + GEMV launches over every multiprocessor */
         struct cuda_session *cs = NULL;
         double t = 0;
-        bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8, &o, &dw->mu, &dw->cuda, &cs, &err)
-                         : !cuda_session_init(m->plans, n + 8, &o, &cs, &err);
+        bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8 + SCREEN_PREFILL, &o, &dw->mu, &dw->cuda, &cs, &err)
+                         : !cuda_session_init(m->plans, n + 8 + SCREEN_PREFILL, &o, &cs, &err);
+        const int32_t pre = kind == 'F' ? SCREEN_PREFILL : 0; /* F: a prompt first, as qwenrt run and serve */
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
             ok = !cuda_session_reset(cs, &err);
+            ok = ok && (!pre || !cuda_session_run(cs, prompt, pre, 0, false, NULL, NULL, NULL, &err));
             double t0 = time_now_s();
-            ok = ok && !cuda_session_generate(cs, 17, 0, n, 32, out, NULL, &err);
+            ok = ok && !cuda_session_generate(cs, 17, pre, n, 32, out, NULL, &err);
             t = time_now_s() - t0;
         }
         uint64_t a[4];
@@ -1443,8 +1450,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }
