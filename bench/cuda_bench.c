@@ -678,13 +678,16 @@ out:
  * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
  * a count of submissions?), G / T as s with 16 / 32 decode steps a graph launch
  * (gen_graph_steps: a half / a quarter of the launches), F as s after a 64-token prefill (a prompt,
- * as every qwenrt run and serve session starts: launches outside a graph), X as s after 8 streams made and destroyed
+ * as every qwenrt run and serve session starts: launches outside a graph), Y / V as s after 300
+ * empty one-block launches / 4-byte memsets outside a graph, Q as s with the 300 empty launches
+ * between its warm-up and its timed run (its graph made before them), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
  * does the state belong to the context?), U without the screen. Each session uploads its own weights (cuda_session_init), as
  * every cuda_bench session does, unless shared (--screen-shared): then they take the model's one
  * copy and its one screen copy, as the API's sessions do (a holder session keeps them). For the screened
  * sessions that run ~5% slow now and then (docs/perf-log.md, session 58). */
 #define SCREEN_PREFILL 64 /* F: the prompt each session prefills before its decode */
+#define PLAIN_LAUNCHES 300 /* Y / V / Q: launches outside a graph (a Qwen3-0.6B prefill makes ~300) */
 static int screen_sessions(struct qwenrt_model *m, int count, const char *pattern, bool shared, int32_t n)
 {
     int32_t prompt[SCREEN_PREFILL];
@@ -725,6 +728,11 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             cuda_session_free(holder);
             return 1;
         }
+        if ((kind == 'Y' || kind == 'V') && cuda_bench_plain_launches(PLAIN_LAUNCHES, kind == 'V', &err)) {
+            fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
+            cuda_session_free(holder);
+            return 1;
+        }
         if (kind == 'X' && cuda_bench_stream_churn(8, &err)) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
             cuda_session_free(holder);
@@ -746,6 +754,7 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
             ok = !cuda_session_reset(cs, &err);
             ok = ok && (!pre || !cuda_session_run(cs, prompt, pre, 0, false, NULL, NULL, NULL, &err));
+            ok = ok && (kind != 'Q' || w == 0 || !cuda_bench_plain_launches(PLAIN_LAUNCHES, false, &err));
             double t0 = time_now_s();
             ok = ok && !cuda_session_generate(cs, 17, pre, n, 32, out, NULL, &err);
             t = time_now_s() - t0;
@@ -1450,8 +1459,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFYVQUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

@@ -1145,6 +1145,9 @@ static void test_backend_errors(void **st)
     assert_int_equal(cuda_bench_stream_churn(1025, &err), want);
     if (cuda_backend_compiled())
         assert_non_null(strstr(err.message, "1025 streams"));
+    assert_int_equal(cuda_bench_plain_launches(0, false, &err), want); /* and plain launches, none */
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "0 launches"));
     else
         assert_true(free_b == 0 && total_b == 0 && err.message[0]);
     assert_int_equal(cuda_session_lm_screen_probe(NULL, 3, 3, &us, &err), want);

@@ -745,6 +745,11 @@ qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err);
  * on them (cuda_bench --screen-pattern X: whether making and destroying streams, as every session
  * does, brings on the slow state). Errors: INVALID_ARG (n outside 1-1,024), BACKEND. */
 qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err);
+/* For the bench only: n launches outside any graph on a stream of their own — an empty kernel of
+ * one block, or with memsets a 4-byte cudaMemsetAsync — then a wait for them (cuda_bench
+ * --screen-pattern Y / V / Q: whether such launches, as a prompt's prefill makes, bring on the
+ * slow state). Errors: INVALID_ARG (n outside 1-100,000), BACKEND. */
+qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, struct qwenrt_error *err);
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
 void cuda_test_release_memory(struct cuda_memory_hold *hold);
 

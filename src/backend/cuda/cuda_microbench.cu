@@ -479,6 +479,29 @@ extern "C" qwenrt_status cuda_bench_device_reset(struct qwenrt_error *err)
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "cudaDeviceReset");
 }
 
+extern "C" qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, struct qwenrt_error *err)
+{
+    if (n < 1 || n > 100000)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_bench_plain_launches: %d launches (1 to 100,000)", (int)n);
+    float *p = NULL;
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaMalloc(&p, 4 * sizeof(float));
+    if (!e) e = cudaMemset(p, 0, 4 * sizeof(float));
+    if (!e) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    for (int32_t i = 0; !e && i < n; i++) {
+        if (memsets) {
+            e = cudaMemsetAsync(p, 0, sizeof(float), s);
+        } else {
+            floor_kernel<<<1, 32, 0, s>>>(p);
+            e = cudaGetLastError();
+        }
+    }
+    if (!e) e = cudaStreamSynchronize(s);
+    if (s) cudaStreamDestroy(s);
+    cudaFree(p);
+    return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "the plain launches");
+}
+
 extern "C" qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err)
 {
     if (n < 1 || n > 1024)

@@ -442,6 +442,12 @@ qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err)
     return not_built(err);
 }
 
+qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, struct qwenrt_error *err)
+{
+    (void)n, (void)memsets;
+    return not_built(err);
+}
+
 void cuda_test_release_memory(struct cuda_memory_hold *hold)
 {
     (void)hold;
