@@ -372,6 +372,7 @@ struct variant {
 struct pvariant {
     const char *name;
     bool cache, tiled, par, stack, agemm, fast, flash;
+    bool plain; /* cuda_options.prefill_graph off: the prefill's launches outside a graph */
     double tok_s;
     int32_t chunked; /* cuda_options.gdn_chunked: 0 the column scan, 1 chunks, 2 chunks on the
                       * tensor cores */
@@ -678,7 +679,9 @@ out:
  * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
  * a count of submissions?), G / T as s with 16 / 32 decode steps a graph launch
  * (gen_graph_steps: a half / a quarter of the launches), F as s after a 64-token prefill (a prompt,
- * as every qwenrt run and serve session starts: launches outside a graph), Y / V as s after 300
+ * as every qwenrt run and serve session starts; one graph launch since session 61: the default
+ * cuda_options.prefill_graph), B as F with the prefill's ~300 launches outside a graph
+ * (prefill_graph off, as before session 61), Y / V as s after 300
  * empty one-block launches / 4-byte memsets outside a graph, Q as s with the 300 empty launches
  * between its warm-up and its timed run (its graph made before them), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
@@ -704,9 +707,15 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         return 1;
     }
     int32_t out[512];
+    float *row = malloc((size_t)m->hp.n_vocab * sizeof(float)); /* F / B: the prompt's last logits */
+    if (!row) {
+        fprintf(stderr, "--screen-sessions: out of memory\n");
+        cuda_session_free(holder);
+        return 1;
+    }
     n = n < 4 ? 4 : n > 500 ? 500 : n;
     printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch | device "
-           "MiB free after | its graph launches | the process's so far |\n|---:|---|---|---:|---:|---|---|---|---|---:|---:|---:|\n",
+           "MiB free after | its graph launches | the process's so far | prefill us (F, B) |\n|---:|---|---|---:|---:|---|---|---|---|---:|---:|---:|---:|\n",
            n);
     int64_t process_graphs = 0; /* graph launches so far: the sessions' and W's (the count of the slow state) */
     for (int i = 0; i < count; i++) {
@@ -717,31 +726,29 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         for (int w = 0; kind == 'W' && w < 4; w++) {
             if (cuda_launch_floor_bench(1, 1, 32, 0, false, 64, &wait_us, &err)) {
                 fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
-                cuda_session_free(holder);
-                return 1;
+                goto fail;
             }
             process_graphs += 65; /* a warm-up and 64 replays */
         }
         if (kind == 'R' && (shared || cuda_bench_device_reset(&err))) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i,
                     shared ? "R (a context reset) would take the shared weights with it" : err.message);
-            cuda_session_free(holder);
-            return 1;
+            goto fail;
         }
         if ((kind == 'Y' || kind == 'V') && cuda_bench_plain_launches(PLAIN_LAUNCHES, kind == 'V', &err)) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
-            cuda_session_free(holder);
-            return 1;
+            goto fail;
         }
         if (kind == 'X' && cuda_bench_stream_churn(8, &err)) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
-            cuda_session_free(holder);
-            return 1;
+            goto fail;
         }
         if (kind == 'G' || kind == 'T')
             o.gen_graph_steps = kind == 'G' ? 16 : 32; /* 8 or 4 graph launches a tg128 instead of 16 */
         if (kind == 'U')
             o.lm_screen = 0;
+        if (kind == 'B')
+            o.prefill_graph = false;
         if (kind == 'N')
             o.l2_prefetch_mb = 0; /* the decode launches ask the L2 for no weights ahead */
         if (kind == 'K')
@@ -750,7 +757,8 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         double t = 0;
         bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8 + SCREEN_PREFILL, &o, &dw->mu, &dw->cuda, &cs, &err)
                          : !cuda_session_init(m->plans, n + 8 + SCREEN_PREFILL, &o, &cs, &err);
-        const int32_t pre = kind == 'F' ? SCREEN_PREFILL : 0; /* F: a prompt first, as qwenrt run and serve */
+        const int32_t pre = kind == 'F' || kind == 'B' ? SCREEN_PREFILL : 0; /* a prompt first, as qwenrt run and serve */
+        double pre_s = 0; /* the timed run's prefill */
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
             ok = !cuda_session_reset(cs, &err);
             ok = ok && (!pre || !cuda_session_run(cs, prompt, pre, 0, false, NULL, NULL, NULL, &err));
@@ -781,19 +789,23 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             ok = !cuda_device_memory(&free_b, &total_b, &err);
         if (!ok) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
-            cuda_session_free(holder);
-            return 1;
+            goto fail;
         }
         char ended[40];
         records_now(ended); /* UTC, as the records stamp their runs */
-        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld | %lld | %lld |\n", i, ended,
+        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld | %lld | %lld | %.0f |\n", i, ended,
                screened ? "yes" : "no", n / t, us, (unsigned long long)a[0], (unsigned long long)a[1],
                (unsigned long long)a[2], (unsigned long long)a[3], (long long)(free_b >> 20), (long long)graphs,
-               (long long)process_graphs);
+               (long long)process_graphs, pre_s * 1e6);
         fflush(stdout); /* the rows line up with a clock log taken beside the run (nvidia-smi -lms) */
     }
+    free(row);
     cuda_session_free(holder);
     return 0;
+fail:
+    free(row);
+    cuda_session_free(holder);
+    return 1;
 }
 
 /* --pick-phases: the screened LM head's pick by phases (cuda_lm_screen_phases) at both models'
@@ -1459,8 +1471,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFYVQUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBYVQUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }
@@ -1661,7 +1673,8 @@ int main(int argc, char **argv)
                             {.name = "attn_gemm off", .cache = true, .tiled = true, .par = true, .stack = true, .flash = true},
                             {.name = "attn_flash off (TF32 GEMMs)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true},
                             {.name = "gdn_chunked on (chunks of 64)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = 1},
-                            {.name = "gdn_chunked 2 (tensor cores)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = 2}};
+                            {.name = "gdn_chunked 2 (tensor cores)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = 2},
+                            {.name = "prefill_graph off (launches outside a graph)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .plain = true}};
     pv[0].chunked = gdn_chunked; /* --gdn-chunked */
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && !prefill_all && v > 0); v++) {
@@ -1669,6 +1682,7 @@ int main(int argc, char **argv)
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
         o.attn_flash = pv[v].flash, o.gdn_chunked = pv[v].chunked, o.gdn_scan_warps = gdn_scan_warps;
+        o.prefill_graph = !pv[v].plain;
         o.gemm_merge = !no_merge;
         o.kv_f16 = kv_f16;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {

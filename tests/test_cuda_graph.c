@@ -1412,6 +1412,83 @@ static void test_graph_kv_f16(void **st)
     check_graph_kv_f16("qwen35-tiny", EXPORT_BF16, 1024);
 }
 
+/* Prefills of T tokens at pos0 on a (cuda_options.prefill_graph on) and b (off): the last
+ * position's logits the same to 1e-6 with the same argmax (the same kernels in the same
+ * order, so in practice the same bits). */
+static void prefill_pair(struct cuda_session *a, struct cuda_session *b, int32_t V, int32_t T, int32_t pos0,
+                         float *la, float *lb, const char *what)
+{
+    struct qwenrt_error err = {0};
+    int32_t ids[160];
+    assert_true(T <= 160);
+    for (int32_t i = 0; i < T; i++)
+        ids[i] = (int32_t)(((pos0 + i) * 7919 + 17) % V);
+    if (cuda_session_run(a, ids, T, pos0, false, la, NULL, NULL, &err) ||
+        cuda_session_run(b, ids, T, pos0, false, lb, NULL, NULL, &err))
+        fail_msg("%s, %d tokens at %d: %s", what, (int)T, (int)pos0, err.message);
+    double e = rel_err(la, lb, (size_t)V);
+    printf("%s, %d tokens at %d: rel err %.3g%s\n", what, (int)T, (int)pos0, e,
+           memcmp(la, lb, (size_t)V * 4) ? "" : " (the same bits)");
+    if (!(e <= 1e-6))
+        fail_msg("%s, %d tokens at %d: logits differ by %.3g", what, (int)T, (int)pos0, e);
+    assert_int_equal(argmax_f(la, V), argmax_f(lb, V));
+}
+
+/* cuda_options.prefill_graph: prompts prefilled as one graph launch against the same
+ * prompts outside a graph, at Qwen3-0.6B's / Qwen3.5-0.8B's widths (the fast prefill's
+ * products, flash attention, the DeltaNet scan): a first prompt (every scratch buffer grown:
+ * the capture thrown away and made again), a continuation, the first again after a reset
+ * (updated in place), a longer one (grown again), then decode steps over what they left. */
+static void check_prefill_graph(const char *arch, enum export_type type, int32_t width)
+{
+    char path[256], what[96];
+    struct qwenrt_model *m = load_synth(arch, type, width, true, path, sizeof(path));
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.mega = off.mega = CUDA_MEGA_OFF;
+    on.prefill_graph = true, off.prefill_graph = false;
+    struct cuda_session *a = NULL, *b = NULL;
+    init_pair(m, 300, &on, &off, &a, &b, arch);
+    int32_t V = m->hp.n_vocab, id = 5;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    snprintf(what, sizeof(what), "prefill graph, %s %s width %d", arch, export_type_name(type), (int)width);
+    struct qwenrt_error err = {0};
+    prefill_pair(a, b, V, 40, 0, la, lb, what);
+    prefill_pair(a, b, V, 17, 40, la, lb, what);
+    assert_int_equal(cuda_session_reset(a, &err), QWENRT_OK);
+    assert_int_equal(cuda_session_reset(b, &err), QWENRT_OK);
+    prefill_pair(a, b, V, 40, 0, la, lb, what);
+    prefill_pair(a, b, V, 150, 40, la, lb, what);
+    int64_t ca[3], cb[3];
+    cuda_session_prefill_graphs(a, ca);
+    cuda_session_prefill_graphs(b, cb);
+    printf("%s: %lld graphs made, %lld updated, %lld prefills outside a graph\n", what, (long long)ca[0],
+           (long long)ca[1], (long long)ca[2]);
+    assert_int_equal(ca[0] + ca[1], 4); /* every prefill in a graph */
+    assert_int_equal(ca[2], 0);
+    assert_true(ca[1] >= 1); /* the same prompt again: the same kernels, updated in place */
+    assert_int_equal(cb[0] + cb[1] + cb[2], 0);
+    for (int32_t t = 0; t < 4; t++) { /* over the caches and states the two prefills left */
+        if (cuda_session_run(a, &id, 1, 190 + t, false, la, NULL, NULL, &err) ||
+            cuda_session_run(b, &id, 1, 190 + t, false, lb, NULL, NULL, &err))
+            fail_msg("%s: decode: %s", what, err.message);
+        if (!(rel_err(la, lb, (size_t)V) <= 1e-6))
+            fail_msg("%s: decode step %d after the prefills: logits differ by %.3g", what, (int)t,
+                     rel_err(la, lb, (size_t)V));
+        id = argmax_f(lb, V);
+    }
+    free_synth_pair(a, b, m, path, la, lb);
+}
+
+static void test_prefill_graph(void **st)
+{
+    (void)st;
+    check_prefill_graph("qwen3-tiny", EXPORT_BF16, 1024);
+    check_prefill_graph("qwen35-tiny", EXPORT_BF16, 1024);
+    check_prefill_graph("qwen3-tiny", EXPORT_Q4_K_M, 1024);
+}
+
 static void check_graph_mlp(const char *arch, enum export_type type, int32_t width, int32_t rows)
 {
     check_graph_mlp_shape(arch, type, width, rows, 0, 0);
@@ -1570,6 +1647,7 @@ int main(void)
         cmocka_unit_test(test_graph_attn_lanes),
         cmocka_unit_test(test_graph_attn_stage),
         cmocka_unit_test(test_graph_kv_f16),
+        cmocka_unit_test(test_prefill_graph),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_megakernel_quantised),
         cmocka_unit_test(test_megakernel_real_width),

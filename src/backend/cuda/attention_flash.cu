@@ -532,26 +532,17 @@ qwenrt_status attention_flash(struct gemm_ctx *g, const struct attn_gemm_args *a
         return err_set(err, QWENRT_ERR_INTERNAL, "cuda: flash attention called with bad arguments");
     int64_t part_bytes = (int64_t)a->n_head * FA_QCHUNK * FA_SPLITS * FA_BQ * (a->hd + 2) * 4;
     int64_t count_bytes = (int64_t)a->n_head * FA_QCHUNK * 4;
-    if (part_bytes > g->fa_part_cap || count_bytes > g->fa_count_cap) {
-        dev_free(g->allocs, g->fa_part);
-        dev_free(g->allocs, g->fa_count);
-        g->fa_part = NULL, g->fa_count = NULL, g->fa_part_cap = g->fa_count_cap = 0;
-        CUDA_CHECK(dev_malloc(g->allocs, &g->fa_part, (size_t)part_bytes));
-        CUDA_CHECK(dev_malloc(g->allocs, &g->fa_count, (size_t)count_bytes));
-        CUDA_CHECK(cudaMemsetAsync(g->fa_count, 0, (size_t)count_bytes, s));
-        g->fa_part_cap = part_bytes, g->fa_count_cap = count_bytes;
-    }
+    qwenrt_status st = scratch_grow_to(g, g->allocs, (void **)&g->fa_part, &g->fa_part_cap, part_bytes, false, s, err);
+    if (!st) /* the arrival counters start zeroed, and each launch leaves them so */
+        st = scratch_grow_to(g, g->allocs, (void **)&g->fa_count, &g->fa_count_cap, count_bytes, true, s, err);
     struct fa_ops op;
     op.tp = (a->T + FA_BQ - 1) / FA_BQ * FA_BQ;
     op.kp = (a->pos0 + a->T + FA_BK - 1) / FA_BK * FA_BK;
     int64_t qe = (int64_t)a->n_head * op.tp * a->hd, ke = (int64_t)a->n_head_kv * op.kp * a->hd;
-    int64_t ops_bytes = (qe + 2 * ke) * 2;
-    if (ops_bytes > g->fa_ops_cap) {
-        dev_free(g->allocs, g->fa_ops);
-        g->fa_ops = NULL, g->fa_ops_cap = 0;
-        CUDA_CHECK(dev_malloc(g->allocs, &g->fa_ops, (size_t)ops_bytes));
-        g->fa_ops_cap = ops_bytes;
-    }
+    if (!st)
+        st = scratch_grow_to(g, g->allocs, &g->fa_ops, &g->fa_ops_cap, (qe + 2 * ke) * 2, false, s, err);
+    if (st)
+        return st;
     op.q = (__half *)g->fa_ops, op.k = op.q + qe, op.v = (__nv_bfloat16 *)(op.k + ke);
     switch (a->hd) {
     case 64: CUDA_CHECK(flash_launch<64>(a, g->fa_part, g->fa_count, &op, s)); break;

@@ -176,12 +176,9 @@ qwenrt_status attention_gemm(struct gemm_ctx *g, const struct attn_gemm_args *a,
     int64_t tc = ATT_SCORE_FLOATS / ((int64_t)a->n_head * Tk_all);
     tc = tc > a->T ? a->T : tc < 1 ? 1 : tc;
     int64_t need = (int64_t)a->n_head * tc * Tk_all * (int64_t)sizeof(float);
-    if (need > g->scores_cap) {
-        dev_free(g->allocs, g->scores);
-        g->scores = NULL, g->scores_cap = 0;
-        CUDA_CHECK(dev_malloc(g->allocs, &g->scores, (size_t)need));
-        g->scores_cap = need;
-    }
+    qwenrt_status grown = scratch_grow_to(g, g->allocs, (void **)&g->scores, &g->scores_cap, need, false, s, err);
+    if (grown)
+        return grown;
     float scale = 1.0f / sqrtf((float)a->hd);
     for (int32_t t0 = 0; t0 < a->T; t0 += (int32_t)tc) {
         int32_t n = a->T - t0 < tc ? a->T - t0 : (int32_t)tc, Tk = a->pos0 + t0 + n;

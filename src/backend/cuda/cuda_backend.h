@@ -56,6 +56,12 @@ enum { CUDA_MEGA_OFF = 0, CUDA_MEGA_ON = 1, CUDA_MEGA_AUTO = 2 };
 
 struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
+    bool prefill_graph;  /* run each prefill (cuda_session_run of 2 or more tokens) as one graph
+                          * launch: captured, then instantiated or, where the kernels are the
+                          * last prefill's, updated in place. A context that has made some
+                          * ~300-400 kernel launches outside a graph makes every decode graph
+                          * after that ~5% slower (perf-log, session 60: "the slow state");
+                          * graph launches do not count. Default on (session 61) */
     bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
     bool gemm_bf16x2;    /* prefill, bf16 weights: x split into 3 bf16 terms, tensor cores */
     int32_t gemv_max_T;  /* up to this many tokens use the GEMV kernels instead of a GEMM */
@@ -829,6 +835,11 @@ int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv, bool wide);
 /* Graph launches cuda_session_generate has made on this session (one per token, or one per
  * cuda_options.gen_graph_steps tokens); 0 for a NULL session. */
 int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs);
+
+/* How this session's prefills ran (cuda_options.prefill_graph): counts[0] as a graph made
+ * anew, [1] as the last one's graph updated in place, [2] outside a graph (the option off
+ * counts nowhere). Zeros for a NULL session. */
+void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3]);
 
 /* The greedy loop's screened LM head (cuda_options.lm_screen, lm_screen.cuh): whether this
  * session has one (made by its first cuda_session_generate where it applies), the tokens it

@@ -23,6 +23,16 @@ struct lt_plan {
 
 #define LT_CACHE_MAX 64
 #define BGEMM_CACHE_MAX 32
+#define SCRATCH_PENDING_MAX 16
+
+/* A scratch buffer that a frozen gemm_ctx (below) has to grow once its capture is thrown away. */
+struct scratch_pending {
+    void **p;                  /* the owner's pointer and capacity (bytes) fields */
+    int64_t *cap;
+    int64_t bytes;             /* the most any call asked for */
+    bool zero;                 /* cleared after it is made (attention_flash's arrival counters) */
+    struct cuda_alloc_count *allocs;
+};
 
 /* A batched f32 product's descriptors and algorithm (attention_gemm.cu). */
 struct bgemm_plan {
@@ -62,6 +72,15 @@ struct gemm_ctx {
     void *fa_ops;          /* attention_flash: q, k, v rounded to 16 bits, head-major */
     int64_t fa_ops_cap;    /* bytes */
     struct cuda_alloc_count *allocs; /* the session's allocation count (dev_malloc), or NULL */
+    /* While a prefill is captured into a graph (cuda_session_run, cuda_options.prefill_graph)
+     * the context is frozen: no scratch buffer may be freed or made, since the capture's
+     * earlier nodes hold the old addresses and cudaFree may not run during a capture. A buffer
+     * that would grow is noted in pending instead and keeps its old address (the capture is
+     * then thrown away, never run); scratch_apply grows them all, and the capture is made
+     * again. */
+    bool frozen;
+    int32_t n_pending;
+    struct scratch_pending pending[SCRATCH_PENDING_MAX];
 };
 
 /* y[T][ldy] (=|+=) x[T][ldx] · Wᵀ, W [N] rows of K elements of dtype (row_bytes apart). */
@@ -127,6 +146,16 @@ static inline qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st,
             goto out;                                                                     \
         }                                                                                 \
     } while (0)
+
+/* Grows *p (capacity *cap, bytes, contents not kept) to at least bytes, counted in allocs;
+ * zero: cleared on stream s once made. g NULL or not frozen: at once (cudaFree waits for the
+ * work queued before); g frozen: noted in g->pending, *p unchanged. Errors: BACKEND (no memory; *p and
+ * *cap then read NULL and 0, never the freed buffer), LIMIT (more than SCRATCH_PENDING_MAX
+ * buffers noted). */
+qwenrt_status scratch_grow_to(struct gemm_ctx *g, struct cuda_alloc_count *allocs, void **p, int64_t *cap,
+                              int64_t bytes, bool zero, cudaStream_t s, struct qwenrt_error *err);
+/* Grows what the frozen context noted (g->pending), then forgets it. Errors: BACKEND. */
+qwenrt_status scratch_apply(struct gemm_ctx *g, cudaStream_t s, struct qwenrt_error *err);
 
 /* The cuBLASLt handle and workspace; the scratch buffers grow on use, all counted in allocs
  * (the session's, or NULL). Nothing is kept on error. */

@@ -403,18 +403,12 @@ int32_t ld_of(const struct run_ctx *r, int32_t id)
     return r->ld ? r->ld[id] : r->p->bufs[id].width;
 }
 
-/* Grows the prefill scratch to n floats (contents not kept). */
+/* Grows the prefill scratch to n floats (contents not kept); noted instead while a prefill is
+ * captured (gemm_ctx.frozen). */
 static qwenrt_status scratch_grow(struct cuda_session *cs, int64_t n, struct qwenrt_error *err)
 {
-    if (n <= cs->scratch_cap)
-        return QWENRT_OK;
-    CUDA_CHECK(cudaStreamSynchronize(cs->stream));
-    dev_free(cs->opt.allocs, cs->scratch);
-    cs->scratch = NULL;
-    cs->scratch_cap = 0;
-    CUDA_CHECK(dev_malloc(cs->opt.allocs, &cs->scratch, (size_t)n * sizeof(float)));
-    cs->scratch_cap = n;
-    return QWENRT_OK;
+    return scratch_grow_to(cs->gemm_ready ? &cs->gemm : NULL, cs->opt.allocs, (void **)&cs->scratch,
+                           &cs->scratch_cap, n * (int64_t)sizeof(float), false, cs->stream, err);
 }
 
 /* The cuBLASLt context, made on first use. */
@@ -671,6 +665,8 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     struct cuda_alloc_count *a = cs->opt.allocs; /* the tests' count, or NULL */
     if (cs->stream)
         cudaStreamSynchronize(cs->stream);
+    if (cs->g_prefill)
+        cudaGraphExecDestroy(cs->g_prefill);
     for (int v = 0; v < 2; v++) {
         if (cs->g_decode[v])
             cudaGraphExecDestroy(cs->g_decode[v]);
@@ -1043,6 +1039,78 @@ static qwenrt_status run_plan_ops(struct run_ctx *r, cuda_dump_fn dump, void *us
     return st;
 }
 
+/* Captures the prefill's launches (run_plan_ops) into *g with the scratch frozen (gemm_ctx):
+ * what would have grown is left in cs->gemm.pending. */
+static qwenrt_status capture_plan(struct run_ctx *r, cudaGraph_t *g, struct qwenrt_error *err)
+{
+    struct cuda_session *cs = r->cs;
+    *g = NULL;
+    cs->gemm.frozen = true;
+    cs->gemm.n_pending = 0;
+    cudaError_t e = cudaStreamBeginCapture(cs->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cs->gemm.frozen = false;
+        return cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamBeginCapture (prefill)");
+    }
+    qwenrt_status st = run_plan_ops(r, NULL, NULL, err);
+    e = cudaStreamEndCapture(cs->stream, g);
+    cs->gemm.frozen = false;
+    if (!st && e != cudaSuccess)
+        st = cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamEndCapture (prefill)");
+    cudaGetLastError(); /* a capture that failed above leaves its error behind */
+    return st;
+}
+
+/* Launches g through the session's prefill graph: updated in place where its kernels are the
+ * last prefill's (the same T and program, new arguments), else instantiated anew. */
+static qwenrt_status launch_plan_graph(struct cuda_session *cs, cudaGraph_t g, struct qwenrt_error *err)
+{
+    cudaGraphExecUpdateResultInfo info;
+    if (cs->g_prefill && cudaGraphExecUpdate(cs->g_prefill, g, &info) == cudaSuccess) {
+        cs->prefill_graphs[1]++;
+    } else {
+        cudaGetLastError(); /* a refused update is no error: the graph is made anew */
+        if (cs->g_prefill)
+            cudaGraphExecDestroy(cs->g_prefill);
+        cs->g_prefill = NULL;
+        CUDA_CHECK(cudaGraphInstantiate(&cs->g_prefill, g, 0));
+        cs->prefill_graphs[0]++;
+    }
+    CUDA_CHECK(cudaGraphLaunch(cs->g_prefill, cs->stream));
+    return QWENRT_OK;
+}
+
+/* The prefill as one graph launch (cuda_options.prefill_graph). A capture that would grow a
+ * scratch buffer is thrown away, the buffers grown, and the prefill captured again. One that
+ * fails otherwise, or grows twice (never expected: the same calls ask for the same sizes),
+ * runs outside a graph, where an error of the prefill's own is reported as before;
+ * prefill_graphs counts each way (cuda_session_prefill_graphs). */
+static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
+{
+    struct cuda_session *cs = r->cs;
+    qwenrt_status st = gemm_ready(cs, err); /* its handle and workspace are made outside a capture */
+    if (st)
+        return st;
+    for (int attempt = 0; attempt < 2 && !st; attempt++) {
+        cudaGraph_t g = NULL;
+        st = capture_plan(r, &g, err);
+        if (!st && !cs->gemm.n_pending) {
+            st = launch_plan_graph(cs, g, err);
+            cudaGraphDestroy(g);
+            return st;
+        }
+        if (g)
+            cudaGraphDestroy(g);
+        cs->gemm.xb_src = NULL; /* the memo names a conversion the thrown-away capture never ran */
+        if (!cs->gemm.n_pending)
+            break; /* a failure of its own: the plain run below reports it, or runs */
+        if ((st = scratch_apply(&cs->gemm, cs->stream, err)))
+            return st; /* no memory for the growth */
+    }
+    cs->prefill_graphs[2]++;
+    return run_plan_ops(r, NULL, NULL, err);
+}
+
 extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t *ids,
                                           int32_t T, int32_t pos0, bool all_logits,
                                           float *logits, cuda_dump_fn dump, void *dump_user,
@@ -1090,6 +1158,9 @@ extern "C" qwenrt_status cuda_session_run(struct cuda_session *cs, const int32_t
             if ((st = enqueue_decode(cs, err)))
                 return st;
         }
+    } else if (ph == PHASE_PREFILL && !dump && cs->opt.prefill_graph) {
+        if ((st = run_plan_graph(&r, err)))
+            return st;
     } else if ((st = run_plan_ops(&r, dump, dump_user, err))) {
         return st;
     }

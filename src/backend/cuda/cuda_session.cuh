@@ -168,7 +168,7 @@ struct cuda_session {
     float *ao_part;           /* STEP_ATTN_O's per-head partial sums [n_head][hidden] */
     unsigned *ao_count;       /* its arrival counters per row slice [16] (kept zeroed) */
     float *scratch;           /* prefill scratch (DeltaNet scan / conv), grown on demand */
-    int64_t scratch_cap;      /* floats */
+    int64_t scratch_cap;      /* bytes */
     /* decode program and graphs */
     struct step *steps;
     int32_t n_steps;
@@ -176,6 +176,8 @@ struct cuda_session {
      * cluster-merged splits, cuda_options.attn_cluster) */
     cudaGraphExec_t g_decode[2], g_gen[2];
     cudaGraphExec_t g_gen_k[2]; /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
+    cudaGraphExec_t g_prefill; /* the last prefill's graph (cuda_options.prefill_graph), or NULL */
+    int64_t prefill_graphs[3]; /* prefills run: instantiated, updated in place, outside a graph */
     cudaGraphExec_t g_samp[2], g_samp_k[2]; /* the same with sample.cu's draw instead of the
                                * argmax (cuda_session_generate_sampled), for samp_t and samp_m */
     float samp_t;             /* the temperature and the candidates (top_k) those graphs rank */

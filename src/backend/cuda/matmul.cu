@@ -759,18 +759,54 @@ out:
     return st;
 }
 
-/* Grows a device buffer to at least bytes (contents not kept). p and cap are the owner's own
- * fields: when the new allocation fails they read NULL and 0, never the freed buffer. */
-static qwenrt_status grow(struct cuda_alloc_count *a, void **p, int64_t *cap, int64_t bytes, struct qwenrt_error *err)
+static qwenrt_status grow_now(struct cuda_alloc_count *a, void **p, int64_t *cap, int64_t bytes, bool zero,
+                              cudaStream_t s, struct qwenrt_error *err)
 {
-    if (bytes <= *cap)
-        return QWENRT_OK;
-    dev_free(a, *p);
+    dev_free(a, *p); /* cudaFree waits for the work queued before, which may still read it */
     *p = NULL;
     *cap = 0;
     CUDA_CHECK(dev_malloc(a, p, (size_t)bytes));
+    if (zero)
+        CUDA_CHECK(cudaMemsetAsync(*p, 0, (size_t)bytes, s));
     *cap = bytes;
     return QWENRT_OK;
+}
+
+qwenrt_status scratch_grow_to(struct gemm_ctx *g, struct cuda_alloc_count *allocs, void **p, int64_t *cap,
+                              int64_t bytes, bool zero, cudaStream_t s, struct qwenrt_error *err)
+{
+    if (bytes <= *cap)
+        return QWENRT_OK;
+    if (!g || !g->frozen)
+        return grow_now(allocs, p, cap, bytes, zero, s, err);
+    for (int32_t i = 0; i < g->n_pending; i++)
+        if (g->pending[i].p == p) {
+            g->pending[i].bytes = bytes > g->pending[i].bytes ? bytes : g->pending[i].bytes;
+            return QWENRT_OK;
+        }
+    if (g->n_pending == SCRATCH_PENDING_MAX)
+        return err_set(err, QWENRT_ERR_LIMIT, "cuda: more than %d scratch buffers grow in one captured prefill",
+                       SCRATCH_PENDING_MAX);
+    g->pending[g->n_pending++] = (struct scratch_pending){p, cap, bytes, zero, allocs};
+    return QWENRT_OK;
+}
+
+qwenrt_status scratch_apply(struct gemm_ctx *g, cudaStream_t s, struct qwenrt_error *err)
+{
+    qwenrt_status st = QWENRT_OK;
+    for (int32_t i = 0; i < g->n_pending && !st; i++) {
+        const struct scratch_pending *q = &g->pending[i];
+        if (q->bytes > *q->cap)
+            st = grow_now(q->allocs, q->p, q->cap, q->bytes, q->zero, s, err);
+    }
+    g->n_pending = 0;
+    return st;
+}
+
+/* A product's scratch: scratch_grow_to on the context's own count. */
+static qwenrt_status grow(struct gemm_ctx *g, void **p, int64_t *cap, int64_t bytes, struct qwenrt_error *err)
+{
+    return scratch_grow_to(g, g->allocs, p, cap, bytes, false, NULL, err);
 }
 
 qwenrt_status gemm_init(struct gemm_ctx *g, struct cuda_alloc_count *allocs, struct qwenrt_error *err)
@@ -824,7 +860,7 @@ static qwenrt_status xsplit_grow(struct gemm_ctx *g, int64_t bytes, struct qwenr
 {
     if (bytes > g->xsplit_cap)
         g->xb_src = NULL;
-    return grow(g->allocs, (void **)&g->xsplit, &g->xsplit_cap, bytes, err);
+    return grow(g, (void **)&g->xsplit, &g->xsplit_cap, bytes, err);
 }
 
 qwenrt_status gemm_x_slot(struct gemm_ctx *g, const float *x, int64_t T, int64_t K, int64_t ldx,
@@ -845,7 +881,7 @@ static qwenrt_status weights_bf16(struct gemm_ctx *g, const struct gemm_call *c,
     *wb = c->w;
     if (c->dtype == QR_BF16 && c->row_bytes == c->K * 2)
         return QWENRT_OK;
-    qwenrt_status st = grow(g->allocs, (void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err);
+    qwenrt_status st = grow(g, (void **)&g->wbf16, &g->wbf16_cap, (int64_t)c->N * c->K * 2, err);
     if (st)
         return st;
     dequant_bf16_kernel<1><<<4096, 256, 0, s>>>(g->wbf16, NULL, (const uint8_t *)c->w, c->dtype,
@@ -893,7 +929,7 @@ static qwenrt_status gemm_run_w2(struct gemm_ctx *g, const struct gemm_call *c,
                                  struct qwenrt_error *err)
 {
     int64_t nk = (int64_t)c->N * c->K, tn = (int64_t)c->T * c->N;
-    qwenrt_status st = grow(g->allocs, (void **)&g->wbf16, &g->wbf16_cap, 2 * nk * 2, err);
+    qwenrt_status st = grow(g, (void **)&g->wbf16, &g->wbf16_cap, 2 * nk * 2, err);
     if (st)
         return st;
     __nv_bfloat16 *whi = g->wbf16, *wlo = whi + nk;
@@ -901,7 +937,7 @@ static qwenrt_status gemm_run_w2(struct gemm_ctx *g, const struct gemm_call *c,
                                                  c->K, c->row_bytes);
     CUDA_CHECK(cudaGetLastError());
     if (c->stack3 && c->N <= GEMM_STACK2_MAX_N) {
-        if ((st = grow(g->allocs, (void **)&g->c3, &g->c3_cap, 3 * tn * 4, err)) ||
+        if ((st = grow(g, (void **)&g->c3, &g->c3_cap, 3 * tn * 4, err)) ||
             (st = lt_matmul(g, CUDA_R_16BF, whi, c->K, xhi, c->K, g->c3, c->N, c->N, c->K,
                             2 * (int64_t)c->T, 0.0f, s, err)) ||
             (st = lt_matmul(g, CUDA_R_16BF, wlo, c->K, xhi, c->K, g->c3 + 2 * tn, c->N, c->N,
@@ -947,7 +983,7 @@ static qwenrt_status gemm_run_split(struct gemm_ctx *g, const struct gemm_call *
     if (c->stack3 && (terms == 3 || c->N <= GEMM_STACK2_MAX_N)) {
         /* one product over terms x T columns (the terms are contiguous [T][K] blocks): more
          * output tiles than one term has, so small-N products fill the GPU */
-        if ((st = grow(g->allocs, (void **)&g->c3, &g->c3_cap, terms * (int64_t)c->T * c->N * 4, err)))
+        if ((st = grow(g, (void **)&g->c3, &g->c3_cap, terms * (int64_t)c->T * c->N * 4, err)))
             return st;
         if ((st = lt_matmul(g, CUDA_R_16BF, wb, c->K, hi, c->K, g->c3, c->N, c->N, c->K,
                             terms * (int64_t)c->T, 0.0f, s, err)))
@@ -980,7 +1016,7 @@ qwenrt_status gemm_run(struct gemm_ctx *g, const struct gemm_call *c, cudaStream
         return gemm_run_split(g, c, 3, s, err);
     const float *wf = (const float *)c->w;
     if (c->dtype != QR_F32 || c->row_bytes != c->K * 4) {
-        if ((st = grow(g->allocs, (void **)&g->wf32, &g->wf32_cap, (int64_t)c->N * c->K * 4, err)))
+        if ((st = grow(g, (void **)&g->wf32, &g->wf32_cap, (int64_t)c->N * c->K * 4, err)))
             return st;
         CUDA_CHECK(launch_dequant(g->wf32, c->w, c->dtype, c->N, c->K, c->row_bytes, s));
         wf = g->wf32;
