@@ -681,7 +681,9 @@ out:
  * (gen_graph_steps: a half / a quarter of the launches), F as s after a 64-token prefill (a prompt,
  * as every qwenrt run and serve session starts; one graph launch since session 61: the default
  * cuda_options.prefill_graph), B as F with the prefill's ~300 launches outside a graph
- * (prefill_graph off, as before session 61), Y / V as s after 300
+ * (prefill_graph off, as before session 61), D / H as B with the decode graphs instantiated for
+ * device launch / uploaded at once (cuda_options.graph_flags 2 / 1), I as s after one graph of 300
+ * empty launches made and run twice (does making a large graph count?), Y / V as s after 300
  * empty one-block launches / 4-byte memsets outside a graph, Q as s with the 300 empty launches
  * between its warm-up and its timed run (its graph made before them), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
@@ -747,8 +749,15 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             o.gen_graph_steps = kind == 'G' ? 16 : 32; /* 8 or 4 graph launches a tg128 instead of 16 */
         if (kind == 'U')
             o.lm_screen = 0;
-        if (kind == 'B')
+        if (kind == 'B' || kind == 'D' || kind == 'H')
             o.prefill_graph = false;
+        if (kind == 'D' || kind == 'H') /* the decode graphs for device launch / uploaded at once */
+            o.graph_flags = kind == 'D' ? 2 : 1;
+        if (kind == 'I' && cuda_launch_floor_bench(PLAIN_LAUNCHES, 1, 32, 0, false, 1, &wait_us, &err)) {
+            fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
+            goto fail;
+        }
+        process_graphs += kind == 'I' ? 2 : 0; /* a warm-up and one replay */
         if (kind == 'N')
             o.l2_prefetch_mb = 0; /* the decode launches ask the L2 for no weights ahead */
         if (kind == 'K')
@@ -757,11 +766,13 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         double t = 0;
         bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8 + SCREEN_PREFILL, &o, &dw->mu, &dw->cuda, &cs, &err)
                          : !cuda_session_init(m->plans, n + 8 + SCREEN_PREFILL, &o, &cs, &err);
-        const int32_t pre = kind == 'F' || kind == 'B' ? SCREEN_PREFILL : 0; /* a prompt first, as qwenrt run and serve */
+        const int32_t pre = kind == 'F' || kind == 'B' || kind == 'D' || kind == 'H' ? SCREEN_PREFILL : 0; /* a prompt first, as qwenrt run and serve */
         double pre_s = 0; /* the timed run's prefill */
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
             ok = !cuda_session_reset(cs, &err);
-            ok = ok && (!pre || !cuda_session_run(cs, prompt, pre, 0, false, NULL, NULL, NULL, &err));
+            double p0 = time_now_s(); /* (the row read back ends it: the time includes its copy) */
+            ok = ok && (!pre || !cuda_session_run(cs, prompt, pre, 0, false, row, NULL, NULL, &err));
+            pre_s = time_now_s() - p0;
             ok = ok && (kind != 'Q' || w == 0 || !cuda_bench_plain_launches(PLAIN_LAUNCHES, false, &err));
             double t0 = time_now_s();
             ok = ok && !cuda_session_generate(cs, 17, pre, n, 32, out, NULL, &err);
@@ -1471,8 +1482,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBYVQUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIYVQUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

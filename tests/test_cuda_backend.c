@@ -1194,6 +1194,7 @@ static void test_backend_errors(void **st)
                    {"l2_prefetch_mb", offsetof(struct cuda_options, l2_prefetch_mb), {-1, 65}},
                    {"gemv_smem_xreg", offsetof(struct cuda_options, gemv_smem_xreg), {-1, 2}},
                    {"gen_graph_steps", offsetof(struct cuda_options, gen_graph_steps), {-1, GEN_GRAPH_STEPS_LIMIT + 1}},
+                   {"graph_flags", offsetof(struct cuda_options, graph_flags), {-1, 3}},
                    {"gdn_staged", offsetof(struct cuda_options, gdn_staged), {-1, 2}},
                    {"gdn_wide", offsetof(struct cuda_options, gdn_wide), {-1, 2}},
                    {"gdn_chunked", offsetof(struct cuda_options, gdn_chunked), {-1, 3}},

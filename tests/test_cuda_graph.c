@@ -1461,10 +1461,11 @@ static void check_prefill_graph(const char *arch, enum export_type type, int32_t
     prefill_pair(a, b, V, 40, 0, la, lb, what);
     prefill_pair(a, b, V, 150, 40, la, lb, what);
     int64_t ca[3], cb[3];
-    cuda_session_prefill_graphs(a, ca);
-    cuda_session_prefill_graphs(b, cb);
-    printf("%s: %lld graphs made, %lld updated, %lld prefills outside a graph\n", what, (long long)ca[0],
-           (long long)ca[1], (long long)ca[2]);
+    const char *why = NULL;
+    cuda_session_prefill_graphs(a, ca, &why);
+    cuda_session_prefill_graphs(b, cb, NULL);
+    printf("%s: %lld graphs made, %lld updated, %lld prefills outside a graph%s%s\n", what, (long long)ca[0],
+           (long long)ca[1], (long long)ca[2], *why ? ": " : "", why);
     assert_int_equal(ca[0] + ca[1], 4); /* every prefill in a graph */
     assert_int_equal(ca[2], 0);
     assert_true(ca[1] >= 1); /* the same prompt again: the same kernels, updated in place */

@@ -62,6 +62,11 @@ struct cuda_options {
                           * ~300-400 kernel launches outside a graph makes every decode graph
                           * after that ~5% slower (perf-log, session 60: "the slow state");
                           * graph launches do not count. Default on (session 61) */
+    int32_t graph_flags; /* how the decode graphs are instantiated (the slow state's probes):
+                          * 0 (default) plainly, 1 uploaded to the session's stream at once
+                          * (cudaGraphInstantiateFlagUpload), 2 for device launch
+                          * (cudaGraphInstantiateFlagDeviceLaunch; launched from the host all
+                          * the same) */
     bool fuse;           /* decode: fused kernels (norm->matmul, swiglu, residual, rope+cache) */
     bool gemm_bf16x2;    /* prefill, bf16 weights: x split into 3 bf16 terms, tensor cores */
     int32_t gemv_max_T;  /* up to this many tokens use the GEMV kernels instead of a GEMM */
@@ -838,8 +843,9 @@ int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs);
 
 /* How this session's prefills ran (cuda_options.prefill_graph): counts[0] as a graph made
  * anew, [1] as the last one's graph updated in place, [2] outside a graph (the option off
- * counts nowhere). Zeros for a NULL session. */
-void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3]);
+ * counts nowhere); *why (when why is not NULL): the last reason one ran outside a graph, or
+ * "". Zeros and "" for a NULL session. */
+void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3], const char **why);
 
 /* The greedy loop's screened LM head (cuda_options.lm_screen, lm_screen.cuh): whether this
  * session has one (made by its first cuda_session_generate where it applies), the tokens it

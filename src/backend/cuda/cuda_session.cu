@@ -1091,7 +1091,8 @@ static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
     qwenrt_status st = gemm_ready(cs, err); /* its handle and workspace are made outside a capture */
     if (st)
         return st;
-    for (int attempt = 0; attempt < 2 && !st; attempt++) {
+    snprintf(cs->prefill_why, sizeof(cs->prefill_why), "its scratch buffers grew in two captures");
+    for (int attempt = 0; attempt < 2; attempt++) {
         cudaGraph_t g = NULL;
         st = capture_plan(r, &g, err);
         if (!st && !cs->gemm.n_pending) {
@@ -1102,8 +1103,10 @@ static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
         if (g)
             cudaGraphDestroy(g);
         cs->gemm.xb_src = NULL; /* the memo names a conversion the thrown-away capture never ran */
-        if (!cs->gemm.n_pending)
-            break; /* a failure of its own: the plain run below reports it, or runs */
+        if (!cs->gemm.n_pending) { /* a failure of its own: the plain run below reports it, or runs */
+            snprintf(cs->prefill_why, sizeof(cs->prefill_why), "%.180s", err ? err->message : "the capture failed");
+            break;
+        }
         if ((st = scratch_apply(&cs->gemm, cs->stream, err)))
             return st; /* no memory for the growth */
     }

@@ -178,6 +178,7 @@ struct cuda_session {
     cudaGraphExec_t g_gen_k[2]; /* gen_graph_steps (> 1) greedy steps in one graph, or NULL */
     cudaGraphExec_t g_prefill; /* the last prefill's graph (cuda_options.prefill_graph), or NULL */
     int64_t prefill_graphs[3]; /* prefills run: instantiated, updated in place, outside a graph */
+    char prefill_why[192];     /* why the last one outside a graph was, or "" */
     cudaGraphExec_t g_samp[2], g_samp_k[2]; /* the same with sample.cu's draw instead of the
                                * argmax (cuda_session_generate_sampled), for samp_t and samp_m */
     float samp_t;             /* the temperature and the candidates (top_k) those graphs rank */

@@ -291,10 +291,12 @@ int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs)
     return 0;
 }
 
-void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3])
+void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3], const char **why)
 {
     (void)cs;
     counts[0] = counts[1] = counts[2] = 0;
+    if (why)
+        *why = "";
 }
 
 bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64_t *exact_rows)

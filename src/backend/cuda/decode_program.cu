@@ -806,6 +806,21 @@ static cudaError_t enqueue_pick(struct cuda_session *cs, enum gen_mode mode)
                        (float *)(cs->d_top + CUDA_TOP_MAX_M), NULL, false, cs->stream, &dr, cs->decode_pdl);
 }
 
+/* g as an executable graph the way cuda_options.graph_flags says. */
+static cudaError_t instantiate_decode(struct cuda_session *cs, cudaGraphExec_t *out, cudaGraph_t g)
+{
+    if (cs->opt.graph_flags == 2)
+        return cudaGraphInstantiateWithFlags(out, g, cudaGraphInstantiateFlagDeviceLaunch);
+    if (cs->opt.graph_flags == 1) {
+        cudaGraphInstantiateParams ip;
+        memset(&ip, 0, sizeof(ip));
+        ip.flags = cudaGraphInstantiateFlagUpload;
+        ip.uploadStream = cs->stream;
+        return cudaGraphInstantiateWithParams(out, g, &ip);
+    }
+    return cudaGraphInstantiate(out, g, 0);
+}
+
 /* Captures enqueue_decode (+ the greedy argmax when gen) into an executable graph, steps
  * times over (gen only: each step reads the position and the token the one before it left on
  * the GPU, so the copies are the same step run in sequence). */
@@ -837,7 +852,7 @@ qwenrt_status capture(struct cuda_session *cs, int gen, int32_t steps, cudaGraph
     }
     if (e != cudaSuccess)
         return cuda_fail(err, e, __FILE__, __LINE__, "cudaStreamEndCapture");
-    e = cudaGraphInstantiate(out, g, 0);
+    e = instantiate_decode(cs, out, g);
     cudaGraphDestroy(g);
     if (e != cudaSuccess)
         return cuda_fail(err, e, __FILE__, __LINE__, "cudaGraphInstantiate");

@@ -20,10 +20,12 @@ extern "C" int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs
     return cs ? cs->gen_launches : 0;
 }
 
-extern "C" void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3])
+extern "C" void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3], const char **why)
 {
     for (int i = 0; i < 3; i++)
         counts[i] = cs ? cs->prefill_graphs[i] : 0;
+    if (why)
+        *why = cs ? cs->prefill_why : "";
 }
 
 extern "C" bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64_t *exact_rows)

@@ -373,6 +373,9 @@ qwenrt_status check_options(const struct cuda_options *o, struct qwenrt_error *e
     if (o->gdn_wide != 0 && o->gdn_wide != 1)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gdn_wide %d (0: a block per norm group, 1: two)",
                        (int)o->gdn_wide);
+    if (o->graph_flags < 0 || o->graph_flags > 2)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: graph_flags %d (0 plain, 1 upload, 2 device launch)",
+                       (int)o->graph_flags);
     if (o->gen_graph_steps < 0 || o->gen_graph_steps > GEN_GRAPH_STEPS_LIMIT)
         return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda: gen_graph_steps %d (0 or 1: one step per graph, up to %d)",
                        (int)o->gen_graph_steps, GEN_GRAPH_STEPS_LIMIT);
