@@ -683,7 +683,8 @@ out:
  * cuda_options.prefill_graph), B as F with the prefill's ~300 launches outside a graph
  * (prefill_graph off, as before session 61), D / H as B with the decode graphs instantiated for
  * device launch / uploaded at once (cuda_options.graph_flags 2 / 1), I as s after one graph of 300
- * empty launches made and run twice (does making a large graph count?), Y / V as s after 300
+ * empty launches made and run twice (does making a large graph count?), A as B with its decode
+ * graphs made right after init, before its prompt (cuda_session_prepare_generate), Y / V as s after 300
  * empty one-block launches / 4-byte memsets outside a graph, Q as s with the 300 empty launches
  * between its warm-up and its timed run (its graph made before them), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
@@ -749,7 +750,7 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             o.gen_graph_steps = kind == 'G' ? 16 : 32; /* 8 or 4 graph launches a tg128 instead of 16 */
         if (kind == 'U')
             o.lm_screen = 0;
-        if (kind == 'B' || kind == 'D' || kind == 'H')
+        if (kind == 'B' || kind == 'D' || kind == 'H' || kind == 'A')
             o.prefill_graph = false;
         if (kind == 'D' || kind == 'H') /* the decode graphs for device launch / uploaded at once */
             o.graph_flags = kind == 'D' ? 2 : 1;
@@ -766,7 +767,9 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         double t = 0;
         bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8 + SCREEN_PREFILL, &o, &dw->mu, &dw->cuda, &cs, &err)
                          : !cuda_session_init(m->plans, n + 8 + SCREEN_PREFILL, &o, &cs, &err);
-        const int32_t pre = kind == 'F' || kind == 'B' || kind == 'D' || kind == 'H' ? SCREEN_PREFILL : 0; /* a prompt first, as qwenrt run and serve */
+        /* a prompt first, as qwenrt run and serve */
+        const int32_t pre = kind == 'F' || kind == 'B' || kind == 'D' || kind == 'H' || kind == 'A' ? SCREEN_PREFILL : 0;
+        ok = ok && (kind != 'A' || !cuda_session_prepare_generate(cs, &err)); /* its graphs before its prompt */
         double pre_s = 0; /* the timed run's prefill */
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
             ok = !cuda_session_reset(cs, &err);
@@ -1482,8 +1485,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIYVQUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIAYVQUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), A (B with its decode graphs made before its prompt), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

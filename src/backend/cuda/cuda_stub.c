@@ -291,6 +291,12 @@ int64_t cuda_session_gen_graph_launches(const struct cuda_session *cs)
     return 0;
 }
 
+qwenrt_status cuda_session_prepare_generate(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    (void)cs;
+    return not_built(err);
+}
+
 void cuda_session_prefill_graphs(const struct cuda_session *cs, int64_t counts[3], const char **why)
 {
     (void)cs;

@@ -332,6 +332,22 @@ extern "C" qwenrt_status cuda_topk_rows_host(const float *logits, int32_t n, int
 
 /* ------------------------------------------------------------------ generation loops */
 
+extern "C" qwenrt_status cuda_session_prepare_generate(struct cuda_session *cs, struct qwenrt_error *err)
+{
+    if (cs->mk || !cs->opt.graph)
+        return QWENRT_OK;
+    qwenrt_status st = lm_screen_ready(cs, err);
+    const int32_t k = cs->opt.gen_graph_steps > 1 ? cs->opt.gen_graph_steps : 1;
+    for (int v = 0; v <= (cs->cl_mode != 0) && !st; v++) {
+        cs->cl_variant = v; /* what the attention's launches are captured for */
+        if (k > 1 && !cs->g_gen_k[v])
+            st = capture(cs, GEN_ARGMAX, k, &cs->g_gen_k[v], err);
+        if (!st && !cs->g_gen[v])
+            st = capture(cs, GEN_ARGMAX, 1, &cs->g_gen[v], err);
+    }
+    return st;
+}
+
 extern "C" qwenrt_status cuda_session_generate(struct cuda_session *cs, int32_t id, int32_t pos0,
                                                int32_t n, int32_t readback_every,
                                                int32_t *out_ids, float *last_logits,
