@@ -372,7 +372,7 @@ struct variant {
 struct pvariant {
     const char *name;
     bool cache, tiled, par, stack, agemm, fast, flash;
-    bool plain; /* cuda_options.prefill_graph off: the prefill's launches outside a graph */
+    bool in_graph; /* cuda_options.prefill_graph: the prefill as one graph launch */
     double tok_s;
     int32_t chunked; /* cuda_options.gdn_chunked: 0 the column scan, 1 chunks, 2 chunks on the
                       * tensor cores */
@@ -679,9 +679,8 @@ out:
  * fast and slow states), W 260 graph launches of one empty block and then as s (is the state
  * a count of submissions?), G / T as s with 16 / 32 decode steps a graph launch
  * (gen_graph_steps: a half / a quarter of the launches), F as s after a 64-token prefill (a prompt,
- * as every qwenrt run and serve session starts; one graph launch since session 61: the default
- * cuda_options.prefill_graph), B as F with the prefill's ~300 launches outside a graph
- * (prefill_graph off, as before session 61), D / H as B with the decode graphs instantiated for
+ * as every qwenrt run and serve session starts, as one graph launch: cuda_options.prefill_graph),
+ * B as F with the prefill's ~300 launches outside a graph (the default), D / H as B with the decode graphs instantiated for
  * device launch / uploaded at once (cuda_options.graph_flags 2 / 1), I as s after one graph of 300
  * empty launches made and run twice (does making a large graph count?), A as B with its decode
  * graphs made right after init, before its prompt (cuda_session_prepare_generate), Y / V as s after 300
@@ -750,8 +749,7 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             o.gen_graph_steps = kind == 'G' ? 16 : 32; /* 8 or 4 graph launches a tg128 instead of 16 */
         if (kind == 'U')
             o.lm_screen = 0;
-        if (kind == 'B' || kind == 'D' || kind == 'H' || kind == 'A')
-            o.prefill_graph = false;
+        o.prefill_graph = kind == 'F'; /* F: the prefill as one graph launch (B, D, H, A: not, the default) */
         if (kind == 'D' || kind == 'H') /* the decode graphs for device launch / uploaded at once */
             o.graph_flags = kind == 'D' ? 2 : 1;
         if (kind == 'I' && cuda_launch_floor_bench(PLAIN_LAUNCHES, 1, 32, 0, false, 1, &wait_us, &err)) {
@@ -1688,7 +1686,7 @@ int main(int argc, char **argv)
                             {.name = "attn_flash off (TF32 GEMMs)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true},
                             {.name = "gdn_chunked on (chunks of 64)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = 1},
                             {.name = "gdn_chunked 2 (tensor cores)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .chunked = 2},
-                            {.name = "prefill_graph off (launches outside a graph)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .plain = true}};
+                            {.name = "prefill_graph on (one graph launch)", .cache = true, .tiled = true, .par = true, .stack = true, .agemm = true, .fast = true, .flash = true, .in_graph = true}};
     pv[0].chunked = gdn_chunked; /* --gdn-chunked */
     uint64_t pp_hash = 0;
     for (size_t v = 0; v < sizeof(pv) / sizeof(pv[0]) && !decode_only && !(prefill_only && !prefill_all && v > 0); v++) {
@@ -1696,7 +1694,7 @@ int main(int argc, char **argv)
         o.gemm_cache = pv[v].cache, o.attn_tiled = pv[v].tiled, o.gdn_par = pv[v].par;
         o.gemm_stack3 = pv[v].stack, o.attn_gemm = pv[v].agemm, o.prefill_bf16 = pv[v].fast;
         o.attn_flash = pv[v].flash, o.gdn_chunked = pv[v].chunked, o.gdn_scan_warps = gdn_scan_warps;
-        o.prefill_graph = !pv[v].plain;
+        o.prefill_graph = pv[v].in_graph;
         o.gemm_merge = !no_merge;
         o.kv_f16 = kv_f16;
         if (cuda_session_init(m->plans, n_ctx, &o, &cs, &err)) {

@@ -246,6 +246,16 @@ static void test_every_allocation_fails_cleanly(void **state)
     sweep_allocations("tests/data/qwen35-tiny-bf16", cuda_default_options(), ALL_STEPS);
 }
 
+/* The same with each prefill captured into a graph (cuda_options.prefill_graph): the scratch
+ * that a capture notes and scratch_apply then grows. */
+static void test_prefill_graph_allocations_fail_cleanly(void **state)
+{
+    (void)state;
+    struct cuda_options o = cuda_default_options();
+    o.prefill_graph = true;
+    sweep_allocations("tests/data/qwen35-tiny-bf16", o, ALL_STEPS);
+}
+
 /* The megakernel's tables (a Qwen3 session decoding through it: init, prefill, the greedy loop). */
 static void test_megakernel_allocations_fail_cleanly(void **state)
 {
@@ -300,6 +310,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts_balance),
         cmocka_unit_test(test_every_allocation_fails_cleanly),
+        cmocka_unit_test(test_prefill_graph_allocations_fail_cleanly),
         cmocka_unit_test(test_megakernel_allocations_fail_cleanly),
     };
     cuda_tests_filter();

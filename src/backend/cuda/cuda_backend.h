@@ -60,8 +60,10 @@ struct cuda_options {
                           * launch: captured, then instantiated or, where the kernels are the
                           * last prefill's, updated in place. A context that has made some
                           * ~300-400 kernel launches outside a graph makes every decode graph
-                          * after that ~5% slower (perf-log, session 60: "the slow state");
-                          * graph launches do not count. Default on (session 61) */
+                          * after that ~5% slower (perf-log, session 60: "the slow state"),
+                          * and graph launches do not; a prefill in a graph did not keep a
+                          * process fast, and its sessions decoded ~1.5% slower (H100, session
+                          * 61). Default off */
     int32_t graph_flags; /* how the decode graphs are instantiated (the slow state's probes):
                           * 0 (default) plainly, 1 uploaded to the session's stream at once
                           * (cudaGraphInstantiateFlagUpload), 2 for device launch

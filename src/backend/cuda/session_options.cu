@@ -19,7 +19,6 @@ extern "C" struct cuda_options cuda_default_options(void)
     struct cuda_options o;
     memset(&o, 0, sizeof(o)); /* a field not named below is 0 / false / NULL */
     o.graph = true;
-    o.prefill_graph = true;
     o.fuse = true;
     o.gemm_bf16x2 = true;
     o.gemv_max_T = GEMV_MAX_T;
