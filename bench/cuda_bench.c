@@ -683,7 +683,9 @@ out:
  * B as F with the prefill's ~300 launches outside a graph (the default), D / H as B with the decode graphs instantiated for
  * device launch / uploaded at once (cuda_options.graph_flags 2 / 1), I as s after one graph of 300
  * empty launches made and run twice (does making a large graph count?), A as B with its decode
- * graphs made right after init, before its prompt (cuda_session_prepare_generate), Y / V as s after 300
+ * graphs made right after init, before its prompt (cuda_session_prepare_generate), Z as s after
+ * 2 blocks of 32 MiB and 16 of 64 KiB made and freed (cuda_bench_alloc_churn: does where the
+ * session's buffers land set its speed? the rows end with their addresses), Y / V as s after 300
  * empty one-block launches / 4-byte memsets outside a graph, Q as s with the 300 empty launches
  * between its warm-up and its timed run (its graph made before them), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
@@ -717,7 +719,7 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
     }
     n = n < 4 ? 4 : n > 500 ? 500 : n;
     printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch | device "
-           "MiB free after | its graph launches | the process's so far | prefill us (F, B) |\n|---:|---|---|---:|---:|---|---|---|---|---:|---:|---:|---:|\n",
+           "MiB free after | its graph launches | the process's so far | prefill us (F, B) | state | dbuf 0 | att part | ids |\n|---:|---|---|---:|---:|---|---|---|---|---:|---:|---:|---:|---|---|---|---|\n",
            n);
     int64_t process_graphs = 0; /* graph launches so far: the sessions' and W's (the count of the slow state) */
     for (int i = 0; i < count; i++) {
@@ -738,6 +740,10 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
             goto fail;
         }
         if ((kind == 'Y' || kind == 'V') && cuda_bench_plain_launches(PLAIN_LAUNCHES, kind == 'V', &err)) {
+            fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
+            goto fail;
+        }
+        if (kind == 'Z' && cuda_bench_alloc_churn(2, 16, &err)) {
             fprintf(stderr, "--screen-sessions: session %d: %s\n", i, err.message);
             goto fail;
         }
@@ -789,6 +795,8 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         if (ok && kind == 'P' && !cuda_session_timeline(cs, 17, 0, 20, report, sizeof(report), &err))
             printf("session %d's decode time line:\n%s", i, report);
         const int64_t graphs = cuda_session_gen_graph_launches(cs);
+        uint64_t at[4]; /* where its decode data lay */
+        cuda_session_buffer_addresses(cs, at);
         process_graphs += graphs;
         cuda_session_free(cs);
         double floor_us = 0; /* a..h: one graph of one empty launch of 1 << (kind - 'a') blocks, twice */
@@ -805,10 +813,11 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         }
         char ended[40];
         records_now(ended); /* UTC, as the records stamp their runs */
-        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld | %lld | %lld | %.0f |\n", i, ended,
+        printf("| %d | %s | %s | %.1f | %.1f | %#llx | %#llx | %#llx | %#llx | %lld | %lld | %lld | %.0f | %#llx | %#llx | %#llx | %#llx |\n", i, ended,
                screened ? "yes" : "no", n / t, us, (unsigned long long)a[0], (unsigned long long)a[1],
                (unsigned long long)a[2], (unsigned long long)a[3], (long long)(free_b >> 20), (long long)graphs,
-               (long long)process_graphs, pre_s * 1e6);
+               (long long)process_graphs, pre_s * 1e6, (unsigned long long)at[0], (unsigned long long)at[1],
+               (unsigned long long)at[2], (unsigned long long)at[3]);
         fflush(stdout); /* the rows line up with a clock log taken beside the run (nvidia-smi -lms) */
     }
     free(row);
@@ -1483,8 +1492,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIAYVQUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), A (B with its decode graphs made before its prompt), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIAZYVQUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), A (B with its decode graphs made before its prompt), Z (as s after 2 x 32 MiB and 16 x 64 KiB made and freed), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

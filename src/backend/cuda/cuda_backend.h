@@ -763,6 +763,11 @@ qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err);
  * --screen-pattern Y / V / Q: whether such launches, as a prompt's prefill makes, bring on the
  * slow state). Errors: INVALID_ARG (n outside 1-100,000), BACKEND. */
 qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, struct qwenrt_error *err);
+
+/* For cuda_bench's slow-state probes: n_big blocks of 32 MiB and n_small of 64 KiB made with
+ * cudaMalloc and freed in the order made, nothing launched (does where the next session's
+ * buffers land set its speed?). Errors: INVALID_ARG (more than 64 of either), BACKEND. */
+qwenrt_status cuda_bench_alloc_churn(int32_t n_big, int32_t n_small, struct qwenrt_error *err);
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
 void cuda_test_release_memory(struct cuda_memory_hold *hold);
 
@@ -865,6 +870,11 @@ bool cuda_session_lm_screen(const struct cuda_session *cs, int64_t *picks, int64
  * cuda_bench --screen-sessions): addr[0] the 8-bit copy, [1] its scales, [2] the approximate
  * logits, [3] the scratch its atomics use. false (zeros) where the session has no screen. */
 bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4]);
+
+/* Where this session's decode data lie (the slow state's probes: does the speed follow the
+ * addresses?): its state block (KV caches, recurrent rows), its first decode buffer, the
+ * attention's partials, the token ids. Zeros for a NULL session. */
+void cuda_session_buffer_addresses(const struct cuda_session *cs, uint64_t addr[4]);
 /* The screened LM head's greedy pick alone (its two launches, no PDL), reps times on the
  * session's last hidden state: the median time from event to event, *us. For the same
  * measurement. Errors: INVALID_ARG (no screen: no generation call yet, or none applies), BACKEND. */

@@ -154,6 +154,8 @@ static inline qwenrt_status lt_fail(struct qwenrt_error *err, cublasStatus_t st,
  * buffers noted). */
 qwenrt_status scratch_grow_to(struct gemm_ctx *g, struct cuda_alloc_count *allocs, void **p, int64_t *cap,
                               int64_t bytes, bool zero, cudaStream_t s, struct qwenrt_error *err);
+/* What the frozen context noted, as "name bytes > capacity; ..." into buf (n bytes). */
+void scratch_describe(const struct gemm_ctx *g, char *buf, size_t n);
 /* Grows what the frozen context noted (g->pending), then forgets it. Errors: BACKEND. */
 qwenrt_status scratch_apply(struct gemm_ctx *g, cudaStream_t s, struct qwenrt_error *err);
 

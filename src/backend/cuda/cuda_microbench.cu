@@ -502,6 +502,21 @@ extern "C" qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, stru
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "the plain launches");
 }
 
+extern "C" qwenrt_status cuda_bench_alloc_churn(int32_t n_big, int32_t n_small, struct qwenrt_error *err)
+{
+    if (n_big < 0 || n_big > 64 || n_small < 0 || n_small > 64)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_bench_alloc_churn: %d and %d blocks (0 to 64 each)",
+                       (int)n_big, (int)n_small);
+    void *p[128] = {NULL};
+    cudaError_t e = cudaSuccess;
+    int n = 0;
+    for (; n < n_big + n_small && e == cudaSuccess; n++)
+        e = cudaMalloc(&p[n], n < n_big ? (size_t)32 << 20 : (size_t)64 << 10);
+    for (int i = 0; i < n; i++)
+        cudaFree(p[i]);
+    return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "cuda_bench_alloc_churn");
+}
+
 extern "C" qwenrt_status cuda_bench_stream_churn(int32_t n, struct qwenrt_error *err)
 {
     if (n < 1 || n > 1024)

@@ -1091,7 +1091,7 @@ static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
     qwenrt_status st = gemm_ready(cs, err); /* its handle and workspace are made outside a capture */
     if (st)
         return st;
-    snprintf(cs->prefill_why, sizeof(cs->prefill_why), "its scratch buffers grew in two captures");
+    char why[sizeof(cs->prefill_why)] = "";
     for (int attempt = 0; attempt < 2; attempt++) {
         cudaGraph_t g = NULL;
         st = capture_plan(r, &g, err);
@@ -1104,12 +1104,16 @@ static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
             cudaGraphDestroy(g);
         cs->gemm.xb_src = NULL; /* the memo names a conversion the thrown-away capture never ran */
         if (!cs->gemm.n_pending) { /* a failure of its own: the plain run below reports it, or runs */
-            snprintf(cs->prefill_why, sizeof(cs->prefill_why), "%.180s", err ? err->message : "the capture failed");
+            snprintf(why, sizeof(why), "%.180s", err ? err->message : "the capture failed");
             break;
         }
+        char grew[128];
+        scratch_describe(&cs->gemm, grew, sizeof(grew));
+        snprintf(why, sizeof(why), "its scratch buffers grew in two captures (the second: %.100s)", grew);
         if ((st = scratch_apply(&cs->gemm, cs->stream, err)))
             return st; /* no memory for the growth */
     }
+    memcpy(cs->prefill_why, why, sizeof(why));
     cs->prefill_graphs[2]++;
     return run_plan_ops(r, NULL, NULL, err);
 }

@@ -326,6 +326,18 @@ qwenrt_status cuda_session_lm_screen_probe(struct cuda_session *cs, int32_t reps
     return not_built(err);
 }
 
+void cuda_session_buffer_addresses(const struct cuda_session *cs, uint64_t addr[4])
+{
+    (void)cs;
+    memset(addr, 0, 4 * sizeof(uint64_t));
+}
+
+qwenrt_status cuda_bench_alloc_churn(int32_t n_big, int32_t n_small, struct qwenrt_error *err)
+{
+    (void)n_big, (void)n_small;
+    return not_built(err);
+}
+
 bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
 {
     (void)cs;

@@ -791,6 +791,27 @@ qwenrt_status scratch_grow_to(struct gemm_ctx *g, struct cuda_alloc_count *alloc
     return QWENRT_OK;
 }
 
+static const char *scratch_name(const struct gemm_ctx *g, void *const *p)
+{
+    return p == (void *const *)&g->wf32 ? "wf32" : p == (void *const *)&g->wbf16 ? "wbf16"
+           : p == (void *const *)&g->xsplit ? "xsplit" : p == (void *const *)&g->c3 ? "c3"
+           : p == (void *const *)&g->scores ? "scores" : p == (void *const *)&g->fa_part ? "fa_part"
+           : p == (void *const *)&g->fa_count ? "fa_count" : p == (void *const *)&g->fa_ops ? "fa_ops"
+                                                      : "the session's scratch";
+}
+
+void scratch_describe(const struct gemm_ctx *g, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int32_t i = 0; i < g->n_pending && at < n; i++) {
+        const struct scratch_pending *q = &g->pending[i];
+        int w = snprintf(buf + at, n - at, "%s%s %lld > %lld", i ? "; " : "", scratch_name(g, q->p),
+                         (long long)q->bytes, (long long)*q->cap);
+        at += w > 0 ? (size_t)w : 0;
+    }
+}
+
 qwenrt_status scratch_apply(struct gemm_ctx *g, cudaStream_t s, struct qwenrt_error *err)
 {
     qwenrt_status st = QWENRT_OK;

@@ -79,6 +79,15 @@ extern "C" qwenrt_status cuda_session_lm_screen_time(struct cuda_session *cs, in
     return cuda_session_lm_screen_probe(cs, reps, 3, us, err);
 }
 
+extern "C" void cuda_session_buffer_addresses(const struct cuda_session *cs, uint64_t addr[4])
+{
+    memset(addr, 0, 4 * sizeof(uint64_t));
+    if (!cs)
+        return;
+    addr[0] = (uint64_t)(uintptr_t)cs->state, addr[1] = (uint64_t)(uintptr_t)cs->dbufs[0];
+    addr[2] = (uint64_t)(uintptr_t)cs->att_part, addr[3] = (uint64_t)(uintptr_t)cs->d_ids;
+}
+
 extern "C" bool cuda_session_lm_screen_buffers(const struct cuda_session *cs, uint64_t addr[4])
 {
     memset(addr, 0, 4 * sizeof(uint64_t));
