@@ -685,7 +685,9 @@ out:
  * empty launches made and run twice (does making a large graph count?), A as B with its decode
  * graphs made right after init, before its prompt (cuda_session_prepare_generate), Z as s after
  * 2 blocks of 32 MiB and 16 of 64 KiB made and freed (cuda_bench_alloc_churn: does where the
- * session's buffers land set its speed? the rows end with their addresses), Y / V as s after 300
+ * session's buffers land set its speed? the rows end with their addresses), O as B on one of 8
+ * streams made before the first session (cuda_options.stream: is a session slow because its
+ * stream was made after a prompt ran?), Y / V as s after 300
  * empty one-block launches / 4-byte memsets outside a graph, Q as s with the 300 empty launches
  * between its warm-up and its timed run (its graph made before them), X as s after 8 streams made and destroyed
  * with no work (cuda_bench_stream_churn: does stream churn bring the state on?), R as s after cudaDeviceReset (cuda_bench_device_reset; not with --screen-shared:
@@ -711,11 +713,17 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         return 1;
     }
     int32_t out[512];
+    void *pool[8] = {NULL}; /* O: streams made before any session, one a session in turn */
+    const bool pooled = strchr(pattern, 'O') != NULL;
+    if (pooled && cuda_bench_streams(8, pool, &err)) {
+        fprintf(stderr, "--screen-sessions: %s\n", err.message);
+        cuda_session_free(holder);
+        return 1;
+    }
     float *row = malloc((size_t)m->hp.n_vocab * sizeof(float)); /* F / B: the prompt's last logits */
     if (!row) {
         fprintf(stderr, "--screen-sessions: out of memory\n");
-        cuda_session_free(holder);
-        return 1;
+        goto fail;
     }
     n = n < 4 ? 4 : n > 500 ? 500 : n;
     printf("| session | ended (UTC) | screen | tg%d tok/s | screen + pick us | copy | scales | approx | scratch | device "
@@ -756,6 +764,8 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         if (kind == 'U')
             o.lm_screen = 0;
         o.prefill_graph = kind == 'F'; /* F: the prefill as one graph launch (B, D, H, A: not, the default) */
+        if (kind == 'O')
+            o.stream = pool[i % 8];
         if (kind == 'D' || kind == 'H') /* the decode graphs for device launch / uploaded at once */
             o.graph_flags = kind == 'D' ? 2 : 1;
         if (kind == 'I' && cuda_launch_floor_bench(PLAIN_LAUNCHES, 1, 32, 0, false, 1, &wait_us, &err)) {
@@ -772,7 +782,7 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
         bool ok = shared ? !cuda_session_init_shared(m->plans, n + 8 + SCREEN_PREFILL, &o, &dw->mu, &dw->cuda, &cs, &err)
                          : !cuda_session_init(m->plans, n + 8 + SCREEN_PREFILL, &o, &cs, &err);
         /* a prompt first, as qwenrt run and serve */
-        const int32_t pre = kind == 'F' || kind == 'B' || kind == 'D' || kind == 'H' || kind == 'A' ? SCREEN_PREFILL : 0;
+        const int32_t pre = strchr("FBDHAO", kind) ? SCREEN_PREFILL : 0;
         ok = ok && (kind != 'A' || !cuda_session_prepare_generate(cs, &err)); /* its graphs before its prompt */
         double pre_s = 0; /* the timed run's prefill */
         for (int w = 0; w < 2 && ok; w++) { /* a warm-up (the copy is made), then the timed run */
@@ -822,10 +832,12 @@ static int screen_sessions(struct qwenrt_model *m, int count, const char *patter
     }
     free(row);
     cuda_session_free(holder);
+    cuda_bench_streams_free(8, pool);
     return 0;
 fail:
     free(row);
     cuda_session_free(holder);
+    cuda_bench_streams_free(8, pool);
     return 1;
 }
 
@@ -1492,8 +1504,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--screen-shared")) screen_shared = 1;
         else if (!strcmp(argv[i], "--screen-pattern") && i + 1 < argc) {
             screen_pattern = argv[++i];
-            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIAZYVQUabcdefgh")]) {
-                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), A (B with its decode graphs made before its prompt), Z (as s after 2 x 32 MiB and 16 x 64 KiB made and freed), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
+            if (!*screen_pattern || screen_pattern[strspn(screen_pattern, "SsELNKPWGTXRFBDHIAZOYVQUabcdefgh")]) {
+                fprintf(stderr, "--screen-pattern %s: expected letters S (screened), s (screened, its pick not timed alone), E / L (screened, only the timing's events / launches), P (screened, then its decode time line), N (screened, no L2 look-ahead), K (screened, the norm + GEMV launches in at least 132 blocks), a..h (as s, then an empty launch of 1..128 blocks), W (260 empty graph launches, then as s), G / T (as s, 16 / 32 decode steps a graph launch), X (as s after 8 streams made and destroyed), F (as s after a 64-token prefill, in a graph), B (F with the prefill outside a graph), D / H (B with the decode graphs made for device launch / uploaded at once), I (as s after one graph of 300 empty launches made and run twice), A (B with its decode graphs made before its prompt), Z (as s after 2 x 32 MiB and 16 x 64 KiB made and freed), O (B on a stream made before the first session), Y / V (as s after 300 empty launches / memsets outside a graph), Q (300 empty launches between its warm-up and its timed run), R (as s after a context reset) or U (no screen)\n", screen_pattern);
                 return 2;
             }
         }

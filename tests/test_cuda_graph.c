@@ -1496,6 +1496,42 @@ static void check_prefill_graph(const char *arch, enum export_type type, int32_t
     free_synth_pair(a, b, m, path, la, lb);
 }
 
+/* cuda_options.stream: a session on a borrowed stream computes what one on its own computes,
+ * and leaves the stream to its owner (a second session works on it after the first is freed). */
+static void test_borrowed_stream(void **st)
+{
+    (void)st;
+    char path[256];
+    struct qwenrt_model *m = load_synth("qwen35-tiny", EXPORT_BF16, 256, true, path, sizeof(path));
+    struct qwenrt_error err = {0};
+    void *stream = NULL;
+    if (cuda_bench_streams(1, &stream, &err))
+        fail_msg("a stream: %s", err.message);
+    struct cuda_options on = cuda_default_options(), off = on;
+    on.stream = stream;
+    int32_t V = m->hp.n_vocab;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+    assert_non_null(la);
+    assert_non_null(lb);
+    for (int round = 0; round < 2; round++) { /* the second on the stream the first left */
+        struct cuda_session *a = NULL, *b = NULL;
+        init_pair(m, 64, &on, &off, &a, &b, "borrowed stream");
+        prefill_pair(a, b, V, 20, 0, la, lb, "borrowed stream");
+        int32_t id = argmax_f(lb, V);
+        double worst = decode_pair(a, b, V, &id, la, lb, "borrowed stream");
+        printf("borrowed stream, round %d: worst decode rel err %.3g\n", round, worst);
+        if (!(worst <= 1e-6))
+            fail_msg("borrowed stream, round %d: decode differs by %.3g", round, worst);
+        cuda_session_free(a);
+        cuda_session_free(b);
+    }
+    cuda_bench_streams_free(1, &stream);
+    free(la);
+    free(lb);
+    qwenrt_model_free(m);
+    remove(path);
+}
+
 static void test_prefill_graph(void **st)
 {
     (void)st;
@@ -1663,6 +1699,7 @@ int main(void)
         cmocka_unit_test(test_graph_attn_stage),
         cmocka_unit_test(test_graph_kv_f16),
         cmocka_unit_test(test_prefill_graph),
+        cmocka_unit_test(test_borrowed_stream),
         cmocka_unit_test(test_graph_gdn_split),
         cmocka_unit_test(test_megakernel_quantised),
         cmocka_unit_test(test_megakernel_real_width),

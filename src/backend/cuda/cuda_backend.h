@@ -424,6 +424,9 @@ struct cuda_options {
                           * allocations counted here, and the fail_at-th of them failed on
                           * purpose (struct cuda_alloc_count). Must outlive the session and the
                           * weights and screen copies it makes. NULL (default): none */
+    void *stream;        /* a cudaStream_t the session works on instead of one of its own
+                          * (borrowed: not destroyed with it; the caller keeps it to itself
+                          * while the session lives). NULL (default): the session makes one */
 };
 
 /* For the tests (cuda_options.allocs): every device and pinned allocation a session makes —
@@ -768,6 +771,12 @@ qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, struct qwenrt_e
  * cudaMalloc and freed in the order made, nothing launched (does where the next session's
  * buffers land set its speed?). Errors: INVALID_ARG (more than 64 of either), BACKEND. */
 qwenrt_status cuda_bench_alloc_churn(int32_t n_big, int32_t n_small, struct qwenrt_error *err);
+
+/* For cuda_bench's slow-state probes: n (1 to 64) non-blocking streams made now, for
+ * cuda_options.stream (is a session slow because its stream was made after a prompt ran?), and
+ * their release. Errors: INVALID_ARG, BACKEND (none kept). */
+qwenrt_status cuda_bench_streams(int32_t n, void **streams, struct qwenrt_error *err);
+void cuda_bench_streams_free(int32_t n, void **streams);
 qwenrt_status cuda_test_hold_memory(int64_t leave_bytes, struct cuda_memory_hold **hold, struct qwenrt_error *err);
 void cuda_test_release_memory(struct cuda_memory_hold *hold);
 

@@ -502,6 +502,31 @@ extern "C" qwenrt_status cuda_bench_plain_launches(int32_t n, bool memsets, stru
     return e == cudaSuccess ? QWENRT_OK : cuda_fail(err, e, __FILE__, __LINE__, "the plain launches");
 }
 
+extern "C" void cuda_bench_streams_free(int32_t n, void **streams)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (streams[i])
+            cudaStreamDestroy((cudaStream_t)streams[i]);
+}
+
+extern "C" qwenrt_status cuda_bench_streams(int32_t n, void **streams, struct qwenrt_error *err)
+{
+    if (n < 1 || n > 64)
+        return err_set(err, QWENRT_ERR_INVALID_ARG, "cuda_bench_streams: %d streams (1 to 64)", (int)n);
+    memset(streams, 0, (size_t)n * sizeof(void *));
+    for (int32_t i = 0; i < n; i++) {
+        cudaStream_t s = NULL;
+        cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            cuda_bench_streams_free(i, streams);
+            memset(streams, 0, (size_t)n * sizeof(void *));
+            return cuda_fail(err, e, __FILE__, __LINE__, "cuda_bench_streams");
+        }
+        streams[i] = s;
+    }
+    return QWENRT_OK;
+}
+
 extern "C" qwenrt_status cuda_bench_alloc_churn(int32_t n_big, int32_t n_small, struct qwenrt_error *err)
 {
     if (n_big < 0 || n_big > 64 || n_small < 0 || n_small > 64)

@@ -720,7 +720,7 @@ extern "C" void cuda_session_free(struct cuda_session *cs)
     dev_free(a, cs->ao_count);
     weights_release(cs->weights);
     dev_free(a, cs->scratch);
-    if (cs->stream)
+    if (cs->stream && !cs->opt.stream) /* a borrowed one stays its owner's */
         cudaStreamDestroy(cs->stream);
     xfree(cs->kc);
     xfree(cs->vc);
@@ -800,7 +800,10 @@ static qwenrt_status init_device(struct cuda_session *cs, pthread_mutex_t *mu, s
     qwenrt_status st = collect(cs, err);
     if (st || (st = weights_acquire(cs, mu, slot, err)))
         return st;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
+    if (cs->opt.stream)
+        cs->stream = (cudaStream_t)cs->opt.stream;
+    else
+        CUDA_CHECK(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking));
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&cs->n_sm, cudaDevAttrMultiProcessorCount, dev));
@@ -1081,10 +1084,14 @@ static qwenrt_status launch_plan_graph(struct cuda_session *cs, cudaGraph_t g, s
 }
 
 /* The prefill as one graph launch (cuda_options.prefill_graph). A capture that would grow a
- * scratch buffer is thrown away, the buffers grown, and the prefill captured again. One that
- * fails otherwise, or grows twice (never expected: the same calls ask for the same sizes),
- * runs outside a graph, where an error of the prefill's own is reported as before;
- * prefill_graphs counts each way (cuda_session_prefill_graphs). */
+ * scratch buffer is thrown away, the buffers grown, and the prefill captured again. That can take
+ * more than two captures: some paths depend on whether a buffer exists at all (a frozen,
+ * never-made x slot is NULL, and a NULL slot takes the products' own conversions and no flash
+ * attention), so the capture after the first growth may ask for more. Buffers only grow, so the
+ * captures settle; one that fails otherwise, or that has not settled after
+ * PREFILL_CAPTURE_ATTEMPTS, runs outside a graph, where an error of the prefill's own is
+ * reported as before; prefill_graphs counts each way (cuda_session_prefill_graphs). */
+#define PREFILL_CAPTURE_ATTEMPTS 8
 static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
 {
     struct cuda_session *cs = r->cs;
@@ -1092,7 +1099,7 @@ static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
     if (st)
         return st;
     char why[sizeof(cs->prefill_why)] = "";
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt < PREFILL_CAPTURE_ATTEMPTS; attempt++) {
         cudaGraph_t g = NULL;
         st = capture_plan(r, &g, err);
         if (!st && !cs->gemm.n_pending) {
@@ -1109,7 +1116,8 @@ static qwenrt_status run_plan_graph(struct run_ctx *r, struct qwenrt_error *err)
         }
         char grew[128];
         scratch_describe(&cs->gemm, grew, sizeof(grew));
-        snprintf(why, sizeof(why), "its scratch buffers grew in two captures (the second: %.100s)", grew);
+        snprintf(why, sizeof(why), "its scratch buffers still grew after %d captures (the last: %.100s)",
+                 PREFILL_CAPTURE_ATTEMPTS, grew);
         if ((st = scratch_apply(&cs->gemm, cs->stream, err)))
             return st; /* no memory for the growth */
     }

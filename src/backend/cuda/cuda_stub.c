@@ -332,6 +332,17 @@ void cuda_session_buffer_addresses(const struct cuda_session *cs, uint64_t addr[
     memset(addr, 0, 4 * sizeof(uint64_t));
 }
 
+qwenrt_status cuda_bench_streams(int32_t n, void **streams, struct qwenrt_error *err)
+{
+    (void)n, (void)streams;
+    return not_built(err);
+}
+
+void cuda_bench_streams_free(int32_t n, void **streams)
+{
+    (void)n, (void)streams;
+}
+
 qwenrt_status cuda_bench_alloc_churn(int32_t n_big, int32_t n_small, struct qwenrt_error *err)
 {
     (void)n_big, (void)n_small;
