@@ -854,9 +854,10 @@ int32_t cuda_session_count_steps(const struct cuda_session *cs, const char *labe
 int32_t cuda_gdn_staged_bytes(int32_t dk, int32_t dv, bool wide);
 
 /* Makes the greedy loop's graphs (cuda_session_generate: k steps and one step, each attention
- * variant the session uses) and its screen copy now rather than on first use: a graph keeps the
- * speed of the moment it was made (perf-log, sessions 60-61: graphs made after a context's first
- * prompts decode ~5% slower). Nothing for the megakernel or with graphs off. */
+ * variant the session uses) and its screen copy now rather than on first use, so that their
+ * cost comes before the first token. Made for the slow state's probes (cuda_bench A): graphs made
+ * before a session's prompt decode no faster than those made after it (perf-log, session 61).
+ * Nothing for the megakernel or with graphs off. */
 qwenrt_status cuda_session_prepare_generate(struct cuda_session *cs, struct qwenrt_error *err);
 
 /* Graph launches cuda_session_generate has made on this session (one per token, or one per
