@@ -1156,6 +1156,25 @@ static void test_backend_errors(void **st)
     uint64_t addr[4] = {1, 2, 3, 4};
     assert_false(cuda_session_lm_screen_buffers(NULL, addr));
     assert_true(addr[0] == 0 && addr[3] == 0);
+    /* session 61's probes: a NULL session's addresses and prefill counts are zeros; the bench's
+     * allocation churn and stream pool refuse counts outside 0-64 / 1-64 before any device work */
+    uint64_t at[4] = {1, 2, 3, 4};
+    cuda_session_buffer_addresses(NULL, at);
+    assert_true(at[0] == 0 && at[1] == 0 && at[2] == 0 && at[3] == 0);
+    int64_t counts[3] = {1, 2, 3};
+    const char *why = NULL;
+    cuda_session_prefill_graphs(NULL, counts, &why);
+    assert_true(counts[0] == 0 && counts[1] == 0 && counts[2] == 0 && why && !*why);
+    assert_int_equal(cuda_bench_alloc_churn(-1, 0, &err), want);
+    assert_int_equal(cuda_bench_alloc_churn(0, 65, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "0 and 65 blocks"));
+    void *streams[2] = {NULL, NULL};
+    assert_int_equal(cuda_bench_streams(0, streams, &err), want);
+    assert_int_equal(cuda_bench_streams(65, streams, &err), want);
+    if (cuda_backend_compiled())
+        assert_non_null(strstr(err.message, "65 streams"));
+    assert_null(streams[0]);
     /* the decode's shape options out of range are refused by name before any device work:
      * gemv_smem warps 0 (the session picks), 1, 2, 4, 8 or 16, KB 0 or 16 to 226, launch 0 (the
      * session picks), 1 early, 2 after the wait; gemvq rows 0, 1, 2, 4, its launch order 0-2,
