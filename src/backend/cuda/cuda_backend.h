@@ -58,12 +58,10 @@ struct cuda_options {
     bool graph;          /* capture decode in a CUDA graph and replay it */
     bool prefill_graph;  /* run each prefill (cuda_session_run of 2 or more tokens) as one graph
                           * launch: captured, then instantiated or, where the kernels are the
-                          * last prefill's, updated in place. A context that has made some
-                          * ~300-400 kernel launches outside a graph makes every decode graph
-                          * after that ~5% slower (perf-log, session 60: "the slow state"),
-                          * and graph launches do not; a prefill in a graph did not keep a
-                          * process fast, and its sessions decoded ~1.5% slower (H100, session
-                          * 61). Default off */
+                          * last prefill's, updated in place. The same bits as the launches. Made
+                          * to keep a process out of the slow state (perf-log, sessions 60-61),
+                          * which it does not; and a 64-token prompt takes 3.2-3.4 ms this way
+                          * against 1.9 ms as launches (H100, session 61). Default off */
     int32_t graph_flags; /* how the decode graphs are instantiated (the slow state's probes):
                           * 0 (default) plainly, 1 uploaded to the session's stream at once
                           * (cudaGraphInstantiateFlagUpload), 2 for device launch

@@ -759,6 +759,8 @@ out:
     return st;
 }
 
+/* Grows *p to bytes now (contents not kept; zero: cleared on s). p and cap are the owner's own
+ * fields: when the new allocation fails they read NULL and 0, never the freed buffer. */
 static qwenrt_status grow_now(struct cuda_alloc_count *a, void **p, int64_t *cap, int64_t bytes, bool zero,
                               cudaStream_t s, struct qwenrt_error *err)
 {
